@@ -1,0 +1,58 @@
+# The README's two commands: `make demo` and `make test`. Both set up .venv and node_modules on first
+# use and reuse them afterwards (stamp files: nothing is reinstalled unless its inputs changed).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# jsii (under aws-cdk-lib and cdk8s) prints a banner on Node 20; silence it at the source. Since
+# 2026-10-30 Node 20 is past jsii's end-of-life date, which has its own switch (a list of majors).
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test lint format bench bench-checkpoint synth render setup clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch from this machine's disk, first, so nothing later pulls a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest
+
+demo: setup
+	$(VENV)/bin/nvrx-eks demo
+
+bench: setup
+	$(VENV)/bin/nvrx-eks bench peer
+
+bench-checkpoint: setup
+	$(VENV)/bin/nvrx-eks bench checkpoint
+
+synth: setup
+	npx cdk synth --quiet
+
+render: setup
+	$(VENV)/bin/nvrx-eks job render -f k8s/values/local-cpu.yaml -o dist/
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf cdk.out dist runs .pytest_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""`nvrx-eks`: the kit's one command for users.
+
+Each part of the kit owns its subcommands (a `register` function in its `commands` module); this
+file only assembles them, so adding a command never touches another part's code.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from infra.configio import exit_on_user_error
+
+app = typer.Typer(
+    name="nvrx-eks",
+    help="Fault-tolerant PyTorch training on Amazon EKS with NVIDIA Resiliency Extension.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+job_app = typer.Typer(help="Render, submit and inspect training jobs.", no_args_is_help=True)
+local_app = typer.Typer(help="Run rendered jobs as local processes (no cluster).", no_args_is_help=True)
+image_app = typer.Typer(help="Build and push the training image.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print ratios measured in one run.", no_args_is_help=True)
+app.add_typer(job_app, name="job")
+app.add_typer(local_app, name="local")
+app.add_typer(image_app, name="image")
+app.add_typer(bench_app, name="bench")
+
+
+def _register_all() -> None:
+    # Imported here so `nvrx-eks --help` stays fast: each module imports its heavy libraries lazily.
+    from images import commands as image_commands  # noqa: PLC0415
+    from infra import commands as infra_commands  # noqa: PLC0415
+    from infra.ops import commands as ops_commands  # noqa: PLC0415
+    from k8s import commands as k8s_commands  # noqa: PLC0415
+    from training import commands as training_commands  # noqa: PLC0415
+
+    infra_commands.register(app=app, bench=bench_app)
+    ops_commands.register(app=app, job=job_app)
+    k8s_commands.register(app=app, job=job_app, local=local_app)
+    image_commands.register(image=image_app)
+    training_commands.register(app=app, bench=bench_app)
+
+
+def main() -> None:
+    _register_all()
+    with exit_on_user_error():
+        app()
