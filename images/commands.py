@@ -1,9 +1,128 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py)."""
+"""`nvrx-eks image build | push | lock`: the training image, with docker or finch.
+
+Docker is not needed to read this: every command prints the exact command lines it runs, and
+`--dry-run` prints them without running anything (images/README.md shows the build end to end).
+"""
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
+from typing import Annotated
+
 import typer
 
+Engine = Annotated[
+    str | None, typer.Option("--engine", help="docker or finch (default: the first one on PATH).")
+]
+Name = Annotated[str, typer.Option("--name", help="Local image name (the tag comes from --tag).")]
+Tag = Annotated[
+    str | None, typer.Option("--tag", help="Image tag (default: the git revision, `-dirty` if modified).")
+]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the command lines; run nothing.")]
 
-def register(**groups: typer.Typer) -> None:
-    """Attach this part's commands to the groups it uses."""
+
+def _run(argv: list[str], *, dry_run: bool, stdin: str | None = None, capture: bool = False) -> str:
+    print(f"$ {shlex.join(argv)}", file=sys.stderr)
+    if dry_run:
+        return ""
+    done = subprocess.run(argv, input=stdin, text=True, capture_output=capture, check=False)
+    if done.returncode:
+        detail = f": {done.stderr.strip()[-2000:]}" if capture and done.stderr else ""
+        print(f"error: `{argv[0]} {argv[1]}` exited with {done.returncode}{detail}", file=sys.stderr)
+        raise typer.Exit(done.returncode)
+    return done.stdout or ""
+
+
+def _engine(engine: str | None, *, dry_run: bool) -> str:
+    from images.build import ENGINES, find_engine  # noqa: PLC0415
+
+    if dry_run:  # print what would run even where no engine is installed
+        return engine or ENGINES[0]
+    return find_engine(engine)
+
+
+def _tag(tag: str | None) -> str:
+    from images.build import check_tag, git_revision  # noqa: PLC0415
+
+    return check_tag(tag or git_revision())
+
+
+def register(*, image: typer.Typer, **_: typer.Typer) -> None:
+    """Attach `image build`, `image push` and `image lock`."""
+
+    @image.command("build")
+    def build(
+        engine: Engine = None, name: Name = "nvrx-eks-training", tag: Tag = None, dry_run: DryRun = False
+    ) -> None:
+        """Build the training image from images/Dockerfile with every version from infra/pins.py."""
+        from images.build import build_args, build_argv  # noqa: PLC0415
+
+        tag = _tag(tag)
+        argv = build_argv(
+            engine=_engine(engine, dry_run=dry_run), image=f"{name}:{tag}", args=build_args(git_revision=tag)
+        )
+        _run(argv, dry_run=dry_run)
+        print(f"{name}:{tag}")
+
+    @image.command("push")
+    def push(
+        stack: Annotated[
+            str | None, typer.Option("--stack", help="Cluster stack whose ImageRepositoryUri to push to.")
+        ] = None,
+        repository: Annotated[
+            str | None, typer.Option("--repository", help="ECR repository URI (instead of --stack).")
+        ] = None,
+        profile: Annotated[str | None, typer.Option("--profile", help="AWS profile.")] = None,
+        region: Annotated[str | None, typer.Option("--region", help="AWS region.")] = None,
+        engine: Engine = None,
+        name: Name = "nvrx-eks-training",
+        tag: Tag = None,
+        dry_run: DryRun = False,
+    ) -> None:
+        """Push a built image to the cluster's ECR repository; prints the pushed image URI."""
+        from infra.configio import UserError  # noqa: PLC0415
+        from infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
+        from infra.ops.stack_values import read_stack  # noqa: PLC0415
+
+        from images.build import ecr_password, login_argv, parse_repository_uri, push_argvs  # noqa: PLC0415
+
+        if bool(stack) == bool(repository):
+            raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
+        tag = _tag(tag)
+        engine = _engine(engine, dry_run=dry_run)
+        session = AwsSession(profile=profile, region=region)
+        uri = repository or read_stack(session, stack or "").outputs["ImageRepositoryUri"]
+        registry, _ = parse_repository_uri(uri)
+        password = ""
+        if not dry_run:
+            with aws_errors("ecr:GetAuthorizationToken"):
+                password = ecr_password(session.client("ecr"), registry)
+        _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
+        for argv in push_argvs(engine=engine, local_image=f"{name}:{tag}", repository_uri=uri, tag=tag):
+            _run(argv, dry_run=dry_run)
+        print(f"{uri}:{tag}")
+
+    @image.command("lock")
+    def lock(engine: Engine = None, dry_run: DryRun = False) -> None:
+        """Regenerate images/requirements.lock by resolving inside the pinned base image."""
+        from infra.pins import IMAGE  # noqa: PLC0415
+
+        from images.build import (  # noqa: PLC0415
+            LOCK_FILE,
+            image_requirements,
+            lock_argv,
+            lock_header,
+            parse_report,
+            render_lock,
+        )
+
+        argv = lock_argv(
+            engine=_engine(engine, dry_run=dry_run), base_image=IMAGE.base_image, requirements=image_requirements()
+        )
+        stdout = _run(argv, dry_run=dry_run, capture=True)
+        if dry_run:
+            return
+        LOCK_FILE.write_text(render_lock(parse_report(stdout), header=lock_header()))
+        print(LOCK_FILE)

@@ -43,41 +43,63 @@ class InstanceProfile:
         return self.nvme_count * self.nvme_gib_each
 
 
-_P_FAMILY = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html"
+# Sources (Amazon EC2 documentation):
+# - _SPECS: "Specifications for Amazon EC2 accelerated computing instances" (GPUs, GPU memory, vCPU,
+#   memory, instance store volumes, network cards, EFA support).
+# - _EFA: EC2 user guide "Maximize network bandwidth on Amazon EC2 instances with multiple network
+#   cards" (efa-acc-inst-types): one EFA per network card; primary ENA interface on card 0 device 0,
+#   EFA-only interfaces on card 0 device 1 and device 0 of every other card.
+# Instance store sizes are published in GB (10^9 bytes); nvme_gib_each is that size in GiB, rounded
+# down (3800 GB = 3539 GiB, 1000 GB = 931 GiB, 450 GB = 419 GiB), because RAID0 and the
+# kubelet report GiB.
+_SPECS = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html"
 _EFA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html"
+_SRC = f"{_SPECS}; {_EFA}"
 
+# fmt: off
 PROFILES: dict[str, InstanceProfile] = {
     p.name: p
     for p in (
+        # p5.48xlarge: 8 x H100 80 GB HBM3, 192 vCPU, 2048 GiB, 8 x 3800 GB NVMe, 32 network cards,
+        # 32 EFA (3200 Gbps). Source: _SPECS (P5 row), _EFA (P5 section).
         InstanceProfile(
             name="p5.48xlarge", accelerator="H100", gpus=8, gpu_memory_gib=80, efa_devices=32,
-            network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3576,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
+            source=_SRC,
         ),
+        # p5e.48xlarge: 8 x H200 141 GB HBM3e, 192 vCPU, 2048 GiB, 8 x 3800 GB NVMe, 32 network
+        # cards, 32 EFA (3200 Gbps). Source: _SPECS (P5e row), _EFA (P5/P5e section).
         InstanceProfile(
             name="p5e.48xlarge", accelerator="H200", gpus=8, gpu_memory_gib=141, efa_devices=32,
-            network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3576,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
+            source=_SRC,
         ),
+        # p5en.48xlarge: 8 x H200 141 GB, 192 vCPU, 2048 GiB, 8 x 3800 GB NVMe, 16 network cards,
+        # 16 EFA (EFAv3, 3200 Gbps). Source: _SPECS (P5en row), _EFA.
         InstanceProfile(
             name="p5en.48xlarge", accelerator="H200", gpus=8, gpu_memory_gib=141, efa_devices=16,
-            network_cards=16, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3576,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=16, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
+            source=_SRC,
         ),
+        # p4d.24xlarge: 8 x A100 40 GB HBM2, 96 vCPU, 1152 GiB, 8 x 1000 GB NVMe, 4 network cards,
+        # 4 EFA (400 Gbps). Source: _SPECS (P4d row), _EFA.
         InstanceProfile(
             name="p4d.24xlarge", accelerator="A100", gpus=8, gpu_memory_gib=40, efa_devices=4,
-            network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=1000,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=931,
+            source=_SRC,
         ),
+        # p4de.24xlarge: 8 x A100 80 GB HBM2e, otherwise as p4d. Source: _SPECS (P4de row), _EFA.
         InstanceProfile(
             name="p4de.24xlarge", accelerator="A100", gpus=8, gpu_memory_gib=80, efa_devices=4,
-            network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=1000,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=931,
+            source=_SRC,
         ),
+        # g6.8xlarge (cheap development): 1 x L4 24 GB, 32 vCPU, 128 GiB, 2 x 450 GB NVMe, 1 network
+        # card, 1 EFA (g6.8xlarge is the smallest G6 size with EFA). Source: _SPECS (G6 row), _EFA.
         InstanceProfile(
             name="g6.8xlarge", accelerator="L4", gpus=1, gpu_memory_gib=24, efa_devices=1,
-            network_cards=1, vcpus=32, memory_gib=128, nvme_count=2, nvme_gib_each=450,
-            source=f"{_P_FAMILY}; {_EFA}",
+            network_cards=1, vcpus=32, memory_gib=128, nvme_count=2, nvme_gib_each=419,
+            source=_SRC,
         ),
         InstanceProfile(
             name="local-cpu", accelerator="none", gpus=0, gpu_memory_gib=0, efa_devices=0,
@@ -86,6 +108,7 @@ PROFILES: dict[str, InstanceProfile] = {
         ),
     )
 }
+# fmt: on
 
 
 def get_profile(name: str, *, ec2_only: bool = False) -> InstanceProfile:

@@ -1,9 +1,56 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py)."""
+"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py): `job render`, `local run`."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
-def register(**groups: typer.Typer) -> None:
+def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typer.Typer) -> None:  # noqa: ARG001
     """Attach this part's commands to the groups it uses."""
+
+    @job.command("render")
+    def render_cmd(
+        values_file: Annotated[Path, typer.Option("-f", "--values", help="Job values YAML file.")],
+        out: Annotated[Path, typer.Option("-o", "--out", help="Output folder for the manifests.")] = Path("dist"),
+        overrides: Annotated[
+            list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
+        ] = None,
+    ) -> None:
+        """Render the job's manifests (rendezvous store, headless Service, Indexed Job) as plain YAML."""
+        from k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
+        from k8s.values import load_values  # noqa: PLC0415
+
+        values = load_values(values_file, overrides or [])
+        for path in render(values, str(out)):
+            print(path)
+
+    @local.command("run")
+    def run_cmd(
+        dist_dir: Annotated[Path, typer.Argument(help="Folder with one rendered job (nvrx-eks job render).")],
+        run_dir: Annotated[Path, typer.Option("--run-dir", help="Folder for logs, volumes, results.")] = Path(
+            "runs/local"
+        ),
+        delete_node: Annotated[
+            list[str] | None,
+            typer.Option("--delete-node", help="INDEX@SECONDS: delete that node's pod after SECONDS (repeatable)."),
+        ] = None,
+        timeout_s: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 900.0,
+    ) -> None:
+        """Run a rendered job as local processes (the executor plays the Job controller)."""
+        from infra.configio import UserError  # noqa: PLC0415
+        from k8s.executor import NodeDeletion, run_local  # noqa: PLC0415
+
+        deletions = []
+        for item in delete_node or []:
+            index, sep, after = item.partition("@")
+            if not sep or not index.isdigit():
+                raise UserError(f"--delete-node {item!r} is not INDEX@SECONDS (e.g. 1@20)")
+            deletions.append(NodeDeletion(index=int(index), after_s=float(after)))
+        result = run_local(dist_dir, run_dir=run_dir, deletions=deletions, timeout_s=timeout_s)
+        for pod in result.pods:
+            print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
+        print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
+        raise typer.Exit(0 if result.succeeded else 1)

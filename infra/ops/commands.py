@@ -1,9 +1,303 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py)."""
+"""`nvrx-eks preflight`, `nvrx-eks values`, `nvrx-eks job submit` and `nvrx-eks job status`.
+
+Exit codes (every ops command): 0 ok; 2 input or environment the user fixes (bad config or values,
+no credentials, access denied, missing stack or cluster); 3 preflight checks failed; 4 AWS or
+Kubernetes unavailable or still throttling after retries; 5 the job's pods could not start.
+Heavy libraries (boto3, kubernetes, cdk8s) are imported inside the commands.
+"""
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+from pathlib import Path  # noqa: TC003 - typer reads the annotations at runtime
+from typing import TYPE_CHECKING, Annotated
+
 import typer
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
-def register(**groups: typer.Typer) -> None:
-    """Attach this part's commands to the groups it uses."""
+    from kubernetes.client import ApiClient
+
+    from infra.ops.aws import AwsSession
+
+_EXIT_CODES = (
+    "Exit codes: 0 ok; 2 fix the input/credentials/permissions (the message says how); 3 a preflight "
+    "check failed; 4 AWS/Kubernetes unavailable or throttled after retries; 5 pods could not start."
+)
+
+Profile = Annotated[str | None, typer.Option("--profile", help="AWS profile (default: the standard chain).")]
+Region = Annotated[str | None, typer.Option("--region", help="AWS region (default: the standard chain).")]
+Cluster = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        help="EKS cluster to reach with an EKS token from your AWS credentials (stack output "
+        "ClusterName); default: the current kubeconfig context.",
+    ),
+]
+Kubeconfig = Annotated[
+    str | None, typer.Option("--kubeconfig", help="kubeconfig file (default: ~/.kube/config).")
+]
+Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: current).")]
+
+
+@contextmanager
+def _exit_codes() -> Iterator[None]:
+    """One message on stderr and the documented exit code for every failure class, no traceback."""
+    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+    from infra.configio import USER_ERROR_EXIT_CODE, UserError  # noqa: PLC0415
+    from infra.ops.aws import EXIT_JOB_FAILED, EXIT_SERVICE, ServiceError  # noqa: PLC0415
+    from infra.ops.jobs import JobStartError  # noqa: PLC0415
+
+    try:
+        yield
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(USER_ERROR_EXIT_CODE) from None
+    except ServiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SERVICE) from None
+    except (BotoCoreError, ClientError) as exc:
+        print(f"error: AWS call failed: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_SERVICE) from None
+    except JobStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_JOB_FAILED) from None
+
+
+def _session(profile: str | None, region: str | None) -> AwsSession:
+    from infra.ops.aws import AwsSession  # noqa: PLC0415
+
+    return AwsSession(profile=profile, region=region)
+
+
+def _api_client(
+    *,
+    cluster: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    profile: str | None,
+    region: str | None,
+) -> ApiClient:
+    from infra.ops import kube  # noqa: PLC0415
+
+    if cluster is not None:
+        return kube.eks_api_client(_session(profile, region), cluster)
+    return kube.kubeconfig_api_client(config_file=kubeconfig, context=context)
+
+
+def preflight(
+    config: Annotated[
+        Path, typer.Option("-c", "--config", help="Cluster config YAML (infra/configs/*.yaml).")
+    ],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the config.")] = None,
+    profile: Profile = None,
+) -> None:
+    """Check the account can hold the configured GPU node groups, before `cdk deploy`.
+
+    Instance type offered in the GPU AZ, EFA support, the reservation / Capacity Block (state, type,
+    AZ, count) and the On-Demand vCPU quota for max nodes x vCPUs. Exit codes: 0 all pass (warnings
+    allowed); 2 bad config or no credentials; 3 a check failed; 4 AWS unavailable.
+    """
+    from rich.console import Console  # noqa: PLC0415
+
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from infra.configio import load_model  # noqa: PLC0415
+    from infra.ops import preflight as checks  # noqa: PLC0415
+    from infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
+
+    with _exit_codes():
+        cfg = load_model(ClusterConfig, config, overrides or [])
+        target = checks.target_from_config(cfg)
+        results = checks.Preflight(session=_session(profile, cfg.region), target=target).run()
+    Console(width=160).print(checks.render_table(results))
+    failures = checks.failed(results)
+    if failures:
+        for r in failures:
+            print(
+                f"FAIL {r.check} [{r.subject}]: {r.detail}" + (f" -> fix: {r.fix}" if r.fix else ""),
+                file=sys.stderr,
+            )
+        raise typer.Exit(EXIT_CHECKS_FAILED)
+
+
+def values(
+    stack: Annotated[str, typer.Option("--stack", help="Deployed stack name (the cluster config's `name`).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Job values YAML to create or update.")],
+    node_group: Annotated[
+        str | None, typer.Option("--node-group", help="GPU node group the job runs on (when several).")
+    ] = None,
+    profile: Profile = None,
+    region: Region = None,
+) -> None:
+    """Write the job values the deployed stack decides into a values file, keeping everything else.
+
+    Sets image (ECR repository, your tag kept), namespace, service_account, instance_profile,
+    storage.fsx_pvc, storage.s3_bucket and storage.s3_prefix; comments and other values stay.
+    Exit codes: 0 ok; 2 missing stack/outputs, bad values file, no credentials; 4 AWS unavailable.
+    """
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
+    from infra.ops import stack_values  # noqa: PLC0415
+    from k8s.values import JobValues  # noqa: PLC0415
+
+    with _exit_codes():
+        info = stack_values.read_stack(_session(profile, region), stack)
+        doc = stack_values.load_roundtrip(output)
+        updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
+        changed = stack_values.apply_updates(doc, updates)
+        missing: list[str] = []
+        try:
+            JobValues.model_validate(stack_values.plain(doc))
+        except ValidationError as exc:
+            # Fields only the user can choose (name, num_nodes) may still be missing in a new file.
+            missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
+            if len(missing) != exc.error_count():
+                raise UserError(
+                    describe_validation_error(exc, source=f"{output} after the stack values")
+                ) from None
+        stack_values.dump_roundtrip(doc, output)
+    print(f"{output}: set {', '.join(changed) or 'nothing (already up to date)'} from stack {stack}")
+    if missing:
+        print(f"{output}: still to fill in before `nvrx-eks job submit`: {', '.join(missing)}")
+
+
+def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
+    values_file: Annotated[Path, typer.Option("-f", "--values", help="Job values YAML.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the values.")] = None,
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    profile: Profile = None,
+    region: Region = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete an existing Job of this name first.")
+    ] = False,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until every pod runs.")] = True,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the pods.")] = 1800.0,
+) -> None:
+    """Render the job chart and apply it to the cluster (server-side apply), then wait for the pods.
+
+    Exit codes: 0 all pods running; 2 bad values, no credentials, forbidden, Job exists; 4 cluster
+    unreachable; 5 a pod cannot start (image pull, crash loop) or not all started within --timeout.
+    """
+    from rich.console import Console  # noqa: PLC0415
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from infra.configio import UserError, load_model  # noqa: PLC0415
+    from infra.ops import jobs  # noqa: PLC0415
+    from k8s.launcher import LOCAL_IMAGE  # noqa: PLC0415
+    from k8s.values import JobValues  # noqa: PLC0415
+
+    console = Console(stderr=True)
+    with _exit_codes():
+        job_values = load_model(JobValues, values_file, overrides or [])
+        if job_values.image == LOCAL_IMAGE:
+            raise UserError(
+                f"{values_file}: image is {LOCAL_IMAGE!r} (this machine's virtualenv); a cluster needs the "
+                "ECR image: run `nvrx-eks values --stack NAME -o VALUES` (`nvrx-eks local run` runs here)"
+            )
+        manifests = jobs.render(job_values)
+        api_client = _api_client(
+            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
+        )
+        expected = jobs.expected_pods(manifests)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[detail]}"),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("pods running", total=expected, detail="applying")
+
+            def _show(counts: jobs.PodCounts) -> None:
+                progress.update(task, completed=counts.running, detail=counts.line())
+
+            result = jobs.submit(
+                api_client,
+                manifests,
+                namespace=job_values.namespace,
+                replace=replace,
+                wait=wait,
+                timeout_s=timeout,
+                on_progress=_show,
+            )
+    print(f"applied: {', '.join(result.applied)}")
+    print(jobs.follow_hint(job_name=result.job_name, namespace=result.namespace, num_pods=expected))
+
+
+def job_status(
+    name: Annotated[str, typer.Argument(help="Job name (the values' `name`).")],
+    namespace: Annotated[str, typer.Option("-n", "--namespace", help="Namespace of the job.")] = "training",
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    profile: Profile = None,
+    region: Region = None,
+    checkpoints: Annotated[
+        bool, typer.Option("--checkpoints/--no-checkpoints", help="Read the latest checkpoint step from S3.")
+    ] = True,
+) -> None:
+    """Summarise a submitted job: Job counters and conditions, pods, restarts, latest checkpoint step.
+
+    The step is the newest one every rank committed to the job's S3 durable tier (read with your AWS
+    credentials). Exit codes: 0 ok; 2 no such job / credentials / forbidden; 4 cluster unreachable.
+    """
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    from infra.ops import jobs  # noqa: PLC0415
+
+    with _exit_codes():
+        api_client = _api_client(
+            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
+        )
+        session = _session(profile, region) if checkpoints else None
+        status = jobs.job_status(api_client, namespace=namespace, name=name, session=session)
+    console = Console(width=160)
+    console.print(
+        f"[bold]{status.namespace}/{status.name}[/]: {status.active} active, {status.succeeded} succeeded, "
+        f"{status.failed} failed of {status.parallelism} nodes"
+        + (f"; {'; '.join(status.conditions)}" if status.conditions else "")
+    )
+    table = Table(show_lines=False)
+    for column in ("pod", "index", "component", "phase", "ready", "restarts", "node", "last exit / waiting"):
+        table.add_column(column, overflow="fold")
+    for p in status.pods:
+        table.add_row(
+            p.name,
+            p.index or "",
+            p.component or "",
+            p.phase,
+            "yes" if p.ready else "no",
+            str(p.restarts),
+            p.node or "",
+            p.waiting_reason or p.last_termination or p.unschedulable or "",
+        )
+    console.print(table)
+    console.print(f"restarts (all pods): {sum(p.restarts for p in status.pods)}")
+    ckpt = status.checkpoint
+    if ckpt is not None:
+        if ckpt.step is not None:
+            console.print(
+                f"latest checkpoint: step {ckpt.step} ({ckpt.ranks}/{ckpt.world_size} ranks) "
+                f"in {ckpt.location}"
+            )
+        else:
+            console.print(f"latest checkpoint: none ({ckpt.note}) in {ckpt.location}")
+
+
+def register(*, app: typer.Typer, job: typer.Typer, **_: typer.Typer) -> None:
+    """Attach `preflight`, `values`, `job submit` and `job status`."""
+    epilog = _EXIT_CODES
+    app.command("preflight", epilog=epilog)(preflight)
+    app.command("values", epilog=epilog)(values)
+    job.command("submit", epilog=epilog)(job_submit)
+    job.command("status", epilog=epilog)(job_status)

@@ -1,0 +1,205 @@
+"""Command lines that build, lock and push the training image (docker or finch).
+
+Everything here returns argv lists; `images/commands.py` runs them. Versions come only from
+infra/pins.py (passed as build args), the tag only from the git revision, and the registry only from
+the stack output `ImageRepositoryUri` (or an explicit URI), so nothing is typed twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra.configio import UserError
+from infra.pins import IMAGE, ImagePins
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
+LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
+ENGINES = ("docker", "finch")
+DEFAULT_NAME = "nvrx-eks-training"
+# The GPU instance types in infra/profiles.py are all x86_64.
+PLATFORM = "linux/amd64"
+
+# ImagePins field -> Dockerfile ARG. A new pin without an ARG fails tests/images.
+BUILD_ARG_NAMES: dict[str, str] = {
+    "base_image": "BASE_IMAGE",
+    "nvrx_version": "NVRX_VERSION",
+    "efa_installer": "EFA_INSTALLER_VERSION",
+    "aws_ofi_nccl": "AWS_OFI_NCCL_VERSION",
+    "python_abi": "PYTHON_ABI",
+    "min_glibc": "MIN_GLIBC",
+}
+# What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
+# ranges pyproject.toml tests; NVRx is pinned exactly from infra/pins.py.
+IMAGE_DEPENDENCIES = ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3")
+# Installed by the NGC base and kept under its /etc/pip/constraint.txt: never in our lock.
+BASE_PROVIDED = re.compile(
+    r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|"
+    r"nvidia-(?!resiliency-ext$|ml-py$).*)$"
+)
+_ECR_URI = re.compile(r"^(?P<registry>\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?)/(?P<repo>[a-z0-9._/-]+)$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
+    """Every Dockerfile ARG the build sets: all pins, and the source revision for the labels."""
+    missing = {f.name for f in fields(pins)} - BUILD_ARG_NAMES.keys()
+    if missing:
+        raise RuntimeError(f"pins without a Dockerfile ARG: {sorted(missing)}")
+    args = {arg: str(getattr(pins, name)) for name, arg in BUILD_ARG_NAMES.items()}
+    args["GIT_REVISION"] = git_revision
+    return args
+
+
+def git_revision(root: Path = REPO_ROOT) -> str:
+    """The tag for an image built from `root`: the short commit, `-dirty` when the tree has changes."""
+    try:
+        commit = _git(root, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        raise UserError(
+            f"{root} is not a git checkout with a commit: the image tag comes from the git revision "
+            "(commit first, or pass --tag)"
+        ) from None
+    return f"{commit}-dirty" if dirty else commit
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def check_tag(tag: str) -> str:
+    if not _TAG.match(tag):
+        raise UserError(f"tag {tag!r} is not a valid image tag (letters, digits, '_', '.', '-'; <= 128)")
+    return tag
+
+
+def find_engine(preferred: str | None = None) -> str:
+    """The container engine to run: the one asked for, else docker, else finch."""
+    candidates = (preferred,) if preferred else ENGINES
+    for engine in candidates:
+        if engine not in ENGINES:
+            raise UserError(f"engine {engine!r} is not supported; use one of: {', '.join(ENGINES)}")
+        if shutil.which(engine):
+            return engine
+    raise UserError(
+        f"no container engine found ({' or '.join(candidates)} on PATH): install Docker or Finch, "
+        "or build on a machine that has one"
+    )
+
+
+def build_argv(
+    *,
+    engine: str,
+    image: str,
+    args: dict[str, str],
+    dockerfile: Path = DOCKERFILE,
+    context: Path = REPO_ROOT,
+    platform: str = PLATFORM,
+) -> list[str]:
+    """`<engine> build` with every build arg, for `platform`, tagged `image` (name:tag)."""
+    argv = [engine, "build", "--file", str(dockerfile), "--platform", platform, "--tag", image]
+    for key, value in sorted(args.items()):
+        argv += ["--build-arg", f"{key}={value}"]
+    return [*argv, str(context)]
+
+
+def parse_repository_uri(uri: str) -> tuple[str, str]:
+    """(registry, repository) of an ECR repository URI; anything else is a UserError."""
+    match = _ECR_URI.match(uri)
+    if not match:
+        raise UserError(
+            f"{uri!r} is not an ECR repository URI (ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME); "
+            "take it from the stack output ImageRepositoryUri"
+        )
+    return match["registry"], match["repo"]
+
+
+def push_argvs(*, engine: str, local_image: str, repository_uri: str, tag: str) -> list[list[str]]:
+    """Tag the local build with the ECR name and push it (after `login_argv`)."""
+    parse_repository_uri(repository_uri)
+    remote = f"{repository_uri}:{tag}"
+    return [[engine, "tag", local_image, remote], [engine, "push", remote]]
+
+
+def login_argv(*, engine: str, registry: str) -> list[str]:
+    """`<engine> login` reading the ECR password from stdin (never on the command line)."""
+    return [engine, "login", "--username", "AWS", "--password-stdin", registry]
+
+
+def ecr_password(ecr_client: Any, registry: str) -> str:  # noqa: ANN401 - boto3 clients are dynamic
+    """The registry password from ecr:GetAuthorizationToken (the token is base64 `AWS:<password>`)."""
+    account = registry.split(".", 1)[0]
+    data = ecr_client.get_authorization_token(registryIds=[account])["authorizationData"][0]
+    user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+    if user != "AWS" or not password:
+        raise UserError(f"ECR returned an unexpected authorization token for {registry}")
+    return password
+
+
+def image_requirements(*, pins: ImagePins = IMAGE, pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
+    """What the lock resolves: NVRx at the pin plus the trainer's dependencies at pyproject's ranges."""
+    declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    by_name = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower(): spec for spec in declared}
+    missing = [name for name in IMAGE_DEPENDENCIES if name not in by_name]
+    if missing:
+        raise RuntimeError(f"image dependencies not declared in pyproject.toml: {missing}")
+    return [f"nvidia-resiliency-ext=={pins.nvrx_version}", *(by_name[n] for n in IMAGE_DEPENDENCIES)]
+
+
+def lock_argv(*, engine: str, base_image: str, requirements: Iterable[str], platform: str = PLATFORM) -> list[str]:
+    """Resolve `requirements` inside the base image: its Python, glibc, installed packages and pip
+    constraints decide, and pip's JSON report (stdout) lists exactly what the image must add."""
+    return [
+        engine, "run", "--rm", "--platform", platform, "--entrypoint", "python", base_image,
+        "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *requirements,
+    ]  # fmt: skip
+
+
+def render_lock(report: dict[str, Any], *, header: str = "") -> str:
+    """A `--require-hashes` requirements file from a pip installation report."""
+    lines = [header.rstrip()] if header else []
+    for item in sorted(report["install"], key=lambda i: i["metadata"]["name"].lower()):
+        name = item["metadata"]["name"].lower().replace("_", "-")
+        if BASE_PROVIDED.match(name):
+            continue
+        sha = item["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256")
+        if not sha:
+            raise UserError(f"pip resolved {name} without a sha256 (not from an index archive); cannot lock it")
+        lines.append(f"{name}=={item['metadata']['version']} \\\n    --hash=sha256:{sha}")
+    return "\n".join(lines) + "\n"
+
+
+def lock_header(*, pins: ImagePins = IMAGE) -> str:
+    return (
+        "# The training image's Python dependencies beyond its base, with hashes. Generated by\n"
+        "# `nvrx-eks image lock` (pip's resolver run inside the base image); do not edit by hand.\n"
+        f"# base: {pins.base_image}  nvrx: {pins.nvrx_version}  abi: {pins.python_abi}\n"
+    )
+
+
+def parse_report(stdout: str) -> dict[str, Any]:
+    try:
+        report = json.loads(stdout)
+    except json.JSONDecodeError:
+        raise UserError("pip did not print an installation report (is the base image's pip >= 23.0?)") from None
+    if "install" not in report:
+        raise UserError("pip's report has no 'install' list")
+    return report
+
+
+def locked_versions(text: str) -> dict[str, str]:
+    """name -> version of a lock file (for checks against the pins)."""
+    return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==([^\s\\]+)", text, flags=re.MULTILINE))

@@ -1,0 +1,240 @@
+"""Cluster add-ons behind one small contract, each pinned in infra/pins.py.
+
+An add-on has a name, the names it depends on, and `deploy(ctx)`. `deploy_addons` checks the
+dependencies at synth (a missing one is an `AddonError` naming both), deploys in dependency order
+and wires CloudFormation dependencies so EKS installs them in that order too.
+(After the add-on contract of aws-quickstart/cdk-eks-blueprints.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct, IConstruct
+
+from infra import nag, pins
+from infra.constructs.gpu_nodegroup import EFA_LABEL, GPU_LABEL, GPU_TAINT_KEY
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+class AddonError(ValueError):
+    """An add-on set that cannot be deployed (missing dependency, duplicate)."""
+
+
+@dataclass
+class AddonContext:
+    """What add-ons may use: the cluster, its version, and constructs to depend on."""
+
+    scope: Construct
+    cluster: eks.Cluster
+    kubernetes_version: str
+    node_dependencies: Sequence[IConstruct]
+    """Node groups that must exist before workloads are installed (coredns needs nodes to go ACTIVE)."""
+    deployed: dict[str, IConstruct] = field(default_factory=dict)
+
+
+class Addon(Protocol):
+    name: str
+    depends_on: tuple[str, ...]
+
+    def deploy(self, ctx: AddonContext) -> IConstruct: ...
+
+
+def _gpu_scheduling(label: str) -> dict[str, Any]:
+    """Values that put a DaemonSet on (tainted) GPU nodes of this kit, and nowhere else."""
+    return {
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]}]
+                }
+            }
+        },
+    }
+
+
+def _pod_identity_role(scope: Construct, id: str, *, statements: Sequence[iam.PolicyStatement]) -> iam.Role:  # noqa: A002
+    role = iam.Role(
+        scope,
+        id,
+        # EKS Pod Identity: the agent assumes the role and tags the session with the pod's identity.
+        # https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+    )
+    for statement in statements:
+        role.add_to_policy(statement)
+    return role
+
+
+@dataclass(frozen=True)
+class ManagedAddon:
+    """An EKS managed add-on at the pinned version for the cluster's Kubernetes minor."""
+
+    name: str
+    depends_on: tuple[str, ...] = ()
+    needs_nodes: bool = False
+    configuration: dict[str, Any] | None = None
+    service_account: str | None = None
+    policy: tuple[iam.PolicyStatement, ...] = ()
+    managed_policies: tuple[str, ...] = ()
+    wildcard_reason: str = ""
+    """Why a statement of `policy` needs Resource '*' (required when one does)."""
+
+    def deploy(self, ctx: AddonContext) -> IConstruct:
+        pin = pins.EKS_ADDONS[self.name]
+        associations = None
+        if self.service_account is not None:
+            role = _pod_identity_role(ctx.scope, f"{_camel(self.name)}Role", statements=self.policy)
+            for managed in self.managed_policies:
+                role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(managed))
+                nag.acknowledge(
+                    role,
+                    "IAM4",
+                    f"the policy the {self.name} add-on documents for its service account",
+                    finding=nag.managed_policy_finding(managed),
+                )
+            if any("*" in statement.resources for statement in self.policy):
+                nag.acknowledge(role, "IAM5", self.wildcard_reason, finding="Resource::*")
+            associations = [
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=role.role_arn, service_account=self.service_account
+                )
+            ]
+        addon = eks.CfnAddon(
+            ctx.scope,
+            _camel(self.name),
+            addon_name=self.name,
+            cluster_name=ctx.cluster.cluster_name,
+            addon_version=pin.version_for(ctx.kubernetes_version),
+            # Take over the copies EKS bootstraps (vpc-cni, coredns, kube-proxy) on create and update.
+            resolve_conflicts="OVERWRITE",
+            preserve_on_delete=False,
+            configuration_values=json.dumps(self.configuration) if self.configuration else None,
+            pod_identity_associations=associations,
+        )
+        if self.needs_nodes:
+            for dependency in ctx.node_dependencies:
+                addon.node.add_dependency(dependency)
+        return addon
+
+
+@dataclass(frozen=True)
+class HelmAddon:
+    """A Helm chart (where EKS has no managed add-on), installed by the cluster's kubectl handler."""
+
+    name: str
+    depends_on: tuple[str, ...] = ()
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def deploy(self, ctx: AddonContext) -> IConstruct:
+        pin = pins.HELM_CHARTS[self.name]
+        chart = ctx.cluster.add_helm_chart(
+            _camel(self.name),
+            chart=pin.chart,
+            repository=pin.repository,
+            version=pin.version,
+            namespace=pin.namespace,
+            release=self.name,
+            values=self.values,
+            wait=False,
+        )
+        for dependency in ctx.node_dependencies:
+            chart.node.add_dependency(dependency)
+        return chart
+
+
+# The FSx CSI controller only needs to describe file systems for a statically provisioned volume;
+# dynamic provisioning (not used: the stack owns the file system) would need create/delete rights.
+_FSX_CSI_POLICY = (
+    iam.PolicyStatement(
+        actions=["fsx:DescribeFileSystems", "fsx:DescribeDataRepositoryAssociations"], resources=["*"]
+    ),
+)
+
+
+def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addon]:
+    """The kit's add-on set for GPU training."""
+    addons: list[Addon] = [
+        ManagedAddon("vpc-cni"),
+        ManagedAddon("kube-proxy"),
+        ManagedAddon("eks-pod-identity-agent"),
+        ManagedAddon("coredns", depends_on=("vpc-cni",), needs_nodes=True),
+        ManagedAddon(
+            "aws-fsx-csi-driver",
+            depends_on=("eks-pod-identity-agent",),
+            needs_nodes=True,
+            service_account="fsx-csi-controller-sa",
+            policy=_FSX_CSI_POLICY,
+            wildcard_reason="fsx:Describe* calls support no resource-level permissions (Resource must be *)",
+            # The node DaemonSet must also run on tainted GPU nodes, where the volume is mounted.
+            configuration={"node": {"tolerations": [{"operator": "Exists"}]}},
+        ),
+        # Reports GPU (XID, NVLink), kernel and network faults as node conditions; node auto-repair
+        # on the GPU node groups acts on them.
+        ManagedAddon("eks-node-monitoring-agent", needs_nodes=True),
+        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL)),
+        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL)),
+        HelmAddon(
+            "dcgm-exporter",
+            depends_on=("nvidia-device-plugin",),
+            values={**_gpu_scheduling(GPU_LABEL), "serviceMonitor": {"enabled": False}},
+        ),
+    ]
+    if cloudwatch_observability:
+        addons.append(
+            ManagedAddon(
+                "amazon-cloudwatch-observability",
+                depends_on=("eks-pod-identity-agent",),
+                needs_nodes=True,
+                service_account="cloudwatch-agent",
+                managed_policies=("CloudWatchAgentServerPolicy",),
+                configuration={"tolerations": [{"operator": "Exists"}]},
+            )
+        )
+    if kueue:
+        addons.append(HelmAddon("kueue"))
+    return addons
+
+
+def deploy_addons(ctx: AddonContext, addons: Sequence[Addon]) -> dict[str, IConstruct]:
+    """Deploy `addons` in dependency order; refuse unknown or missing dependencies at synth."""
+    by_name: dict[str, Addon] = {}
+    for addon in addons:
+        if addon.name in by_name:
+            raise AddonError(f"add-on {addon.name!r} is listed twice")
+        by_name[addon.name] = addon
+    for addon in addons:
+        missing = [dep for dep in addon.depends_on if dep not in by_name]
+        if missing:
+            raise AddonError(f"add-on {addon.name!r} needs {', '.join(missing)}, which is not in the add-on set")
+    visiting: set[str] = set()
+
+    def visit(name: str) -> IConstruct:
+        if name in ctx.deployed:
+            return ctx.deployed[name]
+        if name in visiting:
+            raise AddonError(f"add-on dependency cycle through {name!r}")
+        visiting.add(name)
+        addon = by_name[name]
+        upstream = [visit(dep) for dep in addon.depends_on]
+        construct = addon.deploy(ctx)
+        for dep in upstream:
+            construct.node.add_dependency(dep)
+        ctx.deployed[name] = construct
+        return construct
+
+    for addon in addons:
+        visit(addon.name)
+    return dict(ctx.deployed)
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("-"))
+

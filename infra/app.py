@@ -1,0 +1,138 @@
+"""CDK entry point: `npx cdk synth|deploy [-c config=PATH] [-c field=value ...]` (cdk.json runs this).
+
+The only place configuration enters: the YAML file named by the `config` context key (default
+infra/configs/default.yaml) plus `-c` overrides of its fields, validated into a `ClusterConfig`.
+Synth is offline: account and region come from the config, else from CDK_DEFAULT_ACCOUNT /
+CDK_DEFAULT_REGION (set by the CDK CLI when credentials exist), else an explicit placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra.config import ClusterConfig
+from infra.configio import UserError, exit_on_user_error, load_model
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from aws_cdk import App
+
+    from infra.stacks.cluster_stack import ClusterStack
+
+DEFAULT_CONFIG = Path("infra/configs/default.yaml")
+# A syntactically valid account id that no one owns: templates synthesize, deploys need a real one.
+PLACEHOLDER_ACCOUNT = "000000000000"
+# CDK feature flags the stack relies on, set in code so in-process synth (tests, `nvrx-eks synth`)
+# and `npx cdk synth` build the same templates.
+FEATURE_FLAGS = {
+    # Grant S3 log delivery by bucket policy, not ACLs (ACLs are disabled on every bucket here).
+    "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
+}
+
+
+def load_config(path: str | Path = DEFAULT_CONFIG, overrides: Iterable[str] = ()) -> ClusterConfig:
+    return load_model(ClusterConfig, Path(path), overrides, source=str(path))
+
+
+def overrides_from_context(context: Mapping[str, object]) -> tuple[Path, list[str]]:
+    """Split CDK context into the config path and `field=value` overrides of ClusterConfig fields.
+
+    Context keys with ':' or '@' belong to the CDK itself (feature flags, CLI settings) and are left alone;
+    any other key must name a config field, so a typo fails instead of being ignored.
+    """
+    path = Path(str(context.get("config", DEFAULT_CONFIG)))
+    overrides = []
+    for key, value in sorted(context.items()):
+        if key == "config" or ":" in key or key.startswith("@"):
+            continue
+        if key.split(".")[0] not in ClusterConfig.model_fields:
+            raise UserError(f"context key {key!r} is not a cluster config field; fields: {_field_names()}")
+        text = value if isinstance(value, str) else json.dumps(value)
+        overrides.append(f"{key}={text}")
+    return path, overrides
+
+
+def environment_for(config: ClusterConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    account = config.account or environ.get("CDK_DEFAULT_ACCOUNT") or PLACEHOLDER_ACCOUNT
+    return account, config.region
+
+
+def build(app: App, config: ClusterConfig, *, account: str, nag: bool = True) -> ClusterStack:
+    """Add the cluster stack (and cdk-nag) to `app`."""
+    from aws_cdk import Environment  # noqa: PLC0415 - heavy import, only when building
+
+    from infra.nag import add_checks  # noqa: PLC0415
+    from infra.stacks.cluster_stack import ClusterStack  # noqa: PLC0415
+
+    for flag, value in FEATURE_FLAGS.items():
+        app.node.set_context(flag, value)
+    stack = ClusterStack(app, config=config, env=Environment(account=account, region=config.region))
+    if nag:
+        add_checks(app)
+    return stack
+
+
+def synth_summary(config_path: str | Path = DEFAULT_CONFIG, overrides: Iterable[str] = ()) -> str:
+    """Synthesize the app in-process (into a temporary folder) and describe what it would deploy."""
+    import tempfile  # noqa: PLC0415
+
+    from aws_cdk import App  # noqa: PLC0415
+
+    config = load_config(config_path, overrides)
+    account, region = environment_for(config, os.environ)
+    with tempfile.TemporaryDirectory(prefix="nvrx-eks-synth-") as outdir:
+        started = time.perf_counter()
+        app = App(outdir=outdir)
+        stack = build(app, config, account=account)
+        assembly = app.synth()
+        seconds = time.perf_counter() - started
+        template = assembly.get_stack_by_name(stack.stack_name).template
+    return describe(config, template, account=account, region=region, seconds=seconds)
+
+
+def describe(config: ClusterConfig, template: Mapping[str, object], *, account: str, region: str, seconds: float) -> str:
+    resources = template.get("Resources", {})
+    assert isinstance(resources, dict)  # noqa: S101 - CloudFormation templates always map resources
+    lines = [
+        f"stack {config.name} ({account}/{region}): {len(resources)} resources, synthesized in {seconds:.1f} s",
+        f"  EKS {config.kubernetes_version}, endpoint {config.endpoint_access}, AZs "
+        f"{', '.join(config.availability_zones)} (GPU: {config.gpu_availability_zone})",
+        f"  FSx for Lustre PERSISTENT_2 {config.fsx.storage_capacity_gib} GiB at "
+        f"{config.fsx.throughput_per_tib} MB/s/TiB, linked at {config.fsx.file_system_path}",
+        "  GPU node groups:",
+    ]
+    for group in config.gpu_node_groups:
+        profile = group.profile
+        capacity = group.capacity.type + (f" {group.capacity.reservation_id}" if group.capacity.reservation_id else "")
+        lines.append(
+            f"    {group.name:<14} {profile.name:<14} {group.min_size}/{group.desired_size}/{group.max_size} nodes "
+            f"x {profile.gpus} {profile.accelerator}, {profile.efa_devices} EFA, "
+            f"{profile.nvme_count}x{profile.nvme_gib_each} GiB NVMe RAID0, {capacity}"
+            f"{', placement group' if group.placement_group else ''}"
+        )
+    return "\n".join(lines)
+
+
+def _field_names() -> str:
+    return ", ".join(ClusterConfig.model_fields)
+
+
+def main() -> None:
+    from aws_cdk import App  # noqa: PLC0415
+
+    with exit_on_user_error():
+        app = App()
+        path, overrides = overrides_from_context(app.node.get_all_context())
+        config = load_config(path, overrides)
+        account, _ = environment_for(config, os.environ)
+        build(app, config, account=account)
+        app.synth()
+
+
+if __name__ == "__main__":
+    main()

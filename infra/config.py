@@ -1,0 +1,333 @@
+"""The cluster configuration: one typed, validated model loaded at the app entry (infra/app.py).
+
+Stacks and constructs never read this file, the CDK context or the environment: the app validates a
+`ClusterConfig` and hands typed values down. Every check here produces one message naming the field
+and the fix (infra/configio.py turns them into exit code 2 without a traceback).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra import pins
+from infra.configio import UserError
+from infra.profiles import InstanceProfile, get_profile
+
+# FSx for Lustre PERSISTENT_2 (SSD): 1.2 TiB, 2.4 TiB, then steps of 2.4 TiB; throughput tiers in
+# MB/s per TiB. https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-storage-capacity.html
+# https://docs.aws.amazon.com/fsx/latest/LustreGuide/performance.html#fsx-aggregate-perf
+FSX_MIN_CAPACITY_GIB = 1200
+FSX_CAPACITY_STEP_GIB = 2400
+FSX_THROUGHPUT_TIERS = (125, 250, 500, 1000)
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
+_NODEGROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
+_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CapacityConfig(_Model):
+    """Where GPU instances come from."""
+
+    type: Literal["on_demand", "capacity_reservation", "capacity_block"] = "on_demand"
+    """on_demand; capacity_reservation (an On-Demand Capacity Reservation, ODCR); capacity_block
+    (EC2 Capacity Block for ML)."""
+    reservation_id: str | None = None
+    """cr-... id of the reservation or Capacity Block (required unless on_demand)."""
+
+    @model_validator(mode="after")
+    def _reservation(self) -> CapacityConfig:
+        if self.type == "on_demand":
+            if self.reservation_id is not None:
+                raise ValueError("reservation_id is only used with type capacity_reservation or capacity_block")
+        elif self.reservation_id is None or not _RESERVATION_ID.match(self.reservation_id):
+            raise ValueError(
+                f"type {self.type} needs reservation_id: the cr-... id of the reservation "
+                f"(got {self.reservation_id!r})"
+            )
+        return self
+
+
+class TaintConfig(_Model):
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class GpuNodeGroupConfig(_Model):
+    """One managed node group of GPU instances (all in the GPU availability zone)."""
+
+    name: str
+    """Node group name, unique in the cluster (lowercase letters, digits, '-')."""
+    instance_type: str
+    """A GPU instance type from infra/profiles.py."""
+    min_size: int = Field(0, ge=0)
+    desired_size: int = Field(0, ge=0)
+    max_size: int = Field(1, ge=1, le=1000)
+    capacity: CapacityConfig = CapacityConfig()
+    placement_group: bool = False
+    """A cluster placement group for this group. Refused together with a reservation or Capacity
+    Block: their capacity is allocated before launch and a launch into a placement group the
+    reservation was not created in fails with InsufficientInstanceCapacity; Capacity Blocks are
+    already co-located in one EC2 UltraCluster."""
+    labels: dict[str, str] = {}
+    taints: list[TaintConfig] = []
+    """Extra taints; every GPU node also gets nvidia.com/gpu=true:NoSchedule."""
+    root_volume_gib: int = Field(200, ge=50, le=16384)
+    """Encrypted gp3 root volume (container images of GPU stacks are tens of GB)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NODEGROUP_NAME.match(value):
+            raise ValueError(f"{value!r} is not a node group name; use lowercase letters, digits and '-'")
+        return value
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, value: str) -> str:
+        try:
+            profile = get_profile(value, ec2_only=True)
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
+        if profile.gpus == 0:
+            raise ValueError(f"{value} has no GPU; use a GPU type from infra/profiles.py")
+        return value
+
+    @model_validator(mode="after")
+    def _sizes_and_placement(self) -> GpuNodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"sizes must satisfy min_size <= desired_size <= max_size "
+                f"(got {self.min_size} / {self.desired_size} / {self.max_size})"
+            )
+        if self.placement_group and self.capacity.type != "on_demand":
+            raise ValueError(
+                f"placement_group: true cannot be combined with capacity type {self.capacity.type}; "
+                "set placement_group: false (the reservation already fixes where instances land; "
+                "Capacity Blocks are co-located in an EC2 UltraCluster)"
+            )
+        return self
+
+    @property
+    def profile(self) -> InstanceProfile:
+        return get_profile(self.instance_type, ec2_only=True)
+
+
+class SystemNodeGroupConfig(_Model):
+    """A small on-demand node group for add-ons (coredns, controllers, Kueue)."""
+
+    instance_type: str = "m7i.xlarge"
+    min_size: int = Field(2, ge=1)
+    desired_size: int = Field(2, ge=1)
+    max_size: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SystemNodeGroupConfig:
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"sizes must satisfy min_size <= desired_size <= max_size "
+                f"(got {self.min_size} / {self.desired_size} / {self.max_size})"
+            )
+        return self
+
+
+class FsxConfig(_Model):
+    """FSx for Lustre PERSISTENT_2, linked to S3 by a data repository association."""
+
+    storage_capacity_gib: int = FSX_MIN_CAPACITY_GIB
+    throughput_per_tib: int = 250
+    """MB/s per TiB of storage: 125, 250, 500 or 1000."""
+    data_repository_path: str | None = None
+    """s3://bucket/prefix/ to link; default: the checkpoint bucket's checkpoint prefix."""
+    file_system_path: str = "/durable"
+    """Where the linked S3 prefix appears inside the file system."""
+
+    @field_validator("storage_capacity_gib")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        if value != FSX_MIN_CAPACITY_GIB and (value <= 0 or value % FSX_CAPACITY_STEP_GIB):
+            raise ValueError(
+                f"{value} GiB is not a valid PERSISTENT_2 size; use 1200 or a multiple of 2400 "
+                "(2400, 4800, 7200, ...)"
+            )
+        return value
+
+    @field_validator("throughput_per_tib")
+    @classmethod
+    def _throughput(cls, value: int) -> int:
+        if value not in FSX_THROUGHPUT_TIERS:
+            tiers = ", ".join(map(str, FSX_THROUGHPUT_TIERS))
+            raise ValueError(f"{value} is not a PERSISTENT_2 throughput tier; use one of {tiers} (MB/s per TiB)")
+        return value
+
+    @field_validator("data_repository_path")
+    @classmethod
+    def _s3_path(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", value):
+            raise ValueError(f"{value!r} is not an S3 path; use s3://bucket/prefix/")
+        return value
+
+    @field_validator("file_system_path")
+    @classmethod
+    def _fs_path(cls, value: str) -> str:
+        if not re.match(r"^/[A-Za-z0-9._/-]+$", value) or value == "/":
+            raise ValueError(f"{value!r} must be an absolute directory below the root, e.g. /durable")
+        return value
+
+
+class CheckpointBucketConfig(_Model):
+    prefix: str = "checkpoints/"
+    """Key prefix for checkpoints; the training service account may touch nothing else."""
+    noncurrent_version_days: int = Field(30, ge=1)
+    """Days an overwritten or deleted checkpoint object version is kept."""
+    expire_days: int | None = Field(None, ge=1)
+    """Days after which current checkpoint objects expire (None: never)."""
+    retain_on_delete: bool = True
+    """Keep the bucket (and its checkpoints) when the stack is deleted."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", value):
+            raise ValueError(f"{value!r} must be a key prefix like checkpoints/ (no leading '/', ends with '/')")
+        return value
+
+
+class EcrConfig(_Model):
+    repository_name: str = "nvrx-eks/trainer"
+    keep_images: int = Field(30, ge=1)
+    """Tagged images kept; untagged ones expire after a day."""
+
+
+class AddonsConfig(_Model):
+    cloudwatch_observability: bool = False
+    kueue: bool = False
+
+
+class TrainingConfig(_Model):
+    """Cluster-level objects the job tooling uses (k8s/cluster_chart.py renders them)."""
+
+    namespace: str = "training"
+    service_account: str = "trainer"
+    pvc_name: str = "fsx-checkpoints"
+
+    @field_validator("namespace", "service_account", "pvc_name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", value):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lowercase letters, digits, '-')")
+        return value
+
+
+class ClusterConfig(_Model):
+    """Everything `cdk deploy` stands up, in one validated tree."""
+
+    name: str
+    """Stack and cluster name."""
+    account: str | None = None
+    """12-digit AWS account; None: CDK_DEFAULT_ACCOUNT, else a placeholder (synth stays offline)."""
+    region: str
+    kubernetes_version: str = pins.DEFAULT_KUBERNETES_VERSION
+    availability_zones: list[str] = Field(min_length=2, max_length=6)
+    """AZs of the VPC (EKS needs subnets in at least two)."""
+    gpu_availability_zone: str | None = None
+    """The AZ of the GPU capacity (of the reservation / Capacity Block when one is used)."""
+    vpc_cidr: str = "10.0.0.0/16"
+    nat_gateways: int = Field(1, ge=1)
+    endpoint_access: Literal["public", "private", "public_and_private"] = "public_and_private"
+    public_access_cidrs: list[str] = ["0.0.0.0/0"]
+    """Who may reach a public API endpoint; narrow it to your office/VPN ranges."""
+    admin_role_arn: str | None = None
+    """IAM role given cluster-admin by an access entry; None: the stack creates one for the account."""
+    system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
+    gpu_node_groups: list[GpuNodeGroupConfig] = Field(min_length=1)
+    fsx: FsxConfig = FsxConfig()
+    checkpoint_bucket: CheckpointBucketConfig = CheckpointBucketConfig()
+    ecr: EcrConfig = EcrConfig()
+    addons: AddonsConfig = AddonsConfig()
+    training: TrainingConfig = TrainingConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a stack/cluster name; use letters, digits and '-' (max 63)")
+        return value
+
+    @field_validator("account")
+    @classmethod
+    def _account(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^\d{12}$", value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not re.match(r"^[a-z]{2}(-[a-z]+)+-\d$", value):
+            raise ValueError(f"{value!r} is not an AWS region name such as us-east-1")
+        return value
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _kubernetes_version(cls, value: object) -> str:
+        text = str(value)
+        if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
+            supported = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
+            raise ValueError(
+                f"{text} is not supported by the add-on pins in infra/pins.py; use one of {supported}"
+            )
+        return text
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            network = ipaddress.ip_network(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a CIDR block such as 10.0.0.0/16") from None
+        if network.prefixlen > 18:  # noqa: PLR2004 - room for /20 subnets in up to 6 AZs x 2 tiers
+            raise ValueError(f"{value} is too small for GPU nodes; use a /16 to /18 block")
+        return value
+
+    @field_validator("admin_role_arn")
+    @classmethod
+    def _role(cls, value: str | None) -> str | None:
+        if value is not None and not _ROLE_ARN.match(value):
+            raise ValueError(f"{value!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/NAME)")
+        return value
+
+    @model_validator(mode="after")
+    def _zones_and_groups(self) -> ClusterConfig:
+        bad = [zone for zone in self.availability_zones if not zone.startswith(self.region)]
+        if bad:
+            raise ValueError(f"availability_zones {bad} are not in region {self.region}")
+        if self.gpu_availability_zone is None:
+            raise ValueError(
+                "gpu_availability_zone is missing; set it to the AZ of your GPU capacity "
+                f"(one of {', '.join(self.availability_zones)})"
+            )
+        if self.gpu_availability_zone not in self.availability_zones:
+            raise ValueError(
+                f"gpu_availability_zone {self.gpu_availability_zone} is not one of availability_zones "
+                f"({', '.join(self.availability_zones)}); add it there or pick one of them"
+            )
+        names = [group.name for group in self.gpu_node_groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gpu_node_groups names must be unique (got {names})")
+        if self.endpoint_access == "private" and self.public_access_cidrs != ["0.0.0.0/0"]:
+            raise ValueError("public_access_cidrs has no effect with endpoint_access: private; remove it")
+        return self
+
+    @property
+    def checkpoint_prefix(self) -> str:
+        return self.checkpoint_bucket.prefix

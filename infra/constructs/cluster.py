@@ -1,0 +1,199 @@
+"""The EKS control plane (aws_eks_v2: native AWS::EKS::Cluster, access entries) and its system nodes."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Literal
+
+from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
+from constructs import Construct
+
+from infra import nag
+from infra.constructs import launch_template as lt
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+EndpointKind = Literal["public", "private", "public_and_private"]
+
+_ENDPOINTS = {
+    "public": eks.EndpointAccess.PUBLIC,
+    "private": eks.EndpointAccess.PRIVATE,
+    "public_and_private": eks.EndpointAccess.PUBLIC_AND_PRIVATE,
+}
+# https://docs.aws.amazon.com/eks/latest/userguide/create-node-role.html
+NODE_MANAGED_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEC2ContainerRegistryPullOnly",
+    "AmazonEKS_CNI_Policy",
+    "AmazonSSMManagedInstanceCore",
+)
+SYSTEM_LABEL = "nvrx-eks/pool"
+
+
+class TrainingCluster(Construct):
+    """EKS with KMS-encrypted secrets, all control-plane logs, access entries and a system node group."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,  # noqa: A002
+        *,
+        cluster_name: str,
+        kubernetes_version: str,
+        vpc: ec2.IVpc,
+        subnets: Sequence[ec2.ISubnet],
+        endpoint_access: EndpointKind,
+        public_access_cidrs: Sequence[str],
+        admin_role_arn: str | None,
+        system_instance_type: str,
+        system_min_size: int,
+        system_desired_size: int,
+        system_max_size: int,
+    ) -> None:
+        super().__init__(scope, id)
+        self.secrets_key = kms.Key(
+            self,
+            "SecretsKey",
+            enable_key_rotation=True,
+            description=f"{cluster_name}: envelope encryption of Kubernetes secrets",
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        endpoint = _ENDPOINTS[endpoint_access]
+        if endpoint_access != "private":
+            endpoint = endpoint.only_from(*public_access_cidrs)
+        # The kubectl/helm handler runs inside the VPC so it reaches a private endpoint, too.
+        self.kubectl_security_group = ec2.SecurityGroup(
+            self, "KubectlSecurityGroup", vpc=vpc, description="kubectl handler (Helm charts, manifests)"
+        )
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_name,
+            version=eks.KubernetesVersion.of(kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[ec2.SubnetSelection(subnets=list(subnets))],
+            endpoint_access=endpoint,
+            secrets_encryption_key=self.secrets_key,
+            cluster_logging=list(eks.ClusterLoggingTypes),
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            # Only explicit access entries: the CloudFormation execution role needs no cluster rights.
+            bootstrap_cluster_creator_admin_permissions=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KubectlV34Layer(self, "KubectlLayer"),
+                private_subnets=list(subnets),
+                security_groups=[self.kubectl_security_group],
+            ),
+            output_config_command=False,
+        )
+        self.cluster.cluster_security_group.add_ingress_rule(
+            self.kubectl_security_group, ec2.Port.tcp(443), "kubectl handler to the API endpoint"
+        )
+
+        self.admin_role = (
+            iam.Role.from_role_arn(self, "AdminRole", admin_role_arn, mutable=False)
+            if admin_role_arn
+            else iam.Role(
+                self,
+                "AdminRole",
+                assumed_by=iam.AccountRootPrincipal(),
+                description=f"{cluster_name}: cluster administrators (assume it, then aws eks update-kubeconfig)",
+            )
+        )
+        self.cluster.grant_access(
+            "Admin",
+            self.admin_role.role_arn,
+            [
+                eks.AccessPolicy.from_access_policy_name(
+                    "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
+                )
+            ],
+        )
+
+        self.node_role = iam.Role(
+            self,
+            "NodeRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in NODE_MANAGED_POLICIES],
+        )
+        system_template = ec2.CfnLaunchTemplate(
+            self,
+            "SystemLaunchTemplate",
+            launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+                metadata_options=lt.imds_options(),
+                block_device_mappings=[lt.root_volume(50)],
+            ),
+        )
+        self.system_nodegroup = self.cluster.add_nodegroup_capacity(
+            "System",
+            nodegroup_name="system",
+            instance_types=[ec2.InstanceType(system_instance_type)],
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            min_size=system_min_size,
+            desired_size=system_desired_size,
+            max_size=system_max_size,
+            node_role=self.node_role,
+            subnets=ec2.SubnetSelection(subnets=list(subnets)),
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=system_template.ref, version=system_template.attr_latest_version_number
+            ),
+            labels={SYSTEM_LABEL: "system"},
+            enable_node_auto_repair=True,
+        )
+
+        self._acknowledge()
+
+    def _acknowledge(self) -> None:
+        nag.acknowledge(
+            self.cluster.role,
+            "IAM4",
+            "EKS requires AmazonEKSClusterPolicy on the cluster role",
+            finding=nag.managed_policy_finding("AmazonEKSClusterPolicy"),
+        )
+        for name in NODE_MANAGED_POLICIES:
+            nag.acknowledge(
+                self.node_role,
+                "IAM4",
+                "the node policies EKS documents for managed node groups (create-node-role.html)",
+                finding=nag.managed_policy_finding(name),
+            )
+        provider = self.cluster.node.find_child("KubectlProvider")
+        handler = provider.node.find_child("Handler")
+        for policy in (
+            "service-role/AWSLambdaBasicExecutionRole",
+            "service-role/AWSLambdaVPCAccessExecutionRole",
+            "AmazonEC2ContainerRegistryReadOnly",
+        ):
+            nag.acknowledge(provider, "IAM4", nag.HANDLER_REASON, finding=nag.managed_policy_finding(policy))
+        # The ECR-public policy is attached through a condition; cdk-nag names the finding by its JSON.
+        nag.acknowledge(provider, "IAM4", nag.HANDLER_REASON, finding=_conditional_ecr_public_finding(handler))
+        nag.acknowledge(provider, "L1", nag.HANDLER_REASON)
+        nag.acknowledge(provider, "IAM5", nag.HANDLER_REASON, finding=nag.arn_finding(handler, ":*"))
+
+    @property
+    def cluster_security_group_id(self) -> str:
+        return self.cluster.cluster_security_group_id
+
+
+def _conditional_ecr_public_finding(handler: Construct) -> str:
+    stack = Stack.of(handler)
+    condition = stack.resolve(stack.get_logical_id(handler.node.find_child("HasEcrPublic")))  # type: ignore[arg-type]
+    policy = {
+        "Fn::If": [
+            condition,
+            {
+                "Fn::Join": [
+                    "",
+                    ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"],
+                ]
+            },
+            {"Ref": "AWS::NoValue"},
+        ]
+    }
+    return "Policy::" + json.dumps(policy, separators=(",", ":"))

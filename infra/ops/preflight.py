@@ -1,0 +1,399 @@
+"""Checks, before `cdk deploy`, that the account and region can hold the configured GPU node groups.
+
+For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
+EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
+count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
+maximum size. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from infra.configio import UserError
+from infra.ops.aws import ServiceError, aws_errors, error_code
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from infra.config import ClusterConfig
+    from infra.ops.aws import AwsSession
+
+CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
+"""As in infra/config.py CapacityConfig.type."""
+
+# Service Quotas codes for "Running On-Demand <family> instances" (vCPUs, per Region), by the first
+# letters of the instance type. Codes as listed by `aws service-quotas list-service-quotas
+# --service-code ec2`; see https://docs.aws.amazon.com/ec2/latest/instancetypes/ec2-instance-quotas.html
+ON_DEMAND_QUOTAS: dict[str, tuple[str, str]] = {
+    "p": ("L-417A185B", "Running On-Demand P instances"),
+    "g": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "vt": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    "trn": ("L-2C3B7624", "Running On-Demand Trn instances"),
+    "inf": ("L-1945791B", "Running On-Demand Inf instances"),
+    "x": ("L-7295265B", "Running On-Demand X instances"),
+    "f": ("L-74FC7D96", "Running On-Demand F instances"),
+    "dl": ("L-6E869C2A", "Running On-Demand DL instances"),
+    "hpc": ("L-F7808C92", "Running On-Demand HPC instances"),
+    "u": ("L-43DA4232", "Running On-Demand High Memory instances"),
+}
+STANDARD_QUOTA = ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances")
+
+# Reservation states a node group can launch into now (active) or once the block starts (scheduled).
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-view.html
+USABLE_STATES = frozenset({"active", "scheduled"})
+# Before a Capacity Block starts, its counts read 0; this tag holds the size that will be delivered.
+BLOCK_SIZE_TAG = "aws:ec2capacityreservation:incrementalRequestedQuantity"
+
+
+class Status(enum.StrEnum):
+    PASS = "pass"  # noqa: S105 - a check result, not a password
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeGroupTarget:
+    """What preflight needs from one GPU node group of the cluster config."""
+
+    name: str
+    instance_type: str
+    max_nodes: int
+    capacity: CapacityKind = "on_demand"
+    reservation_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightTarget:
+    region: str
+    availability_zone: str
+    node_groups: tuple[NodeGroupTarget, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    check: str
+    subject: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def quota_for(instance_type: str) -> tuple[str, str]:
+    """(quota code, quota name) of the On-Demand vCPU quota that counts `instance_type`."""
+    family = instance_type.split(".", 1)[0]
+    letters = "".join(ch for ch in family if ch.isalpha())
+    for prefix in sorted(ON_DEMAND_QUOTAS, key=len, reverse=True):
+        if letters.startswith(prefix):
+            return ON_DEMAND_QUOTAS[prefix]
+    return STANDARD_QUOTA
+
+
+class Preflight:
+    """Runs every check against one region with one session; `run()` returns the rows in order."""
+
+    def __init__(self, *, session: AwsSession, target: PreflightTarget) -> None:
+        self._session = session
+        self._target = target
+        self._vcpus: dict[str, int] = {}
+
+    def run(self) -> list[CheckResult]:
+        results = [self._identity()]
+        for group in self._target.node_groups:
+            results.append(self._guarded("instance type offered", group, self._offered))
+            results.append(self._guarded("EFA supported", group, self._efa))
+            if group.capacity != "on_demand":
+                results.append(self._guarded("capacity reservation", group, self._reservation))
+        results.extend(self._quotas())
+        return results
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def _identity(self) -> CheckResult:
+        # Fails fast (UserError) when there are no usable credentials: every other check would too.
+        with aws_errors("sts:GetCallerIdentity"):
+            who = self._session.client("sts").get_caller_identity()
+        return CheckResult(
+            check="credentials",
+            subject=self._target.region,
+            status=Status.PASS,
+            detail=f"account {who['Account']} as {who['Arn']}",
+        )
+
+    def _guarded(self, check: str, group: NodeGroupTarget, fn: object) -> CheckResult:
+        """Run one check; a denied or throttled call becomes that check's failure, not a crash."""
+        try:
+            return fn(group)  # type: ignore[operator]
+        except (UserError, ServiceError) as exc:
+            return CheckResult(
+                check=check, subject=group.name, status=Status.FAIL, detail=str(exc), fix="see the message"
+            )
+
+    def _offered(self, group: NodeGroupTarget) -> CheckResult:
+        ec2 = self._session.client("ec2")
+        az = self._target.availability_zone
+        with aws_errors("ec2:DescribeInstanceTypeOfferings"):
+            here = ec2.describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[
+                    {"Name": "instance-type", "Values": [group.instance_type]},
+                    {"Name": "location", "Values": [az]},
+                ],
+            )["InstanceTypeOfferings"]
+        if here:
+            return CheckResult(
+                check="instance type offered",
+                subject=group.name,
+                status=Status.PASS,
+                detail=f"{group.instance_type} is offered in {az}",
+            )
+        # Not here: list the zones that do offer it, for the fix.
+        with aws_errors("ec2:DescribeInstanceTypeOfferings"):
+            offered_azs = sorted(
+                offering["Location"]
+                for page in ec2.get_paginator("describe_instance_type_offerings").paginate(
+                    LocationType="availability-zone",
+                    Filters=[{"Name": "instance-type", "Values": [group.instance_type]}],
+                )
+                for offering in page["InstanceTypeOfferings"]
+            )
+        elsewhere = ", ".join(offered_azs) or f"no Availability Zone of {self._target.region}"
+        return CheckResult(
+            check="instance type offered",
+            subject=group.name,
+            status=Status.FAIL,
+            detail=f"{group.instance_type} is not offered in {az} (offered in: {elsewhere})",
+            fix=(
+                f"set gpu_availability_zone to one of: {elsewhere}"
+                if offered_azs
+                else f"choose a region that offers {group.instance_type}"
+            ),
+        )
+
+    def _instance_info(self, instance_type: str) -> dict:
+        ec2 = self._session.client("ec2")
+        with aws_errors("ec2:DescribeInstanceTypes"):
+            try:
+                info = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
+            except Exception as exc:
+                if error_code(exc).startswith("InvalidInstanceType"):
+                    raise UserError(
+                        f"{instance_type} is not an instance type in {self._target.region}; "
+                        "fix the node group's instance type"
+                    ) from None
+                raise
+        self._vcpus[instance_type] = int(info[0]["VCpuInfo"]["DefaultVCpus"])
+        return info[0]
+
+    def _efa(self, group: NodeGroupTarget) -> CheckResult:
+        info = self._instance_info(group.instance_type)
+        network = info.get("NetworkInfo", {})
+        if network.get("EfaSupported"):
+            max_cards = network.get("EfaInfo", {}).get("MaximumEfaInterfaces", "?")
+            return CheckResult(
+                check="EFA supported",
+                subject=group.name,
+                status=Status.PASS,
+                detail=f"{group.instance_type}: EFA, up to {max_cards} EFA interfaces",
+            )
+        return CheckResult(
+            check="EFA supported",
+            subject=group.name,
+            status=Status.FAIL,
+            detail=f"{group.instance_type} does not support EFA",
+            fix="pick an EFA-capable type (EC2 user guide: efa-acc-inst-types), e.g. p5.48xlarge",
+        )
+
+    def _reservation(self, group: NodeGroupTarget) -> CheckResult:
+        return check_reservation(
+            self._session.client("ec2"),
+            group,
+            availability_zone=self._target.availability_zone,
+            region=self._target.region,
+        )
+
+    def _quotas(self) -> list[CheckResult]:
+        """One row per quota: the sum over node groups counted by it of max nodes x vCPUs."""
+        needed: dict[tuple[str, str], list[NodeGroupTarget]] = defaultdict(list)
+        for group in self._target.node_groups:
+            needed[quota_for(group.instance_type)].append(group)
+        return [self._quota(code, name, groups) for (code, name), groups in needed.items()]
+
+    def _quota(self, code: str, name: str, groups: list[NodeGroupTarget]) -> CheckResult:
+        check = "On-Demand vCPU quota"
+        try:
+            vcpus = {g.instance_type: self._vcpus_of(g.instance_type) for g in groups}
+            with aws_errors("servicequotas:GetServiceQuota"):
+                try:
+                    quota = self._session.client("service-quotas").get_service_quota(
+                        ServiceCode="ec2", QuotaCode=code
+                    )
+                except Exception as exc:
+                    if error_code(exc) == "NoSuchResourceException":
+                        raise UserError(
+                            f"quota {code} does not exist in {self._target.region}; the instance family "
+                            "is not sold there: pick another region"
+                        ) from None
+                    raise
+        except (UserError, ServiceError) as exc:
+            return CheckResult(check=check, subject=name, status=Status.FAIL, detail=str(exc))
+        limit = int(quota["Quota"]["Value"])
+        required = sum(g.max_nodes * vcpus[g.instance_type] for g in groups)
+        parts = " + ".join(f"{g.max_nodes} x {vcpus[g.instance_type]} ({g.name})" for g in groups)
+        detail = f"{code}: need {parts} = {required} vCPUs, quota is {limit}"
+        if required <= limit:
+            return CheckResult(check=check, subject=name, status=Status.PASS, detail=detail)
+        # Capacity Blocks are prepaid capacity; whether their instances count against this quota is
+        # not something we could confirm, so a shortfall there is a warning rather than a failure.
+        blocks_only = all(g.capacity == "capacity_block" for g in groups)
+        return CheckResult(
+            check=check,
+            subject=name,
+            status=Status.WARN if blocks_only else Status.FAIL,
+            detail=detail,
+            fix=(
+                f"request {required} vCPUs: `aws service-quotas request-service-quota-increase "
+                f"--service-code ec2 --quota-code {code} --desired-value {required} "
+                f"--region {self._target.region}`, or lower the node groups' max_size"
+            ),
+        )
+
+    def _vcpus_of(self, instance_type: str) -> int:
+        if instance_type not in self._vcpus:
+            self._instance_info(instance_type)
+        return self._vcpus[instance_type]
+
+
+def check_reservation(
+    ec2: Any,  # noqa: ANN401 - a boto3 EC2 client
+    group: NodeGroupTarget,
+    *,
+    availability_zone: str,
+    region: str,
+) -> CheckResult:
+    """The node group's reservation or Capacity Block exists, is usable, and matches type, AZ and count."""
+    kind = "Capacity Block" if group.capacity == "capacity_block" else "capacity reservation"
+    check = "capacity reservation"
+    if not group.reservation_id:
+        return CheckResult(
+            check=check,
+            subject=group.name,
+            status=Status.FAIL,
+            detail=f"capacity type {group.capacity} needs a reservation id",
+            fix=f"set the node group's capacity.reservation_id to the {kind} id (cr-...)",
+        )
+    with aws_errors("ec2:DescribeCapacityReservations"):
+        try:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[group.reservation_id])
+        except Exception as exc:
+            if error_code(exc).startswith("InvalidCapacityReservationId"):
+                return CheckResult(
+                    check=check,
+                    subject=group.name,
+                    status=Status.FAIL,
+                    detail=f"{kind} {group.reservation_id} not found in {region}",
+                    fix="check the id and region (`aws ec2 describe-capacity-reservations`)",
+                )
+            raise
+    reservation = found["CapacityReservations"][0]
+    return _match_reservation(group, reservation, kind=kind, az=availability_zone)
+
+
+def _match_reservation(group: NodeGroupTarget, reservation: dict, *, kind: str, az: str) -> CheckResult:
+    """Compare one DescribeCapacityReservations entry with the node group it should serve."""
+    rid = reservation["CapacityReservationId"]
+    state = reservation.get("State", "?")
+    problems: list[tuple[str, str]] = []
+    if state not in USABLE_STATES:
+        problems.append((f"state is {state}", f"use an active or scheduled {kind}"))
+    if reservation.get("InstanceType") != group.instance_type:
+        problems.append(
+            (
+                f"holds {reservation.get('InstanceType')}, node group uses {group.instance_type}",
+                f"set the node group's instance type to {reservation.get('InstanceType')}",
+            )
+        )
+    if reservation.get("AvailabilityZone") != az:
+        problems.append(
+            (
+                f"is in {reservation.get('AvailabilityZone')}, cluster uses {az}",
+                f"set gpu_availability_zone to {reservation.get('AvailabilityZone')}",
+            )
+        )
+    # The API says "capacity-block" / "default"; the config says capacity_block / capacity_reservation.
+    is_block = reservation.get("ReservationType") == "capacity-block"
+    if is_block != (group.capacity == "capacity_block"):
+        actual = "capacity_block" if is_block else "capacity_reservation"
+        problems.append((f"is a {actual}, node group says {group.capacity}", f"set capacity.type {actual}"))
+    size = _reserved_count(reservation)
+    if size < group.max_nodes:
+        problems.append(
+            (
+                f"holds {size} instance(s), node group max is {group.max_nodes}",
+                f"lower the node group's max_size to {size} or reserve more",
+            )
+        )
+    end = reservation.get("EndDate")
+    until = f", ends {end:%Y-%m-%d %H:%M %Z}" if end else ""
+    if problems:
+        return CheckResult(
+            check="capacity reservation",
+            subject=group.name,
+            status=Status.FAIL,
+            detail=f"{rid} " + "; ".join(p for p, _ in problems),
+            fix="; ".join(f for _, f in problems),
+        )
+    return CheckResult(
+        check="capacity reservation",
+        subject=group.name,
+        status=Status.PASS,
+        detail=f"{rid} {state}: {size} x {group.instance_type} in {az}{until}",
+    )
+
+
+def _reserved_count(reservation: dict) -> int:
+    total = int(reservation.get("TotalInstanceCount", 0))
+    if total:
+        return total
+    tags = {t["Key"]: t["Value"] for t in reservation.get("Tags", [])}
+    return int(tags.get(BLOCK_SIZE_TAG, 0))
+
+
+def target_from_config(config: ClusterConfig) -> PreflightTarget:
+    """The parts of a validated cluster config that preflight checks."""
+    if config.gpu_availability_zone is None:  # the model refuses this; kept for type checkers
+        raise UserError("gpu_availability_zone is missing in the cluster config")
+    return PreflightTarget(
+        region=config.region,
+        availability_zone=config.gpu_availability_zone,
+        node_groups=tuple(
+            NodeGroupTarget(
+                name=group.name,
+                instance_type=group.instance_type,
+                max_nodes=group.max_size,
+                capacity=group.capacity.type,
+                reservation_id=group.capacity.reservation_id,
+            )
+            for group in config.gpu_node_groups
+        ),
+    )
+
+
+def failed(results: Iterable[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.status is Status.FAIL]
+
+
+def render_table(results: list[CheckResult]) -> object:
+    """A rich Table of the results (returned, so callers choose the console)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    style = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red"}
+    table = Table(title="nvrx-eks preflight", show_lines=False)
+    for column in ("check", "subject", "result", "detail", "fix"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        table.add_row(r.check, r.subject, f"[{style[r.status]}]{r.status.value}[/]", r.detail, r.fix)
+    return table

@@ -1,0 +1,209 @@
+"""Deployed stack outputs (CloudFormation) -> the job values that depend on them.
+
+Only the fields the stack decides are written (image repository, namespace, service account, PVC,
+bucket and prefix, instance profile); everything else in the user's values file, comments and key
+order included, is kept (ruamel.yaml round-trip).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from infra.configio import UserError
+from infra.ops.aws import aws_errors, error_code
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from infra.ops.aws import AwsSession
+
+# Contract 5 (COMMON.md): CfnOutput keys on the stack named by the cluster config's `name`.
+OUTPUT_KEYS = (
+    "ClusterName",
+    "Region",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "CheckpointPvcName",
+    "CheckpointBucketName",
+    "CheckpointPrefix",
+    "ImageRepositoryUri",
+    "TrainingNamespace",
+    "TrainingServiceAccount",
+    "GpuNodeGroups",
+)
+# Job values fields (contract 6) -> the output each comes from (instance_profile and image are derived).
+FIELD_SOURCES: dict[tuple[str, ...], str] = {
+    ("namespace",): "TrainingNamespace",
+    ("service_account",): "TrainingServiceAccount",
+    ("storage", "fsx_pvc"): "CheckpointPvcName",
+    ("storage", "s3_bucket"): "CheckpointBucketName",
+    ("storage", "s3_prefix"): "CheckpointPrefix",
+}
+DEFAULT_IMAGE_TAG = "latest"
+_SETTLED = ("_COMPLETE",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackInfo:
+    name: str
+    status: str
+    outputs: dict[str, str]
+
+    @property
+    def cluster_name(self) -> str:
+        return self.outputs["ClusterName"]
+
+    @property
+    def region(self) -> str:
+        return self.outputs["Region"]
+
+    @property
+    def node_groups(self) -> dict[str, str]:
+        try:
+            groups = json.loads(self.outputs["GpuNodeGroups"])
+        except json.JSONDecodeError:
+            raise UserError(f"stack {self.name}: output GpuNodeGroups is not a JSON object") from None
+        if not isinstance(groups, dict):
+            raise UserError(f"stack {self.name}: output GpuNodeGroups is not a JSON object")
+        return {str(k): str(v) for k, v in groups.items()}
+
+
+def read_stack(session: AwsSession, stack: str) -> StackInfo:
+    """The stack's outputs; a missing stack, one still deploying or lacking kit outputs is a UserError."""
+    cfn = session.client("cloudformation")
+    with aws_errors("cloudformation:DescribeStacks"):
+        try:
+            described = cfn.describe_stacks(StackName=stack)["Stacks"][0]
+        except Exception as exc:
+            if error_code(exc) == "ValidationError" and "does not exist" in str(exc):
+                raise UserError(
+                    f"stack {stack!r} not found in {session.region}: deploy it (`npx cdk deploy {stack}`) "
+                    "or pass the region it is in with --region"
+                ) from None
+            raise
+    status = described["StackStatus"]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    if not status.endswith(_SETTLED) or "ROLLBACK" in status:
+        raise UserError(
+            f"stack {stack!r} is {status}: wait for the deployment to finish (or fix the failed one) "
+            "before reading its outputs"
+        )
+    missing = [key for key in OUTPUT_KEYS if key not in outputs]
+    if missing:
+        raise UserError(
+            f"stack {stack!r} lacks output(s) {', '.join(missing)}: it was not deployed by this kit's "
+            "version; redeploy it with `npx cdk deploy`"
+        )
+    return StackInfo(name=stack, status=status, outputs=outputs)
+
+
+def pick_instance_profile(info: StackInfo, *, node_group: str | None, current: str | None) -> str:
+    """The instance type the job targets: the chosen node group's, else the only one, else keep `current`."""
+    groups = info.node_groups
+    if node_group is not None:
+        if node_group not in groups:
+            raise UserError(
+                f"--node-group {node_group!r} is not in stack {info.name}; use one of: {', '.join(groups)}"
+            )
+        return groups[node_group]
+    types = sorted(set(groups.values()))
+    if len(types) == 1:
+        return types[0]
+    if current in types:
+        return current
+    if not types:
+        raise UserError(f"stack {info.name} has no GPU node groups; add one to the cluster config")
+    raise UserError(
+        f"stack {info.name} has node groups of several instance types ({', '.join(types)}); "
+        f"pick one with --node-group ({', '.join(groups)})"
+    )
+
+
+def image_for(repository_uri: str, current: str | None) -> str:
+    """The repository from the stack with the user's tag or digest kept (else :latest)."""
+    if current:
+        name, at, digest = current.partition("@")
+        if at:
+            return f"{repository_uri}@{digest}"
+        last = name.rsplit("/", 1)[-1]
+        if ":" in last:
+            return f"{repository_uri}:{last.rsplit(':', 1)[1]}"
+    return f"{repository_uri}:{DEFAULT_IMAGE_TAG}"
+
+
+def stack_updates(info: StackInfo, current: dict[str, Any], *, node_group: str | None) -> dict[str, Any]:
+    """The nested values the stack decides, given the file's current values."""
+    updates: dict[str, Any] = {
+        "image": image_for(info.outputs["ImageRepositoryUri"], current.get("image")),
+        "instance_profile": pick_instance_profile(
+            info, node_group=node_group, current=current.get("instance_profile")
+        ),
+    }
+    for path, key in FIELD_SOURCES.items():
+        node = updates
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = info.outputs[key]
+    return updates
+
+
+def _yaml() -> Any:  # noqa: ANN401 - ruamel.yaml.YAML
+    from ruamel.yaml import YAML  # noqa: PLC0415
+
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
+    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+    from ruamel.yaml.error import YAMLError  # noqa: PLC0415
+
+    if not path.exists():
+        return CommentedMap()
+    try:
+        data = _yaml().load(path.read_text())
+    except YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        return CommentedMap()
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of fields at the top level")
+    return data
+
+
+def apply_updates(doc: Any, updates: dict[str, Any], prefix: str = "") -> list[str]:  # noqa: ANN401
+    """Set `updates` into the round-trip document in place; returns the dotted fields that changed."""
+    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+
+    changed: list[str] = []
+    for key, value in updates.items():
+        if isinstance(value, dict):
+            if not isinstance(doc.get(key), dict):
+                doc[key] = CommentedMap()
+            changed += apply_updates(doc[key], value, prefix=f"{prefix}{key}.")
+        elif doc.get(key) != value:
+            doc[key] = value
+            changed.append(f"{prefix}{key}")
+    return changed
+
+
+def dump_roundtrip(doc: Any, path: Path) -> None:  # noqa: ANN401
+    from io import StringIO  # noqa: PLC0415
+
+    buffer = StringIO()
+    _yaml().dump(doc, buffer)
+    path.write_text(buffer.getvalue())
+
+
+def plain(doc: Any) -> Any:  # noqa: ANN401
+    """The round-trip document as plain dicts/lists (for pydantic)."""
+    if isinstance(doc, dict):
+        return {str(k): plain(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [plain(v) for v in doc]
+    return doc

@@ -1,0 +1,219 @@
+"""The one stack `cdk deploy` stands up: network, EKS, GPU node groups, storage, add-ons, K8s objects.
+
+It composes the constructs from typed values of a validated `ClusterConfig`; it reads no context and
+no environment. Its outputs (exact keys, contract 5 of the team brief) feed the job tooling.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import cdk8s
+from aws_cdk import CfnOutput, Environment, Stack
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+
+from infra import nag
+from infra.addons import AddonContext, deploy_addons, standard_addons
+from infra.constructs.cluster import TrainingCluster
+from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
+from infra.constructs.network import Network
+from infra.constructs.storage import DurableStorage
+from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+
+if TYPE_CHECKING:
+    from constructs import Construct
+
+    from infra.config import ClusterConfig
+
+OUTPUT_KEYS = (
+    "ClusterName",
+    "Region",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "CheckpointPvcName",
+    "CheckpointBucketName",
+    "CheckpointPrefix",
+    "ImageRepositoryUri",
+    "TrainingNamespace",
+    "TrainingServiceAccount",
+    "GpuNodeGroups",
+)
+
+
+class ClusterStack(Stack):
+    def __init__(self, scope: Construct, *, config: ClusterConfig, env: Environment) -> None:
+        super().__init__(
+            scope,
+            config.name,
+            env=env,
+            description="nvrx-eks: EKS for fault-tolerant multi-node GPU training (EFA, FSx for Lustre, S3)",
+        )
+        self.config = config
+        network = Network(
+            self,
+            "Network",
+            cidr=config.vpc_cidr,
+            availability_zones=config.availability_zones,
+            gpu_availability_zone=str(config.gpu_availability_zone),
+            nat_gateways=config.nat_gateways,
+        )
+        self.network = network
+        training = TrainingCluster(
+            self,
+            "Eks",
+            cluster_name=config.name,
+            kubernetes_version=config.kubernetes_version,
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            endpoint_access=config.endpoint_access,
+            public_access_cidrs=config.public_access_cidrs,
+            admin_role_arn=config.admin_role_arn,
+            system_instance_type=config.system_nodes.instance_type,
+            system_min_size=config.system_nodes.min_size,
+            system_desired_size=config.system_nodes.desired_size,
+            system_max_size=config.system_nodes.max_size,
+        )
+        self.training_cluster = training
+        cluster = training.cluster
+
+        self.gpu_node_groups = [
+            GpuNodeGroup(
+                self,
+                f"Gpu-{group.name}",
+                cluster=cluster,
+                nodegroup_name=group.name,
+                profile=group.profile,
+                vpc=network.vpc,
+                subnets=network.gpu_subnets,
+                node_role=training.node_role,
+                cluster_security_group_id=training.cluster_security_group_id,
+                min_size=group.min_size,
+                desired_size=group.desired_size,
+                max_size=group.max_size,
+                capacity=group.capacity.type,
+                reservation_id=group.capacity.reservation_id,
+                placement_group=group.placement_group,
+                labels=group.labels,
+                taints=[Taint(t.key, t.value, t.effect) for t in group.taints],
+                root_volume_gib=group.root_volume_gib,
+            )
+            for group in config.gpu_node_groups
+        ]
+
+        storage = DurableStorage(
+            self,
+            "Storage",
+            vpc=network.vpc,
+            fsx_subnet=network.gpu_subnets[0],
+            # The literal CIDR (not the VPC's token) so the rules are checkable in the template.
+            client_cidr=config.vpc_cidr,
+            storage_capacity_gib=config.fsx.storage_capacity_gib,
+            throughput_per_tib=config.fsx.throughput_per_tib,
+            file_system_path=config.fsx.file_system_path,
+            data_repository_path=config.fsx.data_repository_path,
+            checkpoint_prefix=config.checkpoint_prefix,
+            noncurrent_version_days=config.checkpoint_bucket.noncurrent_version_days,
+            expire_days=config.checkpoint_bucket.expire_days,
+            retain_bucket=config.checkpoint_bucket.retain_on_delete,
+            repository_name=config.ecr.repository_name,
+            keep_images=config.ecr.keep_images,
+        )
+        self.storage = storage
+
+        addons = deploy_addons(
+            AddonContext(
+                scope=self,
+                cluster=cluster,
+                kubernetes_version=config.kubernetes_version,
+                node_dependencies=[training.system_nodegroup],
+            ),
+            standard_addons(
+                cloudwatch_observability=config.addons.cloudwatch_observability, kueue=config.addons.kueue
+            ),
+        )
+        self._training_identity(cluster)
+        self._cluster_objects(cluster, addons)
+        self._outputs()
+
+    def _training_identity(self, cluster: eks.ICluster) -> None:
+        """The training service account's Pod Identity: the checkpoint prefix of the bucket, nothing else."""
+        training = self.config.training
+        self.training_role = eks_pod_identity_role(self, "TrainingRole")
+        self.storage.grant_checkpoint_prefix(self.training_role)
+        nag.acknowledge(
+            self.training_role,
+            "IAM5",
+            "object access is scoped to the checkpoint prefix of the checkpoint bucket, by design",
+            finding=nag.arn_finding(self.storage.bucket, f"/{self.config.checkpoint_prefix}*"),
+        )
+        self.training_association = eks.CfnPodIdentityAssociation(
+            self,
+            "TrainingPodIdentity",
+            cluster_name=cluster.cluster_name,
+            namespace=training.namespace,
+            service_account=training.service_account,
+            role_arn=self.training_role.role_arn,
+        )
+
+    def _cluster_objects(self, cluster: eks.Cluster, addons: dict[str, object]) -> None:
+        training = self.config.training
+        kueue = None
+        if self.config.addons.kueue:
+            groups = self.config.gpu_node_groups
+            kueue = KueueQuota(
+                gpus=sum(g.max_size * g.profile.gpus for g in groups),
+                efa_devices=sum(g.max_size * g.profile.efa_devices for g in groups),
+                cpu=sum(g.max_size * g.profile.vcpus for g in groups),
+                memory_gib=sum(g.max_size * g.profile.memory_gib for g in groups),
+            )
+        chart = ClusterObjectsChart(
+            cdk8s.App(),
+            "cluster-objects",
+            namespace=training.namespace,
+            service_account=training.service_account,
+            fsx_file_system_id=self.storage.file_system.file_system_id,
+            fsx_dns_name=self.storage.file_system.dns_name,
+            fsx_mount_name=self.storage.file_system.mount_name,
+            storage_capacity_gib=self.storage.storage_capacity_gib,
+            pvc_name=training.pvc_name,
+            kueue=kueue,
+        )
+        manifest = cluster.add_cdk8s_chart("ClusterObjects", chart)
+        manifest.node.add_dependency(self.training_cluster.system_nodegroup)
+        for name in ("aws-fsx-csi-driver", "kueue"):
+            if name in addons:
+                manifest.node.add_dependency(addons[name])  # type: ignore[arg-type]
+
+    def _outputs(self) -> None:
+        config, storage = self.config, self.storage
+        values = {
+            "ClusterName": self.training_cluster.cluster.cluster_name,
+            "Region": self.region,
+            "FsxFileSystemId": storage.file_system.file_system_id,
+            "FsxDnsName": storage.file_system.dns_name,
+            "FsxMountName": storage.file_system.mount_name,
+            "CheckpointPvcName": config.training.pvc_name,
+            "CheckpointBucketName": storage.bucket.bucket_name,
+            "CheckpointPrefix": config.checkpoint_prefix,
+            "ImageRepositoryUri": storage.repository.repository_uri,
+            "TrainingNamespace": config.training.namespace,
+            "TrainingServiceAccount": config.training.service_account,
+            "GpuNodeGroups": json.dumps(
+                {group.nodegroup_name: group.profile.name for group in self.gpu_node_groups}, sort_keys=True
+            ),
+        }
+        for key in OUTPUT_KEYS:
+            CfnOutput(self, key, value=values[key])
+
+
+def eks_pod_identity_role(scope: Construct, id: str) -> iam.Role:  # noqa: A002
+    return iam.Role(
+        scope,
+        id,
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        description="nvrx-eks training pods: the checkpoint prefix of the checkpoint bucket",
+    )
+

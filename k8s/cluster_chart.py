@@ -1,0 +1,204 @@
+"""Cluster-level Kubernetes objects the training jobs rely on, as one cdk8s chart.
+
+The CDK stack deploys this chart with `cluster.add_cdk8s_chart(...)` (infra/), and the job tooling
+refers to the same names (k8s/names.py), so there is one typed definition of the namespace, the
+service account, the FSx volume, the priority classes and the optional Kueue queues.
+
+- The service account carries no IAM annotation: EKS Pod Identity binds the role to
+  (namespace, service account) on the AWS side (the stack's pod identity association), so nothing
+  about credentials lives in Kubernetes objects.
+- The FSx for Lustre volume is statically provisioned (the stack owns the file system): a PV whose CSI
+  handle is the file system id, and a PVC bound to it by name with an empty storage class so that no
+  dynamic provisioner claims it. https://github.com/kubernetes-sigs/aws-fsx-csi-driver/tree/master/examples/kubernetes/static_provisioning
+- Kueue objects are plain ApiObjects (CRDs have no bindings in cdk8s_plus_33.k8s); they are only
+  emitted when a queue is asked for, because their CRDs exist only where the Kueue chart is installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import cdk8s
+from cdk8s_plus_33 import k8s
+
+from k8s import names
+
+if TYPE_CHECKING:
+    from constructs import Construct
+
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KueueQuota:
+    """One ClusterQueue with a single resource flavor, and a LocalQueue in the training namespace."""
+
+    cluster_queue: str = "nvrx-training"
+    local_queue: str = "training"
+    flavor: str = "gpu-default"
+    gpus: int
+    efa_devices: int
+    cpu: int
+    memory_gib: int
+
+
+class ClusterObjectsChart(cdk8s.Chart):
+    """Namespace, service account, FSx PV/PVC, priority classes and (optionally) Kueue queues."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,  # noqa: A002 - the construct id, named as every construct names it
+        *,
+        namespace: str,
+        service_account: str,
+        fsx_file_system_id: str,
+        fsx_dns_name: str,
+        fsx_mount_name: str,
+        storage_capacity_gib: int,
+        pvc_name: str,
+        pv_name: str | None = None,
+        kueue: KueueQuota | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(scope, id, labels={"app.kubernetes.io/name": names.APP, **(labels or {})})
+        ns = k8s.KubeNamespace(self, "namespace", metadata=k8s.ObjectMeta(name=namespace))
+        sa = k8s.KubeServiceAccount(
+            self,
+            "service-account",
+            metadata=k8s.ObjectMeta(name=service_account, namespace=namespace),
+            # Training pods never talk to the Kubernetes API.
+            automount_service_account_token=False,
+        )
+        sa.add_dependency(ns)
+        pv_name = pv_name or f"{pvc_name}-pv"
+        self._fsx_volume(
+            namespace=namespace,
+            pv_name=pv_name,
+            pvc_name=pvc_name,
+            file_system_id=fsx_file_system_id,
+            dns_name=fsx_dns_name,
+            mount_name=fsx_mount_name,
+            capacity_gib=storage_capacity_gib,
+        ).add_dependency(ns)
+        self._priority_classes()
+        if kueue is not None:
+            self._kueue(namespace=namespace, quota=kueue).add_dependency(ns)
+
+    def _fsx_volume(
+        self,
+        *,
+        namespace: str,
+        pv_name: str,
+        pvc_name: str,
+        file_system_id: str,
+        dns_name: str,
+        mount_name: str,
+        capacity_gib: int,
+    ) -> k8s.KubePersistentVolumeClaim:
+        storage = k8s.Quantity.from_string(f"{capacity_gib}Gi")
+        k8s.KubePersistentVolume(
+            self,
+            "fsx-pv",
+            metadata=k8s.ObjectMeta(name=pv_name),
+            spec=k8s.PersistentVolumeSpec(
+                capacity={"storage": storage},
+                volume_mode="Filesystem",
+                access_modes=["ReadWriteMany"],
+                # Retain: deleting the claim must never delete checkpoints.
+                persistent_volume_reclaim_policy="Retain",
+                storage_class_name="",
+                # flock: checkpoint writers on several nodes rely on POSIX locks.
+                mount_options=["flock"],
+                claim_ref=k8s.ObjectReference(namespace=namespace, name=pvc_name),
+                csi=k8s.CsiPersistentVolumeSource(
+                    driver=FSX_CSI_DRIVER,
+                    volume_handle=file_system_id,
+                    volume_attributes={"dnsname": dns_name, "mountname": mount_name},
+                ),
+            ),
+        )
+        return k8s.KubePersistentVolumeClaim(
+            self,
+            "fsx-pvc",
+            metadata=k8s.ObjectMeta(name=pvc_name, namespace=namespace),
+            spec=k8s.PersistentVolumeClaimSpec(
+                access_modes=["ReadWriteMany"],
+                storage_class_name="",
+                volume_name=pv_name,
+                resources=k8s.VolumeResourceRequirements(requests={"storage": storage}),
+            ),
+        )
+
+    def _priority_classes(self) -> None:
+        k8s.KubePriorityClass(
+            self,
+            "store-priority",
+            metadata=k8s.ObjectMeta(name=names.STORE_PRIORITY_CLASS),
+            value=names.STORE_PRIORITY_VALUE,
+            global_default=False,
+            description="Rendezvous store of a training job: losing it stops every node of the job.",
+        )
+        k8s.KubePriorityClass(
+            self,
+            "training-priority",
+            metadata=k8s.ObjectMeta(name=names.TRAINING_PRIORITY_CLASS),
+            value=names.TRAINING_PRIORITY_VALUE,
+            global_default=False,
+            # A replacement pod must not evict a running rank of the same or another job.
+            preemption_policy="Never",
+            description="Training pods of nvrx-eks jobs.",
+        )
+
+    def _kueue(self, *, namespace: str, quota: KueueQuota) -> cdk8s.ApiObject:
+        cdk8s.ApiObject(
+            self,
+            "kueue-flavor",
+            api_version=KUEUE_API_VERSION,
+            kind="ResourceFlavor",
+            metadata=cdk8s.ApiObjectMetadata(name=quota.flavor),
+        )
+        resources = [
+            ("cpu", str(quota.cpu)),
+            ("memory", f"{quota.memory_gib}Gi"),
+            ("nvidia.com/gpu", str(quota.gpus)),
+            ("vpc.amazonaws.com/efa", str(quota.efa_devices)),
+        ]
+        cdk8s.ApiObject(
+            self,
+            "kueue-cluster-queue",
+            api_version=KUEUE_API_VERSION,
+            kind="ClusterQueue",
+            metadata=cdk8s.ApiObjectMetadata(name=quota.cluster_queue),
+        ).add_json_patch(
+            cdk8s.JsonPatch.add(
+                "/spec",
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": [name for name, _ in resources],
+                            "flavors": [
+                                {
+                                    "name": quota.flavor,
+                                    "resources": [
+                                        {"name": name, "nominalQuota": value} for name, value in resources
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
+        )
+        local = cdk8s.ApiObject(
+            self,
+            "kueue-local-queue",
+            api_version=KUEUE_API_VERSION,
+            kind="LocalQueue",
+            metadata=cdk8s.ApiObjectMetadata(name=quota.local_queue, namespace=namespace),
+        )
+        local.add_json_patch(cdk8s.JsonPatch.add("/spec", {"clusterQueue": quota.cluster_queue}))
+        return local

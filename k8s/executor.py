@@ -1,0 +1,545 @@
+"""Run a rendered job (dist/*.yaml) as local processes, playing kubelet and the Job controller.
+
+A test harness for this kit's manifests, not a scheduler: the manifest's own command line is what runs.
+
+What it does, the way Kubernetes would:
+- Starts the rendezvous store's Deployment pod, waits for its readiness probe (TCP port), then one pod
+  per Job index: init containers in order, then the main container, with the container's env, plus
+  `JOB_COMPLETION_INDEX`, `HOSTNAME=<job>-<index>` and the completion-index annotation for fieldRefs.
+- `$(VAR)` references in command/args are expanded from the container's env (Kubernetes semantics).
+- Names resolve to loopback by rewriting command-line arguments and env values (documented mapping):
+  a Service `<svc>[.<ns>[.svc[.cluster.local]]]:<port>` -> 127.0.0.1:<port>; a pod of the headless Service
+  `<job>-<i>.<svc>...` -> 127.0.0.<2+i>. Each "node" gets its own loopback address (all of 127/8
+  reaches this machine), so nodes stay distinguishable as they are on a cluster.
+- Volumes map to folders under the run folder: a PVC -> `volumes/pvc-<claim>` (shared by every pod),
+  a hostPath -> `volumes/node-<index>-<generation>/<path>` (a deleted node's replacement gets a fresh,
+  empty disk, as a new node would), other emptyDirs -> per pod; a Memory emptyDir on /dev/shm is the
+  machine's /dev/shm. Container paths in args/env under a mount are rewritten to the folder.
+- `image: local` means the command runs with this virtualenv (its bin first on PATH).
+- The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes for
+  the named container; DisruptionTarget for deleted nodes), backoffLimitPerIndex and maxFailedIndexes,
+  and starts a replacement only once the old pod's processes are gone (podReplacementPolicy Failed).
+- Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
+  COMMON.md contract 7): the pod's whole process tree is killed (SIGKILL; ft_launcher's workers run in
+  their own sessions, so a process group is not enough), the pod gets DisruptionTarget, and the
+  replacement runs on a "new node".
+Per-pod logs: `<run>/pods/<pod>.log`; executor events: `<run>/executor.jsonl`; outcome: `<run>/job.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from infra.configio import UserError
+
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_DNS_TAIL = r"(?:\.{ns}(?:\.svc(?:\.cluster\.local)?)?)?"
+
+
+@dataclass
+class PodOutcome:
+    pod: str
+    index: int | None
+    """Job index (None for the rendezvous store)."""
+    started: float
+    ended: float | None = None
+    exit_code: int | None = None
+    container: str = ""
+    """The container whose exit ended the pod."""
+    reason: str = "Running"
+    """Succeeded, Failed, NodeDeleted (DisruptionTarget), InitFailed, Killed (job ended)."""
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class NodeDeletion:
+    index: int
+    after_s: float
+    """Seconds after the Job's pods started."""
+
+
+@dataclass
+class JobResult:
+    succeeded: bool
+    reason: str
+    wall_s: float
+    pods: list[PodOutcome] = field(default_factory=list)
+    deletions: list[dict[str, Any]] = field(default_factory=list)
+    """One per node deletion: index, time, replacement pod and its start time."""
+    run_dir: str = ""
+
+
+@dataclass
+class _Container:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class _Rendered:
+    job: dict[str, Any]
+    store: dict[str, Any] | None
+    services: list[dict[str, Any]]
+
+    @property
+    def job_name(self) -> str:
+        return self.job["metadata"]["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.job["metadata"].get("namespace", "default")
+
+
+def load_rendered(dist_dir: Path) -> _Rendered:
+    """The Job, the store Deployment and the Services of one rendered job folder."""
+    docs = []
+    for path in sorted(Path(dist_dir).glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    jobs = [d for d in docs if d.get("kind") == "Job"]
+    if len(jobs) != 1:
+        raise UserError(f"{dist_dir}: expected exactly one rendered Job, found {len(jobs)}; render one job there")
+    deployments = [d for d in docs if d.get("kind") == "Deployment"]
+    return _Rendered(
+        job=jobs[0],
+        store=deployments[0] if deployments else None,
+        services=[d for d in docs if d.get("kind") == "Service"],
+    )
+
+
+class _Names:
+    """Service and pod DNS names -> loopback addresses (see the module docstring)."""
+
+    def __init__(self, rendered: _Rendered) -> None:
+        ns = re.escape(rendered.namespace)
+        tail = _DNS_TAIL.format(ns=ns)
+        job = re.escape(rendered.job_name)
+        subdomain = rendered.job["spec"]["template"]["spec"].get("subdomain")
+        self._rules: list[tuple[re.Pattern[str], Any]] = []
+        if subdomain:
+            pod = re.compile(rf"\b{job}-(\d+)\.{re.escape(subdomain)}{tail}\b")
+            self._rules.append((pod, lambda m: f"127.0.0.{2 + int(m.group(1))}"))
+        for svc in rendered.services:
+            if svc["spec"].get("clusterIP") == "None":
+                continue  # a headless Service is reached through its pods' names
+            name = re.escape(svc["metadata"]["name"])
+            # Only in HOST:PORT form, so that a job name inside a path or an id is left alone.
+            self._rules.append((re.compile(rf"(?<![\w./-]){name}{tail}(?=:\d)"), lambda _m: "127.0.0.1"))
+
+    def rewrite(self, text: str) -> str:
+        for pattern, repl in self._rules:
+            text = pattern.sub(repl, text)
+        return text
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    return _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (sessions included), then reap what we can."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
+class _Pod:
+    """One pod: init containers, then the main container, as local processes."""
+
+    def __init__(
+        self, *, name: str, index: int | None, containers: list[_Container], log: Path, cwd: Path
+    ) -> None:
+        self.name, self.index = name, index
+        self.outcome = PodOutcome(pod=name, index=index, started=time.time(), log=str(log))
+        self._containers = containers
+        self._log_path = log
+        self._cwd = cwd
+        self._lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.deleted = False
+        self.stopped = False
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pod-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._log_path.open("ab") as log:
+            for i, container in enumerate(self._containers):
+                with self._lock:
+                    if self.stopped:
+                        break
+                    log.write(f"=== container {container.name}: {' '.join(container.argv)}\n".encode())
+                    log.flush()
+                    self.proc = subprocess.Popen(
+                        container.argv,
+                        env=container.env,
+                        cwd=self._cwd,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                code = self.proc.wait()
+                is_main = i == len(self._containers) - 1
+                if code != 0 or is_main:
+                    self._finish(code, container.name, init_failed=not is_main)
+                    return
+        self._finish(None, "", init_failed=False)
+
+    def _finish(self, code: int | None, container: str, *, init_failed: bool) -> None:
+        o = self.outcome
+        o.ended, o.exit_code = time.time(), code
+        if self.deleted:
+            o.reason = "NodeDeleted"
+        elif init_failed:
+            o.reason = "InitFailed"
+        else:
+            o.reason = "Succeeded" if code == 0 else "Failed"
+        o.container = container
+        self.done.set()
+
+    def kill(self, *, deleted: bool) -> None:
+        with self._lock:
+            self.deleted = self.deleted or deleted
+            self.stopped = True
+            if self.proc is not None:
+                kill_tree(self.proc.pid)
+            elif not self.done.is_set():
+                self._finish(None, "", init_failed=False)
+        self.done.wait(timeout=30)
+
+
+class LocalJob:
+    """A rendered job running on this machine. Use `run()` or `start()` + `wait()`; `delete_node(i)`."""
+
+    def __init__(
+        self,
+        dist_dir: Path,
+        *,
+        run_dir: Path,
+        chaos_dir: Path | None = None,
+        venv_bin: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.rendered = load_rendered(dist_dir)
+        self.run_dir = Path(run_dir).resolve()
+        self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
+        self.venv_bin = venv_bin or Path(sys.executable).parent
+        self.extra_env = extra_env or {}
+        self.timeout_s = timeout_s
+        self._names = _Names(self.rendered)
+        spec = self.rendered.job["spec"]
+        self.completions = int(spec["completions"])
+        self.backoff_per_index = int(spec.get("backoffLimitPerIndex", 6))
+        self.max_failed_indexes = spec.get("maxFailedIndexes")
+        self.failure_rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
+        self.pods: dict[int, _Pod] = {}
+        self.history: list[PodOutcome] = []
+        self.failures = dict.fromkeys(range(self.completions), 0)
+        self.generation = dict.fromkeys(range(self.completions), 0)
+        self.succeeded: set[int] = set()
+        self.deletions: list[dict[str, Any]] = []
+        self._store: _Pod | None = None
+        self._delete_requests: list[int] = []
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self._events = self.run_dir / "executor.jsonl"
+
+    # ---- public API -------------------------------------------------------------------------
+    def delete_node(self, index: int) -> None:
+        """Delete the node running pod `index` (thread-safe; acted on by the controller loop)."""
+        with self._lock:
+            self._delete_requests.append(index)
+
+    def run(self, *, deletions: list[NodeDeletion] | tuple[NodeDeletion, ...] = ()) -> JobResult:
+        self.start()
+        pending = sorted(deletions, key=lambda d: d.after_s)
+        try:
+            return self._control(pending)
+        finally:
+            self._shutdown()
+
+    # ---- the controller ---------------------------------------------------------------------
+    def start(self) -> None:
+        for sub in ("pods", "volumes"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.chaos_dir.mkdir(parents=True, exist_ok=True)
+        if self.rendered.store is not None:
+            self._start_store()
+        self._t0 = time.time()
+        for index in range(self.completions):
+            self._start_pod(index)
+
+    def _control(self, pending: list[NodeDeletion]) -> JobResult:
+        deadline = self._t0 + self.timeout_s
+        active_deadline = self.rendered.job["spec"].get("activeDeadlineSeconds")
+        if active_deadline:
+            deadline = min(deadline, self._t0 + float(active_deadline))
+        while True:
+            now = time.time()
+            while pending and now - self._t0 >= pending[0].after_s:
+                self.delete_node(pending.pop(0).index)
+            self._poll_chaos_dir()
+            with self._lock:
+                requests, self._delete_requests = self._delete_requests, []
+            for index in requests:
+                self._delete(index)
+            verdict = self._reconcile()
+            if verdict is not None:
+                return self._result(*verdict)
+            if self._store is not None and self._store.done.is_set():
+                return self._result(False, "rendezvous store exited")
+            if now > deadline:
+                return self._result(False, "DeadlineExceeded")
+            time.sleep(0.1)
+
+    def _reconcile(self) -> tuple[bool, str] | None:
+        for index, pod in list(self.pods.items()):
+            if not pod.done.is_set() or index in self.succeeded:
+                continue
+            o = pod.outcome
+            self._emit("pod_end", pod=pod.name, index=index, exit_code=o.exit_code, reason=o.reason)
+            if o.reason == "Succeeded":
+                self.succeeded.add(index)
+                continue
+            action = self._failure_action(o)
+            if action == "FailJob":
+                return False, f"PodFailurePolicy: pod {pod.name} exit code {o.exit_code} fails the job"
+            if action != "Ignore":
+                self.failures[index] += 1
+                if action == "FailIndex" or self.failures[index] > self.backoff_per_index:
+                    return False, f"index {index} failed {self.failures[index]} time(s): BackoffLimitExceeded"
+            self._start_pod(index)
+        if len(self.succeeded) == self.completions:
+            return True, "Completed"
+        return None
+
+    def _failure_action(self, o: PodOutcome) -> str:
+        for rule in self.failure_rules:
+            codes = rule.get("onExitCodes")
+            if codes and o.exit_code is not None and o.reason != "NodeDeleted":
+                if codes.get("containerName") not in {None, o.container}:
+                    continue
+                hit = o.exit_code in codes["values"]
+                if hit == (codes.get("operator", "In") == "In"):
+                    return rule["action"]
+            for cond in rule.get("onPodConditions", []):
+                if cond.get("type") == "DisruptionTarget" and o.reason == "NodeDeleted":
+                    return rule["action"]
+        return "Count"
+
+    def _delete(self, index: int) -> None:
+        pod = self.pods.get(index)
+        if pod is None or pod.done.is_set():
+            self._emit("delete_node_ignored", index=index)
+            return
+        t = time.time()
+        self._emit("delete_node", index=index, pod=pod.name)
+        pod.kill(deleted=True)
+        self.generation[index] += 1  # the replacement runs on a new node with an empty local disk
+        self.deletions.append({"index": index, "pod": pod.name, "time": t, "killed_s": time.time() - t})
+
+    def _poll_chaos_dir(self) -> None:
+        for path in sorted(self.chaos_dir.glob("delete-node-*")):
+            suffix = path.name.removeprefix("delete-node-")
+            handled = path.with_name(f"handled-{path.name}-{time.time():.3f}")
+            path.rename(handled)
+            if suffix.isdigit() and int(suffix) < self.completions:
+                self.delete_node(int(suffix))
+            else:
+                self._emit("bad_chaos_request", file=path.name)
+
+    # ---- pods -------------------------------------------------------------------------------
+    def _start_store(self) -> None:
+        deploy = self.rendered.store
+        assert deploy is not None  # noqa: S101 - checked by the caller
+        pod_spec = deploy["spec"]["template"]["spec"]
+        name = f"{deploy['metadata']['name']}-0"
+        self._store = self._make_pod(name=name, index=None, pod_spec=pod_spec, annotations={})
+        self._store.start()
+        container = pod_spec["containers"][0]
+        port = (container.get("readinessProbe") or {}).get("tcpSocket", {}).get("port")
+        if port is not None:
+            self._wait_port(int(port), timeout_s=60)
+        self._emit("store_ready", pod=name)
+
+    def _wait_port(self, port: int, *, timeout_s: float) -> None:
+        end = time.time() + timeout_s
+        while time.time() < end:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+            if self._store is not None and self._store.done.is_set():
+                break
+            time.sleep(0.1)
+        raise UserError(f"rendezvous store did not open port {port}; see {self.run_dir / 'pods'}")
+
+    def _start_pod(self, index: int) -> None:
+        attempt = sum(1 for o in self.history if o.index == index)
+        name = f"{self.rendered.job_name}-{index}-a{attempt}"
+        pod_spec = self.rendered.job["spec"]["template"]["spec"]
+        pod = self._make_pod(
+            name=name, index=index, pod_spec=pod_spec, annotations={COMPLETION_INDEX_ANNOTATION: str(index)}
+        )
+        self.pods[index] = pod
+        self.history.append(pod.outcome)
+        for d in self.deletions:
+            if d["index"] == index and "replacement" not in d:
+                d["replacement"], d["replacement_started"] = name, pod.outcome.started
+        self._emit("pod_start", pod=name, index=index)
+        pod.start()
+
+    def _make_pod(
+        self, *, name: str, index: int | None, pod_spec: dict[str, Any], annotations: dict[str, str]
+    ) -> _Pod:
+        mounts = self._volume_folders(pod_spec, name=name, index=index)
+        containers = [
+            self._container(c, index=index, annotations=annotations, volumes=mounts)
+            for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+        ]
+        return _Pod(
+            name=name, index=index, containers=containers, log=self.run_dir / "pods" / f"{name}.log", cwd=self.run_dir
+        )
+
+    def _volume_folders(self, pod_spec: dict[str, Any], *, name: str, index: int | None) -> dict[str, Path | None]:
+        folders: dict[str, Path | None] = {}
+        root = self.run_dir / "volumes"
+        for vol in pod_spec.get("volumes", []):
+            if "persistentVolumeClaim" in vol:
+                path: Path | None = root / f"pvc-{vol['persistentVolumeClaim']['claimName']}"
+            elif "hostPath" in vol:
+                node = f"node-{index}-{self.generation.get(index, 0)}" if index is not None else "node-system"
+                path = root / node / vol["hostPath"]["path"].strip("/").replace("/", "_")
+            elif (vol.get("emptyDir") or {}).get("medium") == "Memory":
+                path = None  # tmpfs: the machine's own /dev/shm serves
+            else:
+                path = root / f"pod-{name}" / vol["name"]
+            if path is not None:
+                path.mkdir(parents=True, exist_ok=True)
+            folders[vol["name"]] = path
+        return folders
+
+    def _container(
+        self,
+        spec: dict[str, Any],
+        *,
+        index: int | None,
+        annotations: dict[str, str],
+        volumes: dict[str, Path | None],
+    ) -> _Container:
+        env = dict(os.environ)
+        env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
+        hostname = f"{self.rendered.job_name}-{index}" if index is not None else spec["name"]
+        env |= {"HOSTNAME": hostname, CHAOS_ENV: str(self.chaos_dir)}
+        if index is not None:
+            env["JOB_COMPLETION_INDEX"] = str(index)
+        env |= self.extra_env
+        declared: dict[str, str] = {}
+        for var in spec.get("env", []):
+            if "value" in var:
+                declared[var["name"]] = _expand(var["value"], declared | env)
+            elif "fieldRef" in var.get("valueFrom", {}):
+                declared[var["name"]] = self._field_ref(var["valueFrom"]["fieldRef"]["fieldPath"], annotations)
+            elif "secretKeyRef" in var.get("valueFrom", {}):
+                ref = var["valueFrom"]["secretKeyRef"]
+                raise UserError(
+                    f"env {var['name']} reads Secret {ref['name']}; the local executor has no Secrets: "
+                    "drop secret_env for local runs"
+                )
+        env |= declared
+        path_map = sorted(
+            ((m["mountPath"], volumes.get(m["name"])) for m in spec.get("volumeMounts", [])),
+            key=lambda item: -len(item[0]),
+        )
+
+        def local(text: str) -> str:
+            text = self._names.rewrite(_expand(text, env))
+            for mount, folder in path_map:
+                if folder is not None:
+                    text = re.sub(rf"(?<![\w/]){re.escape(mount)}(?=/|$)", str(folder), text)
+            return text
+
+        argv = [local(a) for a in [*spec.get("command", []), *spec.get("args", [])]]
+        env |= {k: local(v) for k, v in declared.items()}
+        return _Container(name=spec["name"], argv=argv, env=env)
+
+    @staticmethod
+    def _field_ref(path: str, annotations: dict[str, str]) -> str:
+        match = re.fullmatch(r"metadata\.(?:annotations|labels)\['([^']+)'\]", path)
+        if match and match.group(1) in annotations:
+            return annotations[match.group(1)]
+        raise UserError(f"fieldRef {path} is not supported by the local executor")
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+    def _emit(self, kind: str, **fields: Any) -> None:
+        with self._events.open("a") as f:
+            f.write(json.dumps({"t": time.time(), "kind": kind, **fields}) + "\n")
+
+    def _result(self, succeeded: bool, reason: str) -> JobResult:
+        self._emit("job_end", succeeded=succeeded, reason=reason)
+        return JobResult(
+            succeeded=succeeded,
+            reason=reason,
+            wall_s=time.time() - self._t0,
+            pods=self.history,
+            deletions=self.deletions,
+            run_dir=str(self.run_dir),
+        )
+
+    def _shutdown(self) -> None:
+        for pod in self.pods.values():
+            if not pod.done.is_set():
+                pod.kill(deleted=False)
+                pod.outcome.reason = "Killed"
+        if self._store is not None and self._store.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._store.proc.send_signal(signal.SIGTERM)
+            try:
+                self._store.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            self._store.kill(deleted=False)
+            self.history.insert(0, self._store.outcome)
+
+
+def run_local(
+    dist_dir: Path,
+    *,
+    run_dir: Path,
+    deletions: list[NodeDeletion] | tuple[NodeDeletion, ...] = (),
+    chaos_dir: Path | None = None,
+    timeout_s: float = 600.0,
+    extra_env: dict[str, str] | None = None,
+) -> JobResult:
+    """Run a rendered job folder to the end; delete nodes on schedule or on chaos-dir request.
+
+    Writes `<run_dir>/job.json` (this result) and returns it. Every process is gone when it returns.
+    """
+    job = LocalJob(dist_dir, run_dir=run_dir, chaos_dir=chaos_dir, timeout_s=timeout_s, extra_env=extra_env)
+    result = job.run(deletions=deletions)
+    (job.run_dir / "job.json").write_text(json.dumps(asdict(result), indent=2, default=str))
+    return result

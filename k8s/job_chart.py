@@ -1,0 +1,355 @@
+"""The training job as a cdk8s chart: rendezvous store, headless Service, Indexed Job.
+
+Composed from keyword-only constructs; labels are derived from the job name (k8s/names.py). Why each
+setting is what it is:
+
+- Indexed Job, completions = parallelism = nodes: one pod per node with a stable index (node rank) and
+  hostname `<job>-<index>`; with `subdomain` set to the headless Service, `<job>-<index>.<job>` resolves
+  to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
+- restartPolicy Never + backoffLimitPerIndex: a failed pod is replaced by the Job controller, per index,
+  up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
+- podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
+  two pods of one index never rendezvous at once (and the replacement may evict its predecessor).
+- podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values) fails the Job at once;
+  a pod with the DisruptionTarget condition (node drained, preempted, deleted) is ignored: replaced
+  without consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
+- The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
+  behind it), on the system nodes with a priority class above training pods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import cdk8s
+from cdk8s_plus_33 import k8s
+
+from infra.configio import USER_ERROR_EXIT_CODE
+from k8s import names
+from k8s.env import container_env
+from k8s.launcher import LOCAL_IMAGE, launcher_command, nvrx_features
+from k8s.trainer_args import trainer_args
+
+from constructs import Construct
+
+if TYPE_CHECKING:
+    from k8s.values import JobValues
+
+TRAINER_CONTAINER = "trainer"
+STORE_CONTAINER = "store"
+NODE_RANK_ENV = "NODE_RANK"
+GPU_TAINT = "nvidia.com/gpu"
+# Shared memory for NCCL and data loaders: an eighth of host memory, counted against the pod's memory.
+SHM_FRACTION = 8
+# Requests leave room for the node's daemons (kubelet, device plugins, DCGM, node monitoring agent).
+ALLOCATABLE_FRACTION = 0.9
+
+
+def store_service_name(values: JobValues) -> str:
+    return f"{values.name}-rdzv"
+
+
+def headless_service_name(values: JobValues) -> str:
+    return values.name
+
+
+def store_endpoint(values: JobValues) -> str:
+    return f"{store_service_name(values)}:{names.STORE_PORT}"
+
+
+def node_address(values: JobValues) -> str:
+    """This pod's stable DNS name, with the index filled in by Kubernetes ($(VAR) expansion)."""
+    return f"{values.name}-$({NODE_RANK_ENV}).{headless_service_name(values)}"
+
+
+def _image(values: JobValues) -> tuple[str, str]:
+    # `local` is never pulled: the local executor runs the command with this machine's virtualenv.
+    return values.image, "Never" if values.image == LOCAL_IMAGE else "IfNotPresent"
+
+
+def _node_rank_env() -> k8s.EnvVar:
+    # The Job controller also sets JOB_COMPLETION_INDEX; this names it for $(VAR) expansion in args.
+    return k8s.EnvVar(
+        name=NODE_RANK_ENV,
+        value_from=k8s.EnvVarSource(
+            field_ref=k8s.ObjectFieldSelector(
+                field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"
+            )
+        ),
+    )
+
+
+class RendezvousStore(Construct):
+    """One-replica Deployment serving torch's TCPStore, and the Service agents reach it by."""
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id)
+        labels = names.job_labels(values.name, "rendezvous-store")
+        image, pull = _image(values)
+        port = names.STORE_PORT
+        k8s.KubeDeployment(
+            self,
+            "deployment",
+            metadata=k8s.ObjectMeta(name=store_service_name(values), namespace=values.namespace, labels=labels),
+            spec=k8s.DeploymentSpec(
+                replicas=1,
+                # The store is in memory: never run two (agents would split between them).
+                strategy=k8s.DeploymentStrategy(type="Recreate"),
+                selector=k8s.LabelSelector(match_labels=labels),
+                template=k8s.PodTemplateSpec(
+                    metadata=k8s.ObjectMeta(labels=labels),
+                    spec=k8s.PodSpec(
+                        priority_class_name=values.store_priority_class,
+                        node_selector=values.system_node_selector or None,
+                        service_account_name=values.service_account,
+                        automount_service_account_token=False,
+                        containers=[
+                            k8s.Container(
+                                name=STORE_CONTAINER,
+                                image=image,
+                                image_pull_policy=pull,
+                                command=["python", "-m", "training.rendezvous", f"--port={port}"],
+                                ports=[k8s.ContainerPort(container_port=port, name="rdzv")],
+                                readiness_probe=k8s.Probe(
+                                    tcp_socket=k8s.TcpSocketAction(port=k8s.IntOrString.from_number(port)),
+                                    period_seconds=5,
+                                ),
+                                resources=k8s.ResourceRequirements(
+                                    requests={
+                                        "cpu": k8s.Quantity.from_string("250m"),
+                                        "memory": k8s.Quantity.from_string("512Mi"),
+                                    },
+                                    limits={"memory": k8s.Quantity.from_string("1Gi")},
+                                ),
+                                security_context=k8s.SecurityContext(
+                                    allow_privilege_escalation=False,
+                                    capabilities=k8s.Capabilities(drop=["ALL"]),
+                                ),
+                            )
+                        ],
+                    ),
+                ),
+            ),
+        )
+        k8s.KubeService(
+            self,
+            "service",
+            metadata=k8s.ObjectMeta(name=store_service_name(values), namespace=values.namespace, labels=labels),
+            spec=k8s.ServiceSpec(
+                selector=labels,
+                ports=[
+                    k8s.ServicePort(name="rdzv", port=port, target_port=k8s.IntOrString.from_number(port))
+                ],
+            ),
+        )
+
+
+class NodesService(Construct):
+    """Headless Service: gives every training pod the stable name `<job>-<index>.<job>`."""
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id)
+        k8s.KubeService(
+            self,
+            "service",
+            metadata=k8s.ObjectMeta(
+                name=headless_service_name(values),
+                namespace=values.namespace,
+                labels=names.job_labels(values.name, "nodes"),
+            ),
+            spec=k8s.ServiceSpec(
+                cluster_ip="None",
+                selector={"batch.kubernetes.io/job-name": values.name},
+                # Names must resolve while pods start (rendezvous happens before anything is "ready").
+                publish_not_ready_addresses=True,
+            ),
+        )
+
+
+def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]]:
+    s, profile = values.storage, values.profile
+    shm_gib = max(1, profile.memory_gib // SHM_FRACTION)
+    volumes = [
+        k8s.Volume(
+            name="fsx",
+            persistent_volume_claim=k8s.PersistentVolumeClaimVolumeSource(claim_name=s.fsx_pvc),
+        ),
+        k8s.Volume(
+            name="shm",
+            empty_dir=k8s.EmptyDirVolumeSource(
+                medium="Memory", size_limit=k8s.Quantity.from_string(f"{shm_gib}Gi")
+            ),
+        ),
+    ]
+    mounts = [
+        k8s.VolumeMount(name="fsx", mount_path=s.fsx_mount_path),
+        k8s.VolumeMount(name="shm", mount_path="/dev/shm"),
+    ]
+    if s.local_nvme_path:
+        volumes.append(
+            k8s.Volume(
+                name="local-nvme",
+                host_path=k8s.HostPathVolumeSource(path=s.local_nvme_path, type="DirectoryOrCreate"),
+            )
+        )
+        mounts.append(k8s.VolumeMount(name="local-nvme", mount_path=s.local_mount_path))
+    return volumes, mounts
+
+
+def _resources(values: JobValues) -> k8s.ResourceRequirements:
+    p = values.profile
+    cpu = max(1, int(p.vcpus * ALLOCATABLE_FRACTION))
+    memory = k8s.Quantity.from_string(f"{max(1, int(p.memory_gib * ALLOCATABLE_FRACTION))}Gi")
+    requests = {"cpu": k8s.Quantity.from_number(cpu), "memory": memory}
+    # No CPU limit (throttling a rank stalls every rank); memory limit = request (no overcommit).
+    limits = {"memory": memory}
+    for key, count in (("nvidia.com/gpu", p.gpus), ("vpc.amazonaws.com/efa", p.efa_devices)):
+        if count:
+            # Extended resources: request must equal limit.
+            requests[key] = limits[key] = k8s.Quantity.from_number(count)
+    return k8s.ResourceRequirements(requests=requests, limits=limits)
+
+
+class TrainingJob(Construct):
+    """The Indexed Job: one pod per node running the launcher, which starts the node's ranks."""
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id)
+        labels = names.job_labels(values.name, "trainer")
+        if values.kueue_queue:
+            labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
+        image, pull = _image(values)
+        volumes, mounts = _volumes(values)
+        env = [_node_rank_env(), *container_env(values)]
+        command = launcher_command(
+            values,
+            store_endpoint=store_endpoint(values),
+            node_address=node_address(values),
+            trainer_args=trainer_args(values),
+        )
+        security = k8s.SecurityContext(
+            # IPC_LOCK: EFA/libfabric and NCCL pin (mlock) host memory for RDMA.
+            capabilities=k8s.Capabilities(add=["IPC_LOCK"]),
+        )
+        init_containers = None
+        features = nvrx_features(values.resolved_nvrx_version)
+        if values.mode != "baseline" and features.keep_alive_rendezvous:
+            # A replacement drops its dead predecessor from the rendezvous instead of making the
+            # survivors wait out NVRx's keep-alive expiry (training/rendezvous.py).
+            init_containers = [
+                k8s.Container(
+                    name="evict-predecessor",
+                    image=image,
+                    image_pull_policy=pull,
+                    command=[
+                        "python",
+                        "-m",
+                        "training.rendezvous",
+                        "evict",
+                        f"--endpoint={store_endpoint(values)}",
+                        f"--run-id={values.name}",
+                        f"--node-addr={node_address(values)}",
+                        f"--timeout={values.timeouts.pod_reschedule_s:g}",
+                    ],
+                    env=[_node_rank_env()],
+                    resources=k8s.ResourceRequirements(
+                        requests={
+                            "cpu": k8s.Quantity.from_string("100m"),
+                            "memory": k8s.Quantity.from_string("256Mi"),
+                        },
+                        limits={"memory": k8s.Quantity.from_string("1Gi")},
+                    ),
+                )
+            ]
+        pod = k8s.PodSpec(
+            restart_policy="Never",
+            subdomain=headless_service_name(values),
+            service_account_name=values.service_account,
+            automount_service_account_token=False,
+            priority_class_name=values.priority_class,
+            node_selector=self._node_selector(values) or None,
+            tolerations=(
+                [k8s.Toleration(key=GPU_TAINT, operator="Exists", effect="NoSchedule")]
+                if values.profile.gpus
+                else None
+            ),
+            # Ranks get workers_stop + term timeouts to save and leave before SIGKILL.
+            termination_grace_period_seconds=int(values.timeouts.workers_stop_s + values.timeouts.term_s),
+            init_containers=init_containers,
+            containers=[
+                k8s.Container(
+                    name=TRAINER_CONTAINER,
+                    image=image,
+                    image_pull_policy=pull,
+                    command=command,
+                    env=env,
+                    resources=_resources(values),
+                    volume_mounts=mounts,
+                    security_context=security,
+                )
+            ],
+            volumes=volumes,
+        )
+        b = values.budgets
+        k8s.KubeJob(
+            self,
+            "job",
+            metadata=k8s.ObjectMeta(name=values.name, namespace=values.namespace, labels=labels),
+            spec=k8s.JobSpec(
+                completion_mode="Indexed",
+                completions=values.num_nodes,
+                parallelism=values.num_nodes,
+                backoff_limit_per_index=b.job_backoff_limit_per_index,
+                max_failed_indexes=0,
+                pod_replacement_policy="Failed",
+                pod_failure_policy=k8s.PodFailurePolicy(
+                    rules=[
+                        k8s.PodFailurePolicyRule(
+                            action="FailJob",
+                            on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                                container_name=TRAINER_CONTAINER,
+                                operator="In",
+                                values=[USER_ERROR_EXIT_CODE],
+                            ),
+                        ),
+                        k8s.PodFailurePolicyRule(
+                            action="Ignore",
+                            on_pod_conditions=[
+                                k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
+                            ],
+                        ),
+                    ]
+                ),
+                # Kueue admits (unsuspends) a queued job; without Kueue it starts at once.
+                suspend=True if values.kueue_queue else None,
+                active_deadline_seconds=values.active_deadline_s,
+                ttl_seconds_after_finished=values.ttl_after_finished_s,
+                template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod),
+            ),
+        )
+
+    @staticmethod
+    def _node_selector(values: JobValues) -> dict[str, str]:
+        selector = dict(values.gpu_node_selector)
+        if values.profile.is_ec2:
+            selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
+        return selector
+
+
+class JobChart(cdk8s.Chart):
+    """Everything one training job needs; cluster-level objects are in k8s/cluster_chart.py."""
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id, namespace=values.namespace)
+        store = RendezvousStore(self, "rendezvous", values=values)
+        nodes = NodesService(self, "nodes", values=values)
+        job = TrainingJob(self, "training", values=values)
+        job.node.add_dependency(store, nodes)
+
+
+def render(values: JobValues, out_dir: str) -> list[str]:
+    """Synthesize the job chart into `out_dir` (one YAML file per chart); return the files written."""
+    app = cdk8s.App(outdir=out_dir, yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
+    JobChart(app, values.name, values=values)
+    app.synth()
+    return sorted(str(p) for p in __import__("pathlib").Path(out_dir).glob("*.k8s.yaml"))

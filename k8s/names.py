@@ -1,0 +1,33 @@
+"""Names both charts (cluster objects and jobs) and the local executor agree on.
+
+The cluster chart creates the priority classes; the job chart refers to them by these names. Labels
+are derived from the job name here, never typed by hand in a chart.
+"""
+
+from __future__ import annotations
+
+APP = "nvrx-eks"
+
+# Priority classes (cluster chart creates them, job chart uses them). The rendezvous store must
+# outrank training pods: if the store is evicted, every agent loses its rendezvous at once.
+STORE_PRIORITY_CLASS = "nvrx-rendezvous-store"
+STORE_PRIORITY_VALUE = 100_000_000
+TRAINING_PRIORITY_CLASS = "nvrx-training"
+TRAINING_PRIORITY_VALUE = 1_000_000
+
+# Container port of the rendezvous store (torch TCPStore) and the label that tells the executor
+# which rendered objects belong to one job.
+STORE_PORT = 29400
+COMPONENT_LABEL = "app.kubernetes.io/component"
+JOB_LABEL = "nvrx-eks/job"
+
+
+def job_labels(job_name: str, component: str) -> dict[str, str]:
+    """The standard labels every object of one job carries."""
+    return {
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/instance": job_name,
+        "app.kubernetes.io/managed-by": "cdk8s",
+        COMPONENT_LABEL: component,
+        JOB_LABEL: job_name,
+    }

@@ -1,0 +1,90 @@
+"""The trainer's command line, rendered from job values and checked with the trainer's own parser.
+
+The values' `trainer` tree uses the trainer's field names (training/config.py `TrainConfig`); each leaf
+becomes `--a-b VALUE`, the same flags `python -m training --help` lists. The chart adds the fields it
+owns (mode, run folder, checkpoint folders per tier, the in-process restart budget).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from infra.configio import UserError
+
+if TYPE_CHECKING:
+    from k8s.values import JobValues
+    from training.config import TrainConfig
+
+
+def _flatten(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    leaves: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        # `faults.weights` is a mapping-valued field, not a section: the trainer takes it as one flag.
+        if isinstance(value, dict) and path != ("faults", "weights"):
+            leaves += _flatten(value, path)
+        else:
+            leaves.append((path, value))
+    return leaves
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)  # e.g. faults.plan: CLASS@STEP[:RANK],...
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def _trainer_has(section: str, name: str) -> bool:
+    from training.config import TrainConfig  # noqa: PLC0415 - imports torch (model presets)
+
+    sub = TrainConfig.model_fields[section].annotation
+    return name in getattr(sub, "model_fields", {})
+
+
+def chart_owned_fields(values: JobValues) -> dict[str, Any]:
+    s = values.storage
+    owned: dict[str, Any] = {
+        "mode": values.mode,
+        "run_dir": f"{s.fsx_mount_path}/runs/{values.name}",
+        "checkpoint": {"durable_dir": f"{s.fsx_mount_path}/checkpoints/{values.name}"},
+    }
+    if s.local_nvme_path:
+        owned["checkpoint"]["local_dir"] = f"{s.local_mount_path}/checkpoints/{values.name}"
+    if s.s3_bucket and _trainer_has("checkpoint", "s3_uri"):
+        owned["checkpoint"]["s3_uri"] = f"s3://{s.s3_bucket}/{s.s3_prefix.strip('/')}/{values.name}"
+    if values.mode in {"inprocess", "both"}:
+        owned["inprocess"] = {"max_iterations": values.budgets.inprocess_max_iterations}
+    return owned
+
+
+def trainer_args(values: JobValues) -> list[str]:
+    """`--flag value` pairs for `python -m training`, chart-owned fields first."""
+    args: list[str] = []
+    for tree in (chart_owned_fields(values), values.trainer):
+        for path, value in _flatten(tree):
+            args += ["--" + "-".join(path).replace("_", "-"), _scalar(value)]
+    return args
+
+
+def check_trainer_args(values: JobValues) -> TrainConfig:
+    """Parse the rendered arguments with the trainer's parser; a bad one is a `trainer` field error."""
+    from training.config import parse_args  # noqa: PLC0415 - imports torch (model presets)
+
+    try:
+        config = parse_args(trainer_args(values))
+    except UserError as exc:
+        raise UserError(f"trainer: {exc}") from None
+    t = values.timeouts
+    if values.mode in {"inprocess", "both"}:
+        recovery = config.inprocess.soft_timeout_s + config.dist.timeout_s
+        if t.launcher_heartbeat_s <= recovery:
+            raise UserError(
+                f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed one in-process "
+                f"recovery (trainer inprocess.soft_timeout_s + dist.timeout_s = {recovery:g}): the launcher "
+                "must not kill a rank the in-process layer is still restarting"
+            )
+    return config

@@ -1,0 +1,246 @@
+"""Typed job values: the one template a platform team parameterizes (YAML file + `key=value` overrides).
+
+Loaded with `infra.configio.load_model(JobValues, path, overrides)`; every bad value ends as one
+message naming the field and the fix. Cross-field rules (restart budgets that agree across layers,
+timeouts in order, a mode the NVRx version lacks) are checked here, before anything is rendered.
+
+`image: local` means "no container image: the local executor runs the command with this machine's
+virtualenv", and the launcher flags then derive from the NVRx version installed here (0.4.1) instead of
+the image's pin (infra/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path  # noqa: TC003 - used at runtime by pydantic
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra.configio import UserError, load_model
+from infra.profiles import InstanceProfile, get_profile
+from k8s.launcher import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Job name + "-<index>" is the pod hostname (63 chars); "-rdzv" and "-nodes" are suffixed to Services.
+_MAX_NAME = 40
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budgets(_Section):
+    """Restart budgets per layer. They must nest: in-process < launcher < Job (shared README section 2)."""
+
+    inprocess_max_iterations: int = Field(3, ge=1)
+    """In-process restarts of the wrapped training function per process (modes inprocess/both)."""
+    launcher_max_restarts: int = Field(6, ge=0)
+    """Worker-group restarts per ft_launcher/torchrun agent; every node loss costs one on each survivor."""
+    job_backoff_limit_per_index: int = Field(8, ge=0)
+    """Failed pods tolerated per Job index (a node loss is a DisruptionTarget and costs none)."""
+    expected_node_losses: int = Field(2, ge=0)
+    """Node losses the job should survive over its life; launcher_max_restarts must cover them."""
+
+
+class Timeouts(_Section):
+    """Seconds. Launcher heartbeat <= initial heartbeat; pod reschedule < rendezvous join.
+
+    In-process timeouts are the trainer's (`trainer.inprocess.*`, checked by its parser)."""
+
+    launcher_heartbeat_s: float = Field(60.0, gt=0)
+    """ft_launcher rank heartbeat timeout: a rank silent this long is killed (deadlock below Python)."""
+    launcher_initial_heartbeat_s: float = Field(300.0, gt=0)
+    """The same before a rank's first heartbeat (imports, model build, checkpoint load)."""
+    pod_reschedule_s: float = Field(600.0, gt=0)
+    """How long a replacement pod may take to be scheduled and started (new node included)."""
+    rdzv_join_s: float = Field(900.0, gt=0)
+    """Rendezvous join timeout: survivors wait this long for a replacement node."""
+    rdzv_last_call_s: float = Field(5.0, ge=0)
+    rdzv_close_s: float = Field(60.0, gt=0)
+    workers_stop_s: float = Field(15.0, gt=0)
+    term_s: float = Field(30.0, gt=0)
+    monitor_interval_s: float = Field(0.5, gt=0)
+
+
+class Storage(_Section):
+    """Checkpoint locations per tier (host RAM needs none)."""
+
+    fsx_pvc: str = "fsx-checkpoints"
+    """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""
+    fsx_mount_path: str = "/fsx"
+    local_nvme_path: str | None = "/mnt/k8s-disks/0"
+    """Host path of the node-local NVMe RAID0 (local tier); None: no local tier."""
+    local_mount_path: str = "/local"
+    s3_bucket: str | None = None
+    s3_prefix: str = "checkpoints/"
+
+    @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path (start with /)")
+        return value
+
+
+# Trainer fields the chart derives from the values above; setting them under `trainer` is an error.
+CHART_OWNED_TRAINER_FIELDS = (
+    "mode",
+    "run_dir",
+    "checkpoint.local_dir",
+    "checkpoint.durable_dir",
+    "checkpoint.s3_uri",
+    "inprocess.max_iterations",
+)
+
+
+class SecretRef(_Section):
+    secret: str
+    key: str
+
+
+class JobValues(_Section):
+    """One training job. Top-level names are a contract with the ops/demo tooling (COMMON.md 6)."""
+
+    name: str
+    namespace: str = "training"
+    image: str = LOCAL_IMAGE
+    """Container image, or `local` for the local executor (this virtualenv)."""
+    nvrx_version: str | None = None
+    """NVRx in the image; default: infra/pins.py IMAGE.nvrx_version, or the installed one for image local."""
+    service_account: str = "nvrx-trainer"
+    """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
+    num_nodes: int = Field(ge=1)
+    instance_profile: str = "local-cpu"
+    mode: Mode = "both"
+    budgets: Budgets = Budgets()
+    timeouts: Timeouts = Timeouts()
+    storage: Storage = Storage()
+    trainer: dict[str, Any] = Field(default_factory=lambda: {"model": "tiny", "steps": 200})
+    """The trainer's own fields as a tree (`python -m training --help`): model, steps, seed, checkpoint
+    cadences, fault schedule, in-process timeouts... checked by the trainer's own parser at render time."""
+    kueue_queue: str | None = None
+    """Kueue LocalQueue to submit to (the Job is created suspended; Kueue admits it)."""
+    priority_class: str | None = "nvrx-training"
+    store_priority_class: str | None = "nvrx-rendezvous-store"
+    system_node_selector: dict[str, str] = Field(default_factory=dict)
+    """Where the rendezvous store runs (the cluster's system node group label)."""
+    gpu_node_selector: dict[str, str] = Field(default_factory=dict)
+    """Extra labels the training nodes must carry (e.g. the node-health label)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: dict[str, SecretRef] = Field(default_factory=dict)
+    """Environment variables read from Kubernetes Secrets (never plain values)."""
+    active_deadline_s: int | None = Field(None, ge=1)
+    ttl_after_finished_s: int | None = Field(86400, ge=0)
+
+    @field_validator("name", "namespace")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value) or len(value) > _MAX_NAME:
+            raise ValueError(
+                f"{value!r} must be a DNS label: lowercase letters, digits and '-', "
+                f"at most {_MAX_NAME} characters"
+            )
+        return value
+
+    @field_validator("instance_profile")
+    @classmethod
+    def _known_profile(cls, value: str) -> str:
+        try:
+            get_profile(value)
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_fields_not_chart_owned(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for dotted in CHART_OWNED_TRAINER_FIELDS:
+            node: Any = value
+            for part in dotted.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is not None:
+                raise ValueError(
+                    f"{dotted} is set by the chart (from mode, storage and budgets); remove it from trainer"
+                )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_plain_secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if _SECRET_NAME.search(key):
+                raise ValueError(
+                    f"{key} looks like a secret; put it in a Kubernetes Secret and reference it under "
+                    "secret_env (AWS access comes from Pod Identity, never from keys)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobValues:
+        b, t = self.budgets, self.timeouts
+        uses_inprocess = self.mode in {"inprocess", "both"}
+        if uses_inprocess and b.inprocess_max_iterations >= b.launcher_max_restarts:
+            raise ValueError(
+                f"budgets: inprocess_max_iterations ({b.inprocess_max_iterations}) must be below "
+                f"launcher_max_restarts ({b.launcher_max_restarts}): restart budgets nest in-process < "
+                "launcher < Job"
+            )
+        if b.launcher_max_restarts >= b.job_backoff_limit_per_index:
+            raise ValueError(
+                f"budgets: launcher_max_restarts ({b.launcher_max_restarts}) must be below "
+                f"job_backoff_limit_per_index ({b.job_backoff_limit_per_index})"
+            )
+        if b.launcher_max_restarts < b.expected_node_losses:
+            raise ValueError(
+                f"budgets: launcher_max_restarts ({b.launcher_max_restarts}) must cover "
+                f"expected_node_losses ({b.expected_node_losses}): each node loss costs every survivor "
+                "one launcher restart"
+            )
+        if t.launcher_initial_heartbeat_s < t.launcher_heartbeat_s:
+            raise ValueError(
+                f"timeouts: launcher_initial_heartbeat_s ({t.launcher_initial_heartbeat_s:g}) must be at "
+                f"least launcher_heartbeat_s ({t.launcher_heartbeat_s:g})"
+            )
+        if t.rdzv_join_s <= t.pod_reschedule_s:
+            raise ValueError(
+                f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
+                f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
+            )
+        if self.image == LOCAL_IMAGE and self.profile.is_ec2:
+            raise ValueError(
+                f"image: local runs on this machine's CPUs; instance_profile {self.instance_profile} needs "
+                "a container image (set image to the ECR URI)"
+            )
+        try:
+            nvrx_features(self.resolved_nvrx_version).check_mode(self.mode)
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @cached_property
+    def profile(self) -> InstanceProfile:
+        return get_profile(self.instance_profile)
+
+    @cached_property
+    def resolved_nvrx_version(self) -> str:
+        return resolve_nvrx_version(image=self.image, nvrx_version=self.nvrx_version)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.profile.workers_per_node
+
+
+def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
+    """Load and fully check job values: the model's rules, then the trainer's own parser."""
+    from k8s.trainer_args import check_trainer_args  # noqa: PLC0415 - imports the trainer (torch)
+
+    values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
+    check_trainer_args(values)
+    return values

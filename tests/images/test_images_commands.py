@@ -1,0 +1,174 @@
+"""`nvrx-eks image build | push | lock`: the command lines they produce and run (no Docker here)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+import typer
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from images import build
+from images.commands import register
+from infra.configio import UserError
+from infra.pins import IMAGE
+
+URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    image = typer.Typer()
+    app.add_typer(image, name="image")
+    register(image=image)
+    return app
+
+
+@pytest.fixture
+def fake_engine(tmp_path, monkeypatch):
+    """A `docker` on PATH that records each argv (and stdin) as one JSON line."""
+    log = tmp_path / "calls.jsonl"
+    script = tmp_path / "bin" / "docker"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/usr/bin/env python3\nimport json, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps({{'argv': sys.argv[1:], 'stdin': "
+        "'' if sys.stdin.isatty() else sys.stdin.read()}) + '\\n')\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+
+    def calls() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return calls
+
+
+def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine):
+    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t1"])
+    assert result.exit_code == 0, result.output
+    [call] = fake_engine()
+    argv = call["argv"]
+    assert argv[:2] == ["build", "--file"]
+    assert argv[argv.index("--tag") + 1] == "nvrx-eks-training:t1"
+    assert argv[argv.index("--platform") + 1] == "linux/amd64"
+    assert argv[-1] == str(build.REPO_ROOT)
+    passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+    assert passed == build.build_args(git_revision="t1")
+    assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
+    assert passed["BASE_IMAGE"] == IMAGE.base_image
+    assert result.stdout.strip().endswith("nvrx-eks-training:t1")
+
+
+def test_dry_run_prints_the_command_and_runs_nothing(fake_engine):
+    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t2", "--dry-run", "--engine", "finch"])
+    assert result.exit_code == 0, result.output
+    assert fake_engine() == []
+    printed = next(line for line in result.stderr.splitlines() if line.startswith("$ "))
+    assert shlex.split(printed[2:])[:2] == ["finch", "build"]
+
+
+def test_the_tag_defaults_to_the_git_revision(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f").write_text("1")
+    git("add", "f")
+    git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "c")
+    commit = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert build.git_revision(tmp_path) == commit
+    (tmp_path / "f").write_text("2")
+    assert build.git_revision(tmp_path) == f"{commit}-dirty"
+    with pytest.raises(UserError, match="not a git checkout"):
+        build.git_revision(tmp_path / "nowhere")
+
+
+def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engine, monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        result = CliRunner().invoke(_app(), ["image", "push", "--repository", URI, "--tag", "t3"])
+        token = boto3.client("ecr").get_authorization_token()["authorizationData"][0]["authorizationToken"]
+    assert result.exit_code == 0, result.output
+    login, tag, push = fake_engine()
+    registry = URI.split("/", 1)[0]
+    assert login["argv"] == ["login", "--username", "AWS", "--password-stdin", registry]
+    password = base64.b64decode(token).decode().partition(":")[2]
+    assert login["stdin"] == password
+    assert password not in " ".join(login["argv"])
+    assert tag["argv"] == ["tag", "nvrx-eks-training:t3", f"{URI}:t3"]
+    assert push["argv"] == ["push", f"{URI}:t3"]
+    assert result.stdout.strip().endswith(f"{URI}:t3")
+
+
+def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypatch):
+    from infra.ops import stack_values  # noqa: PLC0415
+
+    seen = {}
+
+    def read_stack(session, stack):
+        seen["stack"] = stack
+        return stack_values.StackInfo(name=stack, status="CREATE_COMPLETE", outputs={"ImageRepositoryUri": URI})
+
+    monkeypatch.setattr(stack_values, "read_stack", read_stack)
+    result = CliRunner().invoke(_app(), ["image", "push", "--stack", "nvrx-eks", "--tag", "t4", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert seen["stack"] == "nvrx-eks"
+    assert f"$ docker push {URI}:t4" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tag", "t"], "exactly one of --stack"),
+        (["--repository", "docker.io/library/x", "--tag", "t", "--dry-run"], "not an ECR repository URI"),
+        (["--repository", URI, "--tag", "bad tag", "--dry-run"], "not a valid image tag"),
+    ],
+)
+def test_push_refuses_bad_input_with_one_message(args, message):
+    result = CliRunner().invoke(_app(), ["image", "push", *args])
+    assert isinstance(result.exception, UserError)
+    assert message in str(result.exception)
+
+
+def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UserError, match="no container engine found"):
+        build.find_engine()
+    with pytest.raises(UserError, match="not supported"):
+        build.find_engine("podman")
+
+
+def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engine):
+    argv = build.lock_argv(engine="docker", base_image=IMAGE.base_image, requirements=build.image_requirements())
+    assert argv[argv.index("--entrypoint") + 2] == IMAGE.base_image
+    assert f"nvidia-resiliency-ext=={IMAGE.nvrx_version}" in argv
+    assert "--report" in argv
+    report = {
+        "install": [
+            {"metadata": {"name": n, "version": v}, "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}
+            for n, v in (("torch", "2.9.0"), ("nvidia-resiliency-ext", "0.7.0"), ("nvidia-nccl-cu12", "2.27"), ("Typer", "1"))
+        ]
+    }
+    text = build.render_lock(report, header=build.lock_header())
+    assert build.locked_versions(text) == {"nvidia-resiliency-ext": "0.7.0", "typer": "1"}
+    assert text.startswith("# The training image's")
+
+
+def test_the_lock_file_is_what_the_lock_renderer_writes():
+    # The committed lock parses with the same reader the checks use, and its header names the pins.
+    text = Path(build.LOCK_FILE).read_text()
+    assert f"nvrx: {IMAGE.nvrx_version}" in text
+    assert f"base: {IMAGE.base_image}" in text

@@ -1,0 +1,126 @@
+"""The Dockerfile: lint-clean, its ARG defaults equal infra/pins.py, stages keep build tools out."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from images.build import BUILD_ARG_NAMES, DOCKERFILE, LOCK_FILE, build_args, locked_versions
+from infra.pins import IMAGE
+
+TEXT = DOCKERFILE.read_text()
+
+
+def _stages() -> dict[str, str]:
+    """Stage name -> its instructions."""
+    parts = re.split(r"^FROM \S+ AS (\w+)\s*$", TEXT, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _arg_defaults(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)\s*$", text, flags=re.MULTILINE))
+
+
+def test_hadolint_reports_nothing_and_every_ignore_has_a_reason():
+    hadolint = shutil.which("hadolint") or str(Path(__file__).parents[2] / ".venv/bin/hadolint")
+    done = subprocess.run([hadolint, "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert json.loads(done.stdout or "[]") == [], done.stdout
+    assert done.returncode == 0
+    lines = TEXT.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("# hadolint ignore="):
+            reason = lines[i - 1]
+            assert reason.startswith("#"), f"line {i + 1}: an ignore needs a reason on the line above"
+            assert len(reason) > 40, f"line {i + 1}: the reason is too thin: {reason!r}"
+
+
+def test_arg_defaults_equal_the_pins_and_the_build_passes_every_pin():
+    defaults = _arg_defaults(TEXT)
+    args = build_args(git_revision="abc123")
+    assert {f.name for f in fields(IMAGE)} == BUILD_ARG_NAMES.keys()
+    for name, arg in BUILD_ARG_NAMES.items():
+        assert args[arg] == str(getattr(IMAGE, name))
+        assert defaults[arg] == args[arg], f"Dockerfile ARG {arg} default != infra/pins.py IMAGE.{name}"
+    assert args["GIT_REVISION"] == "abc123"
+    # Every ARG the Dockerfile declares is one the build sets (none silently left at a default).
+    declared = set(re.findall(r"^ARG (\w+)", TEXT, flags=re.MULTILINE))
+    assert declared - args.keys() == {"SOURCE_URL"}
+
+
+def test_stage_arg_defaults_agree_with_each_other():
+    seen: dict[str, str] = {}
+    for stage, body in _stages().items():
+        for arg, value in _arg_defaults(body).items():
+            assert seen.setdefault(arg, value) == value, f"{stage}: ARG {arg} default differs between stages"
+
+
+def test_build_tools_stay_out_of_the_runtime_stage():
+    stages = _stages()
+    assert list(stages) == ["wheel", "ofi", "runtime"]
+    runtime = stages["runtime"]
+    assert "apt-get install" not in runtime
+    assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", runtime)
+    assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
+    assert "--enable-platform-aws" in stages["ofi"]
+
+
+def test_locked_dependencies_install_before_the_source():
+    runtime = _stages()["runtime"]
+    lock_at = runtime.index("COPY images/requirements.lock")
+    source_at = runtime.index("COPY --from=wheel")
+    assert lock_at < source_at
+    assert "--require-hashes --no-deps -r /tmp/requirements.lock" in runtime
+
+
+def test_labels_carry_versions_and_source_revision():
+    runtime = _stages()["runtime"]
+    for label in (
+        'org.opencontainers.image.revision="${GIT_REVISION}"',
+        'org.opencontainers.image.base.name="${BASE_IMAGE}"',
+        'io.nvrx-eks.nvrx-version="${NVRX_VERSION}"',
+        'io.nvrx-eks.efa-installer="${EFA_INSTALLER_VERSION}"',
+        'io.nvrx-eks.aws-ofi-nccl="${AWS_OFI_NCCL_VERSION}"',
+    ):
+        assert label in runtime
+    assert "NVRX_EKS_NVRX_VERSION=${NVRX_VERSION}" in runtime
+
+
+def test_lock_pins_nvrx_at_the_image_pin_with_hashes_and_leaves_the_base_alone():
+    text = LOCK_FILE.read_text()
+    versions = locked_versions(text)
+    assert versions["nvidia-resiliency-ext"] == IMAGE.nvrx_version
+    for base_owned in ("torch", "numpy", "triton", "nvidia-nccl-cu12"):
+        assert base_owned not in versions
+    requirements = [line for line in text.splitlines() if re.match(r"^[a-z0-9]", line)]
+    hashes = re.findall(r"--hash=sha256:[0-9a-f]{64}", text)
+    assert len(requirements) == len(hashes) == len(versions) > 10
+    # Everything the trainer imports in the image is locked.
+    for name in ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3"):
+        assert name in versions, name
+
+
+@pytest.mark.parametrize("python_abi", ["cp311", "cp312"])
+def test_the_base_check_in_the_dockerfile_refuses_a_base_nvrx_cannot_install_on(python_abi, tmp_path):
+    # Run the RUN heredoc's Python with the ARG values substituted, as the shell in the build does.
+    body = re.search(r"RUN python - <<EOF\n(.*?)\nEOF", TEXT, flags=re.DOTALL)
+    assert body
+    script = body.group(1)
+    for key, value in {"PYTHON_ABI": python_abi, "MIN_GLIBC": "2.36", "NVRX_VERSION": IMAGE.nvrx_version}.items():
+        script = script.replace("${" + key + "}", value)
+    (tmp_path / "check.py").write_text(script)
+    done = subprocess.run(["python3", str(tmp_path / "check.py")], capture_output=True, text=True, check=False)
+    # This machine: cp311 on Debian 12 (glibc 2.36). The check passes only for the matching ABI.
+    import sys  # noqa: PLC0415
+
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    if python_abi == here:
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 1
+        assert f"needs {python_abi} / glibc >= 2.36" in done.stderr

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import boto3
+import botocore.loaders
+import botocore.session
+import pytest
+from moto import mock_aws
+
+from infra.ops.aws import AwsSession
+
+REGION = "us-east-1"
+# One botocore data loader for the whole run: it caches the parsed service models (EC2's is large),
+# so each test's fresh session does not parse them again.
+_LOADER = botocore.loaders.create_loader()
+
+
+def new_session(region: str = REGION) -> AwsSession:
+    """A fresh session from the standard chain (the test's env vars), sharing the model cache."""
+    core = botocore.session.Session()
+    core.register_component("data_loader", _LOADER)
+    return AwsSession(session=boto3.Session(botocore_session=core, region_name=region))
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """Fake credentials from the standard chain (env vars) and no user config files."""
+    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def moto_session(aws_env):
+    with mock_aws():
+        yield new_session()
+
+
+@pytest.fixture
+def plain_session(aws_env):
+    """A session with fake credentials and no mock behind it: for clients wrapped in a Stubber."""
+    return new_session()
+
+
+@pytest.fixture
+def make_session(aws_env):
+    """Factory for sessions created inside a test (after it changed the environment)."""
+    return new_session

@@ -1,0 +1,303 @@
+"""preflight against moto (offerings, instance types, STS) and botocore's Stubber where moto has no
+implementation (capacity reservations, service quotas)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.stub import Stubber
+
+from infra.configio import UserError
+from infra.ops.aws import ServiceError
+from infra.ops.preflight import (
+    BLOCK_SIZE_TAG,
+    NodeGroupTarget,
+    Preflight,
+    PreflightTarget,
+    Status,
+    check_reservation,
+    quota_for,
+)
+
+P_QUOTA = "L-417A185B"
+G_QUOTA = "L-DB2E81BA"
+
+
+def _target(*groups: NodeGroupTarget, az: str = "us-east-1a") -> PreflightTarget:
+    return PreflightTarget(region="us-east-1", availability_zone=az, node_groups=groups)
+
+
+def _quota_response(code: str, value: float) -> dict:
+    return {
+        "Quota": {
+            "ServiceCode": "ec2",
+            "QuotaCode": code,
+            "QuotaName": "Running On-Demand instances",
+            "Value": value,
+            "Unit": "None",
+        }
+    }
+
+
+def _stub_quotas(session, *quotas: tuple[str, float]) -> Stubber:
+    stubber = Stubber(session.client("service-quotas"))
+    for code, value in quotas:
+        stubber.add_response(
+            "get_service_quota", _quota_response(code, value), {"ServiceCode": "ec2", "QuotaCode": code}
+        )
+    stubber.activate()
+    return stubber
+
+
+def _by_check(results, check: str, subject: str | None = None):
+    [found] = [r for r in results if r.check == check and (subject is None or r.subject == subject)]
+    return found
+
+
+P5 = NodeGroupTarget(name="p5", instance_type="p5.48xlarge", max_nodes=2)
+
+
+def test_all_checks_pass_for_an_offered_efa_type_within_quota(moto_session):
+    stubber = _stub_quotas(moto_session, (P_QUOTA, 384))
+    results = Preflight(session=moto_session, target=_target(P5)).run()
+    stubber.assert_no_pending_responses()
+    assert [r.status for r in results] == [Status.PASS] * 4
+    assert "123456789012" in _by_check(results, "credentials").detail
+    assert "384 vCPUs, quota is 384" in _by_check(results, "On-Demand vCPU quota").detail
+
+
+def test_type_not_offered_in_the_az_names_the_zones_that_offer_it(moto_session):
+    # moto's offering data (from AWS) has p4d.24xlarge in us-east-1a..d only.
+    group = NodeGroupTarget(name="p4d", instance_type="p4d.24xlarge", max_nodes=1)
+    _stub_quotas(moto_session, (P_QUOTA, 1000))
+    results = Preflight(session=moto_session, target=_target(group, az="us-east-1f")).run()
+    offered = _by_check(results, "instance type offered")
+    assert offered.status is Status.FAIL
+    assert "not offered in us-east-1f" in offered.detail
+    assert "us-east-1a" in offered.fix
+    assert "us-east-1f" not in offered.fix
+
+
+def test_type_without_efa_fails_and_uses_the_standard_quota(moto_session):
+    group = NodeGroupTarget(name="cpu", instance_type="t3.micro", max_nodes=3)
+    _stub_quotas(moto_session, ("L-1216C47A", 1152))
+    results = Preflight(session=moto_session, target=_target(group)).run()
+    assert _by_check(results, "EFA supported").status is Status.FAIL
+    assert _by_check(results, "On-Demand vCPU quota").status is Status.PASS
+
+
+def test_quota_too_small_fails_with_the_increase_command(moto_session):
+    _stub_quotas(moto_session, (P_QUOTA, 192))
+    results = Preflight(session=moto_session, target=_target(P5)).run()
+    quota = _by_check(results, "On-Demand vCPU quota")
+    assert quota.status is Status.FAIL
+    assert "need 2 x 192 (p5) = 384 vCPUs, quota is 192" in quota.detail
+    assert f"--quota-code {P_QUOTA} --desired-value 384" in quota.fix
+
+
+def test_each_quota_sums_its_own_node_groups(moto_session):
+    groups = (
+        NodeGroupTarget(name="g6", instance_type="g6.8xlarge", max_nodes=4),
+        NodeGroupTarget(name="p5a", instance_type="p5.48xlarge", max_nodes=2),
+        NodeGroupTarget(name="p5b", instance_type="p5.48xlarge", max_nodes=1),
+    )
+    # G and VT: 4 x 32 = 128 fits; P: (2 + 1) x 192 = 576 does not fit 500.
+    stubber = _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 500))
+    results = Preflight(session=moto_session, target=_target(*groups)).run()
+    stubber.assert_no_pending_responses()
+    quotas = {r.detail.split(":")[0]: r for r in results if r.check == "On-Demand vCPU quota"}
+    assert quotas[G_QUOTA].status is Status.PASS
+    assert quotas[P_QUOTA].status is Status.FAIL
+    assert "= 576 vCPUs" in quotas[P_QUOTA].detail
+
+
+def test_access_denied_on_one_api_fails_that_check_only(moto_session):
+    stubber = Stubber(moto_session.client("service-quotas"))
+    stubber.add_client_error(
+        "get_service_quota", service_error_code="AccessDeniedException", service_message="not allowed", http_status_code=403
+    )
+    stubber.activate()
+    results = Preflight(session=moto_session, target=_target(P5)).run()
+    quota = _by_check(results, "On-Demand vCPU quota")
+    assert quota.status is Status.FAIL
+    assert "servicequotas:GetServiceQuota" in quota.detail
+    assert _by_check(results, "EFA supported").status is Status.PASS
+
+
+@pytest.mark.parametrize(
+    ("family", "code"),
+    [("p5en.48xlarge", P_QUOTA), ("g6.8xlarge", G_QUOTA), ("trn2.48xlarge", "L-2C3B7624"), ("m7i.xlarge", "L-1216C47A")],
+)
+def test_quota_codes_by_family(family, code):
+    assert quota_for(family)[0] == code
+
+
+def test_no_credentials_is_one_user_error(make_session, monkeypatch):
+    # No mock here (moto would provide fake credentials): botocore fails before sending anything.
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(UserError, match="no AWS credentials found"):
+        Preflight(session=make_session(), target=_target(P5)).run()
+
+
+# -- reservations and Capacity Blocks (Stubber: moto lacks DescribeCapacityReservations) ----------
+
+END = dt.datetime(2030, 1, 2, 3, 0, tzinfo=dt.UTC)
+
+
+def _reservation(**overrides) -> dict:
+    reservation = {
+        "CapacityReservationId": "cr-0123456789abcdef0",
+        "InstanceType": "p5.48xlarge",
+        "AvailabilityZone": "us-east-1a",
+        "TotalInstanceCount": 2,
+        "AvailableInstanceCount": 2,
+        "State": "active",
+        "ReservationType": "capacity-block",
+        "EndDate": END,
+        "Tags": [],
+    }
+    reservation.update(overrides)
+    return reservation
+
+
+def _check(session, reservation: dict | None, *, capacity="capacity_block", max_nodes=2, error=None):
+    ec2 = session.client("ec2")
+    group = NodeGroupTarget(
+        name="p5-block",
+        instance_type="p5.48xlarge",
+        max_nodes=max_nodes,
+        capacity=capacity,
+        reservation_id="cr-0123456789abcdef0",
+    )
+    with Stubber(ec2) as stubber:
+        expected = {"CapacityReservationIds": ["cr-0123456789abcdef0"]}
+        if error:
+            stubber.add_client_error("describe_capacity_reservations", service_error_code=error, expected_params=expected)
+        else:
+            stubber.add_response(
+                "describe_capacity_reservations", {"CapacityReservations": [reservation]}, expected
+            )
+        result = check_reservation(ec2, group, availability_zone="us-east-1a", region="us-east-1")
+        stubber.assert_no_pending_responses()
+    return result
+
+
+def test_matching_active_capacity_block_passes(plain_session):
+    result = _check(plain_session, _reservation())
+    assert result.status is Status.PASS
+    assert "2 x p5.48xlarge in us-east-1a" in result.detail
+    assert "2030-01-02" in result.detail
+
+
+def test_scheduled_capacity_block_counts_its_size_tag(plain_session):
+    # Before a block starts its counts read 0; the size is in a tag (EC2 user guide, capacity-blocks-view).
+    pending = _reservation(
+        State="scheduled", TotalInstanceCount=0, AvailableInstanceCount=0, Tags=[{"Key": BLOCK_SIZE_TAG, "Value": "4"}]
+    )
+    assert _check(plain_session, pending, max_nodes=4).status is Status.PASS
+    assert _check(plain_session, pending, max_nodes=5).status is Status.FAIL
+
+
+def test_reservation_mismatches_are_each_named_with_a_fix(plain_session):
+    wrong = _reservation(InstanceType="p4d.24xlarge", AvailabilityZone="us-east-1b", TotalInstanceCount=1)
+    result = _check(plain_session, wrong)
+    assert result.status is Status.FAIL
+    assert "holds p4d.24xlarge, node group uses p5.48xlarge" in result.detail
+    assert "is in us-east-1b, cluster uses us-east-1a" in result.detail
+    assert "holds 1 instance(s), node group max is 2" in result.detail
+    assert "gpu_availability_zone to us-east-1b" in result.fix
+    assert "max_size to 1" in result.fix
+
+
+@pytest.mark.parametrize("state", ["expired", "cancelled", "payment-failed"])
+def test_unusable_states_fail(plain_session, state):
+    result = _check(plain_session, _reservation(State=state))
+    assert result.status is Status.FAIL
+    assert f"state is {state}" in result.detail
+
+
+def test_a_capacity_block_configured_as_a_reservation_fails(plain_session):
+    result = _check(plain_session, _reservation(), capacity="capacity_reservation")
+    assert result.status is Status.FAIL
+    assert "set capacity.type capacity_block" in result.fix
+
+
+def test_missing_reservation_fails_with_how_to_find_it(plain_session):
+    result = _check(plain_session, None, error="InvalidCapacityReservationId.NotFound")
+    assert result.status is Status.FAIL
+    assert "not found in us-east-1" in result.detail
+
+
+def test_capacity_block_quota_shortfall_is_a_warning(moto_session, monkeypatch):
+    block = NodeGroupTarget(
+        name="p5-block", instance_type="p5.48xlarge", max_nodes=2, capacity="capacity_block", reservation_id="cr-1"
+    )
+    preflight = Preflight(session=moto_session, target=_target(block))
+    ec2 = moto_session.client("ec2")
+    _stub_quotas(moto_session, (P_QUOTA, 0))
+    # The reservation lookup goes through a Stubber; offerings and instance types stay on moto.
+    stub_client = moto_session.session.client("ec2", region_name="us-east-1")
+    monkeypatch.setattr(ec2, "describe_capacity_reservations", stub_client.describe_capacity_reservations)
+    with Stubber(stub_client) as stubber:
+        stubber.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": [_reservation(CapacityReservationId="cr-1")]},
+        )
+        results = preflight.run()
+    assert _by_check(results, "capacity reservation").status is Status.PASS
+    assert _by_check(results, "On-Demand vCPU quota").status is Status.WARN
+
+
+# -- retries -----------------------------------------------------------------------------------------
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_):
+        yield self._body
+
+
+def _throttle_first(client, operation: str, times: int) -> list[int]:
+    """Answer the first `times` HTTP attempts of `operation` with EC2's throttling error, then let
+    moto answer. Registered first on before-send, i.e. below botocore's retry handler."""
+    attempts: list[int] = []
+    body = (
+        b"<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded."
+        b"</Message></Error></Errors><RequestID>r-1</RequestID></Response>"
+    )
+
+    def handler(request, **_):
+        attempts.append(1)
+        if len(attempts) <= times:
+            return AWSResponse(request.url, 503, {}, _Raw(body))
+        return None
+
+    client.meta.events.register_first(f"before-send.ec2.{operation}", handler)
+    return attempts
+
+
+def test_throttling_is_retried_by_botocore(moto_session):
+    ec2 = moto_session.client("ec2")
+    attempts = _throttle_first(ec2, "DescribeInstanceTypeOfferings", times=2)
+    _stub_quotas(moto_session, (P_QUOTA, 384))
+    results = Preflight(session=moto_session, target=_target(P5)).run()
+    assert len(attempts) == 3
+    assert _by_check(results, "instance type offered").status is Status.PASS
+
+
+def test_throttling_past_the_users_max_attempts_is_one_message(make_session, monkeypatch):
+    from moto import mock_aws  # noqa: PLC0415
+
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # the user's setting wins over the kit's default
+    with mock_aws():
+        session = make_session()
+        attempts = _throttle_first(session.client("ec2"), "DescribeInstanceTypes", times=10)
+        with pytest.raises(ServiceError, match="throttled ec2:DescribeInstanceTypes .* after 2 attempt"):
+            Preflight(session=session, target=_target(P5))._instance_info("p5.48xlarge")
+    assert len(attempts) == 2

@@ -1,0 +1,140 @@
+"""Fast checks of the trainer's parts: config and CLI, schedule, data, model, metrics formulas."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.configio import UserError
+from training.config import TrainConfig, build_parser, parse_args
+from training.data import DataSource, SyntheticTokens
+from training.faults import build_schedule, expected_layer
+from training.metrics import summarize
+from training.model import build_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_field_is_a_documented_flag():
+    helptext = build_parser().format_help()
+    for flag in ("--mode", "--model", "--steps", "--seed", "--run-dir", "--faults-plan",
+                 "--inprocess-soft-timeout-s", "--ft-heartbeat-timeout-floor-s", "--checkpoint-durable-dir"):
+        assert flag in helptext
+    cfg = parse_args(["--steps", "7", "--mode", "both", "--faults-plan", "exception@3:1,sigkill@5"])
+    assert cfg.steps == 7
+    assert cfg.mode == "both"
+    assert cfg.faults.plan == ["exception@3:1", "sigkill@5"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--steps", "0"], "steps"),
+        (["--model", "huge"], "unknown preset"),
+        (["--mode", "inprocess", "--dist-timeout-s", "5"], "dist.timeout_s"),
+        (["--faults-plan", "meteor@3"], "CLASS@STEP"),
+        (["--nope", "1"], "unrecognized arguments"),
+        (["--mode", "both", "--ft-heartbeat-timeout-floor-s", "20", "--dist-timeout-s", "1"], "hard_timeout_s"),
+    ],
+)
+def test_bad_input_is_one_user_error(argv, needle):
+    with pytest.raises(UserError, match=needle):
+        parse_args(argv)
+
+
+def test_cli_bad_input_exits_2_without_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "--steps", "-1"], cwd=REPO, capture_output=True, text=True, check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "steps" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_schedule_is_deterministic_and_spread():
+    cfg = TrainConfig.model_validate(
+        {"steps": 100, "faults": {"count": 5, "seed": 42, "weights": {"exception": 0.6, "hang": 0.4}}}
+    )
+    first = build_schedule(cfg.faults, steps=100, world_size=4, seed=0)
+    again = build_schedule(cfg.faults, steps=100, world_size=4, seed=0)
+    assert first == again
+    assert len(first) == 5
+    assert {f.cls for f in first} <= {"exception", "hang"}
+    steps = [f.step for f in first]
+    assert all(b - a >= 1 for a, b in zip(steps, steps[1:], strict=False))
+    assert all(2 <= s <= 99 for s in steps)
+    other = TrainConfig.model_validate({"steps": 100, "faults": {"count": 5, "seed": 43}})
+    assert build_schedule(other.faults, steps=100, world_size=4, seed=0) != first
+
+
+def test_layers_follow_the_mode():
+    assert expected_layer("exception", "both") == "inprocess"
+    assert expected_layer("exception", "ft_launcher") == "ft_launcher"
+    assert expected_layer("deadlock", "both") == "ft_launcher"
+    assert expected_layer("node_loss", "both") == "job_controller"
+    assert expected_layer("sigkill", "baseline") == "none"
+
+
+def test_data_is_keyed_by_sample_index():
+    source = SyntheticTokens(seed=3, vocab_size=256, seq_len=16)
+    data = DataSource(source=source, batch_size=2, world_size=4)
+    batch = data.batch(5, 2, torch.device("cpu"))
+    assert torch.equal(batch.inputs[1], source.sample(data.first_sample(5, 2) + 1)[:-1])
+    assert torch.equal(data.batch(5, 2, torch.device("cpu")).inputs, batch.inputs)
+    assert not torch.equal(data.batch(5, 3, torch.device("cpu")).inputs, batch.inputs)
+
+
+def test_tiny_model_is_deterministic_and_learns_shape():
+    a = build_model("tiny", seed=1, device=torch.device("cpu"))
+    b = build_model("tiny", seed=1, device=torch.device("cpu"))
+    for (_, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb)
+    logits = a(torch.zeros(2, 32, dtype=torch.long))
+    assert logits.shape == (2, 32, 256)
+
+
+def _write(run_dir: Path, rank: int, events: list[dict]) -> None:
+    path = run_dir / "events" / f"rank-{rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        for event in events:
+            fh.write(json.dumps({"rank": rank, "restart": 0, "node": "0", **event}) + "\n")
+
+
+def test_summarize_applies_the_formulas(tmp_path):
+    # One rank, 10 steps of 1 s; a hard fault at t=5.5 after step 4; restart restores step 3; t=20 end.
+    ev = [{"t": 0.0, "kind": "process_start", "pid": 1, "mode": "both", "steps": 10},
+          {"t": 1.0, "kind": "startup_done", "pid": 1, "restored_step": -1, "tier": "none",
+           "state_bytes": 1000, "memcpy_gbps": 1e-6}]
+    ev += [{"t": 1.0 + s + 1, "kind": "step", "pid": 1, "step": s, "step_s": 1.0, "ckpt_s": 0.1} for s in range(5)]
+    ev += [{"t": 6.5, "kind": "checkpoint_committed", "pid": 1, "step": 3}]
+    ev += [{"t": 6.6, "kind": "fault_injected", "pid": 1, "class": "sigkill", "step": 5, "target_rank": 0,
+            "expected_layer": "ft_launcher", "index": 0},
+           {"t": 8.0, "kind": "process_start", "pid": 2, "mode": "both", "steps": 10},
+           {"t": 9.6, "kind": "startup_done", "pid": 2, "restored_step": 3, "tier": "durable",
+            "state_bytes": 1000, "memcpy_gbps": 1e-6}]
+    ev += [{"t": 9.6 + i + 1, "kind": "step", "pid": 2, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
+           for i, s in enumerate(range(4, 10))]
+    ev += [{"t": 16.0, "kind": "end", "pid": 2, "steps": 10, "final_params_sha256": "abc"}]
+    _write(tmp_path, 0, ev)
+    summary = summarize(tmp_path)
+    assert summary.completed
+    assert summary.wall_s == pytest.approx(16.0)
+    assert summary.productive_steps == 10
+    assert summary.replayed_steps == 1
+    assert summary.training_goodput == pytest.approx(10 / 16)
+    assert summary.infra_goodput == pytest.approx((16 - 3.0) / 16)
+    assert summary.checkpoint_efficiency == pytest.approx(1 - 1.1 / 16)
+    assert summary.stall_ratio == pytest.approx(1.1 / 1 / (1000 / 1000))
+    (fault,) = summary.faults
+    assert fault.layer == "ft_launcher"
+    assert fault.detect_s == pytest.approx(1.4)
+    assert fault.recovery_s == pytest.approx(3.0)
+    assert fault.steps_lost == 1
+    assert summary.to_dict()["faults"][0]["class"] == "sigkill"

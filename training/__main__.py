@@ -1,0 +1,23 @@
+"""`python -m training`: parse, build, run, close (the loop itself is training/trainer.py)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from infra.configio import exit_on_user_error
+from training.config import parse_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    with exit_on_user_error():
+        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from training.run import run  # noqa: PLC0415 - torch and NVRx load only after the config is valid
+
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Checkpointing for the reference trainer: tiered (memory -> node-local disk -> durable), async, atomic.
+
+Use it like this (the loop calls `save` after every step; it does nothing unless a tier is due)::
+
+    from training.checkpoint import CheckpointConfig, build_checkpointer
+
+    ckpt = build_checkpointer(cfg.checkpoint, rank=rank, world_size=world, node_index=node,
+                              device=device, on_event=events.emit)   # on_event is optional
+    restored = ckpt.load_latest()          # collective when a process group exists: call on every rank
+    start = restored.step + 1 if restored else 0
+    if restored:
+        model.load_state_dict(restored.state["model"]); ...      # tensors come back on CPU
+    for step in range(start, steps):
+        train_step()
+        ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict(), "data": {...}})
+    ckpt.wait(); ckpt.close()
+
+`CheckpointConfig` (training/checkpoint/config.py) is the typed section the trainer embeds: the
+implementation (`tiered` or `sync`), per-tier folders and every-N-steps cadences, retention, timeouts.
+`save` may run a small collective at due steps (all ranks agree to skip a tier that is busy anywhere),
+so call it on every rank at every step. `ckpt.stats` holds the counters (stall, skipped, failed...).
+"""
+
+from training.checkpoint.base import Checkpointer, Restored
+from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.factory import build_checkpointer
+
+__all__ = ["CheckpointConfig", "Checkpointer", "Restored", "build_checkpointer"]

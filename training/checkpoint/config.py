@@ -1,0 +1,100 @@
+"""The checkpoint section of the trainer's configuration (embedded in `TrainConfig`).
+
+Field names are a contract: the trainer generates `--checkpoint-*` flags from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Implementation = Literal["tiered", "sync"]
+
+
+class CheckpointConfig(BaseModel):
+    """Where and how often each tier is written; every cadence counts optimizer steps (0 = tier off)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    implementation: Implementation = "tiered"
+    """`tiered`: memory snapshot in the loop, disk tiers persisted in the background (the default).
+    `sync`: every due tier written synchronously inside `save` (the simple reference; benchmarks)."""
+
+    memory_dir: Path = Path("/dev/shm/nvrx-eks-checkpoint")
+    """Tier 1: shared-memory folder holding the staging buffers. It outlives a killed process on the
+    same node, so a restarted rank restores from RAM. On Kubernetes mount a memory-backed emptyDir
+    here (the default 64 MiB /dev/shm of a pod is far too small)."""
+
+    memory_every: int = Field(default=10, ge=0)
+    """Tier 1 cadence: copy the state into a staging buffer every N steps (the only loop stall)."""
+
+    local_dir: Path | None = None
+    """Tier 2: node-local disk (the NVMe RAID0 of the node). None disables the tier."""
+
+    local_every: int = Field(default=50, ge=0)
+    """Tier 2 cadence: persist the newest snapshot to `local_dir` every N steps, in the background."""
+
+    durable_dir: str | None = None
+    """Tier 3: a shared path (FSx for Lustre mount) or `s3://bucket/prefix`. None disables the tier."""
+
+    durable_every: int = Field(default=500, ge=0)
+    """Tier 3 cadence: persist to `durable_dir` every N steps, in the background."""
+
+    keep: int = Field(default=2, ge=1)
+    """Retention: the newest k committed checkpoints kept per tier (and per rank)."""
+
+    num_staging_slots: int = Field(default=2, ge=1, le=8)
+    """Tier 1 buffers per rank. A slot being persisted is never overwritten; with 2 the loop stages
+    the next snapshot while the previous one is written. Costs this many copies of the state in RAM."""
+
+    persist_timeout_s: float = Field(default=900.0, gt=0)
+    """A background persist running longer than this is declared hung: its worker is killed, the
+    failure reported, and the tier retried at its next due step. Size it above state bytes / the
+    tier's write bandwidth."""
+
+    peer_replica: bool = False
+    """Reserved: replicate tier 1 to a rank on another node (not implemented yet; must stay False)."""
+
+    fsync: bool = True
+    """fsync files and folders before a checkpoint counts as committed (turn off only in benchmarks
+    that want the page-cache figure)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.peer_replica:
+            raise ValueError("peer_replica is not implemented yet; set it to false")
+        if self.implementation == "tiered" and self.memory_every == 0 and self._disk_tiers_on():
+            raise ValueError(
+                "memory_every=0 with the tiered implementation: disk tiers persist from the memory "
+                "snapshot; set memory_every >= 1 (or use implementation=sync)"
+            )
+        for tier in ("local", "durable"):
+            every = getattr(self, f"{tier}_every")
+            if every and self.memory_every and self.implementation == "tiered" and every % self.memory_every:
+                raise ValueError(
+                    f"{tier}_every={every} must be a multiple of memory_every={self.memory_every} "
+                    "(each disk persist writes a memory snapshot)"
+                )
+        if self.durable_dir is not None and self.durable_dir.startswith("s3://"):
+            bucket = self.durable_dir.removeprefix("s3://").split("/", 1)[0]
+            if not bucket:
+                raise ValueError("durable_dir s3:// URL needs a bucket: s3://BUCKET/PREFIX")
+        return self
+
+    def _disk_tiers_on(self) -> bool:
+        return bool(
+            (self.local_dir is not None and self.local_every) or (self.durable_dir and self.durable_every)
+        )
+
+    def tiers(self) -> list[tuple[str, int]]:
+        """(tier name, cadence) of the tiers switched on, fastest first."""
+        out: list[tuple[str, int]] = []
+        if self.implementation == "tiered" and self.memory_every:
+            out.append(("memory", self.memory_every))
+        if self.local_dir is not None and self.local_every:
+            out.append(("local", self.local_every))
+        if self.durable_dir and self.durable_every:
+            out.append(("durable", self.durable_every))
+        return out

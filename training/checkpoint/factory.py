@@ -1,0 +1,67 @@
+"""`build_checkpointer`: the one place a CheckpointConfig becomes a Checkpointer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from training.checkpoint.stats import make_emitter
+from training.checkpoint.storage import ShardStore, open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from training.checkpoint.base import Checkpointer
+    from training.checkpoint.config import CheckpointConfig
+
+
+def disk_stores(config: CheckpointConfig) -> list[tuple[ShardStore, int, bool]]:
+    """(store, cadence, shared between nodes) for tiers 2 and 3, fastest first."""
+    out: list[tuple[ShardStore, int, bool]] = []
+    if config.local_dir is not None and config.local_every:
+        out.append((open_store(tier="local", location=config.local_dir, fsync=config.fsync), config.local_every, False))
+    if config.durable_dir and config.durable_every:
+        out.append(
+            (open_store(tier="durable", location=config.durable_dir, fsync=config.fsync), config.durable_every, True)
+        )
+    return out
+
+
+def build_checkpointer(
+    config: CheckpointConfig,
+    *,
+    rank: int,
+    world_size: int,
+    node_index: int = 0,
+    device: torch.device,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> Checkpointer:
+    """The checkpointer `config.implementation` names, for this rank.
+
+    `on_event(kind, fields)` receives checkpoint events (committed, skipped, failed, timeout,
+    rejected, fallback, restored) for the trainer's event stream; they are logged either way.
+    """
+    emit = make_emitter(on_event)
+    if config.implementation == "sync":
+        from training.checkpoint.sync import SyncCheckpointer  # noqa: PLC0415
+
+        return SyncCheckpointer(
+            stores=disk_stores(config),
+            keep=config.keep,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            emit=emit,
+        )
+    from training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
+
+    return TieredCheckpointer(
+        config=config,
+        stores=disk_stores(config),
+        rank=rank,
+        world_size=world_size,
+        node_index=node_index,
+        device=device,
+        emit=emit,
+    )

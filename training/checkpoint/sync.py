@@ -1,0 +1,77 @@
+"""The simple reference: every due tier written inside `save`, with the same commit protocol.
+
+Correct and easy to reason about, and the baseline the benchmark compares the tiered one with. A
+failing tier (unwritable, full) is reported and counted; training goes on and the next due step
+tries again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from training.checkpoint.base import Checkpointer, Restored
+from training.checkpoint.restore import StoreSource, load_newest
+from training.checkpoint.shard import encode_header, flatten, tensor_chunks
+from training.checkpoint.stats import CheckpointStats
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from training.checkpoint.storage import ShardStore
+
+
+class SyncCheckpointer(Checkpointer):
+    def __init__(
+        self,
+        *,
+        stores: list[tuple[ShardStore, int, bool]],
+        keep: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        """`stores`: (store, every N steps, shared between nodes) fastest first."""
+        self.stores = stores
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.emit = emit
+        self.stats = CheckpointStats()
+
+    def _save(self, step: int, state: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        self.stats.save_calls += 1
+        due = [store for store, every, _ in self.stores if every and step % every == 0]
+        if due:
+            skeleton, tensors, layout = flatten(state)
+            header = encode_header(skeleton, layout)
+            for store in due:
+                try:
+                    store.commit(
+                        step=step,
+                        rank=self.rank,
+                        world_size=self.world_size,
+                        chunks=[header, *tensor_chunks(tensors, layout)],
+                    )
+                    store.prune(rank=self.rank, keep=self.keep)
+                except OSError as exc:
+                    self.stats.failed[store.tier] += 1
+                    self.stats.last_error[store.tier] = str(exc)
+                    self.emit("checkpoint_failed", {"tier": store.tier, "step": step, "error": str(exc)})
+                    continue
+                self.stats.persisted[store.tier] += 1
+                self.emit("checkpoint_committed", {"tier": store.tier, "step": step, "rank": self.rank})
+        stall = time.perf_counter() - started
+        self.stats.stall_s += stall
+        self.stats.max_stall_s = max(self.stats.max_stall_s, stall)
+
+    def _load_latest(self) -> Restored | None:
+        sources = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        return load_newest(
+            sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
+        )

@@ -1,0 +1,72 @@
+"""One JSONL event stream per rank: `<run_dir>/events/rank-<R>.jsonl`, appended by every process that
+holds rank R (restarts append; the global rank of a node can change across ft_launcher restarts).
+
+Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart": int, "node": str, ...}`
+(`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
+Kinds and their extra fields (training.metrics reads them):
+
+- `process_start`: mode, world_size, local_rank, model
+- `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
+- `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
+  startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
+- `step`: step, step_s (forward/backward/update), ckpt_s (time the loop then spent in save()), loss
+- `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
+- `fault_injected`: class, step, target_rank, expected_layer, index
+- `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
+- `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker
+- `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force
+- `end`: steps, final_params_sha256 (rank 0), wall_s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def events_dir(run_dir: Path) -> Path:
+    return run_dir / "events"
+
+
+class EventLog:
+    """Append-only JSONL writer; each line is flushed so a SIGKILL loses nothing already emitted."""
+
+    def __init__(self, *, run_dir: Path, rank: int) -> None:
+        self.rank = rank
+        self.path = events_dir(run_dir) / f"rank-{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1, encoding="utf-8")
+        self._lock = threading.Lock()  # the in-process monitor thread and signal handlers emit too
+        self._base = {
+            "rank": rank,
+            "pid": os.getpid(),
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "node": os.environ.get("JOB_COMPLETION_INDEX", "0"),
+        }
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "kind": kind, **self._base, **fields}, default=str)
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's events, time-ordered; a torn last line (a killed writer) is skipped."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(events_dir(run_dir).glob("rank-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    events.sort(key=lambda e: e["t"])
+    return events

@@ -1,0 +1,85 @@
+"""Device, process group and model wrapping: decided by the device, one code path.
+
+CPU: gloo + DistributedDataParallel. CUDA: NCCL + FSDP2 (`fully_shard` per block, then the root).
+The process group is created per attempt on a prefix of one long-lived store, so an in-process
+restart gets a fresh group without rebinding a port.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+
+def detect_world(device_choice: str) -> World:
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return World(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def base_store(world: World, timeout_s: float) -> dist.Store:
+    """The process group's store: the launcher agent's (torchelastic) or one hosted by rank 0."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world.world_size,
+        is_master=world.rank == 0 and not agent_store,
+        timeout=timedelta(seconds=max(timeout_s, 30.0)),
+        wait_for_workers=False,
+    )
+
+
+def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: float) -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(
+        world.backend,
+        store=dist.PrefixStore(f"attempt-{attempt}", store),
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def wrap(model: nn.Module, world: World) -> nn.Module:
+    """DDP on CPU (re-created each attempt, cheap); FSDP2 on CUDA (sharding is in place)."""
+    if world.device.type == "cuda":
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+        for block in model.layers:  # type: ignore[union-attr]
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    return nn.parallel.DistributedDataParallel(model)
+
+
+def shards_in_place(world: World) -> bool:
+    """FSDP2 rewrites the module for one process group: after an in-process restart, rebuild it."""
+    return world.device.type == "cuda"

@@ -1,0 +1,104 @@
+"""The job's rendezvous store, in its own process, and the replacement pod's eviction of its predecessor.
+
+`python -m training.rendezvous --port 29400` serves torch's TCPStore until SIGTERM. Every launcher
+agent connects to it with `--rdzv-conf is_host=0`, so no training pod hosts the store: measured with
+ft_launcher 0.4.1, losing the agent that hosted the store stopped every other agent within a second,
+while with the store in its own process losing any node left the survivors running (shared README
+section 6). The job chart runs this as a one-replica Deployment on the system nodes.
+
+`python -m training.rendezvous evict --endpoint HOST:PORT --run-id ID --node-addr ADDR` runs in a
+replacement pod's init container. A node that dies without leaving stays in the rendezvous state until
+its keep-alive expires (NVRx 0.4.1 hard-codes 5 s x 3), and the survivors cannot complete the next round
+with the replacement until it does. The replacement knows its predecessor is gone (the Job controller
+replaces a pod only once the old one has terminated, podReplacementPolicy: Failed), so it back-dates
+the predecessor's last heartbeat in the stored state; the next sync of any agent then drops it through
+NVRx's own dead-node removal. Nodes are recognized by the address they joined with (`--local-addr`,
+the pod's stable DNS name). The state format is NVRx's private one: anything unexpected is reported
+and left alone, and recovery falls back to waiting out the keep-alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import pickle
+import signal
+import sys
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+LOG = logging.getLogger("nvrx_eks.rendezvous")
+STALE = datetime(2000, 1, 1)
+"""Heartbeat time written for an evicted node: older than any keep-alive window."""
+
+
+def serve(*, host: str, port: int, stop: threading.Event | None = None) -> None:
+    """Serve a TCPStore on host:port until SIGTERM/SIGINT (or `stop` is set)."""
+    from torch.distributed import TCPStore  # noqa: PLC0415 - torch import is slow; keep --help fast
+
+    stop = stop or threading.Event()
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    print(f"rendezvous store listening on {host}:{store.port}", flush=True)
+    stop.wait()
+    print("rendezvous store stopping", flush=True)
+
+
+def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0) -> int:
+    """Mark every node that joined from `node_addr` as dead in the rendezvous state; return how many."""
+    from torch.distributed import TCPStore  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
+        C10dRendezvousBackend,
+    )
+
+    host, _, port = endpoint.rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    backend = C10dRendezvousBackend(store, run_id)
+    for _attempt in range(10):  # compare-and-set: retry when an agent wrote in between
+        current = backend.get_state()
+        if current is None:
+            return 0
+        raw, token = current
+        try:
+            # The store is this job's own; its content was written by this job's agents.
+            state: Any = pickle.loads(raw)  # noqa: S301
+            stale = [node for node in state.last_heartbeats if getattr(node, "addr", None) == node_addr]
+        except (pickle.UnpicklingError, AttributeError, ImportError) as exc:
+            LOG.warning("rendezvous state not understood (%s); leaving it to the keep-alive expiry", exc)
+            return 0
+        if not stale:
+            return 0
+        for node in stale:
+            state.last_heartbeats[node] = STALE
+        _, _, written = backend.set_state(pickle.dumps(state), token)
+        if written:
+            return len(stale)
+    LOG.warning("could not write the rendezvous state (busy); leaving it to the keep-alive expiry")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.rendezvous", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (all interfaces)")  # noqa: S104
+    parser.add_argument("--port", type=int, default=29400)
+    sub = parser.add_subparsers(dest="command")
+    ev = sub.add_parser("evict", help="drop this node's predecessor from the rendezvous state")
+    ev.add_argument("--endpoint", required=True, help="HOST:PORT of the store")
+    ev.add_argument("--run-id", required=True, help="the launcher's --rdzv-id")
+    ev.add_argument("--node-addr", required=True, help="the address the predecessor joined with")
+    ev.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the store")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "evict":
+        count = evict(endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout)
+        print(f"evicted {count} stale rendezvous node(s) of {args.node_addr}", flush=True)
+        return 0
+    serve(host=args.host, port=args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

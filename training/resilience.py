@@ -1,0 +1,228 @@
+"""Resilience layers composed around the training loop, selected by mode; the loop never asks which.
+
+The loop sees one `Resilience` object and calls four things on it: `wrap(run)` once, `step_done(step)`
+after each step, `atomic()` around the optimizer update, and `state_dict()/load_state_dict()` with the
+checkpoint. Each layer implements what it needs:
+
+- `InProcessLayer` (nvidia_resiliency_ext.inprocess.Wrapper): restarts `run` in the same process on every
+  rank after an exception or a Python-visible hang; pings its progress watchdog per step; its own TCPStore
+  on MASTER_PORT + offset; `RetryController` with min world size = the full world, because the data order
+  and bit-exact resume depend on the world size: a lost rank is ft_launcher's job (any-failed policy,
+  the one 0.4.1 and 0.7 share), not a reason to continue with fewer ranks.
+- `FtLauncherLayer` (RankMonitorClient): a heartbeat per step; after `calc_timeouts_after` steps the
+  timeouts are calculated from observed intervals, raised to configured floors (a tiny model's calculated
+  timeout is milliseconds) and persisted with the checkpoint, so a restarted rank is watched at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import signal
+import typing
+import sys
+from typing import TYPE_CHECKING, Any
+
+from training import nvrx_compat
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from training.config import TrainConfig
+    from training.events import EventLog
+
+
+class Layer:
+    """No-op defaults: the baseline."""
+
+    def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
+        return run
+
+    def step_done(self, step: int) -> None:  # noqa: ARG002
+        return None
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        yield
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: ARG002
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class InProcessLayer(Layer):
+    def __init__(self, cfg: TrainConfig, events: EventLog) -> None:
+        self.cfg = cfg.inprocess
+        self.events = events
+        self.call_wrapper: Any = None
+
+    def _wrapper(self) -> Any:
+        import os  # noqa: PLC0415
+
+        from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
+
+        events = self.events
+
+        class _Finalize(inprocess.finalize.Finalize):
+            # Runs on every surviving rank once a restart is decided: the detection event.
+            def __call__(self, state: Any) -> Any:
+                events.emit("detected", layer="inprocess", cause=repr(state.fn_exception)[:300])
+                return state
+
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        seconds = datetime.timedelta
+        c = self.cfg
+        health_checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults)]
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.is_available():
+            health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
+        return nvrx_compat.make_wrapper(
+            store_kwargs={"port": int(os.environ.get("MASTER_PORT", "29500")) + c.store_port_offset},
+            initialize=inprocess.initialize.RetryController(
+                max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
+            ),
+            finalize=_Finalize(),
+            health_check=inprocess.Compose(*health_checks),
+            soft_timeout=seconds(seconds=c.soft_timeout_s),
+            hard_timeout=seconds(seconds=c.hard_timeout_s),
+            heartbeat_timeout=seconds(seconds=c.heartbeat_timeout_s),
+            barrier_timeout=seconds(seconds=c.barrier_timeout_s),
+            completion_timeout=seconds(seconds=c.completion_timeout_s),
+            monitor_thread_interval=seconds(seconds=c.interval_s),
+            monitor_process_interval=seconds(seconds=c.interval_s),
+            heartbeat_interval=seconds(seconds=c.interval_s),
+            progress_watchdog_interval=seconds(seconds=c.interval_s),
+            last_call_wait=seconds(seconds=min(1.0, c.interval_s)),
+            termination_grace_time=seconds(seconds=2),
+        )
+
+    def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
+        from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
+
+        def attempt(call_wrapper: Any = None) -> Any:
+            self.call_wrapper = call_wrapper
+            return run()
+
+        # The wrapper injects itself by the parameter's annotation, which must be a real type here
+        # (this module uses postponed annotations).
+        attempt.__annotations__["call_wrapper"] = typing.Optional[CallWrapper]  # noqa: UP045
+        return self._wrapper()(attempt)
+
+    def step_done(self, step: int) -> None:  # noqa: ARG002
+        self.call_wrapper.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        # The restart machinery must not interrupt the optimizer update half-way.
+        with self.call_wrapper.atomic():
+            yield
+
+
+class FtLauncherLayer(Layer):
+    def __init__(self, cfg: TrainConfig, events: EventLog) -> None:
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415
+
+        self.cfg = cfg.ft
+        self.events = events
+        self.client = RankMonitorClient()
+        nvrx_compat.init_monitoring(self.client, num_warmup_iters=cfg.ft.calc_timeouts_after)
+        self.steps_this_attempt = 0
+        self.restored = False
+
+    def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
+        def attempt() -> Any:
+            self.steps_this_attempt = 0
+            return run()
+
+        return attempt
+
+    def step_done(self, step: int) -> None:  # noqa: ARG002
+        self.client.send_heartbeat()
+        self.steps_this_attempt += 1
+        # Same step count on every rank, so the collective inside the calculation lines up.
+        if not self.restored and self.steps_this_attempt == self.cfg.calc_timeouts_after:
+            if self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+                self._apply_floors(calculated=True)
+            self.restored = True
+
+    def _apply_floors(self, *, calculated: bool) -> None:
+        current = self.client.hb_timeouts
+        initial = max(current.initial or 0.0, self.cfg.initial_timeout_floor_s)
+        subsequent = max(current.subsequent or 0.0, self.cfg.heartbeat_timeout_floor_s)
+        nvrx_compat.set_heartbeat_timeouts(self.client, initial=initial, subsequent=subsequent)
+        self.events.emit("ft_timeouts", initial_s=initial, subsequent_s=subsequent, calculated=calculated)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ft": dict(self.client.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("ft"):
+            self.client.load_state_dict(state["ft"])
+            self._apply_floors(calculated=False)
+            self.restored = True
+
+    def close(self) -> None:
+        self.client.shutdown_workload_monitoring()
+
+
+class Resilience(Layer):
+    """The mode's layers, composed: the first wraps outermost."""
+
+    def __init__(self, layers: list[Layer]) -> None:
+        self.layers = layers
+
+    def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
+        for layer in reversed(self.layers):
+            run = layer.wrap(run)
+        return run
+
+    def step_done(self, step: int) -> None:
+        for layer in self.layers:
+            layer.step_done(step)
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for layer in self.layers:
+                stack.enter_context(layer.atomic())
+            yield
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for layer in self.layers:
+            state.update(layer.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_state_dict(state)
+
+    def close(self) -> None:
+        for layer in self.layers:
+            layer.close()
+
+
+def for_mode(cfg: TrainConfig, events: EventLog) -> Resilience:
+    layers: list[Layer] = []
+    if cfg.mode in {"inprocess", "both"}:
+        layers.append(InProcessLayer(cfg, events))
+    if cfg.mode in {"ft_launcher", "both"}:
+        layers.append(FtLauncherLayer(cfg, events))
+    return Resilience(layers)
+
+
+def install_termination_handler(events: EventLog) -> None:
+    """The launcher stops workers with SIGTERM: record it (the detection time of the outer layer)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        events.emit("terminated", layer="ft_launcher", signal=signal.Signals(signum).name)
+        events.close()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,83 @@
+"""Build the parts for this process from the config and run the (wrapped) loop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from training import parallel
+from training.events import EventLog
+from training.faults import FaultInjector, build_schedule
+from training.metrics import Metrics
+from training.resilience import for_mode, install_termination_handler
+from training.trainer import Trainer
+
+if TYPE_CHECKING:
+    from training.checkpoint.base import Checkpointer
+    from training.config import TrainConfig
+
+log = logging.getLogger("training")
+
+
+def make_checkpointer(cfg: TrainConfig, world: parallel.World, events: EventLog) -> Checkpointer:
+    import os  # noqa: PLC0415
+
+    from training.checkpoint import build_checkpointer  # noqa: PLC0415
+
+    def on_event(kind: str, fields: dict[str, Any]) -> None:
+        events.emit(kind if kind.startswith("checkpoint") else f"checkpoint_{kind}", **fields)
+
+    config = cfg.effective_checkpoint()
+    kwargs: dict[str, Any] = {
+        "rank": world.rank,
+        "world_size": world.world_size,
+        "node_index": int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
+        "device": world.device,
+        "on_event": on_event,
+    }
+    try:
+        return build_checkpointer(config, **kwargs)
+    except ImportError:
+        # The tiered implementation is still being built (issue 5): the synchronous one meanwhile.
+        log.warning("tiered checkpointer unavailable; using the synchronous one")
+        return build_checkpointer(config.model_copy(update={"implementation": "sync"}), **kwargs)
+
+
+def run(cfg: TrainConfig) -> str | None:
+    world = parallel.detect_world(cfg.dist.device)
+    events = EventLog(run_dir=cfg.run_dir, rank=world.rank)
+    events.emit(
+        "process_start", mode=cfg.mode, world_size=world.world_size, local_rank=world.local_rank,
+        model=cfg.model, steps=cfg.steps,
+    )
+    install_termination_handler(events)
+    started = time.time()
+    resilience = for_mode(cfg, events)
+    schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)
+    trainer = Trainer(
+        cfg,
+        world=world,
+        events=events,
+        resilience=resilience,
+        checkpointer=make_checkpointer(cfg, world, events),
+        injector=FaultInjector(
+            schedule=schedule, rank=world.rank, run_dir=cfg.run_dir, mode=cfg.mode, events=events,
+            grace_s=cfg.faults.node_loss_grace_s,
+        ),
+        metrics=Metrics(
+            run_dir=cfg.run_dir, rank=world.rank, every=cfg.metrics.textfile_every,
+            port=cfg.metrics.prometheus_port, local_rank=world.local_rank,
+        ),
+    )
+    try:
+        digest = resilience.wrap(trainer.run)()
+    finally:
+        trainer.metrics.write()
+        trainer.checkpointer.close()
+        resilience.close()
+        if parallel.dist.is_initialized():
+            parallel.dist.destroy_process_group()
+    events.emit("process_end", wall_s=time.time() - started)
+    events.close()
+    return digest

@@ -1,0 +1,229 @@
+"""The core loop: set up an attempt (process group, model, restore), then train step by step.
+
+`Trainer.run` is one attempt. The resilience layers wrap it (training/resilience.py); the loop body
+only calls `resilience.step_done`, `resilience.atomic` and the checkpointer, whatever the mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F  # noqa: N812
+
+from training import parallel
+from training.data import DataSource, SyntheticTokens, TokenFile
+from training.model import PRESETS, build_model
+
+if TYPE_CHECKING:
+    from training.checkpoint.base import Checkpointer
+    from training.config import TrainConfig
+    from training.events import EventLog
+    from training.faults import FaultInjector
+    from training.metrics import Metrics
+    from training.resilience import Resilience
+
+log = logging.getLogger("training")
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def state_bytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+def memcpy_gbps(num_bytes: int) -> float:
+    """Copy bandwidth into a pre-faulted buffer (the checkpoint stall floor's denominator)."""
+    size = max(1 << 20, min(num_bytes, 256 << 20))
+    src = torch.ones(size, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in
+    started = time.perf_counter()
+    dst.copy_(src)
+    return size / max(time.perf_counter() - started, 1e-9) / 1e9
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        world: parallel.World,
+        events: EventLog,
+        resilience: Resilience,
+        checkpointer: Checkpointer,
+        injector: FaultInjector,
+        metrics: Metrics,
+    ) -> None:
+        self.cfg = cfg
+        self.world = world
+        self.events = events
+        self.resilience = resilience
+        self.checkpointer = checkpointer
+        self.injector = injector
+        self.metrics = metrics
+        self.store = parallel.base_store(world, cfg.collective_timeout_s)
+        shape = PRESETS[cfg.model]
+        source: SyntheticTokens | TokenFile
+        if cfg.data.token_file is not None:
+            source = TokenFile(path=cfg.data.token_file, seq_len=shape.seq_len)
+        else:
+            source = SyntheticTokens(seed=cfg.seed, vocab_size=shape.vocab_size, seq_len=shape.seq_len)
+        self.data = DataSource(source=source, batch_size=cfg.data.batch_size, world_size=world.world_size)
+        self.attempt = -1
+        self.module: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.last_done = -1
+        """Newest step whose optimizer update is complete on this rank (-1: none)."""
+
+    # ----- setup -------------------------------------------------------------------------------
+    def _fresh_model(self) -> None:
+        self.module = build_model(self.cfg.model, seed=self.cfg.seed, device=self.world.device)
+        self.model = parallel.wrap(self.module, self.world)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.optim.lr, weight_decay=self.cfg.optim.weight_decay, foreach=False
+        )
+        self.last_done = -1
+
+    def _state(self) -> dict[str, Any]:
+        assert self.module is not None  # noqa: S101
+        assert self.optimizer is not None  # noqa: S101
+        rng: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),  # noqa: NPY002 - the legacy global state is what gets used
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng,
+            "data": {"next_step": self.last_done + 1, "world_size": self.world.world_size},
+            "resilience": self.resilience.state_dict(),
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        assert self.module is not None  # noqa: S101
+        assert self.optimizer is not None  # noqa: S101
+        if state["data"]["world_size"] != self.world.world_size:
+            raise RuntimeError(
+                f"checkpoint was written by {state['data']['world_size']} ranks, this run has "
+                f"{self.world.world_size}: the data order would differ"
+            )
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])  # noqa: NPY002
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"])
+        self.last_done = state["data"]["next_step"] - 1
+        self.resilience.load_state_dict(state["resilience"])
+
+    def _memory_is_consistent(self) -> bool:
+        """After an in-process restart: did every rank finish the same steps? (then nothing to load)"""
+        if self.module is None or parallel.shards_in_place(self.world):
+            return False
+        done = torch.tensor([self.last_done, -self.last_done], dtype=torch.int64, device=self.world.device)
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        return int(done[0]) == -int(done[1])
+
+    def _start_attempt(self) -> None:
+        self.attempt += 1
+        started = time.time()
+        self.events.emit("attempt_start", attempt=self.attempt)
+        parallel.init_group(self.world, self.store, attempt=self.attempt, timeout_s=self.cfg.collective_timeout_s)
+        load_started = time.perf_counter()
+        if self.attempt > 0 and self._memory_is_consistent():
+            # Parameters never left: re-wrap for the new process group and continue.
+            assert self.module is not None  # noqa: S101
+            self.model = parallel.wrap(self.module, self.world)
+            tier, restored_step = "inprocess", self.last_done
+        else:
+            self._fresh_model()
+            restored = self.checkpointer.load_latest()
+            tier, restored_step = "none", -1
+            if restored is not None:
+                self._load(restored.state)
+                tier, restored_step = restored.tier, restored.step
+        load_s = time.perf_counter() - load_started
+        nbytes = state_bytes(self._state())
+        self.events.emit(
+            "startup_done",
+            attempt=self.attempt,
+            restored_step=restored_step,
+            tier=tier,
+            startup_s=time.time() - started,
+            load_s=load_s,
+            state_bytes=nbytes,
+            memcpy_gbps=memcpy_gbps(nbytes),
+        )
+
+    # ----- the loop ----------------------------------------------------------------------------
+    def train_step(self, step: int) -> float:
+        assert self.optimizer is not None  # noqa: S101
+        batch = self.data.batch(step, self.world.rank, self.world.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.model(batch.inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten())
+        self.injector.before_backward(step)
+        loss.backward()  # gradients are averaged across ranks here (DDP hooks / FSDP reduce-scatter)
+        if self.cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        with self.resilience.atomic():
+            self.optimizer.step()
+            self.last_done = step
+        return float(loss.detach())
+
+    def run(self) -> str | None:
+        """One attempt: returns the final parameters' sha256 (rank 0) when all steps are done."""
+        self._start_attempt()
+        for step in range(self.last_done + 1, self.cfg.steps):
+            started = time.perf_counter()
+            loss = self.train_step(step)
+            step_s = time.perf_counter() - started
+            ckpt_s = self._checkpoint(step)
+            self.events.emit("step", step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
+            self.metrics.step(step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
+            self.resilience.step_done(step)
+            if self.world.rank == 0 and (step % self.cfg.log_every == 0 or step == self.cfg.steps - 1):
+                log.info("step %d/%d loss %.4f (%.1f ms)", step, self.cfg.steps, loss, step_s * 1e3)
+        self.checkpointer.wait()
+        return self._finish()
+
+    def _checkpoint(self, step: int) -> float:
+        """The checkpointer decides what is due (it may run a small collective): call it every step."""
+        started = time.perf_counter()
+        self.checkpointer.save(step, self._state())
+        return time.perf_counter() - started
+
+    def _finish(self) -> str | None:
+        assert self.module is not None  # noqa: S101
+        digest = params_sha256(self.module)
+        self.events.emit("end", steps=self.cfg.steps, final_params_sha256=digest)
+        if self.world.rank == 0:
+            (self.cfg.run_dir / "final.json").write_text(
+                json.dumps({"steps": self.cfg.steps, "final_params_sha256": digest}) + "\n"
+            )
+        dist.barrier()
+        return digest
