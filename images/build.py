@@ -48,7 +48,9 @@ BASE_PROVIDED = re.compile(
     r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|"
     r"nvidia-(?!resiliency-ext$|ml-py$).*)$"
 )
-_ECR_URI = re.compile(r"^(?P<registry>\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?)/(?P<repo>[a-z0-9._/-]+)$")
+_ECR_URI = re.compile(
+    r"^(?P<registry>\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?)/(?P<repo>[a-z0-9._/-]+)$"
+)
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -149,7 +151,9 @@ def ecr_password(ecr_client: Any, registry: str) -> str:  # noqa: ANN401 - boto3
     return password
 
 
-def image_requirements(*, pins: ImagePins = IMAGE, pyproject: Path = REPO_ROOT / "pyproject.toml") -> list[str]:
+def image_requirements(
+    *, pins: ImagePins = IMAGE, pyproject: Path = REPO_ROOT / "pyproject.toml"
+) -> list[str]:
     """What the lock resolves: NVRx at the pin plus the trainer's dependencies at pyproject's ranges."""
     declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     by_name = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower(): spec for spec in declared}
@@ -159,7 +163,9 @@ def image_requirements(*, pins: ImagePins = IMAGE, pyproject: Path = REPO_ROOT /
     return [f"nvidia-resiliency-ext=={pins.nvrx_version}", *(by_name[n] for n in IMAGE_DEPENDENCIES)]
 
 
-def lock_argv(*, engine: str, base_image: str, requirements: Iterable[str], platform: str = PLATFORM) -> list[str]:
+def lock_argv(
+    *, engine: str, base_image: str, requirements: Iterable[str], platform: str = PLATFORM
+) -> list[str]:
     """Resolve `requirements` inside the base image: its Python, glibc, installed packages and pip
     constraints decide, and pip's JSON report (stdout) lists exactly what the image must add."""
     return [
@@ -177,7 +183,9 @@ def render_lock(report: dict[str, Any], *, header: str = "") -> str:
             continue
         sha = item["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha:
-            raise UserError(f"pip resolved {name} without a sha256 (not from an index archive); cannot lock it")
+            raise UserError(
+                f"pip resolved {name} without a sha256 (not from an index archive); cannot lock it"
+            )
         lines.append(f"{name}=={item['metadata']['version']} \\\n    --hash=sha256:{sha}")
     return "\n".join(lines) + "\n"
 
@@ -194,7 +202,9 @@ def parse_report(stdout: str) -> dict[str, Any]:
     try:
         report = json.loads(stdout)
     except json.JSONDecodeError:
-        raise UserError("pip did not print an installation report (is the base image's pip >= 23.0?)") from None
+        raise UserError(
+            "pip did not print an installation report (is the base image's pip >= 23.0?)"
+        ) from None
     if "install" not in report:
         raise UserError("pip's report has no 'install' list")
     return report

@@ -82,11 +82,10 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         dry_run: DryRun = False,
     ) -> None:
         """Push a built image to the cluster's ECR repository; prints the pushed image URI."""
+        from images.build import ecr_password, login_argv, parse_repository_uri, push_argvs  # noqa: PLC0415
         from infra.configio import UserError  # noqa: PLC0415
         from infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
         from infra.ops.stack_values import read_stack  # noqa: PLC0415
-
-        from images.build import ecr_password, login_argv, parse_repository_uri, push_argvs  # noqa: PLC0415
 
         if bool(stack) == bool(repository):
             raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
@@ -107,8 +106,6 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     @image.command("lock")
     def lock(engine: Engine = None, dry_run: DryRun = False) -> None:
         """Regenerate images/requirements.lock by resolving inside the pinned base image."""
-        from infra.pins import IMAGE  # noqa: PLC0415
-
         from images.build import (  # noqa: PLC0415
             LOCK_FILE,
             image_requirements,
@@ -117,9 +114,12 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             parse_report,
             render_lock,
         )
+        from infra.pins import IMAGE  # noqa: PLC0415
 
         argv = lock_argv(
-            engine=_engine(engine, dry_run=dry_run), base_image=IMAGE.base_image, requirements=image_requirements()
+            engine=_engine(engine, dry_run=dry_run),
+            base_image=IMAGE.base_image,
+            requirements=image_requirements(),
         )
         stdout = _run(argv, dry_run=dry_run, capture=True)
         if dry_run:

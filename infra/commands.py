@@ -1,9 +1,41 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py)."""
+"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py): `synth` and `bench synth`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 
-def register(**groups: typer.Typer) -> None:
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="Cluster config YAML (infra/configs/*.yaml).")
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a config field: key=value (repeatable), e.g. region=us-west-2."),
+]
+
+
+def synth(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None:
+    """Synthesize the CDK app offline (cdk-nag included) and summarize the stack and GPU node groups."""
+    from infra.app import synth_summary  # noqa: PLC0415 - aws_cdk is heavy; only when asked
+
+    print(synth_summary(config, set_ or ()))
+
+
+def bench_synth(
+    configs: Annotated[list[Path] | None, typer.Argument(help="Configs to synthesize.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=5, help="Synths per config in this process.")] = 2,
+) -> None:
+    """Time in-process synthesis of the whole app per config; the first synth pays jsii start-up."""
+    from infra.bench_synth import run  # noqa: PLC0415
+
+    run(configs or [DEFAULT_CONFIG, Path("infra/configs/p5-capacity-block.yaml")], repeats=repeats)
+
+
+def register(*, app: typer.Typer, bench: typer.Typer, **_: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
+    app.command("synth")(synth)
+    bench.command("synth")(bench_synth)

@@ -19,7 +19,8 @@ DEFAULT_VALUES = Path(__file__).parent / "values" / "local-cpu.yaml"
 def main() -> None:
     with exit_on_user_error():
         values = load_values(
-            Path(os.environ.get("NVRX_EKS_VALUES", DEFAULT_VALUES)), os.environ.get("NVRX_EKS_SET", "").split()
+            Path(os.environ.get("NVRX_EKS_VALUES", DEFAULT_VALUES)),
+            os.environ.get("NVRX_EKS_SET", "").split(),
         )
         for path in render(values, os.environ.get("NVRX_EKS_OUT", "dist")):
             print(path)

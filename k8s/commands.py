@@ -14,7 +14,9 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typ
     @job.command("render")
     def render_cmd(
         values_file: Annotated[Path, typer.Option("-f", "--values", help="Job values YAML file.")],
-        out: Annotated[Path, typer.Option("-o", "--out", help="Output folder for the manifests.")] = Path("dist"),
+        out: Annotated[Path, typer.Option("-o", "--out", help="Output folder for the manifests.")] = Path(
+            "dist"
+        ),
         overrides: Annotated[
             list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
         ] = None,
@@ -35,9 +37,13 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typ
         ),
         delete_node: Annotated[
             list[str] | None,
-            typer.Option("--delete-node", help="INDEX@SECONDS: delete that node's pod after SECONDS (repeatable)."),
+            typer.Option(
+                "--delete-node", help="INDEX@SECONDS: delete that node's pod after SECONDS (repeatable)."
+            ),
         ] = None,
-        timeout_s: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 900.0,
+        timeout_s: Annotated[
+            float, typer.Option("--timeout", help="Give up after this many seconds.")
+        ] = 900.0,
     ) -> None:
         """Run a rendered job as local processes (the executor plays the Job controller)."""
         from infra.configio import UserError  # noqa: PLC0415

@@ -115,7 +115,9 @@ def load_rendered(dist_dir: Path) -> _Rendered:
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     jobs = [d for d in docs if d.get("kind") == "Job"]
     if len(jobs) != 1:
-        raise UserError(f"{dist_dir}: expected exactly one rendered Job, found {len(jobs)}; render one job there")
+        raise UserError(
+            f"{dist_dir}: expected exactly one rendered Job, found {len(jobs)}; render one job there"
+        )
     deployments = [d for d in docs if d.get("kind") == "Deployment"]
     return _Rendered(
         job=jobs[0],
@@ -215,6 +217,8 @@ class _Pod:
         o.ended, o.exit_code = time.time(), code
         if self.deleted:
             o.reason = "NodeDeleted"
+        elif self.stopped:
+            o.reason = "Killed"
         elif init_failed:
             o.reason = "InitFailed"
         else:
@@ -311,11 +315,11 @@ class LocalJob:
                 self._delete(index)
             verdict = self._reconcile()
             if verdict is not None:
-                return self._result(*verdict)
+                return self._result(succeeded=verdict[0], reason=verdict[1])
             if self._store is not None and self._store.done.is_set():
-                return self._result(False, "rendezvous store exited")
+                return self._result(succeeded=False, reason="rendezvous store exited")
             if now > deadline:
-                return self._result(False, "DeadlineExceeded")
+                return self._result(succeeded=False, reason="DeadlineExceeded")
             time.sleep(0.1)
 
     def _reconcile(self) -> tuple[bool, str] | None:
@@ -422,10 +426,16 @@ class LocalJob:
             for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
         ]
         return _Pod(
-            name=name, index=index, containers=containers, log=self.run_dir / "pods" / f"{name}.log", cwd=self.run_dir
+            name=name,
+            index=index,
+            containers=containers,
+            log=self.run_dir / "pods" / f"{name}.log",
+            cwd=self.run_dir,
         )
 
-    def _volume_folders(self, pod_spec: dict[str, Any], *, name: str, index: int | None) -> dict[str, Path | None]:
+    def _volume_folders(
+        self, pod_spec: dict[str, Any], *, name: str, index: int | None
+    ) -> dict[str, Path | None]:
         folders: dict[str, Path | None] = {}
         root = self.run_dir / "volumes"
         for vol in pod_spec.get("volumes", []):
@@ -463,7 +473,9 @@ class LocalJob:
             if "value" in var:
                 declared[var["name"]] = _expand(var["value"], declared | env)
             elif "fieldRef" in var.get("valueFrom", {}):
-                declared[var["name"]] = self._field_ref(var["valueFrom"]["fieldRef"]["fieldPath"], annotations)
+                declared[var["name"]] = self._field_ref(
+                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations
+                )
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
                 raise UserError(
@@ -495,11 +507,11 @@ class LocalJob:
         raise UserError(f"fieldRef {path} is not supported by the local executor")
 
     # ---- bookkeeping ------------------------------------------------------------------------
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def _emit(self, kind: str, **fields: object) -> None:
         with self._events.open("a") as f:
             f.write(json.dumps({"t": time.time(), "kind": kind, **fields}) + "\n")
 
-    def _result(self, succeeded: bool, reason: str) -> JobResult:
+    def _result(self, *, succeeded: bool, reason: str) -> JobResult:
         self._emit("job_end", succeeded=succeeded, reason=reason)
         return JobResult(
             succeeded=succeeded,
@@ -514,14 +526,11 @@ class LocalJob:
         for pod in self.pods.values():
             if not pod.done.is_set():
                 pod.kill(deleted=False)
-                pod.outcome.reason = "Killed"
         if self._store is not None and self._store.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._store.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self._store.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
             self._store.kill(deleted=False)
             self.history.insert(0, self._store.outcome)
 

@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 
 import cdk8s
 from cdk8s_plus_33 import k8s
+from constructs import Construct
 
 from infra.configio import USER_ERROR_EXIT_CODE
 from k8s import names
 from k8s.env import container_env
 from k8s.launcher import LOCAL_IMAGE, launcher_command, nvrx_features
 from k8s.trainer_args import trainer_args
-
-from constructs import Construct
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -90,7 +89,9 @@ class RendezvousStore(Construct):
         k8s.KubeDeployment(
             self,
             "deployment",
-            metadata=k8s.ObjectMeta(name=store_service_name(values), namespace=values.namespace, labels=labels),
+            metadata=k8s.ObjectMeta(
+                name=store_service_name(values), namespace=values.namespace, labels=labels
+            ),
             spec=k8s.DeploymentSpec(
                 replicas=1,
                 # The store is in memory: never run two (agents would split between them).
@@ -134,7 +135,9 @@ class RendezvousStore(Construct):
         k8s.KubeService(
             self,
             "service",
-            metadata=k8s.ObjectMeta(name=store_service_name(values), namespace=values.namespace, labels=labels),
+            metadata=k8s.ObjectMeta(
+                name=store_service_name(values), namespace=values.namespace, labels=labels
+            ),
             spec=k8s.ServiceSpec(
                 selector=labels,
                 ports=[
@@ -183,7 +186,7 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
     ]
     mounts = [
         k8s.VolumeMount(name="fsx", mount_path=s.fsx_mount_path),
-        k8s.VolumeMount(name="shm", mount_path="/dev/shm"),
+        k8s.VolumeMount(name="shm", mount_path="/dev/shm"),  # noqa: S108 - the pod's shared memory, not a temp file,
     ]
     if s.local_nvme_path:
         volumes.append(
@@ -315,7 +318,9 @@ class TrainingJob(Construct):
                         k8s.PodFailurePolicyRule(
                             action="Ignore",
                             on_pod_conditions=[
-                                k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
+                                k8s.PodFailurePolicyOnPodConditionsPattern(
+                                    type="DisruptionTarget", status="True"
+                                )
                             ],
                         ),
                     ]

@@ -30,7 +30,7 @@ def _flatten(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[t
     return leaves
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(v, str) for v in value):

@@ -64,7 +64,9 @@ class InProcessConfig(_Section):
     store_port_offset: int = Field(
         1, ge=1, le=1000, description="The wrapper's own TCPStore listens on MASTER_PORT + this offset."
     )
-    soft_timeout_s: float = Field(3.0, gt=0, description="No ping for this long: abort and restart in process.")
+    soft_timeout_s: float = Field(
+        3.0, gt=0, description="No ping for this long: abort and restart in process."
+    )
     hard_timeout_s: float = Field(
         12.0, gt=0, description="No ping for this long: the wrapper's monitor process kills the rank."
     )
@@ -75,7 +77,9 @@ class InProcessConfig(_Section):
     max_iterations: int = Field(
         20, ge=1, description="In-process restart budget; keep it below the launcher's --max-restarts."
     )
-    max_rank_faults: int = Field(10, ge=1, description="FaultCounter health check: faults one rank may cause.")
+    max_rank_faults: int = Field(
+        10, ge=1, description="FaultCounter health check: faults one rank may cause."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> InProcessConfig:
@@ -96,10 +100,14 @@ class FtConfig(_Section):
         5, ge=1, description="Steps after which heartbeat timeouts are calculated from observed intervals."
     )
     heartbeat_timeout_floor_s: float = Field(
-        8.0, gt=0, description="Floor for the calculated between-heartbeat timeout (a tiny model's steps are ms)."
+        8.0,
+        gt=0,
+        description="Floor for the calculated between-heartbeat timeout (a tiny model's steps are ms).",
     )
     initial_timeout_floor_s: float = Field(
-        60.0, gt=0, description="Floor for the calculated first-heartbeat timeout (startup + checkpoint load)."
+        60.0,
+        gt=0,
+        description="Floor for the calculated first-heartbeat timeout (startup + checkpoint load).",
     )
 
 
@@ -122,12 +130,14 @@ class FaultsConfig(_Section):
     target_rank: int | None = Field(None, ge=0, description="Rank every drawn fault hits (default: drawn).")
     min_gap: int = Field(3, ge=1, description="Minimum steps between two drawn faults.")
     node_loss_grace_s: float = Field(
-        30.0, gt=0, description="Node loss: wait this long for the harness to kill the node, then kill the agent."
+        30.0,
+        gt=0,
+        description="Node loss: wait this long for the harness to kill the node, then kill the agent.",
     )
 
     @field_validator("plan", mode="before")
     @classmethod
-    def _split(cls, value: Any) -> Any:
+    def _split(cls, value: Any) -> Any:  # noqa: ANN401
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
@@ -138,7 +148,9 @@ class FaultsConfig(_Section):
         for item in value:
             match = _PLAN_ITEM.match(item)
             if not match or match["cls"] not in FAULT_CLASSES:
-                raise ValueError(f"{item!r} is not CLASS@STEP[:RANK] with CLASS one of {', '.join(FAULT_CLASSES)}")
+                raise ValueError(
+                    f"{item!r} is not CLASS@STEP[:RANK] with CLASS one of {', '.join(FAULT_CLASSES)}"
+                )
         return value
 
     @field_validator("weights")
@@ -157,12 +169,15 @@ class MetricsConfig(_Section):
 
 
 class TrainConfig(_Section):
-    mode: Mode = Field("baseline", description="Resilience layers around the loop: baseline, inprocess, "
-                       "ft_launcher or both.")
+    mode: Mode = Field(
+        "baseline", description="Resilience layers around the loop: baseline, inprocess, ft_launcher or both."
+    )
     model: str = Field("tiny", description=f"Model preset: {', '.join(PRESETS)}.")
     steps: int = Field(50, ge=1, description="Optimizer steps to train.")
     seed: int = Field(0, description="Seed for weights, data and the fault draw.")
-    run_dir: Path = Field(Path("runs/train"), description="Folder for events, metrics and default checkpoints.")
+    run_dir: Path = Field(
+        Path("runs/train"), description="Folder for events, metrics and default checkpoints."
+    )
     log_every: int = Field(10, ge=1, description="Steps between progress lines on rank 0.")
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
@@ -243,7 +258,7 @@ def _leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[
     return leaves
 
 
-def _describe(field: Any) -> str:
+def _describe(field: Any) -> str:  # noqa: ANN401
     default = field.get_default(call_default_factory=True)
     choices = ""
     if get_origin(field.annotation) is Literal:
@@ -252,7 +267,7 @@ def _describe(field: Any) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> Any:  # type: ignore[override]  # noqa: ANN401
         # One message and exit 2 through UserError, like every other bad input.
         raise UserError(f"{message} (run `python -m training --help` for every flag)")
 
@@ -266,7 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML file with TrainConfig fields.")
     for path, field in _leaves(TrainConfig):
-        parser.add_argument(_flag(path), dest=".".join(path), default=None, metavar="V", help=_describe(field))
+        parser.add_argument(
+            _flag(path), dest=".".join(path), default=None, metavar="V", help=_describe(field)
+        )
     return parser
 
 

@@ -10,7 +10,7 @@ starting at `i * seq_len` (wrapping around).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ import torch
 # A large odd multiplier spreads consecutive sample indices across the seed space (splitmix64 constant).
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 63) - 1
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclass(frozen=True)

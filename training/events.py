@@ -24,8 +24,10 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def events_dir(run_dir: Path) -> Path:
@@ -48,7 +50,7 @@ class EventLog:
             "node": os.environ.get("JOB_COMPLETION_INDEX", "0"),
         }
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, kind: str, **fields: Any) -> None:  # noqa: ANN401
         line = json.dumps({"t": time.time(), "kind": kind, **self._base, **fields}, default=str)
         with self._lock:
             if not self._file.closed:

@@ -49,7 +49,7 @@ SOFT = frozenset({"exception", "hang", "skip_collective", "oom"})
 CHAOS_DIR_ENV = "NVRX_EKS_CHAOS_DIR"
 
 
-class InjectedFault(RuntimeError):
+class InjectedFaultError(RuntimeError):
     """The `exception` class."""
 
 
@@ -133,7 +133,7 @@ class FaultInjector:
 
     # One method per class, named after it.
     def _exception(self, fault: Fault) -> None:
-        raise InjectedFault(f"injected exception at step {fault.step} on rank {fault.rank}")
+        raise InjectedFaultError(f"injected exception at step {fault.step} on rank {fault.rank}")
 
     def _hang(self, fault: Fault) -> None:  # noqa: ARG002
         while True:  # Python-visible: the in-process monitor thread can interrupt it

@@ -132,8 +132,11 @@ def summarize(run_dir: Path) -> RunSummary:
     mean_step = statistics.fmean(e["step_s"] for e in rank0) if rank0 else 0.0
 
     faults = [_fault_summary(f, events) for f in events if f["kind"] == "fault_injected"]
-    recovery = [(f_ev["t"], f_ev["t"] + f.recovery_s) for f_ev, f in zip(
-        (e for e in events if e["kind"] == "fault_injected"), faults, strict=True) if f.recovery_s is not None]
+    recovery = [
+        (f_ev["t"], f_ev["t"] + f.recovery_s)
+        for f_ev, f in zip((e for e in events if e["kind"] == "fault_injected"), faults, strict=True)
+        if f.recovery_s is not None
+    ]
 
     ckpt_s = max((sum(e.get("ckpt_s", 0.0) for e in evs) for evs in by_rank.values()), default=0.0)
     stall_ratio = None
@@ -171,16 +174,31 @@ class Metrics:
         self.path = run_dir / "metrics" / f"rank-{rank}.prom"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.every = every
-        self.steps = Counter("trainer_steps", "Optimizer steps completed (replays included)",
-                             labelnames=["rank"], registry=self.registry).labels(**labels)
-        self.step_seconds = Histogram("trainer_step_seconds", "Step time", labelnames=["rank"],
-                                      registry=self.registry,
-                                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)).labels(**labels)
-        self.ckpt_seconds = Counter("trainer_checkpoint_stall_seconds", "Time the loop spent in checkpoint calls",
-                                    labelnames=["rank"], registry=self.registry).labels(**labels)
-        self.loss = Gauge("trainer_loss", "Last loss", labelnames=["rank"], registry=self.registry).labels(**labels)
-        self.last_step = Gauge("trainer_last_step", "Last completed step", labelnames=["rank"],
-                               registry=self.registry).labels(**labels)
+        self.steps = Counter(
+            "trainer_steps",
+            "Optimizer steps completed (replays included)",
+            labelnames=["rank"],
+            registry=self.registry,
+        ).labels(**labels)
+        self.step_seconds = Histogram(
+            "trainer_step_seconds",
+            "Step time",
+            labelnames=["rank"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        ).labels(**labels)
+        self.ckpt_seconds = Counter(
+            "trainer_checkpoint_stall_seconds",
+            "Time the loop spent in checkpoint calls",
+            labelnames=["rank"],
+            registry=self.registry,
+        ).labels(**labels)
+        self.loss = Gauge("trainer_loss", "Last loss", labelnames=["rank"], registry=self.registry).labels(
+            **labels
+        )
+        self.last_step = Gauge(
+            "trainer_last_step", "Last completed step", labelnames=["rank"], registry=self.registry
+        ).labels(**labels)
         if port is not None:
             from prometheus_client import start_http_server  # noqa: PLC0415
 

@@ -24,24 +24,24 @@ def version_tuple(text: str = NVRX_VERSION) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
 
 
-def _accepted(callable_: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _accepted(callable_: Any, kwargs: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
     params = inspect.signature(callable_).parameters
     return {key: value for key, value in kwargs.items() if key in params and value is not None}
 
 
-def make_wrapper(**kwargs: Any) -> Any:
+def make_wrapper(**kwargs: Any) -> Any:  # noqa: ANN401
     """`inprocess.Wrapper(**kwargs)` keeping only the arguments this NVRx version accepts."""
     from nvidia_resiliency_ext import inprocess  # noqa: PLC0415 - heavy import, only in NVRx modes
 
     return inprocess.Wrapper(**_accepted(inprocess.Wrapper.__init__, kwargs))
 
 
-def init_monitoring(client: Any, *, num_warmup_iters: int | None = None) -> None:
+def init_monitoring(client: Any, *, num_warmup_iters: int | None = None) -> None:  # noqa: ANN401
     kwargs = _accepted(client.init_workload_monitoring, {"num_warmup_iters": num_warmup_iters})
     client.init_workload_monitoring(**kwargs)
 
 
-def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:
+def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:  # noqa: ANN401
     """Install heartbeat timeouts as if calculated (so `state_dict` persists them)."""
     from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts  # noqa: PLC0415
 

@@ -68,6 +68,18 @@ def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: floa
     )
 
 
+def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float = 300.0) -> None:
+    """Wait until `world_size` ranks arrived at `key`, on the store (no collective timeout applies)."""
+    import time  # noqa: PLC0415
+
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while int(store.add(key, 0)) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"store barrier {key!r}: not every rank arrived in {timeout_s} s")
+        time.sleep(0.01)
+
+
 def wrap(model: nn.Module, world: World) -> nn.Module:
     """DDP on CPU (re-created each attempt, cheap); FSDP2 on CUDA (sharding is in place)."""
     if world.device.type == "cuda":

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 LOG = logging.getLogger("nvrx_eks.rendezvous")
-STALE = datetime(2000, 1, 1)
+STALE = datetime(2000, 1, 1)  # noqa: DTZ001 - NVRx keeps naive UTC heartbeat times
 """Heartbeat time written for an evicted node: older than any keep-alive window."""
 
 
@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "evict":
-        count = evict(endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout)
+        count = evict(
+            endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout
+        )
         print(f"evicted {count} stale rendezvous node(s) of {args.node_addr}", flush=True)
         return 0
     serve(host=args.host, port=args.port)

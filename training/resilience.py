@@ -17,10 +17,10 @@ checkpoint. Each layer implements what it needs:
 from __future__ import annotations
 
 import contextlib
-import datetime
+import datetime as dt
 import signal
-import typing
 import sys
+import typing
 from typing import TYPE_CHECKING, Any
 
 from training import nvrx_compat
@@ -61,7 +61,7 @@ class InProcessLayer(Layer):
         self.events = events
         self.call_wrapper: Any = None
 
-    def _wrapper(self) -> Any:
+    def _wrapper(self) -> Any:  # noqa: ANN401
         import os  # noqa: PLC0415
 
         from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
@@ -70,12 +70,12 @@ class InProcessLayer(Layer):
 
         class _Finalize(inprocess.finalize.Finalize):
             # Runs on every surviving rank once a restart is decided: the detection event.
-            def __call__(self, state: Any) -> Any:
+            def __call__(self, state: Any) -> Any:  # noqa: ANN401
                 events.emit("detected", layer="inprocess", cause=repr(state.fn_exception)[:300])
                 return state
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        seconds = datetime.timedelta
+        seconds = dt.timedelta
         c = self.cfg
         health_checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults)]
         import torch  # noqa: PLC0415
@@ -105,7 +105,7 @@ class InProcessLayer(Layer):
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
 
-        def attempt(call_wrapper: Any = None) -> Any:
+        def attempt(call_wrapper: Any = None) -> Any:  # noqa: ANN401
             self.call_wrapper = call_wrapper
             return run()
 
@@ -136,7 +136,7 @@ class FtLauncherLayer(Layer):
         self.restored = False
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
-        def attempt() -> Any:
+        def attempt() -> Any:  # noqa: ANN401
             self.steps_this_attempt = 0
             return run()
 
@@ -220,7 +220,7 @@ def for_mode(cfg: TrainConfig, events: EventLog) -> Resilience:
 def install_termination_handler(events: EventLog) -> None:
     """The launcher stops workers with SIGTERM: record it (the detection time of the outer layer)."""
 
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: Any) -> None:  # noqa: ANN401
         events.emit("terminated", layer="ft_launcher", signal=signal.Signals(signum).name)
         events.close()
         sys.exit(128 + signum)

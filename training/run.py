@@ -48,8 +48,12 @@ def run(cfg: TrainConfig) -> str | None:
     world = parallel.detect_world(cfg.dist.device)
     events = EventLog(run_dir=cfg.run_dir, rank=world.rank)
     events.emit(
-        "process_start", mode=cfg.mode, world_size=world.world_size, local_rank=world.local_rank,
-        model=cfg.model, steps=cfg.steps,
+        "process_start",
+        mode=cfg.mode,
+        world_size=world.world_size,
+        local_rank=world.local_rank,
+        model=cfg.model,
+        steps=cfg.steps,
     )
     install_termination_handler(events)
     started = time.time()
@@ -62,12 +66,19 @@ def run(cfg: TrainConfig) -> str | None:
         resilience=resilience,
         checkpointer=make_checkpointer(cfg, world, events),
         injector=FaultInjector(
-            schedule=schedule, rank=world.rank, run_dir=cfg.run_dir, mode=cfg.mode, events=events,
+            schedule=schedule,
+            rank=world.rank,
+            run_dir=cfg.run_dir,
+            mode=cfg.mode,
+            events=events,
             grace_s=cfg.faults.node_loss_grace_s,
         ),
         metrics=Metrics(
-            run_dir=cfg.run_dir, rank=world.rank, every=cfg.metrics.textfile_every,
-            port=cfg.metrics.prometheus_port, local_rank=world.local_rank,
+            run_dir=cfg.run_dir,
+            rank=world.rank,
+            every=cfg.metrics.textfile_every,
+            port=cfg.metrics.prometheus_port,
+            local_rank=world.local_rank,
         ),
     )
     try:

@@ -60,6 +60,7 @@ OFI_PLUGIN_NAMES = ("libnccl-net-ofi.so", "libnccl-net.so")
 SHM_GIB_PER_GPU_WORKER = 1.0
 """Data loader workers and NCCL's shared-memory transport; Docker's 64 MiB default is far too small."""
 _GIB = 1 << 30
+SHM = "/dev/shm"  # noqa: S108 - a check name, not a path we write to
 
 
 class Status(Enum):
@@ -119,7 +120,7 @@ class Node:
 
     sys_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
-    shm_path: Path = Path("/dev/shm")
+    shm_path: Path = Path("/dev/shm")  # noqa: S108 - measured, never written
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     torch_probe: Callable[[], TorchInfo] = probe_torch
     which: Callable[[str], str | None] = shutil.which
@@ -142,7 +143,9 @@ def _mode(profile: InstanceProfile, info: TorchInfo) -> Check:
     if profile.gpus:
         return Check("mode", Status.OK, f"GPU: {profile.name} ({profile.gpus} x {profile.accelerator})")
     cuda = "CUDA build" if info.cuda else "CPU build"
-    return Check("mode", Status.OK, f"CPU mode: {profile.name} (torch {cuda}); GPU and EFA checks do not apply")
+    return Check(
+        "mode", Status.OK, f"CPU mode: {profile.name} (torch {cuda}); GPU and EFA checks do not apply"
+    )
 
 
 def _torch(info: TorchInfo, *, gpu_mode: bool) -> Check:
@@ -233,7 +236,9 @@ def _ofi_plugin(node: Node, profile: InstanceProfile) -> Check:
         return Check("NCCL net plugin", Status.SKIP, "no EFA: NCCL uses its socket transport")
     env = node.env
     if env.get("NCCL_NET", "").lower() == "socket" or env.get("NCCL_NET_PLUGIN", "").lower() == "none":
-        return Check("NCCL net plugin", Status.CONFIG, "NCCL_NET=Socket / NCCL_NET_PLUGIN=none forces TCP sockets")
+        return Check(
+            "NCCL net plugin", Status.CONFIG, "NCCL_NET=Socket / NCCL_NET_PLUGIN=none forces TCP sockets"
+        )
     path = ofi_plugin_path(env)
     if path is None:
         return Check(
@@ -250,7 +255,9 @@ def _fi_info(node: Node, profile: InstanceProfile) -> Check:
         return Check("libfabric efa", Status.SKIP, "no EFA")
     tool = node.which("fi_info")
     if tool is None:
-        return Check("libfabric efa", Status.CONFIG, "fi_info not found: EFA userspace (libfabric) not installed")
+        return Check(
+            "libfabric efa", Status.CONFIG, "fi_info not found: EFA userspace (libfabric) not installed"
+        )
     try:
         done = subprocess.run(
             [tool, "-p", "efa", "-t", "FI_EP_RDM"], capture_output=True, text=True, timeout=20, check=False
@@ -298,15 +305,17 @@ def _shm(node: Node, profile: InstanceProfile) -> Check:
     try:
         stat = os.statvfs(node.shm_path)
     except OSError as exc:
-        return Check("/dev/shm", Status.CONFIG, f"{node.shm_path}: {exc}")
+        return Check(SHM, Status.CONFIG, f"{node.shm_path}: {exc}")
     size = stat.f_blocks * stat.f_frsize / _GIB
     need = SHM_GIB_PER_GPU_WORKER * profile.gpus
     detail = f"{size:.1f} GiB"
     if size < need:
         return Check(
-            "/dev/shm", Status.CONFIG, f"{detail}, need >= {need:g} GiB for {profile.gpus} workers (emptyDir Memory)"
+            SHM,
+            Status.CONFIG,
+            f"{detail}, need >= {need:g} GiB for {profile.gpus} workers (emptyDir Memory)",
         )
-    return Check("/dev/shm", Status.OK, detail)
+    return Check(SHM, Status.OK, detail)
 
 
 def _tier(path: Path) -> Check:
@@ -337,7 +346,13 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    colour = {Status.OK: "green", Status.WARN: "yellow", Status.SKIP: "dim", Status.CONFIG: "red", Status.NODE: "red"}
+    colour = {
+        Status.OK: "green",
+        Status.WARN: "yellow",
+        Status.SKIP: "dim",
+        Status.CONFIG: "red",
+        Status.NODE: "red",
+    }
     table = Table(title=f"nvrx-eks self-check ({profile.name})", title_justify="left")
     for column in ("check", "status", "detail"):
         table.add_column(column, overflow="fold")
@@ -380,7 +395,9 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     node = node or Node()
     args = parse_args(argv, node.env)
     profile = get_profile(args.profile or "local-cpu")
-    dirs = args.checkpoint_dir or [Path(p) for p in node.env.get(CHECKPOINT_DIRS_ENV, "").split(os.pathsep) if p]
+    dirs = args.checkpoint_dir or [
+        Path(p) for p in node.env.get(CHECKPOINT_DIRS_ENV, "").split(os.pathsep) if p
+    ]
     checks = run_checks(node, profile=profile, checkpoint_dirs=dirs)
     render(checks, profile=profile)
     return exit_code(checks)
@@ -394,4 +411,3 @@ def _cli() -> None:
 
 if __name__ == "__main__":
     _cli()
-

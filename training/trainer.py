@@ -41,7 +41,7 @@ def params_sha256(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def state_bytes(state: Any) -> int:
+def state_bytes(state: Any) -> int:  # noqa: ANN401
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
     if isinstance(state, dict):
@@ -97,12 +97,13 @@ class Trainer:
 
     # ----- setup -------------------------------------------------------------------------------
     def _fresh_model(self) -> None:
-        self.module = build_model(self.cfg.model, seed=self.cfg.seed, device=self.world.device)
-        self.model = parallel.wrap(self.module, self.world)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.cfg.optim.lr, weight_decay=self.cfg.optim.weight_decay, foreach=False
+        self.module = self.optimizer = None  # all or nothing: a failed attempt leaves no half-built state
+        module = build_model(self.cfg.model, seed=self.cfg.seed, device=self.world.device)
+        model = parallel.wrap(module, self.world)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.cfg.optim.lr, weight_decay=self.cfg.optim.weight_decay, foreach=False
         )
-        self.last_done = -1
+        self.module, self.model, self.optimizer, self.last_done = module, model, optimizer, -1
 
     def _state(self) -> dict[str, Any]:
         assert self.module is not None  # noqa: S101
@@ -142,7 +143,7 @@ class Trainer:
 
     def _memory_is_consistent(self) -> bool:
         """After an in-process restart: did every rank finish the same steps? (then nothing to load)"""
-        if self.module is None or parallel.shards_in_place(self.world):
+        if self.optimizer is None or parallel.shards_in_place(self.world):
             return False
         done = torch.tensor([self.last_done, -self.last_done], dtype=torch.int64, device=self.world.device)
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
@@ -152,7 +153,12 @@ class Trainer:
         self.attempt += 1
         started = time.time()
         self.events.emit("attempt_start", attempt=self.attempt)
-        parallel.init_group(self.world, self.store, attempt=self.attempt, timeout_s=self.cfg.collective_timeout_s)
+        parallel.init_group(
+            self.world, self.store, attempt=self.attempt, timeout_s=self.cfg.collective_timeout_s
+        )
+        # Ranks reach this point seconds apart (imports, restarts); the collective timeout is short on
+        # purpose, so line up on the store first.
+        parallel.store_barrier(self.store, f"ready-{self.attempt}", self.world.world_size)
         load_started = time.perf_counter()
         if self.attempt > 0 and self._memory_is_consistent():
             # Parameters never left: re-wrap for the new process group and continue.

@@ -25,7 +25,11 @@ FSX_S3_ROLE_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.co
 
 
 class DurableStorage(Construct):
-    """KMS key, checkpoint bucket (+ access-log bucket), FSx PERSISTENT_2 + DRA, ECR repository."""
+    """KMS key, checkpoint bucket (+ access-log bucket), FSx PERSISTENT_2 + DRA, ECR repository.
+
+    Needs the app's feature flag @aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy (infra/app.py):
+    ACLs are disabled on both buckets, so log delivery is granted by bucket policy.
+    """
 
     def __init__(
         self,

@@ -233,22 +233,30 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     print(jobs.follow_hint(job_name=result.job_name, namespace=result.namespace, num_pods=expected))
 
 
-def job_status(
+def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     name: Annotated[str, typer.Argument(help="Job name (the values' `name`).")],
-    namespace: Annotated[str, typer.Option("-n", "--namespace", help="Namespace of the job.")] = "training",
+    namespace: Annotated[
+        str | None,
+        typer.Option("-n", "--namespace", help="Namespace of the job (default: the values', else training)."),
+    ] = None,
     cluster: Cluster = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     profile: Profile = None,
     region: Region = None,
+    values_file: Annotated[
+        Path | None,
+        typer.Option("-f", "--values", help="The job's values file: locates its checkpoints in S3."),
+    ] = None,
     checkpoints: Annotated[
         bool, typer.Option("--checkpoints/--no-checkpoints", help="Read the latest checkpoint step from S3.")
     ] = True,
 ) -> None:
     """Summarise a submitted job: Job counters and conditions, pods, restarts, latest checkpoint step.
 
-    The step is the newest one every rank committed to the job's S3 durable tier (read with your AWS
-    credentials). Exit codes: 0 ok; 2 no such job / credentials / forbidden; 4 cluster unreachable.
+    The step is the newest one every rank committed under s3://<s3_bucket>/<s3_prefix><name> (from
+    -f VALUES; read with your AWS credentials). Exit codes: 0 ok; 2 no such job / credentials /
+    forbidden; 4 cluster unreachable.
     """
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
@@ -259,8 +267,18 @@ def job_status(
         api_client = _api_client(
             cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
         )
+        located = None
+        if values_file is not None:
+            from infra.configio import load_model  # noqa: PLC0415
+            from k8s.values import JobValues  # noqa: PLC0415
+
+            job_values = load_model(JobValues, values_file)
+            located = jobs.checkpoint_url(job_values)
+            namespace = namespace or job_values.namespace
         session = _session(profile, region) if checkpoints else None
-        status = jobs.job_status(api_client, namespace=namespace, name=name, session=session)
+        status = jobs.job_status(
+            api_client, namespace=namespace or "training", name=name, session=session, checkpoints_at=located
+        )
     console = Console(width=160)
     console.print(
         f"[bold]{status.namespace}/{status.name}[/]: {status.active} active, {status.succeeded} succeeded, "

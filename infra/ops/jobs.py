@@ -4,9 +4,10 @@ submit: render the job chart (the same manifests `nvrx-eks job render` writes), 
 in dependency order, then follow the pods until every one runs (or one cannot start).
 
 status: the Job's counters and conditions, each pod's phase/restarts/node, and the latest committed
-checkpoint step. The step is read from the durable tier in S3 (the only tier reachable from a
-workstation; FSx and node-local disks are not): the trainer's command line carries its durable
-`s3://bucket/prefix`, and a step counts once every rank's manifest is there (the commit protocol of
+checkpoint step. The step is read from S3, the only checkpoint location reachable from a workstation
+(FSx and node-local disks are not): `s3://<storage.s3_bucket>/<storage.s3_prefix><name>` when the
+values file is given (the location the chart gives the job), else an s3:// URL on the Job's command
+line. A step counts once every rank's manifest is there (the commit protocol of
 training/checkpoint/storage.py: `step-NNNNNNNNN/rank-NNNNN.json`).
 """
 
@@ -16,7 +17,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors
@@ -236,13 +237,13 @@ class JobStatus:
     checkpoint: CheckpointInfo | None
 
 
-def durable_s3_url(job: Any) -> str | None:  # noqa: ANN401 - V1Job
+def durable_s3_url(job: dict) -> str | None:
     """The first s3:// URL on the Job's container command lines or env (the durable tier)."""
-    for container in job.spec.template.spec.containers or []:
-        words = [*(container.command or []), *(container.args or [])]
-        words += [e.value for e in container.env or [] if e.value]
+    for container in job.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        words = [*container.get("command", []), *container.get("args", [])]
+        words += [str(e["value"]) for e in container.get("env", []) if e.get("value")]
         for word in words:
-            match = _S3_URL.search(word)
+            match = _S3_URL.search(str(word))
             if match:
                 return match.group(0)
     return None
@@ -277,37 +278,58 @@ def latest_checkpoint(session: AwsSession, url: str) -> CheckpointInfo:
     return CheckpointInfo(location=url, step=None, note="no complete checkpoint yet")
 
 
+def checkpoint_url(values: JobValues) -> str | None:
+    """The job's checkpoint location in S3 (same formula as k8s/trainer_args.py), None without a bucket."""
+    s = values.storage
+    if not s.s3_bucket:
+        return None
+    return "/".join(part for part in (f"s3://{s.s3_bucket}", s.s3_prefix.strip("/"), values.name) if part)
+
+
 def job_status(
-    api_client: ApiClient, *, namespace: str, name: str, session: AwsSession | None = None
+    api_client: ApiClient,
+    *,
+    namespace: str,
+    name: str,
+    session: AwsSession | None = None,
+    checkpoints_at: str | None = None,
 ) -> JobStatus:
+    """`checkpoints_at`: the job's s3:// checkpoint location (default: found on its command line)."""
     from kubernetes.client import BatchV1Api  # noqa: PLC0415
 
     with k8s_errors(f"read Job {name}"):
-        job = BatchV1Api(api_client).read_namespaced_job(name=name, namespace=namespace)
+        # Raw JSON rather than the typed model: we read a few fields, and the typed models refuse
+        # objects that do not match this client version exactly.
+        raw = BatchV1Api(api_client).read_namespaced_job(
+            name=name, namespace=namespace, _preload_content=False
+        )
+    job = json.loads(raw.data)
     pods = list_pods(api_client, namespace=namespace, selector=job_selector(name))
     checkpoint = None
-    url = durable_s3_url(job)
+    url = checkpoints_at or durable_s3_url(job)
     if url is None:
         checkpoint = CheckpointInfo(
-            location="(none)", step=None, note="the job has no s3:// durable tier; no step readable from here"
+            location="(none)",
+            step=None,
+            note="no S3 checkpoint location known: pass -f VALUES (with storage.s3_bucket) to read it",
         )
     elif session is not None:
         try:
             checkpoint = latest_checkpoint(session, url)
         except (UserError, ServiceError) as exc:
             checkpoint = CheckpointInfo(location=url, step=None, note=str(exc))
-    status = job.status
+    status = job.get("status", {})
     return JobStatus(
         name=name,
         namespace=namespace,
-        parallelism=job.spec.parallelism or 1,
-        active=status.active or 0,
-        succeeded=status.succeeded or 0,
-        failed=status.failed or 0,
+        parallelism=int(job.get("spec", {}).get("parallelism", 1)),
+        active=int(status.get("active", 0)),
+        succeeded=int(status.get("succeeded", 0)),
+        failed=int(status.get("failed", 0)),
         conditions=[
-            f"{c.type}: {c.reason or ''} {c.message or ''}".strip()
-            for c in (status.conditions or [])
-            if c.status == "True"
+            f"{c.get('type')}: {c.get('reason', '')} {c.get('message', '')}".strip()
+            for c in status.get("conditions", [])
+            if c.get("status") == "True"
         ],
         pods=pods,
         checkpoint=checkpoint,

@@ -11,6 +11,7 @@ https://docs.aws.amazon.com/eks/latest/userguide/cluster-auth.html
 from __future__ import annotations
 
 import base64
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ def apply_order(manifests: Iterable[dict]) -> list[dict]:
     return sorted(manifests, key=lambda m: rank.get(m["kind"], len(_KIND_ORDER) - 1))
 
 
-def server_side_apply(api_client: ApiClient, manifest: dict, *, namespace: str) -> Any:  # noqa: ANN401
+def server_side_apply(api_client: ApiClient, manifest: dict, *, namespace: str) -> dict:
     """Server-side apply one object (field manager nvrx-eks, taking over conflicting fields).
 
     https://kubernetes.io/docs/reference/using-api/server-side-apply/
@@ -179,14 +180,23 @@ def server_side_apply(api_client: ApiClient, manifest: dict, *, namespace: str) 
     api = _api_for(api_client, manifest["apiVersion"])
     kind = _snake(manifest["kind"])
     name = manifest["metadata"]["name"]
-    options = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY_CONTENT_TYPE}
+    # The answer is returned as JSON, not the client's typed model: we only report it, and typed
+    # deserialisation breaks on objects newer than the client's models.
+    options = {
+        "field_manager": FIELD_MANAGER,
+        "force": True,
+        "_content_type": APPLY_CONTENT_TYPE,
+        "_preload_content": False,
+    }
     namespaced = getattr(api, f"patch_namespaced_{kind}", None)
     with k8s_errors(f"apply {manifest['kind']} {name}"):
         if namespaced is not None:
             ns = manifest["metadata"].get("namespace") or namespace
             body = {**manifest, "metadata": {**manifest["metadata"], "namespace": ns}}
-            return namespaced(name=name, namespace=ns, body=body, **options)
-        return getattr(api, f"patch_{kind}")(name=name, body=manifest, **options)
+            response = namespaced(name=name, namespace=ns, body=body, **options)
+        else:
+            response = getattr(api, f"patch_{kind}")(name=name, body=manifest, **options)
+    return json.loads(response.data or b"{}")
 
 
 class _K8sErrors:
@@ -233,8 +243,6 @@ def describe_api_error(exc: Any, *, action: str) -> UserError | ServiceError:  #
 
 
 def _api_message(exc: Any) -> str:  # noqa: ANN401
-    import json  # noqa: PLC0415
-
     body = getattr(exc, "body", None)
     try:
         return json.loads(body)["message"]

@@ -85,7 +85,10 @@ def test_the_tag_defaults_to_the_git_revision(tmp_path):
     git("add", "f")
     git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "c")
     commit = subprocess.run(
-        ["git", "-C", str(tmp_path), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(tmp_path), "rev-parse", "--short=12", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert build.git_revision(tmp_path) == commit
     (tmp_path / "f").write_text("2")
@@ -120,7 +123,9 @@ def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypat
 
     def read_stack(session, stack):
         seen["stack"] = stack
-        return stack_values.StackInfo(name=stack, status="CREATE_COMPLETE", outputs={"ImageRepositoryUri": URI})
+        return stack_values.StackInfo(
+            name=stack, status="CREATE_COMPLETE", outputs={"ImageRepositoryUri": URI}
+        )
 
     monkeypatch.setattr(stack_values, "read_stack", read_stack)
     result = CliRunner().invoke(_app(), ["image", "push", "--stack", "nvrx-eks", "--tag", "t4", "--dry-run"])
@@ -152,14 +157,24 @@ def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engine):
-    argv = build.lock_argv(engine="docker", base_image=IMAGE.base_image, requirements=build.image_requirements())
+    argv = build.lock_argv(
+        engine="docker", base_image=IMAGE.base_image, requirements=build.image_requirements()
+    )
     assert argv[argv.index("--entrypoint") + 2] == IMAGE.base_image
     assert f"nvidia-resiliency-ext=={IMAGE.nvrx_version}" in argv
     assert "--report" in argv
     report = {
         "install": [
-            {"metadata": {"name": n, "version": v}, "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}}}
-            for n, v in (("torch", "2.9.0"), ("nvidia-resiliency-ext", "0.7.0"), ("nvidia-nccl-cu12", "2.27"), ("Typer", "1"))
+            {
+                "metadata": {"name": n, "version": v},
+                "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}},
+            }
+            for n, v in (
+                ("torch", "2.9.0"),
+                ("nvidia-resiliency-ext", "0.7.0"),
+                ("nvidia-nccl-cu12", "2.27"),
+                ("Typer", "1"),
+            )
         ]
     }
     text = build.render_lock(report, header=build.lock_header())

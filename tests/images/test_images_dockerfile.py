@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def _arg_defaults(text: str) -> dict[str, str]:
 
 def test_hadolint_reports_nothing_and_every_ignore_has_a_reason():
     hadolint = shutil.which("hadolint") or str(Path(__file__).parents[2] / ".venv/bin/hadolint")
-    done = subprocess.run([hadolint, "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [hadolint, "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, check=False
+    )
     assert json.loads(done.stdout or "[]") == [], done.stdout
     assert done.returncode == 0
     lines = TEXT.splitlines()
@@ -111,13 +114,17 @@ def test_the_base_check_in_the_dockerfile_refuses_a_base_nvrx_cannot_install_on(
     body = re.search(r"RUN python - <<EOF\n(.*?)\nEOF", TEXT, flags=re.DOTALL)
     assert body
     script = body.group(1)
-    for key, value in {"PYTHON_ABI": python_abi, "MIN_GLIBC": "2.36", "NVRX_VERSION": IMAGE.nvrx_version}.items():
+    for key, value in {
+        "PYTHON_ABI": python_abi,
+        "MIN_GLIBC": "2.36",
+        "NVRX_VERSION": IMAGE.nvrx_version,
+    }.items():
         script = script.replace("${" + key + "}", value)
     (tmp_path / "check.py").write_text(script)
-    done = subprocess.run(["python3", str(tmp_path / "check.py")], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "check.py")], capture_output=True, text=True, check=False
+    )
     # This machine: cp311 on Debian 12 (glibc 2.36). The check passes only for the matching ABI.
-    import sys  # noqa: PLC0415
-
     here = f"cp{sys.version_info.major}{sys.version_info.minor}"
     if python_abi == here:
         assert done.returncode == 0, done.stderr

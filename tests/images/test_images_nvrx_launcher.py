@@ -35,7 +35,8 @@ GENERATED = ("nvidia_resiliency_ext.shared_utils.proto",)
 
 _PARSE = r"""
 import importlib.abc, importlib.machinery, importlib.util, json, sys, types, warnings
-tree, service, generated, argv = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","), json.loads(sys.argv[4])
+tree, argvs = sys.argv[1], json.loads(sys.argv[4])
+service, generated = sys.argv[2].split(","), sys.argv[3].split(",")
 warnings.simplefilter("ignore")
 
 def _missing(name):
@@ -90,17 +91,18 @@ sys.path.insert(0, tree)
 from nvidia_resiliency_ext.fault_tolerance import launcher
 from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 assert launcher.__file__.startswith(tree), launcher.__file__
-try:
-    args = launcher.parse_args(argv)
-    cfg = FaultToleranceConfig.from_args(args)
-except SystemExit as exc:
-    print(json.dumps({"ok": False, "exit": exc.code}))
-    raise SystemExit(0)
-print(json.dumps({"ok": True, "nnodes": args.nnodes, "nproc": args.nproc_per_node, "module": args.module,
-                  "script": args.training_script, "rest": args.training_script_args,
-                  "rank_heartbeat_timeout": cfg.rank_heartbeat_timeout,
-                  "initial_rank_heartbeat_timeout": cfg.initial_rank_heartbeat_timeout,
-                  "restart_policy": cfg.restart_policy}))
+def parse(argv):
+    try:
+        args = launcher.parse_args(argv)
+        cfg = FaultToleranceConfig.from_args(args)
+    except SystemExit as exc:
+        return {"ok": False, "exit": exc.code}
+    return {"ok": True, "nnodes": args.nnodes, "nproc": args.nproc_per_node, "module": args.module,
+            "script": args.training_script, "rest": args.training_script_args,
+            "rank_heartbeat_timeout": cfg.rank_heartbeat_timeout,
+            "initial_rank_heartbeat_timeout": cfg.initial_rank_heartbeat_timeout,
+            "restart_policy": args.ft_restart_policy}
+print(json.dumps([parse(a) for a in argvs]))
 """
 
 
@@ -122,7 +124,9 @@ def pinned_nvrx() -> Path:
     done = subprocess.run(download, capture_output=True, text=True, timeout=180, check=False)
     if done.returncode:
         if any(s in done.stderr for s in ("NewConnectionError", "Network is unreachable", "Max retries")):
-            pytest.skip(f"PyPI unreachable, cannot fetch nvidia-resiliency-ext=={version}: {done.stderr[-300:]}")
+            pytest.skip(
+                f"PyPI unreachable, cannot fetch nvidia-resiliency-ext=={version}: {done.stderr[-300:]}"
+            )
         pytest.fail(f"pip download of the pinned NVRx failed:\n{done.stderr}")
     [wheel] = CACHE.glob(f"nvidia_resiliency_ext-{version}-*.whl")
     partial = tree.with_suffix(".partial")
@@ -132,9 +136,18 @@ def pinned_nvrx() -> Path:
     return tree
 
 
-def _parse(tree: Path, argv: list[str]) -> dict:
+def _parse(tree: Path, argvs: list[list[str]]) -> list[dict]:
+    """Parse each argv with the pinned launcher (one interpreter: torch is imported once)."""
     done = subprocess.run(
-        [sys.executable, "-c", _PARSE, str(tree), ",".join(SERVICE_MODULES), ",".join(GENERATED), json.dumps(argv)],
+        [
+            sys.executable,
+            "-c",
+            _PARSE,
+            str(tree),
+            ",".join(SERVICE_MODULES),
+            ",".join(GENERATED),
+            json.dumps(argvs),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -154,30 +167,44 @@ def _chart_command(mode: str) -> list[str]:
     values = load_values(VALUES, [f"mode={mode}"])
     assert values.resolved_nvrx_version == IMAGE.nvrx_version  # an image job: flags from the pin
     return launcher_command(
-        values, store_endpoint=store_endpoint(values), node_address=node_address(values), trainer_args=trainer_args(values)
+        values,
+        store_endpoint=store_endpoint(values),
+        node_address=node_address(values),
+        trainer_args=trainer_args(values),
     )
 
 
-@pytest.mark.parametrize("mode", ["both", "ft_launcher", "inprocess"])
-def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(pinned_nvrx, mode):
-    command = _chart_command(mode)
+MODES = ("both", "ft_launcher", "inprocess")
+# 0.4.1-only spellings (shared README section 6): each must be refused, proving the parse can fail.
+REMOVED_IN_PIN = (["--ignore-missing-fault-tol-cfg"], ["--ft-restart-policy=min-healthy"])
+
+
+@pytest.fixture(scope="module")
+def parsed(pinned_nvrx) -> dict[str, tuple[list[str], dict]]:
+    commands = {mode: _chart_command(mode) for mode in MODES}
+    base = commands["ft_launcher"]
+    for extra in REMOVED_IN_PIN:
+        commands[" ".join(extra)] = [*base[: base.index("-m")], *extra, *base[base.index("-m") :]]
+    results = _parse(pinned_nvrx, [command[1:] for command in commands.values()])
+    return {key: (command, result) for (key, command), result in zip(commands.items(), results, strict=True)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(parsed, mode):
+    command, result = parsed[mode]
     assert command[0] == "ft_launcher"
-    parsed = _parse(pinned_nvrx, command[1:])
-    assert parsed["ok"], f"NVRx {IMAGE.nvrx_version} ft_launcher rejected: {command}"
-    assert parsed["module"] is True
-    assert parsed["script"] == "training"
-    assert parsed["nnodes"] == "2:2"
-    assert parsed["nproc"] == "8"
-    assert parsed["rank_heartbeat_timeout"] == 300
-    assert parsed["initial_rank_heartbeat_timeout"] == 1200
-    assert parsed["restart_policy"] == "any-failed"
+    assert result["ok"], f"NVRx {IMAGE.nvrx_version} ft_launcher rejected: {command}"
+    assert result["module"] is True
+    assert result["script"] == "training"
+    assert result["nnodes"] == "2:2"
+    assert result["nproc"] == "8"
+    assert result["rank_heartbeat_timeout"] == 300
+    assert result["initial_rank_heartbeat_timeout"] == 1200
+    assert result["restart_policy"] == "any-failed"
     # The trainer's own arguments arrive untouched after `-m training`.
-    assert parsed["rest"] == command[command.index("training") + 1 :]
+    assert result["rest"] == command[command.index("training") + 1 :]
 
 
-def test_the_pinned_parser_really_rejects_flags_it_lacks(pinned_nvrx):
-    # 0.4.1-only spellings (shared README section 6): proves the parse above can fail.
-    command = _chart_command("ft_launcher")
-    for extra in (["--ignore-missing-fault-tol-cfg"], ["--ft-restart-policy=min-healthy"]):
-        argv = [*command[1 : command.index("-m")], *extra, *command[command.index("-m") :]]
-        assert _parse(pinned_nvrx, argv) == {"ok": False, "exit": 2}, extra
+@pytest.mark.parametrize("extra", REMOVED_IN_PIN, ids=lambda e: e[0])
+def test_the_pinned_parser_really_rejects_flags_it_lacks(parsed, extra):
+    assert parsed[" ".join(extra)][1] == {"ok": False, "exit": 2}

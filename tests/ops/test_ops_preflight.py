@@ -301,3 +301,63 @@ def test_throttling_past_the_users_max_attempts_is_one_message(make_session, mon
         with pytest.raises(ServiceError, match="throttled ec2:DescribeInstanceTypes .* after 2 attempt"):
             Preflight(session=session, target=_target(P5))._instance_info("p5.48xlarge")
     assert len(attempts) == 2
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+CONFIG = """\
+name: nvrx-eks
+region: us-east-1
+availability_zones: [us-east-1a, us-east-1b]
+gpu_availability_zone: us-east-1a
+gpu_node_groups:
+  - name: g6-dev
+    instance_type: g6.8xlarge
+    max_size: 4
+  - name: p5-ondemand
+    instance_type: p5.48xlarge
+    max_size: 8
+"""
+
+
+@pytest.fixture
+def preflight_cli(moto_session, monkeypatch, tmp_path):
+    import typer  # noqa: PLC0415
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from infra.ops import commands  # noqa: PLC0415
+
+    monkeypatch.setattr(commands, "_session", lambda profile, region: moto_session)
+    app = typer.Typer()
+    job = typer.Typer()
+    app.add_typer(job, name="job")
+    commands.register(app=app, job=job)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(CONFIG)
+
+    def invoke(*extra: str):
+        return CliRunner().invoke(app, ["preflight", "-c", str(config), *extra])
+
+    return invoke
+
+
+def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
+    _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
+    result = preflight_cli()
+    assert result.exit_code == 0, result.output
+    assert "fail" not in result.output
+    assert result.output.count("pass") == 7  # credentials + 2 x (offered, EFA) + 2 quotas
+
+
+def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session):
+    _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
+    result = preflight_cli()
+    assert result.exit_code == 3
+    assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
+    assert "--desired-value 1536" in result.output
+
+
+def test_preflight_cli_bad_config_exits_2(preflight_cli):
+    result = preflight_cli("gpu_node_groups=[]")
+    assert result.exit_code == 2
+    assert "gpu_node_groups" in result.output

@@ -79,7 +79,11 @@ class LocalJob:
         log = (self.logs / "store.log").open("ab")
         self.store = subprocess.Popen(
             [sys.executable, "-m", "training.rendezvous", "--port", str(self.rdzv_port)],
-            cwd=REPO, env=self._env(0), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO,
+            env=self._env(0),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -94,19 +98,34 @@ class LocalJob:
         if self.launcher == "ft_launcher":
             cmd = [
                 str(VENV_BIN / "ft_launcher"),
-                f"--nnodes={self.num_nodes}", f"--nproc-per-node={self.procs_per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.rdzv_port}",
-                "--rdzv-conf=is_host=0", "--rdzv-id=test", f"--max-restarts={self.max_restarts}",
-                "--monitor-interval=0.3", "--ft-restart-policy=any-failed",
-                "--ft-initial-rank-heartbeat-timeout=90", "--ft-rank-heartbeat-timeout=60",
-                "--ft-workload-check-interval=0.5", "--ft-rank-termination-signal=SIGKILL",
-                "--ft-enable-nic-monitor=false", "--ignore-missing-fault-tol-cfg",
-                "--term-timeout=3", "-m", "training", *self.trainer_args,
+                f"--nnodes={self.num_nodes}",
+                f"--nproc-per-node={self.procs_per_node}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{self.rdzv_port}",
+                "--rdzv-conf=is_host=0",
+                "--rdzv-id=test",
+                f"--max-restarts={self.max_restarts}",
+                "--monitor-interval=0.3",
+                "--ft-restart-policy=any-failed",
+                "--ft-initial-rank-heartbeat-timeout=90",
+                "--ft-rank-heartbeat-timeout=60",
+                "--ft-workload-check-interval=0.5",
+                "--ft-rank-termination-signal=SIGKILL",
+                "--ft-enable-nic-monitor=false",
+                "--ignore-missing-fault-tol-cfg",
+                "--term-timeout=3",
+                "-m",
+                "training",
+                *self.trainer_args,
             ]
         else:  # plain torchrun, one "node" (the fault-free reference)
             cmd = [
-                str(VENV_BIN / "torchrun"), "--standalone",
-                f"--nproc-per-node={self.procs_per_node * self.num_nodes}", "-m", "training", *self.trainer_args,
+                str(VENV_BIN / "torchrun"),
+                "--standalone",
+                f"--nproc-per-node={self.procs_per_node * self.num_nodes}",
+                "-m",
+                "training",
+                *self.trainer_args,
             ]
         agent = subprocess.Popen(
             cmd, cwd=REPO, env=self._env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True

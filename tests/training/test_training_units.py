@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -22,8 +23,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_field_is_a_documented_flag():
     helptext = build_parser().format_help()
-    for flag in ("--mode", "--model", "--steps", "--seed", "--run-dir", "--faults-plan",
-                 "--inprocess-soft-timeout-s", "--ft-heartbeat-timeout-floor-s", "--checkpoint-durable-dir"):
+    for flag in (
+        "--mode",
+        "--model",
+        "--steps",
+        "--seed",
+        "--run-dir",
+        "--faults-plan",
+        "--inprocess-soft-timeout-s",
+        "--ft-heartbeat-timeout-floor-s",
+        "--checkpoint-durable-dir",
+    ):
         assert flag in helptext
     cfg = parse_args(["--steps", "7", "--mode", "both", "--faults-plan", "exception@3:1,sigkill@5"])
     assert cfg.steps == 7
@@ -39,7 +49,10 @@ def test_every_field_is_a_documented_flag():
         (["--mode", "inprocess", "--dist-timeout-s", "5"], "dist.timeout_s"),
         (["--faults-plan", "meteor@3"], "CLASS@STEP"),
         (["--nope", "1"], "unrecognized arguments"),
-        (["--mode", "both", "--ft-heartbeat-timeout-floor-s", "20", "--dist-timeout-s", "1"], "hard_timeout_s"),
+        (
+            ["--mode", "both", "--ft-heartbeat-timeout-floor-s", "20", "--dist-timeout-s", "1"],
+            "hard_timeout_s",
+        ),
     ],
 )
 def test_bad_input_is_one_user_error(argv, needle):
@@ -49,7 +62,11 @@ def test_bad_input_is_one_user_error(argv, needle):
 
 def test_cli_bad_input_exits_2_without_traceback():
     result = subprocess.run(
-        [sys.executable, "-m", "training", "--steps", "-1"], cwd=REPO, capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "training", "--steps", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
         timeout=60,
     )
     assert result.returncode == 2
@@ -67,7 +84,7 @@ def test_schedule_is_deterministic_and_spread():
     assert len(first) == 5
     assert {f.cls for f in first} <= {"exception", "hang"}
     steps = [f.step for f in first]
-    assert all(b - a >= 1 for a, b in zip(steps, steps[1:], strict=False))
+    assert all(b - a >= 1 for a, b in itertools.pairwise(steps))
     assert all(2 <= s <= 99 for s in steps)
     other = TrainConfig.model_validate({"steps": 100, "faults": {"count": 5, "seed": 43}})
     assert build_schedule(other.faults, steps=100, world_size=4, seed=0) != first
@@ -109,18 +126,49 @@ def _write(run_dir: Path, rank: int, events: list[dict]) -> None:
 
 def test_summarize_applies_the_formulas(tmp_path):
     # One rank, 10 steps of 1 s; a hard fault at t=5.5 after step 4; restart restores step 3; t=20 end.
-    ev = [{"t": 0.0, "kind": "process_start", "pid": 1, "mode": "both", "steps": 10},
-          {"t": 1.0, "kind": "startup_done", "pid": 1, "restored_step": -1, "tier": "none",
-           "state_bytes": 1000, "memcpy_gbps": 1e-6}]
-    ev += [{"t": 1.0 + s + 1, "kind": "step", "pid": 1, "step": s, "step_s": 1.0, "ckpt_s": 0.1} for s in range(5)]
+    ev = [
+        {"t": 0.0, "kind": "process_start", "pid": 1, "mode": "both", "steps": 10},
+        {
+            "t": 1.0,
+            "kind": "startup_done",
+            "pid": 1,
+            "restored_step": -1,
+            "tier": "none",
+            "state_bytes": 1000,
+            "memcpy_gbps": 1e-6,
+        },
+    ]
+    ev += [
+        {"t": 1.0 + s + 1, "kind": "step", "pid": 1, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
+        for s in range(5)
+    ]
     ev += [{"t": 6.5, "kind": "checkpoint_committed", "pid": 1, "step": 3}]
-    ev += [{"t": 6.6, "kind": "fault_injected", "pid": 1, "class": "sigkill", "step": 5, "target_rank": 0,
-            "expected_layer": "ft_launcher", "index": 0},
-           {"t": 8.0, "kind": "process_start", "pid": 2, "mode": "both", "steps": 10},
-           {"t": 9.6, "kind": "startup_done", "pid": 2, "restored_step": 3, "tier": "durable",
-            "state_bytes": 1000, "memcpy_gbps": 1e-6}]
-    ev += [{"t": 9.6 + i + 1, "kind": "step", "pid": 2, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
-           for i, s in enumerate(range(4, 10))]
+    ev += [
+        {
+            "t": 6.6,
+            "kind": "fault_injected",
+            "pid": 1,
+            "class": "sigkill",
+            "step": 5,
+            "target_rank": 0,
+            "expected_layer": "ft_launcher",
+            "index": 0,
+        },
+        {"t": 8.0, "kind": "process_start", "pid": 2, "mode": "both", "steps": 10},
+        {
+            "t": 9.6,
+            "kind": "startup_done",
+            "pid": 2,
+            "restored_step": 3,
+            "tier": "durable",
+            "state_bytes": 1000,
+            "memcpy_gbps": 1e-6,
+        },
+    ]
+    ev += [
+        {"t": 9.6 + i + 1, "kind": "step", "pid": 2, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
+        for i, s in enumerate(range(4, 10))
+    ]
     ev += [{"t": 16.0, "kind": "end", "pid": 2, "steps": 10, "final_params_sha256": "abc"}]
     _write(tmp_path, 0, ev)
     summary = summarize(tmp_path)

@@ -36,7 +36,7 @@ _worker_ready = False
 
 
 def _become_worker() -> None:
-    """Once per worker process: die with the parent, and yield the cores to training."""
+    """Once per worker process: die with the parent."""
     global _worker_ready  # noqa: PLW0603 - per-process one-time setup
     if _worker_ready:
         return
@@ -48,8 +48,6 @@ def _become_worker() -> None:
         pass  # not Linux: the orphan finishes its write and exits with the queue
     if os.getppid() == 1:  # parent already gone before prctl took effect
         os._exit(1)
-    # On a 2-core host the writer competes with the step; a GPU host's cores are idle (notes sect. 5).
-    os.nice(10)
 
 
 def persist_slot(
@@ -77,10 +75,11 @@ def persist_slot(
         store = open_store(tier=tier, location=location, fsync=fsync)
         with open(slot_path, "rb") as source:  # noqa: PTH123
             mapped = mmap.mmap(source.fileno(), data_bytes, prot=mmap.PROT_READ) if data_bytes else None
+            view = memoryview(mapped) if mapped is not None else memoryview(b"")
             try:
-                chunks = [header, memoryview(mapped)] if mapped is not None else [header]
-                manifest = store.commit(step=step, rank=rank, world_size=world_size, chunks=chunks)
+                manifest = store.commit(step=step, rank=rank, world_size=world_size, chunks=[header, view])
             finally:
+                view.release()
                 if mapped is not None:
                     mapped.close()
         outcome["pruned"] = store.prune(rank=rank, keep=keep)
@@ -121,6 +120,13 @@ class PersistWorker:
     @property
     def busy(self) -> bool:
         return self.inflight is not None
+
+    def warm(self) -> bool:
+        """The worker process is up (its warm-up call finished)."""
+        if self._queue is None:
+            return False
+        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        return self.inflight is not None or not self._queue.async_calls
 
     def _ensure_queue(self) -> Any:
         if self._queue is None:
@@ -164,8 +170,10 @@ class PersistWorker:
         call = self.inflight
         if call is None:
             return None
-        done = self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-        if call.call_idx in done:
+        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+        # The indices that call returns are the requests' own call_idx, which NVRx 0.4.1 leaves at 0
+        # on the copy it keeps; what is still queued is what is reliable.
+        if all(active.idx != call.call_idx for active in self._queue.async_calls):
             self.inflight = None
             try:
                 outcome = json.loads(call.result_path.read_text())

@@ -1,0 +1,152 @@
+"""Shard format, config validation, the synchronous checkpointer, corruption and full-disk handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from training.checkpoint import CheckpointConfig, build_checkpointer
+from training.checkpoint.shard import ShardError, decode, to_bytes
+from training.checkpoint.storage import FileStore
+
+CPU = torch.device("cpu")
+
+
+def state_at(step: int) -> dict:
+    return {
+        "model": {"w": torch.full((64, 32), float(step)), "i": torch.arange(10, dtype=torch.int16) + step},
+        "optim": {"state": {0: {"m": torch.ones(3, dtype=torch.bfloat16) * step}}, "lr": 0.1},
+        "rng": torch.tensor([step], dtype=torch.uint8),
+        "data": {"step": step, "order": [1, 2, (3, "x")]},
+    }
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if isinstance(value, dict):
+            assert_same(got[key], value)
+        elif isinstance(value, torch.Tensor):
+            assert got[key].dtype == value.dtype
+            assert torch.equal(got[key], value)
+        else:
+            assert got[key] == value
+
+
+def test_shard_round_trip_keeps_dtypes_shapes_and_structure():
+    state = state_at(7)
+    state["strided"] = torch.arange(20.0).reshape(4, 5).t()
+    state["empty"] = torch.empty(0, 3)
+    got = decode(bytearray(to_bytes(state)))
+    assert_same(got, state)
+
+
+def test_shard_decode_rejects_truncation_and_foreign_files():
+    blob = to_bytes(state_at(1))
+    with pytest.raises(ShardError, match="truncated"):
+        decode(bytearray(blob[: len(blob) // 2]))
+    with pytest.raises(ShardError, match="magic"):
+        decode(bytearray(b"PK\x03\x04" + blob[4:]))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"implementation": "fast"}, "implementation"),
+        ({"memory_every": 10, "local_dir": "/x", "local_every": 15}, "multiple of memory_every"),
+        ({"peer_replica": True}, "peer_replica"),
+        ({"keep": 0}, "keep"),
+        ({"durable_dir": "s3:///nobucket"}, "bucket"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        CheckpointConfig(**fields)
+
+
+def sync_config(tmp_path, **extra) -> CheckpointConfig:
+    fields = {
+        "implementation": "sync",
+        "local_dir": tmp_path / "local",
+        "local_every": 2,
+        "durable_dir": str(tmp_path / "durable"),
+        "durable_every": 4,
+        "keep": 2,
+        "fsync": False,
+    }
+    return CheckpointConfig(**(fields | extra))
+
+
+def test_sync_resumes_exactly_from_the_newest_step_and_keeps_k(tmp_path):
+    ckpt = build_checkpointer(sync_config(tmp_path), rank=0, world_size=1, device=CPU)
+    assert ckpt.load_latest() is None
+    for step in range(1, 10):
+        ckpt.save(step, state_at(step))
+    restored = ckpt.load_latest()
+    assert (restored.step, restored.tier) == (8, "local")
+    assert_same(restored.state, state_at(8))
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["step-000000006", "step-000000008"]
+    assert sorted(p.name for p in (tmp_path / "durable").iterdir()) == ["step-000000004", "step-000000008"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "no_manifest"])
+def test_torn_or_corrupt_shard_is_skipped_reported_and_older_step_used(tmp_path, damage):
+    events = []
+    ckpt = build_checkpointer(
+        sync_config(tmp_path, durable_dir=None, keep=3),
+        rank=0,
+        world_size=1,
+        device=CPU,
+        on_event=lambda kind, fields: events.append((kind, fields)),
+    )
+    for step in (2, 4):
+        ckpt.save(step, state_at(step))
+    shard = tmp_path / "local" / "step-000000004" / "rank-00000.shard"
+    blob = bytearray(shard.read_bytes())
+    if damage == "truncate":
+        shard.write_bytes(blob[: len(blob) - 100])
+    elif damage == "bitflip":
+        blob[len(blob) - 5] ^= 0x10
+        shard.write_bytes(blob)
+    else:
+        (shard.parent / "rank-00000.json").unlink()
+    restored = ckpt.load_latest()
+    assert restored.step == 2
+    assert_same(restored.state, state_at(2))
+    rejected = [fields for kind, fields in events if kind == "checkpoint_rejected"]
+    if damage == "no_manifest":
+        assert rejected == []  # never committed: simply not a candidate
+    else:
+        assert rejected[0]["step"] == 4
+        assert ("truncated" if damage == "truncate" else "CRC32") in rejected[0]["reason"]
+
+
+def test_unwritable_durable_is_reported_training_continues_and_later_retries(tmp_path):
+    blocker = tmp_path / "durable"
+    blocker.write_text("a file where the durable folder should be")  # mkdir fails: like a broken mount
+    events = []
+    ckpt = build_checkpointer(
+        sync_config(tmp_path, durable_every=2), rank=0, world_size=1, device=CPU,
+        on_event=lambda kind, fields: events.append(kind),
+    )
+    ckpt.save(2, state_at(2))
+    assert ckpt.stats.failed["durable"] == 1
+    assert "checkpoint_failed" in events
+    assert ckpt.stats.persisted["local"] == 1
+    blocker.unlink()
+    ckpt.save(4, state_at(4))
+    assert ckpt.stats.persisted["durable"] == 1
+    assert FileStore(tier="durable", root=blocker).manifests(0).keys() == {4}
+
+
+def test_manifest_records_size_and_checksum(tmp_path):
+    ckpt = build_checkpointer(sync_config(tmp_path, durable_dir=None), rank=3, world_size=4, device=CPU)
+    ckpt.save(2, state_at(2))
+    folder = tmp_path / "local" / "step-000000002"
+    manifest = json.loads((folder / "rank-00003.json").read_text())
+    assert manifest["nbytes"] == (folder / "rank-00003.shard").stat().st_size
+    assert manifest["world_size"] == 4
+    assert not list(folder.glob(".*tmp*"))

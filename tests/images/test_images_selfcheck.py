@@ -1,0 +1,233 @@
+"""`python -m training.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device trees."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from infra.profiles import get_profile
+from training import selfcheck
+from training.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
+
+REPO = Path(__file__).resolve().parents[2]
+P5 = get_profile("p5.48xlarge")
+INSTALLED_NVRX = metadata.version("nvidia-resiliency-ext")
+
+
+def test_cpu_mode_on_this_machine(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "training.selfcheck", "--checkpoint-dir", str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+        env=env | {"COLUMNS": "160"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CPU mode: local-cpu" in done.stdout
+    assert "node can train" in done.stdout
+    assert (tmp_path / "ckpt").is_dir()
+    assert not list((tmp_path / "ckpt").iterdir())  # the probe file is gone
+
+
+def test_unknown_profile_is_a_configuration_error():
+    done = subprocess.run(
+        [sys.executable, "-m", "training.selfcheck", "--profile", "p9.huge"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    assert "unknown instance type 'p9.huge'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _gpu_torch(count: int = 8, nccl: tuple[int, ...] = (2, 27, 7)) -> TorchInfo:
+    return TorchInfo(version="2.9.0a0", cuda="13.0", cuda_available=True, device_count=count, nccl=nccl)
+
+
+@pytest.fixture
+def p5_node(tmp_path) -> Node:
+    """A healthy p5.48xlarge as the pod sees it: 8 GPUs, 32 EFA devices, the chart's env, the plugin."""
+    sys_root, dev = tmp_path / "sys", tmp_path / "dev"
+    (dev / "infiniband").mkdir(parents=True)
+    drivers = sys_root / "bus" / "pci" / "drivers"
+    (drivers / "efa").mkdir(parents=True)
+    (drivers / "mlx5_core").mkdir()
+    for i in range(8):
+        (dev / f"nvidia{i}").touch()
+    (dev / "nvidiactl").touch()  # not a GPU
+    for i in range(P5.efa_devices):
+        device = sys_root / "class" / "infiniband" / f"rdmap{i}s0" / "device"
+        device.mkdir(parents=True)
+        (device / "driver").symlink_to(drivers / "efa")
+        (dev / "infiniband" / f"uverbs{i}").touch()
+    plugin_dir = tmp_path / "opt" / "aws-ofi-nccl" / "lib"
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "libnccl-net-ofi.so").touch()
+    fi_info = tmp_path / "bin" / "fi_info"
+    fi_info.parent.mkdir()
+    fi_info.write_text("#!/bin/sh\necho 'provider: efa'\n")
+    fi_info.chmod(fi_info.stat().st_mode | stat.S_IEXEC)
+    env = {
+        "JOB_COMPLETION_INDEX": "0",
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "NCCL_NET_PLUGIN": "ofi",
+        "LD_LIBRARY_PATH": f"/nonexistent:{plugin_dir}",
+        "NVRX_EKS_NVRX_VERSION": INSTALLED_NVRX,
+        "NVRX_EKS_INSTANCE_PROFILE": "p5.48xlarge",
+    }
+    return Node(
+        sys_root=sys_root,
+        dev_root=dev,
+        shm_path=tmp_path,
+        env=env,
+        torch_probe=_gpu_torch,
+        which=lambda name: str(fi_info) if name == "fi_info" else None,
+    )
+
+
+def _by_name(node: Node, tmp_path: Path, *, shm_gib: float = 0.0) -> dict[str, selfcheck.Check]:
+    checks = selfcheck.run_checks(node, profile=P5, checkpoint_dirs=[tmp_path / "nvme", tmp_path / "fsx"])
+    return {c.name: c for c in checks}
+
+
+@pytest.fixture(autouse=True)
+def _shm_is_not_the_question(monkeypatch):
+    # tmp dirs stand in for /dev/shm; the size rule gets its own test below.
+    monkeypatch.setattr(selfcheck, "SHM_GIB_PER_GPU_WORKER", 0.0)
+
+
+def test_a_healthy_p5_node_can_train(p5_node, tmp_path, capsys):
+    code = selfcheck.main(["--checkpoint-dir", str(tmp_path / "nvme")], node=p5_node)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "node can train" in out
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["GPUs"].status is Status.OK
+    assert checks["EFA devices"].status is Status.OK
+    assert checks["EFA devices"].detail.startswith("32 of 32")
+    assert checks["NCCL net plugin"].detail.endswith("libnccl-net-ofi.so")
+    assert checks["NCCL"].detail == "2.27.7"
+
+
+def _code(node: Node, tmp_path: Path) -> int:
+    return selfcheck.exit_code(list(_by_name(node, tmp_path).values()))
+
+
+def test_a_missing_gpu_is_a_node_problem(p5_node, tmp_path):
+    (p5_node.dev_root / "nvidia7").unlink()
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["GPUs"].status is Status.NODE
+    assert "7 of 8 GPUs usable" in checks["GPUs"].detail
+    assert _code(p5_node, tmp_path) == NODE_PROBLEM_EXIT_CODE == 75
+
+
+def test_cuda_failing_to_initialize_is_a_node_problem(p5_node, tmp_path):
+    p5_node.torch_probe = lambda: TorchInfo(
+        version="2.9", cuda="13.0", cuda_available=False, device_count=0, nccl=None, error="driver too old"
+    )
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["GPUs"].status is Status.NODE
+    assert "driver too old" in checks["GPUs"].detail
+
+
+def test_a_missing_efa_device_is_a_node_problem(p5_node, tmp_path):
+    (p5_node.dev_root / "infiniband" / "uverbs31").unlink()
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["EFA devices"].status is Status.NODE
+    assert "requested 32" in checks["EFA devices"].detail
+    assert _code(p5_node, tmp_path) == NODE_PROBLEM_EXIT_CODE
+
+
+def test_rdma_devices_of_another_driver_do_not_count_as_efa(p5_node, tmp_path):
+    link = p5_node.sys_root / "class" / "infiniband" / "rdmap0s0" / "device" / "driver"
+    link.unlink()
+    link.symlink_to(p5_node.sys_root / "bus" / "pci" / "drivers" / "mlx5_core")
+    assert selfcheck.efa_devices(p5_node.sys_root).count("rdmap0s0") == 0
+    assert _by_name(p5_node, tmp_path)["EFA devices"].status is Status.NODE
+
+
+def test_libfabric_without_an_efa_endpoint_is_a_node_problem(p5_node, tmp_path):
+    failing = tmp_path / "bin" / "fi_info"
+    failing.write_text("#!/bin/sh\necho 'fi_getinfo: -61 (No data available)' >&2\nexit 61\n")
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["libfabric efa"].status is Status.NODE
+    assert "No data available" in checks["libfabric efa"].detail
+
+
+@pytest.mark.parametrize(
+    ("env", "check", "words"),
+    [
+        ({"FI_PROVIDER": "sockets"}, "environment", "FI_PROVIDER='sockets'"),
+        ({"NCCL_NET": "Socket"}, "NCCL net plugin", "forces TCP sockets"),
+        ({"LD_LIBRARY_PATH": "/nonexistent"}, "NCCL net plugin", "aws-ofi-nccl not found"),
+        ({"JOB_COMPLETION_INDEX": None}, "environment", "JOB_COMPLETION_INDEX unset"),
+        ({"NVRX_EKS_NVRX_VERSION": "0.0.1"}, "NVRx", "the image was built for 0.0.1"),
+    ],
+)
+def test_image_or_chart_mistakes_are_configuration_problems(p5_node, tmp_path, env, check, words):
+    merged = dict(p5_node.env) | env
+    p5_node.env = {k: v for k, v in merged.items() if v is not None}
+    checks = _by_name(p5_node, tmp_path)
+    assert checks[check].status is Status.CONFIG
+    assert words in checks[check].detail
+    assert _code(p5_node, tmp_path) == 2
+
+
+def test_nccl_in_the_range_nvrx_excludes_is_refused(p5_node, tmp_path):
+    p5_node.torch_probe = lambda: _gpu_torch(nccl=(2, 28, 5))
+    checks = _by_name(p5_node, tmp_path)
+    assert checks["NCCL"].status is Status.CONFIG
+    assert "2.28.3-2.28.8" in checks["NCCL"].detail
+
+
+def test_cpu_only_torch_on_a_gpu_profile_is_the_wrong_image(p5_node, tmp_path):
+    p5_node.torch_probe = lambda: TorchInfo(
+        version="2.9", cuda=None, cuda_available=False, device_count=0, nccl=None
+    )
+    assert _by_name(p5_node, tmp_path)["torch"].status is Status.CONFIG
+
+
+def test_an_unwritable_checkpoint_tier_is_a_node_problem(p5_node, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    checks = selfcheck.run_checks(p5_node, profile=P5, checkpoint_dirs=[blocker / "nvme"])
+    tier = next(c for c in checks if c.name.startswith("tier "))
+    assert tier.status is Status.NODE
+    assert "not writable" in tier.detail
+    assert selfcheck.exit_code(checks) == NODE_PROBLEM_EXIT_CODE
+
+
+def test_configuration_problems_win_over_node_problems(p5_node, tmp_path):
+    (p5_node.dev_root / "nvidia0").unlink()
+    p5_node.env = dict(p5_node.env) | {"FI_PROVIDER": "tcp"}
+    assert _code(p5_node, tmp_path) == 2  # every pod would fail: fail the Job, do not retry elsewhere
+
+
+def test_shared_memory_below_one_gib_per_gpu_worker_is_refused(p5_node, tmp_path, monkeypatch):
+    monkeypatch.setattr(selfcheck, "SHM_GIB_PER_GPU_WORKER", 1e9)  # more than any disk here
+    shm = _by_name(p5_node, tmp_path)["/dev/shm"]
+    assert shm.status is Status.CONFIG
+    assert "for 8 workers" in shm.detail
+    p5_node.shm_path = tmp_path / "missing"
+    assert _by_name(p5_node, tmp_path)["/dev/shm"].status is Status.CONFIG
+
+
+def test_the_chart_sets_what_the_selfcheck_requires():
+    from k8s.env import EFA_NCCL_ENV  # noqa: PLC0415
+
+    for key, want in selfcheck.REQUIRED_EFA_ENV.items():
+        assert EFA_NCCL_ENV.get(key) == want, key

@@ -1,0 +1,139 @@
+"""Cluster config validation: every bad input gives one message naming the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.app import overrides_from_context
+from infra.config import ClusterConfig
+from infra.configio import UserError, load_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
+
+
+def _load(tmp_path: Path, overrides: list[str] | None = None, **patch: object) -> ClusterConfig:
+    data = yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    data.update(patch)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_model(ClusterConfig, path, overrides or [])
+
+
+def _group(**fields: object) -> dict[str, object]:
+    return {"name": "gpu", "instance_type": "p5.48xlarge", "min_size": 0, "desired_size": 1, "max_size": 2, **fields}
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "p5-capacity-block.yaml"])
+def test_shipped_configs_are_valid(name):
+    config = load_model(ClusterConfig, CONFIGS / name)
+    assert config.gpu_availability_zone in config.availability_zones
+
+
+def test_capacity_block_config_targets_its_block():
+    config = load_model(ClusterConfig, CONFIGS / "p5-capacity-block.yaml")
+    (group,) = config.gpu_node_groups
+    assert (group.capacity.type, group.capacity.reservation_id) == ("capacity_block", "cr-0123456789abcdef0")
+    assert group.placement_group is False
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        (
+            {"gpu_node_groups": [_group(instance_type="p9.huge")]},
+            r"gpu_node_groups\.0\.instance_type: unknown instance type 'p9\.huge'; use one of: p5\.48xlarge",
+        ),
+        (
+            {"gpu_node_groups": [_group(instance_type="local-cpu")]},
+            r"gpu_node_groups\.0\.instance_type: unknown instance type 'local-cpu'",
+        ),
+        (
+            {"fsx": {"storage_capacity_gib": 2000}},
+            r"fsx\.storage_capacity_gib: 2000 GiB is not a valid PERSISTENT_2 size; use 1200 or a multiple of 2400",
+        ),
+        (
+            {"fsx": {"throughput_per_tib": 200}},
+            r"fsx\.throughput_per_tib: 200 is not a PERSISTENT_2 throughput tier; use one of 125, 250, 500, 1000",
+        ),
+        (
+            {
+                "gpu_node_groups": [
+                    _group(placement_group=True, capacity={"type": "capacity_block", "reservation_id": "cr-0123456789abcdef0"})
+                ]
+            },
+            r"placement_group: true cannot be combined with capacity type capacity_block; set placement_group: false",
+        ),
+        (
+            {
+                "gpu_node_groups": [
+                    _group(
+                        placement_group=True,
+                        capacity={"type": "capacity_reservation", "reservation_id": "cr-0123456789abcdef0"},
+                    )
+                ]
+            },
+            r"cannot be combined with capacity type capacity_reservation",
+        ),
+        (
+            {"gpu_node_groups": [_group(min_size=3, desired_size=2, max_size=4)]},
+            r"min_size <= desired_size <= max_size \(got 3 / 2 / 4\)",
+        ),
+        (
+            {"gpu_node_groups": [_group(min_size=0, desired_size=5, max_size=4)]},
+            r"min_size <= desired_size <= max_size \(got 0 / 5 / 4\)",
+        ),
+        (
+            {"gpu_availability_zone": None},
+            r"gpu_availability_zone is missing; set it to the AZ of your GPU capacity \(one of us-east-1a, us-east-1b\)",
+        ),
+        (
+            {"gpu_availability_zone": "us-east-1f"},
+            r"gpu_availability_zone us-east-1f is not one of availability_zones",
+        ),
+        (
+            {"kubernetes_version": "1.29"},
+            r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/pins\.py; use one of 1\.33, 1\.34",
+        ),
+        (
+            {"gpu_node_groups": [_group(capacity={"type": "capacity_block"})]},
+            r"type capacity_block needs reservation_id",
+        ),
+        ({"unknown_knob": 1}, r"unknown_knob: Extra inputs are not permitted"),
+    ],
+    ids=[
+        "unknown-instance",
+        "local-profile-on-ec2",
+        "fsx-capacity",
+        "fsx-throughput",
+        "placement-with-capacity-block",
+        "placement-with-reservation",
+        "min-above-desired",
+        "desired-above-max",
+        "missing-az",
+        "az-not-in-vpc",
+        "k8s-version",
+        "block-without-id",
+        "unknown-field",
+    ],
+)
+def test_invalid_input_names_field_and_fix(tmp_path, patch, expected):
+    with pytest.raises(UserError, match=expected) as info:
+        _load(tmp_path, **patch)
+    assert "Traceback" not in str(info.value)
+
+
+def test_context_overrides_reach_the_config(tmp_path):
+    path, overrides = overrides_from_context(
+        {"config": str(CONFIGS / "default.yaml"), "region": "us-west-2", "availability_zones": ["us-west-2a", "us-west-2b"],
+         "gpu_availability_zone": "us-west-2b", "fsx.throughput_per_tib": 500, "@aws-cdk/core:flag": True}
+    )
+    config = load_model(ClusterConfig, path, overrides)
+    assert (config.region, config.gpu_availability_zone, config.fsx.throughput_per_tib) == ("us-west-2", "us-west-2b", 500)
+
+
+def test_unknown_context_key_is_refused():
+    with pytest.raises(UserError, match="context key 'regoin' is not a cluster config field"):
+        overrides_from_context({"regoin": "us-west-2"})

@@ -1,0 +1,63 @@
+"""The instance profile table and the EFA interface layout derived from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.configio import UserError
+from infra.constructs.launch_template import efa_interface_layout, nodeadm_node_config
+from infra.profiles import PROFILES, get_profile
+
+EC2_GPU = [name for name, p in PROFILES.items() if p.is_ec2]
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "efa", "cards"),
+    [
+        ("p5.48xlarge", 8, 32, 32),
+        ("p5e.48xlarge", 8, 32, 32),
+        ("p5en.48xlarge", 8, 16, 16),
+        ("p4d.24xlarge", 8, 4, 4),
+        ("p4de.24xlarge", 8, 4, 4),
+        ("g6.8xlarge", 1, 1, 1),
+    ],
+)
+def test_documented_gpu_and_network_facts(name, gpus, efa, cards):
+    profile = get_profile(name, ec2_only=True)
+    assert (profile.gpus, profile.efa_devices, profile.network_cards) == (gpus, efa, cards)
+    assert profile.workers_per_node == gpus
+    assert "efa-acc-inst-types" in profile.source
+
+
+@pytest.mark.parametrize("name", EC2_GPU)
+def test_layout_has_one_ena_primary_and_one_efa_per_card(name):
+    profile = get_profile(name)
+    slots = efa_interface_layout(profile)
+    assert (slots[0].network_card, slots[0].device_index, slots[0].interface_type) == (0, 0, "interface")
+    efa = [s for s in slots if s.interface_type == "efa-only"]
+    assert len(efa) == profile.efa_devices
+    # Every network card carries exactly one EFA-only interface; card 0 at device 1, others at device 0.
+    assert sorted(s.network_card for s in efa) == list(range(profile.network_cards))
+    assert {(s.network_card, s.device_index) for s in efa if s.network_card == 0} == {(0, 1)}
+    assert all(s.device_index == 0 for s in efa if s.network_card > 0)
+    assert len({(s.network_card, s.device_index) for s in slots}) == len(slots)
+
+
+def test_local_profile_has_no_efa_and_no_raid():
+    local = get_profile("local-cpu")
+    assert [s.interface_type for s in efa_interface_layout(local)] == ["interface"]
+    assert nodeadm_node_config(local)["spec"] == {}
+    assert local.workers_per_node == 2
+
+
+def test_nvme_profiles_ask_nodeadm_for_raid0():
+    config = nodeadm_node_config(get_profile("p5.48xlarge"))
+    assert config["kind"] == "NodeConfig"
+    assert config["spec"] == {"instance": {"localStorage": {"strategy": "RAID0"}}}
+
+
+def test_unknown_and_local_types_are_refused_for_ec2():
+    with pytest.raises(UserError, match="unknown instance type 'p9.huge'"):
+        get_profile("p9.huge")
+    with pytest.raises(UserError, match="use one of: p5.48xlarge"):
+        get_profile("local-cpu", ec2_only=True)

@@ -1,0 +1,142 @@
+"""Rendered manifests: schema-valid (Kubernetes 1.33, strict), golden, and parseable by the real parsers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+from k8s.job_chart import render
+from k8s.values import load_values
+from training.config import parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
+VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = "1.33"
+
+
+def _render(values_file: Path, out: Path, *overrides: str) -> list[dict]:
+    files = render(load_values(values_file, list(overrides)), str(out))
+    return [doc for f in files for doc in yaml.safe_load_all(Path(f).read_text()) if doc]
+
+
+def _by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    out = tmp_path_factory.mktemp("render")
+    return {v.stem: _render(v, out / v.stem) for v in VALUES}
+
+
+def test_example_values_exist():
+    assert {v.stem for v in VALUES} >= {"local-cpu", "p5-2", "p5-8", "p5-16"}
+
+
+def test_every_object_validates_against_k8s_schema(rendered):
+    for docs in rendered.values():
+        assert len(docs) == 4
+        for doc in docs:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_job_shape(rendered):
+    for name, docs in rendered.items():
+        (job,) = _by_kind(docs, "Job")
+        spec = job["spec"]
+        nodes = int(name.split("-")[-1]) if name.startswith("p5") else 2
+        assert spec["completionMode"] == "Indexed"
+        assert spec["completions"] == spec["parallelism"] == nodes
+        assert spec["podReplacementPolicy"] == "Failed"
+        assert spec["template"]["spec"]["restartPolicy"] == "Never"
+        rules = spec["podFailurePolicy"]["rules"]
+        assert rules[0]["action"] == "FailJob"
+        assert rules[0]["onExitCodes"]["values"] == [2]
+        assert rules[1] == {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        }
+        (headless,) = [s for s in _by_kind(docs, "Service") if s["spec"].get("clusterIP") == "None"]
+        assert job["spec"]["template"]["spec"]["subdomain"] == headless["metadata"]["name"]
+
+
+def test_p5_pod_resources_from_profile(rendered):
+    (job,) = _by_kind(rendered["p5-16"], "Job")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # Pinned NVRx 0.7.0: barrier rendezvous only, so no eviction step and no min-healthy policy.
+    assert "initContainers" not in pod
+    assert not any("min-healthy" in a for a in c["command"])
+
+
+def test_store_is_separate_and_prioritized(rendered):
+    (deploy,) = _by_kind(rendered["p5-2"], "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "nvrx-rendezvous-store"
+    assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
+    assert pod["containers"][0]["command"][:3] == ["python", "-m", "training.rendezvous"]
+    (job,) = _by_kind(rendered["p5-2"], "Job")
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--rdzv-endpoint=llama-8b-p5-2-rdzv:29400" in cmd
+    assert any(a.startswith("--rdzv-conf=is_host=0,join_timeout=1800") for a in cmd)
+
+
+def _split(command: list[str]) -> tuple[list[str], list[str]]:
+    """Launcher args and trainer args of a rendered command (`... -m training ARGS`)."""
+    i = command.index("-m")
+    return command[1 : i + 2], command[i + 2 :]
+
+
+@pytest.mark.parametrize("mode", ["baseline", "inprocess", "ft_launcher", "both"])
+def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
+    docs = _render(VALUES[0].parent / "local-cpu.yaml", tmp_path, f"mode={mode}")
+    (job,) = _by_kind(docs, "Job")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    launcher, trainer = _split(c["command"])
+    assert c["command"][0] == ("torchrun" if mode == "baseline" else "ft_launcher")
+    config = parse_args(trainer)
+    assert config.mode == mode
+    assert str(config.run_dir) == "/fsx/runs/nvrx-local"
+    args = get_args_parser().parse_args(launcher)
+    assert args.module
+    assert args.training_script == "training"
+    assert args.nnodes == "2:2"
+    assert args.nproc_per_node == "2"
+    assert args.max_restarts == 6
+    if mode != "baseline":
+        assert args.ft_rank_heartbeat_timeout == 30
+        assert args.ft_restart_policy == ("min-healthy" if mode == "both" else "any-failed")
+
+
+def test_p5_args_parse_with_trainer(rendered):
+    (job,) = _by_kind(rendered["p5-8"], "Job")
+    _, trainer = _split(job["spec"]["template"]["spec"]["containers"][0]["command"])
+    config = parse_args(trainer)
+    assert config.model == "8b"
+    assert config.inprocess.max_iterations == 3
+
+
+def test_golden_local_cpu(rendered, request):
+    """The reference configuration renders byte-for-byte as committed (update: UPDATE_GOLDEN=1)."""
+    text = "---\n".join(yaml.safe_dump(d, sort_keys=True) for d in rendered["local-cpu"])
+    golden = GOLDEN / "local-cpu.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(text)
+    assert golden.read_text() == text, "rendered manifests changed; review and rerun with UPDATE_GOLDEN=1"

@@ -1,0 +1,163 @@
+"""`nvrx-eks values`: CloudFormation outputs (moto) -> job values, the user's file round-tripped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from infra.ops import commands
+from infra.ops.stack_values import OUTPUT_KEYS, image_for
+from k8s.values import JobValues
+
+REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer"
+OUTPUTS = {
+    "ClusterName": "nvrx-eks",
+    "Region": "us-east-1",
+    "FsxFileSystemId": "fs-0123456789abcdef0",
+    "FsxDnsName": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+    "FsxMountName": "abcdefgh",
+    "CheckpointPvcName": "fsx-ckpt",
+    "CheckpointBucketName": "nvrx-eks-checkpoints-123456789012",
+    "CheckpointPrefix": "ckpt/",
+    "ImageRepositoryUri": REPO,
+    "TrainingNamespace": "train",
+    "TrainingServiceAccount": "trainer",
+    "GpuNodeGroups": json.dumps({"p5-ondemand": "p5.48xlarge"}),
+}
+
+
+def _deploy(session, outputs: dict[str, str], name: str = "nvrx-eks") -> None:
+    template = {
+        "Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
+    session.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
+
+
+@pytest.fixture
+def cli(moto_session, monkeypatch):
+    monkeypatch.setattr(commands, "_session", lambda profile, region: moto_session)
+    app = typer.Typer()
+    job = typer.Typer()
+    app.add_typer(job, name="job")
+    commands.register(app=app, job=job)
+
+    def invoke(*args: str):
+        return CliRunner().invoke(app, list(args))
+
+    return invoke
+
+
+USER_FILE = """\
+# my training job
+name: llama-ft   # keep this name
+num_nodes: 2
+image: local
+mode: ft_launcher
+trainer:
+  model: small
+  steps: 5000
+storage:
+  local_nvme_path: /mnt/k8s-disks/0   # node NVMe
+"""
+
+
+def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    path = tmp_path / "values.yaml"
+    path.write_text(USER_FILE)
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    text = path.read_text()
+    assert "# my training job" in text
+    assert "# keep this name" in text
+    assert "# node NVMe" in text
+    data = yaml.safe_load(text)
+    assert data["name"] == "llama-ft"
+    assert data["trainer"] == {"model": "small", "steps": 5000}
+    assert data["mode"] == "ft_launcher"
+    assert data["image"] == f"{REPO}:latest"
+    assert data["namespace"] == "train"
+    assert data["service_account"] == "trainer"
+    assert data["instance_profile"] == "p5.48xlarge"
+    assert data["storage"] == {
+        "local_nvme_path": "/mnt/k8s-disks/0",
+        "fsx_pvc": "fsx-ckpt",
+        "s3_bucket": "nvrx-eks-checkpoints-123456789012",
+        "s3_prefix": "ckpt/",
+    }
+    JobValues.model_validate(data)
+    # Running it again changes nothing.
+    again = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert "nothing (already up to date)" in again.output
+    assert path.read_text() == text
+
+
+def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    path = tmp_path / "new.yaml"
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert "still to fill in before `nvrx-eks job submit`: name, num_nodes" in result.output
+    assert yaml.safe_load(path.read_text())["storage"]["fsx_pvc"] == "fsx-ckpt"
+
+
+def test_missing_stack_is_a_user_error(cli, tmp_path):
+    result = cli("values", "--stack", "nope", "-o", str(tmp_path / "v.yaml"))
+    assert result.exit_code == 2
+    assert "stack 'nope' not found in us-east-1" in result.output
+    assert not (tmp_path / "v.yaml").exists()
+
+
+def test_stack_without_the_kit_outputs_names_them(cli, moto_session, tmp_path):
+    _deploy(moto_session, {k: v for k, v in OUTPUTS.items() if k not in {"GpuNodeGroups", "CheckpointPvcName"}})
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(tmp_path / "v.yaml"))
+    assert result.exit_code == 2
+    assert "lacks output(s) CheckpointPvcName, GpuNodeGroups" in result.output
+
+
+def test_several_node_group_types_need_a_choice(cli, moto_session, tmp_path):
+    groups = {"g6-dev": "g6.8xlarge", "p5-ondemand": "p5.48xlarge"}
+    _deploy(moto_session, {**OUTPUTS, "GpuNodeGroups": json.dumps(groups)})
+    path = tmp_path / "v.yaml"
+    path.write_text("name: a\nnum_nodes: 1\n")
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 2
+    assert "--node-group" in result.output
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path), "--node-group", "g6-dev")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(path.read_text())["instance_profile"] == "g6.8xlarge"
+
+
+def test_values_that_stop_validating_are_refused(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    path = tmp_path / "v.yaml"
+    original = "name: a\nnum_nodes: 0\n"
+    path.write_text(original)
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 2
+    assert "num_nodes" in result.output
+    assert path.read_text() == original
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        (None, f"{REPO}:latest"),
+        ("local", f"{REPO}:latest"),
+        ("old.example.com/team/trainer:v3", f"{REPO}:v3"),
+        ("localhost:5000/trainer", f"{REPO}:latest"),
+        ("x/trainer@sha256:abc", f"{REPO}@sha256:abc"),
+    ],
+)
+def test_image_keeps_the_users_tag_or_digest(current, expected):
+    assert image_for(REPO, current) == expected
+
+
+def test_contract_output_keys():
+    # COMMON.md contract 5: the stack side writes exactly these keys.
+    assert set(OUTPUT_KEYS) == set(OUTPUTS)
