@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from constructs import Construct, IConstruct
 
 from infra import nag, pins
 from infra.constructs.gpu_nodegroup import EFA_LABEL, GPU_LABEL, GPU_TAINT_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from constructs import Construct, IConstruct
 
 
 class AddonError(ValueError):
@@ -53,7 +54,9 @@ def _gpu_scheduling(label: str) -> dict[str, Any]:
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]}]
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]}
+                    ]
                 }
             }
         },
@@ -213,7 +216,9 @@ def deploy_addons(ctx: AddonContext, addons: Sequence[Addon]) -> dict[str, ICons
     for addon in addons:
         missing = [dep for dep in addon.depends_on if dep not in by_name]
         if missing:
-            raise AddonError(f"add-on {addon.name!r} needs {', '.join(missing)}, which is not in the add-on set")
+            raise AddonError(
+                f"add-on {addon.name!r} needs {', '.join(missing)}, which is not in the add-on set"
+            )
     visiting: set[str] = set()
 
     def visit(name: str) -> IConstruct:
@@ -237,4 +242,3 @@ def deploy_addons(ctx: AddonContext, addons: Sequence[Addon]) -> dict[str, ICons
 
 def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("-"))
-

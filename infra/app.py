@@ -52,7 +52,10 @@ def overrides_from_context(context: Mapping[str, object]) -> tuple[Path, list[st
             continue
         if key.split(".")[0] not in ClusterConfig.model_fields:
             raise UserError(f"context key {key!r} is not a cluster config field; fields: {_field_names()}")
-        text = value if isinstance(value, str) else json.dumps(value)
+        # `-c key=value` arrives as a string: keep it one (YAML would read 1.30 as 1.3) unless it
+        # is a list or mapping; pydantic converts "300" or "true" for numeric and boolean fields.
+        structured = isinstance(value, str) and value.lstrip()[:1] in ("[", "{")
+        text = value if structured else json.dumps(value)
         overrides.append(f"{key}={text}")
     return path, overrides
 
@@ -95,22 +98,34 @@ def synth_summary(config_path: str | Path = DEFAULT_CONFIG, overrides: Iterable[
     return describe(config, template, account=account, region=region, seconds=seconds)
 
 
-def describe(config: ClusterConfig, template: Mapping[str, object], *, account: str, region: str, seconds: float) -> str:
+def describe(
+    config: ClusterConfig, template: Mapping[str, object], *, account: str, region: str, seconds: float
+) -> str:
     resources = template.get("Resources", {})
     assert isinstance(resources, dict)  # noqa: S101 - CloudFormation templates always map resources
     lines = [
-        f"stack {config.name} ({account}/{region}): {len(resources)} resources, synthesized in {seconds:.1f} s",
-        f"  EKS {config.kubernetes_version}, endpoint {config.endpoint_access}, AZs "
-        f"{', '.join(config.availability_zones)} (GPU: {config.gpu_availability_zone})",
-        f"  FSx for Lustre PERSISTENT_2 {config.fsx.storage_capacity_gib} GiB at "
-        f"{config.fsx.throughput_per_tib} MB/s/TiB, linked at {config.fsx.file_system_path}",
+        (
+            f"stack {config.name} ({account}/{region}): {len(resources)} resources, "
+            f"synthesized in {seconds:.1f} s"
+        ),
+        (
+            f"  EKS {config.kubernetes_version}, endpoint {config.endpoint_access}, AZs "
+            f"{', '.join(config.availability_zones)} (GPU: {config.gpu_availability_zone})"
+        ),
+        (
+            f"  FSx for Lustre PERSISTENT_2 {config.fsx.storage_capacity_gib} GiB at "
+            f"{config.fsx.throughput_per_tib} MB/s/TiB, linked at {config.fsx.file_system_path}"
+        ),
         "  GPU node groups:",
     ]
     for group in config.gpu_node_groups:
         profile = group.profile
-        capacity = group.capacity.type + (f" {group.capacity.reservation_id}" if group.capacity.reservation_id else "")
+        capacity = group.capacity.type + (
+            f" {group.capacity.reservation_id}" if group.capacity.reservation_id else ""
+        )
         lines.append(
-            f"    {group.name:<14} {profile.name:<14} {group.min_size}/{group.desired_size}/{group.max_size} nodes "
+            f"    {group.name:<14} {profile.name:<14} "
+            f"{group.min_size}/{group.desired_size}/{group.max_size} nodes "
             f"x {profile.gpus} {profile.accelerator}, {profile.efa_devices} EFA, "
             f"{profile.nvme_count}x{profile.nvme_gib_each} GiB NVMe RAID0, {capacity}"
             f"{', placement group' if group.placement_group else ''}"
@@ -122,11 +137,15 @@ def _field_names() -> str:
     return ", ".join(ClusterConfig.model_fields)
 
 
-def main() -> None:
+def main(context: Mapping[str, object] | None = None) -> None:
+    """Entry for `cdk synth/deploy`.
+
+    The CDK CLI passes `-c` context through CDK_CONTEXT_JSON; tests pass `context` directly.
+    """
     from aws_cdk import App  # noqa: PLC0415
 
     with exit_on_user_error():
-        app = App()
+        app = App(context=dict(context)) if context is not None else App()
         path, overrides = overrides_from_context(app.node.get_all_context())
         config = load_config(path, overrides)
         account, _ = environment_for(config, os.environ)

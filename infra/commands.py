@@ -14,7 +14,9 @@ ConfigOption = Annotated[
 ]
 SetOption = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config field: key=value (repeatable), e.g. region=us-west-2."),
+    typer.Option(
+        "--set", "-s", help="Override a config field: key=value (repeatable), e.g. region=us-west-2."
+    ),
 ]
 
 

@@ -47,7 +47,9 @@ class CapacityConfig(_Model):
     def _reservation(self) -> CapacityConfig:
         if self.type == "on_demand":
             if self.reservation_id is not None:
-                raise ValueError("reservation_id is only used with type capacity_reservation or capacity_block")
+                raise ValueError(
+                    "reservation_id is only used with type capacity_reservation or capacity_block"
+                )
         elif self.reservation_id is None or not _RESERVATION_ID.match(self.reservation_id):
             raise ValueError(
                 f"type {self.type} needs reservation_id: the cr-... id of the reservation "
@@ -166,7 +168,9 @@ class FsxConfig(_Model):
     def _throughput(cls, value: int) -> int:
         if value not in FSX_THROUGHPUT_TIERS:
             tiers = ", ".join(map(str, FSX_THROUGHPUT_TIERS))
-            raise ValueError(f"{value} is not a PERSISTENT_2 throughput tier; use one of {tiers} (MB/s per TiB)")
+            raise ValueError(
+                f"{value} is not a PERSISTENT_2 throughput tier; use one of {tiers} (MB/s per TiB)"
+            )
         return value
 
     @field_validator("data_repository_path")
@@ -198,7 +202,9 @@ class CheckpointBucketConfig(_Model):
     @classmethod
     def _prefix(cls, value: str) -> str:
         if not re.match(r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", value):
-            raise ValueError(f"{value!r} must be a key prefix like checkpoints/ (no leading '/', ends with '/')")
+            raise ValueError(
+                f"{value!r} must be a key prefix like checkpoints/ (no leading '/', ends with '/')"
+            )
         return value
 
 
@@ -280,6 +286,11 @@ class ClusterConfig(_Model):
     @field_validator("kubernetes_version", mode="before")
     @classmethod
     def _kubernetes_version(cls, value: object) -> str:
+        if isinstance(value, float):
+            # ValueError, not TypeError: pydantic turns only ValueError into a field message.
+            raise ValueError(  # noqa: TRY004
+                f'write the version as a quoted string such as "1.34" (YAML read it as the number {value})'
+            )
         text = str(value)
         if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
             supported = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)

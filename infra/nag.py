@@ -8,8 +8,12 @@ construct that owns the resource, with a reason specific to it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aws_cdk import Acknowledgment, Stack, Validations
-from constructs import IConstruct
+
+if TYPE_CHECKING:
+    from constructs import IConstruct
 
 PACK = "AwsSolutions"
 # Reasons shared by several constructs.
@@ -17,7 +21,7 @@ HANDLER_REASON = (
     "CDK-managed custom-resource handler (kubectl/helm provider): its runtime and execution policy "
     "are chosen by aws-cdk-lib, not by this kit"
 )
-TOKEN_CIDR_REASON = "ingress is limited to the VPC CIDR; the rule cannot evaluate the CIDR token"
+VPC_CIDR_REASON = "ingress is limited to the VPC CIDR; the rule cannot evaluate the CIDR token"
 
 
 def add_checks(app: IConstruct) -> None:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra.configio import UserError, load_model
 from training.checkpoint.config import CheckpointConfig
-from training.model import PRESETS
+from training.shapes import PRESETS
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 FaultClass = Literal["exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss"]
@@ -61,8 +61,12 @@ class DistConfig(_Section):
 class InProcessConfig(_Section):
     """nvidia_resiliency_ext.inprocess.Wrapper settings (used in modes inprocess and both)."""
 
-    store_port_offset: int = Field(
-        1, ge=1, le=1000, description="The wrapper's own TCPStore listens on MASTER_PORT + this offset."
+    store_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the wrapper's own TCPStore (hosted by rank 0); default: a free port rank 0 "
+        "picks each launcher round and shares through the process-group store.",
     )
     soft_timeout_s: float = Field(
         3.0, gt=0, description="No ping for this long: abort and restart in process."

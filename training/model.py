@@ -7,57 +7,13 @@ wraps the model (DDP on CPU, FSDP2 on GPU: see training/parallel.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 from torch import nn
 
+from training.shapes import PRESETS, ModelShape
 
-@dataclass(frozen=True)
-class ModelShape:
-    vocab_size: int
-    dim: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    ffn_dim: int
-    seq_len: int
-    rope_theta: float = 10000.0
-
-
-PRESETS: dict[str, ModelShape] = {
-    # CPU tests and the local demo: ~0.1 M parameters, milliseconds per step on one core.
-    "tiny": ModelShape(
-        vocab_size=256, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=172, seq_len=32
-    ),
-    # CPU benchmarks: ~10 M parameters.
-    "small": ModelShape(
-        vocab_size=4096, dim=256, num_layers=6, num_heads=8, num_kv_heads=4, ffn_dim=688, seq_len=128
-    ),
-    # One GPU node smoke test: ~1.2 B parameters (Llama 3.2 1B shapes, shorter context).
-    "1b": ModelShape(
-        vocab_size=128256,
-        dim=2048,
-        num_layers=16,
-        num_heads=32,
-        num_kv_heads=8,
-        ffn_dim=8192,
-        seq_len=2048,
-        rope_theta=500000.0,
-    ),
-    # Multi-node H100 runs: ~8 B parameters (Llama 3 8B shapes).
-    "8b": ModelShape(
-        vocab_size=128256,
-        dim=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        ffn_dim=14336,
-        seq_len=4096,
-        rope_theta=500000.0,
-    ),
-}
+__all__ = ["PRESETS", "Decoder", "ModelShape", "build_model", "num_parameters"]
 
 
 def rope_tables(shape: ModelShape, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:

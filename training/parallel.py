@@ -46,7 +46,7 @@ def base_store(world: World, timeout_s: float) -> dist.Store:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return dist.TCPStore(
+    store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world.world_size,
@@ -54,6 +54,44 @@ def base_store(world: World, timeout_s: float) -> dist.Store:
         timeout=timedelta(seconds=max(timeout_s, 30.0)),
         wait_for_workers=False,
     )
+    if agent_store:
+        # The agent's store outlives a restart of the workers: scope keys to this round, as torch's
+        # own env:// rendezvous does. (ft_launcher 0.4.1: rank 0 hosts a fresh store each round.)
+        return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return store
+
+
+def preload() -> None:
+    """Import what torch would otherwise import lazily inside the first attempt, once per process,
+    before the process group and the in-process wrapper exist.
+
+    Constructing an optimizer (torch._disable_dynamo) or DDP imports torch._dynamo on first use:
+    measured 3-6 s on this 2-core machine under load. Inside an attempt that import (1) ran under
+    the short gloo timeout, so faster peers' first collective timed out, and (2) could be interrupted
+    by the in-process wrapper's asynchronous RankShouldRestart: the interrupted import left a
+    half-initialised `torch._dynamo` in sys.modules (every later attempt failed with "module
+    'torch._dynamo' has no attribute 'utils'") or crashed the worker with SIGSEGV.
+    """
+    import torch._dynamo  # noqa: F401, PLC0415
+
+
+def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: float = 300.0) -> int:
+    """A port free on rank 0's host, chosen by rank 0 and read by every rank from the store.
+
+    For the in-process wrapper's own TCPStore: a fixed MASTER_PORT + offset may be taken by another
+    process (NVRx's TCPStore then silently connects to it as a client). The launcher picks MASTER_PORT
+    the same way (bind to port 0, release); the store key is per launcher round, because the
+    process-group store is hosted by rank 0 of this round.
+    """
+    import socket  # noqa: PLC0415
+
+    if world.rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        store.set(key, str(port))
+    store.wait([key], timedelta(seconds=timeout_s))
+    return int(store.get(key))
 
 
 def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: float) -> None:

@@ -6,24 +6,33 @@ checkpoint. Each layer implements what it needs:
 
 - `InProcessLayer` (nvidia_resiliency_ext.inprocess.Wrapper): restarts `run` in the same process on every
   rank after an exception or a Python-visible hang; pings its progress watchdog per step; its own TCPStore
-  on MASTER_PORT + offset; `RetryController` with min world size = the full world, because the data order
-  and bit-exact resume depend on the world size: a lost rank is ft_launcher's job (any-failed policy,
-  the one 0.4.1 and 0.7 share), not a reason to continue with fewer ranks.
+  on a port rank 0 picks per launcher round; `RetryController` with min world size = the full world,
+  because the data order and bit-exact resume depend on the world size: a lost rank is ft_launcher's job,
+  not a reason to continue with fewer ranks.
 - `FtLauncherLayer` (RankMonitorClient): a heartbeat per step; after `calc_timeouts_after` steps the
   timeouts are calculated from observed intervals, raised to configured floors (a tiny model's calculated
   timeout is milliseconds) and persisted with the checkpoint, so a restarted rank is watched at once.
+
+How the two combine (mode `both`): NVRx's integration guide (docs fault_tolerance/integration/inprocess)
+runs ft_launcher with `--ft-restart-policy min-healthy` (0.3-0.6; 0.7 has only `any-failed`) and asks that
+the launcher's minimum node count match the in-process layer's minimum world: here both are "all of
+them" (--nnodes N:N, min_world_size = world size), so in-process restart never shrinks the job and the
+launcher restarts every node's workers as soon as one rank's process is gone (SIGKILL, deadlock killed by
+the heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
+The launcher's heartbeat timeout must exceed the in-process soft timeout + one collective timeout
+(checked in training/config.py) so that a Python-visible hang is the in-process layer's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import signal
-import sys
 import typing
 from typing import TYPE_CHECKING, Any
 
-from training import nvrx_compat
+from training import nvrx_compat, parallel
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -56,14 +65,16 @@ class Layer:
 
 
 class InProcessLayer(Layer):
-    def __init__(self, cfg: TrainConfig, events: EventLog) -> None:
+    def __init__(self, cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.World) -> None:  # noqa: ANN401
         self.cfg = cfg.inprocess
         self.events = events
         self.call_wrapper: Any = None
+        self.port = cfg.inprocess.store_port
+        if self.port is None:
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            self.port = parallel.shared_free_port(store, world, key=f"inprocess-store-port-{restart}")
 
     def _wrapper(self) -> Any:  # noqa: ANN401
-        import os  # noqa: PLC0415
-
         from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
         events = self.events
@@ -83,7 +94,7 @@ class InProcessLayer(Layer):
         if torch.cuda.is_available():
             health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
         return nvrx_compat.make_wrapper(
-            store_kwargs={"port": int(os.environ.get("MASTER_PORT", "29500")) + c.store_port_offset},
+            store_kwargs={"port": self.port},
             initialize=inprocess.initialize.RetryController(
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
             ),
@@ -208,21 +219,30 @@ class Resilience(Layer):
             layer.close()
 
 
-def for_mode(cfg: TrainConfig, events: EventLog) -> Resilience:
+def for_mode(cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
+    """The layers `cfg.mode` names; `store` is the process-group store (the in-process layer agrees on
+    its own store's port through it)."""
     layers: list[Layer] = []
     if cfg.mode in {"inprocess", "both"}:
-        layers.append(InProcessLayer(cfg, events))
+        layers.append(InProcessLayer(cfg, events, store=store, world=world))
     if cfg.mode in {"ft_launcher", "both"}:
         layers.append(FtLauncherLayer(cfg, events))
     return Resilience(layers)
 
 
 def install_termination_handler(events: EventLog) -> None:
-    """The launcher stops workers with SIGTERM: record it (the detection time of the outer layer)."""
+    """The launcher stops workers with SIGTERM (and the in-process monitor process on a hard timeout):
+    record it -- the detection time of the outer layer -- and leave at once.
+
+    `os._exit`, not `sys.exit`: a SystemExit unwinds through the in-process wrapper's shutdown barriers,
+    the checkpointer and the process group's teardown, which kept stopped workers alive for seconds
+    while the launcher waited to restart them. Nothing is lost: a checkpoint counts only once committed
+    (atomic rename), and events are flushed line by line.
+    """
 
     def handler(signum: int, _frame: Any) -> None:  # noqa: ANN401
         events.emit("terminated", layer="ft_launcher", signal=signal.Signals(signum).name)
         events.close()
-        sys.exit(128 + signum)
+        os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)

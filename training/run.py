@@ -57,11 +57,14 @@ def run(cfg: TrainConfig) -> str | None:
     )
     install_termination_handler(events)
     started = time.time()
-    resilience = for_mode(cfg, events)
+    parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
+    store = parallel.base_store(world, cfg.collective_timeout_s)
+    resilience = for_mode(cfg, events, store=store, world=world)
     schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)
     trainer = Trainer(
         cfg,
         world=world,
+        store=store,
         events=events,
         resilience=resilience,
         checkpointer=make_checkpointer(cfg, world, events),
@@ -81,6 +84,7 @@ def run(cfg: TrainConfig) -> str | None:
             local_rank=world.local_rank,
         ),
     )
+    events.emit("process_ready", setup_s=time.time() - started)
     try:
         digest = resilience.wrap(trainer.run)()
     finally:

@@ -68,6 +68,7 @@ class Trainer:
         cfg: TrainConfig,
         *,
         world: parallel.World,
+        store: dist.Store,
         events: EventLog,
         resilience: Resilience,
         checkpointer: Checkpointer,
@@ -81,7 +82,7 @@ class Trainer:
         self.checkpointer = checkpointer
         self.injector = injector
         self.metrics = metrics
-        self.store = parallel.base_store(world, cfg.collective_timeout_s)
+        self.store = store
         shape = PRESETS[cfg.model]
         source: SyntheticTokens | TokenFile
         if cfg.data.token_file is not None:

@@ -103,7 +103,7 @@ class TrainingCluster(Construct):
                 self,
                 "AdminRole",
                 assumed_by=iam.AccountRootPrincipal(),
-                description=f"{cluster_name}: cluster administrators (assume it, then aws eks update-kubeconfig)",
+                description=f"{cluster_name}: cluster administrators (assume it, then update-kubeconfig)",
             )
         )
         self.cluster.grant_access(
@@ -120,7 +120,9 @@ class TrainingCluster(Construct):
             self,
             "NodeRole",
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in NODE_MANAGED_POLICIES],
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in NODE_MANAGED_POLICIES
+            ],
         )
         system_template = ec2.CfnLaunchTemplate(
             self,
@@ -172,7 +174,9 @@ class TrainingCluster(Construct):
         ):
             nag.acknowledge(provider, "IAM4", nag.HANDLER_REASON, finding=nag.managed_policy_finding(policy))
         # The ECR-public policy is attached through a condition; cdk-nag names the finding by its JSON.
-        nag.acknowledge(provider, "IAM4", nag.HANDLER_REASON, finding=_conditional_ecr_public_finding(handler))
+        nag.acknowledge(
+            provider, "IAM4", nag.HANDLER_REASON, finding=_conditional_ecr_public_finding(handler)
+        )
         nag.acknowledge(provider, "L1", nag.HANDLER_REASON)
         nag.acknowledge(provider, "IAM5", nag.HANDLER_REASON, finding=nag.arn_finding(handler, ":*"))
 
@@ -190,7 +194,11 @@ def _conditional_ecr_public_finding(handler: Construct) -> str:
             {
                 "Fn::Join": [
                     "",
-                    ["arn:", {"Ref": "AWS::Partition"}, ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"],
+                    [
+                        "arn:",
+                        {"Ref": "AWS::Partition"},
+                        ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly",
+                    ],
                 ]
             },
             {"Ref": "AWS::NoValue"},

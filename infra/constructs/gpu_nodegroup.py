@@ -104,7 +104,9 @@ class GpuNodeGroup(Construct):
 
         self.placement_group: ec2.PlacementGroup | None = None
         if placement_group:
-            self.placement_group = ec2.PlacementGroup(self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER)
+            self.placement_group = ec2.PlacementGroup(
+                self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
+            )
 
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
             block_device_mappings=[lt.root_volume(root_volume_gib)],

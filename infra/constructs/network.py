@@ -76,4 +76,4 @@ class Network(Construct):
             endpoint = self.vpc.add_interface_endpoint(
                 name, service=service, subnets=private, private_dns_enabled=True
             )
-            nag.acknowledge(endpoint, "EC23", nag.TOKEN_CIDR_REASON)
+            nag.acknowledge(endpoint, "EC23", nag.VPC_CIDR_REASON)

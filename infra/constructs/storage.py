@@ -75,7 +75,9 @@ class DurableStorage(Construct):
             throughput_per_tib=throughput_per_tib,
         )
         self.storage_capacity_gib = storage_capacity_gib
-        self.data_repository_path = data_repository_path or f"s3://{self.bucket.bucket_name}/{checkpoint_prefix}"
+        self.data_repository_path = (
+            data_repository_path or f"s3://{self.bucket.bucket_name}/{checkpoint_prefix}"
+        )
         self.association = fsx.CfnDataRepositoryAssociation(
             self,
             "S3Association",
@@ -126,14 +128,22 @@ class DurableStorage(Construct):
             iam.PolicyStatement(
                 sid="FsxDataRepositoryViaS3",
                 principals=[iam.AnyPrincipal()],
-                actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*", "kms:DescribeKey"],
+                actions=[
+                    "kms:Decrypt",
+                    "kms:Encrypt",
+                    "kms:GenerateDataKey*",
+                    "kms:ReEncrypt*",
+                    "kms:DescribeKey",
+                ],
                 resources=["*"],
                 conditions={
                     "StringEquals": {
                         "kms:CallerAccount": stack.account,
                         "kms:ViaService": f"s3.{stack.region}.amazonaws.com",
                     },
-                    "ArnLike": {"aws:PrincipalArn": f"arn:{stack.partition}:iam::{stack.account}:{FSX_S3_ROLE_PATH}"},
+                    "ArnLike": {
+                        "aws:PrincipalArn": f"arn:{stack.partition}:iam::{stack.account}:{FSX_S3_ROLE_PATH}"
+                    },
                 },
             )
         )
@@ -174,7 +184,9 @@ class DurableStorage(Construct):
                     noncurrent_version_expiration=Duration.days(noncurrent_version_days),
                     expiration=Duration.days(expire_days) if expire_days else None,
                 ),
-                s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(7)),
+                s3.LifecycleRule(
+                    id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(7)
+                ),
             ],
         )
         return bucket, access_logs
@@ -189,7 +201,10 @@ class DurableStorage(Construct):
         throughput_per_tib: int,
     ) -> fsx.LustreFileSystem:
         security_group = ec2.SecurityGroup(
-            self, "FsxSecurityGroup", vpc=vpc, description="FSx for Lustre: clients in the VPC and file servers"
+            self,
+            "FsxSecurityGroup",
+            vpc=vpc,
+            description="FSx for Lustre: clients in the VPC and file servers",
         )
         for port in LUSTRE_PORTS:
             security_group.add_ingress_rule(ec2.Peer.ipv4(client_cidr), port, "Lustre clients in the VPC")
@@ -244,4 +259,3 @@ class DurableStorage(Construct):
                 conditions={"StringEquals": {"kms:ViaService": f"s3.{Stack.of(self).region}.amazonaws.com"}},
             )
         )
-

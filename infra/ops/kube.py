@@ -236,7 +236,10 @@ def describe_api_error(exc: Any, *, action: str) -> UserError | ServiceError:  #
             "edit rights on the namespace (`aws eks create-access-entry` + associate-access-policy)"
         )
     if status == 404:  # noqa: PLR2004
-        return UserError(f"not found while trying to {action} ({reason}); is the namespace deployed?")
+        return UserError(
+            f"not found while trying to {action} ({reason}); check the name and the namespace (-n), "
+            "and that the cluster stack is deployed"
+        )
     if status in {409, 422}:
         return UserError(f"the cluster refused to {action}: {reason}")
     return ServiceError(f"Kubernetes API error {status} while trying to {action}: {reason}")

@@ -17,7 +17,7 @@ from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors, error_code
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from infra.config import ClusterConfig
     from infra.ops.aws import AwsSession
@@ -123,14 +123,15 @@ class Preflight:
             detail=f"account {who['Account']} as {who['Arn']}",
         )
 
-    def _guarded(self, check: str, group: NodeGroupTarget, fn: object) -> CheckResult:
+    def _guarded(
+        self, check: str, group: NodeGroupTarget, fn: Callable[[NodeGroupTarget], CheckResult]
+    ) -> CheckResult:
         """Run one check; a denied or throttled call becomes that check's failure, not a crash."""
         try:
-            return fn(group)  # type: ignore[operator]
+            return fn(group)
         except (UserError, ServiceError) as exc:
-            return CheckResult(
-                check=check, subject=group.name, status=Status.FAIL, detail=str(exc), fix="see the message"
-            )
+            # The message already says what to grant, refresh or retry.
+            return CheckResult(check=check, subject=group.name, status=Status.FAIL, detail=str(exc))
 
     def _offered(self, group: NodeGroupTarget) -> CheckResult:
         ec2 = self._session.client("ec2")

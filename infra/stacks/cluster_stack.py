@@ -216,4 +216,3 @@ def eks_pod_identity_role(scope: Construct, id: str) -> iam.Role:  # noqa: A002
         assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
         description="nvrx-eks training pods: the checkpoint prefix of the checkpoint bucket",
     )
-

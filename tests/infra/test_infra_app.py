@@ -15,6 +15,7 @@ from aws_cdk.assertions import Match, Template
 from cfnlint.api import lint
 
 from infra import app as infra_app
+from infra import pins
 from infra.nag import acknowledge, add_checks
 from infra.stacks.cluster_stack import OUTPUT_KEYS
 
@@ -49,46 +50,83 @@ def test_outputs_are_the_contract(synthesized, name):
     assert outputs["CheckpointPrefix"]["Value"] == "checkpoints/"
     assert outputs["TrainingNamespace"]["Value"] == "training"
     assert outputs["CheckpointPvcName"]["Value"] == "fsx-checkpoints"
-    expected = {"default": {"g6-dev": "g6.8xlarge", "p5-ondemand": "p5.48xlarge"},
-                "p5-capacity-block": {"p5-block": "p5.48xlarge"}}[name]
+    expected = {
+        "default": {"g6-dev": "g6.8xlarge", "p5-ondemand": "p5.48xlarge"},
+        "p5-capacity-block": {"p5-block": "p5.48xlarge"},
+    }[name]
     assert json.loads(outputs["GpuNodeGroups"]["Value"]) == expected
 
 
 def test_cluster_encrypts_secrets_and_logs_the_control_plane(synthesized):
     template = Template.from_json(synthesized["default"])
-    template.has_resource_properties("AWS::EKS::Cluster", {
-        "Name": "nvrx-eks",
-        "Version": "1.34",
-        "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
-        "Logging": {"ClusterLogging": {"EnabledTypes": Match.array_with([{"Type": t} for t in
-                    ("api", "audit", "authenticator", "controllerManager", "scheduler")])}},
-        "AccessConfig": Match.object_like({"BootstrapClusterCreatorAdminPermissions": False}),
-    })
-    template.has_resource_properties("AWS::EKS::AccessEntry", {"AccessPolicies": [Match.object_like(
-        {"PolicyArn": Match.any_value(), "AccessScope": {"Type": "cluster"}})],
-        "PrincipalArn": {"Fn::GetAtt": [Match.string_like_regexp("^EksAdminRole"), "Arn"]}})
+    template.has_resource_properties(
+        "AWS::EKS::Cluster",
+        {
+            "Name": "nvrx-eks",
+            "Version": "1.34",
+            "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
+            "Logging": {
+                "ClusterLogging": {
+                    "EnabledTypes": Match.array_with(
+                        [
+                            {"Type": t}
+                            for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")
+                        ]
+                    )
+                }
+            },
+            "AccessConfig": Match.object_like({"BootstrapClusterCreatorAdminPermissions": False}),
+        },
+    )
+    template.has_resource_properties(
+        "AWS::EKS::AccessEntry",
+        {
+            "AccessPolicies": [
+                Match.object_like({"PolicyArn": Match.any_value(), "AccessScope": {"Type": "cluster"}})
+            ],
+            "PrincipalArn": {"Fn::GetAtt": [Match.string_like_regexp("^EksAdminRole"), "Arn"]},
+        },
+    )
 
 
 def test_network_has_endpoints_and_flow_logs(synthesized):
     template = Template.from_json(synthesized["default"])
     template.resource_count_is("AWS::EC2::FlowLog", 1)
-    services = [json.dumps(r["Properties"]["ServiceName"]) for r in template.find_resources("AWS::EC2::VPCEndpoint").values()]
+    services = [
+        json.dumps(r["Properties"]["ServiceName"])
+        for r in template.find_resources("AWS::EC2::VPCEndpoint").values()
+    ]
     for service in ("ecr.api", "ecr.dkr", ".sts", ".logs", "eks-auth", ".ec2", ".s3"):
         assert any(service in s for s in services), service
 
 
 def test_addons_are_installed_at_pinned_versions(synthesized):
-    from infra import pins
-
     template = Template.from_json(synthesized["p5-capacity-block"])
-    for name in ("vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "aws-fsx-csi-driver",
-                 "eks-node-monitoring-agent", "amazon-cloudwatch-observability"):
-        template.has_resource_properties("AWS::EKS::Addon", {"AddonName": name,
-                                                             "AddonVersion": pins.EKS_ADDONS[name].version_for("1.34")})
-    template.has_resource_properties("AWS::EKS::Addon", {"AddonName": "aws-fsx-csi-driver", "PodIdentityAssociations": [
-        {"ServiceAccount": "fsx-csi-controller-sa", "RoleArn": Match.any_value()}]})
-    charts = {r["Properties"]["Chart"]: r["Properties"]["Version"]
-              for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()}
+    for name in (
+        "vpc-cni",
+        "coredns",
+        "kube-proxy",
+        "eks-pod-identity-agent",
+        "aws-fsx-csi-driver",
+        "eks-node-monitoring-agent",
+        "amazon-cloudwatch-observability",
+    ):
+        template.has_resource_properties(
+            "AWS::EKS::Addon", {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for("1.34")}
+        )
+    template.has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "aws-fsx-csi-driver",
+            "PodIdentityAssociations": [
+                {"ServiceAccount": "fsx-csi-controller-sa", "RoleArn": Match.any_value()}
+            ],
+        },
+    )
+    charts = {
+        r["Properties"]["Chart"]: r["Properties"]["Version"]
+        for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
+    }
     assert charts == {name: pin.version for name, pin in pins.HELM_CHARTS.items()}
     efa_plugin = tuple(int(x) for x in charts["aws-efa-k8s-device-plugin"].lstrip("v").split("."))
     assert efa_plugin >= (0, 5, 10)
@@ -100,29 +138,46 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
 
 def test_training_pod_identity_is_scoped_to_the_prefix(synthesized):
     template = Template.from_json(synthesized["default"])
-    template.has_resource_properties("AWS::EKS::PodIdentityAssociation", {
-        "Namespace": "training", "ServiceAccount": "trainer",
-        "RoleArn": {"Fn::GetAtt": [Match.string_like_regexp("^TrainingRole"), "Arn"]}})
-    policies = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("^TrainingRole")}]}})
+    template.has_resource_properties(
+        "AWS::EKS::PodIdentityAssociation",
+        {
+            "Namespace": "training",
+            "ServiceAccount": "trainer",
+            "RoleArn": {"Fn::GetAtt": [Match.string_like_regexp("^TrainingRole"), "Arn"]},
+        },
+    )
+    policies = template.find_resources(
+        "AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("^TrainingRole")}]}}
+    )
     (policy,) = policies.values()
     resources = json.dumps([s["Resource"] for s in policy["Properties"]["PolicyDocument"]["Statement"]])
-    assert "/checkpoints/*" in resources and '"*"' not in resources
+    assert "/checkpoints/*" in resources
+    assert '"*"' not in resources
 
 
 def test_cluster_objects_chart_is_deployed_with_the_fsx_volume(synthesized):
     template = Template.from_json(synthesized["p5-capacity-block"])
     (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
     text = json.dumps(manifest["Properties"]["Manifest"])
-    for fragment in ('\\"kind\\":\\"Namespace\\"', '\\"kind\\":\\"PersistentVolumeClaim\\"', "fsx.csi.aws.com",
-                     '\\"storage\\":\\"4800Gi\\"', "LustreMountName", '\\"kind\\":\\"ClusterQueue\\"',
-                     '\\"kind\\":\\"PriorityClass\\"'):
+    for fragment in (
+        '\\"kind\\":\\"Namespace\\"',
+        '\\"kind\\":\\"PersistentVolumeClaim\\"',
+        "fsx.csi.aws.com",
+        '\\"storage\\":\\"4800Gi\\"',
+        "LustreMountName",
+        '\\"kind\\":\\"ClusterQueue\\"',
+        '\\"kind\\":\\"PriorityClass\\"',
+    ):
         assert fragment in text, fragment
 
 
 def test_p5_block_nodes_get_the_full_efa_layout(synthesized):
     template = Template.from_json(synthesized["p5-capacity-block"])
-    (data,) = [r["Properties"]["LaunchTemplateData"] for r in template.find_resources("AWS::EC2::LaunchTemplate").values()
-               if "NetworkInterfaces" in r["Properties"]["LaunchTemplateData"]]
+    (data,) = [
+        r["Properties"]["LaunchTemplateData"]
+        for r in template.find_resources("AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" in r["Properties"]["LaunchTemplateData"]
+    ]
     assert sum(i["InterfaceType"] == "efa-only" for i in data["NetworkInterfaces"]) == 32
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     template.resource_count_is("AWS::EC2::PlacementGroup", 0)
@@ -151,32 +206,53 @@ def test_acknowledged_findings_pass_with_their_reasons(tmp_path):
 def test_synth_summary_describes_gpu_groups():
     summary = infra_app.synth_summary(CONFIGS / "p5-capacity-block.yaml")
     assert "stack nvrx-eks-p5" in summary
-    assert "p5-block" in summary and "32 EFA" in summary and "capacity_block cr-0123456789abcdef0" in summary
+    assert "p5-block" in summary
+    assert "32 EFA" in summary
+    assert "capacity_block cr-0123456789abcdef0" in summary
 
 
 @pytest.mark.parametrize(
     ("context", "message"),
     [
-        ({"config": str(CONFIGS / "default.yaml"), "fsx.throughput_per_tib": 300}, "fsx.throughput_per_tib: 300 is not"),
+        (
+            {"config": str(CONFIGS / "default.yaml"), "fsx.throughput_per_tib": 300},
+            "fsx.throughput_per_tib: 300 is not",
+        ),
         ({"config": "missing.yaml"}, "missing.yaml: no such file"),
-        ({"config": str(CONFIGS / "default.yaml"), "kubernetes_version": "1.20"}, "kubernetes_version: 1.20 is not supported"),
+        (
+            {"config": str(CONFIGS / "default.yaml"), "kubernetes_version": "1.20"},
+            "kubernetes_version: 1.20 is not supported",
+        ),
     ],
 )
-def test_app_entry_exits_2_with_one_message(monkeypatch, capsys, context, message):
-    monkeypatch.setenv("CDK_CONTEXT_JSON", json.dumps(context))
+def test_app_entry_exits_2_with_one_message(capsys, context, message):
     with pytest.raises(SystemExit) as info:
-        infra_app.main()
+        infra_app.main(context)
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in err
+    assert "Traceback" not in err
 
 
 def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((CONFIGS / "default.yaml").read_text().replace("instance_type: g6.8xlarge", "instance_type: p9.huge"))
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps({"config": str(bad)}), "CDK_OUTDIR": str(tmp_path / "out")}
-    result = subprocess.run([sys.executable, "-m", "infra.app"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120, check=False)
+    bad.write_text(
+        (CONFIGS / "default.yaml").read_text().replace("instance_type: g6.8xlarge", "instance_type: p9.huge")
+    )
+    env = {
+        **os.environ,
+        "CDK_CONTEXT_JSON": json.dumps({"config": str(bad)}),
+        "CDK_OUTDIR": str(tmp_path / "out"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.app"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2
     assert "gpu_node_groups.0.instance_type: unknown instance type 'p9.huge'" in result.stderr
     assert "Traceback" not in result.stderr

@@ -23,7 +23,14 @@ def _load(tmp_path: Path, overrides: list[str] | None = None, **patch: object) -
 
 
 def _group(**fields: object) -> dict[str, object]:
-    return {"name": "gpu", "instance_type": "p5.48xlarge", "min_size": 0, "desired_size": 1, "max_size": 2, **fields}
+    return {
+        "name": "gpu",
+        "instance_type": "p5.48xlarge",
+        "min_size": 0,
+        "desired_size": 1,
+        "max_size": 2,
+        **fields,
+    }
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "p5-capacity-block.yaml"])
@@ -52,19 +59,31 @@ def test_capacity_block_config_targets_its_block():
         ),
         (
             {"fsx": {"storage_capacity_gib": 2000}},
-            r"fsx\.storage_capacity_gib: 2000 GiB is not a valid PERSISTENT_2 size; use 1200 or a multiple of 2400",
+            (
+                r"fsx\.storage_capacity_gib: 2000 GiB is not a valid PERSISTENT_2 size; "
+                r"use 1200 or a multiple of 2400"
+            ),
         ),
         (
             {"fsx": {"throughput_per_tib": 200}},
-            r"fsx\.throughput_per_tib: 200 is not a PERSISTENT_2 throughput tier; use one of 125, 250, 500, 1000",
+            (
+                r"fsx\.throughput_per_tib: 200 is not a PERSISTENT_2 throughput tier; "
+                r"use one of 125, 250, 500, 1000"
+            ),
         ),
         (
             {
                 "gpu_node_groups": [
-                    _group(placement_group=True, capacity={"type": "capacity_block", "reservation_id": "cr-0123456789abcdef0"})
+                    _group(
+                        placement_group=True,
+                        capacity={"type": "capacity_block", "reservation_id": "cr-0123456789abcdef0"},
+                    )
                 ]
             },
-            r"placement_group: true cannot be combined with capacity type capacity_block; set placement_group: false",
+            (
+                r"placement_group: true cannot be combined with capacity type capacity_block; "
+                r"set placement_group: false"
+            ),
         ),
         (
             {
@@ -87,7 +106,10 @@ def test_capacity_block_config_targets_its_block():
         ),
         (
             {"gpu_availability_zone": None},
-            r"gpu_availability_zone is missing; set it to the AZ of your GPU capacity \(one of us-east-1a, us-east-1b\)",
+            (
+                r"gpu_availability_zone is missing; set it to the AZ of your GPU capacity "
+                r"\(one of us-east-1a, us-east-1b\)"
+            ),
         ),
         (
             {"gpu_availability_zone": "us-east-1f"},
@@ -95,7 +117,10 @@ def test_capacity_block_config_targets_its_block():
         ),
         (
             {"kubernetes_version": "1.29"},
-            r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/pins\.py; use one of 1\.33, 1\.34",
+            (
+                r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/pins\.py; "
+                r"use one of 1\.33, 1\.34"
+            ),
         ),
         (
             {"gpu_node_groups": [_group(capacity={"type": "capacity_block"})]},
@@ -127,11 +152,49 @@ def test_invalid_input_names_field_and_fix(tmp_path, patch, expected):
 
 def test_context_overrides_reach_the_config(tmp_path):
     path, overrides = overrides_from_context(
-        {"config": str(CONFIGS / "default.yaml"), "region": "us-west-2", "availability_zones": ["us-west-2a", "us-west-2b"],
-         "gpu_availability_zone": "us-west-2b", "fsx.throughput_per_tib": 500, "@aws-cdk/core:flag": True}
+        {
+            "config": str(CONFIGS / "default.yaml"),
+            "region": "us-west-2",
+            "availability_zones": ["us-west-2a", "us-west-2b"],
+            "gpu_availability_zone": "us-west-2b",
+            "fsx.throughput_per_tib": 500,
+            "@aws-cdk/core:flag": True,
+        }
     )
     config = load_model(ClusterConfig, path, overrides)
-    assert (config.region, config.gpu_availability_zone, config.fsx.throughput_per_tib) == ("us-west-2", "us-west-2b", 500)
+    assert (config.region, config.gpu_availability_zone, config.fsx.throughput_per_tib) == (
+        "us-west-2",
+        "us-west-2b",
+        500,
+    )
+
+
+def test_context_strings_stay_strings():
+    _, overrides = overrides_from_context(
+        {
+            "kubernetes_version": "1.30",
+            "fsx.storage_capacity_gib": "2400",
+            "availability_zones": '["us-east-1a", "us-east-1c"]',
+        }
+    )
+    assert overrides == [
+        'availability_zones=["us-east-1a", "us-east-1c"]',
+        'fsx.storage_capacity_gib="2400"',
+        'kubernetes_version="1.30"',
+    ]
+
+
+def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        (CONFIGS / "default.yaml")
+        .read_text()
+        .replace('kubernetes_version: "1.34"', "kubernetes_version: 1.30")
+    )
+    with pytest.raises(
+        UserError, match=r'kubernetes_version: write the version as a quoted string such as "1.34"'
+    ):
+        load_model(ClusterConfig, path)
 
 
 def test_unknown_context_key_is_refused():

@@ -11,8 +11,8 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Match, Template
 
-from infra.app import FEATURE_FLAGS
 from infra.addons import AddonContext, AddonError, HelmAddon, ManagedAddon, deploy_addons
+from infra.app import FEATURE_FLAGS
 from infra.constructs.gpu_nodegroup import GpuNodeGroup
 from infra.constructs.launch_template import IMDS_HOP_LIMIT
 from infra.constructs.storage import DurableStorage
@@ -35,8 +35,13 @@ def nodegroups() -> Template:
     """One stack with a node group per capacity kind and instance family."""
     stack = Stack(App(), "NodeGroups", env=ENV)
     vpc, cluster, role = _base(stack)
-    common = {"cluster": cluster, "vpc": vpc, "subnets": vpc.private_subnets[:1], "node_role": role,
-              "cluster_security_group_id": "sg-0cluster"}
+    common = {
+        "cluster": cluster,
+        "vpc": vpc,
+        "subnets": vpc.private_subnets[:1],
+        "node_role": role,
+        "cluster_security_group_id": "sg-0cluster",
+    }
     groups = [
         ("p5-block", "p5.48xlarge", {"capacity": "capacity_block", "reservation_id": BLOCK}),
         ("p5en-odcr", "p5en.48xlarge", {"capacity": "capacity_reservation", "reservation_id": RESERVATION}),
@@ -44,8 +49,17 @@ def nodegroups() -> Template:
         ("g6-dev", "g6.8xlarge", {}),
     ]
     for name, instance_type, extra in groups:
-        GpuNodeGroup(stack, name, nodegroup_name=name, profile=get_profile(instance_type), min_size=0,
-                     desired_size=2, max_size=4, **common, **extra)
+        GpuNodeGroup(
+            stack,
+            name,
+            nodegroup_name=name,
+            profile=get_profile(instance_type),
+            min_size=0,
+            desired_size=2,
+            max_size=4,
+            **common,
+            **extra,
+        )
     return Template.from_stack(stack)
 
 
@@ -58,7 +72,12 @@ def _launch_data(template: Template, nodegroup: str) -> dict:
 
 @pytest.mark.parametrize(
     ("nodegroup", "instance_type"),
-    [("p5-block", "p5.48xlarge"), ("p5en-odcr", "p5en.48xlarge"), ("p4d-pg", "p4d.24xlarge"), ("g6-dev", "g6.8xlarge")],
+    [
+        ("p5-block", "p5.48xlarge"),
+        ("p5en-odcr", "p5en.48xlarge"),
+        ("p4d-pg", "p4d.24xlarge"),
+        ("g6-dev", "g6.8xlarge"),
+    ],
 )
 def test_efa_interfaces_follow_the_profile(nodegroups, nodegroup, instance_type):
     profile = get_profile(instance_type)
@@ -70,13 +89,17 @@ def test_efa_interfaces_follow_the_profile(nodegroups, nodegroup, instance_type)
     assert len(efa) == profile.efa_devices
     assert sorted(i["NetworkCardIndex"] for i in efa) == list(range(profile.network_cards))
     # Every interface carries the cluster SG and the EFA SG; no subnet (the node group chooses).
-    assert all(len(i["Groups"]) == 2 and "sg-0cluster" in i["Groups"] and "SubnetId" not in i for i in interfaces)
+    assert all(
+        len(i["Groups"]) == 2 and "sg-0cluster" in i["Groups"] and "SubnetId" not in i for i in interfaces
+    )
 
 
 def test_imdsv2_required_with_hop_limit_one(nodegroups):
     for name in ("p5-block", "g6-dev"):
         assert _launch_data(nodegroups, name)["MetadataOptions"] == {
-            "HttpEndpoint": "enabled", "HttpTokens": "required", "HttpPutResponseHopLimit": IMDS_HOP_LIMIT,
+            "HttpEndpoint": "enabled",
+            "HttpTokens": "required",
+            "HttpPutResponseHopLimit": IMDS_HOP_LIMIT,
         }
     assert IMDS_HOP_LIMIT == 1
 
@@ -91,7 +114,9 @@ def test_user_data_assembles_nvme_into_raid0(nodegroups):
 def test_capacity_block_market_and_target(nodegroups):
     data = _launch_data(nodegroups, "p5-block")
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
-    assert data["CapacityReservationSpecification"] == {"CapacityReservationTarget": {"CapacityReservationId": BLOCK}}
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": BLOCK}
+    }
     assert "Placement" not in data
     nodegroups.has_resource_properties(
         "AWS::EKS::Nodegroup", {"NodegroupName": "p5-block", "CapacityType": "CAPACITY_BLOCK"}
@@ -100,10 +125,15 @@ def test_capacity_block_market_and_target(nodegroups):
 
 def test_reservation_is_targeted_on_demand(nodegroups):
     data = _launch_data(nodegroups, "p5en-odcr")
-    assert data["CapacityReservationSpecification"]["CapacityReservationTarget"]["CapacityReservationId"] == RESERVATION
+    assert (
+        data["CapacityReservationSpecification"]["CapacityReservationTarget"]["CapacityReservationId"]
+        == RESERVATION
+    )
     assert "InstanceMarketOptions" not in data
     assert "Placement" not in data
-    nodegroups.has_resource_properties("AWS::EKS::Nodegroup", {"NodegroupName": "p5en-odcr", "CapacityType": "ON_DEMAND"})
+    nodegroups.has_resource_properties(
+        "AWS::EKS::Nodegroup", {"NodegroupName": "p5en-odcr", "CapacityType": "ON_DEMAND"}
+    )
 
 
 def test_placement_group_only_where_asked(nodegroups):
@@ -117,19 +147,40 @@ def test_placement_group_with_reservation_is_refused():
     stack = Stack(App(), "Refused", env=ENV)
     vpc, cluster, role = _base(stack)
     with pytest.raises(ValueError, match="placement group cannot be combined"):
-        GpuNodeGroup(stack, "Bad", cluster=cluster, nodegroup_name="bad", profile=get_profile("p5.48xlarge"), vpc=vpc,
-                     subnets=vpc.private_subnets[:1], node_role=role, cluster_security_group_id="sg-0cluster",
-                     min_size=0, desired_size=0, max_size=1, capacity="capacity_block", reservation_id=BLOCK,
-                     placement_group=True)
+        GpuNodeGroup(
+            stack,
+            "Bad",
+            cluster=cluster,
+            nodegroup_name="bad",
+            profile=get_profile("p5.48xlarge"),
+            vpc=vpc,
+            subnets=vpc.private_subnets[:1],
+            node_role=role,
+            cluster_security_group_id="sg-0cluster",
+            min_size=0,
+            desired_size=0,
+            max_size=1,
+            capacity="capacity_block",
+            reservation_id=BLOCK,
+            placement_group=True,
+        )
 
 
 def test_efa_security_group_allows_all_traffic_to_and_from_itself(nodegroups):
-    groups = nodegroups.find_resources("AWS::EC2::SecurityGroup", {"Properties": {"GroupDescription": Match.string_like_regexp("^EFA")}})
+    groups = nodegroups.find_resources(
+        "AWS::EC2::SecurityGroup", {"Properties": {"GroupDescription": Match.string_like_regexp("^EFA")}}
+    )
     assert len(groups) == 4
     for logical_id, group in groups.items():
         self_ref = {"Fn::GetAtt": [logical_id, "GroupId"]}
-        nodegroups.has_resource_properties("AWS::EC2::SecurityGroupIngress", {"IpProtocol": "-1", "GroupId": self_ref, "SourceSecurityGroupId": self_ref})
-        nodegroups.has_resource_properties("AWS::EC2::SecurityGroupEgress", {"IpProtocol": "-1", "GroupId": self_ref, "DestinationSecurityGroupId": self_ref})
+        nodegroups.has_resource_properties(
+            "AWS::EC2::SecurityGroupIngress",
+            {"IpProtocol": "-1", "GroupId": self_ref, "SourceSecurityGroupId": self_ref},
+        )
+        nodegroups.has_resource_properties(
+            "AWS::EC2::SecurityGroupEgress",
+            {"IpProtocol": "-1", "GroupId": self_ref, "DestinationSecurityGroupId": self_ref},
+        )
         assert "SecurityGroupEgress" not in group["Properties"] or all(
             rule.get("CidrIp") != "0.0.0.0/0" for rule in group["Properties"]["SecurityGroupEgress"]
         )
@@ -144,7 +195,9 @@ def test_gpu_nodes_are_tainted_labelled_and_auto_repaired(nodegroups):
             "InstanceTypes": ["g6.8xlarge"],
             "NodeRepairConfig": {"Enabled": True},
             "Taints": [{"Key": "nvidia.com/gpu", "Value": "true", "Effect": "NO_SCHEDULE"}],
-            "Labels": Match.object_like({"nvrx-eks/gpu": "true", "nvrx-eks/efa": "true", "nvrx-eks/nodegroup": "g6-dev"}),
+            "Labels": Match.object_like(
+                {"nvrx-eks/gpu": "true", "nvrx-eks/efa": "true", "nvrx-eks/nodegroup": "g6-dev"}
+            ),
             "ScalingConfig": {"MinSize": 0, "DesiredSize": 2, "MaxSize": 4},
         },
     )
@@ -156,10 +209,21 @@ def storage() -> tuple[Template, DurableStorage]:
     stack = Stack(App(context=FEATURE_FLAGS), "Storage", env=ENV)
     vpc = ec2.Vpc(stack, "Vpc", availability_zones=["us-east-1a", "us-east-1b"], nat_gateways=1)
     built = DurableStorage(
-        stack, "Storage", vpc=vpc, fsx_subnet=vpc.private_subnets[0], client_cidr="10.0.0.0/16",
-        storage_capacity_gib=2400, throughput_per_tib=500, file_system_path="/durable", data_repository_path=None,
-        checkpoint_prefix="checkpoints/", noncurrent_version_days=30, expire_days=None, retain_bucket=True,
-        repository_name="nvrx-eks/trainer", keep_images=30,
+        stack,
+        "Storage",
+        vpc=vpc,
+        fsx_subnet=vpc.private_subnets[0],
+        client_cidr="10.0.0.0/16",
+        storage_capacity_gib=2400,
+        throughput_per_tib=500,
+        file_system_path="/durable",
+        data_repository_path=None,
+        checkpoint_prefix="checkpoints/",
+        noncurrent_version_days=30,
+        expire_days=None,
+        retain_bucket=True,
+        repository_name="nvrx-eks/trainer",
+        keep_images=30,
     )
     role = iam.Role(stack, "Trainer", assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"))
     built.grant_checkpoint_prefix(role)
@@ -181,24 +245,34 @@ def test_fsx_is_persistent2_compressed_and_kms_encrypted(storage):
             "StorageCapacity": 2400,
             "KmsKeyId": {"Ref": key_id},
             "LustreConfiguration": Match.object_like(
-                {"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 500, "DataCompressionType": "LZ4"}
+                {
+                    "DeploymentType": "PERSISTENT_2",
+                    "PerUnitStorageThroughput": 500,
+                    "DataCompressionType": "LZ4",
+                }
             ),
         },
     )
     for port in (988, 1018):
-        template.has_resource_properties("AWS::EC2::SecurityGroupIngress", {"FromPort": port, "IpProtocol": "tcp"})
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroupIngress", {"FromPort": port, "IpProtocol": "tcp"}
+        )
 
 
 def test_fsx_links_the_checkpoint_prefix_both_ways(storage):
     template, _ = storage
-    (bucket_id,) = template.find_resources("AWS::S3::Bucket", {"Properties": {"VersioningConfiguration": {"Status": "Enabled"}}})
+    (bucket_id,) = template.find_resources(
+        "AWS::S3::Bucket", {"Properties": {"VersioningConfiguration": {"Status": "Enabled"}}}
+    )
     template.has_resource_properties(
         "AWS::FSx::DataRepositoryAssociation",
         {
             "FileSystemPath": "/durable",
             "DataRepositoryPath": {"Fn::Join": ["", ["s3://", {"Ref": bucket_id}, "/checkpoints/"]]},
-            "S3": {"AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
-                   "AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]}},
+            "S3": {
+                "AutoExportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+                "AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+            },
         },
     )
 
@@ -209,39 +283,81 @@ def test_checkpoint_bucket_is_kms_versioned_private_and_tls_only(storage):
         "AWS::S3::Bucket",
         {
             "VersioningConfiguration": {"Status": "Enabled"},
-            "BucketEncryption": {"ServerSideEncryptionConfiguration": [Match.object_like({
-                "ServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": _key_ref(template)}})]},
-            "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
-                                               "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
-            "LifecycleConfiguration": {"Rules": Match.array_with([Match.object_like(
-                {"Prefix": "checkpoints/", "NoncurrentVersionExpiration": {"NoncurrentDays": 30}})])},
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [
+                    Match.object_like(
+                        {
+                            "ServerSideEncryptionByDefault": {
+                                "SSEAlgorithm": "aws:kms",
+                                "KMSMasterKeyID": _key_ref(template),
+                            }
+                        }
+                    )
+                ]
+            },
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [
+                        Match.object_like(
+                            {"Prefix": "checkpoints/", "NoncurrentVersionExpiration": {"NoncurrentDays": 30}}
+                        )
+                    ]
+                )
+            },
         },
     )
-    template.has_resource_properties("AWS::S3::BucketPolicy", {"PolicyDocument": {"Statement": Match.array_with([
-        Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})])}})
+    template.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+                        )
+                    ]
+                )
+            }
+        },
+    )
 
 
 def test_ecr_scans_on_push_with_immutable_tags(storage):
     template, _ = storage
-    template.has_resource_properties("AWS::ECR::Repository", {
-        "ImageScanningConfiguration": {"ScanOnPush": True},
-        "ImageTagMutability": "IMMUTABLE",
-        "EncryptionConfiguration": {"EncryptionType": "KMS", "KmsKey": _key_ref(template)},
-        "LifecyclePolicy": Match.any_value(),
-    })
+    template.has_resource_properties(
+        "AWS::ECR::Repository",
+        {
+            "ImageScanningConfiguration": {"ScanOnPush": True},
+            "ImageTagMutability": "IMMUTABLE",
+            "EncryptionConfiguration": {"EncryptionType": "KMS", "KmsKey": _key_ref(template)},
+            "LifecyclePolicy": Match.any_value(),
+        },
+    )
 
 
 def test_prefix_grant_touches_only_the_checkpoint_prefix(storage):
     template, _ = storage
-    (bucket_id,) = template.find_resources("AWS::S3::Bucket", {"Properties": {"VersioningConfiguration": {"Status": "Enabled"}}})
+    (bucket_id,) = template.find_resources(
+        "AWS::S3::Bucket", {"Properties": {"VersioningConfiguration": {"Status": "Enabled"}}}
+    )
     (policy,) = template.find_resources("AWS::IAM::Policy").values()
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     objects = statements["CheckpointObjects"]
     assert objects["Resource"] == {"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, "/checkpoints/*"]]}
-    assert "s3:PutObject" in objects["Action"] and "s3:*" not in objects["Action"]
+    assert "s3:PutObject" in objects["Action"]
+    assert "s3:*" not in objects["Action"]
     listing = statements["CheckpointListing"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["checkpoints/", "checkpoints/*"]}}
-    assert statements["CheckpointKeyViaS3"]["Condition"]["StringEquals"]["kms:ViaService"] == "s3.us-east-1.amazonaws.com"
+    assert (
+        statements["CheckpointKeyViaS3"]["Condition"]["StringEquals"]["kms:ViaService"]
+        == "s3.us-east-1.amazonaws.com"
+    )
     assert len(statements) == 3
 
 
@@ -261,5 +377,12 @@ def test_managed_addons_are_pinned_per_kubernetes_version():
     ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.33", node_dependencies=[])  # type: ignore[arg-type]
     deploy_addons(ctx, [ManagedAddon("kube-proxy"), ManagedAddon("vpc-cni")])
     template = Template.from_stack(stack)
-    template.has_resource_properties("AWS::EKS::Addon", {"AddonName": "kube-proxy", "AddonVersion": Match.string_like_regexp(r"^v1\.33\."), "ResolveConflicts": "OVERWRITE"})
+    template.has_resource_properties(
+        "AWS::EKS::Addon",
+        {
+            "AddonName": "kube-proxy",
+            "AddonVersion": Match.string_like_regexp(r"^v1\.33\."),
+            "ResolveConflicts": "OVERWRITE",
+        },
+    )
     assert json.dumps(template.to_json()).count("eksbuild") == 2

@@ -57,7 +57,7 @@ def test_nvme_profiles_ask_nodeadm_for_raid0():
 
 
 def test_unknown_and_local_types_are_refused_for_ec2():
-    with pytest.raises(UserError, match="unknown instance type 'p9.huge'"):
+    with pytest.raises(UserError, match=r"unknown instance type 'p9\.huge'"):
         get_profile("p9.huge")
-    with pytest.raises(UserError, match="use one of: p5.48xlarge"):
+    with pytest.raises(UserError, match=r"use one of: p5\.48xlarge"):
         get_profile("local-cpu", ec2_only=True)

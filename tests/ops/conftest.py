@@ -24,7 +24,13 @@ def new_session(region: str = REGION) -> AwsSession:
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path):
     """Fake credentials from the standard chain (env vars) and no user config files."""
-    for var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS", "AWS_SESSION_TOKEN"):
+    for var in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_RETRY_MODE",
+        "AWS_MAX_ATTEMPTS",
+        "AWS_SESSION_TOKEN",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -39,7 +39,9 @@ def manifests(values) -> list[dict]:
 
 
 def _pod(name: str, *, phase: str = "Running", waiting: str | None = None, restarts: int = 0) -> dict:
-    state = {"waiting": {"reason": waiting, "message": "back-off pulling image"}} if waiting else {"running": {}}
+    state = (
+        {"waiting": {"reason": waiting, "message": "back-off pulling image"}} if waiting else {"running": {}}
+    )
     return {
         "metadata": {
             "name": name,
@@ -72,7 +74,6 @@ class Call:
     body: object
 
 
-
 class Recorder:
     """Stands in for the client's RESTClientObject: records each request and answers it from
     `routes` ((method, path) -> list of (status, body) served in order, the last one repeated)."""
@@ -89,7 +90,9 @@ class Recorder:
         if method == "PATCH" and (method, parsed.path) not in self.routes:
             answer: tuple[int, object] = (200, body)  # an apply answers with the object
         else:
-            queue = self.routes.get((method, parsed.path)) or [(404, {"kind": "Status", "message": "not found"})]
+            queue = self.routes.get((method, parsed.path)) or [
+                (404, {"kind": "Status", "message": "not found"})
+            ]
             answer = queue.pop(0) if len(queue) > 1 else queue[0]
         status, payload = answer
         raw = urllib3.HTTPResponse(
@@ -125,7 +128,11 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
     client, rec = _client({("GET", PODS_PATH): [_pods(), running]})
     seen: list[int] = []
     result = jobs.submit(
-        client, manifests, namespace="training", on_progress=lambda c: seen.append(c.running), sleep=lambda _: None
+        client,
+        manifests,
+        namespace="training",
+        on_progress=lambda c: seen.append(c.running),
+        sleep=lambda _: None,
     )
     patches = [c for c in rec.calls if c.method == "PATCH"]
     # Everything the chart renders, and nothing else, is applied; the Job last.
@@ -157,7 +164,7 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
 def test_an_existing_job_is_refused_unless_replaced(manifests):
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "demo", "namespace": "training"}}
     client, rec = _client({("GET", JOB_PATH): [(200, job)]})
-    with pytest.raises(UserError, match="already exists .* --replace"):
+    with pytest.raises(UserError, match=r"already exists .* --replace"):
         jobs.submit(client, manifests, namespace="training", wait=False)
     assert rec.writes() == []
 
@@ -171,8 +178,12 @@ def test_an_existing_job_is_refused_unless_replaced(manifests):
 
 
 def test_a_pod_that_cannot_pull_its_image_fails_the_submit(manifests):
-    client, _ = _client({("GET", PODS_PATH): [_pods(_pod("demo-0", phase="Pending", waiting="ImagePullBackOff"))]})
-    with pytest.raises(jobs.JobStartError, match=r"demo-0 cannot start: ImagePullBackOff .*nvrx-eks image push"):
+    client, _ = _client(
+        {("GET", PODS_PATH): [_pods(_pod("demo-0", phase="Pending", waiting="ImagePullBackOff"))]}
+    )
+    with pytest.raises(
+        jobs.JobStartError, match=r"demo-0 cannot start: ImagePullBackOff .*nvrx-eks image push"
+    ):
         jobs.submit(client, manifests, namespace="training", sleep=lambda _: None)
 
 
@@ -189,9 +200,13 @@ def test_pods_not_running_in_time_fail_with_what_they_wait_for(manifests):
 
 def test_forbidden_apply_is_one_message_naming_the_access_entry(manifests):
     client, _ = _client(
-        {("PATCH", "/api/v1/namespaces/training/services/demo"): [(403, {"message": "services is forbidden"})]}
+        {
+            ("PATCH", "/api/v1/namespaces/training/services/demo"): [
+                (403, {"message": "services is forbidden"})
+            ]
+        }
     )
-    with pytest.raises(UserError, match="forbidden to apply Service demo .*access entry"):
+    with pytest.raises(UserError, match=r"forbidden to apply Service demo .*access entry"):
         jobs.submit(client, manifests, namespace="training", wait=False)
 
 
@@ -209,11 +224,22 @@ def test_status_summarises_pods_and_the_latest_complete_checkpoint(manifests, va
     # Layout of training/checkpoint/storage.py: step 20 has only one of two ranks committed.
     for step, ranks in ((10, (0, 1)), (20, (0,))):
         for rank in ranks:
-            manifest = {"step": step, "rank": rank, "world_size": 2, "nbytes": 1, "crc32": 0, "committed_at": 0}
+            manifest = {
+                "step": step,
+                "rank": rank,
+                "world_size": 2,
+                "nbytes": 1,
+                "crc32": 0,
+                "committed_at": 0,
+            }
             key = f"checkpoints/demo/step-{step:09d}/rank-{rank:05d}.json"
             s3.put_object(Bucket="ckpt-bucket", Key=key, Body=json.dumps(manifest).encode())
     status = jobs.job_status(
-        client, namespace="training", name="demo", session=moto_session, checkpoints_at=jobs.checkpoint_url(values)
+        client,
+        namespace="training",
+        name="demo",
+        session=moto_session,
+        checkpoints_at=jobs.checkpoint_url(values),
     )
     assert (status.active, status.failed, status.parallelism) == (2, 1, 2)
     assert [(p.name, p.restarts, p.index) for p in status.pods] == [("demo-0", 2, "0"), ("demo-1", 0, "1")]
@@ -272,7 +298,9 @@ storage:
 def test_submit_cli_applies_waits_and_prints_how_to_follow(cli, manifests, tmp_path):
     path = tmp_path / "values.yaml"
     path.write_text(VALUES_FILE)
-    client, rec = _client({("GET", PODS_PATH): [_pods(_pod("demo-rdzv-abc"), _pod("demo-0"), _pod("demo-1"))]})
+    client, rec = _client(
+        {("GET", PODS_PATH): [_pods(_pod("demo-rdzv-abc"), _pod("demo-0"), _pod("demo-1"))]}
+    )
     result = cli("job", "submit", "-f", str(path), api_client=client)
     assert result.exit_code == 0, result.output
     assert "applied: Service/demo-rdzv" in result.output
@@ -293,7 +321,9 @@ def test_submit_cli_exit_codes(cli, tmp_path):
 
     path = tmp_path / "values.yaml"
     path.write_text(VALUES_FILE)
-    client, _ = _client({("GET", PODS_PATH): [_pods(_pod("demo-0", phase="Pending", waiting="ErrImagePull"))]})
+    client, _ = _client(
+        {("GET", PODS_PATH): [_pods(_pod("demo-0", phase="Pending", waiting="ErrImagePull"))]}
+    )
     result = cli("job", "submit", "-f", str(path), api_client=client)
     assert result.exit_code == 5
     assert "demo-0 cannot start: ErrImagePull" in result.output
@@ -313,7 +343,11 @@ def test_status_cli_prints_pods_restarts_and_checkpoint(cli, manifests, moto_ses
     s3.create_bucket(Bucket="ckpt-bucket")
     for rank in (0, 1):
         body = {"step": 40, "rank": rank, "world_size": 2, "nbytes": 1, "crc32": 0, "committed_at": 0}
-        s3.put_object(Bucket="ckpt-bucket", Key=f"checkpoints/demo/step-000000040/rank-{rank:05d}.json", Body=json.dumps(body))
+        s3.put_object(
+            Bucket="ckpt-bucket",
+            Key=f"checkpoints/demo/step-000000040/rank-{rank:05d}.json",
+            Body=json.dumps(body),
+        )
     result = cli("job", "status", "demo", "-f", str(path), api_client=client, session=moto_session)
     assert result.exit_code == 0, result.output
     assert "2 active, 0 succeeded, 0 failed of 2 nodes" in result.output
@@ -330,8 +364,13 @@ def test_eks_client_authenticates_with_a_fresh_token(plain_session):
     with Stubber(plain_session.client("eks")) as stubber:
         stubber.add_response(
             "describe_cluster",
-            {"cluster": {"name": "nvrx-eks", "endpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com",
-                         "certificateAuthority": {"data": ca.decode()}}},
+            {
+                "cluster": {
+                    "name": "nvrx-eks",
+                    "endpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com",
+                    "certificateAuthority": {"data": ca.decode()},
+                }
+            },
             {"name": "nvrx-eks"},
         )
         client = eks_api_client(plain_session, "nvrx-eks")
@@ -349,6 +388,15 @@ def test_missing_eks_cluster_is_a_user_error(plain_session):
     from infra.ops.kube import eks_api_client  # noqa: PLC0415
 
     with Stubber(plain_session.client("eks")) as stubber:
-        stubber.add_client_error("describe_cluster", service_error_code="ResourceNotFoundException", http_status_code=404)
+        stubber.add_client_error(
+            "describe_cluster", service_error_code="ResourceNotFoundException", http_status_code=404
+        )
         with pytest.raises(UserError, match="EKS cluster 'nope' not found in us-east-1"):
             eks_api_client(plain_session, "nope")
+
+
+def test_status_of_an_unknown_job_exits_2(cli):
+    client, _ = _client({})
+    result = cli("job", "status", "nope", "--no-checkpoints", api_client=client)
+    assert result.exit_code == 2
+    assert "not found while trying to read Job nope" in result.output

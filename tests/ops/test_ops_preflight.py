@@ -116,7 +116,10 @@ def test_each_quota_sums_its_own_node_groups(moto_session):
 def test_access_denied_on_one_api_fails_that_check_only(moto_session):
     stubber = Stubber(moto_session.client("service-quotas"))
     stubber.add_client_error(
-        "get_service_quota", service_error_code="AccessDeniedException", service_message="not allowed", http_status_code=403
+        "get_service_quota",
+        service_error_code="AccessDeniedException",
+        service_message="not allowed",
+        http_status_code=403,
     )
     stubber.activate()
     results = Preflight(session=moto_session, target=_target(P5)).run()
@@ -128,7 +131,12 @@ def test_access_denied_on_one_api_fails_that_check_only(moto_session):
 
 @pytest.mark.parametrize(
     ("family", "code"),
-    [("p5en.48xlarge", P_QUOTA), ("g6.8xlarge", G_QUOTA), ("trn2.48xlarge", "L-2C3B7624"), ("m7i.xlarge", "L-1216C47A")],
+    [
+        ("p5en.48xlarge", P_QUOTA),
+        ("g6.8xlarge", G_QUOTA),
+        ("trn2.48xlarge", "L-2C3B7624"),
+        ("m7i.xlarge", "L-1216C47A"),
+    ],
 )
 def test_quota_codes_by_family(family, code):
     assert quota_for(family)[0] == code
@@ -176,7 +184,9 @@ def _check(session, reservation: dict | None, *, capacity="capacity_block", max_
     with Stubber(ec2) as stubber:
         expected = {"CapacityReservationIds": ["cr-0123456789abcdef0"]}
         if error:
-            stubber.add_client_error("describe_capacity_reservations", service_error_code=error, expected_params=expected)
+            stubber.add_client_error(
+                "describe_capacity_reservations", service_error_code=error, expected_params=expected
+            )
         else:
             stubber.add_response(
                 "describe_capacity_reservations", {"CapacityReservations": [reservation]}, expected
@@ -196,7 +206,10 @@ def test_matching_active_capacity_block_passes(plain_session):
 def test_scheduled_capacity_block_counts_its_size_tag(plain_session):
     # Before a block starts its counts read 0; the size is in a tag (EC2 user guide, capacity-blocks-view).
     pending = _reservation(
-        State="scheduled", TotalInstanceCount=0, AvailableInstanceCount=0, Tags=[{"Key": BLOCK_SIZE_TAG, "Value": "4"}]
+        State="scheduled",
+        TotalInstanceCount=0,
+        AvailableInstanceCount=0,
+        Tags=[{"Key": BLOCK_SIZE_TAG, "Value": "4"}],
     )
     assert _check(plain_session, pending, max_nodes=4).status is Status.PASS
     assert _check(plain_session, pending, max_nodes=5).status is Status.FAIL
@@ -234,7 +247,11 @@ def test_missing_reservation_fails_with_how_to_find_it(plain_session):
 
 def test_capacity_block_quota_shortfall_is_a_warning(moto_session, monkeypatch):
     block = NodeGroupTarget(
-        name="p5-block", instance_type="p5.48xlarge", max_nodes=2, capacity="capacity_block", reservation_id="cr-1"
+        name="p5-block",
+        instance_type="p5.48xlarge",
+        max_nodes=2,
+        capacity="capacity_block",
+        reservation_id="cr-1",
     )
     preflight = Preflight(session=moto_session, target=_target(block))
     ec2 = moto_session.client("ec2")
@@ -298,7 +315,7 @@ def test_throttling_past_the_users_max_attempts_is_one_message(make_session, mon
     with mock_aws():
         session = make_session()
         attempts = _throttle_first(session.client("ec2"), "DescribeInstanceTypes", times=10)
-        with pytest.raises(ServiceError, match="throttled ec2:DescribeInstanceTypes .* after 2 attempt"):
+        with pytest.raises(ServiceError, match=r"throttled ec2:DescribeInstanceTypes .* after 2 attempt"):
             Preflight(session=session, target=_target(P5))._instance_info("p5.48xlarge")
     assert len(attempts) == 2
 
@@ -361,3 +378,15 @@ def test_preflight_cli_bad_config_exits_2(preflight_cli):
     result = preflight_cli("gpu_node_groups=[]")
     assert result.exit_code == 2
     assert "gpu_node_groups" in result.output
+
+
+def test_retry_policy_is_standard_unless_the_profile_says_otherwise(make_session, tmp_path, monkeypatch):
+    from infra.ops.aws import DEFAULT_MAX_ATTEMPTS, retry_config  # noqa: PLC0415
+
+    config = retry_config(make_session().session)
+    assert config.retries == {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS}
+    profile = tmp_path / "user-config"
+    profile.write_text("[default]\nretry_mode = adaptive\nmax_attempts = 3\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(profile))
+    config = retry_config(make_session().session)
+    assert config.retries == {"mode": "adaptive", "total_max_attempts": 3}

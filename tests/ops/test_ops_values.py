@@ -114,7 +114,9 @@ def test_missing_stack_is_a_user_error(cli, tmp_path):
 
 
 def test_stack_without_the_kit_outputs_names_them(cli, moto_session, tmp_path):
-    _deploy(moto_session, {k: v for k, v in OUTPUTS.items() if k not in {"GpuNodeGroups", "CheckpointPvcName"}})
+    _deploy(
+        moto_session, {k: v for k, v in OUTPUTS.items() if k not in {"GpuNodeGroups", "CheckpointPvcName"}}
+    )
     result = cli("values", "--stack", "nvrx-eks", "-o", str(tmp_path / "v.yaml"))
     assert result.exit_code == 2
     assert "lacks output(s) CheckpointPvcName, GpuNodeGroups" in result.output

@@ -1,0 +1,103 @@
+"""The tiered checkpointer with its real NVRx writer processes: persist, fail, hang, kill -9."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.factory import disk_stores
+from training.checkpoint.restore import StoreSource, load_newest
+from training.checkpoint.stats import make_emitter
+from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
+from training.checkpoint.torture import run_trials
+
+CPU = torch.device("cpu")
+
+
+def state_at(step: int) -> dict:
+    return {"model": {"w": torch.full((256, 256), float(step))}, "data": {"step": step}}
+
+
+def save_until(ckpt, steps, predicate, timeout_s=90.0):
+    """Drive the loop (a save per step, 20 ms steps) until `predicate()` holds."""
+    deadline = time.monotonic() + timeout_s
+    step = steps[0]
+    while not predicate():
+        assert time.monotonic() < deadline, ckpt.stats.as_dict()
+        step += 1
+        ckpt.save(step, state_at(step))
+        time.sleep(0.02)
+    steps[0] = step
+
+
+@pytest.mark.slow
+def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
+    blocker = tmp_path / "durable"
+    blocker.write_text("not a folder: every durable write fails")
+    config = CheckpointConfig(
+        memory_dir=tmp_path / "shm", memory_every=1, local_dir=tmp_path / "local", local_every=2,
+        durable_dir=str(blocker), durable_every=4, keep=2, fsync=False, persist_timeout_s=60,
+    )
+    events = []
+    ckpt = TieredCheckpointer(
+        config=config, stores=disk_stores(config), rank=0, world_size=1, node_index=0, device=CPU,
+        emit=make_emitter(lambda kind, fields: events.append((kind, fields))),
+    )
+    try:
+        steps = [0]
+        # Unwritable durable location: reported, training goes on, local keeps committing.
+        save_until(ckpt, steps, lambda: ckpt.stats.failed["durable"] >= 1 and ckpt.stats.persisted["local"] >= 1)
+        assert any(kind == "checkpoint_failed" and f["tier"] == "durable" for kind, f in events)
+        # The location comes back: a later due step persists (retry without intervention).
+        blocker.unlink()
+        save_until(ckpt, steps, lambda: ckpt.stats.persisted["durable"] >= 1)
+        # A hung writer: detected by its timeout, killed, reported; the tier works again afterwards.
+        ckpt.workers["local"].timeout_s = 0.5
+        ckpt._persist_delay_s = 30.0
+        save_until(ckpt, steps, lambda: ckpt.stats.timed_out["local"] >= 1)
+        ckpt.workers["local"].timeout_s = 60
+        ckpt._persist_delay_s = 0.0
+        done = ckpt.stats.persisted["local"]
+        save_until(ckpt, steps, lambda: ckpt.stats.persisted["local"] > done)
+        assert max(ckpt.stats.max_stall_s, 0) < 5  # never waited on a persist
+        ckpt.wait()
+        newest = steps[0]
+        restored = ckpt.load_latest()
+        assert restored.tier == "memory"
+        assert restored.step == newest
+        assert torch.equal(restored.state["model"]["w"], state_at(newest)["model"]["w"])
+        # Without the memory tier (node lost): the disk tiers hold a complete, verified older step.
+        stores = disk_stores(config)
+        disk = load_newest([StoreSource(s, shared=sh) for s, _, sh in stores], rank=0, world_size=1,
+                           device=CPU, emit=make_emitter(None))
+        assert disk.tier == "local"
+        assert disk.state["data"]["step"] == disk.step
+        assert len(stores[0][0].manifests(0)) <= config.keep
+    finally:
+        ckpt.close()
+    assert all(worker._queue is None for worker in ckpt.workers.values())
+
+
+def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
+    tier = MemoryTier(root=tmp_path, rank=0, world_size=1, num_slots=2, device=CPU)
+    from training.checkpoint.shard import encode_header, flatten
+
+    skeleton, tensors, layout = flatten(state_at(1))
+    tier.ensure(layout)
+    slot = tier.free_slot()
+    tier.stage(slot, 1, tensors, layout, encode_header(skeleton, layout))
+    assert tier.candidate_steps(rank=0, world_size=1, collective=False) == {1}
+    # A kill between uncommit and the new manifest leaves no claim on the half-written slot.
+    slot.manifest_path.unlink()
+    assert tier.candidate_steps(rank=0, world_size=1, collective=False) == set()
+    tier.release()
+
+
+@pytest.mark.slow
+def test_kill_9_during_persist_always_resumes_from_newest_committed(tmp_path):
+    result = run_trials(root=tmp_path, trials=2, seed=3, max_kill_s=1.5)
+    assert result["trials"] == 2
+    assert result["ok"] == 2, result
