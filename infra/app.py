@@ -74,6 +74,11 @@ def build(app: App, config: ClusterConfig, *, account: str, nag: bool = True) ->
 
     for flag, value in FEATURE_FLAGS.items():
         app.node.set_context(flag, value)
+    # Answer the availability-zone lookup (made by constructs that ask the stack for its AZs) from
+    # the config, as a cdk.context.json entry would: synth never needs credentials.
+    app.node.set_context(
+        f"availability-zones:account={account}:region={config.region}", list(config.availability_zones)
+    )
     stack = ClusterStack(app, config=config, env=Environment(account=account, region=config.region))
     if nag:
         add_checks(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 
@@ -12,6 +13,9 @@ from training.config import parse_args
 def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    # A worker killed by a signal (SIGSEGV, SIGABRT, the watchdog's SIGKILL excepted) leaves its Python
+    # stacks in the launcher's log: the only trace a crash below Python gives.
+    faulthandler.enable(all_threads=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from training.run import run  # noqa: PLC0415 - torch and NVRx load only after the config is valid
 

@@ -46,7 +46,7 @@ class OptimConfig(_Section):
 
 class DistConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: CUDA + NCCL + FSDP2 when a GPU is visible, else CPU + gloo + DDP."
+        "auto", description="auto: CUDA + NCCL + FSDP2 when a GPU is visible, else CPU + gloo (flat gradient all-reduce)."
     )
     timeout_s: float | None = Field(
         None,

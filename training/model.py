@@ -2,7 +2,7 @@
 
 One module for every size: `PRESETS` goes from a tiny CPU test model (a few ms per step) to about
 8B parameters (Llama 3 8B shapes) for H100 runs. Nothing here knows about distribution; the caller
-wraps the model (DDP on CPU, FSDP2 on GPU: see training/parallel.py).
+shards the model (FSDP2 on GPU; see training/parallel.py).
 """
 
 from __future__ import annotations

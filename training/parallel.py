@@ -1,6 +1,12 @@
-"""Device, process group and model wrapping: decided by the device, one code path.
+"""Device, process group and gradient synchronisation: decided by the device, one code path.
 
-CPU: gloo + DistributedDataParallel. CUDA: NCCL + FSDP2 (`fully_shard` per block, then the root).
+CUDA: NCCL + FSDP2 (`fully_shard` per block, then the root); gradients are reduce-scattered inside
+backward. CPU: gloo, and the gradients are averaged by `average_gradients` after backward: one flat
+all-reduce in parameter order. Not DDP, on purpose: DDP rebuilds its buckets in gradient-ready order
+after the first iteration, and gloo's ring all-reduce sums each element in an order that depends on
+its position in the bucket; a restarted attempt runs its first step with the initial buckets again,
+so its parameters drift from a fault-free run in the last bits. A fixed layout every step keeps resume
+bit-exact (and saves DDP's construction broadcast, which ran under the short restart-friendly timeout).
 The process group is created per attempt on a prefix of one long-lived store, so an in-process
 restart gets a fresh group without rebinding a port.
 """
@@ -119,15 +125,28 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
 
 
 def wrap(model: nn.Module, world: World) -> nn.Module:
-    """DDP on CPU (re-created each attempt, cheap); FSDP2 on CUDA (sharding is in place)."""
+    """FSDP2 on CUDA (sharding is in place; gradients reduced in backward); the module itself on CPU
+    (gradients averaged by `average_gradients`)."""
     if world.device.type == "cuda":
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
         for block in model.layers:  # type: ignore[union-attr]
             fully_shard(block)
         fully_shard(model)
-        return model
-    return nn.parallel.DistributedDataParallel(model)
+    return model
+
+
+def average_gradients(model: nn.Module, world: World) -> None:
+    """Average gradients across ranks (CPU path; FSDP2 already did it on CUDA): one all-reduce of all
+    gradients flattened in parameter order, the same layout every step and every attempt."""
+    if world.device.type == "cuda" or world.world_size == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch._utils._flatten_dense_tensors(grads)  # noqa: SLF001 - torch's own helper for this
+    dist.all_reduce(flat)
+    flat.div_(world.world_size)
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):  # noqa: SLF001
+        grad.copy_(synced)
 
 
 def shards_in_place(world: World) -> bool:

@@ -134,11 +134,14 @@ class Trainer:
             )
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
+        # clone(): restored tensors are views into the shard's one buffer, and torch (2.13) reads a
+        # generator state from the start of the storage, ignoring the view's offset -- SIGSEGV, or
+        # silently another rank's bytes (tests/training: test_rng_state_restores_from_a_view).
+        torch.set_rng_state(state["rng"]["torch"].clone())
         np.random.set_state(state["rng"]["numpy"])  # noqa: NPY002
         random.setstate(state["rng"]["python"])
         if "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"])
+            torch.cuda.set_rng_state(state["rng"]["cuda"].clone())
         self.last_done = state["data"]["next_step"] - 1
         self.resilience.load_state_dict(state["resilience"])
 
@@ -194,7 +197,8 @@ class Trainer:
         logits = self.model(batch.inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten())
         self.injector.before_backward(step)
-        loss.backward()  # gradients are averaged across ranks here (DDP hooks / FSDP reduce-scatter)
+        loss.backward()  # FSDP2 (CUDA) reduce-scatters gradients here
+        parallel.average_gradients(self.model, self.world)  # CPU: one flat all-reduce
         if self.cfg.optim.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         with self.resilience.atomic():

@@ -129,7 +129,10 @@ def test_unwritable_durable_is_reported_training_continues_and_later_retries(tmp
     blocker.write_text("a file where the durable folder should be")  # mkdir fails: like a broken mount
     events = []
     ckpt = build_checkpointer(
-        sync_config(tmp_path, durable_every=2), rank=0, world_size=1, device=CPU,
+        sync_config(tmp_path, durable_every=2),
+        rank=0,
+        world_size=1,
+        device=CPU,
         on_event=lambda kind, fields: events.append(kind),
     )
     ckpt.save(2, state_at(2))

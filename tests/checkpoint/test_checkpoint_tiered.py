@@ -10,6 +10,7 @@ import torch
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.factory import disk_stores
 from training.checkpoint.restore import StoreSource, load_newest
+from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import make_emitter
 from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
 from training.checkpoint.torture import run_trials
@@ -38,18 +39,32 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
     blocker = tmp_path / "durable"
     blocker.write_text("not a folder: every durable write fails")
     config = CheckpointConfig(
-        memory_dir=tmp_path / "shm", memory_every=1, local_dir=tmp_path / "local", local_every=2,
-        durable_dir=str(blocker), durable_every=4, keep=2, fsync=False, persist_timeout_s=60,
+        memory_dir=tmp_path / "shm",
+        memory_every=1,
+        local_dir=tmp_path / "local",
+        local_every=2,
+        durable_dir=str(blocker),
+        durable_every=4,
+        keep=2,
+        fsync=False,
+        persist_timeout_s=60,
     )
     events = []
     ckpt = TieredCheckpointer(
-        config=config, stores=disk_stores(config), rank=0, world_size=1, node_index=0, device=CPU,
+        config=config,
+        stores=disk_stores(config),
+        rank=0,
+        world_size=1,
+        node_index=0,
+        device=CPU,
         emit=make_emitter(lambda kind, fields: events.append((kind, fields))),
     )
     try:
         steps = [0]
         # Unwritable durable location: reported, training goes on, local keeps committing.
-        save_until(ckpt, steps, lambda: ckpt.stats.failed["durable"] >= 1 and ckpt.stats.persisted["local"] >= 1)
+        save_until(
+            ckpt, steps, lambda: ckpt.stats.failed["durable"] >= 1 and ckpt.stats.persisted["local"] >= 1
+        )
         assert any(kind == "checkpoint_failed" and f["tier"] == "durable" for kind, f in events)
         # The location comes back: a later due step persists (retry without intervention).
         blocker.unlink()
@@ -71,8 +86,13 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
         assert torch.equal(restored.state["model"]["w"], state_at(newest)["model"]["w"])
         # Without the memory tier (node lost): the disk tiers hold a complete, verified older step.
         stores = disk_stores(config)
-        disk = load_newest([StoreSource(s, shared=sh) for s, _, sh in stores], rank=0, world_size=1,
-                           device=CPU, emit=make_emitter(None))
+        disk = load_newest(
+            [StoreSource(s, shared=sh) for s, _, sh in stores],
+            rank=0,
+            world_size=1,
+            device=CPU,
+            emit=make_emitter(None),
+        )
         assert disk.tier == "local"
         assert disk.state["data"]["step"] == disk.step
         assert len(stores[0][0].manifests(0)) <= config.keep
@@ -83,8 +103,6 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
 
 def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
     tier = MemoryTier(root=tmp_path, rank=0, world_size=1, num_slots=2, device=CPU)
-    from training.checkpoint.shard import encode_header, flatten
-
     skeleton, tensors, layout = flatten(state_at(1))
     tier.ensure(layout)
     slot = tier.free_slot()

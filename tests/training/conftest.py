@@ -1,15 +1,21 @@
 """A local job for the trainer tests: a rendezvous store process and ft_launcher agents ("nodes").
 
-Plays the parts the local executor and the Job controller play in the demo: each node is an agent in
-its own session; a node-loss request (`$NVRX_EKS_CHAOS_DIR/delete-node-<i>`) kills that agent's whole
-process group and starts a replacement. Everything is killed by process group in `close()`.
+Plays the parts the local executor (k8s/executor.py) and the Job controller play in the demo, with the
+same contracts:
+- each node is an agent in its own session, joining with its own loopback address (`--local-addr
+  127.0.0.<2+i>`, the executor's mapping of the pod's stable DNS name);
+- a node-loss request (COMMON.md contract 7: `$NVRX_EKS_CHAOS_DIR/delete-node-<i>`) kills the node's
+  whole "pod": the agent's process tree and every process that carries the pod's environment (the
+  in-process wrapper's monitor processes daemonize out of the tree, but die with a real pod), then the
+  replacement runs the job chart's init step (`python -m training.rendezvous evict`) and a new agent;
+- `close()` kills every process of the job (matched by the run's unique folder in the environment), so
+  no test leaves a process behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
 
 
 def free_port() -> int:
@@ -30,18 +37,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process's whole tree: its group and every descendant (workers run in their own
-    sessions, and the in-process wrapper's monitor processes are children of the workers)."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in locals().get("tree", []):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):
+        return proc.environ()
+    return {}
+
+
+def kill_processes(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 @dataclass
@@ -51,11 +57,11 @@ class LocalJob:
     num_nodes: int = 2
     procs_per_node: int = 2
     launcher: str = "ft_launcher"
+    restart_policy: str = "any-failed"
     max_restarts: int = 8
     agents: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     replaced: list[int] = field(default_factory=list)
     store: subprocess.Popen[bytes] | None = None
-    every_agent: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.chaos = self.run_dir / "chaos"
@@ -63,29 +69,42 @@ class LocalJob:
         self.logs = self.run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rdzv_port = free_port()
+        self.generation = 0
 
     def _env(self, node: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            NVRX_EKS_CHAOS_DIR=str(self.chaos),
-            JOB_COMPLETION_INDEX=str(node),
-            PYTHONWARNINGS="ignore",
-            PYTHONPATH=str(REPO),
-            OMP_NUM_THREADS="1",
+            {
+                CHAOS_ENV: str(self.chaos),
+                "JOB_COMPLETION_INDEX": str(node),
+                "PYTHONWARNINGS": "ignore",
+                "PYTHONPATH": str(REPO),
+                "OMP_NUM_THREADS": "1",
+            }
         )
         return env
 
+    def _node_addr(self, node: int) -> str:
+        return f"127.0.0.{2 + node}"
+
+    def _popen(self, cmd: list[str], *, node: int, log_name: str) -> subprocess.Popen[bytes]:
+        with (self.logs / log_name).open("ab") as log:
+            return subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=self._env(node),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
     def _start_store(self) -> None:
-        log = (self.logs / "store.log").open("ab")
-        self.store = subprocess.Popen(
-            [sys.executable, "-m", "training.rendezvous", "--port", str(self.rdzv_port)],
-            cwd=REPO,
-            env=self._env(0),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.store = self._popen(
+            [sys.executable, "-m", "training.rendezvous", "--host", "127.0.0.1", "--port", str(self.rdzv_port)],
+            node=-1,
+            log_name="store.log",
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", self.rdzv_port)) == 0:
@@ -93,33 +112,9 @@ class LocalJob:
             time.sleep(0.2)
         raise RuntimeError("rendezvous store did not start")
 
-    def _start_agent(self, node: int) -> None:
-        log = (self.logs / f"node-{node}-{len(self.every_agent)}.log").open("ab")
-        if self.launcher == "ft_launcher":
-            cmd = [
-                str(VENV_BIN / "ft_launcher"),
-                f"--nnodes={self.num_nodes}",
-                f"--nproc-per-node={self.procs_per_node}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{self.rdzv_port}",
-                "--rdzv-conf=is_host=0",
-                "--rdzv-id=test",
-                f"--max-restarts={self.max_restarts}",
-                "--monitor-interval=0.3",
-                "--ft-restart-policy=any-failed",
-                "--ft-initial-rank-heartbeat-timeout=90",
-                "--ft-rank-heartbeat-timeout=60",
-                "--ft-workload-check-interval=0.5",
-                "--ft-rank-termination-signal=SIGKILL",
-                "--ft-enable-nic-monitor=false",
-                "--ignore-missing-fault-tol-cfg",
-                "--term-timeout=3",
-                "-m",
-                "training",
-                *self.trainer_args,
-            ]
-        else:  # plain torchrun, one "node" (the fault-free reference)
-            cmd = [
+    def _agent_cmd(self, node: int) -> list[str]:
+        if self.launcher == "torchrun":  # one "node", the fault-free reference
+            return [
                 str(VENV_BIN / "torchrun"),
                 "--standalone",
                 f"--nproc-per-node={self.procs_per_node * self.num_nodes}",
@@ -127,11 +122,76 @@ class LocalJob:
                 "training",
                 *self.trainer_args,
             ]
-        agent = subprocess.Popen(
-            cmd, cwd=REPO, env=self._env(node), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        return [
+            str(VENV_BIN / "ft_launcher"),
+            f"--nnodes={self.num_nodes}:{self.num_nodes}",
+            f"--nproc-per-node={self.procs_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.rdzv_port}",
+            "--rdzv-conf=is_host=0,last_call_timeout=1",
+            "--rdzv-id=test",
+            f"--local-addr={self._node_addr(node)}",
+            f"--max-restarts={self.max_restarts}",
+            "--monitor-interval=0.3",
+            f"--ft-restart-policy={self.restart_policy}",
+            "--ft-initial-rank-heartbeat-timeout=90",
+            "--ft-rank-heartbeat-timeout=60",
+            "--ft-workload-check-interval=0.5",
+            "--ft-rank-termination-signal=SIGKILL",
+            "--ft-enable-nic-monitor=false",
+            "--workers-stop-timeout=5",
+            "--term-timeout=3",
+            "-m",
+            "training",
+            *self.trainer_args,
+        ]
+
+    def _start_agent(self, node: int) -> None:
+        self.generation += 1
+        self.agents[node] = self._popen(
+            self._agent_cmd(node), node=node, log_name=f"node-{node}-{self.generation}.log"
         )
-        self.agents[node] = agent
-        self.every_agent.append(agent)
+
+    def pod_processes(self, node: int | None = None) -> list[psutil.Process]:
+        """Every process of this job (of one node): the agents' trees plus anything carrying a pod's
+        environment (the in-process wrapper's monitor processes leave the tree: double fork, setsid)."""
+        found: dict[int, psutil.Process] = {}
+        agents = self.agents.items() if node is None else [(node, self.agents[node])]
+        for _, agent in agents:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(agent.pid)
+                for proc in [root, *root.children(recursive=True)]:
+                    found[proc.pid] = proc
+        for proc in psutil.process_iter():
+            env = _environ(proc)
+            if env.get(CHAOS_ENV) == str(self.chaos) and (
+                node is None or env.get("JOB_COMPLETION_INDEX") == str(node)
+            ):
+                found[proc.pid] = proc
+        return list(found.values())
+
+    def _replace_node(self, node: int) -> None:
+        kill_processes(self.pod_processes(node))  # the node is gone, and every process on it
+        self.agents[node].wait(timeout=10)
+        self.replaced.append(node)
+        # The replacement pod's init step (k8s/job_chart.py): drop the predecessor from the rendezvous
+        # state instead of waiting out the keep-alive expiry.
+        evict = self._popen(
+            [
+                sys.executable,
+                "-m",
+                "training.rendezvous",
+                "evict",
+                f"--endpoint=127.0.0.1:{self.rdzv_port}",
+                "--run-id=test",
+                f"--node-addr={self._node_addr(node)}",
+                "--timeout=30",
+            ],
+            node=node,
+            log_name=f"evict-{node}.log",
+        )
+        evict.wait(timeout=60)
+        self._start_agent(node)
 
     def run(self, *, timeout_s: float) -> dict[int, int]:
         """Run to completion (replacing deleted nodes); return each node's exit code."""
@@ -147,9 +207,7 @@ class LocalJob:
             for request in sorted(self.chaos.glob("delete-node-*")):
                 node = int(request.name.rsplit("-", 1)[1])
                 request.unlink()
-                _kill_group(self.agents[node])  # the pod and everything in it
-                self.replaced.append(node)
-                self._start_agent(node)  # the Job controller's replacement pod
+                self._replace_node(node)
             codes = {n: a.poll() for n, a in self.agents.items()}
             if all(code is not None for code in codes.values()):
                 return {n: int(c) for n, c in codes.items() if c is not None}
@@ -157,22 +215,27 @@ class LocalJob:
         raise TimeoutError(f"job did not finish in {timeout_s} s; logs in {self.logs}")
 
     def close(self) -> None:
-        for agent in self.every_agent:
-            _kill_group(agent)
+        kill_processes(self.pod_processes())
         if self.store is not None:
-            _kill_group(self.store)
+            kill_processes([psutil.Process(self.store.pid)] if self.store.poll() is None else [])
+        for proc in [*self.agents.values(), *([self.store] if self.store else [])]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
 
 
-@pytest.fixture
-def local_job(tmp_path: Path):
-    jobs: list[LocalJob] = []
-
-    def make(name: str, trainer_args: list[str], **kwargs: object) -> LocalJob:
-        run_dir = tmp_path / name
-        job = LocalJob(run_dir=run_dir, trainer_args=[*trainer_args, "--run-dir", str(run_dir)], **kwargs)
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
+def run_job(run_dir: Path, trainer_args: list[str], *, timeout_s: float, **kwargs: object) -> LocalJob:
+    """Run one job to completion under a hard bound; always kill what it started."""
+    job = LocalJob(run_dir=run_dir, trainer_args=[*trainer_args, "--run-dir", str(run_dir)], **kwargs)
+    try:
+        codes = job.run(timeout_s=timeout_s)
+    finally:
         job.close()
+    expected = {0: 0} if job.launcher == "torchrun" else dict.fromkeys(range(job.num_nodes), 0)
+    assert codes == expected, f"exit codes {codes}; logs in {job.logs}"
+    assert not job.pod_processes(), "processes left behind"
+    return job
+
+
+@pytest.fixture(scope="session")
+def training_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("training")

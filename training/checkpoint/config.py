@@ -22,7 +22,7 @@ class CheckpointConfig(BaseModel):
     """`tiered`: memory snapshot in the loop, disk tiers persisted in the background (the default).
     `sync`: every due tier written synchronously inside `save` (the simple reference; benchmarks)."""
 
-    memory_dir: Path = Path("/dev/shm/nvrx-eks-checkpoint")
+    memory_dir: Path = Path("/dev/shm/nvrx-eks-checkpoint")  # noqa: S108 - shared memory by design
     """Tier 1: shared-memory folder holding the staging buffers. It outlives a killed process on the
     same node, so a restarted rank restores from RAM. On Kubernetes mount a memory-backed emptyDir
     here (the default 64 MiB /dev/shm of a pod is far too small)."""

@@ -20,10 +20,20 @@ def disk_stores(config: CheckpointConfig) -> list[tuple[ShardStore, int, bool]]:
     """(store, cadence, shared between nodes) for tiers 2 and 3, fastest first."""
     out: list[tuple[ShardStore, int, bool]] = []
     if config.local_dir is not None and config.local_every:
-        out.append((open_store(tier="local", location=config.local_dir, fsync=config.fsync), config.local_every, False))
+        out.append(
+            (
+                open_store(tier="local", location=config.local_dir, fsync=config.fsync),
+                config.local_every,
+                False,
+            )
+        )
     if config.durable_dir and config.durable_every:
         out.append(
-            (open_store(tier="durable", location=config.durable_dir, fsync=config.fsync), config.durable_every, True)
+            (
+                open_store(tier="durable", location=config.durable_dir, fsync=config.fsync),
+                config.durable_every,
+                True,
+            )
         )
     return out
 

@@ -27,9 +27,12 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.checkpoint.storage import open_store
+
+if TYPE_CHECKING:
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
 
 _PR_SET_PDEATHSIG = 1
 _worker_ready = False
@@ -90,7 +93,7 @@ def persist_slot(
     tmp = f"{result_path}.tmp"
     with open(tmp, "w") as out:  # noqa: PTH123
         json.dump(outcome, out)
-    os.replace(tmp, result_path)
+    Path(tmp).replace(result_path)
 
 
 def _noop() -> None:
@@ -128,7 +131,7 @@ class PersistWorker:
         self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
         return self.inflight is not None or not self._queue.async_calls
 
-    def _ensure_queue(self) -> Any:
+    def _ensure_queue(self) -> AsyncCallsQueue:
         if self._queue is None:
             from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (  # noqa: PLC0415
                 AsyncCallsQueue,
@@ -150,7 +153,7 @@ class PersistWorker:
         # Not counted as in flight: the queue is FIFO, a persist submitted meanwhile runs after it.
         self._ensure_queue().schedule_async_request(AsyncRequest(_noop, (), []))
 
-    def submit(self, *, step: int, slot: int, **kwargs: Any) -> None:
+    def submit(self, *, step: int, slot: int, **kwargs: object) -> None:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest  # noqa: PLC0415
 
         if self.inflight is not None:
@@ -186,7 +189,9 @@ class PersistWorker:
         if process is not None and not process.is_alive():
             return self._abandon(call, f"worker died (exit code {process.exitcode})", kind="died")
         if elapsed > self.timeout_s:
-            return self._abandon(call, f"no completion after {elapsed:.1f}s (timeout {self.timeout_s}s)", kind="timeout")
+            return self._abandon(
+                call, f"no completion after {elapsed:.1f}s (timeout {self.timeout_s}s)", kind="timeout"
+            )
         return None
 
     def _abandon(self, call: _InFlight, message: str, *, kind: str) -> dict[str, Any]:

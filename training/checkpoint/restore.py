@@ -21,7 +21,10 @@ from training.checkpoint.shard import ShardError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from training.checkpoint.storage import ShardStore
+
 logger = logging.getLogger(__name__)
+
 
 class Source(Protocol):
     """A tier as the loader sees it."""
@@ -110,7 +113,7 @@ def load_newest(
 class StoreSource:
     """A ShardStore as a restore source."""
 
-    def __init__(self, store: Any, *, shared: bool) -> None:
+    def __init__(self, store: ShardStore, *, shared: bool) -> None:
         self.store = store
         self.tier = store.tier
         self.shared = shared

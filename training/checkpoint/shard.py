@@ -56,7 +56,7 @@ def _align(value: int) -> int:
     return (value + ALIGN - 1) // ALIGN * ALIGN
 
 
-def _walk(node: Any, tensors: list[torch.Tensor]) -> Any:
+def _walk(node: object, tensors: list[torch.Tensor]) -> object:
     """Copy of the tree with each tensor replaced by its index in `tensors`."""
     if isinstance(node, torch.Tensor):
         tensors.append(node)
@@ -70,7 +70,7 @@ def _walk(node: Any, tensors: list[torch.Tensor]) -> Any:
     return node
 
 
-def _fill(node: Any, tensors: list[torch.Tensor]) -> Any:
+def _fill(node: object, tensors: list[torch.Tensor]) -> object:
     if isinstance(node, _Slot):
         return tensors[node.index]
     if isinstance(node, dict):
@@ -87,7 +87,7 @@ class _Slot:
     index: int
 
 
-def flatten(state: dict[str, Any]) -> tuple[Any, list[torch.Tensor], Layout]:
+def flatten(state: dict[str, Any]) -> tuple[object, list[torch.Tensor], Layout]:
     """(skeleton, tensors, layout): the skeleton is the tree with tensors replaced by slots."""
     tensors: list[torch.Tensor] = []
     skeleton = _walk(state, tensors)
@@ -105,11 +105,13 @@ def views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     out = []
     for ref in layout.refs:
         raw = buffer[ref.offset : ref.offset + ref.nbytes]
-        out.append(raw.view(ref.dtype).view(ref.shape) if ref.nbytes else torch.empty(ref.shape, dtype=ref.dtype))
+        out.append(
+            raw.view(ref.dtype).view(ref.shape) if ref.nbytes else torch.empty(ref.shape, dtype=ref.dtype)
+        )
     return out
 
 
-def encode_header(skeleton: Any, layout: Layout) -> bytes:
+def encode_header(skeleton: object, layout: Layout) -> bytes:
     """Header bytes (padded to ALIGN) that precede the data region in a shard file."""
     body = pickle.dumps((skeleton, layout), protocol=pickle.HIGHEST_PROTOCOL)
     header = _HEADER.pack(MAGIC, len(body)) + body

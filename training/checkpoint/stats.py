@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("training.checkpoint")
 
+
 @dataclass
 class CheckpointStats:
     """Loop-side cost and what happened in the background, per tier."""

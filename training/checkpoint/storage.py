@@ -233,7 +233,7 @@ class S3Store(ShardStore):
     """`s3://bucket/prefix`: an object is visible only once its upload completes, so the shard object
     is the temporary stage and the manifest object, put after it, is the commit."""
 
-    def __init__(self, *, tier: str, url: str, client: Any = None) -> None:
+    def __init__(self, *, tier: str, url: str, client: object = None) -> None:
         super().__init__(tier=tier)
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         self.bucket = bucket

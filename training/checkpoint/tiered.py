@@ -16,7 +16,6 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,11 +24,12 @@ import torch.distributed as dist
 from training.checkpoint.base import Checkpointer, Restored
 from training.checkpoint.persist import PersistWorker
 from training.checkpoint.restore import StoreSource, load_newest
-from training.checkpoint.shard import ShardError, decode, encode_header, flatten, views
+from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
 from training.checkpoint.stats import CheckpointStats
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from training.checkpoint.config import CheckpointConfig
     from training.checkpoint.storage import ShardStore
@@ -55,7 +55,9 @@ class MemoryTier:
 
     tier = "memory"
 
-    def __init__(self, *, root: Path, rank: int, world_size: int, num_slots: int, device: torch.device) -> None:
+    def __init__(
+        self, *, root: Path, rank: int, world_size: int, num_slots: int, device: torch.device
+    ) -> None:
         self.root = root / f"rank-{rank:05d}"
         self.root.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -99,7 +101,7 @@ class MemoryTier:
         raise ShardError(f"memory tier no longer holds step {step}")
 
     # --- save side ----------------------------------------------------------------------------
-    def ensure(self, layout: Any) -> None:
+    def ensure(self, layout: Layout) -> None:
         """(Re)allocate the slots for this layout: sized files in shared memory, mapped and
         pre-faulted (a fresh allocation per save is 3-10x slower than a reused buffer, notes sect. 5)."""
         if layout.signature == self.signature:
@@ -133,7 +135,9 @@ class MemoryTier:
         free = [slot for slot in self.slots if not slot.holders and slot.pending_event is None]
         return min(free, key=lambda slot: slot.step) if free else None
 
-    def stage(self, slot: _Slot, step: int, tensors: list[torch.Tensor], layout: Any, header: bytes) -> None:
+    def stage(
+        self, slot: _Slot, step: int, tensors: list[torch.Tensor], layout: Layout, header: bytes
+    ) -> None:
         slot.manifest_path.unlink(missing_ok=True)  # uncommit before overwriting
         slot.step = -1
         targets = views(slot.buffer, layout)
@@ -177,7 +181,12 @@ class MemoryTier:
         tmp = slot.header_path.with_suffix(".hdr.tmp")
         tmp.write_bytes(header)
         tmp.replace(slot.header_path)
-        manifest = {"step": step, "rank": self.rank, "world_size": self.world_size, "data_bytes": self.data_bytes}
+        manifest = {
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "data_bytes": self.data_bytes,
+        }
         tmp = slot.manifest_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(manifest))
         tmp.replace(slot.manifest_path)  # the commit point; tmpfs needs no fsync
@@ -246,7 +255,9 @@ class TieredCheckpointer(Checkpointer):
         blocked = self._agree([slot is None, *(tier in busy for tier in due)])
         if blocked[0]:
             self.stats.skipped["memory"] += 1
-            self.emit("checkpoint_skipped", {"tier": "memory", "step": step, "reason": "no free staging slot"})
+            self.emit(
+                "checkpoint_skipped", {"tier": "memory", "step": step, "reason": "no free staging slot"}
+            )
             return
         assert slot is not None  # noqa: S101 - implied by the agreement above
         header = encode_header(skeleton, layout)
@@ -255,7 +266,9 @@ class TieredCheckpointer(Checkpointer):
         for tier, tier_blocked in zip(due, blocked[1:], strict=True):
             if tier_blocked:
                 self.stats.skipped[tier] += 1
-                self.emit("checkpoint_skipped", {"tier": tier, "step": step, "reason": "previous persist running"})
+                self.emit(
+                    "checkpoint_skipped", {"tier": tier, "step": step, "reason": "previous persist running"}
+                )
                 continue
             slot.holders.add(tier)
         if self.device.type != "cuda":
@@ -326,7 +339,9 @@ class TieredCheckpointer(Checkpointer):
     def _load_latest(self) -> Restored | None:
         self.memory.synchronize()
         sources = [self.memory] + [StoreSource(store, shared=shared) for store, _, shared in self.stores]
-        return load_newest(sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit)
+        return load_newest(
+            sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
+        )
 
     def _wait(self) -> None:
         self.memory.synchronize()
@@ -350,4 +365,3 @@ class TieredCheckpointer(Checkpointer):
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node_index, "pid": os.getpid(), **self.stats.as_dict()}
-

@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from training.checkpoint.config import CheckpointConfig
 
 STATE_ELEMENTS = 1 << 18  # 1 MiB of float32 per tensor: big enough that writes take a while
 
@@ -32,7 +35,7 @@ def expected_state(step: int) -> dict[str, Any]:
     }
 
 
-def _config(root: Path) -> Any:
+def _config(root: Path) -> CheckpointConfig:
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
 
     return CheckpointConfig(
@@ -90,7 +93,11 @@ def child(root: Path, delay_s: float) -> None:
         same = torch.equal(restored.state["model"]["w"], want["model"]["w"]) and torch.equal(
             restored.state["model"]["b"], want["model"]["b"]
         )
-        report = {"step": restored.step, "tier": restored.tier, "exact": same and restored.state["data"] == want["data"]}
+        report = {
+            "step": restored.step,
+            "tier": restored.tier,
+            "exact": same and restored.state["data"] == want["data"],
+        }
     print(json.dumps(report), flush=True)
     step = (restored.step if restored else 0) + 1
     while True:
@@ -101,7 +108,7 @@ def child(root: Path, delay_s: float) -> None:
 
 def run_trials(*, root: Path, trials: int, seed: int = 0, max_kill_s: float = 3.0) -> dict[str, Any]:
     """Run `trials` kill -9 trials; returns counts (ok, wrong step, inexact state, no resume)."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - a reproducible kill schedule, not security
     counts = {"trials": 0, "ok": 0, "wrong_step": 0, "inexact": 0, "failed_start": 0}
     failures: list[dict[str, Any]] = []
     expected: int | None = None
@@ -140,10 +147,12 @@ def run_trials(*, root: Path, trials: int, seed: int = 0, max_kill_s: float = 3.
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+            if proc.stdout:
+                proc.stdout.close()
         expected = newest_committed(root)
     return {**counts, "failures": failures[:5]}
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+    if sys.argv[1:2] == ["--child"]:
         child(Path(sys.argv[2]), float(sys.argv[3]))
