@@ -8,8 +8,32 @@ from typing import Annotated
 import typer
 
 
-def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typer.Typer) -> None:  # noqa: ARG001
+def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
+
+    @app.command("demo")
+    def demo_cmd(
+        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
+            "k8s/values/local-cpu.yaml"
+        ),
+        overrides: Annotated[
+            list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
+        ] = None,
+        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+        skip_synth: Annotated[
+            bool, typer.Option("--skip-synth", help="Do not synthesize the CDK app.")
+        ] = False,
+    ) -> None:
+        """The kit end to end on this machine: synth, render, chaos run with every fault class, report."""
+        from k8s.demo import demo  # noqa: PLC0415
+
+        code = demo(
+            values_path=values_file,
+            runs_root=runs_root,
+            overrides=tuple(overrides or ()),
+            skip_synth=skip_synth,
+        )
+        raise typer.Exit(code)
 
     @job.command("render")
     def render_cmd(

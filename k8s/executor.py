@@ -155,6 +155,11 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), text)
 
 
+def pvc_folder(run_dir: Path, claim: str) -> Path:
+    """The local folder standing in for PersistentVolumeClaim `claim` (shared by every pod of a run)."""
+    return run_dir / "volumes" / f"pvc-{claim}"
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and every descendant (sessions included), then reap what we can."""
     try:
@@ -440,7 +445,7 @@ class LocalJob:
         root = self.run_dir / "volumes"
         for vol in pod_spec.get("volumes", []):
             if "persistentVolumeClaim" in vol:
-                path: Path | None = root / f"pvc-{vol['persistentVolumeClaim']['claimName']}"
+                path: Path | None = pvc_folder(self.run_dir, vol["persistentVolumeClaim"]["claimName"])
             elif "hostPath" in vol:
                 node = f"node-{index}-{self.generation.get(index, 0)}" if index is not None else "node-system"
                 path = root / node / vol["hostPath"]["path"].strip("/").replace("/", "_")

@@ -1,0 +1,155 @@
+"""Chaos runs of a rendered job on this machine: render, run with the local executor, summarize.
+
+The job that runs is the one the chart renders (the executor starts the manifests' own command lines),
+with the trainer's fault schedule set through the job values. A fault-free run of the same values is
+the reference for "nothing lost": its final-parameter hash is cached per configuration and code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from training.events import read_events
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from k8s.executor import JobResult
+    from k8s.values import JobValues
+
+_TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
+
+
+@dataclass(frozen=True)
+class ChaosResult:
+    job: JobResult
+    trainer_run_dir: Path
+    """Where the trainer wrote its events (the FSx PVC's folder in the executor's run dir)."""
+
+
+def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
+    """The local folder behind the trainer's `--run-dir` for a job the executor ran in `run_dir`."""
+    from k8s.executor import pvc_folder  # noqa: PLC0415
+    from k8s.trainer_args import chart_owned_fields  # noqa: PLC0415
+
+    mount = values.storage.fsx_mount_path.rstrip("/")
+    inside = chart_owned_fields(values)["run_dir"].removeprefix(mount).lstrip("/")
+    return pvc_folder(run_dir, values.storage.fsx_pvc) / inside
+
+
+def _progress_line(events_root: Path, *, steps: int) -> tuple[int, str, int]:
+    """(newest step rank 0 finished, current phase, faults injected so far) from the event streams."""
+    try:
+        events = read_events(events_root)
+    except FileNotFoundError:
+        return 0, "starting", 0
+    done = max((e["step"] for e in events if e["kind"] == "step" and e["rank"] == 0), default=0)
+    faults = sum(1 for e in events if e["kind"] == "fault_injected")
+    phase = "starting"
+    for event in reversed(events):
+        kind = event["kind"]
+        if kind == "step":
+            phase = "training"
+        elif kind == "fault_injected":
+            phase = f"fault: {event['class']} on rank {event['target_rank']}"
+        elif kind in {"detected", "terminated"}:
+            phase = f"recovering ({event['layer']})"
+        elif kind in {"process_start", "attempt_start"}:
+            phase = "restarting" if done else "starting"
+        elif kind == "end":
+            phase = "done"
+        else:
+            continue
+        break
+    return min(done, steps), phase, faults
+
+
+def run_job(
+    values: JobValues, *, run_dir: Path, console: Console, label: str, timeout_s: float = 600.0
+) -> ChaosResult:
+    """Render `values` into `run_dir/dist`, run it locally with a progress bar, return the outcome."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from k8s.executor import run_local  # noqa: PLC0415
+    from k8s.job_chart import render  # noqa: PLC0415
+
+    dist = run_dir / "dist"
+    render(values, str(dist))
+    events_root = trainer_run_dir(values, run_dir)
+    steps = int(values.trainer.get("steps", 0))
+    stop = threading.Event()
+    with Progress(
+        TextColumn(f"[bold]{label}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[phase]}  faults so far: {task.fields[faults]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task(label, total=steps, phase="starting", faults=0)
+
+        def watch() -> None:
+            while not stop.wait(0.5):
+                done, phase, faults = _progress_line(events_root, steps=steps)
+                progress.update(task, completed=done, phase=phase, faults=faults)
+
+        watcher = threading.Thread(target=watch, name="progress", daemon=True)
+        watcher.start()
+        try:
+            result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s)
+        finally:
+            stop.set()
+            watcher.join()
+        done, phase, faults = _progress_line(events_root, steps=steps)
+        progress.update(task, completed=done, phase=phase if result.succeeded else "FAILED", faults=faults)
+    return ChaosResult(job=result, trainer_run_dir=events_root)
+
+
+def _code_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(_TRAINER_SOURCES.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def fault_free_key(values: JobValues) -> str:
+    """Same values (faults removed) and same trainer code -> same final parameters."""
+    document: dict[str, Any] = values.model_dump(mode="json")
+    document["trainer"] = {k: v for k, v in document["trainer"].items() if k != "faults"}
+    blob = json.dumps(document, sort_keys=True) + _code_digest()
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def without_faults(values: JobValues) -> JobValues:
+    trainer = {k: v for k, v in values.trainer.items() if k != "faults"}
+    return values.model_copy(update={"trainer": trainer})
+
+
+def fault_free_sha256(
+    values: JobValues, *, cache_dir: Path, run_dir: Path, console: Console, timeout_s: float = 600.0
+) -> str | None:
+    """The fault-free run's final-parameter hash: from the cache, else by running it once."""
+    from training.metrics import summarize  # noqa: PLC0415
+
+    key = fault_free_key(values)
+    cached = cache_dir / f"fault-free-{key}.json"
+    if cached.exists():
+        sha = json.loads(cached.read_text())["final_params_sha256"]
+        console.print(f"fault-free reference: cached ({cached}) sha256 {sha[:16]}")
+        return sha
+    outcome = run_job(
+        without_faults(values), run_dir=run_dir, console=console, label="fault-free", timeout_s=timeout_s
+    )
+    if not outcome.job.succeeded:
+        console.print(f"[red]fault-free run failed: {outcome.job.reason}[/red] (logs in {run_dir}/pods)")
+        return None
+    sha = summarize(outcome.trainer_run_dir).final_params_sha256
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")
+    return sha
