@@ -176,8 +176,8 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
             service_account="fsx-csi-controller-sa",
             policy=_FSX_CSI_POLICY,
             wildcard_reason="fsx:Describe* calls support no resource-level permissions (Resource must be *)",
-            # The node DaemonSet must also run on tainted GPU nodes, where the volume is mounted.
-            configuration={"node": {"tolerations": [{"operator": "Exists"}]}},
+            # Its node DaemonSet tolerates all taints by default (chart value node.tolerateAllTaints),
+            # so it runs on the tainted GPU nodes that mount the volume.
         ),
         # Reports GPU (XID, NVLink), kernel and network faults as node conditions; node auto-repair
         # on the GPU node groups acts on them.
@@ -198,7 +198,6 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
                 needs_nodes=True,
                 service_account="cloudwatch-agent",
                 managed_policies=("CloudWatchAgentServerPolicy",),
-                configuration={"tolerations": [{"operator": "Exists"}]},
             )
         )
     if kueue:

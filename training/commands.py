@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import typer
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
 
 
 def register(**groups: typer.Typer) -> None:

@@ -46,7 +46,8 @@ class OptimConfig(_Section):
 
 class DistConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: CUDA + NCCL + FSDP2 when a GPU is visible, else CPU + gloo (flat gradient all-reduce)."
+        "auto",
+        description="auto: CUDA + NCCL + FSDP2 when a GPU is visible, else CPU + gloo (flat all-reduce).",
     )
     timeout_s: float | None = Field(
         None,

@@ -7,8 +7,10 @@ Read against both wheels' sources:
 - `RankMonitorClient.init_workload_monitoring`: 0.7 takes `num_warmup_iters`.
 - Setting heartbeat timeouts with floors: both versions expose only the private
   `_set_calculated_timeouts(HeartbeatTimeouts, SectionTimeouts)`; it is used here and nowhere else.
-- ft_launcher: the `min-healthy` restart policy is gone in 0.7; the trainer relies on `any-failed`
-  (both versions), see training/resilience.py.
+- ft_launcher: mode `both` runs under `--ft-restart-policy min-healthy` on 0.3-0.6 (NVRx's integration
+  guide; k8s/launcher.py emits it) and `any-failed` on 0.7, where min-healthy is gone. The trainer works
+  under either: with --nnodes N:N and the in-process layer never shrinking the world, both restart every
+  node's workers once a rank's process is gone (training/resilience.py).
 """
 
 from __future__ import annotations

@@ -86,8 +86,7 @@ def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: fl
 
     For the in-process wrapper's own TCPStore: a fixed MASTER_PORT + offset may be taken by another
     process (NVRx's TCPStore then silently connects to it as a client). The launcher picks MASTER_PORT
-    the same way (bind to port 0, release); the store key is per launcher round, because the
-    process-group store is hosted by rank 0 of this round.
+    the same way (bind to port 0, release). `store` is this launcher round's own (`base_store`).
     """
     import socket  # noqa: PLC0415
 

@@ -71,8 +71,9 @@ class InProcessLayer(Layer):
         self.call_wrapper: Any = None
         self.port = cfg.inprocess.store_port
         if self.port is None:
-            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            self.port = parallel.shared_free_port(store, world, key=f"inprocess-store-port-{restart}")
+            # No restart count in the key: a replaced node's agent counts its restarts from 0. The
+            # store is this launcher round's own (see parallel.base_store).
+            self.port = parallel.shared_free_port(store, world, key="inprocess-store-port")
 
     def _wrapper(self) -> Any:  # noqa: ANN401
         from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
@@ -173,7 +174,10 @@ class FtLauncherLayer(Layer):
         return {"ft": dict(self.client.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("ft"):
+        # Only calculated timeouts count: a checkpoint written before `calc_timeouts_after` steps holds
+        # none, and applying the floors to the launcher's defaults would leave this attempt on them
+        # (a deadlock then waited for the in-process hard timeout instead of the heartbeat timeout).
+        if state.get("ft", {}).get(self.client.CURRENT_TIMEOUTS_STATE_KEY, {}).get("heartbeat"):
             self.client.load_state_dict(state["ft"])
             self._apply_floors(calculated=False)
             self.restored = True

@@ -128,7 +128,7 @@ class TrainingCluster(Construct):
             self,
             "SystemLaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                metadata_options=lt.imds_options(),
+                metadata_options=lt.imds_options(lt.SYSTEM_IMDS_HOP_LIMIT),
                 block_device_mappings=[lt.root_volume(50)],
             ),
         )

@@ -100,11 +100,17 @@ def nodeadm_user_data(profile: InstanceProfile) -> str:
     )
 
 
-def imds_options() -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
+# System nodes run controllers (e.g. the FSx CSI controller) that look their region up through IMDS
+# from pod networking; they keep IMDSv2-only with the EKS default hop limit of 2. Training pods run
+# only on GPU nodes, which use IMDS_HOP_LIMIT.
+SYSTEM_IMDS_HOP_LIMIT = 2
+
+
+def imds_options(hop_limit: int = IMDS_HOP_LIMIT) -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
     return ec2.CfnLaunchTemplate.MetadataOptionsProperty(
         http_endpoint="enabled",
         http_tokens="required",
-        http_put_response_hop_limit=IMDS_HOP_LIMIT,
+        http_put_response_hop_limit=hop_limit,
     )
 
 

@@ -29,11 +29,12 @@ def synthesized(tmp_path_factory) -> dict[str, dict]:
     templates = {}
     for name in ("default", "p5-capacity-block"):
         config = infra_app.load_config(CONFIGS / f"{name}.yaml")
-        app = App(outdir=str(tmp_path_factory.mktemp(name)))
+        outdir = tmp_path_factory.mktemp(name)
+        app = App(outdir=str(outdir))
         stack = infra_app.build(app, config, account="111111111111")
         assembly = app.synth()
         # Offline: no context lookup left for the CDK CLI to make (it would need credentials).
-        assert assembly.manifest.missing is None
+        assert "missing" not in json.loads((outdir / "manifest.json").read_text())
         templates[name] = assembly.get_stack_by_name(stack.stack_name).template
     return templates
 
@@ -183,6 +184,18 @@ def test_p5_block_nodes_get_the_full_efa_layout(synthesized):
     ]
     assert sum(i["InterfaceType"] == "efa-only" for i in data["NetworkInterfaces"]) == 32
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    # System nodes (controllers only, no training pods) keep IMDSv2-only with the EKS default hop limit.
+    (system,) = [
+        r["Properties"]["LaunchTemplateData"]
+        for r in template.find_resources("AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" not in r["Properties"]["LaunchTemplateData"]
+    ]
+    assert system["MetadataOptions"] == {
+        "HttpEndpoint": "enabled",
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 2,
+    }
     template.resource_count_is("AWS::EC2::PlacementGroup", 0)
     Template.from_json(synthesized["default"]).resource_count_is("AWS::EC2::PlacementGroup", 2)
 

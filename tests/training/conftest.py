@@ -100,7 +100,15 @@ class LocalJob:
 
     def _start_store(self) -> None:
         self.store = self._popen(
-            [sys.executable, "-m", "training.rendezvous", "--host", "127.0.0.1", "--port", str(self.rdzv_port)],
+            [
+                sys.executable,
+                "-m",
+                "training.rendezvous",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.rdzv_port),
+            ],
             node=-1,
             log_name="store.log",
         )
@@ -239,3 +247,9 @@ def run_job(run_dir: Path, trainer_args: list[str], *, timeout_s: float, **kwarg
 @pytest.fixture(scope="session")
 def training_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("training")
+
+
+@pytest.fixture(scope="session")
+def local_job() -> object:
+    """`run_job` for the tests (conftest modules are not importable by name)."""
+    return run_job

@@ -186,3 +186,44 @@ def test_summarize_applies_the_formulas(tmp_path):
     assert fault.recovery_s == pytest.approx(3.0)
     assert fault.steps_lost == 1
     assert summary.to_dict()["faults"][0]["class"] == "sigkill"
+
+
+def test_rng_state_restores_from_a_view():
+    # Restored tensors are views into one shard buffer; torch reads a generator state from the start
+    # of the storage, so the trainer clones it (a view at an offset crashed a restarted rank: SIGSEGV).
+    from training.checkpoint.shard import decode, to_bytes  # noqa: PLC0415
+
+    torch.manual_seed(7)
+    expected = torch.get_rng_state()
+    blob = bytearray(to_bytes({"pad": torch.ones(1000), "rng": {"torch": expected}}))
+    view = decode(blob)["rng"]["torch"]
+    assert view.storage_offset() > 0  # the case that crashed
+    torch.manual_seed(8)
+    torch.set_rng_state(view.clone())
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+def test_gradient_average_is_one_flat_all_reduce_in_parameter_order(tmp_path):
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from training.parallel import World, average_gradients  # noqa: PLC0415
+
+    model = build_model("tiny", seed=0, device=torch.device("cpu"))
+    model(torch.zeros(2, 32, dtype=torch.long)).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        world = World(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+        average_gradients(model, world)  # a one-rank group standing in for two: sum / 2
+    finally:
+        dist.destroy_process_group()
+    for grad, old in zip((p.grad for p in model.parameters()), before, strict=True):
+        assert torch.equal(grad, old / 2)
+
+
+def test_help_does_not_import_torch_for_the_model_presets():
+    code = "import sys, training.shapes, training.config; print('training.model' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
