@@ -50,7 +50,7 @@ def chart_owned_fields(values: JobValues) -> dict[str, Any]:
     owned: dict[str, Any] = {
         "mode": values.mode,
         "run_dir": f"{s.fsx_mount_path}/runs/{values.name}",
-        "checkpoint": {"durable_dir": f"{s.fsx_mount_path}/checkpoints/{values.name}"},
+        "checkpoint": {"durable_dir": f"{s.fsx_mount_path}/{s.fsx_export_dir.strip('/')}/{values.name}"},
     }
     if s.local_nvme_path:
         owned["checkpoint"]["local_dir"] = f"{s.local_mount_path}/checkpoints/{values.name}"

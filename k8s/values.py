@@ -75,6 +75,10 @@ class Storage(_Section):
     fsx_pvc: str = "fsx-checkpoints"
     """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""
     fsx_mount_path: str = "/fsx"
+    fsx_export_dir: str = "durable"
+    """Folder of the FSx file system linked to S3 (the cluster config's `fsx.file_system_path`): the
+    durable tier writes below it, so FSx exports each committed checkpoint to
+    s3://<s3_bucket>/<s3_prefix><name> on its own."""
     local_nvme_path: str | None = "/mnt/k8s-disks/0"
     """Host path of the node-local NVMe RAID0 (local tier); None: no local tier."""
     local_mount_path: str = "/local"

@@ -247,8 +247,11 @@ class TieredCheckpointer(Checkpointer):
     def _snapshot(self, step: int, state: dict[str, Any]) -> None:
         due = [store.tier for store, tier_every, _ in self.stores if step % tier_every == 0]
         skeleton, tensors, layout = flatten(state)
-        self.memory.ensure(layout)
-        slot = self.memory.free_slot()
+        # A new layout reallocates the slots: never under a writer that is still reading one.
+        reshaped = layout.signature != self.memory.signature
+        if not (reshaped and any(slot.holders for slot in self.memory.slots)):
+            self.memory.ensure(layout)
+        slot = self.memory.free_slot() if layout.signature == self.memory.signature else None
         busy = [tier for tier in due if self.workers[tier].busy]
         # All ranks take the same decisions, so every tier holds the same steps on every rank (a step
         # only some ranks persisted could never be restored). One tiny collective at due steps only.
