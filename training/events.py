@@ -6,6 +6,8 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 Kinds and their extra fields (training.metrics reads them):
 
 - `process_start`: mode, world_size, local_rank, model
+- `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
+  launcher restart spent before the first attempt)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
