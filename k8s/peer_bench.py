@@ -1,0 +1,181 @@
+"""`nvrx-eks bench peer`: the AWS NVRx-on-EKS sample's recovery experiment, scaled to this machine.
+
+The peer ran 2000 steps on 16 H100 with 5 faults drawn from exception/hang (0.6/0.4) and durable
+checkpoints every 500 steps, once per resilience mode. Here the same scenario runs through the same
+rendered job and local executor as the demo, with the same step count for every mode:
+
+- `baseline`: torchrun; a fault stops the job's workers, torchrun restarts them from the newest
+  checkpoint (written every quarter of the run, like the peer's 500 of 2000).
+- `inprocess`: NVRx in-process restart; checkpoints as the baseline.
+- `ft_launcher`: NVRx ft_launcher restarts; checkpoints as the baseline.
+- `kit`: this kit's default: both layers, host-RAM snapshots every 2 steps, node-local disk every 10,
+  durable every quarter.
+
+Every figure comes from the runs' own event streams (`training.metrics.summarize`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+NUM_FAULTS = 5
+FAULT_SEED = 42
+FAULT_WEIGHTS = {"exception": 0.6, "hang": 0.4}
+DURABLE_FRACTION = 0.25
+KIT_GOODPUT_GOAL = 0.95
+
+# The sample's published results on 16 H100 (the issue's figures, in the order in-process, in-job
+# ft_launcher, restart from checkpoint). Printed as theirs, never mixed with ours.
+PEER_PUBLISHED = {
+    "inprocess": {"training_goodput": 0.31, "mean_recovery_s": 10.0},
+    "ft_launcher": {"training_goodput": 0.255, "mean_recovery_s": 17.0},
+    "baseline": {"training_goodput": 0.115, "mean_recovery_s": 270.0},
+}
+
+
+@dataclass(frozen=True)
+class ModeSetup:
+    name: str
+    mode: str
+    overrides: tuple[str, ...]
+
+
+def durable_every(steps: int) -> int:
+    """A quarter of the run, rounded to a multiple of the kit's 2-step memory cadence."""
+    return max(2, round(steps * DURABLE_FRACTION) // 2 * 2)
+
+
+def mode_setups(*, steps: int) -> list[ModeSetup]:
+    """Job-value overrides per mode; only the resilience layers and checkpoint cadences differ."""
+    every = durable_every(steps)
+    # The peer's tiering: one checkpoint cadence (every quarter), nothing on the node-local disk.
+    peer_ckpt = (
+        f"trainer.checkpoint.memory_every={every}",
+        "trainer.checkpoint.local_every=0",
+        f"trainer.checkpoint.durable_every={every}",
+    )
+    # Without in-process restart a fault is only seen when a collective times out: a scaled-down
+    # NCCL timeout (the peer's default is minutes), long enough not to fire on a slow step here.
+    no_inprocess = ("trainer.dist.timeout_s=10",)
+    return [
+        ModeSetup("baseline", "baseline", peer_ckpt + no_inprocess),
+        ModeSetup("inprocess", "inprocess", peer_ckpt),
+        ModeSetup("ft_launcher", "ft_launcher", peer_ckpt + no_inprocess),
+        ModeSetup(
+            "kit",
+            "both",
+            (
+                "trainer.checkpoint.memory_every=2",
+                "trainer.checkpoint.local_every=10",
+                f"trainer.checkpoint.durable_every={every}",
+            ),
+        ),
+    ]
+
+
+def _scenario(steps: int) -> dict[str, Any]:
+    return {
+        "steps": steps,
+        "num_faults": NUM_FAULTS,
+        "fault_seed": FAULT_SEED,
+        "fault_weights": FAULT_WEIGHTS,
+        "durable_every": durable_every(steps),
+        "topology": "2 nodes x 2 CPU ranks (gloo), tiny model, local executor",
+    }
+
+
+def run_peer_bench(
+    *,
+    values_path: Path,
+    steps: int,
+    runs_root: Path,
+    modes: tuple[str, ...] = ("baseline", "inprocess", "ft_launcher", "kit"),
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
+    """Run each mode one after another; print the comparison; write and return peer.json."""
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    from k8s.chaos import run_job  # noqa: PLC0415
+    from k8s.values import load_values  # noqa: PLC0415
+    from training.metrics import summarize  # noqa: PLC0415
+
+    console = Console()
+    bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
+    scenario = _scenario(steps)
+    faults = (
+        f"trainer.faults.count={NUM_FAULTS}",
+        f"trainer.faults.seed={FAULT_SEED}",
+        "trainer.faults.weights={" + ", ".join(f"{k}: {v}" for k, v in FAULT_WEIGHTS.items()) + "}",
+        f"trainer.steps={steps}",
+    )
+    results: dict[str, Any] = {}
+    for setup in mode_setups(steps=steps):
+        if setup.name not in modes:
+            continue
+        console.rule(f"{setup.name} (mode {setup.mode})")
+        values = load_values(values_path, (f"mode={setup.mode}", *faults, *setup.overrides))
+        outcome = run_job(
+            values, run_dir=bench_dir / setup.name, console=console, label=setup.name, timeout_s=timeout_s
+        )
+        summary = summarize(outcome.trainer_run_dir)
+        recoveries = [f.recovery_s for f in summary.faults if f.recovery_s is not None]
+        results[setup.name] = {
+            "mode": setup.mode,
+            "completed": outcome.job.succeeded and summary.completed,
+            "training_goodput": summary.training_goodput,
+            "infra_goodput": summary.infra_goodput,
+            "mean_recovery_s": sum(recoveries) / len(recoveries) if recoveries else None,
+            "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
+            "faults": [f.to_dict() for f in summary.faults],
+            "wall_s": summary.wall_s,
+        }
+
+    table = Table(
+        title=f"Peer scenario: {steps} steps, {NUM_FAULTS} faults (seed {FAULT_SEED}, exception/hang 0.6/0.4)"
+    )
+    for column in (
+        "mode",
+        "training goodput",
+        "infra goodput",
+        "mean recovery",
+        "steps lost",
+        "peer goodput*",
+        "peer recovery*",
+    ):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for name, row in results.items():
+        peer = PEER_PUBLISHED.get(name, {})
+        recovery = row["mean_recovery_s"]
+        table.add_row(
+            name if row["completed"] else f"[red]{name} (did not complete)[/red]",
+            f"{row['training_goodput']:.1%}",
+            f"{row['infra_goodput']:.1%}",
+            "-" if recovery is None else f"{recovery:.1f} s",
+            str(row["steps_lost"]),
+            f"{peer['training_goodput']:.1%}" if peer else "-",
+            f"{peer['mean_recovery_s']:.0f} s" if peer else "-",
+        )
+    console.print(table)
+    console.print("* the AWS sample's published figures on 16 H100, not measured here.")
+    kit = results.get("kit")
+    if kit is not None:
+        soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
+        goodput_ok = kit["training_goodput"] >= KIT_GOODPUT_GOAL
+        console.print(
+            f"kit goals: training goodput >= {KIT_GOODPUT_GOAL:.0%}: "
+            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}); "
+            f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
+        )
+    document = {"scenario": scenario, "modes": results, "peer_published": PEER_PUBLISHED}
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    out = bench_dir / "peer.json"
+    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    console.print(f"peer.json: {out}")
+    return document
