@@ -37,7 +37,7 @@ def _register_all() -> None:
 
     infra_commands.register(app=app, bench=bench_app)
     ops_commands.register(app=app, job=job_app)
-    k8s_commands.register(app=app, job=job_app, local=local_app)
+    k8s_commands.register(app=app, job=job_app, local=local_app, bench=bench_app)
     image_commands.register(image=image_app)
     training_commands.register(app=app, bench=bench_app)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 
-def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typer.Typer) -> None:
+def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
 
     @app.command("demo")
@@ -34,6 +34,23 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, **_: typ
             skip_synth=skip_synth,
         )
         raise typer.Exit(code)
+
+    @bench.command("peer")
+    def bench_peer_cmd(
+        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
+            "k8s/values/local-cpu.yaml"
+        ),
+        steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
+        modes: Annotated[
+            list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
+        ] = None,
+        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+    ) -> None:
+        """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
+        from k8s.peer_bench import run_peer_bench  # noqa: PLC0415
+
+        kwargs = {"modes": tuple(modes)} if modes else {}
+        run_peer_bench(values_path=values_file, steps=steps, runs_root=runs_root, **kwargs)
 
     @job.command("render")
     def render_cmd(
