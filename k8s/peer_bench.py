@@ -124,7 +124,12 @@ def run_peer_bench(
         outcome = run_job(
             values, run_dir=bench_dir / setup.name, console=console, label=setup.name, timeout_s=timeout_s
         )
-        summary = summarize(outcome.trainer_run_dir)
+        try:
+            summary = summarize(outcome.trainer_run_dir)
+        except ValueError:  # the job never got a trainer running: nothing to measure
+            console.print(f"[red]{setup.name}: no trainer events ({outcome.job.reason})[/red]")
+            results[setup.name] = {"mode": setup.mode, "completed": False, "reason": outcome.job.reason}
+            continue
         recoveries = [f.recovery_s for f in summary.faults if f.recovery_s is not None]
         results[setup.name] = {
             "mode": setup.mode,
@@ -152,6 +157,9 @@ def run_peer_bench(
         table.add_column(column, justify="left" if column == "mode" else "right")
     for name, row in results.items():
         peer = PEER_PUBLISHED.get(name, {})
+        if "training_goodput" not in row:
+            table.add_row(f"[red]{name} (failed: {row['reason']})[/red]", *["-"] * 6)
+            continue
         recovery = row["mean_recovery_s"]
         table.add_row(
             name if row["completed"] else f"[red]{name} (did not complete)[/red]",
@@ -165,7 +173,7 @@ def run_peer_bench(
     console.print(table)
     console.print("* the AWS sample's published figures on 16 H100, not measured here.")
     kit = results.get("kit")
-    if kit is not None:
+    if kit is not None and "faults" in kit:
         soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
         goodput_ok = kit["training_goodput"] >= KIT_GOODPUT_GOAL
         console.print(
