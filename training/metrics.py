@@ -57,6 +57,11 @@ class RunSummary:
     infra_goodput: float
     checkpoint_efficiency: float
     stall_ratio: float | None
+    stall_per_checkpoint_s: float | None
+    """Mean loop time per checkpoint (the numerator of stall_ratio)."""
+    stall_floor_s: float | None
+    """State bytes / memcpy bandwidth of the same run (the denominator); tiny states make the ratio
+    large while the stall itself stays a few milliseconds, so both are reported."""
     final_params_sha256: str | None
     faults: list[FaultSummary] = field(default_factory=list)
 
@@ -139,12 +144,13 @@ def summarize(run_dir: Path) -> RunSummary:
     ]
 
     ckpt_s = max((sum(e.get("ckpt_s", 0.0) for e in evs) for evs in by_rank.values()), default=0.0)
-    stall_ratio = None
+    stall_ratio = stall_per_checkpoint = floor = None
     calls = {e["step"] for e in events if e["kind"] in CHECKPOINT_CALL_KINDS and e["rank"] == 0}
     sizes = [e for e in events if e["kind"] == "startup_done" and e["rank"] == 0]
     if calls and sizes and rank0:
         floor = sizes[-1]["state_bytes"] / (sizes[-1]["memcpy_gbps"] * 1e9)
-        stall_ratio = (sum(e.get("ckpt_s", 0.0) for e in rank0) / len(calls)) / max(floor, 1e-12)
+        stall_per_checkpoint = sum(e.get("ckpt_s", 0.0) for e in rank0) / len(calls)
+        stall_ratio = stall_per_checkpoint / max(floor, 1e-12)
     final = next((e.get("final_params_sha256") for e in reversed(ends) if e["rank"] == 0), None)
     return RunSummary(
         mode=starts[0].get("mode", "?"),
@@ -158,6 +164,8 @@ def summarize(run_dir: Path) -> RunSummary:
         infra_goodput=(wall - _union_length(recovery)) / wall,
         checkpoint_efficiency=1.0 - ckpt_s / wall,
         stall_ratio=stall_ratio,
+        stall_per_checkpoint_s=stall_per_checkpoint,
+        stall_floor_s=floor,
         final_params_sha256=final,
         faults=faults,
     )

@@ -94,7 +94,11 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     totals.add_row("training goodput", f"{document['training_goodput']:.1%}")
     totals.add_row("infra goodput", f"{document['infra_goodput']:.1%}")
     totals.add_row("checkpoint efficiency", f"{document['checkpoint_efficiency']:.2%}")
-    totals.add_row("stall / floor", "-" if stall is None else f"{stall:.2f}x")
+    per_call, floor = document.get("stall_per_checkpoint_s"), document.get("stall_floor_s")
+    stall_text = "-" if stall is None else f"{stall:.2f}x"
+    if per_call is not None and floor is not None:
+        stall_text += f" ({per_call * 1e3:.1f} ms vs {floor * 1e3:.2f} ms floor)"
+    totals.add_row("stall / floor", stall_text)
     totals.add_row("final params sha256", str(document["final_params_sha256"])[:16])
     totals.add_row("fault-free params sha256", str(document["fault_free_params_sha256"])[:16])
     verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"

@@ -1,0 +1,50 @@
+"""`nvrx-eks demo` end to end: the rendered local job under every fault class, each recovered right."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k8s.demo import DEMO_FAULTS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_demo_recovers_every_fault_class_bit_identically(tmp_path):
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from infra.cli import main; main()",
+            "demo",
+            "--skip-synth",
+            "--runs",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (summary_path,) = tmp_path.glob("demo-*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["final_params_sha256"] == summary["fault_free_params_sha256"]
+    expected_classes = {item.split("@")[0] for item in DEMO_FAULTS}
+    assert {f["class"] for f in summary["faults"]} == expected_classes
+    for fault in summary["faults"]:
+        assert fault["layer"] == fault["expected_layer"], fault
+        if fault["layer"] == "inprocess":
+            assert fault["steps_lost"] <= 1, fault
+    assert (summary_path.parent / "timeline.png").stat().st_size > 10_000
+    assert "Run totals" in result.stdout

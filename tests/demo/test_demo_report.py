@@ -1,0 +1,173 @@
+"""The report a user reads (table, summary.json, timeline) and the pieces the demo and peer bench compose."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from k8s.chaos import _progress_line, fault_free_key, without_faults
+from k8s.peer_bench import durable_every, mode_setups
+from k8s.values import load_values
+from training.metrics import summarize
+from training.report import (
+    FAULT_KEYS,
+    SUMMARY_KEYS,
+    plot_timeline,
+    print_report,
+    summary_document,
+    write_summary,
+)
+
+LOCAL_VALUES = Path("k8s/values/local-cpu.yaml")
+
+
+def _write(run_dir: Path, rank: int, events: list[dict]) -> None:
+    path = run_dir / "events" / f"rank-{rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for event in events:
+            f.write(json.dumps({"rank": rank, "restart": 0, "node": "0"} | event) + "\n")
+
+
+def _soft_fault_run(run_dir: Path) -> None:
+    """One rank, 6 steps; an exception at step 3 recovered in-process (same pid) from memory."""
+    events = [
+        {"t": 0.0, "kind": "process_start", "pid": 1, "mode": "both", "steps": 6},
+        {
+            "t": 0.5,
+            "kind": "startup_done",
+            "pid": 1,
+            "restored_step": -1,
+            "tier": "none",
+            "state_bytes": 4_000_000,
+            "memcpy_gbps": 4.0,
+        },
+    ]
+    events += [
+        {
+            "t": 1.0 + s,
+            "kind": "step",
+            "pid": 1,
+            "step": s,
+            "step_s": 0.9,
+            "ckpt_s": 0.002,
+            "loss": 4.0 - s / 10,
+        }
+        for s in range(3)
+    ]
+    events += [
+        {"t": 3.2, "kind": "checkpoint_staged", "pid": 1, "step": 2},
+        {
+            "t": 3.5,
+            "kind": "fault_injected",
+            "pid": 1,
+            "class": "exception",
+            "step": 3,
+            "target_rank": 0,
+            "expected_layer": "inprocess",
+            "index": 0,
+        },
+        {"t": 3.6, "kind": "detected", "pid": 1, "layer": "inprocess", "cause": "InjectedFaultError"},
+        {
+            "t": 4.5,
+            "kind": "startup_done",
+            "pid": 1,
+            "restored_step": 2,
+            "tier": "inprocess",
+            "state_bytes": 4_000_000,
+            "memcpy_gbps": 4.0,
+        },
+    ]
+    events += [
+        {
+            "t": 5.0 + i,
+            "kind": "step",
+            "pid": 1,
+            "step": s,
+            "step_s": 0.9,
+            "ckpt_s": 0.002,
+            "loss": 3.7 - i / 10,
+        }
+        for i, s in enumerate(range(3, 6))
+    ]
+    events += [{"t": 8.0, "kind": "end", "pid": 1, "steps": 6, "final_params_sha256": "f" * 64}]
+    _write(run_dir, 0, events)
+
+
+def test_summary_json_has_the_keys_other_tools_read(tmp_path):
+    _soft_fault_run(tmp_path)
+    document = summary_document(summarize(tmp_path), fault_free_sha256="f" * 64)
+    assert list(document)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    (fault,) = document["faults"]
+    assert list(fault)[: len(FAULT_KEYS)] == list(FAULT_KEYS)
+    assert fault["class"] == "exception"
+    assert fault["layer"] == "inprocess"
+    assert fault["steps_lost"] == 0
+    assert fault["recovery_s"] == pytest.approx(1.0)
+    assert document["bit_identical"] is True
+    assert document["stall_floor_s"] == pytest.approx(0.001)
+    written = json.loads(write_summary(tmp_path, document).read_text())
+    assert written == document
+
+
+def test_a_different_hash_is_reported_as_not_identical(tmp_path):
+    _soft_fault_run(tmp_path)
+    assert summary_document(summarize(tmp_path), fault_free_sha256="0" * 64)["bit_identical"] is False
+    assert summary_document(summarize(tmp_path), fault_free_sha256=None)["bit_identical"] is False
+
+
+def test_report_table_and_timeline(tmp_path):
+    _soft_fault_run(tmp_path)
+    document = summary_document(summarize(tmp_path), fault_free_sha256="f" * 64)
+    console = Console(record=True, width=160)
+    print_report(console, document)
+    text = console.export_text()
+    for needle in ("exception", "inprocess", "training goodput", "bit-identical to fault-free", "yes"):
+        assert needle in text
+    png = plot_timeline(tmp_path, document)
+    header = png.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", header[16:24])
+    assert width > 500
+    assert height > 300
+
+
+def test_progress_reads_step_phase_and_faults(tmp_path):
+    assert _progress_line(tmp_path, steps=6) == (0, "starting", 0)
+    _write(
+        tmp_path,
+        0,
+        [
+            {"t": 0.0, "kind": "process_start", "pid": 1},
+            {"t": 1.0, "kind": "step", "pid": 1, "step": 2},
+            {"t": 2.0, "kind": "fault_injected", "pid": 1, "class": "hang", "target_rank": 1},
+        ],
+    )
+    assert _progress_line(tmp_path, steps=6) == (2, "fault: hang on rank 1", 1)
+    _write(tmp_path, 0, [{"t": 3.0, "kind": "terminated", "pid": 1, "layer": "ft_launcher"}])
+    assert _progress_line(tmp_path, steps=6)[1] == "recovering (ft_launcher)"
+
+
+def test_fault_free_reference_key_ignores_faults_only():
+    plain = load_values(LOCAL_VALUES)
+    faulty = load_values(LOCAL_VALUES, ["trainer.faults.plan=exception@5:1"])
+    longer = load_values(LOCAL_VALUES, ["trainer.steps=99"])
+    assert fault_free_key(plain) == fault_free_key(faulty)
+    assert fault_free_key(plain) != fault_free_key(longer)
+    assert "faults" not in without_faults(faulty).trainer
+
+
+def test_peer_scenario_values_are_valid_for_every_mode():
+    """Each mode's job values pass the chart's and the trainer's own validation."""
+    steps = 120
+    assert durable_every(steps) == 30
+    modes = set()
+    for setup in mode_setups(steps=steps):
+        values = load_values(LOCAL_VALUES, (f"mode={setup.mode}", f"trainer.steps={steps}", *setup.overrides))
+        modes.add(values.mode)
+        assert values.trainer["checkpoint"]["durable_every"] == 30
+    assert modes == {"baseline", "inprocess", "ft_launcher", "both"}
