@@ -6,6 +6,8 @@ file only assembles them, so adding a command never touches another part's code.
 
 from __future__ import annotations
 
+import warnings
+
 import typer
 
 from infra.configio import exit_on_user_error
@@ -43,6 +45,9 @@ def _register_all() -> None:
 
 
 def main() -> None:
+    # torch.cuda imports pynvml, which NVRx 0.4.1 requires by that deprecated name: the warning is
+    # about a dependency's packaging, not the user's input, so it stays out of their terminal.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     _register_all()
     with exit_on_user_error():
         app()

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from cdk8s_plus_33 import k8s
 
+from training.selfcheck import PROFILE_ENV
+
 if TYPE_CHECKING:
     from k8s.values import JobValues
 
@@ -35,7 +37,8 @@ BASELINE_ENV: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def plain_env(values: JobValues) -> dict[str, str]:
-    env = dict(COMMON_ENV)
+    # The self-check compares the node with this profile (GPU count, EFA devices, /dev/shm).
+    env = COMMON_ENV | {PROFILE_ENV: values.instance_profile}
     env |= EFA_NCCL_ENV if values.profile.efa_devices else {}
     env |= CPU_ENV if not values.profile.gpus else {}
     env |= BASELINE_ENV if values.mode == "baseline" else {}

@@ -13,25 +13,36 @@ What it does, the way Kubernetes would:
   reaches this machine), so nodes stay distinguishable as they are on a cluster.
 - Volumes map to folders under the run folder: a PVC -> `volumes/pvc-<claim>` (shared by every pod),
   a hostPath -> `volumes/node-<index>-<generation>/<path>` (a deleted node's replacement gets a fresh,
-  empty disk, as a new node would), other emptyDirs -> per pod; a Memory emptyDir on /dev/shm is the
-  machine's /dev/shm. Container paths in args/env under a mount are rewritten to the folder.
+  empty disk, as a new node would), other emptyDirs -> `volumes/pod-<pod>/<volume>`. A Memory emptyDir
+  mounted at /dev/shm is the machine's /dev/shm (POSIX shared memory cannot be remapped); any other
+  Memory emptyDir (the memory checkpoint tier) is a folder of its own on the machine's tmpfs,
+  `/dev/shm/nvrx-eks-local/<run-key>/<pod>/<volume>`, removed when the pod ends: launcher restarts
+  inside the pod keep it, a replacement pod starts with an empty one (as on a cluster, where the
+  emptyDir dies with its pod). Container paths in args/env under a mount are rewritten to the folder.
 - `image: local` means the command runs with this virtualenv (its bin first on PATH).
 - The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes for
   the named container; DisruptionTarget for deleted nodes), backoffLimitPerIndex and maxFailedIndexes,
   and starts a replacement only once the old pod's processes are gone (podReplacementPolicy Failed).
+- A pod's processes: every container starts in its own session, and carries the environment marker
+  `NVRX_EKS_LOCAL_POD=<run-key>/<pod>`. When a pod ends (its main container exited, an init container
+  failed, the node was deleted, the job ended) every process of the pod is SIGKILLed: the container's
+  process tree and every process carrying the marker. The tree alone is not enough: ft_launcher's
+  workers run in their own sessions and NVRx's in-process monitor processes daemonize out of the tree
+  (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
-  COMMON.md contract 7): the pod's whole process tree is killed (SIGKILL; ft_launcher's workers run in
-  their own sessions, so a process group is not enough), the pod gets DisruptionTarget, and the
-  replacement runs on a "new node".
+  COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
+  the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir).
 Per-pod logs: `<run>/pods/<pod>.log`; executor events: `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,6 +60,9 @@ from infra.configio import UserError
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
+POD_ENV = "NVRX_EKS_LOCAL_POD"
+"""Environment marker of every process a local pod starts: `<run-key>/<pod>`."""
+LOCAL_SHM_ROOT = Path("/dev/shm/nvrx-eks-local")  # noqa: S108 - tmpfs for Memory emptyDirs, by design
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _DNS_TAIL = r"(?:\.{ns}(?:\.svc(?:\.cluster\.local)?)?)?"
 
@@ -160,26 +174,66 @@ def pvc_folder(run_dir: Path, claim: str) -> Path:
     return run_dir / "volumes" / f"pvc-{claim}"
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and every descendant (sessions included), then reap what we can."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(procs, timeout=10)
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):  # gone, a zombie, or not ours to read
+        return proc.environ()
+    return {}
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a zombie is dead; its parent or init reaps it)."""
+    with contextlib.suppress(psutil.Error):
+        return proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """Processes whose pod marker is `marker` or lies below it (`<run-key>` matches the whole run)."""
+    found = []
+    for proc in psutil.process_iter():
+        value = _environ(proc).get(POD_ENV)
+        if value is not None and (value == marker or value.startswith(f"{marker}/")):
+            found.append(proc)
+    return found
+
+
+def kill_pod_processes(marker: str, *, root_pid: int | None = None) -> None:
+    """SIGKILL a pod's processes (the tree under `root_pid` and every marked one) until none is left."""
+    for _ in range(10):
+        procs = {p.pid: p for p in marked_processes(marker)}
+        if root_pid is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(root_pid)
+                procs |= {p.pid: p for p in [root, *root.children(recursive=True)]}
+        procs.pop(os.getpid(), None)
+        alive = [p for p in procs.values() if _alive(p)]
+        if not alive:
+            return
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        # Dead once a zombie: orphans are reaped by PID 1 whenever it gets to it, which may be late.
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 class _Pod:
     """One pod: init containers, then the main container, as local processes."""
 
     def __init__(
-        self, *, name: str, index: int | None, containers: list[_Container], log: Path, cwd: Path
+        self,
+        *,
+        name: str,
+        index: int | None,
+        marker: str,
+        containers: list[_Container],
+        log: Path,
+        cwd: Path,
+        ram_dirs: list[Path],
     ) -> None:
-        self.name, self.index = name, index
+        self.name, self.index, self.marker = name, index, marker
+        self._ram_dirs = ram_dirs
         self.outcome = PodOutcome(pod=name, index=index, started=time.time(), log=str(log))
         self._containers = containers
         self._log_path = log
@@ -218,6 +272,13 @@ class _Pod:
         self._finish(None, "", init_failed=False)
 
     def _finish(self, code: int | None, container: str, *, init_failed: bool) -> None:
+        if self.done.is_set():
+            return
+        # The pod is over: nothing it started outlives it, and its memory emptyDirs are freed. (Its
+        # main process is reaped, so its pid may be reused: only the marker names what is left.)
+        kill_pod_processes(self.marker)
+        for folder in self._ram_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
         o = self.outcome
         o.ended, o.exit_code = time.time(), code
         if self.deleted:
@@ -235,9 +296,9 @@ class _Pod:
         with self._lock:
             self.deleted = self.deleted or deleted
             self.stopped = True
-            if self.proc is not None:
-                kill_tree(self.proc.pid)
-            elif not self.done.is_set():
+            running = self.proc is not None and self.proc.poll() is None
+            kill_pod_processes(self.marker, root_pid=self.proc.pid if running and self.proc else None)
+            if self.proc is None:
                 self._finish(None, "", init_failed=False)
         self.done.wait(timeout=30)
 
@@ -278,6 +339,10 @@ class LocalJob:
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._events = self.run_dir / "executor.jsonl"
+        digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:10]
+        self.run_key = f"{self.rendered.job_name}-{digest}"
+        """Names this run's pods in their marker and in the machine's tmpfs (unique per run folder)."""
+        self.shm_dir = LOCAL_SHM_ROOT / self.run_key
 
     # ---- public API -------------------------------------------------------------------------
     def delete_node(self, index: int) -> None:
@@ -425,38 +490,52 @@ class LocalJob:
     def _make_pod(
         self, *, name: str, index: int | None, pod_spec: dict[str, Any], annotations: dict[str, str]
     ) -> _Pod:
-        mounts = self._volume_folders(pod_spec, name=name, index=index)
+        mounts, ram_dirs = self._volume_folders(pod_spec, name=name, index=index)
+        marker = f"{self.run_key}/{name}"
         containers = [
-            self._container(c, index=index, annotations=annotations, volumes=mounts)
+            self._container(c, index=index, annotations=annotations, volumes=mounts, marker=marker)
             for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
         ]
         return _Pod(
             name=name,
             index=index,
+            marker=marker,
             containers=containers,
             log=self.run_dir / "pods" / f"{name}.log",
             cwd=self.run_dir,
+            ram_dirs=ram_dirs,
         )
 
     def _volume_folders(
         self, pod_spec: dict[str, Any], *, name: str, index: int | None
-    ) -> dict[str, Path | None]:
+    ) -> tuple[dict[str, Path | None], list[Path]]:
+        """Volume name -> local folder (None: the machine's own /dev/shm), and the pod's tmpfs folders."""
         folders: dict[str, Path | None] = {}
+        ram: list[Path] = []
         root = self.run_dir / "volumes"
+        at_dev_shm = {
+            m["name"]
+            for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+            for m in c.get("volumeMounts", [])
+            if m["mountPath"].rstrip("/") == "/dev/shm"
+        }
         for vol in pod_spec.get("volumes", []):
             if "persistentVolumeClaim" in vol:
                 path: Path | None = pvc_folder(self.run_dir, vol["persistentVolumeClaim"]["claimName"])
             elif "hostPath" in vol:
                 node = f"node-{index}-{self.generation.get(index, 0)}" if index is not None else "node-system"
                 path = root / node / vol["hostPath"]["path"].strip("/").replace("/", "_")
+            elif (vol.get("emptyDir") or {}).get("medium") == "Memory" and vol["name"] in at_dev_shm:
+                path = None  # the pod's /dev/shm: the machine's own serves
             elif (vol.get("emptyDir") or {}).get("medium") == "Memory":
-                path = None  # tmpfs: the machine's own /dev/shm serves
+                path = self.shm_dir / name / vol["name"]
+                ram.append(path)
             else:
                 path = root / f"pod-{name}" / vol["name"]
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
             folders[vol["name"]] = path
-        return folders
+        return folders, ram
 
     def _container(
         self,
@@ -465,6 +544,7 @@ class LocalJob:
         index: int | None,
         annotations: dict[str, str],
         volumes: dict[str, Path | None],
+        marker: str,
     ) -> _Container:
         env = dict(os.environ)
         env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
@@ -473,6 +553,7 @@ class LocalJob:
         if index is not None:
             env["JOB_COMPLETION_INDEX"] = str(index)
         env |= self.extra_env
+        env[POD_ENV] = marker
         declared: dict[str, str] = {}
         for var in spec.get("env", []):
             if "value" in var:
@@ -538,6 +619,8 @@ class LocalJob:
                 self._store.proc.wait(timeout=10)
             self._store.kill(deleted=False)
             self.history.insert(0, self._store.outcome)
+        kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
 def run_local(

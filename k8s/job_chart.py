@@ -10,9 +10,13 @@ setting is what it is:
   up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
   two pods of one index never rendezvous at once (and the replacement may evict its predecessor).
-- podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values) fails the Job at once;
-  a pod with the DisruptionTarget condition (node drained, preempted, deleted) is ignored: replaced
-  without consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
+- podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values, the self-check's
+  config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
+  the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
+  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
+- Init containers: `python -m training.selfcheck` (can this node train?), then, for NVRx versions with
+  the keep-alive rendezvous, the eviction of a dead predecessor from the rendezvous.
+- Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
   behind it), on the system nodes with a priority class above training pods.
 """
@@ -29,7 +33,9 @@ from infra.configio import USER_ERROR_EXIT_CODE
 from k8s import names
 from k8s.env import container_env
 from k8s.launcher import LOCAL_IMAGE, launcher_command, nvrx_features
-from k8s.trainer_args import trainer_args
+from k8s.trainer_args import durable_dir, local_dir, trainer_args
+from k8s.values import ALLOCATABLE_FRACTION
+from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -38,10 +44,8 @@ TRAINER_CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 NODE_RANK_ENV = "NODE_RANK"
 GPU_TAINT = "nvidia.com/gpu"
-# Shared memory for NCCL and data loaders: an eighth of host memory, counted against the pod's memory.
-SHM_FRACTION = 8
-# Requests leave room for the node's daemons (kubelet, device plugins, DCGM, node monitoring agent).
-ALLOCATABLE_FRACTION = 0.9
+SELFCHECK_CONTAINER = "selfcheck"
+EVICT_CONTAINER = "evict-predecessor"
 
 
 def store_service_name(values: JobValues) -> str:
@@ -169,24 +173,30 @@ class NodesService(Construct):
         )
 
 
+MEMORY_TIER_VOLUME = "checkpoint-memory"
+
+
 def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]]:
-    s, profile = values.storage, values.profile
-    shm_gib = max(1, profile.memory_gib // SHM_FRACTION)
+    s = values.storage
+
+    def in_ram(name: str, gib: int) -> k8s.Volume:
+        size = k8s.Quantity.from_string(f"{gib}Gi")
+        return k8s.Volume(name=name, empty_dir=k8s.EmptyDirVolumeSource(medium="Memory", size_limit=size))
+
     volumes = [
         k8s.Volume(
             name="fsx",
             persistent_volume_claim=k8s.PersistentVolumeClaimVolumeSource(claim_name=s.fsx_pvc),
         ),
-        k8s.Volume(
-            name="shm",
-            empty_dir=k8s.EmptyDirVolumeSource(
-                medium="Memory", size_limit=k8s.Quantity.from_string(f"{shm_gib}Gi")
-            ),
-        ),
+        in_ram("shm", values.shm_gib),
+        # Tier 1 (host RAM) is the pod's own tmpfs: launcher restarts inside the pod restore from it;
+        # a replacement pod starts empty, as a new node would (the node's /dev/shm is never shared).
+        in_ram(MEMORY_TIER_VOLUME, values.memory_tier_gib),
     ]
     mounts = [
         k8s.VolumeMount(name="fsx", mount_path=s.fsx_mount_path),
-        k8s.VolumeMount(name="shm", mount_path="/dev/shm"),  # noqa: S108 - the pod's shared memory, not a temp file,
+        k8s.VolumeMount(name="shm", mount_path="/dev/shm"),  # noqa: S108 - the pod's shared memory, not a temp file
+        k8s.VolumeMount(name=MEMORY_TIER_VOLUME, mount_path=s.memory_mount_path),
     ]
     if s.local_nvme_path:
         volumes.append(
@@ -202,7 +212,7 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
 def _resources(values: JobValues) -> k8s.ResourceRequirements:
     p = values.profile
     cpu = max(1, int(p.vcpus * ALLOCATABLE_FRACTION))
-    memory = k8s.Quantity.from_string(f"{max(1, int(p.memory_gib * ALLOCATABLE_FRACTION))}Gi")
+    memory = k8s.Quantity.from_string(f"{values.pod_memory_gib}Gi")
     requests = {"cpu": k8s.Quantity.from_number(cpu), "memory": memory}
     # No CPU limit (throttling a rank stalls every rank); memory limit = request (no overcommit).
     limits = {"memory": memory}
@@ -211,6 +221,42 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
             # Extended resources: request must equal limit.
             requests[key] = limits[key] = k8s.Quantity.from_number(count)
     return k8s.ResourceRequirements(requests=requests, limits=limits)
+
+
+def selfcheck_command(values: JobValues) -> list[str]:
+    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable."""
+    dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
+    return ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+
+
+def _failure_policy() -> k8s.PodFailurePolicy:
+    """First matching rule wins (https://kubernetes.io/docs/tasks/job/pod-failure-policy/)."""
+    return k8s.PodFailurePolicy(
+        rules=[
+            # A configuration error from any of our containers (the self-check's verdict, the
+            # launcher's or the eviction step's argument parser): every pod would fail alike.
+            k8s.PodFailurePolicyRule(
+                action="FailJob",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    operator="In", values=[USER_ERROR_EXIT_CODE]
+                ),
+            ),
+            # The self-check found a node problem (GPU/EFA missing, disk not writable): like a
+            # disruption, replace the pod without consuming the index's budget.
+            k8s.PodFailurePolicyRule(
+                action="Ignore",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    container_name=SELFCHECK_CONTAINER, operator="In", values=[NODE_PROBLEM_EXIT_CODE]
+                ),
+            ),
+            k8s.PodFailurePolicyRule(
+                action="Ignore",
+                on_pod_conditions=[
+                    k8s.PodFailurePolicyOnPodConditionsPattern(type="DisruptionTarget", status="True")
+                ],
+            ),
+        ]
+    )
 
 
 class TrainingJob(Construct):
@@ -234,14 +280,29 @@ class TrainingJob(Construct):
             # IPC_LOCK: EFA/libfabric and NCCL pin (mlock) host memory for RDMA.
             capabilities=k8s.Capabilities(add=["IPC_LOCK"]),
         )
-        init_containers = None
+        # The self-check runs first in every pod (images/README.md): exit 2 fails the Job, 75 (node
+        # problem) replaces the pod without consuming the budget (_failure_policy). It gets the trainer's
+        # resources, env and mounts: the kubelet hands an init container's GPUs/EFA devices on to the
+        # main container, so the check sees the devices the ranks will use, at no extra request.
+        init_containers = [
+            k8s.Container(
+                name=SELFCHECK_CONTAINER,
+                image=image,
+                image_pull_policy=pull,
+                command=selfcheck_command(values),
+                env=env,
+                resources=_resources(values),
+                volume_mounts=mounts,
+                security_context=security,
+            )
+        ]
         features = nvrx_features(values.resolved_nvrx_version)
         if values.mode != "baseline" and features.keep_alive_rendezvous:
             # A replacement drops its dead predecessor from the rendezvous instead of making the
             # survivors wait out NVRx's keep-alive expiry (training/rendezvous.py).
-            init_containers = [
+            init_containers.append(
                 k8s.Container(
-                    name="evict-predecessor",
+                    name=EVICT_CONTAINER,
                     image=image,
                     image_pull_policy=pull,
                     command=[
@@ -263,7 +324,7 @@ class TrainingJob(Construct):
                         limits={"memory": k8s.Quantity.from_string("1Gi")},
                     ),
                 )
-            ]
+            )
         pod = k8s.PodSpec(
             restart_policy="Never",
             subdomain=headless_service_name(values),
@@ -305,26 +366,7 @@ class TrainingJob(Construct):
                 backoff_limit_per_index=b.job_backoff_limit_per_index,
                 max_failed_indexes=0,
                 pod_replacement_policy="Failed",
-                pod_failure_policy=k8s.PodFailurePolicy(
-                    rules=[
-                        k8s.PodFailurePolicyRule(
-                            action="FailJob",
-                            on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
-                                container_name=TRAINER_CONTAINER,
-                                operator="In",
-                                values=[USER_ERROR_EXIT_CODE],
-                            ),
-                        ),
-                        k8s.PodFailurePolicyRule(
-                            action="Ignore",
-                            on_pod_conditions=[
-                                k8s.PodFailurePolicyOnPodConditionsPattern(
-                                    type="DisruptionTarget", status="True"
-                                )
-                            ],
-                        ),
-                    ]
-                ),
+                pod_failure_policy=_failure_policy(),
                 # Kueue admits (unsuspends) a queued job; without Kueue it starts at once.
                 suspend=True if values.kueue_queue else None,
                 active_deadline_seconds=values.active_deadline_s,

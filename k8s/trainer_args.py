@@ -45,15 +45,31 @@ def _trainer_has(section: str, name: str) -> bool:
     return name in getattr(sub, "model_fields", {})
 
 
+def durable_dir(values: JobValues) -> str:
+    """The durable tier: below the FSx folder linked to S3."""
+    s = values.storage
+    return f"{s.fsx_mount_path}/{s.fsx_export_dir.strip('/')}/{values.name}"
+
+
+def local_dir(values: JobValues) -> str | None:
+    """The node-local tier on the NVMe hostPath, or None without one."""
+    s = values.storage
+    return f"{s.local_mount_path}/checkpoints/{values.name}" if s.local_nvme_path else None
+
+
 def chart_owned_fields(values: JobValues) -> dict[str, Any]:
     s = values.storage
     owned: dict[str, Any] = {
         "mode": values.mode,
         "run_dir": f"{s.fsx_mount_path}/runs/{values.name}",
-        "checkpoint": {"durable_dir": f"{s.fsx_mount_path}/{s.fsx_export_dir.strip('/')}/{values.name}"},
+        "checkpoint": {
+            # The pod's memory-backed emptyDir (k8s/job_chart.py): dies with the pod, as host RAM does.
+            "memory_dir": s.memory_mount_path,
+            "durable_dir": durable_dir(values),
+        },
     }
     if s.local_nvme_path:
-        owned["checkpoint"]["local_dir"] = f"{s.local_mount_path}/checkpoints/{values.name}"
+        owned["checkpoint"]["local_dir"] = local_dir(values)
     if s.s3_bucket and _trainer_has("checkpoint", "s3_uri"):
         owned["checkpoint"]["s3_uri"] = f"s3://{s.s3_bucket}/{s.s3_prefix.strip('/')}/{values.name}"
     if values.mode in {"inprocess", "both"}:

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
+# quarter. Both are memory-backed emptyDirs and count against the pod's memory limit.
+SHM_FRACTION = 8
+MEMORY_TIER_FRACTION = 4
+# Requests leave room for the node's daemons (kubelet, device plugins, DCGM, node monitoring agent).
+ALLOCATABLE_FRACTION = 0.9
 # Job name + "-<index>" is the pod hostname (63 chars); "-rdzv" and "-nodes" are suffixed to Services.
 _MAX_NAME = 40
 
@@ -70,7 +76,15 @@ class Timeouts(_Section):
 
 
 class Storage(_Section):
-    """Checkpoint locations per tier (host RAM needs none)."""
+    """Checkpoint locations per tier."""
+
+    memory_mount_path: str = "/checkpoint-memory"
+    """Where the pod's memory-backed emptyDir (tier 1, host RAM) is mounted; the trainer's
+    checkpoint.memory_dir. It lives and dies with the pod: launcher restarts inside the pod restore
+    from it, a replacement pod (node loss) starts with an empty one."""
+    memory_tier_gib: int | None = Field(None, ge=1)
+    """sizeLimit of that emptyDir (counts against the pod's memory limit); default: a quarter of the
+    instance profile's memory. Size it above ranks per node x num_staging_slots x state bytes per rank."""
 
     fsx_pvc: str = "fsx-checkpoints"
     """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""
@@ -85,7 +99,7 @@ class Storage(_Section):
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
 
-    @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path")
+    @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
@@ -97,6 +111,7 @@ class Storage(_Section):
 CHART_OWNED_TRAINER_FIELDS = (
     "mode",
     "run_dir",
+    "checkpoint.memory_dir",
     "checkpoint.local_dir",
     "checkpoint.durable_dir",
     "checkpoint.s3_uri",
@@ -217,6 +232,13 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
+        in_ram = self.shm_gib + self.memory_tier_gib
+        if in_ram > self.pod_memory_gib:
+            raise ValueError(
+                f"storage.memory_tier_gib: /dev/shm ({self.shm_gib} GiB) + memory tier "
+                f"({self.memory_tier_gib} GiB) exceed the pod's memory ({self.pod_memory_gib} GiB of "
+                f"{self.instance_profile}); lower memory_tier_gib"
+            )
         if self.image == LOCAL_IMAGE and self.profile.is_ec2:
             raise ValueError(
                 f"image: local runs on this machine's CPUs; instance_profile {self.instance_profile} needs "
@@ -235,6 +257,20 @@ class JobValues(_Section):
     @cached_property
     def resolved_nvrx_version(self) -> str:
         return resolve_nvrx_version(image=self.image, nvrx_version=self.nvrx_version)
+
+    @property
+    def pod_memory_gib(self) -> int:
+        """The training container's memory request = limit (no overcommit)."""
+        return max(1, int(self.profile.memory_gib * ALLOCATABLE_FRACTION))
+
+    @property
+    def shm_gib(self) -> int:
+        return max(1, self.profile.memory_gib // SHM_FRACTION)
+
+    @property
+    def memory_tier_gib(self) -> int:
+        """sizeLimit of the memory checkpoint tier's emptyDir."""
+        return self.storage.memory_tier_gib or max(1, self.profile.memory_gib // MEMORY_TIER_FRACTION)
 
     @property
     def world_size(self) -> int:

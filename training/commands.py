@@ -10,3 +10,7 @@ if TYPE_CHECKING:
 
 def register(**groups: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
+    from training.checkpoint import commands as ckpt_commands  # noqa: PLC0415 - keeps the CLI import light
+
+    if "bench" in groups:
+        ckpt_commands.register(groups["bench"])

@@ -95,6 +95,8 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.last_done = -1
         """Newest step whose optimizer update is complete on this rank (-1: none)."""
+        self.fence_s = 0.0
+        """Time this step's update waited for the previous snapshot's copy (`Checkpointer.fence`)."""
 
     # ----- setup -------------------------------------------------------------------------------
     def _fresh_model(self) -> None:
@@ -202,6 +204,11 @@ class Trainer:
         if self.cfg.optim.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         with self.resilience.atomic():
+            # The previous snapshot is copied during this step's forward/backward; the update is the
+            # first thing that changes the state it reads (training/checkpoint/base.py).
+            fence_started = time.perf_counter()
+            self.checkpointer.fence()
+            self.fence_s = time.perf_counter() - fence_started
             self.optimizer.step()
             self.last_done = step
         return float(loss.detach())
@@ -211,9 +218,11 @@ class Trainer:
         self._start_attempt()
         for step in range(self.last_done + 1, self.cfg.steps):
             started = time.perf_counter()
+            self.fence_s = 0.0
             loss = self.train_step(step)
-            step_s = time.perf_counter() - started
-            ckpt_s = self._checkpoint(step)
+            # The fence inside the step is checkpoint stall, not step time.
+            step_s = time.perf_counter() - started - self.fence_s
+            ckpt_s = self._checkpoint(step) + self.fence_s
             self.events.emit("step", step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
             self.metrics.step(step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
             self.resilience.step_done(step)

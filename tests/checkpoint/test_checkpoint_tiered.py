@@ -109,6 +109,8 @@ def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
     tier.ensure(layout)
     slot = tier.free_slot()
     tier.stage(slot, 1, tensors, layout, encode_header(skeleton, layout))
+    tier.synchronize()
+    tier.complete_pending()
     assert tier.candidate_steps(rank=0, world_size=1, collective=False) == {1}
     # A kill between uncommit and the new manifest leaves no claim on the half-written slot.
     slot.manifest_path.unlink()

@@ -55,13 +55,16 @@ def test_job_shape(rendered):
         assert spec["completions"] == spec["parallelism"] == nodes
         assert spec["podReplacementPolicy"] == "Failed"
         assert spec["template"]["spec"]["restartPolicy"] == "Never"
-        rules = spec["podFailurePolicy"]["rules"]
-        assert rules[0]["action"] == "FailJob"
-        assert rules[0]["onExitCodes"]["values"] == [2]
-        assert rules[1] == {
-            "action": "Ignore",
-            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-        }
+        # First match wins: a config error (2) from any container fails the Job; the self-check's node
+        # problem (75) and a disruption replace the pod without consuming the budget.
+        assert spec["podFailurePolicy"]["rules"] == [
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": "selfcheck", "operator": "In", "values": [75]},
+            },
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
         (headless,) = [s for s in _by_kind(docs, "Service") if s["spec"].get("clusterIP") == "None"]
         assert job["spec"]["template"]["spec"]["subdomain"] == headless["metadata"]["name"]
 
@@ -81,8 +84,51 @@ def test_p5_pod_resources_from_profile(rendered):
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     # Pinned NVRx 0.7.0: barrier rendezvous only, so no eviction step and no min-healthy policy.
-    assert "initContainers" not in pod
+    (check,) = pod["initContainers"]
+    assert check["name"] == "selfcheck"
     assert not any("min-healthy" in a for a in c["command"])
+    # The self-check sees what the ranks will: the same devices, env and mounts.
+    assert check["resources"] == c["resources"]
+    assert check["env"] == c["env"]
+    assert check["volumeMounts"] == c["volumeMounts"]
+    assert env["NVRX_EKS_INSTANCE_PROFILE"] == "p5.48xlarge"
+    # Host RAM tier: the pod's own tmpfs, a quarter of the profile's memory, plus /dev/shm within the limit.
+    tier = next(v for v in pod["volumes"] if v["name"] == "checkpoint-memory")
+    assert tier["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Gi"}
+    assert c["resources"]["limits"]["memory"] == "1843Gi"
+
+
+def test_memory_tier_is_a_pod_emptydir_at_the_trainers_memory_dir(rendered):
+    (job,) = _by_kind(rendered["local-cpu"], "Job")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "checkpoint-memory")
+    volume = next(v for v in pod["volumes"] if v["name"] == "checkpoint-memory")
+    assert volume["emptyDir"]["medium"] == "Memory"
+    _, trainer = _split(c["command"])
+    config = parse_args(trainer)
+    assert str(config.checkpoint.memory_dir) == mount["mountPath"]
+    # Set explicitly, so the trainer does not move it to a host-wide /dev/shm folder of the run.
+    assert config.effective_checkpoint().memory_dir == config.checkpoint.memory_dir
+
+
+def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
+    (job,) = _by_kind(rendered["local-cpu"], "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "evict-predecessor"]
+    check = pod["initContainers"][0]
+    _, trainer = _split(pod["containers"][0]["command"])
+    tiers = parse_args(trainer).checkpoint
+    assert check["command"] == [
+        "python",
+        "-m",
+        "training.selfcheck",
+        f"--checkpoint-dir={tiers.memory_dir}",
+        f"--checkpoint-dir={tiers.local_dir}",
+        f"--checkpoint-dir={tiers.durable_dir}",
+    ]
+    env = {e["name"]: e.get("value") for e in check["env"]}
+    assert env["NVRX_EKS_INSTANCE_PROFILE"] == "local-cpu"
 
 
 def test_store_is_separate_and_prioritized(rendered):
@@ -118,7 +164,7 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     assert args.training_script == "training"
     assert args.nnodes == "2:2"
     assert args.nproc_per_node == "2"
-    assert args.max_restarts == 6
+    assert args.max_restarts == 10
     if mode != "baseline":
         assert args.ft_rank_heartbeat_timeout == 30
         assert args.ft_restart_policy == ("min-healthy" if mode == "both" else "any-failed")

@@ -25,19 +25,25 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["name=Bad_Name"], "name: 'Bad_Name' must be a DNS label"),
         (
             LOCAL,
-            ["budgets.inprocess_max_iterations=6"],
-            "inprocess_max_iterations (6) must be below launcher_max_restarts (6)",
+            ["budgets.inprocess_max_iterations=10"],
+            "inprocess_max_iterations (10) must be below launcher_max_restarts (10)",
         ),
         (
             LOCAL,
-            ["budgets.job_backoff_limit_per_index=6"],
-            "launcher_max_restarts (6) must be below job_backoff_limit_per_index (6)",
+            ["budgets.job_backoff_limit_per_index=10"],
+            "launcher_max_restarts (10) must be below job_backoff_limit_per_index (10)",
         ),
         (
             LOCAL,
-            ["budgets.expected_node_losses=7", "budgets.job_backoff_limit_per_index=9"],
-            "launcher_max_restarts (6) must cover expected_node_losses (7)",
+            ["budgets.expected_node_losses=11", "budgets.job_backoff_limit_per_index=13"],
+            "launcher_max_restarts (10) must cover expected_node_losses (11)",
         ),
+        (
+            LOCAL,
+            ["storage.memory_tier_gib=3"],
+            "storage.memory_tier_gib: /dev/shm (1 GiB) + memory tier (3 GiB) exceed the pod's memory (3 GiB",
+        ),
+        (LOCAL, ["trainer.checkpoint.memory_dir=/dev/shm/x"], "checkpoint.memory_dir is set by the chart"),
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         (
             LOCAL,

@@ -11,18 +11,39 @@ Use it like this (the loop calls `save` after every step; it does nothing unless
     if restored:
         model.load_state_dict(restored.state["model"]); ...      # tensors come back on CPU
     for step in range(start, steps):
-        train_step()
+        train_step()                   # calls ckpt.fence() right before optimizer.step()
         ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict(), "data": {...}})
     ckpt.wait(); ckpt.close()
 
 `CheckpointConfig` (training/checkpoint/config.py) is the typed section the trainer embeds: the
 implementation (`tiered` or `sync`), per-tier folders and every-N-steps cadences, retention, timeouts.
-`save` may run a small collective at due steps (all ranks agree to skip a tier that is busy anywhere),
-so call it on every rank at every step. `ckpt.stats` holds the counters (stall, skipped, failed...).
+`save` publishes a tiny async all_reduce at due steps (all ranks agree to skip a tier that is busy
+anywhere; tiered.Agreement), so call it on every rank at every step, and `fence()` before the update.
+`ckpt.stats` holds the counters (stall, skipped, failed...).
 """
 
-from training.checkpoint.base import Checkpointer, Restored
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.factory import build_checkpointer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.checkpoint.base import Checkpointer, Restored
+    from training.checkpoint.config import CheckpointConfig
+    from training.checkpoint.factory import build_checkpointer
 
 __all__ = ["CheckpointConfig", "Checkpointer", "Restored", "build_checkpointer"]
+
+# Lazy: `nvrx-eks` imports training.checkpoint.commands at start-up, which must not import torch.
+_HOMES = {
+    "Checkpointer": "training.checkpoint.base",
+    "Restored": "training.checkpoint.base",
+    "CheckpointConfig": "training.checkpoint.config",
+    "build_checkpointer": "training.checkpoint.factory",
+}
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,16 @@
 """The trainer's checkpoint interface.
 
-The loop calls only `save`, `load_latest`, `wait` and `close`; implementations fill the private
-hooks. `state` is a nested mapping of tensors and small picklable values (model and optimizer state
-dicts, RNG states, the data position); each rank saves and loads its own shard.
+The loop calls only `save`, `fence`, `load_latest`, `wait` and `close`; implementations fill the
+private hooks.
+
+Snapshot protocol: `save(step, state)` may return before the snapshot of `state` is taken (a copy
+runs in the background while the next step's forward/backward run). The loop must call `fence()`
+right before it next mutates `state` -- the optimizer update, the only place parameters and optimizer
+state change -- and fence returns once the snapshot no longer reads `state`. Time in `save` and in
+`fence` together is the loop's checkpoint stall.
+
+`state` is a nested mapping of tensors and small picklable values (model and optimizer state dicts,
+RNG states, the data position); each rank saves and loads its own shard.
 """
 
 from __future__ import annotations
@@ -25,8 +33,14 @@ class Checkpointer(ABC):
     """Public calls are fixed; implementations override the `_`-prefixed hooks."""
 
     def save(self, step: int, state: dict[str, Any]) -> None:
-        """Called by the loop after `step`; returns as soon as the loop may mutate `state` again."""
+        """Called by the loop after `step`, every step (it decides what is due). `state` must not be
+        mutated until `fence()` has returned."""
         self._save(step, state)
+
+    def fence(self) -> None:
+        """Called by the loop right before the optimizer update: waits for what is left of the
+        snapshot copy, if any. A no-op for implementations that copy inside `save`."""
+        self._fence()
 
     def load_latest(self) -> Restored | None:
         """Newest step that every rank can load (collective when a process group exists)."""
@@ -44,6 +58,9 @@ class Checkpointer(ABC):
 
     @abstractmethod
     def _load_latest(self) -> Restored | None: ...
+
+    def _fence(self) -> None:
+        return None
 
     def _wait(self) -> None:
         return None

@@ -14,11 +14,16 @@ def register(bench: typer.Typer) -> None:
         state_gb: Annotated[
             float, typer.Option(help="Model state per rank (>= 1 for the reported figures).")
         ] = 1.0,
-        step_s: Annotated[float, typer.Option(help="Emulated step time.")] = 0.25,
+        step_s: Annotated[float, typer.Option(help="Emulated forward/backward time per step.")] = 0.5,
         interval: Annotated[
-            list[int] | None, typer.Option(help="Checkpoint every N steps (repeat; 3 values).")
+            list[int] | None,
+            typer.Option(help="Memory snapshot every N steps (repeat; default 2, 4, 12 steps)."),
         ] = None,
-        torture_trials: Annotated[int, typer.Option(help="kill -9 trials (0 skips).")] = 100,
+        durable_factor: Annotated[
+            int, typer.Option(min=1, help="Durable cadence = this x the memory interval.")
+        ] = 1,
+        checkpoints: Annotated[int, typer.Option(min=2, help="Snapshots measured per row.")] = 6,
+        torture_trials: Annotated[int, typer.Option(min=0, help="kill -9 trials (0 skips).")] = 100,
         workdir: Annotated[
             Path | None, typer.Option(help="Folder for the disk tiers (default: system temp).")
         ] = None,
@@ -29,7 +34,9 @@ def register(bench: typer.Typer) -> None:
         run(
             state_gb=state_gb,
             step_s=step_s,
-            intervals=interval or [2, 8, 40],
+            intervals=interval or [2, 4, 12],
+            durable_factor=durable_factor,
+            checkpoints=checkpoints,
             torture_trials=torture_trials,
             workdir=workdir,
         )

@@ -19,8 +19,11 @@ class CheckpointStats:
 
     save_calls: int = 0
     stall_s: float = 0.0
-    """Total time the loop spent inside `save` (the checkpoint-efficiency numerator)."""
+    """Total time the loop spent inside `save` and `fence` (the checkpoint-efficiency numerator)."""
     max_stall_s: float = 0.0
+    """The longest single `save` or `fence` call."""
+    fence_s: float = 0.0
+    """The part of `stall_s` spent in `fence` (waiting for the rest of a background copy)."""
     staged: int = 0
     """Memory snapshots taken (tier 1)."""
     persisted: Counter[str] = field(default_factory=Counter)
@@ -35,6 +38,7 @@ class CheckpointStats:
             "save_calls": self.save_calls,
             "stall_s": round(self.stall_s, 6),
             "max_stall_s": round(self.max_stall_s, 6),
+            "fence_s": round(self.fence_s, 6),
             "staged": self.staged,
             "persisted": dict(self.persisted),
             "skipped": dict(self.skipped),

@@ -1,12 +1,21 @@
-"""Tiered checkpointing: the loop pays for one copy into a staging slot; disks are written behind it.
+"""Tiered checkpointing: the snapshot copy runs behind the loop; disks are written behind the copy.
 
 Tier 1 (memory): `num_staging_slots` pre-allocated, pre-faulted buffers per rank, each a file in a
 shared-memory folder mapped into the process (pinned with cudaHostRegister on GPU). A slot is
 committed by a small manifest written after the copy, so it survives a kill -9 of the rank: the
 restarted rank on the same node restores from RAM. Tiers 2 (node-local disk) and 3 (durable) are
-written from the slots by background workers (persist.py). A slot being persisted is never
-overwritten; a tier that is still busy (on any rank) at its next due step is skipped and counted,
-never waited for, and a failed or hung persist is reported and retried at the tier's next due step.
+written from the slots by background workers (persist.py).
+
+Off the critical path: parameters and optimizer state change only in the optimizer update, so the
+snapshot taken after step N is copied while step N+1's forward/backward run, and `fence()` (called by
+the loop right before step N+1's update) waits only for what is left of it. On CPU the copy runs on
+one background thread (`Tensor.copy_` releases the GIL); on GPU it is a side CUDA stream filling the
+pinned slot, and fence makes the update's stream wait on the copy's event (the host does not wait).
+
+A slot being persisted is never overwritten. A persist due while the tier's previous one is still
+running (on any rank) is skipped and counted, never waited for -- coalescing: the tier's next due
+step persists the newest snapshot, so nothing is queued behind a slow writer. A failed or hung persist
+is reported and retried at the tier's next due step.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import contextlib
 import json
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +57,13 @@ class _Slot:
     """Tiers whose worker is reading this slot: it must not be overwritten."""
     pending_event: Any = None
     """GPU: the copy's CUDA event; the slot commits once it completes."""
+    pending_copy: Future[None] | None = None
+    """CPU: the background copy (and commit) of this slot."""
     pending_header: bytes = b""
+
+    @property
+    def pending(self) -> bool:
+        return self.pending_event is not None or self.pending_copy is not None
 
 
 class MemoryTier:
@@ -70,6 +86,10 @@ class MemoryTier:
         self.signature: Any = None
         self.data_bytes = 0
         self._stream: Any = None
+        self._unfenced: list[Any] = []
+        """GPU: copy events the update's stream has not been told to wait for yet."""
+        self._copier: ThreadPoolExecutor | None = None
+        self.copy_errors: list[str] = []
 
     # --- restore side -------------------------------------------------------------------------
     def _manifest(self, slot: _Slot) -> dict[str, Any] | None:
@@ -125,6 +145,11 @@ class MemoryTier:
         self.data_bytes = layout.data_bytes
 
     def release(self) -> None:
+        self.synchronize()
+        self.complete_pending()
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
         for slot in self.slots:
             if slot.buffer is not None and self.device.type == "cuda":
                 torch.cuda.cudart().cudaHostUnregister(slot.buffer.data_ptr())
@@ -132,50 +157,90 @@ class MemoryTier:
 
     def free_slot(self) -> _Slot | None:
         """An unheld slot, the oldest first (the newest snapshot stays valid while the next is copied)."""
-        free = [slot for slot in self.slots if not slot.holders and slot.pending_event is None]
+        free = [slot for slot in self.slots if not slot.holders and not slot.pending]
         return min(free, key=lambda slot: slot.step) if free else None
+
+    def unheld(self) -> int:
+        """Slots no persist reads (a slot still being copied counts: its copy ends by the fence)."""
+        return sum(1 for slot in self.slots if not slot.holders)
 
     def stage(
         self, slot: _Slot, step: int, tensors: list[torch.Tensor], layout: Layout, header: bytes
     ) -> None:
+        """Start copying `tensors` into `slot`; returns at once. The slot commits when the copy ends."""
         slot.manifest_path.unlink(missing_ok=True)  # uncommit before overwriting
-        slot.step = -1
+        slot.step = step
+        slot.pending_header = header
         targets = views(slot.buffer, layout)
+        sources = [tensor.detach() for tensor in tensors]
         if self.device.type == "cuda":
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device)
+            # The copy starts after the kernels that produced step N's state (its update)...
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                for target, tensor in zip(targets, tensors, strict=True):
-                    target.copy_(tensor.detach(), non_blocking=True)
+                for target, source in zip(targets, sources, strict=True):
+                    target.copy_(source, non_blocking=True)
+                    if source.is_cuda:
+                        source.record_stream(self._stream)
                 event = torch.cuda.Event()
                 event.record(self._stream)
-            # Later kernels that may update the parameters wait for the copy; the host does not.
-            torch.cuda.current_stream(self.device).wait_event(event)
+            # ...and overlaps step N+1's forward/backward: only the next update waits for it (fence).
             slot.pending_event = event
-            slot.pending_header = header
-            slot.step = step
+            self._unfenced.append(event)
             return
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-copy")
+        slot.pending_copy = self._copier.submit(self._copy_and_commit, slot, step, targets, sources, header)
+
+    def _copy_and_commit(
+        self, slot: _Slot, step: int, targets: list[torch.Tensor], sources: list[torch.Tensor], header: bytes
+    ) -> None:
+        """Copy thread: one `copy_` per tensor (it releases the GIL), then the slot's commit."""
         with torch.no_grad():
-            for target, tensor in zip(targets, tensors, strict=True):
-                target.copy_(tensor.detach())
+            for target, source in zip(targets, sources, strict=True):
+                target.copy_(source)
         self._commit(slot, step, header)
 
+    def fence(self, *, block: bool = True) -> None:
+        """Wait (CPU) or order the update stream (GPU) after every copy started so far."""
+        if self._unfenced:
+            stream = torch.cuda.current_stream(self.device)
+            for event in self._unfenced:
+                stream.wait_event(event)
+            self._unfenced.clear()
+        if block:
+            for slot in self.slots:
+                if slot.pending_copy is not None:
+                    with contextlib.suppress(Exception):  # reported by complete_pending
+                        slot.pending_copy.result()
+
     def complete_pending(self) -> list[_Slot]:
-        """GPU: commit slots whose copy has finished (never waits)."""
+        """Slots whose copy has finished since the last call (never waits). A copy that failed
+        leaves its slot uncommitted and is recorded in `copy_errors`."""
         done = []
         for slot in self.slots:
             if slot.pending_event is not None and slot.pending_event.query():
                 slot.pending_event = None
                 self._commit(slot, slot.step, slot.pending_header)
                 done.append(slot)
+            elif slot.pending_copy is not None and slot.pending_copy.done():
+                error = slot.pending_copy.exception()
+                slot.pending_copy = None
+                if error is None:
+                    done.append(slot)
+                else:
+                    slot.step = -1
+                    slot.holders.clear()
+                    self.copy_errors.append(f"{type(error).__name__}: {error}")
         return done
 
     def synchronize(self) -> None:
+        """Wait for every copy started so far (`complete_pending` then reports them)."""
         for slot in self.slots:
             if slot.pending_event is not None:
                 slot.pending_event.synchronize()
-        self.complete_pending()
+        self.fence(block=True)
 
     def _commit(self, slot: _Slot, step: int, header: bytes) -> None:
         tmp = slot.header_path.with_suffix(".hdr.tmp")
@@ -191,6 +256,98 @@ class MemoryTier:
         tmp.write_text(json.dumps(manifest))
         tmp.replace(slot.manifest_path)  # the commit point; tmpfs needs no fsync
         slot.step = step
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What one rank reports for the agreement, sampled after its decisions at a due step."""
+
+    unheld: int
+    """Staging slots no persist reads."""
+    busy: dict[str, bool]
+    """Per disk tier: a persist is running or waits for its slot's copy."""
+
+
+class Agreement:
+    """All ranks take the same checkpoint decisions, without a blocking collective per due step.
+
+    Why agreement at all: a step only some ranks persisted can never be restored, and retention
+    (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
+
+    Why it costs nothing in steady state: each due step *publishes* this rank's flags, sampled after
+    its own decisions, with an async all_reduce, and the *next* due step decides from that result,
+    which every rank sees alike (the loop's gradient collectives have completed it long before). That
+    is sound because the flags can only get better in between: a tier idle on every rank when sampled
+    stays idle, and a slot no persist reads stays unheld, until the next launch -- and launches happen
+    only at due steps, decided from these same results. The price is one memory interval of latency
+    before a freed tier is used again (with coalescing, it then writes the newest snapshot anyway).
+    Only the first due step of a process group (start, restore, in-process restart) runs one blocking
+    all_reduce of the current flags. The result is read only after `Work.wait()`; on NCCL jobs the
+    flags go over a gloo side group, so reading them never synchronizes the GPU stream.
+
+    A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
+    snapshots -- what most faults restore from -- come before a second concurrent disk persist
+    (raise num_staging_slots to run local and durable persists from different snapshots at once).
+    """
+
+    def __init__(self, *, tiers: list[str], device: torch.device) -> None:
+        self.tiers = tiers
+        self.device = device
+        self._group: Any = None
+        self._side_group: Any = None
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self.blocking_rounds = 0
+        """Blocking all_reduces run (one per process group); the rest were published async."""
+
+    def reset(self) -> None:
+        self._pending = None
+
+    def _world(self) -> Any:  # noqa: ANN401
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        world = dist.group.WORLD
+        if world is not self._group:  # a new process group (in-process restart): old results are void
+            self._group, self._pending, self._side_group = world, None, None
+            if dist.get_backend() != "gloo":
+                self._side_group = dist.new_group(backend="gloo")
+        return self._side_group or world
+
+    def _encode(self, flags: Flags) -> torch.Tensor:
+        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value.
+        return torch.tensor([-flags.unheld, *(int(flags.busy[t]) for t in self.tiers)], dtype=torch.int64)
+
+    def _decode(self, tensor: torch.Tensor) -> Flags:
+        values = tensor.tolist()
+        return Flags(
+            unheld=-values[0], busy={t: bool(v) for t, v in zip(self.tiers, values[1:], strict=True)}
+        )
+
+    def decide(self, local: Flags, due: list[str], *, num_slots: int) -> tuple[bool, dict[str, bool]]:
+        """(stage a memory snapshot?, launch each due tier?) -- the same answer on every rank."""
+        group = self._world()
+        if group is None:
+            agreed = local
+        elif self._pending is not None:
+            work, tensor = self._pending
+            self._pending = None
+            work.wait()
+            agreed = self._decode(tensor)
+        else:
+            tensor = self._encode(local)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+            self.blocking_rounds += 1
+            agreed = self._decode(tensor)
+        can_stage = agreed.unheld >= 1
+        keep_free = min(2, num_slots)  # one slot: persisting it blocks snapshots (the only choice)
+        launch = {tier: can_stage and agreed.unheld >= keep_free and not agreed.busy[tier] for tier in due}
+        return can_stage, launch
+
+    def publish(self, flags: Flags) -> None:
+        group = self._world()
+        if group is None:
+            return
+        tensor = self._encode(flags)
+        self._pending = (dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True), tensor)
 
 
 class TieredCheckpointer(Checkpointer):
@@ -221,6 +378,7 @@ class TieredCheckpointer(Checkpointer):
             num_slots=config.num_staging_slots,
             device=device,
         )
+        self.agreement = Agreement(tiers=[store.tier for store, _, _ in stores], device=device)
         self.workers = {
             store.tier: PersistWorker(
                 tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s, result_dir=self.memory.root
@@ -240,50 +398,71 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
-        stall = time.perf_counter() - started
-        self.stats.stall_s += stall
-        self.stats.max_stall_s = max(self.stats.max_stall_s, stall)
+        self._count_stall(time.perf_counter() - started)
+
+    def _fence(self) -> None:
+        if not any(slot.pending for slot in self.memory.slots):
+            return
+        started = time.perf_counter()
+        self.memory.fence(block=True)
+        self._harvest_copies()
+        elapsed = time.perf_counter() - started
+        self.stats.fence_s += elapsed
+        self._count_stall(elapsed)
+
+    def _count_stall(self, seconds: float) -> None:
+        self.stats.stall_s += seconds
+        self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
     def _snapshot(self, step: int, state: dict[str, Any]) -> None:
         due = [store.tier for store, tier_every, _ in self.stores if step % tier_every == 0]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
-        reshaped = layout.signature != self.memory.signature
-        if not (reshaped and any(slot.holders for slot in self.memory.slots)):
+        if layout.signature != self.memory.signature and not any(s.holders for s in self.memory.slots):
+            self._settle()
             self.memory.ensure(layout)
-        slot = self.memory.free_slot() if layout.signature == self.memory.signature else None
-        busy = [tier for tier in due if self.workers[tier].busy]
-        # All ranks take the same decisions, so every tier holds the same steps on every rank (a step
-        # only some ranks persisted could never be restored). One tiny collective at due steps only.
-        blocked = self._agree([slot is None, *(tier in busy for tier in due)])
-        if blocked[0]:
+        can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
+        slot = None
+        if can_stage and layout.signature == self.memory.signature:
+            slot = self.memory.free_slot()
+            if slot is None and any(s.pending for s in self.memory.slots):
+                # Only when the loop skipped fence(): the previous copy still runs. Let it finish
+                # (inside this save, so its time is counted once, as save's).
+                self.memory.fence(block=True)
+                self._harvest_copies()
+                slot = self.memory.free_slot()
+        if slot is None:
+            reason = "no free staging slot" if can_stage else "no free staging slot on some rank"
+            if layout.signature != self.memory.signature:
+                reason = "state layout changed while a persist reads the slots"
             self.stats.skipped["memory"] += 1
-            self.emit(
-                "checkpoint_skipped", {"tier": "memory", "step": step, "reason": "no free staging slot"}
-            )
-            return
-        assert slot is not None  # noqa: S101 - implied by the agreement above
-        header = encode_header(skeleton, layout)
-        self.memory.stage(slot, step, tensors, layout, header)
-        self.stats.staged += 1
-        for tier, tier_blocked in zip(due, blocked[1:], strict=True):
-            if tier_blocked:
-                self.stats.skipped[tier] += 1
-                self.emit(
-                    "checkpoint_skipped", {"tier": tier, "step": step, "reason": "previous persist running"}
-                )
+            self.emit("checkpoint_skipped", {"tier": "memory", "step": step, "reason": reason})
+            launch = dict.fromkeys(due, False)
+        else:
+            self.memory.stage(slot, step, tensors, layout, encode_header(skeleton, layout))
+            self.stats.staged += 1
+        for tier in due:
+            if slot is not None and launch[tier]:
+                slot.holders.add(tier)  # submitted to the worker once the copy has finished
                 continue
-            slot.holders.add(tier)
-        if self.device.type != "cuda":
-            self._submit(slot)
+            self.stats.skipped[tier] += 1
+            self.emit(
+                "checkpoint_skipped",
+                {
+                    "tier": tier,
+                    "step": step,
+                    "reason": "previous persist running (coalesced: the next "
+                    "due step writes the newest snapshot)",
+                },
+            )
+        self.agreement.publish(self._local_flags())
 
-    def _agree(self, flags: list[bool]) -> list[bool]:
-        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
-            return flags
-        device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return [bool(value) for value in tensor.tolist()]
+    def _local_flags(self) -> Flags:
+        busy = {
+            tier: worker.busy or any(tier in slot.holders for slot in self.memory.slots)
+            for tier, worker in self.workers.items()
+        }
+        return Flags(unheld=self.memory.unheld(), busy=busy)
 
     def _submit(self, slot: _Slot) -> None:
         for tier in sorted(slot.holders):
@@ -310,9 +489,22 @@ class TieredCheckpointer(Checkpointer):
                 self._failed(tier, slot.step, f"could not start the persist: {exc}", kind="failed")
         slot.pending_header = b""
 
-    def _poll(self) -> None:
+    def _harvest_copies(self) -> None:
         for slot in self.memory.complete_pending():
             self._submit(slot)
+        while self.memory.copy_errors:
+            error = self.memory.copy_errors.pop()
+            self.stats.failed["memory"] += 1
+            self.stats.last_error["memory"] = error
+            self.emit("checkpoint_failed", {"tier": "memory", "rank": self.rank, "error": error})
+
+    def _settle(self) -> None:
+        """Wait for every snapshot copy, commit it and hand it to its writers."""
+        self.memory.synchronize()
+        self._harvest_copies()
+
+    def _poll(self) -> None:
+        self._harvest_copies()
         for tier, worker in self.workers.items():
             outcome = worker.poll()
             if outcome is None:
@@ -340,14 +532,16 @@ class TieredCheckpointer(Checkpointer):
 
     # --- restore / lifecycle --------------------------------------------------------------------
     def _load_latest(self) -> Restored | None:
-        self.memory.synchronize()
+        # Restoring writes into the live parameters: no copy may still be reading them.
+        self._settle()
+        self.agreement.reset()  # a restore starts a new agreement history (new process group)
         sources = [self.memory] + [StoreSource(store, shared=shared) for store, _, shared in self.stores]
         return load_newest(
             sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
         )
 
     def _wait(self) -> None:
-        self.memory.synchronize()
+        self._settle()
         self._poll()
         deadline = time.monotonic() + self.config.persist_timeout_s
         while any(worker.busy for worker in self.workers.values()):
