@@ -13,27 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from infra.configio import UserError
 from infra.ops.aws import aws_errors, error_code
+from infra.outputs import OUTPUT_KEYS
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from infra.ops.aws import AwsSession
 
-# Contract 5 (COMMON.md): CfnOutput keys on the stack named by the cluster config's `name`.
-OUTPUT_KEYS = (
-    "ClusterName",
-    "Region",
-    "FsxFileSystemId",
-    "FsxDnsName",
-    "FsxMountName",
-    "CheckpointPvcName",
-    "CheckpointBucketName",
-    "CheckpointPrefix",
-    "ImageRepositoryUri",
-    "TrainingNamespace",
-    "TrainingServiceAccount",
-    "GpuNodeGroups",
-)
 # Job values fields (contract 6) -> the output each comes from (instance_profile and image are derived).
 FIELD_SOURCES: dict[tuple[str, ...], str] = {
     ("namespace",): "TrainingNamespace",

@@ -20,27 +20,13 @@ from infra.constructs.cluster import TrainingCluster
 from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
 from infra.constructs.network import Network
 from infra.constructs.storage import DurableStorage
+from infra.outputs import OUTPUT_KEYS
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 
 if TYPE_CHECKING:
     from constructs import Construct
 
     from infra.config import ClusterConfig
-
-OUTPUT_KEYS = (
-    "ClusterName",
-    "Region",
-    "FsxFileSystemId",
-    "FsxDnsName",
-    "FsxMountName",
-    "CheckpointPvcName",
-    "CheckpointBucketName",
-    "CheckpointPrefix",
-    "ImageRepositoryUri",
-    "TrainingNamespace",
-    "TrainingServiceAccount",
-    "GpuNodeGroups",
-)
 
 
 class ClusterStack(Stack):

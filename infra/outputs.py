@@ -1,0 +1,20 @@
+"""The stack outputs the job tooling reads, in one place for the stack that writes them and the
+boto3 code that reads them (`nvrx-eks values`, `image push`, `job status`). Light on purpose: no
+aws_cdk import, so the operator commands stay fast."""
+
+from __future__ import annotations
+
+OUTPUT_KEYS = (
+    "ClusterName",
+    "Region",
+    "FsxFileSystemId",
+    "FsxDnsName",
+    "FsxMountName",
+    "CheckpointPvcName",
+    "CheckpointBucketName",
+    "CheckpointPrefix",
+    "ImageRepositoryUri",
+    "TrainingNamespace",
+    "TrainingServiceAccount",
+    "GpuNodeGroups",
+)
