@@ -20,8 +20,10 @@ What it does, the way Kubernetes would:
   inside the pod keep it, a replacement pod starts with an empty one (as on a cluster, where the
   emptyDir dies with its pod). Container paths in args/env under a mount are rewritten to the folder.
 - `image: local` means the command runs with this virtualenv (its bin first on PATH).
-- The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes for
-  the named container; DisruptionTarget for deleted nodes), backoffLimitPerIndex and maxFailedIndexes,
+- The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes of
+  the container whose exit ended the pod, an init container included, as the Job controller matches
+  init container statuses too; DisruptionTarget for deleted nodes; first matching rule wins; Ignore
+  replaces the pod without counting a failure), backoffLimitPerIndex and maxFailedIndexes,
   and starts a replacement only once the old pod's processes are gone (podReplacementPolicy Failed).
 - A pod's processes: every container starts in its own session, and carries the environment marker
   `NVRX_EKS_LOCAL_POD=<run-key>/<pod>`. When a pod ends (its main container exited, an init container
@@ -32,7 +34,8 @@ What it does, the way Kubernetes would:
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
   COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
   the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir).
-Per-pod logs: `<run>/pods/<pod>.log`; executor events: `<run>/executor.jsonl`; outcome: `<run>/job.json`.
+Per-pod logs: `<run>/pods/<pod>.log`; executor events (pod and container starts, pod ends, node
+deletions): `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 """
 
 from __future__ import annotations
@@ -51,12 +54,15 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import yaml
 
 from infra.configio import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
@@ -231,9 +237,11 @@ class _Pod:
         log: Path,
         cwd: Path,
         ram_dirs: list[Path],
+        on_event: Callable[..., None],
     ) -> None:
         self.name, self.index, self.marker = name, index, marker
         self._ram_dirs = ram_dirs
+        self._on_event = on_event
         self.outcome = PodOutcome(pod=name, index=index, started=time.time(), log=str(log))
         self._containers = containers
         self._log_path = log
@@ -256,6 +264,7 @@ class _Pod:
                         break
                     log.write(f"=== container {container.name}: {' '.join(container.argv)}\n".encode())
                     log.flush()
+                    self._on_event("container_start", pod=self.name, container=container.name)
                     self.proc = subprocess.Popen(
                         container.argv,
                         env=container.env,
@@ -339,6 +348,7 @@ class LocalJob:
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._events = self.run_dir / "executor.jsonl"
+        self._emit_lock = threading.Lock()
         digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:10]
         self.run_key = f"{self.rendered.job_name}-{digest}"
         """Names this run's pods in their marker and in the machine's tmpfs (unique per run folder)."""
@@ -504,6 +514,7 @@ class LocalJob:
             log=self.run_dir / "pods" / f"{name}.log",
             cwd=self.run_dir,
             ram_dirs=ram_dirs,
+            on_event=self._emit,
         )
 
     def _volume_folders(
@@ -517,7 +528,7 @@ class LocalJob:
             m["name"]
             for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
             for m in c.get("volumeMounts", [])
-            if m["mountPath"].rstrip("/") == "/dev/shm"
+            if m["mountPath"].rstrip("/") == "/dev/shm"  # noqa: S108 - a mount path we compare, not a file
         }
         for vol in pod_spec.get("volumes", []):
             if "persistentVolumeClaim" in vol:
@@ -594,7 +605,7 @@ class LocalJob:
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def _emit(self, kind: str, **fields: object) -> None:
-        with self._events.open("a") as f:
+        with self._emit_lock, self._events.open("a") as f:  # pod threads emit too
             f.write(json.dumps({"t": time.time(), "kind": kind, **fields}) + "\n")
 
     def _result(self, *, succeeded: bool, reason: str) -> JobResult:
@@ -621,6 +632,8 @@ class LocalJob:
             self.history.insert(0, self._store.outcome)
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # only when no other run uses it
+            LOCAL_SHM_ROOT.rmdir()
 
 
 def run_local(

@@ -23,6 +23,7 @@ setting is what it is:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import cdk8s
@@ -399,4 +400,4 @@ def render(values: JobValues, out_dir: str) -> list[str]:
     app = cdk8s.App(outdir=out_dir, yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
     JobChart(app, values.name, values=values)
     app.synth()
-    return sorted(str(p) for p in __import__("pathlib").Path(out_dir).glob("*.k8s.yaml"))
+    return sorted(str(p) for p in Path(out_dir).glob("*.k8s.yaml"))

@@ -46,7 +46,9 @@ class Budgets(_Section):
     """Restart budgets per layer. They must nest: in-process < launcher < Job (shared README section 2)."""
 
     inprocess_max_iterations: int = Field(3, ge=1)
-    """In-process restarts of the wrapped training function per process (modes inprocess/both)."""
+    """In-process restarts of the wrapped training function per process (modes inprocess/both). NVRx
+    counts every in-process restart of the process's life, not a window: size it for all soft faults a
+    process may see before a launcher restart gives it a fresh count."""
     launcher_max_restarts: int = Field(6, ge=0)
     """Worker-group restarts per ft_launcher/torchrun agent; every node loss costs one on each survivor."""
     job_backoff_limit_per_index: int = Field(8, ge=0)

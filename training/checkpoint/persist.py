@@ -17,6 +17,7 @@ kill -9 of a rank leaves no orphan writing behind the restarted one.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
@@ -51,6 +52,10 @@ def _become_worker() -> None:
         pass  # not Linux: the orphan finishes its write and exits with the queue
     if os.getppid() == 1:  # parent already gone before prctl took effect
         os._exit(1)
+    # Background persistence yields the cores to the loop and its snapshot copy: on a host with few
+    # free cores (2 here) an equal-priority writer delayed the copy past the next update's fence.
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 def persist_slot(
