@@ -11,7 +11,7 @@ Kinds and their extra fields (training.metrics reads them):
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
-- `step`: step, step_s (forward/backward/update), ckpt_s (time the loop then spent in save()), loss
+- `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
 - `fault_injected`: class, step, target_rank, expected_layer, index
 - `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
