@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from pathlib import Path
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -85,7 +85,9 @@ def load_model(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise UserError(describe_validation_error(exc, source=source or str(path or model.__name__))) from None
+        raise UserError(
+            describe_validation_error(exc, source=source or str(path or model.__name__))
+        ) from None
 
 
 @contextmanager
