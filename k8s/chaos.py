@@ -43,12 +43,13 @@ def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
 
 
 def _progress_line(events_root: Path, *, steps: int) -> tuple[int, str, int]:
-    """(newest step rank 0 finished, current phase, faults injected so far) from the event streams."""
+    """(steps rank 0 has finished, current phase, faults injected so far) from the event streams."""
     try:
         events = read_events(events_root)
     except FileNotFoundError:
         return 0, "starting", 0
-    done = max((e["step"] for e in events if e["kind"] == "step" and e["rank"] == 0), default=0)
+    # Steps are numbered from 0: the newest finished step N means N + 1 steps done.
+    done = max((e["step"] + 1 for e in events if e["kind"] == "step" and e["rank"] == 0), default=0)
     faults = sum(1 for e in events if e["kind"] == "fault_injected")
     phase = "starting"
     for event in reversed(events):

@@ -147,7 +147,7 @@ def test_progress_reads_step_phase_and_faults(tmp_path):
             {"t": 2.0, "kind": "fault_injected", "pid": 1, "class": "hang", "target_rank": 1},
         ],
     )
-    assert _progress_line(tmp_path, steps=6) == (2, "fault: hang on rank 1", 1)
+    assert _progress_line(tmp_path, steps=6) == (3, "fault: hang on rank 1", 1)
     _write(tmp_path, 0, [{"t": 3.0, "kind": "terminated", "pid": 1, "layer": "ft_launcher"}])
     assert _progress_line(tmp_path, steps=6)[1] == "recovering (ft_launcher)"
 
