@@ -441,6 +441,8 @@ class TieredCheckpointer(Checkpointer):
         else:
             self.memory.stage(slot, step, tensors, layout, encode_header(skeleton, layout))
             self.stats.staged += 1
+            # One line per snapshot: the run's stall per checkpoint is counted against these.
+            self.emit("checkpoint_staged", {"tier": "memory", "step": step})
         for tier in due:
             if slot is not None and launch[tier]:
                 slot.holders.add(tier)  # submitted to the worker once the copy has finished
