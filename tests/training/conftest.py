@@ -8,8 +8,8 @@ same contracts:
   whole "pod": the agent's process tree and every process that carries the pod's environment (the
   in-process wrapper's monitor processes daemonize out of the tree, but die with a real pod), then the
   replacement runs the job chart's init step (`python -m training.rendezvous evict`) and a new agent;
-- `close()` kills every process of the job (matched by the run's unique folder in the environment), so
-  no test leaves a process behind.
+- processes are found and killed with the executor's own pod marker (`k8s.executor.POD_ENV`,
+  `kill_pod_processes`), so `close()` leaves no process of the job behind.
 """
 
 from __future__ import annotations
@@ -20,34 +20,22 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
+
+from k8s.executor import CHAOS_ENV, POD_ENV, kill_pod_processes, marked_processes
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _environ(proc: psutil.Process) -> dict[str, str]:
-    with contextlib.suppress(psutil.Error):
-        return proc.environ()
-    return {}
-
-
-def kill_processes(procs: list[psutil.Process]) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(procs, timeout=10)
 
 
 @dataclass
@@ -70,12 +58,18 @@ class LocalJob:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.rdzv_port = free_port()
         self.generation = 0
+        self.run_key = f"training-tests-{uuid.uuid4().hex[:12]}"
+
+    def marker(self, node: int) -> str:
+        """The executor's pod marker for a node (-1: the rendezvous store's pod)."""
+        return f"{self.run_key}/{'store' if node < 0 else f'node-{node}'}"
 
     def _env(self, node: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
             {
                 CHAOS_ENV: str(self.chaos),
+                POD_ENV: self.marker(node),
                 "JOB_COMPLETION_INDEX": str(node),
                 "PYTHONWARNINGS": "ignore",
                 "PYTHONPATH": str(REPO),
@@ -160,26 +154,10 @@ class LocalJob:
             self._agent_cmd(node), node=node, log_name=f"node-{node}-{self.generation}.log"
         )
 
-    def pod_processes(self, node: int | None = None) -> list[psutil.Process]:
-        """Every process of this job (of one node): the agents' trees plus anything carrying a pod's
-        environment (the in-process wrapper's monitor processes leave the tree: double fork, setsid)."""
-        found: dict[int, psutil.Process] = {}
-        agents = self.agents.items() if node is None else [(node, self.agents[node])]
-        for _, agent in agents:
-            with contextlib.suppress(psutil.Error):
-                root = psutil.Process(agent.pid)
-                for proc in [root, *root.children(recursive=True)]:
-                    found[proc.pid] = proc
-        for proc in psutil.process_iter():
-            env = _environ(proc)
-            if env.get(CHAOS_ENV) == str(self.chaos) and (
-                node is None or env.get("JOB_COMPLETION_INDEX") == str(node)
-            ):
-                found[proc.pid] = proc
-        return list(found.values())
-
     def _replace_node(self, node: int) -> None:
-        kill_processes(self.pod_processes(node))  # the node is gone, and every process on it
+        # The node is gone, and every process on it (the in-process wrapper's monitor processes
+        # daemonize out of the agent's tree; the marker finds them).
+        kill_pod_processes(self.marker(node), root_pid=self.agents[node].pid)
         self.agents[node].wait(timeout=10)
         self.replaced.append(node)
         # The replacement pod's init step (k8s/job_chart.py): drop the predecessor from the rendezvous
@@ -223,9 +201,7 @@ class LocalJob:
         raise TimeoutError(f"job did not finish in {timeout_s} s; logs in {self.logs}")
 
     def close(self) -> None:
-        kill_processes(self.pod_processes())
-        if self.store is not None:
-            kill_processes([psutil.Process(self.store.pid)] if self.store.poll() is None else [])
+        kill_pod_processes(self.run_key)
         for proc in [*self.agents.values(), *([self.store] if self.store else [])]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
@@ -240,7 +216,8 @@ def run_job(run_dir: Path, trainer_args: list[str], *, timeout_s: float, **kwarg
         job.close()
     expected = {0: 0} if job.launcher == "torchrun" else dict.fromkeys(range(job.num_nodes), 0)
     assert codes == expected, f"exit codes {codes}; logs in {job.logs}"
-    assert not job.pod_processes(), "processes left behind"
+    left = marked_processes(job.run_key)
+    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     return job
 
 
