@@ -121,8 +121,7 @@ def _code_digest() -> str:
 
 def fault_free_key(values: JobValues) -> str:
     """Same values (faults removed) and same trainer code -> same final parameters."""
-    document: dict[str, Any] = values.model_dump(mode="json")
-    document["trainer"] = {k: v for k, v in document["trainer"].items() if k != "faults"}
+    document: dict[str, Any] = without_faults(values).model_dump(mode="json")
     blob = json.dumps(document, sort_keys=True) + _code_digest()
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
