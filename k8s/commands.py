@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from k8s.peer_bench import DEFAULT_DEVICE_STEP_S
+
 
 def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
@@ -41,6 +43,13 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: t
             "k8s/values/local-cpu.yaml"
         ),
         steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
+        device_step_s: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Emulated device time per step (0: CPU speed); see k8s/peer_bench.py.",
+            ),
+        ] = DEFAULT_DEVICE_STEP_S,
         modes: Annotated[
             list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
         ] = None,
@@ -50,7 +59,9 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: t
         from k8s.peer_bench import run_peer_bench  # noqa: PLC0415
 
         kwargs = {"modes": tuple(modes)} if modes else {}
-        run_peer_bench(values_path=values_file, steps=steps, runs_root=runs_root, **kwargs)
+        run_peer_bench(
+            values_path=values_file, steps=steps, device_step_s=device_step_s, runs_root=runs_root, **kwargs
+        )
 
     @job.command("render")
     def render_cmd(

@@ -11,6 +11,12 @@ rendered job and local executor as the demo, with the same step count for every 
 - `kit`: this kit's default: both layers, host-RAM snapshots every 2 steps, node-local disk every 10,
   durable every quarter.
 
+The scale model: each step holds the host for `device_step_s` of emulated device time (default 1 s,
+`training.trainer.emulate_device_wait`) on top of the tiny CPU model's ~40 ms of real compute. Without
+it a step is 25x shorter than a GPU step and every fixed cost -- process start, the restart barrier,
+gloo's unabortable collective timeout -- weighs 25x more against training than it would on a GPU.
+`--device-step-s 0` measures at CPU speed. Faults, recoveries and checkpoints are all real.
+
 Every figure comes from the runs' own event streams (`training.metrics.summarize`).
 """
 
@@ -29,6 +35,10 @@ FAULT_SEED = 42
 FAULT_WEIGHTS = {"exception": 0.6, "hang": 0.4}
 DURABLE_FRACTION = 0.25
 KIT_GOODPUT_GOAL = 0.95
+# A step's device time in the scale model (training/trainer.py emulate_device_wait). The tiny CPU model
+# steps in ~40 ms, which would weigh every fixed cost (process start, restart barrier) 25x heavier
+# against training than on a GPU, where a step of the peer's model takes on the order of a second.
+DEFAULT_DEVICE_STEP_S = 1.0
 
 # The sample's published results on 16 H100 (the issue's figures, in the order in-process, in-job
 # ft_launcher, restart from checkpoint). Printed as theirs, never mixed with ours.
@@ -51,9 +61,17 @@ def durable_every(steps: int) -> int:
     return max(2, round(steps * DURABLE_FRACTION) // 2 * 2)
 
 
-def mode_setups(*, steps: int) -> list[ModeSetup]:
-    """Job-value overrides per mode; only the resilience layers and checkpoint cadences differ."""
+def mode_setups(*, steps: int, device_step_s: float = DEFAULT_DEVICE_STEP_S) -> list[ModeSetup]:
+    """Job-value overrides per mode: the scenario (steps, faults, device time) is the same for every
+    mode; only the resilience layers and checkpoint cadences differ."""
     every = durable_every(steps)
+    scenario = (
+        f"trainer.steps={steps}",
+        f"trainer.emulated_device_step_s={device_step_s}",
+        f"trainer.faults.count={NUM_FAULTS}",
+        f"trainer.faults.seed={FAULT_SEED}",
+        "trainer.faults.weights={" + ", ".join(f"{k}: {v}" for k, v in FAULT_WEIGHTS.items()) + "}",
+    )
     # The peer's tiering: one checkpoint cadence (every quarter), nothing on the node-local disk.
     peer_ckpt = (
         f"trainer.checkpoint.memory_every={every}",
@@ -63,25 +81,24 @@ def mode_setups(*, steps: int) -> list[ModeSetup]:
     # Without in-process restart a fault is only seen when a collective times out: a scaled-down
     # NCCL timeout (the peer's default is minutes), long enough not to fire on a slow step here.
     no_inprocess = ("trainer.dist.timeout_s=10",)
+    # This kit's default tiering: RAM every 2 steps, node-local disk every 10, durable as the peer.
+    kit_ckpt = (
+        "trainer.checkpoint.memory_every=2",
+        "trainer.checkpoint.local_every=10",
+        f"trainer.checkpoint.durable_every={every}",
+    )
     return [
-        ModeSetup("baseline", "baseline", peer_ckpt + no_inprocess),
-        ModeSetup("inprocess", "inprocess", peer_ckpt),
-        ModeSetup("ft_launcher", "ft_launcher", peer_ckpt + no_inprocess),
-        ModeSetup(
-            "kit",
-            "both",
-            (
-                "trainer.checkpoint.memory_every=2",
-                "trainer.checkpoint.local_every=10",
-                f"trainer.checkpoint.durable_every={every}",
-            ),
-        ),
+        ModeSetup("baseline", "baseline", scenario + peer_ckpt + no_inprocess),
+        ModeSetup("inprocess", "inprocess", scenario + peer_ckpt),
+        ModeSetup("ft_launcher", "ft_launcher", scenario + peer_ckpt + no_inprocess),
+        ModeSetup("kit", "both", scenario + kit_ckpt),
     ]
 
 
-def _scenario(steps: int) -> dict[str, Any]:
+def _scenario(steps: int, device_step_s: float) -> dict[str, Any]:
     return {
         "steps": steps,
+        "emulated_device_step_s": device_step_s,
         "num_faults": NUM_FAULTS,
         "fault_seed": FAULT_SEED,
         "fault_weights": FAULT_WEIGHTS,
@@ -94,6 +111,7 @@ def run_peer_bench(
     *,
     values_path: Path,
     steps: int,
+    device_step_s: float = DEFAULT_DEVICE_STEP_S,
     runs_root: Path,
     modes: tuple[str, ...] = ("baseline", "inprocess", "ft_launcher", "kit"),
     timeout_s: float = 1800.0,
@@ -108,19 +126,13 @@ def run_peer_bench(
 
     console = Console()
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
-    scenario = _scenario(steps)
-    faults = (
-        f"trainer.faults.count={NUM_FAULTS}",
-        f"trainer.faults.seed={FAULT_SEED}",
-        "trainer.faults.weights={" + ", ".join(f"{k}: {v}" for k, v in FAULT_WEIGHTS.items()) + "}",
-        f"trainer.steps={steps}",
-    )
+    scenario = _scenario(steps, device_step_s)
     results: dict[str, Any] = {}
-    for setup in mode_setups(steps=steps):
+    for setup in mode_setups(steps=steps, device_step_s=device_step_s):
         if setup.name not in modes:
             continue
         console.rule(f"{setup.name} (mode {setup.mode})")
-        values = load_values(values_path, (f"mode={setup.mode}", *faults, *setup.overrides))
+        values = load_values(values_path, (f"mode={setup.mode}", *setup.overrides))
         outcome = run_job(
             values, run_dir=bench_dir / setup.name, console=console, label=setup.name, timeout_s=timeout_s
         )
@@ -143,7 +155,8 @@ def run_peer_bench(
         }
 
     table = Table(
-        title=f"Peer scenario: {steps} steps, {NUM_FAULTS} faults (seed {FAULT_SEED}, exception/hang 0.6/0.4)"
+        title=f"Peer scenario: {steps} steps ({device_step_s:g} s emulated device time each), "
+        f"{NUM_FAULTS} faults (seed {FAULT_SEED}, exception/hang 0.6/0.4)"
     )
     for column in (
         "mode",

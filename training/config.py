@@ -79,6 +79,13 @@ class InProcessConfig(_Section):
     barrier_timeout_s: float = Field(30.0, gt=0, description="Restart barrier timeout.")
     completion_timeout_s: float = Field(30.0, gt=0, description="Completion barrier timeout.")
     interval_s: float = Field(0.5, gt=0, description="Monitor thread/process and watchdog interval.")
+    last_call_wait_s: float = Field(
+        0.05,
+        ge=0,
+        description="After the first fault is recorded, wait this long for other ranks to report theirs "
+        "before aborting. NVRx's default (1 s) is paid on every soft fault; concurrent reports still land "
+        "in the store for attribution after the abort.",
+    )
     max_iterations: int = Field(
         20, ge=1, description="In-process restart budget; keep it below the launcher's --max-restarts."
     )
@@ -95,6 +102,8 @@ class InProcessConfig(_Section):
             raise ValueError("interval_s must be below soft_timeout_s and heartbeat_timeout_s")
         if not self.heartbeat_timeout_s < self.barrier_timeout_s:
             raise ValueError("heartbeat_timeout_s must be below barrier_timeout_s")
+        if not self.last_call_wait_s < self.soft_timeout_s:
+            raise ValueError("last_call_wait_s must be below soft_timeout_s")
         return self
 
 
@@ -184,6 +193,13 @@ class TrainConfig(_Section):
         Path("runs/train"), description="Folder for events, metrics and default checkpoints."
     )
     log_every: int = Field(10, ge=1, description="Steps between progress lines on rank 0.")
+    emulated_device_step_s: float = Field(
+        0.0,
+        ge=0,
+        description="Scale model of an accelerator step: after backward the host waits this long without "
+        "holding a core, as it waits on CUDA streams. 0 (default) trains at CPU speed; benchmarks set it "
+        "so that fixed costs (start-up, recovery) weigh what they weigh against a GPU step.",
+    )
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     dist: DistConfig = DistConfig()

@@ -110,7 +110,7 @@ class InProcessLayer(Layer):
             monitor_process_interval=seconds(seconds=c.interval_s),
             heartbeat_interval=seconds(seconds=c.interval_s),
             progress_watchdog_interval=seconds(seconds=c.interval_s),
-            last_call_wait=seconds(seconds=min(1.0, c.interval_s)),
+            last_call_wait=seconds(seconds=c.last_call_wait_s),
             termination_grace_time=seconds(seconds=2),
         )
 

@@ -62,6 +62,16 @@ def memcpy_gbps(num_bytes: int) -> float:
     return size / max(time.perf_counter() - started, 1e-9) / 1e9
 
 
+def emulate_device_wait(seconds: float) -> None:
+    """The host blocked on the device, as in a stream sync: no core held, so the previous snapshot's
+    background copy overlaps it as a side-stream D2H copy overlaps GPU compute. In short slices: an
+    in-process restart interrupts the main thread with an asynchronous exception, which Python delivers
+    between bytecodes; on a GPU the aborted communicator ends a real wait just as promptly."""
+    deadline = time.perf_counter() + seconds
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(min(left, 0.01))
+
+
 class Trainer:
     def __init__(
         self,
@@ -200,6 +210,8 @@ class Trainer:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten())
         self.injector.before_backward(step)
         loss.backward()  # FSDP2 (CUDA) reduce-scatters gradients here
+        if self.cfg.emulated_device_step_s:
+            emulate_device_wait(self.cfg.emulated_device_step_s)
         parallel.average_gradients(self.model, self.world)  # CPU: one flat all-reduce
         if self.cfg.optim.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)

@@ -166,8 +166,13 @@ def test_peer_scenario_values_are_valid_for_every_mode():
     steps = 120
     assert durable_every(steps) == 30
     modes = set()
-    for setup in mode_setups(steps=steps):
-        values = load_values(LOCAL_VALUES, (f"mode={setup.mode}", f"trainer.steps={steps}", *setup.overrides))
+    for setup in mode_setups(steps=steps, device_step_s=0.5):
+        values = load_values(LOCAL_VALUES, (f"mode={setup.mode}", *setup.overrides))
         modes.add(values.mode)
-        assert values.trainer["checkpoint"]["durable_every"] == 30
+        trainer = values.trainer
+        assert trainer["checkpoint"]["durable_every"] == 30
+        # The scenario itself is the same for every mode.
+        assert (trainer["steps"], trainer["emulated_device_step_s"]) == (steps, 0.5)
+        assert (trainer["faults"]["count"], trainer["faults"]["seed"]) == (5, 42)
+        assert trainer["faults"]["weights"] == {"exception": 0.6, "hang": 0.4}
     assert modes == {"baseline", "inprocess", "ft_launcher", "both"}

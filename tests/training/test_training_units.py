@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from training.data import DataSource, SyntheticTokens
 from training.faults import build_schedule, expected_layer
 from training.metrics import summarize
 from training.model import build_model
+from training.trainer import emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +53,8 @@ def test_every_field_is_a_documented_flag():
         (["--mode", "inprocess", "--dist-timeout-s", "5"], "dist.timeout_s"),
         (["--faults-plan", "meteor@3"], "CLASS@STEP"),
         (["--nope", "1"], "unrecognized arguments"),
+        (["--inprocess-last-call-wait-s", "5"], "last_call_wait_s"),
+        (["--emulated-device-step-s", "-1"], "emulated_device_step_s"),
         (
             ["--mode", "both", "--ft-heartbeat-timeout-floor-s", "20", "--dist-timeout-s", "1"],
             "hard_timeout_s",
@@ -227,3 +233,24 @@ def test_help_does_not_import_torch_for_the_model_presets():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
+
+
+class _RestartSignal(Exception):  # noqa: N818 - stands in for NVRx's RankShouldRestart
+    pass
+
+
+def test_emulated_device_wait_yields_to_an_in_process_restart():
+    """NVRx's monitor thread stops the main thread with an asynchronous exception, which Python only
+    delivers between bytecodes: a 5 s emulated device wait must end long before its time."""
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(_RestartSignal))
+
+    timer = threading.Timer(0.1, interrupt)
+    timer.start()
+    started = time.perf_counter()
+    with pytest.raises(_RestartSignal):
+        emulate_device_wait(5.0)
+    timer.join()
+    assert time.perf_counter() - started < 2.0
