@@ -167,7 +167,10 @@ def run_peer_bench(
         "peer goodput*",
         "peer recovery*",
     ):
-        table.add_column(column, justify="left" if column == "mode" else "right")
+        if column == "mode":
+            table.add_column(column, no_wrap=True, min_width=len("ft_launcher"))
+        else:
+            table.add_column(column, justify="right")
     for name, row in results.items():
         peer = PEER_PUBLISHED.get(name, {})
         if "training_goodput" not in row:

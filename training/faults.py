@@ -62,13 +62,17 @@ class Fault:
 
 
 def expected_layer(cls: str, mode: Mode) -> str:
+    """The layer that must bring the job back: a fault that ends a process is its launcher's (torchrun
+    in the baseline, ft_launcher otherwise, with or without heartbeats)."""
     if cls == "node_loss":
         return "job_controller"
     if cls in SOFT and mode in {"inprocess", "both"}:
         return "inprocess"
-    if mode in {"ft_launcher", "both"}:
-        return "ft_launcher"
-    return "inprocess" if mode == "inprocess" else "none"
+    return launcher_layer(mode)
+
+
+def launcher_layer(mode: str) -> str:
+    return "torchrun" if mode == "baseline" else "ft_launcher"
 
 
 def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int) -> list[Fault]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from training.events import read_events
+from training.faults import launcher_layer
 
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
@@ -81,7 +82,7 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]]) -> FaultSummary:
+def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode: str) -> FaultSummary:
     t0 = fault["t"]
     after = [e for e in events if e["t"] > t0]
     detection = next((e for e in after if e["kind"] in {"detected", "terminated", "process_start"}), None)
@@ -97,7 +98,7 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]]) -> Fault
     elif all(e["tier"] == "inprocess" or e["pid"] in before_pids for e in first_startup.values()):
         layer = "inprocess"
     else:
-        layer = "job_controller" if fault["class"] == "node_loss" else "ft_launcher"
+        layer = "job_controller" if fault["class"] == "node_loss" else launcher_layer(mode)
     done_before = [e["step"] for e in events if e["kind"] == "step" and e["t"] <= t0]
     steps_lost = None
     if recovery is not None:
@@ -136,7 +137,8 @@ def summarize(run_dir: Path) -> RunSummary:
     replayed = len(rank0) - len(unique)
     mean_step = statistics.fmean(e["step_s"] for e in rank0) if rank0 else 0.0
 
-    faults = [_fault_summary(f, events) for f in events if f["kind"] == "fault_injected"]
+    mode = starts[0].get("mode", "?")
+    faults = [_fault_summary(f, events, mode=mode) for f in events if f["kind"] == "fault_injected"]
     recovery = [
         (f_ev["t"], f_ev["t"] + f.recovery_s)
         for f_ev, f in zip((e for e in events if e["kind"] == "fault_injected"), faults, strict=True)
@@ -153,7 +155,7 @@ def summarize(run_dir: Path) -> RunSummary:
         stall_ratio = stall_per_checkpoint / max(floor, 1e-12)
     final = next((e.get("final_params_sha256") for e in reversed(ends) if e["rank"] == 0), None)
     return RunSummary(
-        mode=starts[0].get("mode", "?"),
+        mode=mode,
         steps=steps_target,
         completed=bool(ends) and len(unique) >= steps_target,
         wall_s=round(wall, 3),

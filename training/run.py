@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -84,6 +85,11 @@ def run(cfg: TrainConfig) -> str | None:
             local_rank=world.local_rank,
         ),
     )
+    # NVRx collects garbage until nothing is left before each in-process restart (`while gc.collect()`):
+    # ~0.2 s per rank over torch's import-time object graph. Frozen objects are never scanned, and
+    # everything built so far lives as long as the process anyway.
+    gc.collect()
+    gc.freeze()
     events.emit("process_ready", setup_s=time.time() - started)
     try:
         digest = resilience.wrap(trainer.run)()

@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from k8s.demo import DEMO_FAULTS
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_demo_recovers_every_fault_class_bit_identically(tmp_path):
-    env = os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from infra.cli import main; main()",
-            "demo",
-            "--skip-synth",
-            "--runs",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=560,
-        check=False,
-    )
+def test_demo_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
+    result = nvrx_eks("demo", "--skip-synth", "--runs", str(tmp_path), timeout=560)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())

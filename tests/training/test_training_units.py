@@ -101,7 +101,9 @@ def test_layers_follow_the_mode():
     assert expected_layer("exception", "ft_launcher") == "ft_launcher"
     assert expected_layer("deadlock", "both") == "ft_launcher"
     assert expected_layer("node_loss", "both") == "job_controller"
-    assert expected_layer("sigkill", "baseline") == "none"
+    assert expected_layer("sigkill", "baseline") == "torchrun"
+    assert expected_layer("exception", "baseline") == "torchrun"
+    assert expected_layer("sigkill", "inprocess") == "ft_launcher"
 
 
 def test_data_is_keyed_by_sample_index():
