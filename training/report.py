@@ -69,18 +69,20 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     from rich.table import Table  # noqa: PLC0415
 
     faults = Table(title=f"Faults ({document['mode']}, {document['steps']} steps)", title_justify="left")
-    for column in ("class", "step", "rank", "recovered by", "expected", "detect", "recovery", "steps lost"):
-        faults.add_column(
-            column, justify="left" if column in {"class", "recovered by", "expected"} else "right"
-        )
+    # Names never wrap (an 80-column terminal still shows them whole); numbers' headers may.
+    for column in ("class", "recovered by"):
+        faults.add_column(column, no_wrap=True)
+    for column in ("step", "rank", "detect", "recovery", "steps lost"):
+        faults.add_column(column, justify="right")
     for fault in document["faults"]:
-        ok = fault["layer"] == fault.get("expected_layer", fault["layer"])
+        layer, expected = fault["layer"], fault.get("expected_layer", fault["layer"])
+        if layer != expected:
+            layer = f"[red]{layer} (not {expected})[/red]"
         faults.add_row(
             fault["class"],
+            layer,
             str(fault["step"]),
             str(fault["rank"]),
-            fault["layer"] if ok else f"[red]{fault['layer']}[/red]",
-            fault.get("expected_layer", "-"),
             _seconds(fault["detect_s"]),
             _seconds(fault["recovery_s"]),
             "-" if fault["steps_lost"] is None else str(fault["steps_lost"]),

@@ -123,11 +123,14 @@ def test_a_different_hash_is_reported_as_not_identical(tmp_path):
 def test_report_table_and_timeline(tmp_path):
     _soft_fault_run(tmp_path)
     document = summary_document(summarize(tmp_path), fault_free_sha256="f" * 64)
-    console = Console(record=True, width=160)
+    console = Console(record=True, width=80)  # names stay whole in a default terminal
     print_report(console, document)
     text = console.export_text()
     for needle in ("exception", "inprocess", "training goodput", "bit-identical to fault-free", "yes"):
         assert needle in text
+    wrong = document | {"faults": [document["faults"][0] | {"layer": "ft_launcher"}]}
+    print_report(console := Console(record=True, width=80), wrong)
+    assert "ft_launcher (not inprocess)" in console.export_text()
     png = plot_timeline(tmp_path, document)
     header = png.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
