@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from k8s.peer_bench import DEFAULT_DEVICE_STEP_S
+from k8s.peer_bench import DEFAULT_DEVICE_STEP_S, FAULT_SEED
 
 
 def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: typer.Typer) -> None:
@@ -50,6 +50,9 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: t
                 help="Emulated device time per step (0: CPU speed); see k8s/peer_bench.py.",
             ),
         ] = DEFAULT_DEVICE_STEP_S,
+        fault_seed: Annotated[
+            int, typer.Option(help="Seed of the fault draw (42 draws no hang; 40 draws three).")
+        ] = FAULT_SEED,
         modes: Annotated[
             list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
         ] = None,
@@ -60,7 +63,12 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: t
 
         kwargs = {"modes": tuple(modes)} if modes else {}
         run_peer_bench(
-            values_path=values_file, steps=steps, device_step_s=device_step_s, runs_root=runs_root, **kwargs
+            values_path=values_file,
+            steps=steps,
+            device_step_s=device_step_s,
+            fault_seed=fault_seed,
+            runs_root=runs_root,
+            **kwargs,
         )
 
     @job.command("render")

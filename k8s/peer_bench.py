@@ -61,7 +61,9 @@ def durable_every(steps: int) -> int:
     return max(2, round(steps * DURABLE_FRACTION) // 2 * 2)
 
 
-def mode_setups(*, steps: int, device_step_s: float = DEFAULT_DEVICE_STEP_S) -> list[ModeSetup]:
+def mode_setups(
+    *, steps: int, device_step_s: float = DEFAULT_DEVICE_STEP_S, fault_seed: int = FAULT_SEED
+) -> list[ModeSetup]:
     """Job-value overrides per mode: the scenario (steps, faults, device time) is the same for every
     mode; only the resilience layers and checkpoint cadences differ."""
     every = durable_every(steps)
@@ -69,7 +71,7 @@ def mode_setups(*, steps: int, device_step_s: float = DEFAULT_DEVICE_STEP_S) -> 
         f"trainer.steps={steps}",
         f"trainer.emulated_device_step_s={device_step_s}",
         f"trainer.faults.count={NUM_FAULTS}",
-        f"trainer.faults.seed={FAULT_SEED}",
+        f"trainer.faults.seed={fault_seed}",
         "trainer.faults.weights={" + ", ".join(f"{k}: {v}" for k, v in FAULT_WEIGHTS.items()) + "}",
     )
     # The peer's tiering: one checkpoint cadence (every quarter), nothing on the node-local disk.
@@ -95,12 +97,12 @@ def mode_setups(*, steps: int, device_step_s: float = DEFAULT_DEVICE_STEP_S) -> 
     ]
 
 
-def _scenario(steps: int, device_step_s: float) -> dict[str, Any]:
+def _scenario(steps: int, device_step_s: float, fault_seed: int) -> dict[str, Any]:
     return {
         "steps": steps,
         "emulated_device_step_s": device_step_s,
         "num_faults": NUM_FAULTS,
-        "fault_seed": FAULT_SEED,
+        "fault_seed": fault_seed,
         "fault_weights": FAULT_WEIGHTS,
         "durable_every": durable_every(steps),
         "topology": "2 nodes x 2 CPU ranks (gloo), tiny model, local executor",
@@ -112,6 +114,7 @@ def run_peer_bench(
     values_path: Path,
     steps: int,
     device_step_s: float = DEFAULT_DEVICE_STEP_S,
+    fault_seed: int = FAULT_SEED,
     runs_root: Path,
     modes: tuple[str, ...] = ("baseline", "inprocess", "ft_launcher", "kit"),
     timeout_s: float = 1800.0,
@@ -126,9 +129,9 @@ def run_peer_bench(
 
     console = Console()
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
-    scenario = _scenario(steps, device_step_s)
+    scenario = _scenario(steps, device_step_s, fault_seed)
     results: dict[str, Any] = {}
-    for setup in mode_setups(steps=steps, device_step_s=device_step_s):
+    for setup in mode_setups(steps=steps, device_step_s=device_step_s, fault_seed=fault_seed):
         if setup.name not in modes:
             continue
         console.rule(f"{setup.name} (mode {setup.mode})")
@@ -156,7 +159,7 @@ def run_peer_bench(
 
     table = Table(
         title=f"Peer scenario: {steps} steps ({device_step_s:g} s emulated device time each), "
-        f"{NUM_FAULTS} faults (seed {FAULT_SEED}, exception/hang 0.6/0.4)"
+        f"{NUM_FAULTS} faults (seed {fault_seed}, exception/hang 0.6/0.4)"
     )
     for column in (
         "mode",

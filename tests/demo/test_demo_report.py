@@ -179,3 +179,5 @@ def test_peer_scenario_values_are_valid_for_every_mode():
         assert (trainer["faults"]["count"], trainer["faults"]["seed"]) == (5, 42)
         assert trainer["faults"]["weights"] == {"exception": 0.6, "hang": 0.4}
     assert modes == {"baseline", "inprocess", "ft_launcher", "both"}
+    (kit,) = (setup for setup in mode_setups(steps=steps, fault_seed=40) if setup.name == "kit")
+    assert "trainer.faults.seed=40" in kit.overrides
