@@ -35,9 +35,7 @@ FAULT_SEED = 42
 FAULT_WEIGHTS = {"exception": 0.6, "hang": 0.4}
 DURABLE_FRACTION = 0.25
 KIT_GOODPUT_GOAL = 0.95
-# A step's device time in the scale model (training/trainer.py emulate_device_wait). The tiny CPU model
-# steps in ~40 ms, which would weigh every fixed cost (process start, restart barrier) 25x heavier
-# against training than on a GPU, where a step of the peer's model takes on the order of a second.
+# The scale model's device time per step (see the module docstring): the order of a GPU step.
 DEFAULT_DEVICE_STEP_S = 1.0
 
 # The sample's published results on 16 H100 (the figures, in the order in-process, in-job
