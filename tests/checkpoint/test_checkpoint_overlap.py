@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.factory import disk_stores
 from training.checkpoint.stats import make_emitter
 from training.checkpoint.tiered import TieredCheckpointer
 
@@ -25,7 +24,6 @@ def memory_only(tmp_path: Path, **extra: object) -> TieredCheckpointer:
     config = CheckpointConfig(memory_dir=tmp_path / "shm", memory_every=1, **extra)
     return TieredCheckpointer(
         config=config,
-        stores=disk_stores(config),
         rank=0,
         world_size=1,
         node_index=0,
@@ -99,7 +97,6 @@ def _rank_main(rank: int, world_size: int, root: Path) -> None:
     )
     ckpt = TieredCheckpointer(
         config=config,
-        stores=disk_stores(config),
         rank=rank,
         world_size=world_size,
         node_index=rank,

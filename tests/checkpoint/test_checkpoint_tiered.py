@@ -52,7 +52,6 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
     events = []
     ckpt = TieredCheckpointer(
         config=config,
-        stores=disk_stores(config),
         rank=0,
         world_size=1,
         node_index=0,

@@ -68,7 +68,6 @@ def build_checkpointer(
 
     return TieredCheckpointer(
         config=config,
-        stores=disk_stores(config),
         rank=rank,
         world_size=world_size,
         node_index=node_index,

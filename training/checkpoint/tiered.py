@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from training.checkpoint.base import Checkpointer, Restored
+from training.checkpoint.factory import disk_stores
 from training.checkpoint.persist import PersistWorker
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from training.checkpoint.config import CheckpointConfig
-    from training.checkpoint.storage import ShardStore
 
 
 @dataclass
@@ -355,7 +355,6 @@ class TieredCheckpointer(Checkpointer):
         self,
         *,
         config: CheckpointConfig,
-        stores: list[tuple[ShardStore, int, bool]],
         rank: int,
         world_size: int,
         node_index: int,
@@ -364,7 +363,8 @@ class TieredCheckpointer(Checkpointer):
         persist_delay_s: float = 0.0,
     ) -> None:
         self.config = config
-        self.stores = stores
+        # The disk tiers follow from the config: one derivation, so they can never disagree with it.
+        self.stores = stores = disk_stores(config)
         self.rank = rank
         self.world_size = world_size
         self.node_index = node_index

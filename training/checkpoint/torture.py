@@ -74,14 +74,12 @@ def newest_committed(root: Path) -> int | None:
 
 def child(root: Path, delay_s: float, report_path: Path) -> None:
     os.setsid()  # its own process group: the parent's killpg takes its writer processes too
-    from training.checkpoint.factory import disk_stores  # noqa: PLC0415
     from training.checkpoint.stats import make_emitter  # noqa: PLC0415
     from training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
     config = _config(root)
     ckpt = TieredCheckpointer(
         config=config,
-        stores=disk_stores(config),
         rank=0,
         world_size=1,
         node_index=0,
