@@ -1,8 +1,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+REPO = Path(__file__).resolve().parents[1]
 
 # jsii (aws-cdk-lib, cdk8s) prints a banner on Node 20 unless told not to; `make test` exports these,
 # this covers a bare `pytest` run and the subprocesses tests start.
@@ -25,3 +34,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root; output
+    captured, wide enough that tables never wrap."""
+
+    def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from infra.cli import main; main()", *args],
+            cwd=REPO,
+            env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run

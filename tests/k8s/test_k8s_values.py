@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -81,24 +79,9 @@ def test_local_image_uses_installed_nvrx_and_p5_uses_pin():
     assert load_values(P5).resolved_nvrx_version == IMAGE.nvrx_version
 
 
-def test_cli_bad_values_exit_2_without_traceback(tmp_path):
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "nvrx-eks"),
-            "job",
-            "render",
-            "-f",
-            str(LOCAL),
-            "-o",
-            str(tmp_path),
-            "--set",
-            "num_nodes=0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def test_cli_bad_values_exit_2_without_traceback(tmp_path, nvrx_eks):
+    render = ("job", "render", "-f", str(LOCAL), "-o", str(tmp_path))
+    proc = nvrx_eks(*render, "--set", "num_nodes=0", timeout=120)
     assert proc.returncode == 2
     assert "num_nodes" in proc.stderr
     assert "Traceback" not in proc.stderr
