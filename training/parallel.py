@@ -1,12 +1,13 @@
 """Device, process group and gradient synchronisation: decided by the device, one code path.
 
 CUDA: NCCL + FSDP2 (`fully_shard` per block, then the root); gradients are reduce-scattered inside
-backward. CPU: gloo, and the gradients are averaged by `average_gradients` after backward: one flat
-all-reduce in parameter order. Not DDP, on purpose: DDP rebuilds its buckets in gradient-ready order
-after the first iteration, and gloo's ring all-reduce sums each element in an order that depends on
-its position in the bucket; a restarted attempt runs its first step with the initial buckets again,
-so its parameters drift from a fault-free run in the last bits. A fixed layout every step keeps resume
-bit-exact (and saves DDP's construction broadcast, which ran under the short restart-friendly timeout).
+backward. CPU: gloo, and the gradients are averaged by `start_average_gradients` after backward: one
+flat all-reduce in parameter order, waited for from Python (`wait`). Not DDP, on purpose: DDP rebuilds
+its buckets in gradient-ready order after the first iteration, and gloo's ring all-reduce sums each
+element in an order that depends on its position in the bucket; a restarted attempt runs its first
+step with the initial buckets again, so its parameters drift from a fault-free run in the last bits.
+A fixed layout every step keeps resume bit-exact (and saves DDP's construction broadcast, which ran
+under the short restart-friendly timeout).
 The process group is created per attempt on a prefix of one long-lived store, so an in-process
 restart gets a fresh group without rebinding a port.
 """
@@ -14,6 +15,7 @@ restart gets a fresh group without rebinding a port.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -113,8 +115,6 @@ def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: floa
 
 def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float = 300.0) -> None:
     """Wait until `world_size` ranks arrived at `key`, on the store (no collective timeout applies)."""
-    import time  # noqa: PLC0415
-
     store.add(key, 1)
     deadline = time.monotonic() + timeout_s
     while int(store.add(key, 0)) < world_size:
@@ -125,7 +125,7 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
 
 def wrap(model: nn.Module, world: World) -> nn.Module:
     """FSDP2 on CUDA (sharding is in place; gradients reduced in backward); the module itself on CPU
-    (gradients averaged by `average_gradients`)."""
+    (gradients averaged by `start_average_gradients`)."""
     if world.device.type == "cuda":
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
@@ -135,17 +135,54 @@ def wrap(model: nn.Module, world: World) -> nn.Module:
     return model
 
 
-def average_gradients(model: nn.Module, world: World) -> None:
-    """Average gradients across ranks (CPU path; FSDP2 already did it on CUDA): one all-reduce of all
-    gradients flattened in parameter order, the same layout every step and every attempt."""
+POLL_S = 0.0005
+"""How often a rank waiting on a collective looks at it: ~1% of a CPU step, and a wait that an
+in-process restart (an asynchronous exception, delivered between bytecodes) ends at once."""
+
+
+def wait(work: dist.Work) -> None:
+    """Wait for an async collective from Python, not inside gloo's blocking call.
+
+    A blocking gloo call holds the thread until the collective's timeout even when a peer has failed
+    and an in-process restart is already decided (gloo cannot abort it); this loop yields to the
+    restart's asynchronous exception within `POLL_S`. The abandoned operation belongs to the old
+    process group, which the next attempt destroys (its peers' sockets close: it fails at once).
+    """
+    while not work.is_completed():
+        time.sleep(POLL_S)
+    work.wait()  # raises the collective's own error (timeout, peer gone)
+
+
+@dataclass
+class PendingAverage:
+    """The CPU gradient all-reduce in flight (`start_average_gradients`)."""
+
+    work: dist.Work
+    flat: torch.Tensor
+    grads: list[torch.Tensor]
+    world_size: int
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def finish(self) -> None:
+        """The averaged gradients into `.grad` (raises the collective's error, if it failed)."""
+        self.work.wait()
+        self.flat.div_(self.world_size)
+        synced = torch._utils._unflatten_dense_tensors(self.flat, self.grads)  # noqa: SLF001
+        for grad, averaged in zip(self.grads, synced, strict=True):
+            grad.copy_(averaged)
+
+
+def start_average_gradients(model: nn.Module, world: World) -> PendingAverage | None:
+    """Start averaging gradients across ranks (CPU path; FSDP2 already did it on CUDA): one async
+    all-reduce of all gradients flattened in parameter order, the same layout every step and every
+    attempt. None: nothing to wait for."""
     if world.device.type == "cuda" or world.world_size == 1:
-        return
+        return None
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch._utils._flatten_dense_tensors(grads)  # noqa: SLF001 - torch's own helper for this
-    dist.all_reduce(flat)
-    flat.div_(world.world_size)
-    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):  # noqa: SLF001
-        grad.copy_(synced)
+    return PendingAverage(dist.all_reduce(flat, async_op=True), flat, grads, world.world_size)
 
 
 def shards_in_place(world: World) -> bool:

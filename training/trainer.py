@@ -162,7 +162,7 @@ class Trainer:
         if self.optimizer is None or parallel.shards_in_place(self.world):
             return False
         done = torch.tensor([self.last_done, -self.last_done], dtype=torch.int64, device=self.world.device)
-        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        parallel.wait(dist.all_reduce(done, op=dist.ReduceOp.MAX, async_op=True))
         return int(done[0]) == -int(done[1])
 
     def _start_attempt(self) -> None:
@@ -212,18 +212,37 @@ class Trainer:
         loss.backward()  # FSDP2 (CUDA) reduce-scatters gradients here
         if self.cfg.emulated_device_step_s:
             emulate_device_wait(self.cfg.emulated_device_step_s)
-        parallel.average_gradients(self.model, self.world)  # CPU: one flat all-reduce
-        if self.cfg.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-        with self.resilience.atomic():
-            # The previous snapshot is copied during this step's forward/backward; the update is the
-            # first thing that changes the state it reads (training/checkpoint/base.py).
-            fence_started = time.perf_counter()
-            self.checkpointer.fence()
-            self.fence_s = time.perf_counter() - fence_started
-            self.optimizer.step()
-            self.last_done = step
+        pending = parallel.start_average_gradients(self.model, self.world)  # CPU: one flat all-reduce
+        self._update(step, pending)
         return float(loss.detach())
+
+    def _update(self, step: int, pending: parallel.PendingAverage | None) -> None:
+        """Apply the step's update once its gradient collective has completed on this rank, as one unit
+        with that completion: an in-process restart can stop this rank while the collective is in
+        flight, never after it completed and before the update.
+
+        Why: peers that finished the collective apply their update and may run on into the next step
+        (and fail there). A rank stopped in between would be a step behind them, and the restart would
+        have to roll every rank back to the newest snapshot (`_memory_is_consistent`). The restart's
+        asynchronous exception lands only outside `atomic()`, so the completion check and the update
+        sit inside one atomic section, and the wait polls outside it (`parallel.POLL_S`).
+        """
+        while True:
+            with self.resilience.atomic():
+                if pending is None or pending.is_completed():
+                    if pending is not None:
+                        pending.finish()
+                    if self.cfg.optim.grad_clip:
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+                    # The previous snapshot is copied during this step's forward/backward; the update is
+                    # the first thing that changes the state it reads (training/checkpoint/base.py).
+                    fence_started = time.perf_counter()
+                    self.checkpointer.fence()
+                    self.fence_s = time.perf_counter() - fence_started
+                    self.optimizer.step()
+                    self.last_done = step
+                    return
+            time.sleep(parallel.POLL_S)
 
     def run(self) -> str | None:
         """One attempt: returns the final parameters' sha256 (rank 0) when all steps are done."""

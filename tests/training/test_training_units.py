@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,8 @@ from training.data import DataSource, SyntheticTokens
 from training.faults import build_schedule, expected_layer
 from training.metrics import summarize
 from training.model import build_model
-from training.trainer import emulate_device_wait
+from training.parallel import wait as parallel_wait
+from training.trainer import Trainer, emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,7 +216,7 @@ def test_rng_state_restores_from_a_view():
 def test_gradient_average_is_one_flat_all_reduce_in_parameter_order(tmp_path):
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training.parallel import World, average_gradients  # noqa: PLC0415
+    from training.parallel import World, start_average_gradients  # noqa: PLC0415
 
     model = build_model("tiny", seed=0, device=torch.device("cpu"))
     model(torch.zeros(2, 32, dtype=torch.long)).sum().backward()
@@ -222,7 +224,10 @@ def test_gradient_average_is_one_flat_all_reduce_in_parameter_order(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         world = World(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
-        average_gradients(model, world)  # a one-rank group standing in for two: sum / 2
+        pending = start_average_gradients(model, world)  # a one-rank group standing in for two: sum / 2
+        assert pending is not None
+        parallel_wait(pending.work)
+        pending.finish()
     finally:
         dist.destroy_process_group()
     for grad, old in zip((p.grad for p in model.parameters()), before, strict=True):
@@ -256,3 +261,72 @@ def test_emulated_device_wait_yields_to_an_in_process_restart():
         emulate_device_wait(5.0)
     timer.join()
     assert time.perf_counter() - started < 2.0
+
+
+def _raise_in(thread_id: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(_RestartSignal))
+
+
+class _CollectiveCompletingUnderARestart:
+    """A gradient collective that completes on the third look, at the moment a restart is decided."""
+
+    def __init__(self, restart_decided: threading.Event) -> None:
+        self.looks = 0
+        self.restart_decided = restart_decided
+
+    def is_completed(self) -> bool:
+        self.looks += 1
+        if self.looks < 3:
+            return False
+        self.restart_decided.set()
+        time.sleep(0.05)  # the monitor thread is now waiting to raise
+        return True
+
+    def finish(self) -> None:
+        return None
+
+
+def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_decided():
+    """The race a CI run lost a step to: peers finished step N's all-reduce and ran on into N+1, where
+    one failed; this rank, slower, had its collective complete but was stopped before its update, so
+    the ranks disagreed on the step and all rolled back to a snapshot. The stop must land either
+    before the completion (the rank then never updates, nor can its peers) or after the update."""
+    from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
+
+    from training.resilience import InProcessLayer  # noqa: PLC0415
+
+    # NVRx's own atomic section and monitor-thread protocol: raise into the main thread under the lock.
+    call_wrapper = SimpleNamespace(atomic_lock=threading.RLock())
+    call_wrapper.atomic = lambda: CallWrapper.atomic(call_wrapper)
+    layer = InProcessLayer.__new__(InProcessLayer)
+    layer.call_wrapper = call_wrapper
+    restart_decided = threading.Event()
+    main = threading.get_ident()
+
+    def monitor() -> None:
+        restart_decided.wait(5)
+        with call_wrapper.atomic_lock:
+            _raise_in(main)
+
+    updates: list[int] = []
+    trainer = SimpleNamespace(
+        resilience=layer,
+        cfg=SimpleNamespace(optim=SimpleNamespace(grad_clip=0.0)),
+        checkpointer=SimpleNamespace(fence=lambda: None),
+        optimizer=SimpleNamespace(step=lambda: updates.append(5)),
+        last_done=4,
+        fence_s=0.0,
+    )
+
+    def update_then_run_on() -> None:
+        Trainer._update(trainer, 5, _CollectiveCompletingUnderARestart(restart_decided))
+        deadline = time.monotonic() + 5  # the restart lands once the atomic section is left
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=monitor)
+    thread.start()
+    with pytest.raises(_RestartSignal):
+        update_then_run_on()
+    thread.join()
+    assert (updates, trainer.last_done) == ([5], 5)
