@@ -53,9 +53,10 @@ class DistConfig(_Section):
         None,
         gt=0,
         description="Process-group (collective) timeout; default 1.5 s in inprocess/both modes, else 60 s. "
-        "In inprocess/both modes on CPU it must be below "
-        "inprocess.soft_timeout_s: gloo collectives cannot be aborted, so a surviving rank only leaves a "
-        "stuck collective when this expires.",
+        "On CPU it is how the peers of a hung rank notice it, and in inprocess/both modes it must be below "
+        "inprocess.soft_timeout_s: the loop waits for its collectives from Python, where an in-process "
+        "restart ends the wait, but a blocking gloo collective cannot be aborted. Too short for the "
+        "machine's scheduling noise, and a slow rank trips a restart.",
     )
 
 

@@ -101,9 +101,25 @@ def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: fl
     return int(store.get(key))
 
 
+_retired_groups: list[dist.ProcessGroup] = []
+
+
+def retire_default_group() -> None:
+    """Destroy the default process group without waiting for a collective still in flight in it.
+
+    Destroying a gloo group joins its worker threads, so it blocks until an in-flight collective ends:
+    measured, the whole collective timeout when the peers are alive but elsewhere (as after an
+    in-process restart, where every rank left its wait). Kept referenced, the group is only
+    deregistered: its collective times out in gloo's own thread and nobody waits for it. One retired
+    group is kept; the one before it is released now, long after its collective's timeout.
+    """
+    _retired_groups[:] = [dist.group.WORLD]
+    dist.destroy_process_group()
+
+
 def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: float) -> None:
     if dist.is_initialized():
-        dist.destroy_process_group()
+        retire_default_group()
     dist.init_process_group(
         world.backend,
         store=dist.PrefixStore(f"attempt-{attempt}", store),

@@ -80,6 +80,15 @@ class InProcessLayer(Layer):
 
         events = self.events
 
+        class _KeepGlooGroups(inprocess.abort.Abort):
+            # The monitor thread runs `abort` before it interrupts the main thread. NVRx's default
+            # destroys every process group, which on gloo blocks until the in-flight collective times
+            # out (gloo cannot abort it), and with it the interrupt: up to a collective timeout per restart.
+            # On CPU the main thread's wait is interruptible (parallel.wait), and the next attempt
+            # retires the old group without waiting (parallel.retire_default_group): nothing to abort.
+            def __call__(self, state: Any) -> Any:  # noqa: ANN401
+                return state
+
         class _Finalize(inprocess.finalize.Finalize):
             # Runs on every surviving rank once a restart is decided: the detection event.
             def __call__(self, state: Any) -> Any:  # noqa: ANN401
@@ -92,14 +101,18 @@ class InProcessLayer(Layer):
         health_checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults)]
         import torch  # noqa: PLC0415
 
+        abort: Any = None  # NVRx's default, AbortTorchDistributed: NCCL aborts in-flight collectives
         if torch.cuda.is_available():
             health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
+        else:
+            abort = _KeepGlooGroups()
         return nvrx_compat.make_wrapper(
             store_kwargs={"port": self.port},
             initialize=inprocess.initialize.RetryController(
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
             ),
             finalize=_Finalize(),
+            abort=abort,
             health_check=inprocess.Compose(*health_checks),
             soft_timeout=seconds(seconds=c.soft_timeout_s),
             hard_timeout=seconds(seconds=c.hard_timeout_s),
@@ -198,8 +211,12 @@ class Resilience(Layer):
         return run
 
     def step_done(self, step: int) -> None:
-        for layer in self.layers:
-            layer.step_done(step)
+        # Inside the atomic section: an in-process restart that lands half-way through a heartbeat
+        # leaves ft_launcher's request/reply socket out of step, and every later heartbeat of the
+        # process then fails ("Unexpected reply", then a broken pipe): restart after restart.
+        with self.atomic():
+            for layer in self.layers:
+                layer.step_done(step)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
