@@ -117,6 +117,12 @@ def retire_default_group() -> None:
     dist.destroy_process_group()
 
 
+def release_retired_groups() -> None:
+    """Destroy the retired groups now, before the interpreter exits: a group still alive when the
+    process exits tears down running worker threads (std::terminate: "Fatal Python error: Aborted")."""
+    _retired_groups.clear()
+
+
 def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: float) -> None:
     if dist.is_initialized():
         retire_default_group()

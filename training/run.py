@@ -99,6 +99,7 @@ def run(cfg: TrainConfig) -> str | None:
         resilience.close()
         if parallel.dist.is_initialized():
             parallel.dist.destroy_process_group()
+        parallel.release_retired_groups()
     events.emit("process_end", wall_s=time.time() - started)
     events.close()
     return digest
