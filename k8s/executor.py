@@ -450,6 +450,8 @@ class LocalJob:
 
     def _poll_chaos_dir(self) -> None:
         for path in sorted(self.chaos_dir.glob("delete-node-*")):
+            if path.suffix == ".tmp":  # still being written: the writer renames it into place when done
+                continue
             suffix = path.name.removeprefix("delete-node-")
             handled = path.with_name(f"handled-{path.name}-{time.time():.3f}")
             path.rename(handled)

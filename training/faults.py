@@ -175,7 +175,7 @@ class FaultInjector:
         body: dict[str, Any] = {"step": fault.step, "rank": fault.rank, "time": time.time()}
         if chaos_dir:
             path = Path(chaos_dir) / f"delete-node-{node}"
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_name(f".{path.name}.tmp")  # not a request name until renamed into place
             tmp.write_text(json.dumps(body))
             tmp.replace(path)
             deadline = time.monotonic() + self.grace_s

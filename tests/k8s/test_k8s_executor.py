@@ -218,6 +218,8 @@ def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tm
     chaos = tmp_path / "chaos"
     chaos.mkdir()
     (chaos / "delete-node-1").write_text('{"step": 0, "rank": 2, "time": 0}')
+    # A request still being written (the trainer writes a temporary file, then renames it): not one yet.
+    (chaos / "delete-node-0.tmp").write_text('{"step": 0')
     job = LocalJob(dist, run_dir=tmp_path / "run", chaos_dir=chaos, timeout_s=100)
     try:
         result = job.run()
@@ -225,6 +227,7 @@ def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tm
         assert "PodFailurePolicy" in result.reason
         assert "exit code 2" in result.reason
         assert list(chaos.glob("handled-delete-node-1-*"))
+        assert (chaos / "delete-node-0.tmp").exists()
         init_failed = [p for p in result.pods if p.reason == "InitFailed"]
         assert 0 in {p.index for p in init_failed}  # index 1's first pod may be deleted before its check
         assert all((p.container, p.exit_code) == ("selfcheck", 75) for p in init_failed)
