@@ -168,7 +168,7 @@ def wait(work: dist.Work) -> None:
     A blocking gloo call holds the thread until the collective's timeout even when a peer has failed
     and an in-process restart is already decided (gloo cannot abort it); this loop yields to the
     restart's asynchronous exception within `POLL_S`. The abandoned operation belongs to the old
-    process group, which the next attempt destroys (its peers' sockets close: it fails at once).
+    process group, which the next attempt retires without waiting for it (`retire_default_group`).
     """
     while not work.is_completed():
         time.sleep(POLL_S)

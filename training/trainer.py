@@ -227,22 +227,33 @@ class Trainer:
         asynchronous exception lands only outside `atomic()`, so the completion check and the update
         sit inside one atomic section, and the wait polls outside it (`parallel.POLL_S`).
         """
-        while True:
+        while pending is not None:
             with self.resilience.atomic():
-                if pending is None or pending.is_completed():
-                    if pending is not None:
-                        pending.finish()
-                    if self.cfg.optim.grad_clip:
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
-                    # The previous snapshot is copied during this step's forward/backward; the update is
-                    # the first thing that changes the state it reads (training/checkpoint/base.py).
-                    fence_started = time.perf_counter()
-                    self.checkpointer.fence()
-                    self.fence_s = time.perf_counter() - fence_started
-                    self.optimizer.step()
-                    self.last_done = step
+                if pending.is_completed():
+                    pending.finish()
+                    self._clip_gradients()  # plain local tensors on CPU
+                    self._apply_update(step)
                     return
             time.sleep(parallel.POLL_S)
+        # CUDA: FSDP2 reduced the gradients inside backward. The clip's norm is a collective over the
+        # shards, so it stays outside the atomic section, where a restart can still interrupt it.
+        self._clip_gradients()
+        with self.resilience.atomic():
+            self._apply_update(step)
+
+    def _clip_gradients(self) -> None:
+        if self.cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+
+    def _apply_update(self, step: int) -> None:
+        assert self.optimizer is not None  # noqa: S101
+        # The previous snapshot is copied during this step's forward/backward; the update is the first
+        # thing that changes the state it reads (training/checkpoint/base.py).
+        fence_started = time.perf_counter()
+        self.checkpointer.fence()
+        self.fence_s = time.perf_counter() - fence_started
+        self.optimizer.step()
+        self.last_done = step
 
     def run(self) -> str | None:
         """One attempt: returns the final parameters' sha256 (rank 0) when all steps are done."""

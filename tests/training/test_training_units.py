@@ -311,12 +311,13 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
     updates: list[int] = []
     trainer = SimpleNamespace(
         resilience=layer,
-        cfg=SimpleNamespace(optim=SimpleNamespace(grad_clip=0.0)),
         checkpointer=SimpleNamespace(fence=lambda: None),
         optimizer=SimpleNamespace(step=lambda: updates.append(5)),
         last_done=4,
         fence_s=0.0,
     )
+    trainer._clip_gradients = lambda: None
+    trainer._apply_update = lambda step: Trainer._apply_update(trainer, step)
 
     def update_then_run_on() -> None:
         Trainer._update(trainer, 5, _CollectiveCompletingUnderARestart(restart_decided))
