@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from k8s.chaos import _progress_line, fault_free_key, without_faults
-from k8s.peer_bench import durable_every, mode_setups
-from k8s.values import load_values
+from k8s.load import load_values
+from localrun.chaos import _progress_line, fault_free_key, without_faults
+from localrun.peer_bench import durable_every, mode_setups
 from training.metrics import summarize
 from training.report import (
     FAULT_KEYS,

@@ -188,8 +188,9 @@ def bench(
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.checkpoint.factory import build_checkpointer, disk_stores  # noqa: PLC0415
+    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
     from training.checkpoint.restore import StoreSource  # noqa: PLC0415
+    from training.checkpoint.storage import disk_stores  # noqa: PLC0415
     from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
     from training.checkpoint.torture import run_trials  # noqa: PLC0415
 

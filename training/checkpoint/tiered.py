@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from training.checkpoint.base import Checkpointer, Restored
-from training.checkpoint.factory import disk_stores
 from training.checkpoint.persist import PersistWorker
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
 from training.checkpoint.stats import CheckpointStats
+from training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable

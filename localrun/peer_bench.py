@@ -121,8 +121,8 @@ def run_peer_bench(
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    from k8s.chaos import run_job  # noqa: PLC0415
-    from k8s.values import load_values  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+    from localrun.chaos import run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
 
     console = Console()
