@@ -5,10 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# jsii (under aws-cdk-lib and cdk8s) prints a banner on Node 20; silence it at the source. Since
-# 2026-10-30 Node 20 is past jsii's end-of-life date, which has its own switch (a list of majors).
-export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# node_modules/.bin first: its `node` is the Node LTS pinned in package.json (`npm ci` installs it),
+# which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: demo test lint format bench bench-checkpoint synth render setup clean

@@ -8,15 +8,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.node import use_pinned_node
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
-# jsii (aws-cdk-lib, cdk8s) prints a banner on Node 20 unless told not to; `make test` exports these,
-# this covers a bare `pytest` run and the subprocesses tests start.
-os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+# jsii (aws-cdk-lib, cdk8s) starts `node` from PATH: the pinned Node LTS, as `make test` and the
+# console script do, for a bare `pytest` run and the subprocesses tests start.
+use_pinned_node()
 
 
 def _cuda_available() -> bool:
