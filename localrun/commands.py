@@ -87,10 +87,16 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         timeout_s: Annotated[
             float, typer.Option("--timeout", help="Give up after this many seconds.")
         ] = 900.0,
+        store_port: Annotated[
+            int,
+            typer.Option(
+                "--store-port", min=0, max=65535, help="Local port of the rendezvous store (0: a free one)."
+            ),
+        ] = 0,
     ) -> None:
         """Run a rendered job as local processes (the executor plays the Job controller)."""
         from kitcore.configio import UserError  # noqa: PLC0415
-        from localrun.executor import NodeDeletion, run_local  # noqa: PLC0415
+        from localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
 
         deletions = []
         for item in delete_node or []:
@@ -98,7 +104,16 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             if not sep or not index.isdigit():
                 raise UserError(f"--delete-node {item!r} is not INDEX@SECONDS (e.g. 1@20)")
             deletions.append(NodeDeletion(index=int(index), after_s=float(after)))
-        result = run_local(dist_dir, run_dir=run_dir, deletions=deletions, timeout_s=timeout_s)
+        # --store-port N: the store's declared port(s) map to N, as `kubectl port-forward` would.
+        ports = dict.fromkeys(store_ports(load_rendered(dist_dir)), store_port) if store_port else None
+        result = run_local(
+            dist_dir,
+            run_dir=run_dir,
+            deletions=deletions,
+            timeout_s=timeout_s,
+            ports=ports,
+            echo=lambda line: print(line, flush=True),
+        )
         for pod in result.pods:
             print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
         print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")

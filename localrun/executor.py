@@ -8,9 +8,15 @@ What it does, the way Kubernetes would:
   `JOB_COMPLETION_INDEX`, `HOSTNAME=<job>-<index>` and the completion-index annotation for fieldRefs.
 - `$(VAR)` references in command/args are expanded from the container's env (Kubernetes semantics).
 - Names resolve to loopback by rewriting command-line arguments and env values (documented mapping):
-  a Service `<svc>[.<ns>[.svc[.cluster.local]]]:<port>` -> 127.0.0.1:<port>; a pod of the headless Service
-  `<job>-<i>.<svc>...` -> 127.0.0.<2+i>. Each "node" gets its own loopback address (all of 127/8
+  a Service `<svc>[.<ns>[.svc[.cluster.local]]]:<port>` -> 127.0.0.1:<local port>; a pod of the headless
+  Service `<job>-<i>.<svc>...` -> 127.0.0.<2+i>. Each "node" gets its own loopback address (all of 127/8
   reaches this machine), so nodes stay distinguishable as they are on a cluster.
+- Ports are mapped the same way, so that two jobs run side by side: every containerPort of the store's
+  pod gets a local port that is free now (bound to port 0 and released; `ports` sets one explicitly).
+  In that pod's own command line and env a declared port number, as a whole token, becomes its local
+  port (`--port=29400` -> `--port=41234`), and so does its readinessProbe; clients reach it through the
+  Service's port (`<svc>:29400` -> `127.0.0.1:41234`, via the Service's targetPort). The chosen ports
+  are in executor.jsonl (`store_ready`) and in the result.
 - Volumes map to folders under the run folder: a PVC -> `volumes/pvc-<claim>` (shared by every pod),
   a hostPath -> `volumes/node-<index>-<generation>/<path>` (a deleted node's replacement gets a fresh,
   empty disk, as a new node would), other emptyDirs -> `volumes/pod-<pod>/<volume>`. A Memory emptyDir
@@ -19,6 +25,9 @@ What it does, the way Kubernetes would:
   `/dev/shm/nvrx-eks-local/<run-key>/<pod>/<volume>`, removed when the pod ends: launcher restarts
   inside the pod keep it, a replacement pod starts with an empty one (as on a cluster, where the
   emptyDir dies with its pod). Container paths in args/env under a mount are rewritten to the folder.
+- Each pod has its own temporary folder (`TMPDIR`, a short path under the machine's temp folder, as a
+  container has its own /tmp), removed when the pod ends: what its processes leave there (ft_launcher's
+  IPC sockets, NVRx's watchdog files) goes with it, also after a SIGKILL.
 - `image: local` means the command runs with this virtualenv (its bin first on PATH).
 - The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes of
   the container whose exit ended the pod, an init container included, as the Job controller matches
@@ -50,6 +59,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -106,6 +116,8 @@ class JobResult:
     run_dir: str = ""
     run_key: str = ""
     """The pod marker prefix of this run's processes (`marked_processes(run_key)` finds any left)."""
+    ports: dict[str, int] = field(default_factory=dict)
+    """`<service>:<port>` -> the local port it reached (see the module docstring)."""
 
 
 @dataclass
@@ -148,22 +160,71 @@ def load_rendered(dist_dir: Path) -> _Rendered:
     )
 
 
-class _Names:
-    """Service and pod DNS names -> loopback addresses (see the module docstring)."""
+def free_port() -> int:
+    """A TCP port nothing listens on now, on any interface (bind to port 0, release it)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
-    def __init__(self, rendered: _Rendered) -> None:
+
+def _container_ports(pod_spec: dict[str, Any]) -> dict[str | int, int]:
+    """A pod's declared container ports, by number and by name."""
+    found: dict[str | int, int] = {}
+    for container in pod_spec.get("containers", []):
+        for port in container.get("ports", []):
+            found[int(port["containerPort"])] = int(port["containerPort"])
+            if "name" in port:
+                found[port["name"]] = int(port["containerPort"])
+    return found
+
+
+def store_ports(rendered: _Rendered) -> list[int]:
+    """The container ports the rendezvous store's pod declares (none without a store)."""
+    spec = (rendered.store or {}).get("spec", {}).get("template", {}).get("spec", {})
+    return sorted(set(_container_ports(spec).values()))
+
+
+def _selects(service: dict[str, Any], pod_labels: dict[str, str]) -> bool:
+    selector = service["spec"].get("selector") or {}
+    return bool(selector) and all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+class _Names:
+    """Service and pod DNS names -> loopback addresses, Service ports -> local ports (module docstring).
+
+    `local_ports` (the store pod's container port -> local port) is read when a name is rewritten, so a
+    port chosen again (the store could not bind the first one) applies to every pod started after it."""
+
+    def __init__(self, rendered: _Rendered, local_ports: dict[int, int]) -> None:
         ns = re.escape(rendered.namespace)
         tail = _DNS_TAIL.format(ns=ns)
         job = re.escape(rendered.job_name)
         subdomain = rendered.job["spec"]["template"]["spec"].get("subdomain")
         self._rules: list[tuple[re.Pattern[str], Any]] = []
+        self.service_ports: dict[str, int] = {}
+        """`<service>:<port>` -> the store's container port behind it."""
         if subdomain:
             pod = re.compile(rf"\b{job}-(\d+)\.{re.escape(subdomain)}{tail}\b")
             self._rules.append((pod, lambda m: f"127.0.0.{2 + int(m.group(1))}"))
+        store_template = (rendered.store or {}).get("spec", {}).get("template", {})
+        store_labels = store_template.get("metadata", {}).get("labels", {})
+        store_ports = _container_ports(store_template.get("spec", {}))
         for svc in rendered.services:
             if svc["spec"].get("clusterIP") == "None":
                 continue  # a headless Service is reached through its pods' names
             name = re.escape(svc["metadata"]["name"])
+            if _selects(svc, store_labels):
+                for entry in svc["spec"].get("ports", []):
+                    target = store_ports.get(entry.get("targetPort", entry["port"]))
+                    if target is None:
+                        continue
+                    self.service_ports[f"{svc['metadata']['name']}:{entry['port']}"] = target
+                    self._rules.append(
+                        (
+                            re.compile(rf"(?<![\w./-]){name}{tail}:{entry['port']}(?!\d)"),
+                            lambda _m, t=target: f"127.0.0.1:{local_ports.get(t, t)}",
+                        )
+                    )
             # Only in HOST:PORT form, so that a job name inside a path or an id is left alone.
             self._rules.append((re.compile(rf"(?<![\w./-]){name}{tail}(?=:\d)"), lambda _m: "127.0.0.1"))
 
@@ -224,6 +285,22 @@ def kill_pod_processes(marker: str, *, root_pid: int | None = None) -> None:
         deadline = time.monotonic() + 5
         while any(_alive(p) for p in alive) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` or one of its children listens on TCP `port`."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                for conn in proc.net_connections(kind="tcp"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
+                        return True
+    return False
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 class _Pod:
@@ -326,14 +403,22 @@ class LocalJob:
         venv_bin: Path | None = None,
         extra_env: dict[str, str] | None = None,
         timeout_s: float = 600.0,
+        ports: dict[int, int] | None = None,
+        echo: Callable[[str], None] | None = None,
     ) -> None:
+        """`ports`: store container port -> local port, where one must be fixed (default: a free one
+        each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet)."""
         self.rendered = load_rendered(dist_dir)
         self.run_dir = Path(run_dir).resolve()
         self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
         self.venv_bin = venv_bin or Path(sys.executable).parent
         self.extra_env = extra_env or {}
         self.timeout_s = timeout_s
-        self._names = _Names(self.rendered)
+        self._fixed_ports = dict(ports or {})
+        self.local_ports: dict[int, int] = {}
+        """The store pod's container port -> the local port it listens on (chosen in `start`)."""
+        self._echo = echo or (lambda _line: None)
+        self._names = _Names(self.rendered, self.local_ports)
         spec = self.rendered.job["spec"]
         self.completions = int(spec["completions"])
         self.backoff_per_index = int(spec.get("backoffLimitPerIndex", 6))
@@ -346,6 +431,7 @@ class LocalJob:
         self.succeeded: set[int] = set()
         self.deletions: list[dict[str, Any]] = []
         self._store: _Pod | None = None
+        self._failed_stores: list[PodOutcome] = []
         self._delete_requests: list[int] = []
         self._lock = threading.Lock()
         self._t0 = 0.0
@@ -363,12 +449,19 @@ class LocalJob:
             self._delete_requests.append(index)
 
     def run(self, *, deletions: list[NodeDeletion] | tuple[NodeDeletion, ...] = ()) -> JobResult:
-        self.start()
         pending = sorted(deletions, key=lambda d: d.after_s)
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (a `kill`, a CI runner's cancel) ends the run like Ctrl-C: through the `finally`
+            # below, so that no pod process, tmpfs folder or temporary folder outlives the executor.
+            previous = signal.signal(signal.SIGTERM, _terminate)
         try:
+            self.start()
             return self._control(pending)
         finally:
             self._shutdown()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     # ---- the controller ---------------------------------------------------------------------
     def start(self) -> None:
@@ -467,24 +560,44 @@ class LocalJob:
         deploy = self.rendered.store
         assert deploy is not None  # noqa: S101 - checked by the caller
         pod_spec = deploy["spec"]["template"]["spec"]
-        name = f"{deploy['metadata']['name']}-0"
-        self._store = self._make_pod(name=name, index=None, pod_spec=pod_spec, annotations={})
-        self._store.start()
-        container = pod_spec["containers"][0]
-        port = (container.get("readinessProbe") or {}).get("tcpSocket", {}).get("port")
-        if port is not None:
-            self._wait_port(int(port), timeout_s=60)
-        self._emit("store_ready", pod=name)
-
-    def _wait_port(self, port: int, *, timeout_s: float) -> None:
-        end = time.time() + timeout_s
-        while time.time() < end:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-            if self._store is not None and self._store.done.is_set():
+        declared = _container_ports(pod_spec)
+        probe = (pod_spec["containers"][0].get("readinessProbe") or {}).get("tcpSocket", {}).get("port")
+        probe_port = declared.get(probe, probe) if probe is not None else None
+        # A free port is free when chosen, not necessarily when the store binds it a second later: if
+        # something else took it meanwhile the store exits (EADDRINUSE), and a new pod gets a new one.
+        attempts = 1 if self._fixed_ports else 3
+        for attempt in range(attempts):
+            for port in sorted(set(declared.values())):
+                self.local_ports[port] = self._fixed_ports.get(port) or free_port()
+            name = f"{deploy['metadata']['name']}-{attempt}"
+            self._store = self._make_pod(
+                name=name, index=None, pod_spec=pod_spec, annotations={}, ports=self.local_ports
+            )
+            self._store.start()
+            if probe_port is None or self._wait_listening(self.local_ports.get(probe_port, probe_port)):
                 break
+            self._store.kill(deleted=False)
+            self._failed_stores.append(self._store.outcome)
+        else:
+            raise UserError(
+                f"rendezvous store did not listen on port {self.local_ports.get(probe_port, probe_port)}; "
+                f"see {self.run_dir / 'pods'}"
+            )
+        ports = {svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()}
+        self._emit("store_ready", pod=name, ports=ports)
+        for svc, port in ports.items():
+            self._echo(f"rendezvous store {svc} -> 127.0.0.1:{port}")
+
+    def _wait_listening(self, port: int, *, timeout_s: float = 60) -> bool:
+        """The readinessProbe: True once the store pod's own process listens on `port` (a connection
+        alone could reach another job's process that took the port), False if the pod exits first."""
+        assert self._store is not None  # noqa: S101 - called right after starting it
+        end = time.time() + timeout_s
+        while time.time() < end and not self._store.done.is_set():
+            if self._store.proc is not None and _listens(self._store.proc.pid, port):
+                return True
             time.sleep(0.1)
-        raise UserError(f"rendezvous store did not open port {port}; see {self.run_dir / 'pods'}")
+        return False
 
     def _start_pod(self, index: int) -> None:
         attempt = sum(1 for o in self.history if o.index == index)
@@ -502,12 +615,29 @@ class LocalJob:
         pod.start()
 
     def _make_pod(
-        self, *, name: str, index: int | None, pod_spec: dict[str, Any], annotations: dict[str, str]
+        self,
+        *,
+        name: str,
+        index: int | None,
+        pod_spec: dict[str, Any],
+        annotations: dict[str, str],
+        ports: dict[int, int] | None = None,
     ) -> _Pod:
         mounts, ram_dirs = self._volume_folders(pod_spec, name=name, index=index)
         marker = f"{self.run_key}/{name}"
+        # The pod's /tmp. Short on purpose: ft_launcher puts unix sockets in it (108-byte path limit).
+        tmp = Path(tempfile.mkdtemp(prefix=f"nvrx-{self.run_key[-10:]}-"))
+        ram_dirs.append(tmp)
         containers = [
-            self._container(c, index=index, annotations=annotations, volumes=mounts, marker=marker)
+            self._container(
+                c,
+                index=index,
+                annotations=annotations,
+                volumes=mounts,
+                marker=marker,
+                tmp=tmp,
+                ports=ports or {},
+            )
             for c in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
         ]
         return _Pod(
@@ -560,9 +690,12 @@ class LocalJob:
         annotations: dict[str, str],
         volumes: dict[str, Path | None],
         marker: str,
+        tmp: Path,
+        ports: dict[int, int],
     ) -> _Container:
         env = dict(os.environ)
         env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
+        env["TMPDIR"] = str(tmp)
         hostname = f"{self.rendered.job_name}-{index}" if index is not None else spec["name"]
         env |= {"HOSTNAME": hostname, CHAOS_ENV: str(self.chaos_dir)}
         if index is not None:
@@ -594,6 +727,8 @@ class LocalJob:
             for mount, folder in path_map:
                 if folder is not None:
                     text = re.sub(rf"(?<![\w/]){re.escape(mount)}(?=/|$)", str(folder), text)
+            for declared, port in ports.items():  # this pod's own ports (the store's), as whole tokens
+                text = re.sub(rf"(?<![\w.]){declared}(?![\w.])", str(port), text)
             return text
 
         argv = [local(a) for a in [*spec.get("command", []), *spec.get("args", [])]]
@@ -622,6 +757,7 @@ class LocalJob:
             deletions=self.deletions,
             run_dir=str(self.run_dir),
             run_key=self.run_key,
+            ports={svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()},
         )
 
     def _shutdown(self) -> None:
@@ -635,6 +771,7 @@ class LocalJob:
                 self._store.proc.wait(timeout=10)
             self._store.kill(deleted=False)
             self.history.insert(0, self._store.outcome)
+        self.history[:0] = self._failed_stores
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # only when no other run uses it
@@ -649,12 +786,22 @@ def run_local(
     chaos_dir: Path | None = None,
     timeout_s: float = 600.0,
     extra_env: dict[str, str] | None = None,
+    ports: dict[int, int] | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> JobResult:
     """Run a rendered job folder to the end; delete nodes on schedule or on chaos-dir request.
 
     Writes `<run_dir>/job.json` (this result) and returns it. Every process is gone when it returns.
     """
-    job = LocalJob(dist_dir, run_dir=run_dir, chaos_dir=chaos_dir, timeout_s=timeout_s, extra_env=extra_env)
+    job = LocalJob(
+        dist_dir,
+        run_dir=run_dir,
+        chaos_dir=chaos_dir,
+        timeout_s=timeout_s,
+        extra_env=extra_env,
+        ports=ports,
+        echo=echo,
+    )
     result = job.run(deletions=deletions)
     (job.run_dir / "job.json").write_text(json.dumps(asdict(result), indent=2, default=str))
     return result

@@ -50,18 +50,26 @@ def detect_world(device_choice: str) -> World:
 
 
 def base_store(world: World, timeout_s: float) -> dist.Store:
-    """The process group's store: the launcher agent's (torchelastic) or one hosted by rank 0."""
+    """The process group's store: the launcher agent's (torchelastic) or one hosted by rank 0.
+
+    Without a launcher and without MASTER_PORT, a single process binds a port the kernel picks (port
+    0), so that two standalone trainers (or one beside a local job) never collide, and says which;
+    several ranks started by hand need the port they agreed on (torch's MASTER_PORT convention, 29500).
+    """
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    pick = "MASTER_PORT" not in os.environ and world.world_size == 1 and not agent_store
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
+        0 if pick else int(os.environ.get("MASTER_PORT", "29500")),
         world.world_size,
         is_master=world.rank == 0 and not agent_store,
         timeout=timedelta(seconds=max(timeout_s, 30.0)),
         wait_for_workers=False,
     )
+    if pick:
+        os.environ["MASTER_PORT"] = str(store.port)
+        print(f"process group store on {os.environ['MASTER_ADDR']}:{store.port} (a free port)", flush=True)
     if agent_store:
         # The agent's store outlives a restart of the workers: scope keys to this round, as torch's
         # own env:// rendezvous does. (ft_launcher 0.4.1: rank 0 hosts a fresh store each round.)
