@@ -6,8 +6,6 @@ file only assembles them, so adding a command never touches another part's code.
 
 from __future__ import annotations
 
-import warnings
-
 import typer
 
 from kitcore.configio import exit_on_user_error
@@ -50,9 +48,6 @@ def _register_all() -> None:
 def main() -> None:
     # Before any command imports jsii (aws-cdk-lib, cdk8s): the supported Node pinned in package.json.
     use_pinned_node()
-    # torch.cuda imports pynvml, which NVRx 0.4.1 requires by that deprecated name: the warning is
-    # about a dependency's packaging, not the user's input, so it stays out of their terminal.
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     _register_all()
     with exit_on_user_error():
         app()
