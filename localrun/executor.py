@@ -344,14 +344,20 @@ class _Pod:
                     log.write(f"=== container {container.name}: {' '.join(container.argv)}\n".encode())
                     log.flush()
                     self._on_event("container_start", pod=self.name, container=container.name)
-                    self.proc = subprocess.Popen(
-                        container.argv,
-                        env=container.env,
-                        cwd=self._cwd,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                    try:
+                        self.proc = subprocess.Popen(
+                            container.argv,
+                            env=container.env,
+                            cwd=self._cwd,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                        )
+                    except OSError as exc:  # kubelet's StartError: the container fails with 128
+                        log.write(f"cannot start {container.argv[0]}: {exc}\n".encode())
+                        log.flush()
+                        self._finish(128, container.name, init_failed=i < len(self._containers) - 1)
+                        return
                 code = self.proc.wait()
                 is_main = i == len(self._containers) - 1
                 if code != 0 or is_main:

@@ -167,7 +167,7 @@ def test_sigterm_to_local_run_releases_everything(tmp_path):
         assert marked_processes(job.run_key), "no pod process was running"
         time.sleep(3)  # the launchers and their ranks start
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -186,8 +186,10 @@ def test_sigterm_to_local_run_releases_everything(tmp_path):
 def test_two_local_jobs_at_once_both_complete(tmp_path):
     results: dict[str, Any] = {}
 
-    def run(name: str) -> None:
+    for name in ("a", "b"):  # before the threads: jsii (under cdk8s) is not thread-safe
         _render(tmp_path / name / "dist", "trainer.steps=6", "trainer.checkpoint.implementation=sync")
+
+    def run(name: str) -> None:
         job = LocalJob(tmp_path / name / "dist", run_dir=tmp_path / name / "run", timeout_s=240)
         results[name] = job.run()
 
