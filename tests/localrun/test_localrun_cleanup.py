@@ -86,7 +86,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _render(root / "dist", "trainer.steps=10", f"trainer.faults.plan={FAULTS}")
     prefix = _private_shm()
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-c", _JOB, str(root / "dist"), str(root / "run"), "300"],
+        [*prefix, sys.executable, "-c", _JOB, str(root / "dist"), str(root / "run"), "480"],
         cwd=REPO,
         env=os.environ | {"PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -94,7 +94,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=360)
+        stdout, stderr = proc.communicate(timeout=540)
     except subprocess.TimeoutExpired:
         proc.terminate()  # the executor's SIGTERM path: it stops its pods before it exits
         stdout, stderr = proc.communicate(timeout=60)
@@ -105,7 +105,7 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report | {"private_shm": bool(prefix), "root": root}
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(660)
 def test_faulty_run_leaves_no_process_port_folder_or_shared_memory_file(faulty_run):
     left = marked_processes(faulty_run["run_key"])
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
@@ -117,7 +117,7 @@ def test_faulty_run_leaves_no_process_port_folder_or_shared_memory_file(faulty_r
     assert not files, f"/dev/shm entries left behind: {files}"
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(660)
 @pytest.mark.xfail(
     strict=True,
     reason="KNOWN LEAK, issue 15: NVRx 0.4.1's persistent writer processes (training/checkpoint/"
