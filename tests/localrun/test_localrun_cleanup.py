@@ -44,7 +44,8 @@ before = set(os.listdir("/dev/shm"))
 result = run_local(dist, run_dir=run_dir, timeout_s=float(sys.argv[3]))
 print(json.dumps({
     "succeeded": result.succeeded, "reason": result.reason, "run_key": result.run_key,
-    "ports": result.ports, "new_shm": sorted(set(os.listdir("/dev/shm")) - before),
+    "ports": getattr(result, "ports", {}), "new_shm": sorted(set(os.listdir("/dev/shm")) - before),
+    "tmp_left": sorted(os.listdir(os.environ["TMPDIR"])),
 }))
 """
 
@@ -85,10 +86,12 @@ def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("cleanup")
     _render(root / "dist", "trainer.steps=10", f"trainer.faults.plan={FAULTS}")
     prefix = _private_shm()
+    tmp = root / "tmp"  # the machine's temp folder as the executor and its pods see it: theirs alone
+    tmp.mkdir()
     proc = subprocess.Popen(
         [*prefix, sys.executable, "-c", _JOB, str(root / "dist"), str(root / "run"), "480"],
         cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
+        env=os.environ | {"PYTHONPATH": str(REPO), "TMPDIR": str(tmp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,7 +114,8 @@ def test_faulty_run_leaves_no_process_port_folder_or_shared_memory_file(faulty_r
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     for endpoint, port in faulty_run["ports"].items():
         assert not _listeners(port), f"{endpoint} (local port {port}) still served"
-    assert not _pod_tmp_dirs(faulty_run["run_key"]), "pod temporary folders left behind"
+    # ft_launcher's IPC sockets and NVRx's watchdog files of the SIGKILLed and the deleted pods included.
+    assert not faulty_run["tmp_left"], f"temporary files left behind: {faulty_run['tmp_left']}"
     assert not (LOCAL_SHM_ROOT / faulty_run["run_key"]).exists(), "pod RAM folders left behind"
     files = [n for n in faulty_run["new_shm"] if not n.startswith("sem.mp-")]
     assert not files, f"/dev/shm entries left behind: {files}"
