@@ -176,10 +176,10 @@ def test_sigterm_to_local_run_releases_everything(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0, output[-3000:]
-    store_lines = [line for line in output.splitlines() if line.startswith("rendezvous store ")]
-    assert store_lines, output[-3000:]
     left = marked_processes(job.run_key)
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+    store_lines = [line for line in output.splitlines() if line.startswith("rendezvous store ")]
+    assert store_lines, output[-3000:]
     port = int(store_lines[0].rsplit(":", 1)[1])
     assert not _listeners(port), f"store port {port} still served"
     assert not _pod_tmp_dirs(job.run_key), "pod temporary folders left behind"
