@@ -51,6 +51,12 @@ def demo(
     run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
 
+    # The values first: a bad file or override is one message at once, not after the synth.
+    plan = ",".join(DEMO_FAULTS)
+    values = load_values(
+        values_path, (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}", *overrides)
+    )
+
     console.rule("1. Cluster (CDK synth, offline)")
     if skip_synth:
         console.print("skipped (--skip-synth)")
@@ -60,10 +66,6 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    plan = ",".join(DEMO_FAULTS)
-    values = load_values(
-        values_path, (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}", *overrides)
-    )
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {values.trainer.get('steps')} steps; "

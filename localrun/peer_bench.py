@@ -129,11 +129,15 @@ def run_peer_bench(
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
     scenario = _scenario(steps, device_step_s, fault_seed)
     results: dict[str, Any] = {}
-    for setup in mode_setups(steps=steps, device_step_s=device_step_s, fault_seed=fault_seed):
-        if setup.name not in modes:
-            continue
+    # Every mode's values are checked before the first run: a bad file is one message at once, not
+    # after the modes before it ran for minutes.
+    planned = [
+        (setup, load_values(values_path, (f"mode={setup.mode}", *setup.overrides)))
+        for setup in mode_setups(steps=steps, device_step_s=device_step_s, fault_seed=fault_seed)
+        if setup.name in modes
+    ]
+    for setup, values in planned:
         console.rule(f"{setup.name} (mode {setup.mode})")
-        values = load_values(values_path, (f"mode={setup.mode}", *setup.overrides))
         outcome = run_job(
             values, run_dir=bench_dir / setup.name, console=console, label=setup.name, timeout_s=timeout_s
         )

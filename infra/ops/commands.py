@@ -146,8 +146,8 @@ def values(
     from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     with _exit_codes():
+        doc = stack_values.load_roundtrip(output)  # a bad file is reported before any AWS call
         info = stack_values.read_stack(_session(profile, region), stack)
-        doc = stack_values.load_roundtrip(output)
         updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
         changed = stack_values.apply_updates(doc, updates)
         missing: list[str] = []

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.ops.aws import aws_errors, error_code
 from infra.outputs import OUTPUT_KEYS
-from kitcore.configio import UserError
+from kitcore.configio import UserError, read_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -151,8 +151,9 @@ def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
 
     if not path.exists():
         return CommentedMap()
+    text = read_text(path, what="job values YAML file")
     try:
-        data = _yaml().load(path.read_text())
+        data = _yaml().load(text)
     except YAMLError as exc:
         raise UserError(f"{path}: not valid YAML ({exc})") from None
     if data is None:
