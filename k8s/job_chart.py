@@ -23,6 +23,7 @@ setting is what it is:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from k8s.launcher import launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
-from kitcore.configio import USER_ERROR_EXIT_CODE
+from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -398,7 +399,20 @@ class JobChart(cdk8s.Chart):
 
 def render(values: JobValues, out_dir: str) -> list[str]:
     """Synthesize the job chart into `out_dir` (one YAML file per chart); return the files written."""
+    _check_out_dir(Path(out_dir))
     app = cdk8s.App(outdir=out_dir, yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
     JobChart(app, values.name, values=values)
     app.synth()
     return sorted(str(p) for p in Path(out_dir).glob("*.k8s.yaml"))
+
+
+def _check_out_dir(out: Path) -> None:
+    """`out` must be a folder or creatable as one (cdk8s would fail in jsii with a Node stack trace)."""
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == out else f"is below {folder}, a file"
+                raise UserError(f"-o {out}: {what}; pass a folder for the manifests (e.g. -o dist)")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"-o {out}: {folder} is not writable; pass a folder you can write to")
+            return

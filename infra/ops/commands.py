@@ -189,13 +189,15 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from infra.ops import jobs  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
     from k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
-    from k8s.values import JobValues  # noqa: PLC0415
-    from kitcore.configio import UserError, load_model  # noqa: PLC0415
+    from kitcore.configio import UserError  # noqa: PLC0415
 
     console = Console(stderr=True)
     with _exit_codes():
-        job_values = load_model(JobValues, values_file, overrides or [])
+        # The full check `job render` runs (the values' model, then the trainer's own parser on the
+        # rendered command line), before any cluster access: a bad field is named here, not in a pod.
+        job_values = load_values(values_file, overrides or [])
         if job_values.image == LOCAL_IMAGE:
             raise UserError(
                 f"{values_file}: image is {LOCAL_IMAGE!r} (this machine's virtualenv); a cluster needs the "
