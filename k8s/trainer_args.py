@@ -94,6 +94,15 @@ def check_trainer_args(values: JobValues) -> TrainConfig:
         config = parse_args(trainer_args(values))
     except UserError as exc:
         raise UserError(f"trainer: {exc}") from None
+    from training.faults import build_schedule  # noqa: PLC0415
+
+    try:
+        # The ranks a fault plan targets exist only once the world size is known: here it is.
+        build_schedule(config.faults, steps=config.steps, world_size=values.world_size, seed=config.seed)
+    except UserError as exc:
+        raise UserError(
+            f"trainer: {exc} ({values.num_nodes} nodes x {values.profile.workers_per_node})"
+        ) from None
     t = values.timeouts
     if values.mode in {"inprocess", "both"}:
         recovery = config.inprocess.soft_timeout_s + config.dist.timeout_s

@@ -61,6 +61,24 @@ P5 = LOCAL.with_name("p5-2.yaml")
             "launcher_heartbeat_s (4) must exceed one in-process recovery",
         ),
         (LOCAL, ["storage.fsx_mount_path=fsx"], "storage.fsx_mount_path: 'fsx' must be an absolute path"),
+        # A planned fault the run never reaches, a rank the job lacks, two faults on one rank and step.
+        (
+            LOCAL,
+            ["trainer.faults.plan=exception@60:1"],
+            "faults.plan: 'exception@60:1' is at step 60, but the run's steps are 0..59; move it below 60",
+        ),
+        (
+            LOCAL,
+            ["trainer.faults.plan=sigkill@5:4"],
+            "faults.plan: 'sigkill@5:4' targets rank 4, but the job has ranks 0..3",
+        ),
+        (LOCAL, ["trainer.faults.plan=hang@5:1,oom@5:1"], "hit rank 1 at the same step"),
+        (LOCAL, ["trainer.faults.count=1", "trainer.faults.last_step=70"], "faults.last_step (70) is past"),
+        (
+            LOCAL,
+            ["trainer.faults.count=1", "trainer.faults.target_rank=9"],
+            "faults.target_rank (9) is not a rank",
+        ),
     ],
 )
 def test_bad_values_message(values, overrides, message):
