@@ -178,7 +178,10 @@ class FaultsConfig(_Section):
 
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(
-        None, ge=0, description="Serve /metrics on this port + local rank (default: textfile only)."
+        None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics on this port + local rank (default: textfile only).",
     )
     textfile_every: int = Field(10, ge=1, description="Steps between Prometheus textfile writes.")
 

@@ -61,41 +61,50 @@ def run(cfg: TrainConfig) -> str | None:
     parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
     store = parallel.base_store(world, cfg.collective_timeout_s)
     resilience = for_mode(cfg, events, store=store, world=world)
-    schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)
-    trainer = Trainer(
-        cfg,
-        world=world,
-        store=store,
-        events=events,
-        resilience=resilience,
-        checkpointer=make_checkpointer(cfg, world, events),
-        injector=FaultInjector(
-            schedule=schedule,
-            rank=world.rank,
-            run_dir=cfg.run_dir,
-            mode=cfg.mode,
-            events=events,
-            grace_s=cfg.faults.node_loss_grace_s,
-        ),
-        metrics=Metrics(
-            run_dir=cfg.run_dir,
-            rank=world.rank,
-            every=cfg.metrics.textfile_every,
-            port=cfg.metrics.prometheus_port,
-            local_rank=world.local_rank,
-        ),
-    )
-    # NVRx collects garbage until nothing is left before each in-process restart (`while gc.collect()`):
-    # ~0.2 s per rank over torch's import-time object graph. Frozen objects are never scanned, and
-    # everything built so far lives as long as the process anyway.
-    gc.collect()
-    gc.freeze()
-    events.emit("process_ready", setup_s=time.time() - started)
+    checkpointer: Checkpointer | None = None
+    trainer: Trainer | None = None
+    # Everything built below is closed on every path. An exception between starting the
+    # checkpointer's persistent workers and the loop once left them to NVRx's PersistentAsyncCaller
+    # __del__ at interpreter exit, which joins the worker's queue forever when the worker never came
+    # up: the rank printed a traceback and never exited.
     try:
+        schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)
+        checkpointer = make_checkpointer(cfg, world, events)
+        trainer = Trainer(
+            cfg,
+            world=world,
+            store=store,
+            events=events,
+            resilience=resilience,
+            checkpointer=checkpointer,
+            injector=FaultInjector(
+                schedule=schedule,
+                rank=world.rank,
+                run_dir=cfg.run_dir,
+                mode=cfg.mode,
+                events=events,
+                grace_s=cfg.faults.node_loss_grace_s,
+            ),
+            metrics=Metrics(
+                run_dir=cfg.run_dir,
+                rank=world.rank,
+                every=cfg.metrics.textfile_every,
+                port=cfg.metrics.prometheus_port,
+                local_rank=world.local_rank,
+            ),
+        )
+        # NVRx collects garbage until nothing is left before each in-process restart (`while
+        # gc.collect()`): ~0.2 s per rank over torch's import-time object graph. Frozen objects are
+        # never scanned, and everything built so far lives as long as the process anyway.
+        gc.collect()
+        gc.freeze()
+        events.emit("process_ready", setup_s=time.time() - started)
         digest = resilience.wrap(trainer.run)()
     finally:
-        trainer.metrics.write()
-        trainer.checkpointer.close()
+        if trainer is not None:
+            trainer.metrics.write()
+        if checkpointer is not None:
+            checkpointer.close()
         resilience.close()
         if parallel.dist.is_initialized():
             parallel.dist.destroy_process_group()
