@@ -76,8 +76,9 @@ def _environment(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
     port = cfg.metrics.prometheus_port
     if port and port + (local_rank or 0) > MAX_PORT:
         problems.append(
-            f"metrics.prometheus_port ({port}) + LOCAL_RANK ({local_rank or 0}) is past port {MAX_PORT}: each "
-            f"local rank serves on port + local rank; pick a port at most {MAX_PORT} minus the ranks per node"
+            f"metrics.prometheus_port ({port}) + LOCAL_RANK ({local_rank or 0}) is past port {MAX_PORT}: "
+            f"each local rank serves on port + local rank; pick a port at most {MAX_PORT} minus the ranks "
+            "per node"
         )
     return problems
 
@@ -97,9 +98,7 @@ def _run_dir(run_dir: Path) -> list[str]:
 def _token_file(path: Path, *, seq_len: int) -> list[str]:
     field = f"data.token_file {path}"
     if not path.exists():
-        return [
-            f"{field}: no such file; pass an existing uint16 token file (or leave it unset for synthetic data)"
-        ]
+        return [f"{field}: no such file; pass an existing uint16 token file (unset: synthetic data)"]
     if not path.is_file():
         return [f"{field}: not a regular file; pass a flat file of uint16 token ids"]
     if not os.access(path, os.R_OK):
@@ -108,8 +107,6 @@ def _token_file(path: Path, *, seq_len: int) -> list[str]:
     if size % TOKEN_BYTES:
         return [f"{field}: {size} bytes is not a whole number of uint16 tokens; is it a token file?"]
     if size // TOKEN_BYTES <= seq_len + 1:
-        return [
-            f"{field}: {size // TOKEN_BYTES} tokens; the model's seq_len ({seq_len}) needs more than "
-            f"{seq_len + 1}"
-        ]
+        tokens = size // TOKEN_BYTES
+        return [f"{field}: {tokens} tokens; the model's seq_len ({seq_len}) needs more than {seq_len + 1}"]
     return []
