@@ -24,6 +24,97 @@ from kitcore.profiles import InstanceProfile, get_profile
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Kubernetes object-name and label rules (k8s.io/apimachinery/pkg/util/validation): a DNS subdomain
+# (ServiceAccount, Secret, PVC, PriorityClass names), a label value, a qualified label key, an
+# environment variable name. The API server applies the same rules; checked here so a bad name is a
+# field error at render, not a rejected apply.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_MAX_SUBDOMAIN = 253
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MAX_LABEL = 63
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# OCI image reference, the grammar of github.com/distribution/reference (reference.go):
+#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" path-component]*
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_MAX_IMAGE_NAME = 255  # the name part (reference.go NameTotalLengthMax)
+# S3 general purpose bucket naming rules:
+# https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def check_dns_subdomain(value: str) -> str:
+    if len(value) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes name (DNS subdomain): lowercase letters, digits, '-' and '.', "
+            f"starting and ending with a letter or digit, at most {_MAX_SUBDOMAIN} characters"
+        )
+    return value
+
+
+def check_label_value(value: str) -> str:
+    if len(value) > _MAX_LABEL or not _LABEL_VALUE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label value: at most {_MAX_LABEL} letters, digits, '-', '_' "
+            "and '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_label_key(key: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(
+            f"label key {key!r}: the prefix {prefix!r} must be a DNS subdomain (e.g. example.com)"
+        )
+    if not name or len(name) > _MAX_LABEL or not _LABEL_VALUE.match(name):
+        raise ValueError(
+            f"label key {key!r}: the name {name!r} must be 1-{_MAX_LABEL} letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return key
+
+
+def check_image_reference(value: str) -> str:
+    name = value.partition("@")[0]
+    head, _, last = name.rpartition("/")
+    name = f"{head}/{last.partition(':')[0]}" if head else last.partition(":")[0]
+    if not _IMAGE_REFERENCE.match(value) or len(name) > _MAX_IMAGE_NAME:
+        raise ValueError(
+            f"{value!r} is not an image reference: [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] with a "
+            "lowercase repository, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks-training:v1 "
+            "(`nvrx-eks values --stack NAME -o VALUES` sets it from the stack)"
+        )
+    return value
+
+
+def check_s3_bucket(value: str) -> str:
+    problem = None
+    if not _S3_BUCKET.match(value):
+        problem = "3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
+    elif ".." in value or ".-" in value or "-." in value:
+        problem = "no two adjacent periods, and no period next to a hyphen"
+    elif _IPV4.match(value):
+        problem = "not formatted as an IP address"
+    elif value.startswith(_S3_RESERVED_PREFIXES) or value.endswith(_S3_RESERVED_SUFFIXES):
+        problem = "not a reserved prefix (xn--, sthree-, amzn-s3-demo-) or suffix (-s3alias, --ol-s3, ...)"
+    if problem:
+        raise ValueError(
+            f"{value!r} is not an S3 bucket name: {problem} (the stack output CheckpointBucketName is one)"
+        )
+    return value
+
+
 # Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
 # quarter. Both are memory-backed emptyDirs and count against the pod's memory limit.
 SHM_FRACTION = 8
@@ -97,6 +188,16 @@ class Storage(_Section):
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
 
+    @field_validator("s3_bucket")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        return check_s3_bucket(value) if value is not None else None
+
+    @field_validator("fsx_pvc")
+    @classmethod
+    def _pvc(cls, value: str) -> str:
+        return check_dns_subdomain(value)
+
     @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
@@ -120,6 +221,18 @@ CHART_OWNED_TRAINER_FIELDS = (
 class SecretRef(_Section):
     secret: str
     key: str
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        return check_dns_subdomain(value)
+
+    @field_validator("key")
+    @classmethod
+    def _secret_key(cls, value: str) -> str:
+        if len(value) > _MAX_SUBDOMAIN or not _SECRET_KEY.match(value):
+            raise ValueError(f"{value!r} is not a Secret key: letters, digits, '-', '_' and '.'")
+        return value
 
 
 class JobValues(_Section):
@@ -164,6 +277,55 @@ class JobValues(_Section):
                 f"{value!r} must be a DNS label: lowercase letters, digits and '-', "
                 f"at most {_MAX_NAME} characters"
             )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        return value if value == LOCAL_IMAGE else check_image_reference(value)
+
+    @field_validator("service_account", "priority_class", "store_priority_class")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        return check_dns_subdomain(value) if value is not None else None
+
+    @field_validator("kueue_queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        # The queue name is a label value (kueue.x-k8s.io/queue-name) and a LocalQueue name.
+        return check_dns_subdomain(check_label_value(value)) if value is not None else None
+
+    @field_validator("system_node_selector", "gpu_node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            check_label_key(key)
+            try:
+                check_label_value(label)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: Any) -> Any:  # noqa: ANN401
+        # `OMP_NUM_THREADS: 4` in YAML is a number; an environment value is its text.
+        if isinstance(value, dict):
+            return {
+                k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for k, v in value.items()
+            }
+        return value
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(
+                    f"{key!r} is not an environment variable name: letters, digits, '_', '-' and '.', "
+                    "not starting with a digit"
+                )
         return value
 
     @field_validator("instance_profile")
@@ -242,11 +404,32 @@ class JobValues(_Section):
                 f"image: local runs on this machine's CPUs; instance_profile {self.instance_profile} needs "
                 "a container image (set image to the ECR URI)"
             )
+        self._check_devices()
         try:
             nvrx_features(self.resolved_nvrx_version).check_mode(self.mode)
         except UserError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    def _check_devices(self) -> None:
+        """Devices the instance profile cannot give the pod (the scheduler would never place it, or
+        the ranks would fail on the node)."""
+        p = self.profile
+        dist = self.trainer.get("dist")
+        device = dist.get("device") if isinstance(dist, dict) else None
+        if device == "cuda" and not p.gpus:
+            raise ValueError(
+                f"trainer.dist.device is cuda, but instance_profile {p.name} has no GPUs; use a GPU "
+                "profile (e.g. p5.48xlarge) or device cpu/auto"
+            )
+        efa_vars = sorted(k for k in self.env if k.startswith("FI_EFA_") or k == "FI_PROVIDER")
+        if not p.efa_devices and (
+            self.env.get("FI_PROVIDER") == "efa" or any(k.startswith("FI_EFA_") for k in self.env)
+        ):
+            raise ValueError(
+                f"env: {', '.join(efa_vars)} ask for EFA, but instance_profile {p.name} has 0 EFA devices; "
+                "remove them or use an EFA profile (the chart sets the EFA variables for those itself)"
+            )
 
     @cached_property
     def profile(self) -> InstanceProfile:

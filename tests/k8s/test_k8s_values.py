@@ -61,6 +61,37 @@ P5 = LOCAL.with_name("p5-2.yaml")
             "launcher_heartbeat_s (4) must exceed one in-process recovery",
         ),
         (LOCAL, ["storage.fsx_mount_path=fsx"], "storage.fsx_mount_path: 'fsx' must be an absolute path"),
+        # Names the API server, the registry or S3 would refuse (after the job is rendered and applied).
+        (P5, ["image=ECR/Repo:v1"], "image: 'ECR/Repo:v1' is not an image reference"),
+        (P5, ["image=repo:tag with space"], "is not an image reference"),
+        (P5, ["image=repo@sha256:abc"], "is not an image reference"),
+        (P5, ["storage.s3_bucket=My_Bucket"], "storage.s3_bucket: 'My_Bucket' is not an S3 bucket name"),
+        (P5, ["storage.s3_bucket=a..b"], "no two adjacent periods"),
+        (P5, ["storage.s3_bucket=192.168.0.1"], "not formatted as an IP address"),
+        (P5, ["storage.s3_bucket=ckpt--ol-s3"], "not a reserved prefix"),
+        (LOCAL, ["service_account=Trainer_SA"], "service_account: 'Trainer_SA' is not a Kubernetes name"),
+        (LOCAL, ["storage.fsx_pvc=FSx"], "storage.fsx_pvc: 'FSx' is not a Kubernetes name"),
+        (LOCAL, ["priority_class=-x"], "priority_class: '-x' is not a Kubernetes name"),
+        (LOCAL, ["env.1BAD=x"], "env: '1BAD' is not an environment variable name"),
+        (LOCAL, ["env.HAS SPACE=x"], "'HAS SPACE' is not an environment variable name"),
+        (LOCAL, ["secret_env.9X={secret: s, key: k}"], "'9X' is not an environment variable name"),
+        (LOCAL, ["secret_env.HF_TOKEN={secret: Bad_Name, key: k}"], "secret: 'Bad_Name' is not a Kubernetes"),
+        (LOCAL, ["gpu_node_selector.health=not ok"], "health: 'not ok' is not a Kubernetes label value"),
+        (LOCAL, ["gpu_node_selector.bad key=x"], "label key 'bad key'"),
+        (LOCAL, ["system_node_selector.Bad_Prefix/x=y"], "the prefix 'Bad_Prefix' must be a DNS subdomain"),
+        (LOCAL, ["kueue_queue=" + "q" * 64], "is not a Kubernetes label value"),
+        # Devices the instance profile cannot give the pod.
+        (
+            LOCAL,
+            ["trainer.dist.device=cuda"],
+            "trainer.dist.device is cuda, but instance_profile local-cpu has no GPUs",
+        ),
+        (
+            LOCAL,
+            ["env.FI_PROVIDER=efa"],
+            "FI_PROVIDER ask for EFA, but instance_profile local-cpu has 0 EFA devices",
+        ),
+        (LOCAL, ["env.FI_EFA_USE_DEVICE_RDMA=1"], "has 0 EFA devices"),
         # A planned fault the run never reaches, a rank the job lacks, two faults on one rank and step.
         (
             LOCAL,
