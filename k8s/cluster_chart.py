@@ -17,7 +17,7 @@ service account, the FSx volume, the priority classes and the optional Kueue que
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import cdk8s
 from cdk8s_plus_33 import k8s
@@ -29,6 +29,31 @@ if TYPE_CHECKING:
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta1"
+
+
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+
+
+def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
+    """Pod Security Admission labels for the training namespace
+    (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
+
+    Enforced: `privileged` by default, the strictest level the training pods pass. They need two
+    things `baseline` forbids: a hostPath volume (the node-local checkpoint tier on the NVMe array,
+    a dedicated folder, never the array's root) and the IPC_LOCK capability on EFA profiles
+    (libfabric pins RDMA buffers). PSA has no per-pod exemption an EKS user can configure (exemptions
+    live in the API server's admission configuration), so the namespace level is the pods' level;
+    everything else the pod spec can restrict it does (k8s/job_chart.py: no privilege escalation,
+    all other capabilities dropped, RuntimeDefault seccomp, the store and the eviction step non-root
+    with read-only root filesystems, which is `restricted`). A cluster without the local tier and
+    without EFA can enforce `baseline`.
+    `warn` and `audit` stay at `baseline`, so whatever a pod here does beyond it is reported on every
+    apply and in the audit log instead of passing silently.
+    """
+    labels = {"pod-security.kubernetes.io/enforce": enforce}
+    for mode in ("warn", "audit"):
+        labels[f"pod-security.kubernetes.io/{mode}"] = "restricted" if enforce == "restricted" else "baseline"
+    return labels
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +87,14 @@ class ClusterObjectsChart(cdk8s.Chart):
         pv_name: str | None = None,
         kueue: KueueQuota | None = None,
         labels: dict[str, str] | None = None,
+        pod_security: PodSecurityLevel = "privileged",
     ) -> None:
         super().__init__(scope, id, labels={"app.kubernetes.io/name": names.APP, **(labels or {})})
-        ns = k8s.KubeNamespace(self, "namespace", metadata=k8s.ObjectMeta(name=namespace))
+        ns = k8s.KubeNamespace(
+            self,
+            "namespace",
+            metadata=k8s.ObjectMeta(name=namespace, labels=pod_security_labels(pod_security)),
+        )
         sa = k8s.KubeServiceAccount(
             self,
             "service-account",

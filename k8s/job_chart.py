@@ -49,6 +49,7 @@ NODE_RANK_ENV = "NODE_RANK"
 GPU_TAINT = "nvidia.com/gpu"
 SELFCHECK_CONTAINER = "selfcheck"
 EVICT_CONTAINER = "evict-predecessor"
+STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
 
 def store_service_name(values: JobValues) -> str:
@@ -82,6 +83,45 @@ def _node_rank_env() -> k8s.EnvVar:
                 field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"
             )
         ),
+    )
+
+
+# Unprivileged user for the containers that need no root (the store, the eviction step): `nobody`.
+NONROOT_UID = 65534
+RUNTIME_DEFAULT_SECCOMP = k8s.SeccompProfile(type="RuntimeDefault")
+
+
+def nonroot_security() -> k8s.SecurityContext:
+    """Pod Security `restricted` for a container that writes nothing: non-root, no capabilities,
+    no privilege escalation, a read-only root filesystem, the runtime's default seccomp filter."""
+    return k8s.SecurityContext(
+        run_as_non_root=True,
+        run_as_user=NONROOT_UID,
+        run_as_group=NONROOT_UID,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.Capabilities(drop=["ALL"]),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
+    )
+
+
+def trainer_security(values: JobValues) -> k8s.SecurityContext:
+    """The trainer's and the self-check's container: every capability dropped, IPC_LOCK added back
+    only where the profile has EFA devices.
+
+    Root, because the image's NGC base runs as root and the hostPath folder of the local tier is
+    created root-owned by the kubelet (fsGroup does not apply to hostPath volumes); with every
+    capability dropped that root cannot override file permissions, change owners or load anything
+    into the kernel. The root filesystem stays writable: Python, NCCL and Triton write caches below
+    $HOME and /tmp.
+    """
+    add = ["IPC_LOCK"] if values.profile.efa_devices else None
+    # IPC_LOCK: libfabric's EFA provider and NCCL register (mlock) host buffers for RDMA; without it the
+    # pinned-memory registration fails above the container's small default RLIMIT_MEMLOCK.
+    return k8s.SecurityContext(
+        allow_privilege_escalation=False,
+        capabilities=k8s.Capabilities(drop=["ALL"], add=add),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
     )
 
 
@@ -129,9 +169,24 @@ class RendezvousStore(Construct):
                                     },
                                     limits={"memory": k8s.Quantity.from_string("1Gi")},
                                 ),
-                                security_context=k8s.SecurityContext(
-                                    allow_privilege_escalation=False,
-                                    capabilities=k8s.Capabilities(drop=["ALL"]),
+                                # Pod Security `restricted`: the store needs no root and writes
+                                # nothing but temporary files (the /tmp emptyDir below).
+                                security_context=nonroot_security(),
+                                env=[
+                                    k8s.EnvVar(name="HOME", value=STORE_TMP),
+                                    k8s.EnvVar(name="TMPDIR", value=STORE_TMP),
+                                ],
+                                volume_mounts=[k8s.VolumeMount(name="tmp", mount_path=STORE_TMP)],
+                            )
+                        ],
+                        security_context=k8s.PodSecurityContext(
+                            run_as_non_root=True, seccomp_profile=RUNTIME_DEFAULT_SECCOMP
+                        ),
+                        volumes=[
+                            k8s.Volume(
+                                name="tmp",
+                                empty_dir=k8s.EmptyDirVolumeSource(
+                                    size_limit=k8s.Quantity.from_string("64Mi")
                                 ),
                             )
                         ],
@@ -176,6 +231,101 @@ class NodesService(Construct):
         )
 
 
+# EKS Pod Identity agent (node-local, link-local addresses): where the AWS SDKs in the trainer get
+# the job's IAM credentials (https://docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html).
+POD_IDENTITY_AGENT_CIDRS = ("169.254.170.23/32", "fd00:ec2::23/128")
+DNS_PORT = 53
+HTTPS_PORT = 443
+
+
+class JobNetworkPolicies(Construct):
+    """Only the job's own pods reach the job's pods; they reach each other, DNS, and AWS over HTTPS.
+
+    The rendezvous TCPStore, ft_launcher's c10d store, NVRx's in-process store and the gloo/NCCL
+    bootstrap sockets are unauthenticated and listen on all interfaces (some on ephemeral ports), so
+    the rule is by pod, not by port: ingress only from pods carrying this job's label, in this
+    namespace. Egress: the job's pods, cluster DNS, the Pod Identity agent, and TCP 443 (S3 for the
+    durable tier, STS); nothing else, so the node's instance metadata service (169.254.169.254:80,
+    the node role's credentials) is out of reach. EFA traffic (RDMA through libfabric) bypasses the
+    kernel's IP stack and is not subject to these rules.
+
+    Enforced only where the cluster runs a network policy engine: the VPC CNI's network policy agent
+    (add-on setting `enableNetworkPolicy`, turned on by the cluster stack). It admits the node's own
+    address, so the kubelet's probes still reach the store (aws/aws-network-policy-agent#56).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id)
+        job_pods = k8s.LabelSelector(match_labels={names.JOB_LABEL: values.name})
+        from_job = k8s.NetworkPolicyPeer(pod_selector=job_pods)
+        labels = names.job_labels(values.name, "network-policy")
+        k8s.KubeNetworkPolicy(
+            self,
+            "ingress",
+            metadata=k8s.ObjectMeta(name=f"{values.name}-ingress", namespace=values.namespace, labels=labels),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=job_pods,
+                policy_types=["Ingress"],
+                ingress=[k8s.NetworkPolicyIngressRule(from_=[from_job]), *self._metrics_rule(values)],
+            ),
+        )
+
+        def port(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
+            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
+
+        k8s.KubeNetworkPolicy(
+            self,
+            "egress",
+            metadata=k8s.ObjectMeta(name=f"{values.name}-egress", namespace=values.namespace, labels=labels),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=job_pods,
+                policy_types=["Egress"],
+                egress=[
+                    k8s.NetworkPolicyEgressRule(to=[from_job]),
+                    k8s.NetworkPolicyEgressRule(
+                        to=[
+                            k8s.NetworkPolicyPeer(
+                                namespace_selector=k8s.LabelSelector(
+                                    match_labels={"kubernetes.io/metadata.name": "kube-system"}
+                                ),
+                                pod_selector=k8s.LabelSelector(match_labels={"k8s-app": "kube-dns"}),
+                            )
+                        ],
+                        ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)],
+                    ),
+                    k8s.NetworkPolicyEgressRule(
+                        to=[
+                            k8s.NetworkPolicyPeer(ip_block=k8s.IpBlock(cidr=cidr))
+                            for cidr in POD_IDENTITY_AGENT_CIDRS
+                        ],
+                        ports=[port(80)],
+                    ),
+                    k8s.NetworkPolicyEgressRule(ports=[port(HTTPS_PORT)]),
+                ],
+            ),
+        )
+
+    @staticmethod
+    def _metrics_rule(values: JobValues) -> list[k8s.NetworkPolicyIngressRule]:
+        """With trainer.metrics.prometheus_port set, scrapers anywhere in the cluster may reach the
+        ranks' /metrics ports (port + local rank), and nothing else of the pod."""
+        metrics = values.trainer.get("metrics")
+        first = metrics.get("prometheus_port") if isinstance(metrics, dict) else None
+        if not first:
+            return []
+        last = first + values.profile.workers_per_node - 1
+        return [
+            k8s.NetworkPolicyIngressRule(
+                from_=[k8s.NetworkPolicyPeer(namespace_selector=k8s.LabelSelector())],
+                ports=[
+                    k8s.NetworkPolicyPort(
+                        port=k8s.IntOrString.from_number(first), end_port=last, protocol="TCP"
+                    )
+                ],
+            )
+        ]
+
+
 MEMORY_TIER_VOLUME = "checkpoint-memory"
 
 
@@ -202,6 +352,8 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
         k8s.VolumeMount(name=MEMORY_TIER_VOLUME, mount_path=s.memory_mount_path),
     ]
     if s.local_nvme_path:
+        # A folder of our own below the NVMe array (never its root, which holds the kubelet's and
+        # containerd's state: k8s/values.py refuses it), created on first use.
         volumes.append(
             k8s.Volume(
                 name="local-nvme",
@@ -279,10 +431,7 @@ class TrainingJob(Construct):
             node_address=node_address(values),
             trainer_args=trainer_args(values),
         )
-        security = k8s.SecurityContext(
-            # IPC_LOCK: EFA/libfabric and NCCL pin (mlock) host memory for RDMA.
-            capabilities=k8s.Capabilities(add=["IPC_LOCK"]),
-        )
+        security = trainer_security(values)
         # The self-check runs first in every pod (images/README.md): exit 2 fails the Job, 75 (node
         # problem) replaces the pod without consuming the budget (_failure_policy). It gets the trainer's
         # resources, env and mounts: the kubelet hands an init container's GPUs/EFA devices on to the
@@ -326,6 +475,8 @@ class TrainingJob(Construct):
                         },
                         limits={"memory": k8s.Quantity.from_string("1Gi")},
                     ),
+                    # A store client only: no root, no writes.
+                    security_context=nonroot_security(),
                 )
             )
         pod = k8s.PodSpec(
@@ -342,6 +493,8 @@ class TrainingJob(Construct):
             ),
             # Ranks get workers_stop + term timeouts to save and leave before SIGKILL.
             termination_grace_period_seconds=int(values.timeouts.workers_stop_s + values.timeouts.term_s),
+            # The runtime's default seccomp filter for every container of the pod, init ones included.
+            security_context=k8s.PodSecurityContext(seccomp_profile=RUNTIME_DEFAULT_SECCOMP),
             init_containers=init_containers,
             containers=[
                 k8s.Container(
@@ -391,10 +544,13 @@ class JobChart(cdk8s.Chart):
 
     def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
         super().__init__(scope, id, namespace=values.namespace)
+        policies = JobNetworkPolicies(self, "network", values=values)
         store = RendezvousStore(self, "rendezvous", values=values)
         nodes = NodesService(self, "nodes", values=values)
         job = TrainingJob(self, "training", values=values)
-        job.node.add_dependency(store, nodes)
+        # The policies exist before any pod of the job does: no window with the store open.
+        store.node.add_dependency(policies)
+        job.node.add_dependency(store, nodes, policies)
 
 
 def render(values: JobValues, out_dir: str) -> list[str]:

@@ -11,8 +11,10 @@ the image's pin (kitcore/pins.py, 0.7.0). `nvrx_version` overrides both (a custo
 
 from __future__ import annotations
 
+import posixpath
 import re
 from functools import cached_property
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -115,6 +117,27 @@ def check_s3_bucket(value: str) -> str:
     return value
 
 
+# The NVMe RAID0 array nodeadm assembles with `localStorage: RAID0` (infra/constructs/launch_template.py
+# LOCAL_NVME_MOUNT): it bind-mounts the kubelet's and containerd's state and the pod logs onto folders
+# of the array, so only a folder of our own below it may be mounted into pods.
+NVME_RAID_ROOT = "/mnt/k8s-disks/0"
+_NODE_STATE_PATHS = tuple(
+    PurePosixPath(p)
+    for p in (
+        NVME_RAID_ROOT,
+        f"{NVME_RAID_ROOT}/kubelet",
+        f"{NVME_RAID_ROOT}/containerd",
+        f"{NVME_RAID_ROOT}/pods",
+        "/var/lib/kubelet",
+        "/var/lib/containerd",
+        "/var/log",
+        "/etc",
+        "/run",
+        "/proc",
+        "/sys",
+        "/dev",
+    )
+)
 # Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
 # quarter. Both are memory-backed emptyDirs and count against the pod's memory limit.
 SHM_FRACTION = 8
@@ -182,11 +205,32 @@ class Storage(_Section):
     """Folder of the FSx file system linked to S3 (the cluster config's `fsx.file_system_path`): the
     durable tier writes below it, so FSx exports each committed checkpoint to
     s3://<s3_bucket>/<s3_prefix><name> on its own."""
-    local_nvme_path: str | None = "/mnt/k8s-disks/0"
-    """Host path of the node-local NVMe RAID0 (local tier); None: no local tier."""
+    local_nvme_path: str | None = f"{NVME_RAID_ROOT}/nvrx-checkpoints"
+    """Host folder of the local tier on the node's NVMe RAID0 (created if missing); None: no local
+    tier. A dedicated folder below the array, never the array's root: with AL2023 `localStorage:
+    RAID0` the root also holds the kubelet's and containerd's state and the pod logs, and a pod that
+    mounts it read-write can read other pods' tokens and rewrite other containers' files."""
     local_mount_path: str = "/local"
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
+
+    @field_validator("local_nvme_path")
+    @classmethod
+    def _not_node_state(cls, value: str | None) -> str | None:
+        if value is None or not value.startswith("/"):
+            return value  # None, or a relative path the absolute-path check reports
+        path = PurePosixPath(posixpath.normpath(value))
+        for guarded in _NODE_STATE_PATHS:
+            # The array's root and its ancestors are refused; below the root, only its state folders.
+            below = guarded != PurePosixPath(NVME_RAID_ROOT) and path.is_relative_to(guarded)
+            if guarded.is_relative_to(path) or below:
+                raise ValueError(
+                    f"{value!r} would mount {guarded} (the node's own state) into the pod; use a dedicated "
+                    f"folder below the NVMe array, e.g. {NVME_RAID_ROOT}/nvrx-checkpoints"
+                )
+        if path.parent == PurePosixPath("/") or path == PurePosixPath(NVME_RAID_ROOT).parent:
+            raise ValueError(f"{value!r} is a top-level host folder; use {NVME_RAID_ROOT}/nvrx-checkpoints")
+        return str(path)
 
     @field_validator("s3_bucket")
     @classmethod

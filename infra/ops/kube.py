@@ -43,6 +43,7 @@ _KIND_ORDER = (
     "RoleBinding",
     "ConfigMap",
     "Secret",
+    "NetworkPolicy",  # before the pods it restricts: no moment with the job's ports open
     "PersistentVolumeClaim",
     "Service",
     "PodDisruptionBudget",

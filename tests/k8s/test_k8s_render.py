@@ -41,7 +41,7 @@ def test_example_values_exist():
 
 def test_every_object_validates_against_k8s_schema(rendered):
     for docs in rendered.values():
-        assert len(docs) == 4
+        assert len(docs) == 6  # 2 NetworkPolicies, the store Deployment + Service, the nodes Service, the Job
         for doc in docs:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 

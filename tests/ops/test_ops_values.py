@@ -62,7 +62,7 @@ trainer:
   model: small
   steps: 5000
 storage:
-  local_nvme_path: /mnt/k8s-disks/0   # node NVMe
+  local_nvme_path: /mnt/k8s-disks/0/nvrx-checkpoints   # node NVMe
 """
 
 
@@ -85,7 +85,7 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
     assert data["storage"] == {
-        "local_nvme_path": "/mnt/k8s-disks/0",
+        "local_nvme_path": "/mnt/k8s-disks/0/nvrx-checkpoints",
         "fsx_pvc": "fsx-ckpt",
         "s3_bucket": "nvrx-eks-checkpoints-123456789012",
         "s3_prefix": "ckpt/",
