@@ -105,7 +105,8 @@ def check_trainer_args(values: JobValues) -> TrainConfig:
         ) from None
     t = values.timeouts
     if values.mode in {"inprocess", "both"}:
-        recovery = config.inprocess.soft_timeout_s + config.dist.timeout_s
+        # collective_timeout_s: dist.timeout_s, or the trainer's default for the mode when unset.
+        recovery = config.inprocess.soft_timeout_s + config.collective_timeout_s
         if t.launcher_heartbeat_s <= recovery:
             raise UserError(
                 f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed one in-process "

@@ -146,3 +146,11 @@ def test_render_onto_a_file_is_one_message(tmp_path, nvrx_eks):
         assert "Traceback" not in proc.stderr
         assert "jsii" not in proc.stderr
     assert target.read_text() == "keep me\n"
+
+
+def test_values_without_a_collective_timeout_use_the_trainers_default():
+    """dist.timeout_s unset: the heartbeat check uses the trainer's default for the mode (was a TypeError)."""
+    values = load_values(LOCAL, ["trainer.dist.timeout_s=null"])
+    assert values.mode == "both"
+    with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\.5\)"):
+        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=4.5"])

@@ -142,7 +142,12 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
     for manifest in manifests:
         group = manifest["apiVersion"]
         base = "/api/v1" if group == "v1" else f"/apis/{group}"
-        plural = {"Service": "services", "Deployment": "deployments", "Job": "jobs"}[manifest["kind"]]
+        plural = {
+            "NetworkPolicy": "networkpolicies",
+            "Service": "services",
+            "Deployment": "deployments",
+            "Job": "jobs",
+        }[manifest["kind"]]
         call = by_path[f"{base}/namespaces/training/{plural}/{manifest['metadata']['name']}"]
         assert call.headers["Content-Type"] == APPLY_CONTENT_TYPE
         assert call.query == {"fieldManager": FIELD_MANAGER, "force": "true"}
@@ -303,11 +308,15 @@ def test_submit_cli_applies_waits_and_prints_how_to_follow(cli, manifests, tmp_p
     )
     result = cli("job", "submit", "-f", str(path), api_client=client)
     assert result.exit_code == 0, result.output
-    assert "applied: Service/demo-rdzv" in result.output
+    assert (
+        "applied: NetworkPolicy/demo-ingress, NetworkPolicy/demo-egress, Service/demo-rdzv" in result.output
+    )
     assert "kubectl logs -n training -f -l nvrx-eks/job=demo" in result.output
     patched = [c.body for c in rec.calls if c.method == "PATCH"]
-    # Services before the store's Deployment before the Job; each body is a rendered manifest.
-    assert [m["kind"] for m in patched] == ["Service", "Service", "Deployment", "Job"]
+    # NetworkPolicies before any pod, Services before the store's Deployment before the Job; each body
+    # is a rendered manifest.
+    kinds = [m["kind"] for m in patched]
+    assert kinds == ["NetworkPolicy", "NetworkPolicy", "Service", "Service", "Deployment", "Job"]
     key = lambda m: (m["kind"], m["metadata"]["name"])  # noqa: E731
     assert sorted(patched, key=key) == sorted(manifests, key=key)
 
