@@ -137,3 +137,10 @@ def test_values_and_config_files_that_cannot_be_read(case, tmp_path):
     proc = _cli("-m", "training", "--config", str(path), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+    # `values -o FILE` updates an existing values file: read (and refused) before any AWS call.
+    proc = _nvrx_eks("values", "--stack", "nvrx-eks", "-o", str(path), "--region", "us-east-1")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr or (
+        case == "dup" and 'line 3, column 1: found duplicate key "name"' in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr

@@ -155,7 +155,11 @@ def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
     try:
         data = _yaml().load(text)
     except YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({exc})") from None
+        # ruamel's marked errors carry the problem and where; its str() adds a page of context.
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
     if data is None:
         return CommentedMap()
     if not isinstance(data, dict):
