@@ -5,7 +5,8 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
 Kinds and their extra fields (training.metrics reads them):
 
-- `process_start`: mode, world_size, local_rank, model
+- `process_start`: mode, world_size, local_rank, model, spawned_t (when the kernel started this
+  process, unix seconds; None off Linux): spawned_t -> t is interpreter start and imports
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
   launcher restart spent before the first attempt)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
@@ -30,6 +31,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+def process_spawned_at() -> float | None:
+    """Wall time this process was started by the kernel (Linux `/proc/self/stat` starttime, in clock
+    ticks since boot, against CLOCK_BOOTTIME), or None where /proc is missing. Resolution: one tick
+    (10 ms); it splits a restart's "worker start" into the launcher's spawn and the interpreter's imports."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:  # noqa: PTH123
+            fields = stat.read().rsplit(")", 1)[1].split()
+        started_since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_since_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def events_dir(run_dir: Path) -> Path:

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from training import parallel
-from training.events import EventLog
+from training.events import EventLog, process_spawned_at
 from training.faults import FaultInjector, build_schedule
 from training.metrics import Metrics
 from training.resilience import for_mode, install_termination_handler
@@ -55,6 +55,7 @@ def run(cfg: TrainConfig) -> str | None:
         local_rank=world.local_rank,
         model=cfg.model,
         steps=cfg.steps,
+        spawned_t=process_spawned_at(),
     )
     install_termination_handler(events)
     started = time.time()

@@ -116,7 +116,7 @@ def run_loop(
     work = torch.randn(256, 256)
     update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
     # Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the
-    # writer processes start (NVRx spawns them).
+    # writer threads start.
     ckpt.save(0, state)
     ckpt.wait()
     deadline = time.monotonic() + 120

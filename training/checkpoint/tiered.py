@@ -4,7 +4,7 @@ Tier 1 (memory): `num_staging_slots` pre-allocated, pre-faulted buffers per rank
 shared-memory folder mapped into the process (pinned with cudaHostRegister on GPU). A slot is
 committed by a small manifest written after the copy, so it survives a kill -9 of the rank: the
 restarted rank on the same node restores from RAM. Tiers 2 (node-local disk) and 3 (durable) are
-written from the slots by background workers (persist.py).
+written from the slots by background writer threads (persist.py).
 
 Off the critical path: parameters and optimizer state change only in the optimizer update, so the
 snapshot taken after step N is copied while step N+1's forward/backward run, and `fence()` (called by
@@ -136,7 +136,7 @@ class MemoryTier:
             slot.buffer.zero_()  # touch every page now, not inside the first save
             if self.device.type == "cuda":
                 # Pinned staging: page-locked memory is what lets the D2H copy run at full PCIe speed
-                # asynchronously. Registering the mapping keeps it shareable with the writer process.
+                # asynchronously. Registering the mapping keeps the file shareable with the writer thread.
                 rc = torch.cuda.cudart().cudaHostRegister(slot.buffer.data_ptr(), nbytes, 0)
                 if int(rc) != 0:
                     raise RuntimeError(f"cudaHostRegister failed ({rc})")
@@ -380,9 +380,7 @@ class TieredCheckpointer(Checkpointer):
         )
         self.agreement = Agreement(tiers=[store.tier for store, _, _ in stores], device=device)
         self.workers = {
-            store.tier: PersistWorker(
-                tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s, result_dir=self.memory.root
-            )
+            store.tier: PersistWorker(tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s)
             for store, _, _ in stores
         }
         self._locations = {store.tier: store.location for store, _, _ in stores}
