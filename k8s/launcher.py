@@ -66,6 +66,7 @@ def launcher_command(
         f"--term-timeout={t.term_s:g}",
         f"--ft-initial-rank-heartbeat-timeout={t.launcher_initial_heartbeat_s:g}",
         f"--ft-rank-heartbeat-timeout={t.launcher_heartbeat_s:g}",
+        f"--ft-workload-check-interval={t.heartbeat_check_s:g}",
     ]
     if values.mode == "both" and features.has_min_healthy:
         ft.append("--ft-restart-policy=min-healthy")

@@ -71,6 +71,10 @@ class Timeouts(_Section):
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
     monitor_interval_s: float = Field(0.5, gt=0)
+    heartbeat_check_s: float = Field(1.0, gt=0)
+    """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
+    (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
+    default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
 
 
 class Storage(_Section):

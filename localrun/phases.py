@@ -97,7 +97,7 @@ def fault_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _fmt(value: float | None) -> str:
-    return f"{value:6.2f}" if isinstance(value, int | float) else "     -"
+    return f"{value:7.2f}" if isinstance(value, int | float) else "      -"
 
 
 def _columns(row: dict[str, Any]) -> list[float | None]:
@@ -106,7 +106,7 @@ def _columns(row: dict[str, Any]) -> list[float | None]:
 
 def print_table(title: str, rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:  # noqa: ANN401
     print(title, file=out)
-    head = "".join(f"{m:>7}" for m in MILESTONES)
+    head = "".join(f"{m:>8}" for m in MILESTONES)
     print(f"  {'fault':<24}{head}  {'load_s':>6}  tier / layer", file=out)
     for row in rows:
         cells = "".join(f" {_fmt(v)}" for v in _columns(row))

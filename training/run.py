@@ -59,9 +59,12 @@ def run(cfg: TrainConfig) -> str | None:
     )
     install_termination_handler(events)
     started = time.time()
+    marks: dict[str, float] = {}  # where setup went: seconds per part, in process_ready
     parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
+    marks["preload_s"] = time.time() - started
     store = parallel.base_store(world, cfg.collective_timeout_s)
     resilience = for_mode(cfg, events, store=store, world=world)
+    marks["layers_s"] = time.time() - started - sum(marks.values())
     schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)
     trainer = Trainer(
         cfg,
@@ -89,9 +92,11 @@ def run(cfg: TrainConfig) -> str | None:
     # NVRx collects garbage until nothing is left before each in-process restart (`while gc.collect()`):
     # ~0.2 s per rank over torch's import-time object graph. Frozen objects are never scanned, and
     # everything built so far lives as long as the process anyway.
+    marks["trainer_s"] = time.time() - started - sum(marks.values())
     gc.collect()
     gc.freeze()
-    events.emit("process_ready", setup_s=time.time() - started)
+    marks["gc_s"] = time.time() - started - sum(marks.values())
+    events.emit("process_ready", setup_s=time.time() - started, **marks)
     try:
         digest = resilience.wrap(trainer.run)()
     finally:

@@ -45,8 +45,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         (
             LOCAL,
-            ["timeouts.launcher_initial_heartbeat_s=10"],
-            "launcher_initial_heartbeat_s (10) must be at least launcher_heartbeat_s (30)",
+            ["timeouts.launcher_initial_heartbeat_s=5"],
+            "launcher_initial_heartbeat_s (5) must be at least launcher_heartbeat_s (6)",
         ),
         (LOCAL, ["nvrx_version=0.1.0", "mode=inprocess"], "NVRx 0.1.0 lacks it"),
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),
