@@ -104,7 +104,8 @@ def _columns(row: dict[str, Any]) -> list[float | None]:
     return [row.get(m) if m != "step" else row.get("step_t") for m in MILESTONES]
 
 
-def print_table(title: str, rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:  # noqa: ANN401
+def print_table(title: str, rows: list[dict[str, Any]], out: Any = None) -> None:  # noqa: ANN401
+    out = out or sys.stdout
     print(title, file=out)
     head = "".join(f"{m:>8}" for m in MILESTONES)
     print(f"  {'fault':<24}{head}  {'load_s':>6}  tier / layer", file=out)

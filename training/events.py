@@ -9,7 +9,8 @@ Kinds and their extra fields (training.metrics reads them):
   process, unix seconds; None off Linux): spawned_t -> t is interpreter start and imports
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
   launcher restart spent before the first attempt); its parts: preload_s (torch._dynamo), layers_s
-  (process-group store, resilience layers), trainer_s (data, checkpointer, metrics), gc_s
+  (process-group store, resilience layers), trainer_s (data, checkpointer, metrics), gc_s; cpu_s: CPU
+  seconds this process used until then (imports included; unlike wall time, not inflated by load)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps

@@ -97,7 +97,7 @@ def run(cfg: TrainConfig) -> str | None:
     # objects -- on every launcher restart, 4 ranks on 2 cores. Freezing those few costs nothing.
     gc.freeze()
     marks["gc_s"] = time.time() - started - sum(marks.values())
-    events.emit("process_ready", setup_s=time.time() - started, **marks)
+    events.emit("process_ready", setup_s=time.time() - started, cpu_s=time.process_time(), **marks)
     try:
         digest = resilience.wrap(trainer.run)()
     finally:
