@@ -3,11 +3,12 @@
 Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (what this module used
 before, issue 15): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
 `fsync` and `zlib.crc32` on large buffers all release the GIL, so a thread costs the loop no more
-than a process does (`nvrx-eks bench checkpoint`, device-bound model: the same stall per checkpoint
-and efficiency, figures in the README). What the processes cost instead: each was a spawned
-interpreter importing torch again, two per rank (local, durable), started on every launcher restart
--- 8 interpreters beside 4 ranks on a 2-core host, seconds of every hard-fault recovery -- plus a
-POSIX semaphore leaked per worker in /dev/shm and a pynvml warning per worker in the logs. A thread
+than a process does (measured with the bench's loop, training/checkpoint/bench.py `run_loop`, side
+by side: see the issue 15 notes). What the processes cost instead: each was a spawned interpreter
+importing torch again (2.3 CPU-s measured), two per rank (local, durable), started on every launcher
+restart -- 8 interpreters beside 4 ranks (5.1 CPU-s each) on a 2-core host, nearly half the CPU of a
+hard-fault recovery -- plus the multiprocessing semaphores in /dev/shm (76 created per checkpointer
+life, strace; none now) and a pynvml warning per worker in the logs. A thread
 starts in microseconds and dies with its rank, so a kill -9 leaves no orphan writing behind the
 restarted one. On GPU nothing changes: the slot is pinned host memory filled by a side stream, and
 the thread persists from it after the copy's event completes, as the process did.
