@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import psutil
 import pytest
 import torch
 
 from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.persist import persist_slot
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import make_emitter
-from training.checkpoint.storage import disk_stores
+from training.checkpoint.storage import FileStore, disk_stores
 from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
 from training.checkpoint.torture import run_trials
 
@@ -126,8 +129,6 @@ def test_kill_9_during_persist_always_resumes_from_newest_committed(tmp_path):
 
 def test_persists_run_in_threads_no_writer_process(tmp_path):
     """Issue 15: a restarted rank must not spawn (and re-import torch in) a process per disk tier."""
-    import psutil
-
     config = CheckpointConfig(
         memory_dir=tmp_path / "shm",
         memory_every=1,
@@ -156,11 +157,6 @@ def test_persists_run_in_threads_no_writer_process(tmp_path):
 def test_an_abandoned_persist_never_commits(tmp_path):
     """The timeout guard cannot kill a thread: a persist cancelled before its commit leaves no shard,
     no manifest and no temporary file, even though it read the whole slot."""
-    import threading
-
-    from training.checkpoint.persist import persist_slot
-    from training.checkpoint.storage import FileStore
-
     skeleton, tensors, layout = flatten(state_at(3))
     slot = tmp_path / "slot.bin"
     slot.write_bytes(b"".join(bytes(t.contiguous().view(torch.uint8).numpy()) for t in tensors))
