@@ -124,6 +124,7 @@ def run_peer_bench(
     from k8s.load import load_values  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
+    from training.report import print_phases  # noqa: PLC0415
 
     console = Console()
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
@@ -154,6 +155,7 @@ def run_peer_bench(
             "faults": [f.to_dict() for f in summary.faults],
             "wall_s": summary.wall_s,
         }
+        print_phases(console, results[setup.name]["faults"])
 
     table = Table(
         title=f"Peer scenario: {steps} steps ({device_step_s:g} s emulated device time each), "

@@ -5,7 +5,7 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
 Kinds and their extra fields (training.metrics reads them):
 
-- `process_start`: mode, world_size, local_rank, model
+- `process_start`: mode, world_size, local_rank, model, steps, created_t (when the OS created the process)
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
   launcher restart spent before the first attempt)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
