@@ -14,8 +14,10 @@ setting is what it is:
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
-- Init containers: `python -m training.selfcheck` (can this node train?), then, for NVRx versions with
-  the keep-alive rendezvous, the eviction of a dead predecessor from the rendezvous.
+- Init containers: `python -m training.selfcheck` (can this node train?), then
+  `python -m training.rendezvous evict`: for NVRx versions with the keep-alive rendezvous the eviction
+  of a dead predecessor, and for every version the reopening of a rendezvous closed by a launcher out
+  of restarts (budgets that nest: the Job's backoffLimitPerIndex stays usable).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
   behind it), on the system nodes with a priority class above training pods.
@@ -299,9 +301,12 @@ class TrainingJob(Construct):
             )
         ]
         features = nvrx_features(values.resolved_nvrx_version)
-        if values.mode != "baseline" and features.keep_alive_rendezvous:
+        if values.mode != "baseline":
             # A replacement drops its dead predecessor from the rendezvous instead of making the
-            # survivors wait out NVRx's keep-alive expiry (training/rendezvous.py).
+            # survivors wait out NVRx's keep-alive expiry (keep-alive rendezvous only), and reopens a
+            # rendezvous that a launcher out of restarts closed: the Job starts this pod only while it
+            # has budget, so the close was not the job's end (training/rendezvous.py).
+            rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
             init_containers.append(
                 k8s.Container(
                     name=EVICT_CONTAINER,
@@ -316,6 +321,7 @@ class TrainingJob(Construct):
                         f"--run-id={values.name}",
                         f"--node-addr={node_address(values)}",
                         f"--timeout={values.timeouts.pod_reschedule_s:g}",
+                        f"--rendezvous={rendezvous}",
                     ],
                     env=[_node_rank_env()],
                     resources=k8s.ResourceRequirements(
@@ -352,6 +358,9 @@ class TrainingJob(Construct):
                     resources=_resources(values),
                     volume_mounts=mounts,
                     security_context=security,
+                    # A failed pod's status carries its log tail: the launcher's root cause (rank, exit
+                    # code, signal), which `job status` and a failed job's reason name (k8s/termination.py).
+                    termination_message_policy="FallbackToLogsOnError",
                 )
             ],
             volumes=volumes,

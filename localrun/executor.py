@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import yaml
 
+from k8s.termination import failure_cause, log_tail
 from kitcore.configio import UserError
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class PodOutcome:
     reason: str = "Running"
     """Succeeded, Failed, NodeDeleted (DisruptionTarget), InitFailed, Killed (job ended)."""
     log: str = ""
+    message: str = ""
+    """A failed pod's termination message: the tail of its log, as the kubelet keeps it for
+    `terminationMessagePolicy: FallbackToLogsOnError` (k8s/termination.py)."""
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,9 @@ class _Pod:
         else:
             o.reason = "Succeeded" if code == 0 else "Failed"
         o.container = container
+        if o.reason in {"Failed", "InitFailed"}:
+            with contextlib.suppress(OSError):
+                o.message = log_tail(self._log_path.read_text(errors="replace"))
         self.done.set()
 
     def kill(self, *, deleted: bool) -> None:
@@ -344,6 +351,7 @@ class LocalJob:
         self.failures = dict.fromkeys(range(self.completions), 0)
         self.generation = dict.fromkeys(range(self.completions), 0)
         self.succeeded: set[int] = set()
+        self._out_of_budget: dict[int, PodOutcome] = {}
         self.deletions: list[dict[str, Any]] = []
         self._store: _Pod | None = None
         self._delete_requests: list[int] = []
@@ -405,9 +413,13 @@ class LocalJob:
             time.sleep(0.1)
 
     def _reconcile(self) -> tuple[bool, str] | None:
-        for index, pod in list(self.pods.items()):
-            if not pod.done.is_set() or index in self.succeeded:
-                continue
+        # In the order the pods ended, as the Job controller sees their terminations arrive.
+        ended = [
+            (i, p)
+            for i, p in self.pods.items()
+            if p.done.is_set() and i not in self.succeeded and i not in self._out_of_budget
+        ]
+        for index, pod in sorted(ended, key=lambda item: item[1].outcome.ended or 0.0):
             o = pod.outcome
             self._emit("pod_end", pod=pod.name, index=index, exit_code=o.exit_code, reason=o.reason)
             if o.reason == "Succeeded":
@@ -419,11 +431,37 @@ class LocalJob:
             if action != "Ignore":
                 self.failures[index] += 1
                 if action == "FailIndex" or self.failures[index] > self.backoff_per_index:
-                    return False, f"index {index} failed {self.failures[index]} time(s): BackoffLimitExceeded"
+                    self._out_of_budget[index] = o
+                    continue
             self._start_pod(index)
+        if self._out_of_budget:
+            return self._budget_verdict()
         if len(self.succeeded) == self.completions:
             return True, "Completed"
         return None
+
+    def _budget_verdict(self) -> tuple[bool, str] | None:
+        """The job fails (maxFailedIndexes 0); the reason names the index where the fault was.
+
+        When a launcher runs out of restarts every launcher of the group may leave with it (NVRx's
+        min-healthy policy counts restarts globally), and the Job charges every index alike. The index
+        to name is the one whose own rank failed (k8s/termination.py `Cause.primary`), not one whose
+        ranks its launcher stopped: the pods of one failed group end within a moment of each other, so
+        the verdict waits up to 3 s for such an index before naming the first out of budget.
+        """
+        causes = {i: failure_cause(o.message) for i, o in self._out_of_budget.items()}
+        primary = [i for i, c in causes.items() if c.primary]
+        first_at = min(o.ended or 0.0 for o in self._out_of_budget.values())
+        if not primary and time.time() - first_at < 3.0:  # noqa: PLR2004 - see the docstring
+            return None
+        index = (primary or list(self._out_of_budget))[0]
+        o = self._out_of_budget[index]
+        others = sorted(set(self._out_of_budget) - {index})
+        also = f" (also out of budget: index {', '.join(map(str, others))})" if others else ""
+        return False, (
+            f"index {index} failed {self.failures[index]} time(s): BackoffLimitExceeded; cause: "
+            f"{causes[index].text} (pod {o.pod}, container {o.container}, exit code {o.exit_code}){also}"
+        )
 
     def _failure_action(self, o: PodOutcome) -> str:
         for rule in self.failure_rules:
