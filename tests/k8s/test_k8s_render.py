@@ -83,9 +83,13 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    # Pinned NVRx 0.7.0: barrier rendezvous only, so no eviction step and no min-healthy policy.
-    (check,) = pod["initContainers"]
+    # Pinned NVRx 0.7.0: barrier rendezvous only, so the init step after the self-check only reopens a
+    # rendezvous closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
+    check, reopen = pod["initContainers"]
     assert check["name"] == "selfcheck"
+    assert reopen["command"][:4] == ["python", "-m", "training.rendezvous", "evict"]
+    assert "--rendezvous=barrier" in reopen["command"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert not any("min-healthy" in a for a in c["command"])
     # The self-check sees what the ranks will: the same devices, env and mounts.
     assert check["resources"] == c["resources"]
