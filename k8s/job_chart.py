@@ -3,9 +3,10 @@
 Composed from keyword-only constructs; labels are derived from the job name (k8s/names.py). Why each
 setting is what it is:
 
-- Indexed Job, completions = parallelism = nodes: one pod per node with a stable index (node rank) and
-  hostname `<job>-<index>`; with `subdomain` set to the headless Service, `<job>-<index>.<job>` resolves
-  to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
+- Indexed Job, completions = parallelism = nodes + spares: one pod per node with a stable index and
+  hostname `<job>-<index>` (the index is not the node rank: ranks come from the rendezvous, and with
+  spares any index may be the one waiting); with `subdomain` set to the headless Service,
+  `<job>-<index>.<job>` resolves to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
 - restartPolicy Never + backoffLimitPerIndex: a failed pod is replaced by the Job controller, per index,
   up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
@@ -372,8 +373,19 @@ class TrainingJob(Construct):
             metadata=k8s.ObjectMeta(name=values.name, namespace=values.namespace, labels=labels),
             spec=k8s.JobSpec(
                 completion_mode="Indexed",
-                completions=values.num_nodes,
-                parallelism=values.num_nodes,
+                # Spares are pods of the same Job: every pod runs the launcher, the rendezvous admits
+                # num_nodes and keeps the rest waiting (k8s/values.py `spares`).
+                completions=values.num_nodes + values.spares,
+                parallelism=values.num_nodes + values.spares,
+                # With spares the job is done once num_nodes pods succeeded: the Job controller then
+                # ends the spares still waiting (or a replacement that arrived after the finish and
+                # would meet a closed rendezvous) instead of replacing them
+                # (https://kubernetes.io/docs/concepts/workloads/controllers/job/#success-policy).
+                success_policy=(
+                    k8s.SuccessPolicy(rules=[k8s.SuccessPolicyRule(succeeded_count=values.num_nodes)])
+                    if values.spares
+                    else None
+                ),
                 backoff_limit_per_index=b.job_backoff_limit_per_index,
                 max_failed_indexes=0,
                 pod_replacement_policy="Failed",

@@ -134,6 +134,12 @@ class JobValues(_Section):
     service_account: str = "nvrx-trainer"
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
+    spares: int = Field(0, ge=0)
+    """Warm spare pods beyond num_nodes (issue 16 part 3): scheduled, self-checked, their launcher
+    started and waiting in the rendezvous's redundancy list (`--nnodes=N:N` admits N; agents beyond
+    wait there without restarting the group). A lost node's place goes to a spare at the next round;
+    the Job's replacement pod becomes the next spare. The GPU node group must have room for
+    num_nodes + spares nodes (`nvrx-eks preflight` checks it against the cluster config)."""
     instance_profile: str = "local-cpu"
     mode: Mode = "both"
     budgets: Budgets = Budgets()

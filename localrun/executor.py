@@ -31,6 +31,8 @@ What it does, the way Kubernetes would:
   process tree and every process carrying the marker. The tree alone is not enough: ft_launcher's
   workers run in their own sessions and NVRx's in-process monitor processes daemonize out of the tree
   (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone.
+- successPolicy `succeededCount` (the chart sets it with warm spares): the job is complete once that
+  many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
   COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
   the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir).
@@ -345,6 +347,9 @@ class LocalJob:
         self.completions = int(spec["completions"])
         self.backoff_per_index = int(spec.get("backoffLimitPerIndex", 6))
         self.max_failed_indexes = spec.get("maxFailedIndexes")
+        rules = (spec.get("successPolicy") or {}).get("rules", [])
+        self.success_count = min([int(r["succeededCount"]) for r in rules if "succeededCount" in r] or [0])
+        """successPolicy succeededCount (0: none): the job is done once that many indexes succeeded."""
         self.failure_rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
         self.pods: dict[int, _Pod] = {}
         self.history: list[PodOutcome] = []
@@ -438,6 +443,9 @@ class LocalJob:
             return self._budget_verdict()
         if len(self.succeeded) == self.completions:
             return True, "Completed"
+        if self.success_count and len(self.succeeded) >= self.success_count:
+            # The Job controller ends the remaining pods (the unused spares) when it marks the Job.
+            return True, "SuccessPolicy: Completed"
         return None
 
     def _budget_verdict(self) -> tuple[bool, str] | None:

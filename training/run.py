@@ -35,7 +35,9 @@ def make_checkpointer(cfg: TrainConfig, world: parallel.World, events: EventLog)
     kwargs: dict[str, Any] = {
         "rank": world.rank,
         "world_size": world.world_size,
-        "node_index": int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
+        # The node's rank in this rendezvous round (torchelastic's GROUP_RANK), not the pod's Job index:
+        # with warm spares any index may hold any node rank (k8s/values.py `spares`).
+        "node_index": int(os.environ.get("GROUP_RANK", os.environ.get("JOB_COMPLETION_INDEX", "0"))),
         "device": world.device,
         "on_event": on_event,
     }

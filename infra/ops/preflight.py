@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from infra.config import ClusterConfig
     from infra.ops.aws import AwsSession
+    from k8s.values import JobValues
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 """As in infra/config.py CapacityConfig.type."""
@@ -398,3 +399,39 @@ def render_table(results: list[CheckResult]) -> object:
     for r in results:
         table.add_row(r.check, r.subject, f"[{style[r.status]}]{r.status.value}[/]", r.detail, r.fix)
     return table
+
+
+def job_capacity(config: ClusterConfig, values: JobValues) -> CheckResult:
+    """The job's nodes + warm spares fit the GPU node groups of its instance type at their max size.
+
+    Spares are real capacity (issue 16 part 3): a spare pod is scheduled on a node of its own before
+    any fault, so a node group sized for `num_nodes` alone would leave spares Pending and the lost
+    node's place empty. Checked offline from the two configs, beside the account checks.
+    """
+    needed = values.num_nodes + values.spares
+    groups = [g for g in config.gpu_node_groups if g.instance_type == values.instance_profile]
+    subject = f"{values.name}: {values.num_nodes} nodes + {values.spares} spares"
+    if not groups:
+        return CheckResult(
+            check="job capacity",
+            subject=subject,
+            status=Status.FAIL,
+            detail=f"no GPU node group of {values.instance_profile} in the cluster config",
+            fix="set the job's instance_profile to a node group's instance_type, or add a node group",
+        )
+    room = sum(g.max_size for g in groups)
+    names = ", ".join(g.name for g in groups)
+    if needed > room:
+        return CheckResult(
+            check="job capacity",
+            subject=subject,
+            status=Status.FAIL,
+            detail=f"needs {needed} {values.instance_profile} nodes; node group(s) {names} max {room}",
+            fix=f"raise max_size of {names} to {needed}, or lower spares / num_nodes in the job values",
+        )
+    return CheckResult(
+        check="job capacity",
+        subject=subject,
+        status=Status.PASS,
+        detail=f"{needed} of max {room} nodes in {names}",
+    )
