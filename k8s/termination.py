@@ -39,8 +39,11 @@ _KNOWN = (
 @dataclass(frozen=True)
 class Cause:
     text: str
-    primary: bool
-    """A rank of this pod failed on its own (not stopped by its launcher because a peer failed)."""
+    severity: int
+    """How likely this pod is where the fault was: 2 a rank died of a signal (SIGKILL, SIGSEGV...:
+    nothing in the job sends those to a healthy rank), 1 a rank exited with an error (which may be a
+    consequence: a collective fails when a peer dies), 0 its ranks were stopped by its own launcher
+    (SIGTERM) or the launcher failed without a rank failure (e.g. a closed rendezvous)."""
 
 
 def log_tail(text: str) -> str:
@@ -54,8 +57,8 @@ def _rank_failure(rank: str, exitcode: str, message: str) -> Cause:
     if message.startswith("Signal"):
         text += f" ({message.split(' received', maxsplit=1)[0]})"
     if exitcode in _STOPPED:
-        text += ": stopped by its launcher after a peer failed"
-    return Cause(text=text, primary=exitcode not in _STOPPED)
+        return Cause(text=f"{text}: stopped by its launcher after a peer failed", severity=0)
+    return Cause(text=text, severity=2 if exitcode.startswith("-") else 1)
 
 
 def failure_cause(message: str) -> Cause:
@@ -70,10 +73,10 @@ def failure_cause(message: str) -> Cause:
             code = fields["exitcode"].split()[0]
             failures.append(_rank_failure(fields["rank"].split()[0], code, fields.get("traceback", "")))
     if failures:
-        own = [f for f in failures if f.primary]
-        return Cause(text="; ".join(f.text for f in own or failures[:1]), primary=bool(own))
+        worst = max(f.severity for f in failures)
+        return Cause(text="; ".join(f.text for f in failures if f.severity == worst), severity=worst)
     for needle, text in _KNOWN:
         if needle in message:
-            return Cause(text=text, primary=False)
+            return Cause(text=text, severity=0)
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return Cause(text=lines[-1][:200] if lines else "no termination message", primary=True)
+    return Cause(text=lines[-1][:200] if lines else "no termination message", severity=1)

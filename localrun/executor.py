@@ -452,17 +452,19 @@ class LocalJob:
         """The job fails (maxFailedIndexes 0); the reason names the index where the fault was.
 
         When a launcher runs out of restarts every launcher of the group may leave with it (NVRx's
-        min-healthy policy counts restarts globally), and the Job charges every index alike. The index
-        to name is the one whose own rank failed (k8s/termination.py `Cause.primary`), not one whose
-        ranks its launcher stopped: the pods of one failed group end within a moment of each other, so
-        the verdict waits up to 3 s for such an index before naming the first out of budget.
+        min-healthy policy counts restarts globally; a peer's death fails the others' collectives), and
+        the Job charges every index alike. The index to name is the one where the fault was: the pods
+        of one failed group end within a moment of each other, so the verdict waits 3 s for them, then
+        names the index whose cause is the most telling (k8s/termination.py `Cause.severity`: a rank
+        killed by a signal before one that exited with an error before one its launcher stopped),
+        the first to end among equals.
         """
-        causes = {i: failure_cause(o.message) for i, o in self._out_of_budget.items()}
-        primary = [i for i, c in causes.items() if c.primary]
         first_at = min(o.ended or 0.0 for o in self._out_of_budget.values())
-        if not primary and time.time() - first_at < 3.0:  # noqa: PLR2004 - see the docstring
+        if time.time() - first_at < 3.0 and len(self._out_of_budget) < len(self.pods):  # noqa: PLR2004
             return None
-        index = (primary or list(self._out_of_budget))[0]
+        causes = {i: failure_cause(o.message) for i, o in self._out_of_budget.items()}
+        by_end = sorted(self._out_of_budget, key=lambda i: self._out_of_budget[i].ended or 0.0)
+        index = max(by_end, key=lambda i: causes[i].severity)  # max keeps the first of equals
         o = self._out_of_budget[index]
         others = sorted(set(self._out_of_budget) - {index})
         also = f" (also out of budget: index {', '.join(map(str, others))})" if others else ""

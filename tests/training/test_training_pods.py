@@ -1,4 +1,6 @@
-"""Restart budgets that nest in practice (issue 16 part 5): the rendered local job under fault storms.
+"""Replacement pods and warm spares (issue 16 parts 5 and 3): the rendered local job, real processes.
+
+Budgets that nest in practice, under fault storms:
 
 The job is `k8s/values/local-cpu.yaml` (2 nodes x 2 CPU ranks, mode `both`: NVRx 0.4.1's min-healthy
 policy) with small budgets, run by the local executor playing the Job controller, as in
@@ -8,6 +10,10 @@ restarts by the global rendezvous round, so every launcher of the group leaves w
 and closes the rendezvous. The Job still has budget and replaces the pods; their init step
 (`python -m training.rendezvous evict`) reopens the rendezvous, so training goes on from the newest
 checkpoint. Before that, each replacement died at once with RendezvousClosedError.
+
+Warm spares: with `spares=1` a third pod runs the launcher, which waits in NVRx 0.4.1's redundancy list
+(`--nnodes=2:2` admits two); a node loss gives its place to the spare at the next round, and the Job's
+replacement pod becomes the next spare.
 """
 
 from __future__ import annotations
@@ -88,7 +94,7 @@ def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.timeout(600)
 def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(tmp_path, fault_free_hash):
-    result, events = _run(tmp_path, plan=_sigkills(3, 6, 9, 13), timeout_s=540)
+    result, events = _run(tmp_path, plan=_sigkills(3, 6, 9), timeout_s=540)
 
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
     # The launchers ran out after the third SIGKILL: the Job replaced the pods (a failure each, within
@@ -98,23 +104,48 @@ def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(tmp
     replacements = [p for p in result.pods if p.index is not None and not p.pod.endswith("-a0")]
     assert replacements
     assert any("reopened rendezvous" in Path(p.log).read_text() for p in replacements)
-    # The fourth SIGKILL fired in the replacements' run: training went on there, to the end.
-    assert len(_events(events, "fault_injected")) == 4
+    # Training went on in the replacements' run, to the end, with nothing lost.
+    assert len(_events(events, "fault_injected")) == 3
     assert _final_hash(events) == fault_free_hash
 
 
 @pytest.mark.timeout(600)
 def test_storm_exhausting_the_job_fails_naming_the_faulty_index_and_its_cause(tmp_path):
-    # backoffLimitPerIndex 3: the launchers' exhaustion (3rd SIGKILL) costs each index one pod; after
-    # it min-healthy's global round count leaves every new launcher without restarts, so each further
-    # SIGKILL costs each index another, and the 6th is one more than the budget.
+    # Mode ft_launcher with no launcher restarts and one pod failure per index: the first SIGKILL of
+    # rank 3 ends both launchers (the Job charges both indexes), the replacements rejoin the reopened
+    # rendezvous and train on, and the second SIGKILL is one failure more than the budget.
     result, _ = _run(
         tmp_path,
-        plan=_sigkills(2, 4, 6, 8, 10, 12),
+        plan=_sigkills(3, 6),
         timeout_s=540,
-        extra=("budgets.job_backoff_limit_per_index=3",),
+        extra=(
+            "mode=ft_launcher",
+            "budgets.launcher_max_restarts=0",
+            "budgets.expected_node_losses=0",
+            "budgets.job_backoff_limit_per_index=1",
+        ),
     )
 
     assert not result.succeeded
-    assert result.reason.startswith("index 1 failed 4 time(s): BackoffLimitExceeded"), result.reason
+    assert result.reason.startswith("index 1 failed 2 time(s): BackoffLimitExceeded"), result.reason
     assert "cause: worker rank 3 exit code -9 (Signal 9 (SIGKILL))" in result.reason, result.reason
+
+
+@pytest.mark.timeout(600)
+def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, fault_free_hash):
+    result, events = _run(tmp_path, plan="node_loss@8:3", timeout_s=540, extra=("spares=1",))
+
+    assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
+    (deletion,) = result.deletions
+    lost = deletion["index"]
+    # The spare: the pod that trained nothing before the loss. Training resumed on it, not on the
+    # replacement pod of the lost index (which became the next spare and trained nothing).
+    steps = _events(events, "step")
+    before = {int(e["node"]) for e in steps if e["t"] < deletion["time"]}
+    after = {int(e["node"]) for e in steps if e["t"] > deletion["time"]}
+    (spare,) = {0, 1, 2} - before
+    assert lost in before
+    assert after == (before - {lost}) | {spare}, (before, after)
+    spare_pod = next(p for p in result.pods if p.index == spare)
+    assert spare_pod.started < deletion["time"]
+    assert _final_hash(events) == fault_free_hash
