@@ -190,3 +190,13 @@ def test_golden_local_cpu(rendered, request):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(text)
     assert golden.read_text() == text, "rendered manifests changed; review and rerun with UPDATE_GOLDEN=1"
+
+
+def test_warm_spares_are_pods_of_the_job_and_it_succeeds_with_num_nodes(tmp_path):
+    docs = _render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path, "spares=1")
+    (job,) = _by_kind(docs, "Job")
+    spec = job["spec"]
+    assert spec["completions"] == spec["parallelism"] == 3
+    # The launcher still admits num_nodes; the third agent waits in the redundancy list.
+    assert "--nnodes=2:2" in spec["template"]["spec"]["containers"][0]["command"]
+    assert spec["successPolicy"] == {"rules": [{"succeededCount": 2}]}

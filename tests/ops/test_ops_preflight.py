@@ -390,3 +390,24 @@ def test_retry_policy_is_standard_unless_the_profile_says_otherwise(make_session
     monkeypatch.setenv("AWS_CONFIG_FILE", str(profile))
     config = retry_config(make_session().session)
     assert config.retries == {"mode": "adaptive", "total_max_attempts": 3}
+
+
+def test_job_capacity_counts_spares_against_the_node_groups_max_size():
+    from pathlib import Path  # noqa: PLC0415
+
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from infra.ops.preflight import Status, job_capacity  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_model(ClusterConfig, root / "infra/configs/default.yaml", [])
+    (group,) = [g for g in config.gpu_node_groups if g.instance_type == "p5.48xlarge"] or [None]
+    assert group is not None, "default.yaml has a p5.48xlarge node group"
+    values_file = root / "k8s/values/p5-2.yaml"
+    fits = job_capacity(config, load_values(values_file, [f"spares={group.max_size - 2}"]))
+    assert fits.status == Status.PASS, fits
+    over = job_capacity(config, load_values(values_file, [f"spares={group.max_size - 1}"]))
+    assert over.status == Status.FAIL
+    assert f"needs {group.max_size + 1} p5.48xlarge nodes" in over.detail
+    assert "spares" in over.fix
