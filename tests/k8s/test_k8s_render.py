@@ -200,3 +200,11 @@ def test_warm_spares_are_pods_of_the_job_and_it_succeeds_with_num_nodes(tmp_path
     # The launcher still admits num_nodes; the third agent waits in the redundancy list.
     assert "--nnodes=2:2" in spec["template"]["spec"]["containers"][0]["command"]
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 2}]}
+
+
+def test_warm_spares_count_in_max_nodes_with_the_barrier_rendezvous(tmp_path):
+    docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "spares=1")
+    (job,) = _by_kind(docs, "Job")
+    assert job["spec"]["completions"] == 3
+    # NVRx 0.7 (the image's pin): max = active + standby; a node beyond max would be refused.
+    assert "--nnodes=2:3" in job["spec"]["template"]["spec"]["containers"][0]["command"]
