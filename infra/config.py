@@ -217,6 +217,28 @@ class EcrConfig(_Model):
 class AddonsConfig(_Model):
     cloudwatch_observability: bool = False
     kueue: bool = False
+    prometheus_pod_monitors: bool = False
+    """PodMonitors for the trainer and the DCGM exporter (needs the Prometheus Operator's CRDs)."""
+
+
+class NodeCheckConfig(_Model):
+    """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/nodecheck.py)."""
+
+    image_tag: str | None = None
+    """Tag of the training image in the stack's ECR repository (`nvrx-eks image push` prints it). None:
+    no node check yet: the repository is created by this stack, so deploy once, push the image, then
+    deploy again with `-c node_check.image_tag=TAG`. Jobs that require verified nodes wait for it."""
+    interval_s: int = Field(600, ge=60)
+    """Seconds between checks of a node (DCGM diagnostics level 1 takes about a minute)."""
+    dcgm_host: str | None = None
+    """nv-hostengine address for `dcgmi diag` (None: dcgmi's default)."""
+
+    @field_validator("image_tag")
+    @classmethod
+    def _tag(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", value):
+            raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; <= 128)")
+        return value
 
 
 class TrainingConfig(_Model):
@@ -258,6 +280,7 @@ class ClusterConfig(_Model):
     gpu_node_groups: list[GpuNodeGroupConfig] = Field(min_length=1)
     fsx: FsxConfig = FsxConfig()
     checkpoint_bucket: CheckpointBucketConfig = CheckpointBucketConfig()
+    node_check: NodeCheckConfig = NodeCheckConfig()
     ecr: EcrConfig = EcrConfig()
     addons: AddonsConfig = AddonsConfig()
     training: TrainingConfig = TrainingConfig()

@@ -154,6 +154,9 @@ class JobValues(_Section):
     """Where the rendezvous store runs (the cluster's system node group label)."""
     gpu_node_selector: dict[str, str] = Field(default_factory=dict)
     """Extra labels the training nodes must carry (e.g. the node-health label)."""
+    require_verified_nodes: bool | None = None
+    """Schedule only on nodes the node check verified (label nvrx-eks/verified=true; the cluster stack's
+    node_check). Default: on for EC2 profiles, off for local runs."""
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, SecretRef] = Field(default_factory=dict)
     """Environment variables read from Kubernetes Secrets (never plain values)."""
@@ -259,6 +262,12 @@ class JobValues(_Section):
     @cached_property
     def resolved_nvrx_version(self) -> str:
         return resolve_nvrx_version(image=self.image, nvrx_version=self.nvrx_version)
+
+    @property
+    def verified_nodes_required(self) -> bool:
+        if self.require_verified_nodes is None:
+            return self.profile.is_ec2
+        return self.require_verified_nodes
 
     @property
     def pod_memory_gib(self) -> int:

@@ -18,10 +18,12 @@ from infra import nag
 from infra.addons import AddonContext, deploy_addons, standard_addons
 from infra.constructs.cluster import TrainingCluster
 from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
+from infra.constructs.launch_template import LOCAL_NVME_MOUNT
 from infra.constructs.network import Network
 from infra.constructs.storage import DurableStorage
 from infra.outputs import OUTPUT_KEYS
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+from k8s.node_verification import NodeCheckSpec
 
 if TYPE_CHECKING:
     from constructs import Construct
@@ -146,7 +148,15 @@ class ClusterStack(Stack):
 
     def _cluster_objects(self, cluster: eks.Cluster, addons: dict[str, object]) -> None:
         training = self.config.training
-        kueue = None
+        kueue = node_check = None
+        check = self.config.node_check
+        if check.image_tag is not None:
+            node_check = NodeCheckSpec(
+                image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
+                interval_s=check.interval_s,
+                local_nvme_path=LOCAL_NVME_MOUNT,
+                dcgm_host=check.dcgm_host,
+            )
         if self.config.addons.kueue:
             groups = self.config.gpu_node_groups
             kueue = KueueQuota(
@@ -154,6 +164,7 @@ class ClusterStack(Stack):
                 efa_devices=sum(g.max_size * g.profile.efa_devices for g in groups),
                 cpu=sum(g.max_size * g.profile.vcpus for g in groups),
                 memory_gib=sum(g.max_size * g.profile.memory_gib for g in groups),
+                verified_nodes_only=node_check is not None,
             )
         chart = ClusterObjectsChart(
             cdk8s.App(),
@@ -166,6 +177,8 @@ class ClusterStack(Stack):
             storage_capacity_gib=self.storage.storage_capacity_gib,
             pvc_name=training.pvc_name,
             kueue=kueue,
+            node_check=node_check,
+            pod_monitors=self.config.addons.prometheus_pod_monitors,
         )
         manifest = cluster.add_cdk8s_chart("ClusterObjects", chart)
         manifest.node.add_dependency(self.training_cluster.system_nodegroup)
