@@ -16,6 +16,7 @@ from cfnlint.api import lint
 
 from infra import app as infra_app
 from infra import pins
+from infra.configio import UserError
 from infra.nag import acknowledge, add_checks
 from infra.stacks.cluster_stack import OUTPUT_KEYS
 
@@ -272,3 +273,30 @@ def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "gpu_node_groups.0.instance_type: unknown instance type 'p9.huge'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_node_check_is_deployed_with_the_pushed_image_and_pins_kueue_to_verified_nodes(tmp_path):
+    config = infra_app.load_config(
+        CONFIGS / "p5-capacity-block.yaml",
+        ["node_check.image_tag=abc1234", "addons.prometheus_pod_monitors=true"],
+    )
+    app = App(outdir=str(tmp_path))
+    stack = infra_app.build(app, config, account="111111111111")
+    template = Template.from_json(app.synth().get_stack_by_name(stack.stack_name).template)
+    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
+    text = json.dumps(manifest["Properties"]["Manifest"])
+    for fragment in (
+        '\\"kind\\":\\"DaemonSet\\"',
+        '\\"kind\\":\\"ValidatingAdmissionPolicy\\"',
+        '\\"kind\\":\\"PodMonitor\\"',
+        '\\"grafana_dashboard\\":\\"1\\"',
+        ":abc1234",  # the image: the stack's repository URI (a token) + the tag
+        '\\"nodeLabels\\":{\\"nvrx-eks/verified\\":\\"true\\"}',
+    ):
+        assert fragment in text, fragment
+
+
+def test_a_bad_node_check_image_tag_is_one_message():
+    with pytest.raises(UserError, match=r"node_check\.image_tag") as info:
+        infra_app.load_config(CONFIGS / "default.yaml", ["node_check.image_tag=no:colons"])
+    assert "is not an image tag" in str(info.value)
