@@ -17,9 +17,10 @@ Least privilege, and how "its own node only" is enforced:
   as the NodeRestriction admission plugin, for kubelets. A token without that extra (not bound to a
   pod) is refused, so a stolen, re-issued token cannot be pointed at another node either.
   https://kubernetes.io/docs/reference/access-authn-authz/service-accounts-admin/#bound-service-account-token-volume
-- The same policy lets the service account change only what the check owns: labels and annotations
-  under `nvrx-eks/`, the `nvrx-eks/unverified` taint and the `NvrxEksVerified` condition; every other
-  field of the node must be left as it was.
+- The same policy lets the service account change only what the check owns: the labels
+  `nvrx-eks/verified` and `nvrx-eks/verified-at`, the annotation `nvrx-eks/verification`, the
+  `nvrx-eks/unverified` taint and the `NvrxEksVerified` condition; every other label, annotation,
+  taint, condition and spec field stays as it was (tests/k8s/test_k8s_node_policy.py runs the CEL).
 - Events: a namespaced Role (create only) in the check's own namespace.
 - The pod: no GPU or EFA request (it must not take devices from training; NVIDIA_VISIBLE_DEVICES=all
   lets the NVIDIA runtime show it every GPU, as dcgm-exporter does), the host's /sys and
@@ -63,14 +64,17 @@ class NodeCheckSpec:
 
 def _policy_validations() -> list[k8s.Validation]:
     """CEL rules on every node write by the check's service account."""
-    prefix = nodecheck.LABEL_PREFIX
+    owned_labels = [nodecheck.VERIFIED_LABEL, nodecheck.VERIFIED_AT_LABEL]
+    owned_annotations = [nodecheck.REPORT_ANNOTATION]
 
-    def unchanged_outside_prefix(field: str) -> str:
-        # Both directions: nothing outside the prefix added, removed or changed.
+    def unchanged_except(field: str, owned: list[str]) -> str:
+        # Both directions: nothing the check does not own added, removed or changed. The owned keys are
+        # named one by one: the node groups' own labels share the prefix (nvrx-eks/gpu, .../efa).
+        keys = "[" + ", ".join(f"'{k}'" for k in owned) + "]"
         new, old = f"object.metadata.?{field}.orValue({{}})", f"oldObject.metadata.?{field}.orValue({{}})"
         return (
-            f"{new}.all(k, k.startsWith('{prefix}') || (k in {old} && {old}[k] == {new}[k])) && "
-            f"{old}.all(k, k.startsWith('{prefix}') || k in {new})"
+            f"{new}.all(k, k in {keys} || (k in {old} && {old}[k] == {new}[k])) && "
+            f"{old}.all(k, k in {keys} || k in {new})"
         )
 
     others = f"filter(t, t.key != '{nodecheck.UNVERIFIED_TAINT}')"
@@ -87,13 +91,13 @@ def _policy_validations() -> list[k8s.Validation]:
             reason="Forbidden",
         ),
         k8s.Validation(
-            expression=unchanged_outside_prefix("labels"),
-            message=f"the node check may change only labels under {prefix}",
+            expression=unchanged_except("labels", owned_labels),
+            message=f"the node check may change only the labels {', '.join(owned_labels)}",
             reason="Forbidden",
         ),
         k8s.Validation(
-            expression=unchanged_outside_prefix("annotations"),
-            message=f"the node check may change only annotations under {prefix}",
+            expression=unchanged_except("annotations", owned_annotations),
+            message=f"the node check may change only the annotation {owned_annotations[0]}",
             reason="Forbidden",
         ),
         k8s.Validation(

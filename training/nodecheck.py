@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nodecheck")
 
 # The contract with the charts (k8s/cluster_chart.py, k8s/job_chart.py import these).
-LABEL_PREFIX = "nvrx-eks/"
 VERIFIED_LABEL = "nvrx-eks/verified"
 VERIFIED_AT_LABEL = "nvrx-eks/verified-at"
 UNVERIFIED_TAINT = "nvrx-eks/unverified"
