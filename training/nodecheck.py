@@ -556,8 +556,8 @@ def loop(
         done += 1
         try:
             result = verify_once(api, host, node_name=node_name, namespace=namespace)
-        except (ApiError, OSError, ValueError) as exc:
-            log.warning("could not record the verdict for %s: %s; retrying in %g s", node_name, exc, RETRY_S)
+        except Exception as exc:  # noqa: BLE001 - an API outage or a bug: log, retry, never crash-loop
+            log.warning("could not record the verdict for %s: %r; retrying in %g s", node_name, exc, RETRY_S)
             sleep(RETRY_S)
             continue
         log.info("%s %s: %s", node_name, "verified" if result.passed else "NOT verified", result.message)

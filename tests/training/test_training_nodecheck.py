@@ -337,6 +337,14 @@ def test_the_loop_survives_api_errors_and_checks_again(host):
     )
     assert slept == [nodecheck.RETRY_S, nodecheck.RETRY_S, 600]
     assert api.labels[VERIFIED_LABEL] == "true"
+    # Whatever else goes wrong in a round (here: the API answers garbage) is retried, not fatal.
+    broken = FakeApi(_node())
+    broken.get_node = lambda _name: {"metadata": None}
+    slept.clear()
+    nodecheck.loop(
+        broken, host, node_name=NAME, namespace="nvrx-system", interval_s=600, rounds=2, sleep=slept.append
+    )
+    assert slept == [nodecheck.RETRY_S, nodecheck.RETRY_S]
 
 
 def test_real_commands_missing_or_hanging(tmp_path):
