@@ -67,7 +67,7 @@ def test_cluster_encrypts_secrets_and_logs_the_control_plane(synthesized):
         "AWS::EKS::Cluster",
         {
             "Name": "nvrx-eks",
-            "Version": "1.34",
+            "Version": "1.35",
             "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
             "Logging": {
                 "ClusterLogging": {
@@ -116,7 +116,7 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
         "amazon-cloudwatch-observability",
     ):
         template.has_resource_properties(
-            "AWS::EKS::Addon", {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for("1.34")}
+            "AWS::EKS::Addon", {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for("1.35")}
         )
     template.has_resource_properties(
         "AWS::EKS::Addon",
@@ -185,7 +185,7 @@ def test_p5_block_nodes_get_the_full_efa_layout(synthesized):
     assert sum(i["InterfaceType"] == "efa-only" for i in data["NetworkInterfaces"]) == 32
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
-    # System nodes (controllers only, no training pods) keep IMDSv2-only with the EKS default hop limit.
+    # System nodes run the rendezvous store: IMDSv2-only and hop limit 1 there too.
     (system,) = [
         r["Properties"]["LaunchTemplateData"]
         for r in template.find_resources("AWS::EC2::LaunchTemplate").values()
@@ -194,7 +194,7 @@ def test_p5_block_nodes_get_the_full_efa_layout(synthesized):
     assert system["MetadataOptions"] == {
         "HttpEndpoint": "enabled",
         "HttpTokens": "required",
-        "HttpPutResponseHopLimit": 2,
+        "HttpPutResponseHopLimit": 1,
     }
     template.resource_count_is("AWS::EC2::PlacementGroup", 0)
     Template.from_json(synthesized["default"]).resource_count_is("AWS::EC2::PlacementGroup", 2)
