@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a checksum pin holds until the file's published sha256 has been recorded: the image build
+# refuses it (images/fetch-verified.sh and `nvrx-eks image build`), it never downloads unverified.
+UNPUBLISHED_SHA256 = "unpublished"
+
 
 @dataclass(frozen=True)
 class ImagePins:
     base_image: str
+    """By digest (repository@sha256:...); the tag it was taken from is in the comment beside it."""
     nvrx_version: str
     efa_installer: str
     aws_ofi_nccl: str
+    efa_installer_sha256: str = UNPUBLISHED_SHA256
+    """sha256 of aws-efa-installer-<efa_installer>.tar.gz."""
+    aws_ofi_nccl_sha256: str = UNPUBLISHED_SHA256
+    """sha256 of the aws-ofi-nccl-<aws_ofi_nccl>.tar.gz release asset."""
     python_abi: str = "cp312"
     """The base image's CPython ABI; NVRx 0.5+ publishes cp312 wheels only."""
     min_glibc: str = "2.39"
@@ -37,8 +46,19 @@ class ImagePins:
 # tarball so the version is ours, not whichever one the installer bundles.
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html
 # https://github.com/aws/aws-ofi-nccl/releases/tag/v1.17.2
+#
+# Digest and checksums (supply chain). None of them could be read from NGC, AWS or GitHub here (no
+# internet on the build machine of this change):
+# - base_image: tag 25.09-py3. The digest is the one a public x86_64 build pins for that tag (found
+#   by code search), not read from NGC: confirm it with `docker buildx imagetools inspect
+#   nvcr.io/nvidia/pytorch:25.09-py3` before relying on it. A wrong digest fails the pull (closed).
+# - efa_installer_sha256 / aws_ofi_nccl_sha256: no published checksum for 1.46.0 / 1.17.2 was found
+#   offline, so they hold UNPUBLISHED_SHA256 and the build refuses to run until they are recorded.
+#   Take the EFA installer's from AWS (the EFA user guide's installer verification steps give the
+#   checksum and GPG signature per release); aws-ofi-nccl's release page lists no checksum, so
+#   record the sha256 of the v1.17.2 release asset downloaded over TLS from github.com/aws/aws-ofi-nccl.
 IMAGE = ImagePins(
-    base_image="nvcr.io/nvidia/pytorch:25.09-py3",
+    base_image="nvcr.io/nvidia/pytorch@sha256:f3b4a33fd60d5e0358287bb44d57e91eda45e8f1681fef1bfd6c969371417130",
     nvrx_version="0.7.0",
     efa_installer="1.46.0",
     aws_ofi_nccl="1.17.2",
