@@ -436,3 +436,42 @@ def test_addon_pins_cover_every_supported_kubernetes_version():
         assert sorted(pin.versions) == sorted(pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
     for minor in pins.SUPPORTED_KUBERNETES_VERSIONS:
         assert pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
+
+
+@pytest.mark.slow
+def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
+    """The documented command, as a user runs it: the CDK CLI alone would exit 1 (infra/cdk-cli.js)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        (CONFIGS / "default.yaml")
+        .read_text()
+        .replace("repository_name: nvrx-eks/trainer", "repository_name: Bad//Repo")
+    )
+    env = {
+        **os.environ,
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    result = subprocess.run(
+        [
+            "npx",
+            "--no-install",
+            "cdk",
+            "synth",
+            "--quiet",
+            "-c",
+            f"config={bad}",
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "ecr.repository_name: 'Bad//Repo' is not an ECR repository name" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "jsii" not in result.stderr.lower()
