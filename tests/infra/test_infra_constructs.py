@@ -386,3 +386,17 @@ def test_managed_addons_are_pinned_per_kubernetes_version():
         },
     )
     assert json.dumps(template.to_json()).count("eksbuild") == 2
+
+
+def test_admin_role_trust_is_the_named_principals_when_given():
+    from infra.constructs.cluster import _admin_principal  # noqa: PLC0415
+
+    stack = Stack(App(), "Admin", env=ENV)
+    one = "arn:aws:iam::111111111111:role/platform-admins"
+    two = "arn:aws:iam::111111111111:user/oncall"
+    assert stack.resolve(_admin_principal([one]).policy_fragment.principal_json) == {"AWS": [one]}
+    both = stack.resolve(_admin_principal([one, two]).policy_fragment.principal_json)
+    assert sorted(both["AWS"]) == sorted([one, two])
+    # Without names: the account, i.e. whoever the account's IAM policies allow to assume it.
+    root = json.dumps(stack.resolve(_admin_principal([]).policy_fragment.principal_json))
+    assert ":root" in root
