@@ -36,7 +36,10 @@ Spares (M/G/inf): nodes fail at rate lambda per node and stay out `repair_hours`
 a given moment is Poisson with mean mu = nodes x lambda x repair; a node loss finds no spare with
 probability P(X >= spares). The run's waits are then about Poisson with mean F x P(X >= spares) over F
 node losses: the plan picks the fewest spares with exp(-F P(X >= spares)) >= spare_target. A wait
-lasts until the first of the spares + 1 nodes out returns: repair / (spares + 1) on average.
+lasts until the first of the spares + 1 nodes out returns: repair / (spares + 1) on average. This is a
+light-load approximation: it holds while the spares cover the losses (the recommended count or more);
+far below it the job queues behind its own repairs and the simulation (planner/simulate.py) is the
+figure to trust -- the report warns when the plan's spares are below the recommendation.
 """
 
 from __future__ import annotations

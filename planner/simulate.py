@@ -117,8 +117,8 @@ class _Run:
         heapq.heappush(self.returns, self.t + wait + self.rng.expovariate(1 / self.repair_s))
         return wait
 
-    def fault(self, kind: FaultKind) -> float:
-        """Roll back for a fault at the current moment; returns the recovery time it starts."""
+    def fault(self, kind: FaultKind) -> tuple[float, float]:
+        """Roll back for a fault at the current moment; returns (recovery, capacity wait) it starts."""
         self.faults += 1
         r = route(self.plan, self.mode, kind)
         now = {t: self.committed_at_fault(t) for t in self.costs}
@@ -137,22 +137,21 @@ class _Run:
             wiped = kind == "node" and name not in r.tiers
             self.committed[name] = -1.0 if wiped else min(now[name], restored)
         wait = self._spare() if kind == "node" else 0.0
-        self.wait += wait
-        return layer_recovery_s(self.plan, r.layer) + restore_s + wait
+        return layer_recovery_s(self.plan, r.layer) + restore_s, wait
 
-    def recover(self, duration: float, rate: float | None) -> None:
-        """Sit out a recovery; a fault during it (rate plans) starts another one."""
+    def recover(self, costs: tuple[float, float], rate: float | None) -> None:
+        """Sit out a wait for capacity, then a recovery; a fault during either (rate plans) starts over."""
+        recovery, wait = costs
         while True:
             gap = self.rng.expovariate(rate) if rate else math.inf
-            if gap >= duration:
-                self.t += duration
-                self.recovery += duration
-                self._segment = (self.p, self.t)
-                return
-            self.t += gap
-            self.recovery += gap
+            elapsed = min(gap, recovery + wait)
+            self.t += elapsed
+            self.wait += min(elapsed, wait)
+            self.recovery += max(0.0, elapsed - wait)
             self._segment = (self.p, self.t)
-            duration = self.fault(self._draw_class())
+            if gap >= recovery + wait:
+                return
+            recovery, wait = self.fault(self._draw_class())
 
 
 def _run_once(
@@ -205,7 +204,7 @@ def simulate(
         goodputs.append(run.p / wall)
         parts["checkpoint_stall"] += run.stall / wall
         parts["lost_work"] += run.lost / wall
-        parts["recovery"] += (run.recovery - run.wait) / wall
+        parts["recovery"] += run.recovery / wall
         parts["capacity_wait"] += run.wait / wall
         parts["startup"] += plan.workload.startup_s / wall
         faults += run.faults
