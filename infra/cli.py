@@ -35,6 +35,7 @@ def _register_all() -> None:
     from infra import commands as infra_commands  # noqa: PLC0415
     from infra.ops import commands as ops_commands  # noqa: PLC0415
     from k8s import commands as k8s_commands  # noqa: PLC0415
+    from planner import commands as planner_commands  # noqa: PLC0415
     from training import commands as training_commands  # noqa: PLC0415
 
     infra_commands.register(app=app, bench=bench_app)
@@ -42,6 +43,7 @@ def _register_all() -> None:
     k8s_commands.register(app=app, job=job_app, local=local_app, bench=bench_app)
     image_commands.register(image=image_app)
     training_commands.register(app=app, bench=bench_app)
+    planner_commands.register(app=app)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -82,10 +83,14 @@ def register(*, app: typer.Typer, job: typer.Typer, local: typer.Typer, bench: t
         ] = None,
     ) -> None:
         """Render the job's manifests (rendezvous store, headless Service, Indexed Job) as plain YAML."""
+        from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
         from k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
         from k8s.values import load_values  # noqa: PLC0415
 
         values = load_values(values_file, overrides or [])
+        warning = durable_cadence_warning(trainer=values.trainer, hints=values.plan)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         for path in render(values, str(out)):
             print(path)
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra.configio import UserError, load_model
 from infra.profiles import InstanceProfile, get_profile
+from k8s.durable_cost import PlanHints
 from k8s.launcher import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
 
 if TYPE_CHECKING:
@@ -159,6 +160,9 @@ class JobValues(_Section):
     """Environment variables read from Kubernetes Secrets (never plain values)."""
     active_deadline_s: int | None = Field(None, ge=1)
     ttl_after_finished_s: int | None = Field(86400, ge=0)
+    plan: PlanHints | None = None
+    """Written by `nvrx-eks plan --write`: the step and durable write time its cadences assume
+    (`job render` warns when trainer.checkpoint.durable_every undercuts the write). Not rendered."""
 
     @field_validator("name", "namespace")
     @classmethod

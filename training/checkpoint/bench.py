@@ -9,6 +9,8 @@ copy overlaps the next forward/backward exactly as in training/trainer.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import statistics
@@ -184,6 +186,7 @@ def bench(
     checkpoints: int,
     torture_trials: int,
     workdir: Path | None,
+    json_out: Path | None = None,
 ) -> None:
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
@@ -287,6 +290,20 @@ def bench(
             "\nrestore (read + verify, page cache warm for the disk tiers) "
             + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
         )
+
+        if json_out is not None:
+            # The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run.
+            document = {
+                "state_bytes": nbytes,
+                "memcpy_gbps": bandwidth / 1e9,
+                "floor_s": floor,
+                "step_s": step_s,
+                "durable_write_s": durable_s if durable else None,
+                "restore_s": times,
+                "rows": [dataclasses.asdict(row) for row in rows],
+            }
+            json_out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            print(f"\ncheckpoint-bench.json: {json_out}")
 
         if torture_trials:
             result = run_trials(root=shm / "torture", trials=torture_trials, seed=0)
