@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra.configio import UserError, load_model
 from infra.profiles import InstanceProfile, get_profile
-from k8s.durable_cost import PlanHints
+from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from k8s.launcher import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
 
 if TYPE_CHECKING:

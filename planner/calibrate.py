@@ -120,6 +120,12 @@ def _from_peer(path: Path, cal: Calibration) -> None:
         round(max(0.0, statistics.median(residuals)), 3),
         f"derived: {path} (wall - training - recovery - replayed steps, median: first start + stall)",
     )
+    drawn = next((row.get("faults") for row in modes.values() if row.get("faults")), [])
+    schedule = [f"{f['class']}@{f['step']}" for f in drawn]
+    if len(schedule) != int(scenario["num_faults"]):
+        raise UserError(
+            f"{path}: scenario.num_faults is {scenario['num_faults']} but {len(schedule)} faults are listed"
+        )
     kit_overrides = modes.get("kit", {}).get("overrides", [])
     kit_memory, kit_local = _cadence(kit_overrides, "memory"), _cadence(kit_overrides, "local")
     every = int(scenario["durable_every"])
@@ -127,10 +133,10 @@ def _from_peer(path: Path, cal: Calibration) -> None:
         "name": f"bench-peer-{path.parent.name}",
         "fleet": {"instance_profile": "local-cpu", "nodes": LOCAL_NODES, "spares": 0},
         "workload": {"step_s": step_s, "steps": steps, "model": "tiny"},
+        # The run's own faults, fault for fault: the same draw for every mode (k8s/peer_bench.py).
         "faults": {
-            "count": int(scenario["num_faults"]),
-            "mix": scenario["fault_weights"],
-            "source": f"{path} scenario (seed {scenario.get('fault_seed')})",
+            "schedule": schedule,
+            "source": f"{path} (seed {scenario.get('fault_seed')}, the faults that run drew)",
         },
         # The kit persists in the background; a tiny model's writes take milliseconds (their stall
         # is inside the derived startup figure). Restores are inside the measured recoveries.
@@ -148,7 +154,7 @@ def _from_peer(path: Path, cal: Calibration) -> None:
     }
     if kit_memory is None:
         cal.labels["modes.kit.tiers"] = "assumed: k8s/peer_bench.py kit tiering (RAM every 2, disk every 10)"
-    cal.labels["faults.count"] = label
+    cal.labels["faults.schedule"] = label
     cal.labels["modes.*.tiers.durable"] = label
 
 

@@ -14,7 +14,11 @@ if TYPE_CHECKING:
     from planner.model import Projection
 
 # Job values' mode -> the plan's mode (k8s/values.py Mode; `both` is the kit's default).
-VALUES_MODES: dict[str, str] = {"baseline": "baseline", "inprocess": "inprocess", "ft_launcher": "ft_launcher"}
+VALUES_MODES: dict[str, str] = {
+    "baseline": "baseline",
+    "inprocess": "inprocess",
+    "ft_launcher": "ft_launcher",
+}
 VALUES_MODES["both"] = "kit"
 
 
@@ -49,20 +53,29 @@ def load_plan(
     return plan, given, cal
 
 
-def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[str]:
-    """Set the trainer's cadences (and the plan's hints) in a job values file, comments kept."""
-    from io import StringIO  # noqa: PLC0415
-
-    from pydantic import ValidationError  # noqa: PLC0415
-    from ruamel.yaml import YAML, CommentedMap  # noqa: PLC0415
-    from ruamel.yaml.error import YAMLError  # noqa: PLC0415
-
-    from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
-    from k8s.values import JobValues  # noqa: PLC0415
+def _roundtrip_yaml() -> Any:  # noqa: ANN401 - ruamel.yaml.YAML
+    # The same round-trip settings as infra/ops/stack_values.py (the planner may not import infra.ops).
+    from ruamel.yaml import YAML  # noqa: PLC0415
 
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _plain(node: Any) -> Any:  # noqa: ANN401 - a ruamel tree
+    if isinstance(node, dict):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _load_values_doc(values_path: Path, yaml: Any) -> Any:  # noqa: ANN401 - ruamel tree
+    from ruamel.yaml.error import YAMLError  # noqa: PLC0415
+
+    from infra.configio import UserError  # noqa: PLC0415
+
     try:
         doc = yaml.load(values_path.read_text())
     except FileNotFoundError:
@@ -71,6 +84,21 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
         raise UserError(f"--write {values_path}: not valid YAML ({exc})") from None
     if not isinstance(doc, dict):
         raise UserError(f"--write {values_path}: expected a mapping of fields at the top level")
+    return doc
+
+
+def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[str]:
+    """Set the trainer's cadences (and the plan's hints) in a job values file, comments kept."""
+    from io import StringIO  # noqa: PLC0415
+
+    from pydantic import ValidationError  # noqa: PLC0415
+    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+
+    from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
+    from k8s.values import JobValues  # noqa: PLC0415
+
+    yaml = _roundtrip_yaml()
+    doc = _load_values_doc(values_path, yaml)
     values_mode = str(doc.get("mode", "both"))
     mode: Mode = VALUES_MODES.get(values_mode, "kit")  # type: ignore[assignment]
     if mode not in projection.modes:
@@ -97,16 +125,8 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     hints["source"] = f"nvrx-eks plan {plan.name} (mode {mode})"
     doc["plan"] = hints
     changed.append("plan")
-
-    def plain(node: Any) -> Any:  # noqa: ANN401
-        if isinstance(node, dict):
-            return {str(k): plain(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [plain(v) for v in node]
-        return node
-
     try:
-        JobValues.model_validate(plain(doc))
+        JobValues.model_validate(_plain(doc))
     except ValidationError as exc:
         raise UserError(describe_validation_error(exc, source=f"--write {values_path}")) from None
     buffer = StringIO()
@@ -117,7 +137,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
 
 def register(*, app: typer.Typer) -> None:
     @app.command("plan")
-    def plan_cmd(
+    def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         plan_file: Annotated[
             Path | None, typer.Argument(help="Plan YAML (planner/examples/*.yaml); optional with --from.")
         ] = None,
@@ -126,9 +146,13 @@ def register(*, app: typer.Typer) -> None:
         ] = None,
         run_dir: Annotated[
             Path | None,
-            typer.Option("--from", help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json)."),
+            typer.Option(
+                "--from", help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json)."
+            ),
         ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")
+        ] = False,
         out: Annotated[
             Path | None, typer.Option("--out", help="Folder for the PNG plots (default runs/plan-<name>).")
         ] = None,
@@ -136,11 +160,15 @@ def register(*, app: typer.Typer) -> None:
         simulate: Annotated[
             bool, typer.Option("--simulate/--no-simulate", help="Check the closed form by simulation.")
         ] = True,
-        runs: Annotated[int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")] = None,
+        runs: Annotated[
+            int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")
+        ] = None,
         seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 0,
         write: Annotated[
             Path | None,
-            typer.Option("--write", help="Write the chosen intervals into this job values file (comments kept)."),
+            typer.Option(
+                "--write", help="Write the chosen intervals into this job values file (comments kept)."
+            ),
         ] = None,
     ) -> None:
         """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""

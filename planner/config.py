@@ -7,6 +7,7 @@ planner/calibrate.py), or from a default below whose source is named beside it. 
 from __future__ import annotations
 
 import math
+import re
 from functools import cached_property
 from typing import Literal, Self, get_args
 
@@ -85,6 +86,7 @@ Source = str
 # (tests/planner checks the two agree).
 SOFT_CLASSES = frozenset({"exception", "hang", "skip_collective", "oom"})
 KNOWN_CLASSES: tuple[str, ...] = get_args(FaultClass)
+_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::\d+)?$")  # training/config.py _PLAN_ITEM
 
 
 def fault_kind(cls: str) -> FaultKind:
@@ -262,9 +264,33 @@ class Faults(_Section):
     """A fixed number of faults per run, spread over the steps (the benchmarks' way)."""
     per_node_day: float | None = Field(None, ge=0)
     """Or a rate: faults per training node per day (Llama 3: 3.8e-3; Kokolis et al.: ~5e-3)."""
+    schedule: list[str] | None = None
+    """Or the faults of one run, each CLASS@STEP (the trainer's `faults.plan` format): a run this kit
+    measured replayed fault for fault (its steps decide the lost work, not their expectation)."""
     mix: dict[str, float] = Field(default_factory=llama3_mix)
     """Share of each fault class (training/faults.py names); default: Llama 3's Table 5 mapped."""
     source: str = ""
+
+    @field_validator("schedule")
+    @classmethod
+    def _items(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            match = _ITEM.match(item)
+            if match is None or match["cls"] not in KNOWN_CLASSES:
+                raise ValueError(
+                    f"{item!r} is not CLASS@STEP (e.g. exception@57) with CLASS one of "
+                    f"{', '.join(KNOWN_CLASSES)}"
+                )
+        return value
+
+    def scheduled(self) -> list[tuple[str, int]]:
+        """(class, step) of each scheduled fault, by step."""
+        out = []
+        for item in self.schedule or []:
+            match = _ITEM.match(item)
+            assert match is not None  # noqa: S101 - validated
+            out.append((match["cls"], int(match["step"])))
+        return sorted(out, key=lambda f: f[1])
 
     @field_validator("mix")
     @classmethod
@@ -281,8 +307,12 @@ class Faults(_Section):
 
     @model_validator(mode="after")
     def _one(self) -> Self:
-        if (self.count is None) == (self.per_node_day is None):
-            raise ValueError("give exactly one of count (faults per run) or per_node_day (a rate)")
+        given = [self.count is not None, self.per_node_day is not None, self.schedule is not None]
+        if sum(given) != 1:
+            raise ValueError(
+                "give exactly one of count (faults per run), per_node_day (a rate) or schedule "
+                "(a CLASS@STEP list)"
+            )
         return self
 
     def kind_shares(self) -> dict[FaultKind, float]:
@@ -304,6 +334,15 @@ class Plan(_Section):
     max_interval_s: float = Field(3600.0, gt=0)
     """The longest interval recommended for a tier no fault restores from (the checkpoint an operator's
     restart or a fault storm falls back to)."""
+
+    @model_validator(mode="after")
+    def _length_for_counts(self) -> Self:
+        if self.faults.per_node_day is None and self.workload.steps is None:
+            raise ValueError("faults: a count or schedule of faults per run needs workload.steps, not days")
+        last = max((step for _, step in self.faults.scheduled()), default=0)
+        if self.workload.steps is not None and last > self.workload.steps:
+            raise ValueError(f"faults.schedule: step {last} is beyond workload.steps ({self.workload.steps})")
+        return self
 
     @model_validator(mode="after")
     def _tiers_defined(self) -> Self:

@@ -3,13 +3,13 @@
 What a fault costs depends on who recovers it (shared README section 2) and where the state comes back
 from. Per mode and fault kind (`route`):
 
-| kind    | baseline               | inprocess              | ft_launcher            | kit                    |
-|---------|------------------------|------------------------|------------------------|------------------------|
-| soft    | job restart, same node | in-process, no restore | launcher, same node    | in-process, no restore |
-| process | job restart, same node | job restart, same node | launcher, same node    | launcher, same node    |
-| node    | job restart, remote    | job restart, remote    | spare swap, remote     | spare swap, remote     |
+| kind    | baseline              | inprocess             | ft_launcher          | kit                   |
+|---------|-----------------------|-----------------------|----------------------|-----------------------|
+| soft    | job restart, own node | in-process, none      | launcher, own node   | in-process, none      |
+| process | job restart, own node | job restart, own node | launcher, own node   | launcher, own node    |
+| node    | job restart, remote   | job restart, remote   | spare swap, remote   | spare swap, remote    |
 
-"same node": any tier the mode writes; "remote": durable, plus memory with peer replicas. A restore
+"own node": any tier the mode writes; "remote": durable, plus memory with peer replicas. A restore
 loads the newest checkpoint of the usable tiers; an in-process restart redoes only the interrupted
 step. Each fault then costs recovery (its layer) + restore (its tier) + lost work + for a node loss the
 wait for capacity when no spare is left.
@@ -45,10 +45,21 @@ figure to trust -- the report warns when the plan's spares are below the recomme
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planner.config import MODES, SECONDS_PER_DAY, TIERS, FaultKind, Mode, Plan, TierName, poisson_tail
+from planner.config import (
+    MODES,
+    SECONDS_PER_DAY,
+    TIERS,
+    FaultKind,
+    Mode,
+    Plan,
+    TierName,
+    fault_kind,
+    poisson_tail,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -266,69 +277,102 @@ def _rates(plan: Plan) -> _Rates:
     rate = plan.fault_rate()
     if rate is not None:
         return _Rates({k: rate * shares[k] for k in KINDS}, is_rate=True)
+    if plan.faults.schedule is not None:
+        counts = dict.fromkeys(KINDS, 0.0)
+        for cls, _ in plan.faults.scheduled():
+            counts[fault_kind(cls)] += 1
+        return _Rates(counts, is_rate=False)
     count = plan.faults.count or 0
     return _Rates({k: count * shares[k] for k in KINDS}, is_rate=False)
+
+
+def scheduled_lost_s(plan: Plan, cost: TierCosts, step: int) -> float:
+    """Work lost by a fault at `step` (mid-step) restoring from a tier: back to its newest committed
+    checkpoint (a persist still in flight does not count; none yet: back to the start)."""
+    step_s = plan.workload.step_s
+    at = (step - 0.5) * step_s
+    newest = math.floor(at / cost.effective_s + 1e-9) * cost.effective_s
+    if at - newest < cost.lag_s:
+        newest -= cost.effective_s
+    return at - max(0.0, newest)
+
+
+def _restore_rates(plan: Plan, mode: Mode, *, wall_guess_s: float) -> dict[TierName, float]:
+    """Restores per second each tier serves: with nested cadences the first usable tier is the newest."""
+    setup = plan.modes[mode].tiers
+    rates = _rates(plan)
+    out: dict[TierName, float] = dict.fromkeys(setup, 0.0)
+    for kind in KINDS:
+        usable = [t for t in route(plan, mode, kind).tiers if t in setup]
+        if usable:
+            out[usable[0]] += rates.per_kind[kind] / (1.0 if rates.is_rate else wall_guess_s)
+    return out
+
+
+def _auto_steps(
+    *, target: float, bound: str, floors: list[tuple[float, str]], step: float, memory_steps: int | None
+) -> tuple[int, str]:
+    """Whole steps for a target interval, raised to its floors and to a multiple of the memory cadence."""
+    low, low_bound = max(floors)
+    if target <= low:
+        target, bound = low, low_bound
+    steps = max(1, round(target / step) if bound == "young-daly" else math.ceil(target / step - 1e-9))
+    if memory_steps:
+        multiple = max(math.ceil(steps / memory_steps) * memory_steps, memory_steps)
+        if steps < memory_steps:
+            bound = "memory cadence"
+        steps = multiple
+    return steps, bound
 
 
 def recommend(plan: Plan, mode: Mode, *, wall_guess_s: float) -> dict[TierName, Interval]:
     """The interval per tier the mode writes: fixed ones kept, `auto` ones bounded Young/Daly."""
     setup = plan.modes[mode].tiers
     step = plan.workload.step_s
-    rates = _rates(plan)
-    # Which faults restore from which tier: with nested cadences the first usable tier is the newest.
-    restore_rate: dict[TierName, float] = dict.fromkeys(setup, 0.0)
-    for kind in KINDS:
-        usable = [t for t in route(plan, mode, kind).tiers if t in setup]
-        if usable:
-            per_s = rates.per_kind[kind] if rates.is_rate else rates.per_kind[kind] / wall_guess_s
-            restore_rate[usable[0]] += per_s
+    restore_rate = _restore_rates(plan, mode, wall_guess_s=wall_guess_s)
     run_cap = plan.useful_s or plan.workload.days * SECONDS_PER_DAY  # type: ignore[operator]
     out: dict[TierName, Interval] = {}
-    memory_steps = None
-    for name in TIERS:
-        if name not in setup:
-            continue
+    memory_steps: int | None = None
+    for name in (t for t in TIERS if t in setup):
         tier = plan.checkpoint.tier(name)
-        assert tier is not None  # noqa: S101
+        assert tier is not None  # noqa: S101 - validated by Plan
         write = 0.0 if name == "memory" else plan.write_s(name)
         with_memory = "memory" in setup and name != "memory"
         stall = plan.stall_s(name) if (tier.blocking or not with_memory) else 0.0
-        rate = restore_rate[name]
-        mtbf = 1 / rate if rate > 0 else None
+        mtbf = 1 / restore_rate[name] if restore_rate[name] > 0 else None
         yd = daly(mtbf, stall) if mtbf is not None else None
         fixed = setup[name]
         if fixed != "auto":
-            note = ""
-            if not tier.blocking and write > fixed * step:
-                note = f"shorter than its {write:.0f} s write: persists coalesce"
+            late = not tier.blocking and write > fixed * step
+            note = f"shorter than its {write:.0f} s write: persists coalesce" if late else ""
             out[name] = Interval(name, fixed, fixed * step, "fixed (plan)", yd, write, stall, mtbf, note)
-            if name == "memory":
-                memory_steps = fixed
-            continue
-        candidates = [(math.inf if yd is None else yd, "young-daly")]
-        if yd is None:
-            candidates = [(min(plan.max_interval_s, run_cap), "max interval (no fault restores from it)")]
-        floor = [(step, "one step")]
-        if not tier.blocking and write > 0:
-            floor.append((write, "background write"))
-        target, bound = candidates[0]
-        low, low_bound = max(floor)
-        if target <= low:
-            target, bound = low, low_bound
-        steps = max(1, math.ceil(target / step - 1e-9) if bound != "young-daly" else round(target / step))
-        if with_memory and memory_steps:
-            multiple = math.ceil(steps / memory_steps) * memory_steps
-            if multiple != steps and steps < memory_steps:
-                bound = "memory cadence"
-            steps = max(multiple, memory_steps)
+        else:
+            if yd is None:
+                target, bound = min(plan.max_interval_s, run_cap), "max interval (no fault restores from it)"
+            else:
+                target, bound = yd, "young-daly"
+            floors = [(step, "one step")]
+            if not tier.blocking and write > 0:
+                floors.append((write, "background write"))
+            every, bound = _auto_steps(
+                target=target,
+                bound=bound,
+                floors=floors,
+                step=step,
+                memory_steps=memory_steps if with_memory else None,
+            )
+            out[name] = Interval(name, every, every * step, bound, yd, write, stall, mtbf)
         if name == "memory":
-            memory_steps = steps
-        out[name] = Interval(name, steps, steps * step, bound, yd, write, stall, mtbf)
+            memory_steps = out[name].every_steps
     return out
 
 
 def evaluate(
-    plan: Plan, mode: Mode, cadences: Mapping[TierName, int], *, intervals: dict[TierName, Interval] | None = None
+    plan: Plan,
+    mode: Mode,
+    cadences: Mapping[TierName, int],
+    *,
+    intervals: dict[TierName, Interval] | None = None,
 ) -> ModeResult:
     """Expected goodput of `mode` writing each tier every `cadences[tier]` steps."""
     costs = tier_costs(plan, mode, cadences)
@@ -338,18 +382,32 @@ def evaluate(
     sigma = sum(c.stall_s / c.interval_s for c in costs.values())
     startup = plan.workload.startup_s
 
+    scheduled = plan.faults.scheduled()
+
     def per_fault(wait_per_node_loss: float) -> dict[FaultKind, FaultCost]:
         out: dict[FaultKind, FaultCost] = {}
         for kind in KINDS:
             r = route(plan, mode, kind)
             tier = restore_choice(r, costs)
             lost = step / 2 if tier is None else costs[tier].lost_s
+            restore = 0.0 if tier is None else costs[tier].restore_s
+            at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
+            if at_steps and tier is not None:
+                # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
+                usable = [t for t in r.tiers if t in costs]
+                picks = [
+                    min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s)) for s in at_steps
+                ]
+                lost = statistics.fmean(
+                    scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)
+                )
+                restore = statistics.fmean(costs[t].restore_s for t in picks)
             out[kind] = FaultCost(
                 kind=kind,
                 layer=r.layer,
                 tier=tier,
                 recovery_s=layer_recovery_s(plan, r.layer),
-                restore_s=0.0 if tier is None else costs[tier].restore_s,
+                restore_s=restore,
                 lost_s=lost,
                 wait_s=wait_per_node_loss if kind == "node" else 0.0,
             )
@@ -381,7 +439,17 @@ def evaluate(
     feasible = math.isfinite(wall) and used > 0
     if not feasible:
         return ModeResult(
-            mode, 0.0, {}, intervals or {}, counts, fcosts, wall, used, plan.fleet.gpus * 24.0, spares, False
+            mode,
+            0.0,
+            {},
+            intervals or {},
+            counts,
+            fcosts,
+            wall,
+            used,
+            plan.fleet.gpus * 24.0,
+            spares,
+            feasible=False,
         )
     badput = {
         "checkpoint_stall": used * sigma / wall,

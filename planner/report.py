@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from planner.config import MODES, SECONDS_PER_DAY, TIERS, Mode, Plan, TierName
-from planner.model import Projection, evaluate, project
+from planner.model import ModeResult, Projection, evaluate, project
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,6 +39,7 @@ REPORTED_INPUTS = (
     "workload.startup_s",
     "faults.count",
     "faults.per_node_day",
+    "faults.schedule",
     "faults.mix",
     "recovery.inprocess_s",
     "recovery.launcher_s",
@@ -51,16 +52,14 @@ REPORTED_INPUTS = (
     "checkpoint.durable.restore_s",
     "fleet.repair_hours",
 )
+MINUTE_S, HOUR_S = 60.0, 3600.0
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def _get(tree: Any, dotted: str) -> Any:  # noqa: ANN401 - any plan value
     node = tree
     for part in dotted.split("."):
-        if isinstance(node, dict):
-            node = node.get(part)
-        else:
-            node = getattr(node, part, None)
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
         if node is None:
             return None
     return node
@@ -138,10 +137,10 @@ def _pct(value: float | None) -> str:
 def _seconds(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
-    if value >= 3600:
-        return f"{value / 3600:.1f} h"
-    if value >= 60:
-        return f"{value / 60:.1f} min"
+    if value >= HOUR_S:
+        return f"{value / HOUR_S:.1f} h"
+    if value >= MINUTE_S:
+        return f"{value / MINUTE_S:.1f} min"
     return f"{value:.3g} s"
 
 
@@ -153,22 +152,30 @@ def print_report(
     measured: dict[str, float],
     inputs: dict[str, dict[str, Any]],
 ) -> None:
-    from rich.table import Table  # noqa: PLC0415
-
     plan = projection.plan
     length = (
         f"{plan.workload.steps} steps" if plan.workload.steps is not None else f"{plan.workload.days:g} days"
     )
-    faults = (
-        f"{plan.faults.count} faults per run"
-        if plan.faults.count is not None
-        else f"{plan.faults.per_node_day:.2e} faults per node-day"
-    )
+    if plan.faults.schedule is not None:
+        faults = f"{len(plan.faults.schedule)} scheduled faults"
+    elif plan.faults.count is not None:
+        faults = f"{plan.faults.count} faults per run"
+    else:
+        faults = f"{plan.faults.per_node_day:.2e} faults per node-day"
     console.print(
-        f"[bold]{plan.name}[/bold]: {plan.fleet.nodes} x {plan.fleet.instance_profile} = {plan.fleet.gpus} GPUs, "
+        f"[bold]{plan.name}[/bold]: {plan.fleet.nodes} x {plan.fleet.instance_profile} = "
+        f"{plan.fleet.gpus} GPUs, "
         f"{length} of {plan.workload.step_s:g} s, {faults}, "
         f"state {plan.workload.total_state_bytes() / 1e9:,.1f} GB"
     )
+    _print_intervals(console, projection)
+    _print_goodput(console, projection, sims=sims, measured=measured)
+    _print_spares(console, projection)
+    _print_inputs(console, inputs)
+
+
+def _print_intervals(console: Console, projection: Projection) -> None:
+    from rich.table import Table  # noqa: PLC0415
 
     intervals = Table(title="Recommended checkpoint interval per tier", title_justify="left")
     intervals.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
@@ -198,6 +205,24 @@ def print_report(
             if i.note:
                 console.print(f"[yellow]{mode} {tier}: every {i.every_steps} steps is {i.note}[/yellow]")
 
+
+def _goodput_cells(r: ModeResult) -> list[str]:
+    return [
+        f"[bold]{r.training_goodput:.1%}[/bold]",
+        _pct(r.badput["checkpoint_stall"]),
+        _pct(r.badput["lost_work"]),
+        _pct(r.badput["recovery"]),
+        _pct(r.badput["capacity_wait"]),
+        _pct(r.badput["startup"]),
+        f"{r.gpu_hours_lost_per_day:,.0f}",
+    ]
+
+
+def _print_goodput(
+    console: Console, projection: Projection, *, sims: dict[Mode, SimResult], measured: dict[str, float]
+) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(title="Expected training goodput per mode", title_justify="left")
     table.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
     columns = ["goodput", "ckpt stall", "lost work", "recovery", "capacity wait", "startup", "GPU-h lost/day"]
@@ -211,15 +236,7 @@ def print_report(
         if not r.feasible:
             table.add_row(f"[red]{mode} (faults outpace progress)[/red]", *["-"] * (len(columns)))
             continue
-        cells = [
-            f"[bold]{r.training_goodput:.1%}[/bold]",
-            _pct(r.badput["checkpoint_stall"]),
-            _pct(r.badput["lost_work"]),
-            _pct(r.badput["recovery"]),
-            _pct(r.badput["capacity_wait"]),
-            _pct(r.badput["startup"]),
-            f"{r.gpu_hours_lost_per_day:,.0f}",
-        ]
+        cells = _goodput_cells(r)
         if sims:
             sim = sims.get(mode)
             cells.append("-" if sim is None else f"{sim.training_goodput:.1%}")
@@ -228,6 +245,9 @@ def print_report(
         table.add_row(mode, *cells)
     console.print(table)
 
+
+def _print_spares(console: Console, projection: Projection) -> None:
+    plan = projection.plan
     spares = projection.modes[_headline_mode(projection)].spares
     warn = (
         f" [yellow]below the {spares.recommended} recommended: the capacity-wait figure is optimistic "
@@ -242,6 +262,10 @@ def print_report(
         f"P(never waiting) {spares.p_never_wait:.1%}{warn}"
     )
 
+
+def _print_inputs(console: Console, inputs: dict[str, dict[str, Any]]) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
     sources = Table(title="Inputs and where they come from", title_justify="left")
     sources.add_column("field", no_wrap=True)
     sources.add_column("value", justify="right")
@@ -252,6 +276,8 @@ def print_report(
             text = f"{value:.4g}"
         elif isinstance(value, dict):
             text = ", ".join(f"{k} {v:.2f}" for k, v in value.items())
+        elif isinstance(value, list):
+            text = ", ".join(str(v) for v in value)
         else:
             text = str(value)
         colour = "green" if item["source"].startswith("measured") else "default"
@@ -260,10 +286,6 @@ def print_report(
 
 
 # ---- plots ----------------------------------------------------------------------------------------------
-def _sweep_tier(plan: Plan, mode: Mode) -> TierName:
-    return "durable"
-
-
 def plot_interval(projection: Projection, out: Path) -> Path:
     """Goodput against the durable interval, one line per mode (other tiers at their recommendation)."""
     import matplotlib as mpl  # noqa: PLC0415 - heavy, and only the plots need it
@@ -276,7 +298,7 @@ def plot_interval(projection: Projection, out: Path) -> Path:
     figure, axis = plt.subplots(figsize=(9, 5))
     longest = plan.useful_s or plan.workload.days * SECONDS_PER_DAY  # type: ignore[operator]
     for mode, result in projection.modes.items():
-        tier = _sweep_tier(plan, mode)
+        tier: TierName = "durable"
         chosen = result.intervals[tier]
         memory = result.intervals.get("memory")
         multiple = memory.every_steps if (memory is not None and tier != "memory") else 1
@@ -317,10 +339,15 @@ def scale_plan(plan: Plan, gpus: int, *, wall_s: float | None = None) -> Plan:
     wall time), so the sweep passes through the plan's own figure at its own size."""
     nodes = max(1, gpus // plan.fleet.profile.workers_per_node)
     faults = plan.faults
-    if faults.count is not None:
+    if faults.per_node_day is None:
+        count = faults.count if faults.count is not None else len(faults.schedule or [])
         days = (wall_s or plan.useful_s or 0.0) / SECONDS_PER_DAY
-        rate = faults.count / (plan.fleet.nodes * days) if days else 0.0
-        faults = faults.model_copy(update={"count": None, "per_node_day": rate})
+        rate = count / (plan.fleet.nodes * days) if days else 0.0
+        mix = faults.mix
+        if faults.schedule is not None:
+            classes = [cls for cls, _ in faults.scheduled()]
+            mix = {cls: classes.count(cls) / len(classes) for cls in set(classes)} if classes else mix
+        faults = faults.model_copy(update={"count": None, "schedule": None, "per_node_day": rate, "mix": mix})
     fleet = plan.fleet.model_copy(update={"nodes": nodes, "spares": None})
     return plan.model_copy(update={"fleet": fleet, "faults": faults})
 

@@ -163,15 +163,23 @@ def _run_once(
     useful = plan.useful_s
     if rate is None:
         assert useful is not None  # noqa: S101 - validated: a count needs a length in steps
-        count = plan.faults.count or 0
-        steps = plan.workload.steps or 0
-        slot = max(1, steps // max(1, count))
-        # One fault per slot of the run at a random step inside it, as training/faults.py draws them;
-        # each fires once, the first time its step is reached (replays do not fire it again).
-        points = sorted((i * slot + rng.randint(0, slot - 1) + 0.5) * plan.workload.step_s for i in range(count))
-        for point in points:
+        step_s = plan.workload.step_s
+        if plan.faults.schedule is not None:
+            # A replayed run: its faults at their steps (mid-step, as the injector fires before backward).
+            faults = [((s - 0.5) * step_s, fault_kind(c)) for c, s in plan.faults.scheduled()]
+        else:
+            count = plan.faults.count or 0
+            steps = plan.workload.steps or 0
+            slot = max(1, steps // max(1, count))
+            # One fault per slot of the run at a random step inside it, as training/faults.py draws
+            # them; each fires once, the first time its step is reached (replays do not fire it again).
+            faults = [
+                ((i * slot + rng.randint(0, slot - 1) + 0.5) * step_s, run._draw_class())  # noqa: SLF001
+                for i in range(count)
+            ]
+        for point, kind in sorted(faults):
             run.train_to(point)
-            run.recover(run.fault(run._draw_class()), None)  # noqa: SLF001
+            run.recover(run.fault(kind), None)
         run.train_to(useful)
         return run
     end_wall = None if useful is not None else plan.workload.days * SECONDS_PER_DAY  # type: ignore[operator]
@@ -194,12 +202,12 @@ def simulate(
     plan: Plan, mode: Mode, cadences: Mapping[TierName, int], *, spares: int, runs: int = 200, seed: int = 0
 ) -> SimResult:
     """Mean training goodput (and badput split) over `runs` seeded runs with `spares` warm spares."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - a seeded simulation, not cryptography
     goodputs: list[float] = []
     parts = {"checkpoint_stall": 0.0, "lost_work": 0.0, "recovery": 0.0, "capacity_wait": 0.0, "startup": 0.0}
     faults = waits = 0
     for _ in range(runs):
-        run = _run_once(plan, mode, cadences, random.Random(rng.getrandbits(64)), spares)
+        run = _run_once(plan, mode, cadences, random.Random(rng.getrandbits(64)), spares)  # noqa: S311
         wall = run.t
         goodputs.append(run.p / wall)
         parts["checkpoint_stall"] += run.stall / wall

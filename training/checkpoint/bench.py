@@ -173,6 +173,32 @@ def _torch_save_fsync(state: dict[str, Any], path: Path) -> None:
         os.fsync(out.fileno())  # what a durable checkpoint needs; our persists fsync too
 
 
+def _write_json(
+    path: Path | None,
+    *,
+    nbytes: int,
+    bandwidth: float,
+    step_s: float,
+    rows: list[Row],
+    durable_s: float | None,
+    restore: dict[str, float],
+) -> None:
+    """The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run."""
+    if path is None:
+        return
+    document = {
+        "state_bytes": nbytes,
+        "memcpy_gbps": bandwidth / 1e9,
+        "floor_s": nbytes / bandwidth,
+        "step_s": step_s,
+        "durable_write_s": durable_s,
+        "restore_s": restore,
+        "rows": [dataclasses.asdict(row) for row in rows],
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"\ncheckpoint-bench.json: {path}")
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -291,19 +317,15 @@ def bench(
             + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
         )
 
-        if json_out is not None:
-            # The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run.
-            document = {
-                "state_bytes": nbytes,
-                "memcpy_gbps": bandwidth / 1e9,
-                "floor_s": floor,
-                "step_s": step_s,
-                "durable_write_s": durable_s if durable else None,
-                "restore_s": times,
-                "rows": [dataclasses.asdict(row) for row in rows],
-            }
-            json_out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-            print(f"\ncheckpoint-bench.json: {json_out}")
+        _write_json(
+            json_out,
+            nbytes=nbytes,
+            bandwidth=bandwidth,
+            step_s=step_s,
+            rows=rows,
+            durable_s=durable_s if durable else None,
+            restore=times,
+        )
 
         if torture_trials:
             result = run_trials(root=shm / "torture", trials=torture_trials, seed=0)

@@ -29,7 +29,9 @@ def register(bench: typer.Typer) -> None:
         ] = None,
         json_out: Annotated[
             Path | None,
-            typer.Option("--json-out", help="Also write the figures as JSON (read by `nvrx-eks plan --from`)."),
+            typer.Option(
+                "--json-out", help="Also write the figures as JSON (read by `nvrx-eks plan --from`)."
+            ),
         ] = None,
     ) -> None:
         """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP, restore per tier, kill -9."""
