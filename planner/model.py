@@ -206,7 +206,7 @@ def size_spares(plan: Plan, *, node_rate_per_node_s: float, wall_s: float) -> Sp
         p_no_spare=tail,
         p_never_wait=never_wait(spares),
         wait_per_loss_s=tail * repair / (spares + 1),
-        source="plan" if fleet.spares is not None else f"sized for {fleet.spare_target:.0%} never waiting",
+        source="the plan's" if fleet.spares is not None else "sized by the plan",
     )
 
 
@@ -216,7 +216,9 @@ class Interval:
     every_steps: int
     seconds: float
     bound: str
-    """What set it: young-daly, background write, one step, memory cadence, max interval, fixed."""
+    """What set it: young-daly (the optimum), write time (an async tier's background write), one step,
+    memory cadence (disk tiers persist the memory snapshot), max interval (no fault restores from this
+    tier: `max_interval_s`), fixed (the plan's cadence)."""
     young_daly_s: float | None
     write_s: float
     stall_s: float
@@ -345,15 +347,15 @@ def recommend(plan: Plan, mode: Mode, *, wall_guess_s: float) -> dict[TierName, 
         if fixed != "auto":
             late = not tier.blocking and write > fixed * step
             note = f"shorter than its {write:.0f} s write: persists coalesce" if late else ""
-            out[name] = Interval(name, fixed, fixed * step, "fixed (plan)", yd, write, stall, mtbf, note)
+            out[name] = Interval(name, fixed, fixed * step, "fixed", yd, write, stall, mtbf, note)
         else:
             if yd is None:
-                target, bound = min(plan.max_interval_s, run_cap), "max interval (no fault restores from it)"
+                target, bound = min(plan.max_interval_s, run_cap), "max interval"
             else:
                 target, bound = yd, "young-daly"
             floors = [(step, "one step")]
             if not tier.blocking and write > 0:
-                floors.append((write, "background write"))
+                floors.append((write, "write time"))
             every, bound = _auto_steps(
                 target=target,
                 bound=bound,

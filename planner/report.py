@@ -181,7 +181,7 @@ def _print_intervals(console: Console, projection: Projection) -> None:
     intervals.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
     intervals.add_column("tier", no_wrap=True, min_width=len("durable"))
     intervals.add_column("bound")
-    for column in ("every", "interval", "Young/Daly", "write", "stall", "MTBF (restores)"):
+    for column in ("every", "interval", "Young/Daly", "write", "stall", "MTBF"):
         intervals.add_column(column, justify="right")
     for mode, result in projection.modes.items():
         for tier in TIERS:
@@ -200,6 +200,11 @@ def _print_intervals(console: Console, projection: Projection) -> None:
                 _seconds(i.mtbf_s),
             )
     console.print(intervals)
+    console.print(
+        "bound: what set the interval (young-daly optimum, write time of an async tier, one step, memory "
+        "cadence, max interval: no fault restores from the tier, fixed by the plan); MTBF: between the "
+        "faults that restore from the tier"
+    )
     for mode, result in projection.modes.items():
         for tier, i in result.intervals.items():
             if i.note:
