@@ -55,6 +55,8 @@ class Calibration:
     """Training goodput per mode as the run measured it (for the side-by-side)."""
     scenario: dict[str, Any] | None = None
     """A whole plan built from peer.json's scenario (used when no plan file is given)."""
+    scenario_labels: dict[str, str] = field(default_factory=dict)
+    """Where the scenario's own fields came from (joined to `labels` when the scenario is used)."""
     files: list[str] = field(default_factory=list)
 
     def set(self, dotted: str, value: Any, label: str) -> None:  # noqa: ANN401 - any plan value
@@ -120,6 +122,15 @@ def _from_peer(path: Path, cal: Calibration) -> None:
         round(max(0.0, statistics.median(residuals)), 3),
         f"derived: {path} (wall - training - recovery - replayed steps, median: first start + stall)",
     )
+    _peer_scenario(path, scenario, modes, step_s=step_s, cal=cal)
+
+
+def _peer_scenario(
+    path: Path, scenario: dict[str, Any], modes: dict[str, Any], *, step_s: float, cal: Calibration
+) -> None:
+    """peer.json's own scenario as a whole plan: this machine, the run's faults, each mode's cadences."""
+    label = f"measured: {path}"
+    steps = int(scenario["steps"])
     drawn = next((row.get("faults") for row in modes.values() if row.get("faults")), [])
     schedule = [f"{f['class']}@{f['step']}" for f in drawn]
     if len(schedule) != int(scenario["num_faults"]):
@@ -152,10 +163,20 @@ def _from_peer(path: Path, cal: Calibration) -> None:
             "kit": {"tiers": {"memory": kit_memory or 2, "local": kit_local or 10, "durable": every}},
         },
     }
+    scenario_labels = cal.scenario_labels
     if kit_memory is None:
-        cal.labels["modes.kit.tiers"] = "assumed: k8s/peer_bench.py kit tiering (RAM every 2, disk every 10)"
-    cal.labels["faults.schedule"] = label
-    cal.labels["modes.*.tiers.durable"] = label
+        scenario_labels["modes.kit.tiers"] = (
+            "assumed: k8s/peer_bench.py kit tiering (RAM every 2, disk every 10)"
+        )
+    scenario_labels["faults.schedule"] = label
+    scenario_labels["workload.steps"] = f"{label} (scenario)"
+    tiny = "assumed: the tiny model's persists take milliseconds (their stall is in the derived startup)"
+    for dotted in ("checkpoint.memory.stall_s", "checkpoint.local.write_s", "checkpoint.durable.write_s"):
+        scenario_labels[dotted] = tiny
+    scenario_labels["checkpoint.durable.restore_s"] = (
+        "measured: inside each recovery (events end at startup_done)"
+    )
+    scenario_labels["modes.*.tiers.durable"] = label
 
 
 def _from_summary(path: Path, cal: Calibration) -> None:

@@ -42,6 +42,7 @@ def load_plan(
                 "holding a `nvrx-eks bench peer` peer.json"
             )
         data = cal.scenario
+        cal.labels = cal.scenario_labels | cal.labels
     if cal is not None:
         data = merge(data, cal.overrides)
     data = merge(data, parse_overrides(overrides))

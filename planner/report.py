@@ -69,6 +69,8 @@ def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> 
     """Each reported input: its value and whether it was measured, given (assumed) or a default."""
     out: dict[str, dict[str, Any]] = {}
     for dotted in REPORTED_INPUTS:
+        if dotted == "faults.mix" and plan.faults.schedule is not None:
+            continue  # a schedule names each fault's class
         value = _get(plan, dotted)
         if dotted == "checkpoint.memory.stall_s" and value is None:
             value, source = plan.stall_s("memory"), "derived: state per GPU / copy bandwidth (the floor)"
@@ -164,7 +166,7 @@ def print_report(
         faults = f"{plan.faults.per_node_day:.2e} faults per node-day"
     console.print(
         f"[bold]{plan.name}[/bold]: {plan.fleet.nodes} x {plan.fleet.instance_profile} = "
-        f"{plan.fleet.gpus} GPUs, "
+        f"{plan.fleet.gpus} {'GPUs' if plan.fleet.profile.gpus else 'CPU ranks'}, "
         f"{length} of {plan.workload.step_s:g} s, {faults}, "
         f"state {plan.workload.total_state_bytes() / 1e9:,.1f} GB"
     )

@@ -215,6 +215,7 @@ def test_projection_from_a_bench_peer_run_is_within_5_points_of_what_it_measured
     assert plan.recovery.job_restart_s == pytest.approx(11.4)
     assert cal.labels["recovery.job_restart_s"].startswith("measured")
     assert cal.labels["workload.startup_s"].startswith("derived")
+    assert cal.labels["faults.schedule"].startswith("measured")
     projection = project_all(plan)
     for mode, measured in cal.measured_goodput.items():
         projected = projection.modes[mode].training_goodput
@@ -236,6 +237,7 @@ def test_measured_costs_override_the_plan_files_and_say_so(peer_run):
     assert inputs["recovery.inprocess_s"]["source"].startswith("measured")
     assert inputs["recovery.node_swap_s"]["source"].startswith("default")
     assert inputs["workload.steps"]["source"] == "assumed: plan file"
+    assert inputs["checkpoint.durable.write_s"]["source"] == "assumed: plan file"
 
 
 # ---- bad input ---------------------------------------------------------------------------------------
