@@ -96,6 +96,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     from ruamel.yaml import CommentedMap  # noqa: PLC0415
 
     from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
+    from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
     from k8s.values import JobValues  # noqa: PLC0415
 
     yaml = _roundtrip_yaml()
@@ -127,9 +128,14 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     doc["plan"] = hints
     changed.append("plan")
     try:
-        JobValues.model_validate(_plain(doc))
+        written = JobValues.model_validate(_plain(doc))
     except ValidationError as exc:
         raise UserError(describe_validation_error(exc, source=f"--write {values_path}")) from None
+    # The same check `job render` makes (k8s/durable_cost.py): a fixed durable cadence the plan kept
+    # may still undercut the write.
+    warning = durable_cadence_warning(trainer=written.trainer, hints=written.plan)
+    if warning:
+        changed.append(f"warning: {warning}")
     buffer = StringIO()
     yaml.dump(doc, buffer)
     values_path.write_text(buffer.getvalue())

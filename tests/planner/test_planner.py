@@ -304,6 +304,8 @@ def test_write_keeps_comments_and_peer_tiering_for_single_layer_modes(tmp_path):
     assert written.trainer["checkpoint"] == {"memory_every": 500, "local_every": 0, "durable_every": 500}
     assert "trainer.checkpoint.local_every=0" in changed
     assert "# 16 x p5.48xlarge" in values.read_text()
+    # The peer's 500 steps of 0.25 s are shorter than its 275 s durable write: said at once.
+    assert any("shorter than the 275 s durable write" in line for line in changed)
 
 
 def test_render_warns_when_the_durable_interval_undercuts_the_write():
