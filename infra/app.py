@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.config import ClusterConfig
-from infra.configio import UserError, exit_on_user_error, load_model
+from kitcore.configio import UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

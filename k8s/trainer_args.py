@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra.configio import UserError
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from k8s.values import JobValues

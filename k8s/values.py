@@ -1,30 +1,26 @@
 """Typed job values: the one template a platform team parameterizes (YAML file + `key=value` overrides).
 
-Loaded with `infra.configio.load_model(JobValues, path, overrides)`; every bad value ends as one
+Loaded with `k8s.load.load_values(path, overrides)`; every bad value ends as one
 message naming the field and the fix. Cross-field rules (restart budgets that agree across layers,
 timeouts in order, a mode the NVRx version lacks) are checked here, before anything is rendered.
 
 `image: local` means "no container image: the local executor runs the command with this machine's
 virtualenv", and the launcher flags then derive from the NVRx version installed here (0.4.1) instead of
-the image's pin (infra/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
+the image's pin (kitcore/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
 """
 
 from __future__ import annotations
 
 import re
 from functools import cached_property
-from pathlib import Path  # noqa: TC003 - used at runtime by pydantic
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.configio import UserError, load_model
-from infra.profiles import InstanceProfile, get_profile
 from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
-from k8s.launcher import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
+from kitcore.configio import UserError
+from kitcore.profiles import InstanceProfile, get_profile
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -135,7 +131,7 @@ class JobValues(_Section):
     image: str = LOCAL_IMAGE
     """Container image, or `local` for the local executor (this virtualenv)."""
     nvrx_version: str | None = None
-    """NVRx in the image; default: infra/pins.py IMAGE.nvrx_version, or the installed one for image local."""
+    """NVRx in the image; default: kitcore/pins.py IMAGE.nvrx_version, or the installed one for `local`."""
     service_account: str = "nvrx-trainer"
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
@@ -281,12 +277,3 @@ class JobValues(_Section):
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.profile.workers_per_node
-
-
-def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
-    """Load and fully check job values: the model's rules, then the trainer's own parser."""
-    from k8s.trainer_args import check_trainer_args  # noqa: PLC0415 - imports the trainer (torch)
-
-    values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
-    check_trainer_args(values)
-    return values

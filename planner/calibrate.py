@@ -1,7 +1,7 @@
 """`--from RUN_DIR`: the costs this kit measured, fed into the plan and labelled measured.
 
 It reads, anywhere below RUN_DIR:
-- `peer.json` (`nvrx-eks bench peer`, k8s/peer_bench.py): per mode the goodput, wall time and every
+- `peer.json` (`nvrx-eks bench peer`, localrun/peer_bench.py): per mode the goodput, wall time and every
   fault with the layer that recovered it and its recovery time; the scenario (steps, faults, cadences).
 - `summary.json` (`nvrx-eks demo` / a chaos run, training/report.py): step time, loop stall per
   checkpoint, faults with layer and recovery time.
@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,7 +39,7 @@ LAYER_FIELDS = {
     "torchrun": "job_restart_s",
     "job_controller": "node_swap_s",
 }
-# k8s/peer_bench.py mode names -> the plan's (its `kit` is the plan's `kit`).
+# localrun/peer_bench.py mode names -> the plan's (its `kit` is the plan's `kit`).
 PEER_MODES = ("baseline", "inprocess", "ft_launcher", "kit")
 # The local executor's topology (k8s/values/local-cpu.yaml): two "nodes" of two CPU ranks.
 LOCAL_NODES = 2
@@ -144,7 +144,7 @@ def _peer_scenario(
         "name": f"bench-peer-{path.parent.name}",
         "fleet": {"instance_profile": "local-cpu", "nodes": LOCAL_NODES, "spares": 0},
         "workload": {"step_s": step_s, "steps": steps, "model": "tiny"},
-        # The run's own faults, fault for fault: the same draw for every mode (k8s/peer_bench.py).
+        # The run's own faults, fault for fault: the same draw for every mode (localrun/peer_bench.py).
         "faults": {
             "schedule": schedule,
             "source": f"{path} (seed {scenario.get('fault_seed')}, the faults that run drew)",
@@ -166,7 +166,7 @@ def _peer_scenario(
     scenario_labels = cal.scenario_labels
     if kit_memory is None:
         scenario_labels["modes.kit.tiers"] = (
-            "assumed: k8s/peer_bench.py kit tiering (RAM every 2, disk every 10)"
+            "assumed: localrun/peer_bench.py kit tiering (RAM every 2, disk every 10)"
         )
     scenario_labels["faults.schedule"] = label
     scenario_labels["workload.steps"] = f"{label} (scenario)"

@@ -1,4 +1,4 @@
-"""`nvrx-eks plan` (wired in by infra/cli.py): intervals, spares and goodput for a fleet."""
+"""`nvrx-eks plan` (wired in by nvrx_eks/cli.py): intervals, spares and goodput for a fleet."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def load_plan(
     """The validated plan, the fields the user gave (file + --set), and the calibration if any."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from infra.configio import UserError, describe_validation_error, merge, parse_overrides, read_yaml  # noqa: PLC0415
+    from kitcore.configio import UserError, describe_validation_error, merge, parse_overrides, read_yaml  # noqa: PLC0415
     from planner.calibrate import calibrate  # noqa: PLC0415
     from planner.config import Plan  # noqa: PLC0415
 
@@ -75,7 +75,7 @@ def _plain(node: Any) -> Any:  # noqa: ANN401 - a ruamel tree
 def _load_values_doc(values_path: Path, yaml: Any) -> Any:  # noqa: ANN401 - ruamel tree
     from ruamel.yaml.error import YAMLError  # noqa: PLC0415
 
-    from infra.configio import UserError  # noqa: PLC0415
+    from kitcore.configio import UserError  # noqa: PLC0415
 
     try:
         doc = yaml.load(values_path.read_text())
@@ -95,9 +95,9 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     from pydantic import ValidationError  # noqa: PLC0415
     from ruamel.yaml import CommentedMap  # noqa: PLC0415
 
-    from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
     from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
     from k8s.values import JobValues  # noqa: PLC0415
+    from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     yaml = _roundtrip_yaml()
     doc = _load_values_doc(values_path, yaml)
@@ -108,7 +108,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     intervals = projection.modes[mode].intervals
     durable = intervals["durable"].every_steps
     # The trainer's tiered checkpointer persists disk tiers from the memory snapshot: a mode without
-    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, k8s/peer_bench.py).
+    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, localrun/peer_bench.py).
     memory = intervals["memory"].every_steps if "memory" in intervals else durable
     local = intervals["local"].every_steps if "local" in intervals else 0
     cadences = {"memory_every": memory, "local_every": local, "durable_every": durable}

@@ -13,8 +13,8 @@ from typing import Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.configio import UserError
-from infra.profiles import InstanceProfile, get_profile
+from kitcore.configio import UserError
+from kitcore.profiles import InstanceProfile, get_profile
 from training.config import FaultClass
 from training.shapes import PRESETS, ModelShape
 
@@ -70,7 +70,7 @@ H100_D2H_GBPS = 52.8
 # The trainer's state per parameter: fp32 parameters plus AdamW's two fp32 moments (training/trainer.py
 # builds torch.optim.AdamW over fp32 parameters).
 TRAINER_BYTES_PER_PARAM = 12.0
-# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (k8s/peer_bench.py
+# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (localrun/peer_bench.py
 # PEER_PUBLISHED): in-process 10 s, ft_launcher 17 s, torchrun restart from checkpoint 270 s.
 PEER_INPROCESS_S = 10.0
 PEER_LAUNCHER_S = 17.0
@@ -111,7 +111,7 @@ class _Section(BaseModel):
 
 class Fleet(_Section):
     instance_profile: str = "p5.48xlarge"
-    """A row of the one profile table (infra/profiles.py): GPUs per node."""
+    """A row of the one profile table (kitcore/profiles.py): GPUs per node."""
     nodes: int = Field(ge=1)
     """Training nodes (spares not counted)."""
     spares: int | None = Field(None, ge=0)
@@ -237,7 +237,7 @@ class ModeSetup(_Section):
 
 def _default_modes() -> dict[Mode, ModeSetup]:
     # The peer's tiering for the three single-layer modes (one checkpoint cadence, durable), the kit's
-    # tiering for its default (RAM, node-local disk, durable) -- the same split as k8s/peer_bench.py.
+    # tiering for its default (RAM, node-local disk, durable) -- the same split as localrun/peer_bench.py.
     one = ModeSetup(tiers={"durable": "auto"})
     return {
         "baseline": one,

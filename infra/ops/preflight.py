@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors, error_code
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

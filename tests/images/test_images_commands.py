@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from images import build
 from images.commands import register
-from infra.configio import UserError
-from infra.pins import IMAGE
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE
 
 URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
 

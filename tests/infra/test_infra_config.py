@@ -9,7 +9,7 @@ import yaml
 
 from infra.app import overrides_from_context
 from infra.config import ClusterConfig
-from infra.configio import UserError, load_model
+from kitcore.configio import UserError, load_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
 
@@ -118,7 +118,7 @@ def test_capacity_block_config_targets_its_block():
         (
             {"kubernetes_version": "1.29"},
             (
-                r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/pins\.py; "
+                r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
                 r"use one of 1\.33, 1\.34"
             ),
         ),

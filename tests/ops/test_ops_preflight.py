@@ -9,7 +9,6 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
-from infra.configio import UserError
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
@@ -20,6 +19,7 @@ from infra.ops.preflight import (
     check_reservation,
     quota_for,
 )
+from kitcore.configio import UserError
 
 P_QUOTA = "L-417A185B"
 G_QUOTA = "L-DB2E81BA"

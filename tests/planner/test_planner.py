@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.configio import UserError, load_model
 from k8s.durable_cost import PlanHints, durable_cadence_warning
-from k8s.peer_bench import PEER_PUBLISHED
 from k8s.values import JobValues
+from kitcore.configio import UserError, load_model
+from localrun.peer_bench import PEER_PUBLISHED
 from planner.commands import load_plan, write_values
 from planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,

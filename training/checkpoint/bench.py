@@ -25,6 +25,8 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from training.checkpoint.config import CheckpointConfig
+
 
 def make_state(total_bytes: int) -> dict[str, Any]:
     """A model-like state: several large float32 tensors plus optimizer moments and small values."""
@@ -203,6 +205,19 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def _restore_times(config: CheckpointConfig) -> dict[str, float]:
+    """Seconds to read and verify step 1 back from each tier."""
+    from training.checkpoint.restore import StoreSource  # noqa: PLC0415
+    from training.checkpoint.storage import disk_stores  # noqa: PLC0415
+    from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
+
+    memory = MemoryTier(root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu"))
+    times = {"memory": timed(lambda: memory.load(1, 0))}
+    for store, _, shared in disk_stores(config):
+        times[store.tier] = timed(lambda s=store, sh=shared: StoreSource(s, shared=sh).load(1, 0))
+    return times
+
+
 def bench(
     *,
     state_gb: float,
@@ -217,9 +232,7 @@ def bench(
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.checkpoint.factory import build_checkpointer, disk_stores  # noqa: PLC0415
-    from training.checkpoint.restore import StoreSource  # noqa: PLC0415
-    from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
+    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
     from training.checkpoint.torture import run_trials  # noqa: PLC0415
 
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
@@ -306,12 +319,7 @@ def bench(
         ckpt.save(1, state)
         ckpt.wait()
         ckpt.close()
-        memory = MemoryTier(
-            root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu")
-        )
-        times = {"memory": timed(lambda: memory.load(1, 0))}
-        for store, _, shared in disk_stores(config):
-            times[store.tier] = timed(lambda s=store, sh=shared: StoreSource(s, shared=sh).load(1, 0))
+        times = _restore_times(config)
         print(
             "\nrestore (read + verify, page cache warm for the disk tiers) "
             + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())

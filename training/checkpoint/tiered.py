@@ -32,11 +32,12 @@ import torch
 import torch.distributed as dist
 
 from training.checkpoint.base import Checkpointer, Restored
-from training.checkpoint.factory import disk_stores
 from training.checkpoint.persist import PersistWorker
+from training.checkpoint.replica import ReplicaWorker, ranks_per_node, restore_from_anywhere
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
 from training.checkpoint.stats import CheckpointStats
+from training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -378,14 +379,37 @@ class TieredCheckpointer(Checkpointer):
             num_slots=config.num_staging_slots,
             device=device,
         )
-        self.agreement = Agreement(tiers=[store.tier for store, _, _ in stores], device=device)
-        self.workers = {
+        self.workers: dict[str, PersistWorker | ReplicaWorker] = {
             store.tier: PersistWorker(
                 tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s, result_dir=self.memory.root
             )
             for store, _, _ in stores
         }
         self._locations = {store.tier: store.location for store, _, _ in stores}
+        # (tier, cadence) of every background tier; the peer replica follows each memory snapshot.
+        self._cadences = [(store.tier, every) for store, every, _ in stores]
+        per_node = ranks_per_node()
+        nodes = world_size // per_node
+        if config.peer_replicas and nodes > 1:
+            if config.peer_replicas >= nodes:
+                raise ValueError(
+                    f"checkpoint.peer_replicas={config.peer_replicas} needs more nodes than replicas "
+                    f"(this job has {nodes}): lower it to at most {nodes - 1}"
+                )
+            self.workers["peer"] = ReplicaWorker(
+                rank=rank,
+                world_size=world_size,
+                ranks_per_node=per_node,
+                replicas=config.peer_replicas,
+                memory_dir=config.memory_dir,
+            )
+            self._locations["peer"] = str(config.memory_dir)
+            self._cadences.append(("peer", config.memory_every))
+        self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
+        self._owed: set[str] = set()
+        """Tiers whose due persist was skipped (busy): each writes the newest snapshot at the next
+        snapshot that finds it free, not only at its next due step -- no tier silently falls behind.
+        The same on every rank: it follows from the agreed decisions."""
         self._persist_delay_s = persist_delay_s
         for worker in self.workers.values():
             worker.start()
@@ -415,7 +439,7 @@ class TieredCheckpointer(Checkpointer):
         self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
     def _snapshot(self, step: int, state: dict[str, Any]) -> None:
-        due = [store.tier for store, tier_every, _ in self.stores if step % tier_every == 0]
+        due = [tier for tier, every in self._cadences if step % every == 0 or tier in self._owed]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(s.holders for s in self.memory.slots):
@@ -446,15 +470,20 @@ class TieredCheckpointer(Checkpointer):
         for tier in due:
             if slot is not None and launch[tier]:
                 slot.holders.add(tier)  # submitted to the worker once the copy has finished
+                self._owed.discard(tier)
+                worker = self.workers[tier]
+                if isinstance(worker, ReplicaWorker):
+                    worker.prepare()  # every rank launches at this step alike: a collective is safe
                 continue
+            self._owed.add(tier)
             self.stats.skipped[tier] += 1
             self.emit(
                 "checkpoint_skipped",
                 {
                     "tier": tier,
                     "step": step,
-                    "reason": "previous persist running (coalesced: the next "
-                    "due step writes the newest snapshot)",
+                    "reason": "previous persist running (owed: the next snapshot that "
+                    "finds the tier free writes the newest state)",
                 },
             )
         self.agreement.publish(self._local_flags())
@@ -514,9 +543,16 @@ class TieredCheckpointer(Checkpointer):
             self.memory.slots[outcome["slot"]].holders.discard(tier)
             if outcome["ok"]:
                 self.stats.persisted[tier] += 1
+                extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
                 self.emit(
                     "checkpoint_committed",
-                    {"tier": tier, "step": outcome["step"], "rank": self.rank, "seconds": outcome["seconds"]},
+                    {
+                        "tier": tier,
+                        "step": outcome["step"],
+                        "rank": self.rank,
+                        "seconds": outcome["seconds"],
+                        **extra,
+                    },
                 )
             else:
                 self._failed(tier, outcome["step"], outcome["error"], kind=outcome.get("kind", "failed"))
@@ -537,7 +573,19 @@ class TieredCheckpointer(Checkpointer):
         # Restoring writes into the live parameters: no copy may still be reading them.
         self._settle()
         self.agreement.reset()  # a restore starts a new agreement history (new process group)
-        sources = [self.memory] + [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        self._owed.clear()
+        stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
+            return restore_from_anywhere(
+                memory_dir=self.config.memory_dir,
+                stores=stores,
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                emit=self.emit,
+            )
+        sources = [self.memory, *stores]
         return load_newest(
             sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
         )
