@@ -97,6 +97,10 @@ class Storage(_Section):
     local_mount_path: str = "/local"
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
+    peer_replicas: int | None = Field(None, ge=0)
+    """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
+    checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
+    when the job has more than one node. Costs R x the node's snapshot in each node's memory tier."""
 
     @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
     @classmethod
@@ -114,6 +118,7 @@ CHART_OWNED_TRAINER_FIELDS = (
     "checkpoint.local_dir",
     "checkpoint.durable_dir",
     "checkpoint.s3_uri",
+    "checkpoint.peer_replicas",
     "inprocess.max_iterations",
 )
 
@@ -234,6 +239,12 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
+        replicas = self.storage.peer_replicas
+        if replicas is not None and replicas >= self.num_nodes and replicas:
+            raise ValueError(
+                f"storage.peer_replicas ({replicas}) must be below num_nodes ({self.num_nodes}): each copy "
+                f"lives on another node; use at most {self.num_nodes - 1}"
+            )
         in_ram = self.shm_gib + self.memory_tier_gib
         if in_ram > self.pod_memory_gib:
             raise ValueError(
@@ -273,6 +284,13 @@ class JobValues(_Section):
     def memory_tier_gib(self) -> int:
         """sizeLimit of the memory checkpoint tier's emptyDir."""
         return self.storage.memory_tier_gib or max(1, self.profile.memory_gib // MEMORY_TIER_FRACTION)
+
+    @property
+    def peer_replicas(self) -> int:
+        """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
+        if self.storage.peer_replicas is not None:
+            return self.storage.peer_replicas
+        return 1 if self.num_nodes > 1 else 0
 
     @property
     def world_size(self) -> int:

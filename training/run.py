@@ -100,8 +100,10 @@ def run(cfg: TrainConfig) -> str | None:
         digest = resilience.wrap(trainer.run)()
     finally:
         trainer.metrics.write()
-        trainer.checkpointer.close()
+        # Training is over: the launcher stops expecting heartbeats before the checkpointer's last
+        # persists and the teardown, which may take longer than a heartbeat timeout.
         resilience.close()
+        trainer.checkpointer.close()
         if parallel.dist.is_initialized():
             parallel.dist.destroy_process_group()
         parallel.release_retired_groups()

@@ -60,6 +60,11 @@ class CheckpointConfig(BaseModel):
     node's shards then come back from its partners' RAM. 0: off. Needs R < the number of nodes, and
     R x (state bytes per rank) more of each node's memory tier."""
 
+    peer_timeout_s: float = Field(default=60.0, gt=0)
+    """One replication exchange (send this rank's snapshot, receive its sources') longer than this
+    fails: a partner is gone. Size it above snapshot bytes per rank x peer_replicas / network bandwidth.
+    Also bounds how long a process exit waits for an exchange a lost partner left half done."""
+
     fsync: bool = True
     """fsync files and folders before a checkpoint counts as committed (turn off only in benchmarks
     that want the page-cache figure)."""

@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +114,14 @@ class ReplicaWorker:
     tier = "peer"
 
     def __init__(
-        self, *, rank: int, world_size: int, ranks_per_node: int, replicas: int, memory_dir: Path
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        ranks_per_node: int,
+        replicas: int,
+        memory_dir: Path,
+        timeout_s: float,
     ) -> None:
         self.rank = rank
         self.targets = partner_ranks(
@@ -125,15 +133,29 @@ class ReplicaWorker:
         self.world_size = world_size
         self.root = memory_dir / PEER_DIR
         self.keep = 2
+        self.timeout_s = timeout_s
         self.group: Any = None
         self._world: Any = None
         self._thread: threading.Thread | None = None
-        self._outcome: dict[str, Any] | None = None
+        self._outcomes: dict[int, dict[str, Any]] = {}
         self._rounds = 0
+        self._inflight = (-1, -1)
+        self._abandoned: dict[str, Any] | None = None
 
     # The PersistWorker interface -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
+        if self._thread is not None and self._world is not dist.group.WORLD:
+            # A new process group (in-process restart): the exchange in flight belongs to the old
+            # attempt, whose peers may never answer; it ends at its group's timeout, unwaited for,
+            # and its slot is released (`poll` reports it failed).
+            self._thread = None
+            self._abandoned = {
+                "ok": False,
+                "step": self._inflight[0],
+                "slot": self._inflight[1],
+                "error": "abandoned: the process group it ran on was replaced (restart)",
+            }
         return self._thread is not None
 
     def warm(self) -> bool:
@@ -150,17 +172,22 @@ class ReplicaWorker:
         world = dist.group.WORLD
         if world is not self._world:
             self._world = world
-            self.group = dist.new_group(backend="gloo")
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
 
     def submit(
         self, *, step: int, slot: int, slot_path: str, header: bytes, data_bytes: int, **_: object
     ) -> None:
+        if self._world is not dist.group.WORLD:
+            # Staged before a restart, copied after it: the partners' attempt is another one.
+            raise RuntimeError("the replication group belongs to an earlier process group")
         group = self.group
+        self._inflight = (step, slot)
         self._rounds += 1
         target_slot = self._rounds % self.keep
         self._thread = threading.Thread(
             target=self._exchange,
             kwargs={
+                "round_id": self._rounds,
                 "group": group,
                 "step": step,
                 "slot": slot,
@@ -175,10 +202,18 @@ class ReplicaWorker:
         self._thread.start()
 
     def poll(self, *, now: float | None = None) -> dict[str, Any] | None:  # noqa: ARG002
+        running = self.busy  # first: it notices an exchange of an earlier process group
+        if self._abandoned is not None:
+            outcome, self._abandoned = self._abandoned, None
+            return outcome
+        if not running:
+            return None
         if self._thread is None or self._thread.is_alive():
             return None
         self._thread.join()
-        self._thread, outcome, self._outcome = None, self._outcome, None
+        self._thread = None
+        outcome = self._outcomes.pop(self._rounds, None)
+        self._outcomes.clear()  # late outcomes of abandoned rounds
         return outcome
 
     def wait(self, *, deadline: float) -> dict[str, Any] | None:
@@ -189,13 +224,16 @@ class ReplicaWorker:
     def kill(self) -> None:
         self._thread = None  # a daemon thread blocked in the old group: left to its timeout
 
-    def close(self, *, timeout_s: float = 10.0) -> None:
+    def close(self, *, timeout_s: float = 1.0) -> None:
+        # Short: a consistent exchange takes milliseconds to seconds; one a gone partner left half done
+        # ends at the group's timeout on its daemon thread, and the process need not wait for it.
         self.wait(deadline=time.monotonic() + timeout_s)
 
     # The exchange --------------------------------------------------------------------------------
     def _exchange(
         self,
         *,
+        round_id: int,
         group: Any,  # noqa: ANN401
         step: int,
         slot: int,
@@ -229,7 +267,7 @@ class ReplicaWorker:
         except Exception as exc:  # noqa: BLE001 - reported as a failed persist, retried next due step
             outcome = {"ok": False, "step": step, "slot": slot, "error": f"{type(exc).__name__}: {exc}"}
         outcome["seconds"] = round(time.monotonic() - started, 4)
-        self._outcome = outcome
+        self._outcomes[round_id] = outcome
 
     def _receive(self, src: int, group: Any, target_slot: int) -> int:  # noqa: ANN401
         meta = torch.empty(3, dtype=torch.int64)

@@ -297,6 +297,8 @@ class Agreement:
         self._group: Any = None
         self._side_group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None
+        self.last: Flags | None = None
+        """The flags the newest decision was taken on (the reason a due tier was not launched)."""
         self.blocking_rounds = 0
         """Blocking all_reduces run (one per process group); the rest were published async."""
 
@@ -339,9 +341,19 @@ class Agreement:
             self.blocking_rounds += 1
             agreed = self._decode(tensor)
         can_stage = agreed.unheld >= 1
-        keep_free = min(2, num_slots)  # one slot: persisting it blocks snapshots (the only choice)
-        launch = {tier: can_stage and agreed.unheld >= keep_free and not agreed.busy[tier] for tier in due}
+        self.last = agreed
+        launch = {
+            tier: can_stage and agreed.unheld >= self.keep_free(tier, num_slots) and not agreed.busy[tier]
+            for tier in due
+        }
         return can_stage, launch
+
+    @staticmethod
+    def keep_free(tier: str, num_slots: int) -> int:
+        """Free slots a launch needs on every rank (one slot: persisting it blocks snapshots, the only
+        choice). The peer replica takes the slot just staged for well under a disk write, and a lost
+        node's partner copy is worth more than the next fresh snapshot: it needs only that one."""
+        return 1 if tier == "peer" else min(2, num_slots)
 
     def publish(self, flags: Flags) -> None:
         group = self._world()
@@ -402,10 +414,12 @@ class TieredCheckpointer(Checkpointer):
                 ranks_per_node=per_node,
                 replicas=config.peer_replicas,
                 memory_dir=config.memory_dir,
+                timeout_s=config.peer_timeout_s,
             )
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
         self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
+        self._closing = False
         self._owed: set[str] = set()
         """Tiers whose due persist was skipped (busy): each writes the newest snapshot at the next
         snapshot that finds it free, not only at its next due step -- no tier silently falls behind.
@@ -477,13 +491,19 @@ class TieredCheckpointer(Checkpointer):
                 continue
             self._owed.add(tier)
             self.stats.skipped[tier] += 1
+            agreed = self.agreement.last
+            why = (
+                "previous persist running"
+                if agreed is None or agreed.busy.get(tier, False)
+                else "no staging slot to spare on some rank"
+            )
             self.emit(
                 "checkpoint_skipped",
                 {
                     "tier": tier,
                     "step": step,
-                    "reason": "previous persist running (owed: the next snapshot that "
-                    "finds the tier free writes the newest state)",
+                    "reason": f"{why} (owed: the next snapshot that finds the tier free writes the "
+                    "newest state)",
                 },
             )
         self.agreement.publish(self._local_flags())
@@ -498,6 +518,9 @@ class TieredCheckpointer(Checkpointer):
     def _submit(self, slot: _Slot) -> None:
         for tier in sorted(slot.holders):
             worker = self.workers[tier]
+            if self._closing and isinstance(worker, ReplicaWorker):
+                slot.holders.discard(tier)
+                continue
             if worker.busy:
                 continue
             try:
@@ -591,17 +614,29 @@ class TieredCheckpointer(Checkpointer):
         )
 
     def _wait(self) -> None:
+        # The end of training: no new replication round (a copy of the final state on a partner is
+        # worth nothing once the job is done, and the partner may already have finished), but the one
+        # in flight completes, so no exchange is left pending on its group when the process exits.
+        self._closing = True
         self._settle()
         self._poll()
         deadline = time.monotonic() + self.config.persist_timeout_s
-        while any(worker.busy for worker in self.workers.values()):
+        # The disk tiers only: a replica in flight at the end is worth nothing once training is done,
+        # and its partner may already be gone (an exchange ends at its group's timeout, unwaited for).
+        disks = {tier: worker for tier, worker in self.workers.items() if isinstance(worker, PersistWorker)}
+        while any(worker.busy for worker in disks.values()):
             self._poll()
             for slot in self.memory.slots:
-                if slot.holders and not any(self.workers[tier].busy for tier in slot.holders):
+                waiting = slot.holders & disks.keys()
+                if waiting and not any(disks[tier].busy for tier in waiting):
                     self._submit(slot)  # a holder whose worker was busy when the slot was staged
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+        for worker in self.workers.values():
+            if isinstance(worker, ReplicaWorker):
+                worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s)
+        self._poll()
 
     def _close(self) -> None:
         with contextlib.suppress(Exception):
