@@ -1,7 +1,7 @@
 """Command lines that build, lock and push the training image (docker or finch).
 
 Everything here returns argv lists; `images/commands.py` runs them. Versions come only from
-infra/pins.py (passed as build args), the tag only from the git revision, and the registry only from
+kitcore/pins.py (passed as build args), the tag only from the git revision, and the registry only from
 the stack output `ImageRepositoryUri` (or an explicit URI), so nothing is typed twice.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
-from infra.pins import IMAGE, ImagePins
 from infra.revision import source_revision
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE, ImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -28,7 +28,7 @@ DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
 ENGINES = ("docker", "finch")
 DEFAULT_NAME = "nvrx-eks-training"
-# The GPU instance types in infra/profiles.py are all x86_64.
+# The GPU instance types in kitcore/profiles.py are all x86_64.
 PLATFORM = "linux/amd64"
 
 # ImagePins field -> Dockerfile ARG. A new pin without an ARG fails tests/images.
@@ -43,7 +43,7 @@ BUILD_ARG_NAMES: dict[str, str] = {
     "min_glibc": "MIN_GLIBC",
 }
 # What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
-# ranges pyproject.toml tests; NVRx is pinned exactly from infra/pins.py.
+# ranges pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
 IMAGE_DEPENDENCIES = ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3")
 # Installed by the NGC base and kept under its /etc/pip/constraint.txt: never in our lock.
 BASE_PROVIDED = re.compile(
@@ -83,7 +83,7 @@ def check_verifiable(pins: ImagePins = IMAGE) -> None:
         raise UserError(
             "the image would install unverified downloads: "
             + "; ".join(problems)
-            + ". Record the published checksums in infra/pins.py IMAGE (its comment says where from)"
+            + ". Record the published checksums in kitcore/pins.py IMAGE (its comment says where from)"
         )
 
 

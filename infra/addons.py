@@ -1,4 +1,4 @@
-"""Cluster add-ons behind one small contract, each pinned in infra/pins.py.
+"""Cluster add-ons behind one small contract, each pinned in kitcore/pins.py.
 
 An add-on has a name, the names it depends on, and `deploy(ctx)`. `deploy_addons` checks the
 dependencies at synth (a missing one is an `AddonError` naming both), deploys in dependency order
@@ -16,8 +16,9 @@ from aws_cdk import Duration, Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
-from infra import nag, pins
+from infra import nag
 from infra.constructs.gpu_nodegroup import EFA_LABEL, GPU_LABEL, GPU_TAINT_KEY
+from kitcore import pins
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.config import ClusterConfig
-from infra.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
+from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping

@@ -2,7 +2,7 @@
 
 Stacks and constructs never read this file, the CDK context or the environment: the app validates a
 `ClusterConfig` and hands typed values down. Every check here produces one message naming the field
-and the fix (infra/configio.py turns them into exit code 2 without a traceback).
+and the fix (kitcore/configio.py turns them into exit code 2 without a traceback).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra import pins
 from infra import service_rules as rules
-from infra.configio import UserError
-from infra.profiles import InstanceProfile, get_profile
+from kitcore import pins
+from kitcore.configio import UserError
+from kitcore.profiles import InstanceProfile, get_profile
 
 # FSx for Lustre PERSISTENT_2 (SSD): 1.2 TiB, 2.4 TiB, then steps of 2.4 TiB; throughput tiers in
 # MB/s per TiB. https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-storage-capacity.html
@@ -99,7 +99,7 @@ class GpuNodeGroupConfig(_Model):
     name: str
     """Node group name, unique in the cluster (lowercase letters, digits, '-')."""
     instance_type: str
-    """A GPU instance type from infra/profiles.py."""
+    """A GPU instance type from kitcore/profiles.py."""
     min_size: int = Field(0, ge=0)
     desired_size: int = Field(0, ge=0)
     max_size: int = Field(1, ge=1, le=1000)
@@ -130,7 +130,7 @@ class GpuNodeGroupConfig(_Model):
         except UserError as exc:
             raise ValueError(str(exc)) from None
         if profile.gpus == 0:
-            raise ValueError(f"{value} has no GPU; use a GPU type from infra/profiles.py")
+            raise ValueError(f"{value} has no GPU; use a GPU type from kitcore/profiles.py")
         return value
 
     @field_validator("labels")
@@ -373,7 +373,7 @@ class ClusterConfig(_Model):
         if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
             supported = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
             raise ValueError(
-                f"{text} is not supported by the add-on pins in infra/pins.py; use one of {supported}"
+                f"{text} is not supported by the add-on pins in kitcore/pins.py; use one of {supported}"
             )
         return text
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from aws_cdk import aws_iam as iam
 
-    from infra.profiles import InstanceProfile
+    from kitcore.profiles import InstanceProfile
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 

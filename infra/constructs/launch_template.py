@@ -15,7 +15,7 @@ from aws_cdk import aws_ec2 as ec2
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from infra.profiles import InstanceProfile
+    from kitcore.profiles import InstanceProfile
 
 # IMDSv2 only, and a hop limit of 1: the PUT that fetches a session token cannot cross the extra
 # network hop into a pod's network namespace, so ordinary (non-hostNetwork) pods cannot read the
@@ -58,7 +58,7 @@ def efa_interface_layout(profile: InstanceProfile) -> list[InterfaceSlot]:
     if profile.efa_devices != profile.network_cards:
         msg = (
             f"{profile.name}: {profile.efa_devices} EFA devices on {profile.network_cards} network cards; "
-            "the layout puts one EFA per card (check infra/profiles.py)"
+            "the layout puts one EFA per card (check kitcore/profiles.py)"
         )
         raise ValueError(msg)
     slots.append(InterfaceSlot(0, 1, "efa-only"))

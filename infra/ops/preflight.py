@@ -3,7 +3,7 @@
 For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
 EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
-maximum size. Every EKS add-on pinned in infra/pins.py is offered at its pinned version for the
+maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
 offers. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
 """
@@ -15,9 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra import pins
-from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors, error_code
+from kitcore import pins
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -310,7 +310,7 @@ class Preflight:
             subject=addon.name,
             status=Status.FAIL,
             detail=f"{addon.version} is not offered for Kubernetes {kubernetes}; valid: {shown}",
-            fix=f"set {addon.name} for {kubernetes} in infra/pins.py EKS_ADDONS to one of: {shown}",
+            fix=f"set {addon.name} for {kubernetes} in kitcore/pins.py EKS_ADDONS to one of: {shown}",
         )
 
     def _vcpus_of(self, instance_type: str) -> int:

@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
 from infra.ops.aws import aws_errors, error_code
 from infra.outputs import OUTPUT_KEYS
 from infra.revision import source_revision
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from images import build
 from images.commands import register
-from infra import pins
-from infra.configio import UserError
-from infra.pins import IMAGE
+from kitcore import pins
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE
 
 URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
 
@@ -65,7 +65,7 @@ def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engin
     message = str(result.exception)
     assert "efa_installer_sha256 is 'unpublished', not a sha256" in message
     assert "aws_ofi_nccl_sha256" in message
-    assert "infra/pins.py" in message
+    assert "kitcore/pins.py" in message
     assert fake_engine() == []
 
 

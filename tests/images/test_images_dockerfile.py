@@ -1,4 +1,4 @@
-"""The Dockerfile: lint-clean, its ARG defaults equal infra/pins.py, stages keep build tools out."""
+"""The Dockerfile: lint-clean, its ARG defaults equal kitcore/pins.py, stages keep build tools out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from images.build import BUILD_ARG_NAMES, DOCKERFILE, LOCK_FILE, build_args, locked_versions
-from infra.pins import IMAGE
+from kitcore.pins import IMAGE
 
 TEXT = DOCKERFILE.read_text()
 
@@ -49,7 +49,7 @@ def test_arg_defaults_equal_the_pins_and_the_build_passes_every_pin():
     assert {f.name for f in fields(IMAGE)} == BUILD_ARG_NAMES.keys()
     for name, arg in BUILD_ARG_NAMES.items():
         assert args[arg] == str(getattr(IMAGE, name))
-        assert defaults[arg] == args[arg], f"Dockerfile ARG {arg} default != infra/pins.py IMAGE.{name}"
+        assert defaults[arg] == args[arg], f"Dockerfile ARG {arg} default != kitcore/pins.py IMAGE.{name}"
     assert args["GIT_REVISION"] == "abc123"
     # Every ARG the Dockerfile declares is one the build sets (none silently left at a default).
     declared = set(re.findall(r"^ARG (\w+)", TEXT, flags=re.MULTILINE))
@@ -182,3 +182,9 @@ def test_fetch_verified_refuses_the_placeholder_without_downloading(tmp_path):
     assert done.returncode == 1
     assert "its pinned sha256 is 'unpublished', not a checksum" in done.stderr
     assert not (tmp_path / "out.tar.gz").exists()
+
+
+def test_the_image_carries_only_the_trainer_and_the_core_below_it():
+    # The layer contract (tests/test_layers.py) keeps the trainer's imports inside these two packages.
+    copied = [line.split()[1] for line in _stages()["wheel"].splitlines() if line.startswith("COPY ")]
+    assert copied == ["pyproject.toml", "kitcore/", "training/"]

@@ -15,9 +15,9 @@ from aws_cdk.assertions import Match, Template
 from cfnlint.api import lint
 
 from infra import app as infra_app
-from infra import pins
 from infra.nag import acknowledge, add_checks
 from infra.stacks.cluster_stack import OUTPUT_KEYS
+from kitcore import pins
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "infra" / "configs"

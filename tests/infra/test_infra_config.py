@@ -9,7 +9,7 @@ import yaml
 
 from infra.app import overrides_from_context
 from infra.config import ClusterConfig
-from infra.configio import UserError, load_model
+from kitcore.configio import UserError, load_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
 

@@ -16,7 +16,7 @@ from infra.app import FEATURE_FLAGS
 from infra.constructs.gpu_nodegroup import GpuNodeGroup
 from infra.constructs.launch_template import IMDS_HOP_LIMIT
 from infra.constructs.storage import DurableStorage
-from infra.profiles import get_profile
+from kitcore.profiles import get_profile
 
 ENV = Environment(account="111111111111", region="us-east-1")
 BLOCK = "cr-0123456789abcdef0"

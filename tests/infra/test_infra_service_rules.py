@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from infra.config import ClusterConfig
-from infra.configio import UserError, load_model
+from kitcore.configio import UserError, load_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
 

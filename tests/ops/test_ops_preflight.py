@@ -9,8 +9,6 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
-from infra import pins
-from infra.configio import UserError
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
@@ -23,6 +21,8 @@ from infra.ops.preflight import (
     quota_for,
     target_from_config,
 )
+from kitcore import pins
+from kitcore.configio import UserError
 
 P_QUOTA = "L-417A185B"
 G_QUOTA = "L-DB2E81BA"
@@ -461,7 +461,7 @@ def _quietly_identified(session) -> None:
 
 def test_target_checks_every_pinned_addon_at_the_clusters_version(tmp_path):
     from infra.config import ClusterConfig  # noqa: PLC0415
-    from infra.configio import load_model  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
 
     config_file = tmp_path / "cluster.yaml"
     config_file.write_text(CONFIG + 'kubernetes_version: "1.34"\n')
@@ -495,7 +495,7 @@ def test_an_addon_version_eks_does_not_offer_fails_listing_the_valid_ones(plain_
     assert row.status is Status.FAIL
     assert "v1.19.0-eksbuild.1 is not offered for Kubernetes 1.35" in row.detail
     assert "valid: v1.21.1-eksbuild.3, v1.21.0-eksbuild.4, v1.20.4-eksbuild.1" in row.detail
-    assert "infra/pins.py" in row.fix
+    assert "kitcore/pins.py" in row.fix
 
 
 def test_an_offered_pin_passes_and_an_unknown_addon_fails(plain_session):

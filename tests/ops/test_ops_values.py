@@ -10,11 +10,11 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from infra.configio import UserError
 from infra.ops import commands
 from infra.ops.stack_values import OUTPUT_KEYS, image_for
 from infra.revision import source_revision
 from k8s.values import JobValues
+from kitcore.configio import UserError
 
 REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer"
 OUTPUTS = {

@@ -41,8 +41,8 @@ def demo(
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
     from rich.console import Console  # noqa: PLC0415
 
-    from k8s.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from k8s.values import load_values  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+    from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
     from training.report import plot_timeline, print_report, summary_document, write_summary  # noqa: PLC0415
 
