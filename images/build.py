@@ -1,7 +1,7 @@
 """Command lines that build, lock and push the training image (docker or finch).
 
 Everything here returns argv lists; `images/commands.py` runs them. Versions come only from
-infra/pins.py (passed as build args), the tag only from the git revision, and the registry only from
+kitcore/pins.py (passed as build args), the tag only from the git revision, and the registry only from
 the stack output `ImageRepositoryUri` (or an explicit URI), so nothing is typed twice.
 """
 
@@ -11,14 +11,14 @@ import base64
 import json
 import re
 import shutil
-import subprocess
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
-from infra.pins import IMAGE, ImagePins
+from infra.revision import source_revision
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE, ImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -28,7 +28,7 @@ DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
 ENGINES = ("docker", "finch")
 DEFAULT_NAME = "nvrx-eks-training"
-# The GPU instance types in infra/profiles.py are all x86_64.
+# The GPU instance types in kitcore/profiles.py are all x86_64.
 PLATFORM = "linux/amd64"
 
 # ImagePins field -> Dockerfile ARG. A new pin without an ARG fails tests/images.
@@ -37,11 +37,13 @@ BUILD_ARG_NAMES: dict[str, str] = {
     "nvrx_version": "NVRX_VERSION",
     "efa_installer": "EFA_INSTALLER_VERSION",
     "aws_ofi_nccl": "AWS_OFI_NCCL_VERSION",
+    "efa_installer_sha256": "EFA_INSTALLER_SHA256",
+    "aws_ofi_nccl_sha256": "AWS_OFI_NCCL_SHA256",
     "python_abi": "PYTHON_ABI",
     "min_glibc": "MIN_GLIBC",
 }
 # What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
-# ranges pyproject.toml tests; NVRx is pinned exactly from infra/pins.py.
+# ranges pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
 IMAGE_DEPENDENCIES = ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3")
 # Installed by the NGC base and kept under its /etc/pip/constraint.txt: never in our lock.
 BASE_PROVIDED = re.compile(
@@ -64,22 +66,36 @@ def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
     return args
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST_REFERENCE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def check_verifiable(pins: ImagePins = IMAGE) -> None:
+    """Refuse a build whose base is not pinned by digest or whose tarballs have no checksum."""
+    problems = []
+    if not _DIGEST_REFERENCE.match(pins.base_image):
+        problems.append(f"base_image {pins.base_image!r} is not pinned by digest (NAME@sha256:...)")
+    for name in ("efa_installer_sha256", "aws_ofi_nccl_sha256"):
+        value = getattr(pins, name)
+        if not _SHA256.match(value):
+            problems.append(f"{name} is {value!r}, not a sha256")
+    if problems:
+        raise UserError(
+            "the image would install unverified downloads: "
+            + "; ".join(problems)
+            + ". Record the published checksums in kitcore/pins.py IMAGE (its comment says where from)"
+        )
+
+
 def git_revision(root: Path = REPO_ROOT) -> str:
     """The tag for an image built from `root`: the short commit, `-dirty` when the tree has changes."""
-    try:
-        commit = _git(root, "rev-parse", "--short=12", "HEAD")
-        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
+    revision = source_revision(root)
+    if revision is None:
         raise UserError(
             f"{root} is not a git checkout with a commit: the image tag comes from the git revision "
             "(commit first, or pass --tag)"
-        ) from None
-    return f"{commit}-dirty" if dirty else commit
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+        )
+    return revision
 
 
 def check_tag(tag: str) -> str:

@@ -56,12 +56,18 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     def build(
         engine: Engine = None, name: Name = "nvrx-eks-training", tag: Tag = None, dry_run: DryRun = False
     ) -> None:
-        """Build the training image from images/Dockerfile with every version from infra/pins.py."""
-        from images.build import build_args, build_argv  # noqa: PLC0415
+        """Build the training image from images/Dockerfile with every version from kitcore/pins.py."""
+        from images.build import build_args, build_argv, check_verifiable  # noqa: PLC0415
+        from kitcore import pins  # noqa: PLC0415
 
         tag = _tag(tag)
+        if not dry_run:
+            # Fail closed here, before the engine pulls the base: the Dockerfile would refuse too.
+            check_verifiable(pins.IMAGE)
         argv = build_argv(
-            engine=_engine(engine, dry_run=dry_run), image=f"{name}:{tag}", args=build_args(git_revision=tag)
+            engine=_engine(engine, dry_run=dry_run),
+            image=f"{name}:{tag}",
+            args=build_args(git_revision=tag, pins=pins.IMAGE),
         )
         _run(argv, dry_run=dry_run)
         print(f"{name}:{tag}")
@@ -83,9 +89,9 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     ) -> None:
         """Push a built image to the cluster's ECR repository; prints the pushed image URI."""
         from images.build import ecr_password, login_argv, parse_repository_uri, push_argvs  # noqa: PLC0415
-        from infra.configio import UserError  # noqa: PLC0415
         from infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
         from infra.ops.stack_values import read_stack  # noqa: PLC0415
+        from kitcore.configio import UserError  # noqa: PLC0415
 
         if bool(stack) == bool(repository):
             raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
@@ -114,7 +120,7 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             parse_report,
             render_lock,
         )
-        from infra.pins import IMAGE  # noqa: PLC0415
+        from kitcore.pins import IMAGE  # noqa: PLC0415
 
         argv = lock_argv(
             engine=_engine(engine, dry_run=dry_run),

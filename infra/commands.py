@@ -1,4 +1,4 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py): `synth` and `bench synth`."""
+"""Subcommands this part adds to `nvrx-eks` (see nvrx_eks/cli.py): `synth` and `bench synth`."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from infra.configio import exit_on_user_error
 from k8s.job_chart import render
-from k8s.values import load_values
+from k8s.load import load_values
+from kitcore.configio import exit_on_user_error
 
 DEFAULT_VALUES = Path(__file__).parent / "values" / "local-cpu.yaml"
 

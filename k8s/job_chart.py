@@ -30,13 +30,14 @@ import cdk8s
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
-from infra.configio import USER_ERROR_EXIT_CODE
 from k8s import names
 from k8s.env import container_env
-from k8s.launcher import LOCAL_IMAGE, launcher_command, nvrx_features
+from k8s.launcher import launcher_command
+from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
+from kitcore.configio import USER_ERROR_EXIT_CODE
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 

@@ -24,8 +24,8 @@ import cdk8s
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
-from infra.profiles import PROFILES
 from k8s import names
+from kitcore.profiles import PROFILES
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -41,7 +41,7 @@ DCGM_EXPORTER_SELECTOR = {"app.kubernetes.io/name": "dcgm-exporter"}
 DCGM_EXPORTER_PORT = "metrics"
 
 # What the DCGM exporter exports with its default counters (etc/default-counters.csv of
-# NVIDIA/dcgm-exporter, the release infra/pins.py pins): the dashboard may query only these and the
+# NVIDIA/dcgm-exporter, the release kitcore/pins.py pins): the dashboard may query only these and the
 # trainer's own names. The exporter cannot run here, so this is the one list kept by hand.
 DCGM_EXPORTER_METRICS = frozenset(
     {

@@ -1,29 +1,26 @@
 """Typed job values: the one template a platform team parameterizes (YAML file + `key=value` overrides).
 
-Loaded with `infra.configio.load_model(JobValues, path, overrides)`; every bad value ends as one
+Loaded with `k8s.load.load_values(path, overrides)`; every bad value ends as one
 message naming the field and the fix. Cross-field rules (restart budgets that agree across layers,
 timeouts in order, a mode the NVRx version lacks) are checked here, before anything is rendered.
 
 `image: local` means "no container image: the local executor runs the command with this machine's
 virtualenv", and the launcher flags then derive from the NVRx version installed here (0.4.1) instead of
-the image's pin (infra/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
+the image's pin (kitcore/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
 """
 
 from __future__ import annotations
 
 import re
 from functools import cached_property
-from pathlib import Path  # noqa: TC003 - used at runtime by pydantic
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.configio import UserError, load_model
-from infra.profiles import InstanceProfile, get_profile
-from k8s.launcher import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
+from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
+from kitcore.configio import UserError
+from kitcore.profiles import InstanceProfile, get_profile
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -100,6 +97,10 @@ class Storage(_Section):
     local_mount_path: str = "/local"
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
+    peer_replicas: int | None = Field(None, ge=0)
+    """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
+    checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
+    when the job has more than one node. Costs R x the node's snapshot in each node's memory tier."""
 
     @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
     @classmethod
@@ -117,6 +118,7 @@ CHART_OWNED_TRAINER_FIELDS = (
     "checkpoint.local_dir",
     "checkpoint.durable_dir",
     "checkpoint.s3_uri",
+    "checkpoint.peer_replicas",
     "inprocess.max_iterations",
 )
 
@@ -134,7 +136,7 @@ class JobValues(_Section):
     image: str = LOCAL_IMAGE
     """Container image, or `local` for the local executor (this virtualenv)."""
     nvrx_version: str | None = None
-    """NVRx in the image; default: infra/pins.py IMAGE.nvrx_version, or the installed one for image local."""
+    """NVRx in the image; default: kitcore/pins.py IMAGE.nvrx_version, or the installed one for `local`."""
     service_account: str = "nvrx-trainer"
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
@@ -162,6 +164,9 @@ class JobValues(_Section):
     """Environment variables read from Kubernetes Secrets (never plain values)."""
     active_deadline_s: int | None = Field(None, ge=1)
     ttl_after_finished_s: int | None = Field(86400, ge=0)
+    plan: PlanHints | None = None
+    """Written by `nvrx-eks plan --write`: the step and durable write time its cadences assume
+    (`job render` warns when trainer.checkpoint.durable_every undercuts the write). Not rendered."""
 
     @field_validator("name", "namespace")
     @classmethod
@@ -237,6 +242,12 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
+        replicas = self.storage.peer_replicas
+        if replicas is not None and replicas >= self.num_nodes and replicas:
+            raise ValueError(
+                f"storage.peer_replicas ({replicas}) must be below num_nodes ({self.num_nodes}): each copy "
+                f"lives on another node; use at most {self.num_nodes - 1}"
+            )
         in_ram = self.shm_gib + self.memory_tier_gib
         if in_ram > self.pod_memory_gib:
             raise ValueError(
@@ -284,14 +295,12 @@ class JobValues(_Section):
         return self.storage.memory_tier_gib or max(1, self.profile.memory_gib // MEMORY_TIER_FRACTION)
 
     @property
+    def peer_replicas(self) -> int:
+        """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
+        if self.storage.peer_replicas is not None:
+            return self.storage.peer_replicas
+        return 1 if self.num_nodes > 1 else 0
+
+    @property
     def world_size(self) -> int:
         return self.num_nodes * self.profile.workers_per_node
-
-
-def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
-    """Load and fully check job values: the model's rules, then the trainer's own parser."""
-    from k8s.trainer_args import check_trainer_args  # noqa: PLC0415 - imports the trainer (torch)
-
-    values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
-    check_trainer_args(values)
-    return values

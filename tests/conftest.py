@@ -43,7 +43,7 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
 
     def run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-c", "from infra.cli import main; main()", *args],
+            [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
             cwd=REPO,
             env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
             capture_output=True,

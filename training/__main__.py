@@ -6,7 +6,7 @@ import faulthandler
 import logging
 import sys
 
-from infra.configio import exit_on_user_error
+from kitcore.configio import exit_on_user_error
 from training.config import parse_args
 
 

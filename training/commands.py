@@ -1,4 +1,4 @@
-"""Subcommands this part adds to `nvrx-eks` (see infra/cli.py)."""
+"""Subcommands this part adds to `nvrx-eks` (see nvrx_eks/cli.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 sections included) is a flag, generated from the model so the two never drift: `--steps`,
 `--run-dir`, `--inprocess-soft-timeout-s`, `--faults-plan`, ... `--help` lists each with its
 description and default. A YAML file gives the same fields as a tree; flags override it. Bad input is
-one message naming the field and the fix (infra.configio.UserError -> exit 2).
+one message naming the field and the fix (kitcore.configio.UserError -> exit 2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.configio import UserError, load_model
+from kitcore.configio import UserError, load_model
 from training.checkpoint.config import CheckpointConfig
 from training.shapes import PRESETS
 

@@ -5,7 +5,7 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
 Kinds and their extra fields (training.metrics reads them):
 
-- `process_start`: mode, world_size, local_rank, model
+- `process_start`: mode, world_size, local_rank, model, steps, created_t (when the OS created the process)
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
   launcher restart spent before the first attempt)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
@@ -14,6 +14,8 @@ Kinds and their extra fields (training.metrics reads them):
 - `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
 - `fault_injected`: class, step, target_rank, expected_layer, index
+- `caught_up`: source, from_step, to_step -- after an in-process restart this rank was a step behind
+  and took the state of rank `source`, a step ahead (training/trainer.py `_in_memory_source`)
 - `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
 - `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker
 - `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force

@@ -13,6 +13,9 @@
 Per fault: detection = first `detected` (in-process) or `terminated` (launcher) event after it, or,
 when the only witness died with it, the first new process's start; steps lost = steps completed
 before the fault that had to be trained again (newest completed step - restored step).
+
+Per fault, where the seconds from the fault to the next productive step went (`FaultPhases`): each
+phase ends when its slowest rank is through it, so the phases add up to the critical path.
 """
 
 from __future__ import annotations
@@ -30,6 +33,37 @@ from training.faults import launcher_layer
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
 
+# Where a fault's state came back from, fastest first; a fault row reports the slowest any rank used.
+TIER_ORDER = ("memory", "peer_memory", "local", "durable", "none")
+
+
+@dataclass(frozen=True)
+class FaultPhases:
+    """Seconds from the fault to the next productive step, phase by phase (they add up).
+
+    - detect: fault -> the first witness (`detected`, `terminated`, or a new process when none lived);
+    - teardown: -> the old attempt is gone: in process, the last rank's new attempt starts; after a
+      launcher restart, the last old worker's last event (the launcher's SIGTERM) -- a worker killed
+      outright is gone at once;
+    - rendezvous: -> the new workers can run together: the agents' round until the first new worker
+      process exists, plus the new process group (its init and the ranks' barrier);
+    - start: new worker processes, creation -> ready (interpreter, imports, stores, layers); 0 in process;
+    - restore: the slowest rank's state load (`load_s`);
+    - first_step: -> every rank has finished its first step after the restore.
+    """
+
+    detect_s: float
+    teardown_s: float
+    rendezvous_s: float
+    start_s: float
+    restore_s: float
+    first_step_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(asdict(self).values())
+
+
 @dataclass(frozen=True)
 class FaultSummary:
     cls: str
@@ -40,6 +74,9 @@ class FaultSummary:
     detect_s: float | None
     recovery_s: float | None
     steps_lost: int | None
+    tier: str = "none"
+    """Where the state came back from (TIER_ORDER; the slowest rank's): `memory` also for in process."""
+    phases: FaultPhases | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -84,6 +121,55 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _phases(
+    t0: float,
+    detection: dict[str, Any],
+    first_startup: dict[int, dict[str, Any]],
+    after: list[dict[str, Any]],
+    *,
+    old_pids: set[int],
+    in_process: bool,
+) -> FaultPhases | None:
+    t_detect = detection["t"]
+    t_restored = max(e["t"] for e in first_startup.values())
+    first_steps: dict[int, float] = {}
+    for event in after:
+        if event["kind"] == "step" and event["t"] > t_restored and event["rank"] not in first_steps:
+            first_steps[event["rank"]] = event["t"]
+    if len(first_steps) < len(first_startup):
+        return None  # the run ended (or failed) before every rank trained again
+    restore_s = max(e.get("load_s", 0.0) for e in first_startup.values())
+    during = [e for e in after if e["t"] <= t_restored]
+    if in_process:
+        starts = [e["t"] for e in during if e["kind"] == "attempt_start"]
+        t_teardown = max(t_detect, max(starts, default=t_detect))
+        t_ready = t_teardown
+    else:
+        old_last = [e["t"] for e in during if e["pid"] in old_pids]
+        t_teardown = max(t_detect, max(old_last, default=t_detect))
+        new = [e for e in during if e["kind"] == "process_start" and e["pid"] not in old_pids]
+        created = min((e.get("created_t", e["t"]) for e in new), default=t_teardown)
+        ready = [e["t"] for e in during if e["kind"] == "process_ready" and e["pid"] not in old_pids]
+        t_ready = max(ready, default=t_teardown)
+    start_s = 0.0 if in_process else max(0.0, t_ready - max(created, t_teardown))
+    # What is left between the teardown and the restored state is the rendezvous: the agents' round
+    # (launcher) and the new process group's init and barrier (both).
+    rendezvous_s = max(0.0, t_restored - t_teardown - start_s - restore_s)
+    return FaultPhases(
+        detect_s=round(t_detect - t0, 3),
+        teardown_s=round(t_teardown - t_detect, 3),
+        rendezvous_s=round(rendezvous_s, 3),
+        start_s=round(start_s, 3),
+        restore_s=round(restore_s, 3),
+        first_step_s=round(max(first_steps.values()) - t_restored, 3),
+    )
+
+
+def _slowest_tier(first_startup: dict[int, dict[str, Any]]) -> str:
+    tiers = ["memory" if e["tier"] == "inprocess" else e["tier"] for e in first_startup.values()]
+    return max(tiers, key=lambda t: TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER))
+
+
 def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode: str) -> FaultSummary:
     t0 = fault["t"]
     after = [e for e in events if e["t"] > t0]
@@ -106,6 +192,11 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     if recovery is not None:
         restored = min(e["restored_step"] for e in first_startup.values())
         steps_lost = max(0, (max(done_before) if done_before else -1) - restored)
+    phases = None
+    if recovery is not None and detection is not None:
+        phases = _phases(
+            t0, detection, first_startup, after, old_pids=before_pids, in_process=layer == "inprocess"
+        )
     return FaultSummary(
         cls=fault["class"],
         step=fault["step"],
@@ -115,6 +206,8 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
         detect_s=round(detection["t"] - t0, 3) if detection else None,
         recovery_s=round(recovery["t"] - t0, 3) if recovery else None,
         steps_lost=steps_lost,
+        tier=_slowest_tier(first_startup) if first_startup else "none",
+        phases=phases,
     )
 
 

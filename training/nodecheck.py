@@ -48,8 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from infra.configio import UserError
-from infra.profiles import InstanceProfile, get_profile
+from kitcore.configio import UserError
+from kitcore.profiles import InstanceProfile, get_profile
 from training import selfcheck
 from training.selfcheck import Check, Status
 
@@ -598,7 +598,7 @@ def main(argv: Sequence[str] | None = None, *, api: NodeApi | None = None, host:
 
 
 if __name__ == "__main__":
-    from infra.configio import exit_on_user_error
+    from kitcore.configio import exit_on_user_error
 
     with exit_on_user_error():
         raise SystemExit(main())

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
+from kitcore.configio import UserError
 from training.events import read_events
 
 if TYPE_CHECKING:
@@ -34,7 +34,11 @@ SUMMARY_KEYS = (
     "final_params_sha256",
     "fault_free_params_sha256",
 )
-FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps_lost")
+FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps_lost", "tier", "phases")
+"""Each fault row of summary.json: `tier` is where the state came back from (memory, peer_memory, local,
+durable, none; the slowest rank's), `phases` the seconds from the fault to the next productive step as
+{detect_s, teardown_s, rendezvous_s, start_s, restore_s, first_step_s} (training.metrics.FaultPhases),
+or null when the run ended before every rank trained again."""
 
 
 def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> dict[str, Any]:
@@ -92,6 +96,7 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
             "-" if fault["steps_lost"] is None else str(fault["steps_lost"]),
         )
     console.print(faults)
+    print_phases(console, document["faults"])
 
     totals = Table(title="Run totals", title_justify="left", show_header=False)
     totals.add_column("figure")
@@ -110,6 +115,41 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"
     totals.add_row("bit-identical to fault-free", verdict)
     console.print(totals)
+
+
+PHASE_COLUMNS = (
+    ("detect_s", "detect"),
+    ("teardown_s", "down"),
+    ("rendezvous_s", "rdzv"),
+    ("start_s", "start"),
+    ("restore_s", "load"),
+    ("first_step_s", "step"),
+)
+
+
+def print_phases(console: Console, faults: list[dict[str, Any]]) -> None:
+    """Where each recovery's seconds went, fault to next productive step (training.metrics.FaultPhases)."""
+    from rich import box  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(
+        title="Recovery phases (s), fault -> next productive step: detect, teardown, rendezvous, "
+        "worker start, restore (load), first step",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,  # no column rules and no edge padding: a row fits an 80-column terminal
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("class", no_wrap=True, min_width=len("skip_collective"))
+    table.add_column("tier", no_wrap=True, min_width=len("peer_memory"))
+    for _, header in (*PHASE_COLUMNS, ("total_s", "total")):
+        table.add_column(header, justify="right", no_wrap=True, min_width=max(len(header), 5))
+    for fault in faults:
+        phases = fault.get("phases")
+        cells = [f"{phases[key]:.1f}" for key, _ in PHASE_COLUMNS] if phases else ["-"] * len(PHASE_COLUMNS)
+        total = f"{sum(phases[key] for key, _ in PHASE_COLUMNS):.1f}" if phases else "-"
+        table.add_row(fault["class"], fault.get("tier", "-"), *cells, total)
+    console.print(table)
 
 
 _CLASS_COLOURS = {

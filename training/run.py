@@ -8,6 +8,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from training import parallel
 from training.events import EventLog
 from training.faults import FaultInjector, build_schedule
@@ -55,6 +57,9 @@ def run(cfg: TrainConfig) -> str | None:
         local_rank=world.local_rank,
         model=cfg.model,
         steps=cfg.steps,
+        # When the OS created this process: a restart's worker-start phase begins here, before the
+        # interpreter and the imports that precede this event (training.metrics.FaultPhases).
+        created_t=psutil.Process().create_time(),
     )
     install_termination_handler(events)
     started = time.time()
@@ -99,8 +104,10 @@ def run(cfg: TrainConfig) -> str | None:
         digest = resilience.wrap(trainer.run)()
     finally:
         trainer.metrics.write()
-        trainer.checkpointer.close()
+        # Training is over: the launcher stops expecting heartbeats before the checkpointer's last
+        # persists and the teardown, which may take longer than a heartbeat timeout.
         resilience.close()
+        trainer.checkpointer.close()
         if parallel.dist.is_initialized():
             parallel.dist.destroy_process_group()
         parallel.release_retired_groups()

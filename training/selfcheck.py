@@ -29,9 +29,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
-from infra.pins import IMAGE
-from infra.profiles import InstanceProfile, get_profile
+from kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
+from kitcore.pins import IMAGE
+from kitcore.profiles import InstanceProfile, get_profile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +40,7 @@ NODE_PROBLEM_EXIT_CODE = 75
 CONFIG_PROBLEM_EXIT_CODE = USER_ERROR_EXIT_CODE
 
 PROFILE_ENV = "NVRX_EKS_INSTANCE_PROFILE"
-"""The instance profile (infra/profiles.py) the job chart sets on the training container."""
+"""The instance profile (kitcore/profiles.py) the job chart sets on the training container."""
 CHECKPOINT_DIRS_ENV = "NVRX_EKS_CHECKPOINT_DIRS"
 """Checkpoint tier directories (os.pathsep-separated), as an alternative to --checkpoint-dir."""
 IMAGE_NVRX_ENV = "NVRX_EKS_NVRX_VERSION"
@@ -379,7 +379,7 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
     parser.add_argument(
         "--profile",
         default=env.get(PROFILE_ENV),
-        help=f"instance profile (infra/profiles.py); default ${PROFILE_ENV}, else local-cpu",
+        help=f"instance profile (kitcore/profiles.py); default ${PROFILE_ENV}, else local-cpu",
     )
     parser.add_argument(
         "--checkpoint-dir",

@@ -48,9 +48,9 @@ def _exit_codes() -> Iterator[None]:
     """One message on stderr and the documented exit code for every failure class, no traceback."""
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
-    from infra.configio import USER_ERROR_EXIT_CODE, UserError  # noqa: PLC0415
     from infra.ops.aws import EXIT_JOB_FAILED, EXIT_SERVICE, ServiceError  # noqa: PLC0415
     from infra.ops.jobs import JobStartError  # noqa: PLC0415
+    from kitcore.configio import USER_ERROR_EXIT_CODE, UserError  # noqa: PLC0415
 
     try:
         yield
@@ -105,9 +105,9 @@ def preflight(
     from rich.console import Console  # noqa: PLC0415
 
     from infra.config import ClusterConfig  # noqa: PLC0415
-    from infra.configio import load_model  # noqa: PLC0415
     from infra.ops import preflight as checks  # noqa: PLC0415
     from infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
 
     with _exit_codes():
         cfg = load_model(ClusterConfig, config, overrides or [])
@@ -141,9 +141,9 @@ def values(
     """
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from infra.configio import UserError, describe_validation_error  # noqa: PLC0415
     from infra.ops import stack_values  # noqa: PLC0415
     from k8s.values import JobValues  # noqa: PLC0415
+    from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     with _exit_codes():
         info = stack_values.read_stack(_session(profile, region), stack)
@@ -188,10 +188,10 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     from rich.console import Console  # noqa: PLC0415
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-    from infra.configio import UserError, load_model  # noqa: PLC0415
     from infra.ops import jobs  # noqa: PLC0415
-    from k8s.launcher import LOCAL_IMAGE  # noqa: PLC0415
+    from k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
     from k8s.values import JobValues  # noqa: PLC0415
+    from kitcore.configio import UserError, load_model  # noqa: PLC0415
 
     console = Console(stderr=True)
     with _exit_codes():
@@ -269,8 +269,8 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
         )
         located = None
         if values_file is not None:
-            from infra.configio import load_model  # noqa: PLC0415
             from k8s.values import JobValues  # noqa: PLC0415
+            from kitcore.configio import load_model  # noqa: PLC0415
 
             job_values = load_model(JobValues, values_file)
             located = jobs.checkpoint_url(job_values)

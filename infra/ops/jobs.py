@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors
 from infra.ops.kube import (
     PodCounts,
@@ -29,6 +28,7 @@ from infra.ops.kube import (
     list_pods,
     server_side_apply,
 )
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra.configio import UserError
 from infra.ops.aws import ServiceError, aws_errors, error_code
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.factory import disk_stores
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import make_emitter
+from training.checkpoint.storage import disk_stores
 from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
 from training.checkpoint.torture import run_trials
 

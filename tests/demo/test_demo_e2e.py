@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from k8s.demo import DEMO_FAULTS
+from localrun.demo import DEMO_FAULTS
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.pins import IMAGE
+from kitcore.pins import IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "nvrx-wheels"
@@ -161,8 +161,8 @@ def _parse(tree: Path, argvs: list[list[str]]) -> list[dict]:
 def _chart_command(mode: str) -> list[str]:
     from k8s.job_chart import node_address, store_endpoint  # noqa: PLC0415
     from k8s.launcher import launcher_command  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
     from k8s.trainer_args import trainer_args  # noqa: PLC0415
-    from k8s.values import load_values  # noqa: PLC0415
 
     values = load_values(VALUES, [f"mode={mode}"])
     assert values.resolved_nvrx_version == IMAGE.nvrx_version  # an image job: flags from the pin

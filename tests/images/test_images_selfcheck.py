@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.profiles import get_profile
+from kitcore.profiles import get_profile
 from training import selfcheck
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
 

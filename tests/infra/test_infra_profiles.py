@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.configio import UserError
 from infra.constructs.launch_template import efa_interface_layout, nodeadm_node_config
-from infra.profiles import PROFILES, get_profile
+from kitcore.configio import UserError
+from kitcore.profiles import PROFILES, get_profile
 
 EC2_GPU = [name for name, p in PROFILES.items() if p.is_ec2]
 

@@ -15,7 +15,7 @@ from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 from k8s.job_chart import render
 from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec
 from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
-from k8s.values import load_values
+from k8s.load import load_values
 from training import nodecheck
 
 K8S_VERSION = "1.33"

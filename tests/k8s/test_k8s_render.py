@@ -11,7 +11,7 @@ import yaml
 from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
 from k8s.job_chart import render
-from k8s.values import load_values
+from k8s.load import load_values
 from training.config import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]

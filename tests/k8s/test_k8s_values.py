@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.configio import UserError
-from infra.pins import IMAGE
-from k8s.values import load_values
+from k8s.load import load_values
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 P5 = LOCAL.with_name("p5-2.yaml")

@@ -14,10 +14,10 @@ import urllib3
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.rest import RESTResponse
 
-from infra.configio import UserError
 from infra.ops import jobs
 from infra.ops.kube import APPLY_CONTENT_TYPE, CLUSTER_ID_HEADER, FIELD_MANAGER, TOKEN_PREFIX, eks_token
 from k8s.values import JobValues
+from kitcore.configio import UserError
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1"
 

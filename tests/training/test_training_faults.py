@@ -1,93 +1,89 @@
-"""The trainer under injected faults: real processes, 2 local nodes x 2 CPU ranks under ft_launcher.
+"""The trainer under injected faults: the rendered local job (2 nodes x 2 CPU ranks) run by the executor.
 
-Mode `both` (in-process restart inside ft_launcher, `--ft-restart-policy min-healthy` as NVRx 0.4.1's
-integration guide and the job chart use it). Two faulty runs -- the soft classes (recovered in process)
-and the hard classes (process death, deadlock below Python, node loss) -- are each compared with one
-fault-free torchrun run of the same config, computed once per module: the final parameters must be
-bit-identical. Every job runs under a hard bound and its processes are killed and checked for in
-teardown (tests/training/conftest.py).
+The job is the one `nvrx-eks job render` writes for k8s/values/local-cpu.yaml, run by the local
+executor exactly as `nvrx-eks local run` runs it (the manifests' own command lines; the executor plays
+the Job controller, so a node-loss request replaces the pod). Mode `both`: in-process restart inside
+ft_launcher. Two faulty runs -- the soft classes (recovered in process) and the hard classes (process
+death, deadlock below Python, node loss) -- are each compared with one fault-free run of the same values,
+computed once per module: the final parameters must be bit-identical. The synchronous reference
+checkpointer writes the durable tier every 2 steps, so the hard faults lose at most 2 steps.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from k8s.job_chart import render
+from k8s.load import load_values
+from localrun.chaos import trainer_run_dir
+from localrun.executor import marked_processes, run_local
 from training.metrics import summarize
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from localrun.executor import JobResult
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = "k8s/values/local-cpu.yaml"
 STEPS = 20
 SOFT_PLAN = "exception@3:1,hang@6:0,skip_collective@9:3,oom@12:2"
 HARD_PLAN = "sigkill@4:1,deadlock@9:2,node_loss@14:3"
 
 
-def _args(run_dir: Path, *, mode: str, plan: str) -> list[str]:
-    return [
-        "--mode",
-        mode,
-        "--steps",
-        str(STEPS),
-        "--faults-plan",
-        plan,
-        "--log-every",
-        "10",
-        # The synchronous reference checkpointer, every 2 steps, to the durable tier under the run dir.
-        "--checkpoint-implementation",
-        "sync",
-        "--checkpoint-durable-every",
-        "2",
-        "--checkpoint-memory-dir",
-        f"/dev/shm/nvrx-eks-test-{run_dir.parent.name}-{run_dir.name}",
+def _run(run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
+    overrides = [
+        f"trainer.steps={STEPS}",
+        "trainer.log_every=10",
+        "trainer.checkpoint.implementation=sync",
+        "trainer.checkpoint.durable_every=2",
+        "trainer.checkpoint.local_every=0",
     ]
+    if plan:
+        overrides.append(f"trainer.faults.plan={plan}")
+    values = load_values(REPO / LOCAL, overrides)
+    dist = run_dir / "dist"
+    render(values, str(dist))
+    result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s)
+    assert result.succeeded, f"{result.reason}; pod logs in {run_dir}"
+    left = marked_processes(result.run_key)
+    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+    return result, trainer_run_dir(values, run_dir)
 
 
-def _final_hash(run_dir: Path) -> str:
-    return json.loads((run_dir / "final.json").read_text())["final_params_sha256"]
+def _final_hash(events_dir: Path) -> str:
+    return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
 
 
 @pytest.fixture(scope="module")
-def fault_free_hash(training_tmp: Path, local_job) -> str:
-    run_dir = training_tmp / "reference"
-    local_job(run_dir, _args(run_dir, mode="baseline", plan=""), timeout_s=90, launcher="torchrun")
-    return _final_hash(run_dir)
-
-
-def _faulty_run(local_job, run_dir: Path, plan: str, *, timeout_s: float):
-    return local_job(
-        run_dir,
-        _args(run_dir, mode="both", plan=plan),
-        timeout_s=timeout_s,
-        restart_policy="min-healthy",
-    )
+def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
+    _, events = _run(tmp_path_factory.mktemp("reference"), plan="", timeout_s=120)
+    return _final_hash(events)
 
 
 @pytest.mark.timeout(200)
-def test_soft_faults_recover_in_process_losing_at_most_one_step(training_tmp, fault_free_hash, local_job):
-    run_dir = training_tmp / "soft"
-    _faulty_run(local_job, run_dir, SOFT_PLAN, timeout_s=150)
+def test_soft_faults_recover_in_process_losing_at_most_one_step(tmp_path, fault_free_hash):
+    _, events = _run(tmp_path, plan=SOFT_PLAN, timeout_s=150)
 
-    summary = summarize(run_dir)
+    summary = summarize(events)
     assert summary.completed, summary
     assert sorted(f.cls for f in summary.faults) == ["exception", "hang", "oom", "skip_collective"]
     for fault in summary.faults:
         assert fault.layer == fault.expected_layer == "inprocess", fault
         assert fault.steps_lost is not None, fault
         assert fault.steps_lost <= 1, fault
-    assert _final_hash(run_dir) == fault_free_hash
+    assert _final_hash(events) == fault_free_hash
 
 
 @pytest.mark.timeout(260)
-def test_hard_faults_recover_through_launcher_and_job_controller(training_tmp, fault_free_hash, local_job):
-    run_dir = training_tmp / "hard"
-    job = _faulty_run(local_job, run_dir, HARD_PLAN, timeout_s=210)
+def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, fault_free_hash):
+    result, events = _run(tmp_path, plan=HARD_PLAN, timeout_s=210)
 
-    summary = summarize(run_dir)
+    summary = summarize(events)
     assert summary.completed, summary
     by_class = {f.cls: f for f in summary.faults}
     assert set(by_class) == {"sigkill", "deadlock", "node_loss"}
@@ -99,5 +95,6 @@ def test_hard_faults_recover_through_launcher_and_job_controller(training_tmp, f
         # Durable checkpoint every 2 steps: at most that many steps trained again.
         assert fault.steps_lost is not None, fault
         assert fault.steps_lost <= 2, fault
-    assert job.replaced == [1]  # rank 3 lives on node 1; the harness played the Job controller once
-    assert _final_hash(run_dir) == fault_free_hash
+    # Rank 3 lives on node 1: the executor, as the Job controller, replaced that pod once.
+    assert [d["index"] for d in result.deletions] == [1]
+    assert _final_hash(events) == fault_free_hash

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from infra.profiles import get_profile
+from kitcore.profiles import get_profile
 from training import nodecheck
 from training.nodecheck import (
     CONDITION_TYPE,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from infra.configio import UserError
+from kitcore.configio import UserError
 from training.config import TrainConfig, build_parser, parse_args
 from training.data import DataSource, SyntheticTokens
 from training.faults import build_schedule, expected_layer

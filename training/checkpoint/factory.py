@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from training.checkpoint.stats import make_emitter
-from training.checkpoint.storage import ShardStore, open_store
+from training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -14,28 +14,6 @@ if TYPE_CHECKING:
 
     from training.checkpoint.base import Checkpointer
     from training.checkpoint.config import CheckpointConfig
-
-
-def disk_stores(config: CheckpointConfig) -> list[tuple[ShardStore, int, bool]]:
-    """(store, cadence, shared between nodes) for tiers 2 and 3, fastest first."""
-    out: list[tuple[ShardStore, int, bool]] = []
-    if config.local_dir is not None and config.local_every:
-        out.append(
-            (
-                open_store(tier="local", location=config.local_dir, fsync=config.fsync),
-                config.local_every,
-                False,
-            )
-        )
-    if config.durable_dir and config.durable_every:
-        out.append(
-            (
-                open_store(tier="durable", location=config.durable_dir, fsync=config.fsync),
-                config.durable_every,
-                True,
-            )
-        )
-    return out
 
 
 def build_checkpointer(

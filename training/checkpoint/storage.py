@@ -25,6 +25,8 @@ from training.checkpoint.shard import ShardError, decode
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from training.checkpoint.config import CheckpointConfig
+
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _CHUNK = 64 << 20
 
@@ -308,3 +310,25 @@ def open_store(*, tier: str, location: str | Path, fsync: bool = True) -> ShardS
     if text.startswith("s3://"):
         return S3Store(tier=tier, url=text)
     return FileStore(tier=tier, root=Path(text), fsync=fsync)
+
+
+def disk_stores(config: CheckpointConfig) -> list[tuple[ShardStore, int, bool]]:
+    """(store, cadence, shared between nodes) for tiers 2 and 3, fastest first."""
+    out: list[tuple[ShardStore, int, bool]] = []
+    if config.local_dir is not None and config.local_every:
+        out.append(
+            (
+                open_store(tier="local", location=config.local_dir, fsync=config.fsync),
+                config.local_every,
+                False,
+            )
+        )
+    if config.durable_dir and config.durable_every:
+        out.append(
+            (
+                open_store(tier="durable", location=config.durable_dir, fsync=config.fsync),
+                config.durable_every,
+                True,
+            )
+        )
+    return out

@@ -10,7 +10,7 @@ import warnings
 
 import typer
 
-from infra.configio import exit_on_user_error
+from kitcore.configio import exit_on_user_error
 
 app = typer.Typer(
     name="nvrx-eks",
@@ -35,13 +35,17 @@ def _register_all() -> None:
     from infra import commands as infra_commands  # noqa: PLC0415
     from infra.ops import commands as ops_commands  # noqa: PLC0415
     from k8s import commands as k8s_commands  # noqa: PLC0415
+    from localrun import commands as localrun_commands  # noqa: PLC0415
+    from planner import commands as planner_commands  # noqa: PLC0415
     from training import commands as training_commands  # noqa: PLC0415
 
     infra_commands.register(app=app, bench=bench_app)
     ops_commands.register(app=app, job=job_app)
-    k8s_commands.register(app=app, job=job_app, local=local_app, bench=bench_app)
+    k8s_commands.register(job=job_app)
+    localrun_commands.register(app=app, local=local_app, bench=bench_app)
     image_commands.register(image=image_app)
     training_commands.register(app=app, bench=bench_app)
+    planner_commands.register(app=app)
 
 
 def main() -> None:

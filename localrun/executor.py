@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import yaml
 
-from infra.configio import UserError
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -104,6 +104,8 @@ class JobResult:
     deletions: list[dict[str, Any]] = field(default_factory=list)
     """One per node deletion: index, time, replacement pod and its start time."""
     run_dir: str = ""
+    run_key: str = ""
+    """The pod marker prefix of this run's processes (`marked_processes(run_key)` finds any left)."""
 
 
 @dataclass
@@ -619,6 +621,7 @@ class LocalJob:
             pods=self.history,
             deletions=self.deletions,
             run_dir=str(self.run_dir),
+            run_key=self.run_key,
         )
 
     def _shutdown(self) -> None:

@@ -17,9 +17,9 @@ import psutil
 import pytest
 import yaml
 
-from k8s.executor import LocalJob, marked_processes
 from k8s.job_chart import render
-from k8s.values import load_values
+from k8s.load import load_values
+from localrun.executor import LocalJob, marked_processes
 from training.events import read_events
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"

@@ -42,8 +42,8 @@ def demo(
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
     from rich.console import Console  # noqa: PLC0415
 
-    from k8s.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from k8s.values import load_values  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+    from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
     from training.report import (  # noqa: PLC0415
         plot_timeline,

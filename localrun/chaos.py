@@ -19,8 +19,8 @@ from training.events import read_events
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from k8s.executor import JobResult
     from k8s.values import JobValues
+    from localrun.executor import JobResult
 
 _TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
 
@@ -34,8 +34,8 @@ class ChaosResult:
 
 def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
     """The local folder behind the trainer's `--run-dir` for a job the executor ran in `run_dir`."""
-    from k8s.executor import pvc_folder  # noqa: PLC0415
     from k8s.trainer_args import chart_owned_fields  # noqa: PLC0415
+    from localrun.executor import pvc_folder  # noqa: PLC0415
 
     mount = values.storage.fsx_mount_path.rstrip("/")
     inside = chart_owned_fields(values)["run_dir"].removeprefix(mount).lstrip("/")
@@ -76,8 +76,8 @@ def run_job(
     """Render `values` into `run_dir/dist`, run it locally with a progress bar, return the outcome."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-    from k8s.executor import run_local  # noqa: PLC0415
     from k8s.job_chart import render  # noqa: PLC0415
+    from localrun.executor import run_local  # noqa: PLC0415
 
     dist = run_dir / "dist"
     render(values, str(dist))

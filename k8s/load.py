@@ -1,0 +1,30 @@
+"""`load_values`: job values from a file and `key=value` overrides, checked in full before any render.
+
+Two passes, each ending in one message that names the field: the values' own model (k8s/values.py),
+then the trainer's own parser on the command line the chart would render (k8s/trainer_args.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from k8s.trainer_args import check_trainer_args
+from k8s.values import JobValues
+from kitcore.configio import load_model
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
+
+    from training.config import TrainConfig
+
+
+def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
+    """Load and fully check job values: the model's rules, then the trainer's own parser."""
+    return load_checked(path, overrides)[0]
+
+
+def load_checked(path: Path | None, overrides: Iterable[str] = ()) -> tuple[JobValues, TrainConfig]:
+    """`load_values`, and the trainer's configuration the rendered command line gives."""
+    values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
+    return values, check_trainer_args(values)

@@ -1,0 +1,105 @@
+"""Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `bench peer`,
+`local run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from localrun.peer_bench import DEFAULT_DEVICE_STEP_S, FAULT_SEED
+
+
+def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: typer.Typer) -> None:
+    """Attach this part's commands to the groups it uses."""
+
+    @app.command("demo")
+    def demo_cmd(
+        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
+            "k8s/values/local-cpu.yaml"
+        ),
+        overrides: Annotated[
+            list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
+        ] = None,
+        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+        skip_synth: Annotated[
+            bool, typer.Option("--skip-synth", help="Do not synthesize the CDK app.")
+        ] = False,
+    ) -> None:
+        """The kit end to end on this machine: synth, render, chaos run with every fault class, report."""
+        from localrun.demo import demo  # noqa: PLC0415
+
+        code = demo(
+            values_path=values_file,
+            runs_root=runs_root,
+            overrides=tuple(overrides or ()),
+            skip_synth=skip_synth,
+        )
+        raise typer.Exit(code)
+
+    @bench.command("peer")
+    def bench_peer_cmd(
+        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
+            "k8s/values/local-cpu.yaml"
+        ),
+        steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
+        device_step_s: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Emulated device time per step (0: CPU speed); see localrun/peer_bench.py.",
+            ),
+        ] = DEFAULT_DEVICE_STEP_S,
+        fault_seed: Annotated[
+            int, typer.Option(help="Seed of the fault draw (42 draws no hang; 40 draws three).")
+        ] = FAULT_SEED,
+        modes: Annotated[
+            list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
+        ] = None,
+        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+    ) -> None:
+        """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
+        from localrun.peer_bench import run_peer_bench  # noqa: PLC0415
+
+        kwargs = {"modes": tuple(modes)} if modes else {}
+        run_peer_bench(
+            values_path=values_file,
+            steps=steps,
+            device_step_s=device_step_s,
+            fault_seed=fault_seed,
+            runs_root=runs_root,
+            **kwargs,
+        )
+
+    @local.command("run")
+    def run_cmd(
+        dist_dir: Annotated[Path, typer.Argument(help="Folder with one rendered job (nvrx-eks job render).")],
+        run_dir: Annotated[Path, typer.Option("--run-dir", help="Folder for logs, volumes, results.")] = Path(
+            "runs/local"
+        ),
+        delete_node: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--delete-node", help="INDEX@SECONDS: delete that node's pod after SECONDS (repeatable)."
+            ),
+        ] = None,
+        timeout_s: Annotated[
+            float, typer.Option("--timeout", help="Give up after this many seconds.")
+        ] = 900.0,
+    ) -> None:
+        """Run a rendered job as local processes (the executor plays the Job controller)."""
+        from kitcore.configio import UserError  # noqa: PLC0415
+        from localrun.executor import NodeDeletion, run_local  # noqa: PLC0415
+
+        deletions = []
+        for item in delete_node or []:
+            index, sep, after = item.partition("@")
+            if not sep or not index.isdigit():
+                raise UserError(f"--delete-node {item!r} is not INDEX@SECONDS (e.g. 1@20)")
+            deletions.append(NodeDeletion(index=int(index), after_s=float(after)))
+        result = run_local(dist_dir, run_dir=run_dir, deletions=deletions, timeout_s=timeout_s)
+        for pod in result.pods:
+            print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
+        print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
+        raise typer.Exit(0 if result.succeeded else 1)

@@ -1,0 +1,63 @@
+"""The kit's layers import one way and nothing imports in a circle (pyproject `[tool.importlinter]`).
+
+The contracts are import-linter's, run as users and CI run them; the second test proves they bite by
+running them on a copy of the tree with one upward import and one cycle added.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", str(root / "pyproject.toml")],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": str(LINT_IMPORTS.parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_layers_and_no_cycles_hold_on_the_tree() -> None:
+    done = _lint(REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "expected"),
+    [
+        # The trainer must ship without the cluster package.
+        ("training/config.py", "import infra.config", "training.config -> infra.config"),
+        # A type-only import still couples the modules: the charts' values must not know the launcher.
+        (
+            "k8s/values.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import k8s.launcher",
+            ".values -> .launcher",
+        ),
+    ],
+)
+def test_contracts_fail_on_an_upward_import_or_a_cycle(
+    tmp_path: Path, module: str, line: str, expected: str
+) -> None:
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert "1 broken" in done.stdout
+    assert expected in done.stdout
