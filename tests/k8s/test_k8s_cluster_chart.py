@@ -13,9 +13,9 @@ import yaml
 
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 from k8s.job_chart import render
+from k8s.load import load_values
 from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec
 from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
-from k8s.load import load_values
 from training import nodecheck
 
 K8S_VERSION = "1.33"
