@@ -37,9 +37,11 @@ from k8s import names
 from k8s.env import container_env
 from k8s.launcher import launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
+from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE
+from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -275,6 +277,7 @@ class TrainingJob(Construct):
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
         env = [_node_rank_env(), *container_env(values)]
+        port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
             store_endpoint=store_endpoint(values),
@@ -356,6 +359,7 @@ class TrainingJob(Construct):
                     image_pull_policy=pull,
                     command=command,
                     env=env,
+                    ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
                     resources=_resources(values),
                     volume_mounts=mounts,
                     security_context=security,
@@ -394,7 +398,13 @@ class TrainingJob(Construct):
                 suspend=True if values.kueue_queue else None,
                 active_deadline_seconds=values.active_deadline_s,
                 ttl_seconds_after_finished=values.ttl_after_finished_s,
-                template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod),
+                template=k8s.PodTemplateSpec(
+                    metadata=k8s.ObjectMeta(
+                        labels=labels,
+                        annotations=scrape_annotations(port) if port else None,
+                    ),
+                    spec=pod,
+                ),
             ),
         )
 
@@ -403,6 +413,9 @@ class TrainingJob(Construct):
         selector = dict(values.gpu_node_selector)
         if values.profile.is_ec2:
             selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
+        if values.verified_nodes_required:
+            # Set by the node check (training/nodecheck.py): a node takes work once it passed.
+            selector[VERIFIED_LABEL] = "true"
         return selector
 
 

@@ -154,6 +154,8 @@ def run_peer_bench(
             "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
             "faults": [f.to_dict() for f in summary.faults],
             "wall_s": summary.wall_s,
+            # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
+            "overrides": list(setup.overrides),
         }
         print_phases(console, results[setup.name]["faults"])
 

@@ -25,12 +25,14 @@ Kinds and their extra fields (training.metrics reads them):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -53,12 +55,23 @@ class EventLog:
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "node": os.environ.get("JOB_COMPLETION_INDEX", "0"),
         }
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with every event emitted from now on (the Prometheus metrics)."""
+        self._listeners.append(listener)
 
     def emit(self, kind: str, **fields: Any) -> None:  # noqa: ANN401
-        line = json.dumps({"t": time.time(), "kind": kind, **self._base, **fields}, default=str)
+        event = {"t": time.time(), "kind": kind, **self._base, **fields}
+        line = json.dumps(event, default=str)
         with self._lock:
             if not self._file.closed:
                 self._file.write(line + "\n")
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    logging.getLogger("training").exception("event listener failed on %s", kind)
 
     def close(self) -> None:
         with self._lock:

@@ -341,5 +341,7 @@ class Trainer:
             (self.cfg.run_dir / "final.json").write_text(
                 json.dumps({"steps": self.cfg.steps, "final_params_sha256": digest}) + "\n"
             )
-        dist.barrier()
+        # On the store, not a collective: ranks get here seconds apart (each waited for its own
+        # persists), far more than the collective timeout, which a barrier here would trip.
+        parallel.store_barrier(self.store, f"finished-{self.attempt}", self.world.world_size)
         return digest

@@ -3,7 +3,9 @@
 For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
 EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
-maximum size. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
+maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
+cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
+offers. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from infra.ops.aws import ServiceError, aws_errors, error_code
+from kitcore import pins
 from kitcore.configio import UserError
 
 if TYPE_CHECKING:
@@ -68,10 +71,20 @@ class NodeGroupTarget:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AddonTarget:
+    """One EKS managed add-on at the version the stack will ask CreateAddon for."""
+
+    name: str
+    version: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class PreflightTarget:
     region: str
     availability_zone: str
     node_groups: tuple[NodeGroupTarget, ...]
+    kubernetes_version: str | None = None
+    addons: tuple[AddonTarget, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +122,7 @@ class Preflight:
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
         results.extend(self._quotas())
+        results.extend(self._guarded_addon(addon) for addon in self._target.addons)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -263,10 +277,72 @@ class Preflight:
             ),
         )
 
+    def _guarded_addon(self, addon: AddonTarget) -> CheckResult:
+        try:
+            return self._addon(addon)
+        except (UserError, ServiceError) as exc:
+            return CheckResult(check=ADDON_CHECK, subject=addon.name, status=Status.FAIL, detail=str(exc))
+
+    def _addon(self, addon: AddonTarget) -> CheckResult:
+        kubernetes = str(self._target.kubernetes_version)
+        offered = addon_versions(self._session.client("eks"), name=addon.name, kubernetes_version=kubernetes)
+        if addon.version in offered:
+            return CheckResult(
+                check=ADDON_CHECK,
+                subject=addon.name,
+                status=Status.PASS,
+                detail=f"{addon.version} is offered for Kubernetes {kubernetes}",
+            )
+        if not offered:
+            return CheckResult(
+                check=ADDON_CHECK,
+                subject=addon.name,
+                status=Status.FAIL,
+                detail=(
+                    f"EKS offers no {addon.name} version for Kubernetes {kubernetes} in {self._target.region}"
+                ),
+                fix="pick a kubernetes_version the add-on supports, or drop the add-on",
+            )
+        shown = ", ".join(offered[:ADDON_VERSIONS_SHOWN]) + (
+            " ..." if len(offered) > ADDON_VERSIONS_SHOWN else ""
+        )
+        return CheckResult(
+            check=ADDON_CHECK,
+            subject=addon.name,
+            status=Status.FAIL,
+            detail=f"{addon.version} is not offered for Kubernetes {kubernetes}; valid: {shown}",
+            fix=f"set {addon.name} for {kubernetes} in kitcore/pins.py EKS_ADDONS to one of: {shown}",
+        )
+
     def _vcpus_of(self, instance_type: str) -> int:
         if instance_type not in self._vcpus:
             self._instance_info(instance_type)
         return self._vcpus[instance_type]
+
+
+ADDON_CHECK = "add-on version"
+ADDON_VERSIONS_SHOWN = 8
+
+
+def addon_versions(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    *,
+    name: str,
+    kubernetes_version: str,
+) -> list[str]:
+    """The versions of add-on `name` EKS offers for `kubernetes_version`, newest first (the API's order)."""
+    versions: list[str] = []
+    with aws_errors("eks:DescribeAddonVersions"):
+        pages = eks.get_paginator("describe_addon_versions").paginate(
+            kubernetesVersion=kubernetes_version, addonName=name
+        )
+        for page in pages:
+            for found in page.get("addons", []):
+                for entry in found.get("addonVersions", []):
+                    version = entry["addonVersion"]
+                    if found.get("addonName") == name and version not in versions:
+                        versions.append(version)
+    return versions
 
 
 def check_reservation(
@@ -371,6 +447,12 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
     return PreflightTarget(
         region=config.region,
         availability_zone=config.gpu_availability_zone,
+        kubernetes_version=config.kubernetes_version,
+        # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
+        addons=tuple(
+            AddonTarget(name=pin.name, version=pin.version_for(config.kubernetes_version))
+            for pin in pins.EKS_ADDONS.values()
+        ),
         node_groups=tuple(
             NodeGroupTarget(
                 name=group.name,
