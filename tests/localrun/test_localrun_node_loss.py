@@ -3,7 +3,8 @@ one peer replica) run by the executor, which plays the Job controller and replac
 
 The replacement pod starts with an empty memory tier and no node-local disk; its ranks must take their
 shards from the surviving node's RAM (tier `peer_memory`), lose no more than the memory snapshot
-interval, and end bit-identical to a fault-free run. With both nodes lost at once (a node and its only
+intervals (the replica runs one interval behind the snapshot: the ranks agree on launching it one
+snapshot late, training/checkpoint/tiered.py `Agreement`), and end bit-identical to a fault-free run. With both nodes lost at once (a node and its only
 partner), the job falls back to the durable tier and says so.
 """
 
@@ -58,7 +59,7 @@ def test_a_lost_node_comes_back_from_its_partners_ram(tmp_path, fault_free_hash,
     assert fault.layer == "job_controller", fault
     assert fault.tier == "peer_memory", fault
     assert fault.steps_lost is not None, fault
-    assert fault.steps_lost <= MEMORY_EVERY, fault
+    assert fault.steps_lost <= 2 * MEMORY_EVERY, fault
     assert _final_hash(events) == fault_free_hash
 
 

@@ -364,6 +364,14 @@ def restore_from_anywhere(
     for store in stores:
         own[store.tier] = sorted(store.candidate_steps(rank=rank, world_size=world_size, collective=True))
     report = {"own": own, "serves": sorted(memory)}
+    emit(
+        "checkpoint_sources",
+        {
+            "rank": rank,
+            "own": {tier: max(steps, default=None) for tier, steps in own.items()},
+            "node_memory": sorted({f"{shard}@{step}" for shard, step in memory}),
+        },
+    )
     reports: list[Any] = [None] * world_size
     dist.all_gather_object(reports, report)
     excluded: set[int] = set()

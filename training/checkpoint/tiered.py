@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from training.checkpoint.config import CheckpointConfig
 
 
+PEER_PIN = "peer-pinned"
+"""Slot holder: the snapshot whose copy the partners hold (`TieredCheckpointer._pin_replicated`)."""
+
+
 @dataclass
 class _Slot:
     index: int
@@ -456,8 +460,12 @@ class TieredCheckpointer(Checkpointer):
         due = [tier for tier, every in self._cadences if step % every == 0 or tier in self._owed]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
-        if layout.signature != self.memory.signature and not any(s.holders for s in self.memory.slots):
+        if layout.signature != self.memory.signature and not any(
+            s.holders - {PEER_PIN} for s in self.memory.slots
+        ):
             self._settle()
+            for slot in self.memory.slots:  # a copy of another layout is no restore point now
+                slot.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
         can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
         slot = None
@@ -516,7 +524,7 @@ class TieredCheckpointer(Checkpointer):
         return Flags(unheld=self.memory.unheld(), busy=busy)
 
     def _submit(self, slot: _Slot) -> None:
-        for tier in sorted(slot.holders):
+        for tier in sorted(slot.holders - {PEER_PIN}):
             worker = self.workers[tier]
             if self._closing and isinstance(worker, ReplicaWorker):
                 slot.holders.discard(tier)
@@ -564,6 +572,8 @@ class TieredCheckpointer(Checkpointer):
             if outcome is None:
                 continue
             self.memory.slots[outcome["slot"]].holders.discard(tier)
+            if outcome["ok"] and tier == "peer":
+                self._pin_replicated(outcome["slot"])
             if outcome["ok"]:
                 self.stats.persisted[tier] += 1
                 extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
@@ -579,6 +589,16 @@ class TieredCheckpointer(Checkpointer):
                 )
             else:
                 self._failed(tier, outcome["step"], outcome["error"], kind=outcome.get("kind", "failed"))
+
+    def _pin_replicated(self, index: int) -> None:
+        """Keep the snapshot the partners now hold a copy of until a newer one is replicated.
+
+        A lost node's shards come back at the step of their newest copy on a partner, and the
+        survivors' own shards must exist at that same step: the survivors' slot of that step is not
+        reused meanwhile (one slot of `num_staging_slots`; the budget in k8s/trainer_args.py counts it)."""
+        for slot in self.memory.slots:
+            slot.holders.discard(PEER_PIN)
+        self.memory.slots[index].holders.add(PEER_PIN)
 
     def _failed(self, tier: str, step: int, error: str, *, kind: str) -> None:
         if kind == "timeout":
