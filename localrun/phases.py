@@ -5,7 +5,7 @@ milestone of its recovery, every one the *last* rank's (the job is only as far a
 
 - detect: the first `detected` (in-process) or `terminated` (launcher stopping a worker) event;
 - gone: the old workers' last event (a stopped worker emits `terminated` just before it exits);
-- spawn: the kernel started the new worker processes (`process_start.spawned_t`);
+- spawn: the kernel started the new worker processes (`process_start.created_t`);
 - start: `process_start` (interpreter up, the trainer's modules imported);
 - ready: `process_ready` (preloads, stores, resilience layers, checkpointer built);
 - restore: `startup_done` (process group, rendezvous on the store, checkpoint restored), with the tier
@@ -71,7 +71,7 @@ def fault_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mine = [e for e in window if e["pid"] in new_pids]
             if len({e["rank"] for e in new_starts}) < world:
                 row["layer"] = "launcher (partial)"
-            spawn = _last_rank(new_starts, key="spawned_t")
+            spawn = _last_rank(new_starts, key="created_t")
             row["spawn"] = spawn - t0 if spawn is not None else None
             for name, kind in (("start", "process_start"), ("ready", "process_ready")):
                 t = _last_rank([e for e in mine if e["kind"] == kind])

@@ -18,6 +18,7 @@ P5 = LOCAL.with_name("p5-2.yaml")
     ("values", "overrides", "message"),
     [
         (LOCAL, ["num_nodes=0"], "num_nodes: Input should be greater than or equal to 1"),
+        (LOCAL, ["spares=-1"], "spares: Input should be greater than or equal to 0"),
         (LOCAL, ["instance_profile=p9.huge"], "instance_profile: unknown instance type 'p9.huge'"),
         (LOCAL, ["mode=elastic"], "mode: Input should be 'baseline', 'inprocess', 'ft_launcher' or 'both'"),
         (LOCAL, ["name=Bad_Name"], "name: 'Bad_Name' must be a DNS label"),

@@ -15,13 +15,13 @@ def _sigkill_run(offset=0.0):
     """Two ranks; rank 1 is SIGKILLed at t=10, rank 0 is stopped by the launcher, both restart."""
     o = offset
     return [
-        _ev(o + 0.0, "process_start", 0, 100, world_size=2, spawned_t=o - 1.0),
-        _ev(o + 0.0, "process_start", 1, 101, world_size=2, spawned_t=o - 1.0),
+        _ev(o + 0.0, "process_start", 0, 100, world_size=2, created_t=o - 1.0),
+        _ev(o + 0.0, "process_start", 1, 101, world_size=2, created_t=o - 1.0),
         _ev(o + 9.9, "step", 0, 100, step=7),
         _ev(o + 10.0, "fault_injected", 1, 101, **{"class": "sigkill"}, step=8, target_rank=1),
         _ev(o + 10.3, "terminated", 0, 100),
-        _ev(o + 12.0, "process_start", 0, 200, world_size=2, spawned_t=o + 11.0),
-        _ev(o + 12.5, "process_start", 1, 201, world_size=2, spawned_t=o + 11.2),
+        _ev(o + 12.0, "process_start", 0, 200, world_size=2, created_t=o + 11.0),
+        _ev(o + 12.5, "process_start", 1, 201, world_size=2, created_t=o + 11.2),
         _ev(o + 14.0, "process_ready", 0, 200),
         _ev(o + 14.4, "process_ready", 1, 201),
         _ev(o + 14.6, "startup_done", 1, 201, tier="memory", load_s=0.01),
