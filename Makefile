@@ -11,7 +11,7 @@ export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test lint format bench bench-checkpoint synth render setup clean
+.PHONY: demo test lint format bench bench-checkpoint gpu-check synth render setup clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench: setup
 
 bench-checkpoint: setup
 	$(VENV)/bin/nvrx-eks bench checkpoint
+
+# The GPU-only paths on a machine with one GPU, under 5 minutes (localrun/gpu_check.py); elsewhere it
+# prints "no CUDA: skipped" and exits 0.
+gpu-check: setup
+	$(PY) -m localrun.gpu_check
 
 synth: setup
 	npx cdk synth --quiet

@@ -3,9 +3,10 @@
 Composed from keyword-only constructs; labels are derived from the job name (k8s/names.py). Why each
 setting is what it is:
 
-- Indexed Job, completions = parallelism = nodes: one pod per node with a stable index (node rank) and
-  hostname `<job>-<index>`; with `subdomain` set to the headless Service, `<job>-<index>.<job>` resolves
-  to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
+- Indexed Job, completions = parallelism = nodes + spares: one pod per node with a stable index and
+  hostname `<job>-<index>` (the index is not the node rank: ranks come from the rendezvous, and with
+  spares any index may be the one waiting); with `subdomain` set to the headless Service,
+  `<job>-<index>.<job>` resolves to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
 - restartPolicy Never + backoffLimitPerIndex: a failed pod is replaced by the Job controller, per index,
   up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
@@ -14,8 +15,10 @@ setting is what it is:
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
-- Init containers: `python -m training.selfcheck` (can this node train?), then, for NVRx versions with
-  the keep-alive rendezvous, the eviction of a dead predecessor from the rendezvous.
+- Init containers: `python -m training.selfcheck` (can this node train?), then
+  `python -m training.rendezvous evict`: for NVRx versions with the keep-alive rendezvous the eviction
+  of a dead predecessor, and for every version the reopening of a rendezvous closed by a launcher out
+  of restarts (budgets that nest: the Job's backoffLimitPerIndex stays usable).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
   behind it), on the system nodes with a priority class above training pods.
@@ -35,9 +38,11 @@ from k8s import names
 from k8s.env import container_env
 from k8s.launcher import launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
+from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -425,6 +430,7 @@ class TrainingJob(Construct):
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
         env = [_node_rank_env(), *container_env(values)]
+        port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
             store_endpoint=store_endpoint(values),
@@ -449,9 +455,12 @@ class TrainingJob(Construct):
             )
         ]
         features = nvrx_features(values.resolved_nvrx_version)
-        if values.mode != "baseline" and features.keep_alive_rendezvous:
+        if values.mode != "baseline":
             # A replacement drops its dead predecessor from the rendezvous instead of making the
-            # survivors wait out NVRx's keep-alive expiry (training/rendezvous.py).
+            # survivors wait out NVRx's keep-alive expiry (keep-alive rendezvous only), and reopens a
+            # rendezvous that a launcher out of restarts closed: the Job starts this pod only while it
+            # has budget, so the close was not the job's end (training/rendezvous.py).
+            rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
             init_containers.append(
                 k8s.Container(
                     name=EVICT_CONTAINER,
@@ -466,6 +475,7 @@ class TrainingJob(Construct):
                         f"--run-id={values.name}",
                         f"--node-addr={node_address(values)}",
                         f"--timeout={values.timeouts.pod_reschedule_s:g}",
+                        f"--rendezvous={rendezvous}",
                     ],
                     env=[_node_rank_env()],
                     resources=k8s.ResourceRequirements(
@@ -503,9 +513,13 @@ class TrainingJob(Construct):
                     image_pull_policy=pull,
                     command=command,
                     env=env,
+                    ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
                     resources=_resources(values),
                     volume_mounts=mounts,
                     security_context=security,
+                    # A failed pod's status carries its log tail: the launcher's root cause (rank, exit
+                    # code, signal), which `job status` and a failed job's reason name (k8s/termination.py).
+                    termination_message_policy="FallbackToLogsOnError",
                 )
             ],
             volumes=volumes,
@@ -517,8 +531,19 @@ class TrainingJob(Construct):
             metadata=k8s.ObjectMeta(name=values.name, namespace=values.namespace, labels=labels),
             spec=k8s.JobSpec(
                 completion_mode="Indexed",
-                completions=values.num_nodes,
-                parallelism=values.num_nodes,
+                # Spares are pods of the same Job: every pod runs the launcher, the rendezvous admits
+                # num_nodes and keeps the rest waiting (k8s/values.py `spares`).
+                completions=values.num_nodes + values.spares,
+                parallelism=values.num_nodes + values.spares,
+                # With spares the job is done once num_nodes pods succeeded: the Job controller then
+                # ends the spares still waiting (or a replacement that arrived after the finish and
+                # would meet a closed rendezvous) instead of replacing them
+                # (https://kubernetes.io/docs/concepts/workloads/controllers/job/#success-policy).
+                success_policy=(
+                    k8s.SuccessPolicy(rules=[k8s.SuccessPolicyRule(succeeded_count=values.num_nodes)])
+                    if values.spares
+                    else None
+                ),
                 backoff_limit_per_index=b.job_backoff_limit_per_index,
                 max_failed_indexes=0,
                 pod_replacement_policy="Failed",
@@ -527,7 +552,13 @@ class TrainingJob(Construct):
                 suspend=True if values.kueue_queue else None,
                 active_deadline_seconds=values.active_deadline_s,
                 ttl_seconds_after_finished=values.ttl_after_finished_s,
-                template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod),
+                template=k8s.PodTemplateSpec(
+                    metadata=k8s.ObjectMeta(
+                        labels=labels,
+                        annotations=scrape_annotations(port) if port else None,
+                    ),
+                    spec=pod,
+                ),
             ),
         )
 
@@ -536,6 +567,9 @@ class TrainingJob(Construct):
         selector = dict(values.gpu_node_selector)
         if values.profile.is_ec2:
             selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
+        if values.verified_nodes_required:
+            # Set by the node check (training/nodecheck.py): a node takes work once it passed.
+            selector[VERIFIED_LABEL] = "true"
         return selector
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
@@ -185,6 +186,10 @@ class Timeouts(_Section):
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
     monitor_interval_s: float = Field(0.5, gt=0)
+    heartbeat_check_s: float = Field(1.0, gt=0)
+    """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
+    (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
+    default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
 
 
 class Storage(_Section):
@@ -213,6 +218,10 @@ class Storage(_Section):
     local_mount_path: str = "/local"
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
+    peer_replicas: int | None = Field(None, ge=0)
+    """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
+    checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
+    when the job has more than one node. Costs R x the node's snapshot in each node's memory tier."""
 
     @field_validator("local_nvme_path")
     @classmethod
@@ -258,6 +267,7 @@ CHART_OWNED_TRAINER_FIELDS = (
     "checkpoint.local_dir",
     "checkpoint.durable_dir",
     "checkpoint.s3_uri",
+    "checkpoint.peer_replicas",
     "inprocess.max_iterations",
 )
 
@@ -291,6 +301,12 @@ class JobValues(_Section):
     service_account: str = "nvrx-trainer"
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
+    spares: int = Field(0, ge=0)
+    """Warm spare pods beyond num_nodes (issue 16 part 3): scheduled, self-checked, their launcher
+    started and waiting in the rendezvous's redundancy list (`--nnodes=N:N` admits N; agents beyond
+    wait there without restarting the group). A lost node's place goes to a spare at the next round;
+    the Job's replacement pod becomes the next spare. The GPU node group must have room for
+    num_nodes + spares nodes (`nvrx-eks preflight` checks it against the cluster config)."""
     instance_profile: str = "local-cpu"
     mode: Mode = "both"
     budgets: Budgets = Budgets()
@@ -307,11 +323,17 @@ class JobValues(_Section):
     """Where the rendezvous store runs (the cluster's system node group label)."""
     gpu_node_selector: dict[str, str] = Field(default_factory=dict)
     """Extra labels the training nodes must carry (e.g. the node-health label)."""
+    require_verified_nodes: bool | None = None
+    """Schedule only on nodes the node check verified (label nvrx-eks/verified=true; the cluster stack's
+    node_check). Default: on for EC2 profiles, off for local runs."""
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, SecretRef] = Field(default_factory=dict)
     """Environment variables read from Kubernetes Secrets (never plain values)."""
     active_deadline_s: int | None = Field(None, ge=1)
     ttl_after_finished_s: int | None = Field(86400, ge=0)
+    plan: PlanHints | None = None
+    """Written by `nvrx-eks plan --write`: the step and durable write time its cadences assume
+    (`job render` warns when trainer.checkpoint.durable_every undercuts the write). Not rendered."""
 
     @field_validator("name", "namespace")
     @classmethod
@@ -436,6 +458,12 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
+        replicas = self.storage.peer_replicas
+        if replicas is not None and replicas >= self.num_nodes and replicas:
+            raise ValueError(
+                f"storage.peer_replicas ({replicas}) must be below num_nodes ({self.num_nodes}): each copy "
+                f"lives on another node; use at most {self.num_nodes - 1}"
+            )
         in_ram = self.shm_gib + self.memory_tier_gib
         if in_ram > self.pod_memory_gib:
             raise ValueError(
@@ -484,6 +512,12 @@ class JobValues(_Section):
         return resolve_nvrx_version(image=self.image, nvrx_version=self.nvrx_version)
 
     @property
+    def verified_nodes_required(self) -> bool:
+        if self.require_verified_nodes is None:
+            return self.profile.is_ec2
+        return self.require_verified_nodes
+
+    @property
     def pod_memory_gib(self) -> int:
         """The training container's memory request = limit (no overcommit)."""
         return max(1, int(self.profile.memory_gib * ALLOCATABLE_FRACTION))
@@ -496,6 +530,13 @@ class JobValues(_Section):
     def memory_tier_gib(self) -> int:
         """sizeLimit of the memory checkpoint tier's emptyDir."""
         return self.storage.memory_tier_gib or max(1, self.profile.memory_gib // MEMORY_TIER_FRACTION)
+
+    @property
+    def peer_replicas(self) -> int:
+        """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
+        if self.storage.peer_replicas is not None:
+            return self.storage.peer_replicas
+        return 1 if self.num_nodes > 1 else 0
 
     @property
     def world_size(self) -> int:

@@ -124,6 +124,7 @@ def run_peer_bench(
     from k8s.load import load_values  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
+    from training.report import print_phases  # noqa: PLC0415
 
     console = Console()
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
@@ -157,7 +158,10 @@ def run_peer_bench(
             "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
             "faults": [f.to_dict() for f in summary.faults],
             "wall_s": summary.wall_s,
+            # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
+            "overrides": list(setup.overrides),
         }
+        print_phases(console, results[setup.name]["faults"])
 
     table = Table(
         title=f"Peer scenario: {steps} steps ({device_step_s:g} s emulated device time each), "

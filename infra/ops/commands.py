@@ -95,6 +95,12 @@ def preflight(
     ],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the config.")] = None,
     profile: Profile = None,
+    job_values: Annotated[
+        Path | None,
+        typer.Option(
+            "--job-values", help="Job values YAML: also check its nodes + spares fit the GPU node group."
+        ),
+    ] = None,
 ) -> None:
     """Check the account can hold the configured GPU node groups, before `cdk deploy`.
 
@@ -113,6 +119,10 @@ def preflight(
         cfg = load_model(ClusterConfig, config, overrides or [])
         target = checks.target_from_config(cfg)
         results = checks.Preflight(session=_session(profile, cfg.region), target=target).run()
+        if job_values is not None:
+            from k8s.load import load_values  # noqa: PLC0415
+
+            results.append(checks.job_capacity(cfg, load_values(job_values, [])))
     Console(width=160).print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:

@@ -115,9 +115,10 @@ def test_the_store_and_the_eviction_step_meet_restricted(values_file, tmp_path):
     assert _restricted_violations(store) == set()
     (store_container,) = store["containers"]
     assert store_container["securityContext"]["readOnlyRootFilesystem"] is True
-    # The eviction step exists only for NVRx versions with the keep-alive rendezvous (local: 0.4.1).
+    # The replacement pod's rendezvous step (evict the predecessor, reopen a closed rendezvous) is
+    # rendered for every NVRx version.
     evict = [c for c in _pod(docs, "Job")["initContainers"] if c["name"] == "evict-predecessor"]
-    assert len(evict) == (values_file == LOCAL)
+    assert len(evict) == 1
     for container in evict:
         assert _restricted_violations({"containers": [container]}) == set()
         assert container["securityContext"]["readOnlyRootFilesystem"] is True

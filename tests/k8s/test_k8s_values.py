@@ -18,6 +18,7 @@ P5 = LOCAL.with_name("p5-2.yaml")
     ("values", "overrides", "message"),
     [
         (LOCAL, ["num_nodes=0"], "num_nodes: Input should be greater than or equal to 1"),
+        (LOCAL, ["spares=-1"], "spares: Input should be greater than or equal to 0"),
         (LOCAL, ["instance_profile=p9.huge"], "instance_profile: unknown instance type 'p9.huge'"),
         (LOCAL, ["mode=elastic"], "mode: Input should be 'baseline', 'inprocess', 'ft_launcher' or 'both'"),
         (LOCAL, ["name=Bad_Name"], "name: 'Bad_Name' must be a DNS label"),
@@ -45,8 +46,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         (
             LOCAL,
-            ["timeouts.launcher_initial_heartbeat_s=10"],
-            "launcher_initial_heartbeat_s (10) must be at least launcher_heartbeat_s (30)",
+            ["timeouts.launcher_initial_heartbeat_s=5"],
+            "launcher_initial_heartbeat_s (5) must be at least launcher_heartbeat_s (6)",
         ),
         (LOCAL, ["nvrx_version=0.1.0", "mode=inprocess"], "NVRx 0.1.0 lacks it"),
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),

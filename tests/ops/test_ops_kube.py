@@ -409,3 +409,24 @@ def test_status_of_an_unknown_job_exits_2(cli):
     result = cli("job", "status", "nope", "--no-checkpoints", api_client=client)
     assert result.exit_code == 2
     assert "not found while trying to read Job nope" in result.output
+
+
+def test_status_names_a_failed_pods_cause_from_its_termination_message(manifests):
+    job = next(m for m in manifests if m["kind"] == "Job")
+    failed = _pod("demo-1", phase="Failed")
+    failed["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {
+            "exitCode": 1,
+            "reason": "Error",
+            # The trainer's FallbackToLogsOnError tail: NVRx 0.4.1's launcher out of restarts.
+            "message": "Some rank(s) exited with non-zero exit code: {3: ProcessFailure(local_rank=1, "
+            "pid=6791, exitcode=-9, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+            "message='Signal 9 (SIGKILL) received by PID 6791', timestamp=1796123242)}. "
+            "Agent's exit code = 1",
+        }
+    }
+    pods = _pods(_pod("demo-0"), failed)
+    client, _ = _client({("GET", JOB_PATH): [(200, job)], ("GET", PODS_PATH): [pods]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    view = next(p for p in status.pods if p.name == "demo-1")
+    assert view.last_termination == "Error (exit 1): worker rank 3 exit code -9 (Signal 9 (SIGKILL))"
