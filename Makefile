@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test lint format bench bench-checkpoint synth render setup clean
+.PHONY: demo test lint format bench bench-checkpoint gpu-check synth render setup clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ bench: setup
 
 bench-checkpoint: setup
 	$(VENV)/bin/nvrx-eks bench checkpoint
+
+# The GPU-only paths on a machine with one GPU, under 5 minutes (localrun/gpu_check.py); elsewhere it
+# prints "no CUDA: skipped" and exits 0.
+gpu-check: setup
+	$(PY) -m localrun.gpu_check
 
 synth: setup
 	npx cdk synth --quiet

@@ -11,12 +11,12 @@ import base64
 import json
 import re
 import shutil
-import subprocess
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.revision import source_revision
 from kitcore.configio import UserError
 from kitcore.pins import IMAGE, ImagePins
 
@@ -37,6 +37,8 @@ BUILD_ARG_NAMES: dict[str, str] = {
     "nvrx_version": "NVRX_VERSION",
     "efa_installer": "EFA_INSTALLER_VERSION",
     "aws_ofi_nccl": "AWS_OFI_NCCL_VERSION",
+    "efa_installer_sha256": "EFA_INSTALLER_SHA256",
+    "aws_ofi_nccl_sha256": "AWS_OFI_NCCL_SHA256",
     "python_abi": "PYTHON_ABI",
     "min_glibc": "MIN_GLIBC",
 }
@@ -64,22 +66,36 @@ def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
     return args
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST_REFERENCE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def check_verifiable(pins: ImagePins = IMAGE) -> None:
+    """Refuse a build whose base is not pinned by digest or whose tarballs have no checksum."""
+    problems = []
+    if not _DIGEST_REFERENCE.match(pins.base_image):
+        problems.append(f"base_image {pins.base_image!r} is not pinned by digest (NAME@sha256:...)")
+    for name in ("efa_installer_sha256", "aws_ofi_nccl_sha256"):
+        value = getattr(pins, name)
+        if not _SHA256.match(value):
+            problems.append(f"{name} is {value!r}, not a sha256")
+    if problems:
+        raise UserError(
+            "the image would install unverified downloads: "
+            + "; ".join(problems)
+            + ". Record the published checksums in kitcore/pins.py IMAGE (its comment says where from)"
+        )
+
+
 def git_revision(root: Path = REPO_ROOT) -> str:
     """The tag for an image built from `root`: the short commit, `-dirty` when the tree has changes."""
-    try:
-        commit = _git(root, "rev-parse", "--short=12", "HEAD")
-        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.CalledProcessError):
+    revision = source_revision(root)
+    if revision is None:
         raise UserError(
             f"{root} is not a git checkout with a commit: the image tag comes from the git revision "
             "(commit first, or pass --tag)"
-        ) from None
-    return f"{commit}-dirty" if dirty else commit
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+        )
+    return revision
 
 
 def check_tag(tag: str) -> str:

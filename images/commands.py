@@ -57,11 +57,17 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         engine: Engine = None, name: Name = "nvrx-eks-training", tag: Tag = None, dry_run: DryRun = False
     ) -> None:
         """Build the training image from images/Dockerfile with every version from kitcore/pins.py."""
-        from images.build import build_args, build_argv  # noqa: PLC0415
+        from images.build import build_args, build_argv, check_verifiable  # noqa: PLC0415
+        from kitcore import pins  # noqa: PLC0415
 
         tag = _tag(tag)
+        if not dry_run:
+            # Fail closed here, before the engine pulls the base: the Dockerfile would refuse too.
+            check_verifiable(pins.IMAGE)
         argv = build_argv(
-            engine=_engine(engine, dry_run=dry_run), image=f"{name}:{tag}", args=build_args(git_revision=tag)
+            engine=_engine(engine, dry_run=dry_run),
+            image=f"{name}:{tag}",
+            args=build_args(git_revision=tag, pins=pins.IMAGE),
         )
         _run(argv, dry_run=dry_run)
         print(f"{name}:{tag}")

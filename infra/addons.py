@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
@@ -64,14 +65,33 @@ def _gpu_scheduling(label: str) -> dict[str, Any]:
     }
 
 
-def _pod_identity_role(scope: Construct, id: str, *, statements: Sequence[iam.PolicyStatement]) -> iam.Role:  # noqa: A002
-    role = iam.Role(
-        scope,
-        id,
-        # EKS Pod Identity: the agent assumes the role and tags the session with the pod's identity.
-        # https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+def pod_identity_principal(cluster: eks.ICluster) -> iam.IPrincipal:
+    """EKS Pod Identity as the trusted principal, for this account's cluster only.
+
+    The agent assumes the role and tags the session with the pod's identity; aws:SourceAccount and
+    aws:SourceArn keep another account's (or another cluster's) Pod Identity from assuming it (the
+    confused-deputy conditions of https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html).
+    """
+    return (
+        iam.ServicePrincipal("pods.eks.amazonaws.com")
+        .with_conditions(
+            {
+                "StringEquals": {"aws:SourceAccount": Stack.of(cluster).account},
+                "ArnEquals": {"aws:SourceArn": cluster.cluster_arn},
+            }
+        )
+        .with_session_tags()
     )
+
+
+def _pod_identity_role(
+    scope: Construct,
+    id: str,  # noqa: A002
+    *,
+    cluster: eks.ICluster,
+    statements: Sequence[iam.PolicyStatement],
+) -> iam.Role:
+    role = iam.Role(scope, id, assumed_by=pod_identity_principal(cluster))
     for statement in statements:
         role.add_to_policy(statement)
     return role
@@ -95,7 +115,9 @@ class ManagedAddon:
         pin = pins.EKS_ADDONS[self.name]
         associations = None
         if self.service_account is not None:
-            role = _pod_identity_role(ctx.scope, f"{_camel(self.name)}Role", statements=self.policy)
+            role = _pod_identity_role(
+                ctx.scope, f"{_camel(self.name)}Role", cluster=ctx.cluster, statements=self.policy
+            )
             for managed in self.managed_policies:
                 role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(managed))
                 nag.acknowledge(
@@ -136,6 +158,10 @@ class HelmAddon:
     name: str
     depends_on: tuple[str, ...] = ()
     values: dict[str, Any] = field(default_factory=dict)
+    wait: bool = False
+    """Helm --wait: the custom resource completes only once the release's pods are ready (and
+    its webhooks have endpoints); what depends on the chart is applied after that."""
+    timeout: Duration | None = None
 
     def deploy(self, ctx: AddonContext) -> IConstruct:
         pin = pins.HELM_CHARTS[self.name]
@@ -147,7 +173,8 @@ class HelmAddon:
             namespace=pin.namespace,
             release=self.name,
             values=self.values,
-            wait=False,
+            wait=self.wait,
+            timeout=self.timeout,
         )
         for dependency in ctx.node_dependencies:
             chart.node.add_dependency(dependency)
@@ -163,10 +190,70 @@ _FSX_CSI_POLICY = (
 )
 
 
+# The VPC CNI's network policy agent enforces the job's NetworkPolicy objects (k8s/): without it
+# they are accepted and ignored. https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
+
+# One DCGM host engine per GPU node. The DCGM profiling module (DCGM_FI_PROF_*) can be held by one
+# engine per GPU, and three would start: the node monitoring agent's dcgm-server, the dcgm-exporter
+# chart's embedded engine and the CloudWatch add-on's exporter. The engine kept is the node monitoring
+# agent's: its GPU health checks drive node auto-repair, and the add-on cannot switch it off. So:
+# - dcgm-exporter runs no engine of its own: `-r` connects it to that engine, which listens on the
+#   node's port 5555 (nv-hostengine -b ALL; aws/eks-node-monitoring-agent#205 and #255 describe it);
+#   https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/dcgm-exporter.html
+DCGM_HOSTENGINE_PORT = 5555
+DCGM_EXPORTER_REMOTE_ENGINE = {
+    "arguments": [
+        "-r",
+        f"$(NODE_IP):{DCGM_HOSTENGINE_PORT}",
+        "-f",
+        "/etc/dcgm-exporter/dcp-metrics-included.csv",
+    ],
+    "extraEnv": [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
+}
+# - the CloudWatch add-on collects no accelerated-compute metrics, so its operator deploys no DCGM
+#   exporter (amazon-cloudwatch-agent-operator builds it only when accelerated_compute_metrics is on;
+#   the opt-out is in the add-on's documented configuration). Giving agent.config replaces the
+#   default one, which also turns Application Signals (and its X-Ray traces) off: the role needs
+#   CloudWatchAgentServerPolicy only, not AWSXrayWriteOnlyAccess.
+#   https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html
+CLOUDWATCH_CONFIGURATION = {
+    "agent": {
+        "config": {
+            "logs": {
+                "metrics_collected": {
+                    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": False}
+                }
+            }
+        }
+    }
+}
+
+# Kueue's webhooks fail closed: its ResourceFlavor / ClusterQueue / LocalQueue can be applied only
+# once the controller serves (kubernetes-sigs/kueue#3794). Two replicas (leader election) and a PDB
+# keep it serving through a system-node drain; wait=True makes the Helm custom resource complete only
+# when the pods are ready, and the cluster objects depend on it (infra/stacks/cluster_stack.py).
+KUEUE_VALUES = {
+    "controllerManager": {
+        "replicas": 2,
+        "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"control-plane": "controller-manager"}},
+            }
+        ],
+    }
+}
+KUEUE_WAIT_TIMEOUT = Duration.minutes(10)
+
+
 def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addon]:
     """The kit's add-on set for GPU training."""
     addons: list[Addon] = [
-        ManagedAddon("vpc-cni"),
+        ManagedAddon("vpc-cni", configuration=VPC_CNI_CONFIGURATION),
         ManagedAddon("kube-proxy"),
         ManagedAddon("eks-pod-identity-agent"),
         ManagedAddon("coredns", depends_on=("vpc-cni",), needs_nodes=True),
@@ -187,8 +274,12 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
         HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL)),
         HelmAddon(
             "dcgm-exporter",
-            depends_on=("nvidia-device-plugin",),
-            values={**_gpu_scheduling(GPU_LABEL), "serviceMonitor": {"enabled": False}},
+            depends_on=("nvidia-device-plugin", "eks-node-monitoring-agent"),
+            values={
+                **_gpu_scheduling(GPU_LABEL),
+                **DCGM_EXPORTER_REMOTE_ENGINE,
+                "serviceMonitor": {"enabled": False},
+            },
         ),
     ]
     if cloudwatch_observability:
@@ -198,11 +289,12 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
                 depends_on=("eks-pod-identity-agent",),
                 needs_nodes=True,
                 service_account="cloudwatch-agent",
+                configuration=CLOUDWATCH_CONFIGURATION,
                 managed_policies=("CloudWatchAgentServerPolicy",),
             )
         )
     if kueue:
-        addons.append(HelmAddon("kueue"))
+        addons.append(HelmAddon("kueue", values=KUEUE_VALUES, wait=True, timeout=KUEUE_WAIT_TIMEOUT))
     return addons
 
 

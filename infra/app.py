@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra.config import ClusterConfig
-from kitcore.configio import UserError, exit_on_user_error, load_model
+from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     from aws_cdk import App
 
@@ -138,6 +139,22 @@ def describe(
     return "\n".join(lines)
 
 
+# Set by infra/cdk-cli.js (what `npx cdk` runs): the CDK CLI turns the app's exit code 2 into its own
+# exit code 1, so the app also leaves its message in this file and the wrapper exits 2.
+USER_ERROR_FILE_ENV = "NVRX_EKS_USER_ERROR_FILE"
+
+
+@contextmanager
+def _tell_the_cdk_wrapper() -> Iterator[None]:
+    try:
+        yield
+    except SystemExit as exc:
+        marker = os.environ.get(USER_ERROR_FILE_ENV)
+        if marker and exc.code == USER_ERROR_EXIT_CODE:
+            Path(marker).write_text("the app refused its input; the message is above\n")
+        raise
+
+
 def _field_names() -> str:
     return ", ".join(ClusterConfig.model_fields)
 
@@ -149,7 +166,7 @@ def main(context: Mapping[str, object] | None = None) -> None:
     """
     from aws_cdk import App  # noqa: PLC0415
 
-    with exit_on_user_error():
+    with _tell_the_cdk_wrapper(), exit_on_user_error():
         app = App(context=dict(context)) if context is not None else App()
         path, overrides = overrides_from_context(app.node.get_all_context())
         config = load_config(path, overrides)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra import service_rules as rules
 from kitcore import pins
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
@@ -28,6 +29,20 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,62}$")
 _NODEGROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
+_PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+# Subnets per AZ that infra/constructs/network.py creates (it reads these): NAT-only public
+# subnets and /19 private ones, because the VPC CNI gives every pod a VPC address.
+PUBLIC_SUBNET_MASK = 24
+PRIVATE_SUBNET_MASK = 19
+# Labels and the taint key the kit sets on every GPU node (infra/constructs/gpu_nodegroup.py);
+# a config may not redefine them (EKS would keep one of two values silently, or refuse the group).
+RESERVED_LABEL_PREFIX = "nvrx-eks/"
+RESERVED_TAINT_KEY = "nvidia.com/gpu"
+
+
+def _problem(message: str | None) -> None:
+    if message is not None:
+        raise ValueError(message)
 
 
 class _Model(BaseModel):
@@ -62,6 +77,20 @@ class TaintConfig(_Model):
     key: str
     value: str = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        _problem(rules.qualified_name_problem(value))
+        if value == RESERVED_TAINT_KEY:
+            raise ValueError(f"every GPU node already has the taint {value}=true:NoSchedule; remove it here")
+        return value
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str) -> str:
+        _problem(rules.label_value_problem(value))
+        return value
 
 
 class GpuNodeGroupConfig(_Model):
@@ -104,6 +133,18 @@ class GpuNodeGroupConfig(_Model):
             raise ValueError(f"{value} has no GPU; use a GPU type from kitcore/profiles.py")
         return value
 
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            _problem(rules.qualified_name_problem(key))
+            _problem(rules.label_value_problem(label))
+            if key.startswith(RESERVED_LABEL_PREFIX) and key != f"{RESERVED_LABEL_PREFIX}pool":
+                raise ValueError(
+                    f"label {key} is set by the kit on every GPU node; use another key (e.g. nvrx-eks/pool)"
+                )
+        return value
+
     @model_validator(mode="after")
     def _sizes_and_placement(self) -> GpuNodeGroupConfig:
         if not self.min_size <= self.desired_size <= self.max_size:
@@ -131,6 +172,12 @@ class SystemNodeGroupConfig(_Model):
     min_size: int = Field(2, ge=1)
     desired_size: int = Field(2, ge=1)
     max_size: int = Field(4, ge=1)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _instance_type(cls, value: str) -> str:
+        _problem(rules.instance_type_problem(value, x86_only=True))
+        return value
 
     @model_validator(mode="after")
     def _sizes(self) -> SystemNodeGroupConfig:
@@ -176,8 +223,11 @@ class FsxConfig(_Model):
     @field_validator("data_repository_path")
     @classmethod
     def _s3_path(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", value):
+        if value is None:
+            return value
+        if not value.startswith("s3://"):
             raise ValueError(f"{value!r} is not an S3 path; use s3://bucket/prefix/")
+        _problem(rules.bucket_name_problem(value.removeprefix("s3://").split("/", 1)[0]))
         return value
 
     @field_validator("file_system_path")
@@ -213,10 +263,38 @@ class EcrConfig(_Model):
     keep_images: int = Field(30, ge=1)
     """Tagged images kept; untagged ones expire after a day."""
 
+    @field_validator("repository_name")
+    @classmethod
+    def _repository_name(cls, value: str) -> str:
+        _problem(rules.ecr_repository_problem(value))
+        return value
+
 
 class AddonsConfig(_Model):
     cloudwatch_observability: bool = False
     kueue: bool = False
+    prometheus_pod_monitors: bool = False
+    """PodMonitors for the trainer and the DCGM exporter (needs the Prometheus Operator's CRDs)."""
+
+
+class NodeCheckConfig(_Model):
+    """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/nodecheck.py)."""
+
+    image_tag: str | None = None
+    """Tag of the training image in the stack's ECR repository (`nvrx-eks image push` prints it). None:
+    no node check yet: the repository is created by this stack, so deploy once, push the image, then
+    deploy again with `-c node_check.image_tag=TAG`. Jobs that require verified nodes wait for it."""
+    interval_s: int = Field(600, ge=60)
+    """Seconds between checks of a node (DCGM diagnostics level 1 takes about a minute)."""
+    dcgm_host: str | None = None
+    """nv-hostengine address for `dcgmi diag` (None: dcgmi's default)."""
+
+    @field_validator("image_tag")
+    @classmethod
+    def _tag(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", value):
+            raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; <= 128)")
+        return value
 
 
 class TrainingConfig(_Model):
@@ -248,19 +326,41 @@ class ClusterConfig(_Model):
     gpu_availability_zone: str | None = None
     """The AZ of the GPU capacity (of the reservation / Capacity Block when one is used)."""
     vpc_cidr: str = "10.0.0.0/16"
-    nat_gateways: int = Field(1, ge=1)
-    endpoint_access: Literal["public", "private", "public_and_private"] = "public_and_private"
-    public_access_cidrs: list[str] = ["0.0.0.0/0"]
-    """Who may reach a public API endpoint; narrow it to your office/VPN ranges."""
+    service_cidr: str = "172.20.0.0/16"
+    """Kubernetes Service addresses (RFC 1918, /12 to /24, outside vpc_cidr)."""
+    nat: Literal["gpu_zone", "per_zone"] = "gpu_zone"
+    """gpu_zone: one NAT gateway, in the GPU availability zone (GPU nodes' egress stays in their
+    zone and does not fail with another zone); per_zone: one per zone (no cross-zone egress at all)."""
+    endpoint_access: Literal["public", "private", "public_and_private"] = "private"
+    """private (default): the API is reachable only inside the VPC, where the kubectl handler runs;
+    public_and_private: also from public_access_cidrs."""
+    public_access_cidrs: list[str] = []
+    """Who may reach the public API endpoint (with public_and_private): your office/VPN ranges."""
+    allow_public_api_from_anywhere: bool = False
+    """Set true to accept 0.0.0.0/0 in public_access_cidrs (the API then faces the whole internet)."""
     admin_role_arn: str | None = None
     """IAM role given cluster-admin by an access entry; None: the stack creates one for the account."""
+    admin_principal_arns: list[str] = []
+    """Roles/users that may assume the created admin role (empty: any principal of the account whose
+    own IAM policy allows sts:AssumeRole on it)."""
     system_nodes: SystemNodeGroupConfig = SystemNodeGroupConfig()
     gpu_node_groups: list[GpuNodeGroupConfig] = Field(min_length=1)
     fsx: FsxConfig = FsxConfig()
     checkpoint_bucket: CheckpointBucketConfig = CheckpointBucketConfig()
+    node_check: NodeCheckConfig = NodeCheckConfig()
     ecr: EcrConfig = EcrConfig()
     addons: AddonsConfig = AddonsConfig()
     training: TrainingConfig = TrainingConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "nat_gateways" in data:
+            raise ValueError(
+                "nat_gateways was replaced by nat: gpu_zone (one NAT gateway, in the GPU zone) or "
+                "nat: per_zone (one per zone)"
+            )
+        return data
 
     @field_validator("name")
     @classmethod
@@ -289,7 +389,8 @@ class ClusterConfig(_Model):
         if isinstance(value, float):
             # ValueError, not TypeError: pydantic turns only ValueError into a field message.
             raise ValueError(  # noqa: TRY004
-                f'write the version as a quoted string such as "1.34" (YAML read it as the number {value})'
+                f'write the version as a quoted string such as "{pins.DEFAULT_KUBERNETES_VERSION}" '
+                f"(YAML read it as the number {value})"
             )
         text = str(value)
         if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
@@ -299,15 +400,21 @@ class ClusterConfig(_Model):
             )
         return text
 
-    @field_validator("vpc_cidr")
+    @field_validator("vpc_cidr", "service_cidr")
     @classmethod
     def _cidr(cls, value: str) -> str:
-        try:
-            network = ipaddress.ip_network(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a CIDR block such as 10.0.0.0/16") from None
-        if network.prefixlen > 18:  # noqa: PLR2004 - room for /20 subnets in up to 6 AZs x 2 tiers
-            raise ValueError(f"{value} is too small for GPU nodes; use a /16 to /18 block")
+        network = rules.parse_ipv4_block(value)
+        if isinstance(network, str):
+            raise ValueError(network)  # noqa: TRY004 - pydantic reports only ValueError as a field message
+        return value
+
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _public_cidrs(cls, value: list[str]) -> list[str]:
+        for block in value:
+            network = rules.parse_ipv4_block(block)
+            if isinstance(network, str):
+                raise ValueError(network)  # noqa: TRY004 - pydantic reports only ValueError
         return value
 
     @field_validator("admin_role_arn")
@@ -317,27 +424,89 @@ class ClusterConfig(_Model):
             raise ValueError(f"{value!r} is not an IAM role ARN (arn:aws:iam::123456789012:role/NAME)")
         return value
 
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _principals(cls, value: list[str]) -> list[str]:
+        for arn in value:
+            if not _PRINCIPAL_ARN.match(arn):
+                raise ValueError(
+                    f"{arn!r} is not an IAM role or user ARN (arn:aws:iam::123456789012:role/NAME)"
+                )
+        return value
+
     @model_validator(mode="after")
     def _zones_and_groups(self) -> ClusterConfig:
-        bad = [zone for zone in self.availability_zones if not zone.startswith(self.region)]
-        if bad:
-            raise ValueError(f"availability_zones {bad} are not in region {self.region}")
+        for zone in self.availability_zones:
+            problem = rules.zone_problem(zone, region=self.region)
+            if problem:
+                raise ValueError(f"availability_zones: {problem}")
+        if len(set(self.availability_zones)) != len(self.availability_zones):
+            raise ValueError(f"availability_zones lists a zone twice ({', '.join(self.availability_zones)})")
         if self.gpu_availability_zone is None:
             raise ValueError(
                 "gpu_availability_zone is missing; set it to the AZ of your GPU capacity "
                 f"(one of {', '.join(self.availability_zones)})"
             )
+        problem = rules.zone_problem(self.gpu_availability_zone, region=self.region)
+        if problem:
+            raise ValueError(f"gpu_availability_zone: {problem}")
         if self.gpu_availability_zone not in self.availability_zones:
             raise ValueError(
                 f"gpu_availability_zone {self.gpu_availability_zone} is not one of availability_zones "
                 f"({', '.join(self.availability_zones)}); add it there or pick one of them"
             )
+        if self.admin_role_arn and self.admin_principal_arns:
+            raise ValueError(
+                "admin_principal_arns applies to the role the stack creates; with admin_role_arn, set "
+                "that role's trust policy instead and remove admin_principal_arns"
+            )
         names = [group.name for group in self.gpu_node_groups]
         if len(set(names)) != len(names):
             raise ValueError(f"gpu_node_groups names must be unique (got {names})")
-        if self.endpoint_access == "private" and self.public_access_cidrs != ["0.0.0.0/0"]:
-            raise ValueError("public_access_cidrs has no effect with endpoint_access: private; remove it")
+        self._check_network()
+        self._check_endpoint()
         return self
+
+    def _check_network(self) -> None:
+        vpc = ipaddress.IPv4Network(self.vpc_cidr)
+        problem = rules.vpc_block_problem(
+            vpc,
+            zones=len(self.availability_zones),
+            public_mask=PUBLIC_SUBNET_MASK,
+            private_mask=PRIVATE_SUBNET_MASK,
+        )
+        if problem:
+            raise ValueError(f"vpc_cidr: {problem}")
+        problem = rules.service_block_problem(ipaddress.IPv4Network(self.service_cidr), vpc=vpc)
+        if problem:
+            raise ValueError(f"service_cidr: {problem}")
+
+    def _check_endpoint(self) -> None:
+        if self.endpoint_access == "private":
+            if self.public_access_cidrs:
+                raise ValueError(
+                    "public_access_cidrs has no effect with endpoint_access: private; remove it, or set "
+                    "endpoint_access: public_and_private"
+                )
+            return
+        if self.endpoint_access == "public":
+            # A public-only endpoint is reached from the VPC through the NAT gateway's address, which
+            # public_access_cidrs would have to contain: the in-VPC kubectl handler needs the private one.
+            raise ValueError(
+                "endpoint_access: public leaves the in-VPC kubectl handler (Helm charts, manifests) "
+                "without a private endpoint; use private or public_and_private"
+            )
+        if not self.public_access_cidrs:
+            raise ValueError(
+                "endpoint_access: public_and_private needs public_access_cidrs: your office/VPN ranges "
+                "(e.g. [203.0.113.0/24]); or use endpoint_access: private"
+            )
+        anywhere = [c for c in self.public_access_cidrs if ipaddress.IPv4Network(c).prefixlen == 0]
+        if anywhere and not self.allow_public_api_from_anywhere:
+            raise ValueError(
+                "public_access_cidrs 0.0.0.0/0 opens the Kubernetes API to the whole internet; list your "
+                "own ranges, or set allow_public_api_from_anywhere: true to accept that"
+            )
 
     @property
     def checkpoint_prefix(self) -> str:

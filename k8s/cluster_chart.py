@@ -12,23 +12,57 @@ service account, the FSx volume, the priority classes and the optional Kueue que
   dynamic provisioner claims it. https://github.com/kubernetes-sigs/aws-fsx-csi-driver/tree/master/examples/kubernetes/static_provisioning
 - Kueue objects are plain ApiObjects (CRDs have no bindings in cdk8s_plus_33.k8s); they are only
   emitted when a queue is asked for, because their CRDs exist only where the Kueue chart is installed.
+  With the node check on, the flavor carries the verified label as `nodeLabels`: Kueue (0.13, the pin)
+  adds a flavor's nodeLabels to the node selector of the pods it admits, so admitted pods land only on
+  verified nodes. Admission itself counts quota, not nodes; only Topology-Aware Scheduling (a feature
+  gate in 0.13, beta from 0.14) makes admission wait for enough matching nodes with free capacity.
+- The node check (k8s/node_verification.py) and the dashboards and scrape objects
+  (k8s/observability.py) are constructs of their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import cdk8s
 from cdk8s_plus_33 import k8s
 
 from k8s import names
+from k8s.node_verification import NodeCheckSpec, NodeVerification
+from k8s.observability import Monitoring
+from training.nodecheck import VERIFIED_LABEL
 
 if TYPE_CHECKING:
     from constructs import Construct
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta1"
+
+
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+
+
+def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
+    """Pod Security Admission labels for the training namespace
+    (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
+
+    Enforced: `privileged` by default, the strictest level the training pods pass. They need two
+    things `baseline` forbids: a hostPath volume (the node-local checkpoint tier on the NVMe array,
+    a dedicated folder, never the array's root) and the IPC_LOCK capability on EFA profiles
+    (libfabric pins RDMA buffers). PSA has no per-pod exemption an EKS user can configure (exemptions
+    live in the API server's admission configuration), so the namespace level is the pods' level;
+    everything else the pod spec can restrict it does (k8s/job_chart.py: no privilege escalation,
+    all other capabilities dropped, RuntimeDefault seccomp, the store and the eviction step non-root
+    with read-only root filesystems, which is `restricted`). A cluster without the local tier and
+    without EFA can enforce `baseline`.
+    `warn` and `audit` stay at `baseline`, so whatever a pod here does beyond it is reported on every
+    apply and in the audit log instead of passing silently.
+    """
+    labels = {"pod-security.kubernetes.io/enforce": enforce}
+    for mode in ("warn", "audit"):
+        labels[f"pod-security.kubernetes.io/{mode}"] = "restricted" if enforce == "restricted" else "baseline"
+    return labels
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +76,8 @@ class KueueQuota:
     efa_devices: int
     cpu: int
     memory_gib: int
+    verified_nodes_only: bool = False
+    """Put the node check's verified label in the flavor's nodeLabels (set where the check runs)."""
 
 
 class ClusterObjectsChart(cdk8s.Chart):
@@ -61,10 +97,17 @@ class ClusterObjectsChart(cdk8s.Chart):
         pvc_name: str,
         pv_name: str | None = None,
         kueue: KueueQuota | None = None,
+        node_check: NodeCheckSpec | None = None,
+        pod_monitors: bool = False,
         labels: dict[str, str] | None = None,
+        pod_security: PodSecurityLevel = "privileged",
     ) -> None:
         super().__init__(scope, id, labels={"app.kubernetes.io/name": names.APP, **(labels or {})})
-        ns = k8s.KubeNamespace(self, "namespace", metadata=k8s.ObjectMeta(name=namespace))
+        ns = k8s.KubeNamespace(
+            self,
+            "namespace",
+            metadata=k8s.ObjectMeta(name=namespace, labels=pod_security_labels(pod_security)),
+        )
         sa = k8s.KubeServiceAccount(
             self,
             "service-account",
@@ -86,6 +129,9 @@ class ClusterObjectsChart(cdk8s.Chart):
         self._priority_classes()
         if kueue is not None:
             self._kueue(namespace=namespace, quota=kueue).add_dependency(ns)
+        if node_check is not None:
+            NodeVerification(self, "node-check", namespace=namespace, spec=node_check).node.add_dependency(ns)
+        Monitoring(self, "monitoring", namespace=namespace, pod_monitors=pod_monitors).node.add_dependency(ns)
 
     def _fsx_volume(
         self,
@@ -153,13 +199,15 @@ class ClusterObjectsChart(cdk8s.Chart):
         )
 
     def _kueue(self, *, namespace: str, quota: KueueQuota) -> cdk8s.ApiObject:
-        cdk8s.ApiObject(
+        flavor = cdk8s.ApiObject(
             self,
             "kueue-flavor",
             api_version=KUEUE_API_VERSION,
             kind="ResourceFlavor",
             metadata=cdk8s.ApiObjectMetadata(name=quota.flavor),
         )
+        if quota.verified_nodes_only:
+            flavor.add_json_patch(cdk8s.JsonPatch.add("/spec", {"nodeLabels": {VERIFIED_LABEL: "true"}}))
         resources = [
             ("cpu", str(quota.cpu)),
             ("memory", f"{quota.memory_gib}Gi"),

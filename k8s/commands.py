@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -22,9 +23,22 @@ def register(*, job: typer.Typer, **_: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Render the job's manifests (rendezvous store, headless Service, Indexed Job) as plain YAML."""
+        from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
         from k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
-        from k8s.load import load_values  # noqa: PLC0415
+        from k8s.load import load_checked  # noqa: PLC0415
+        from k8s.trainer_args import memory_budget  # noqa: PLC0415
 
-        values = load_values(values_file, overrides or [])
+        values, config = load_checked(values_file, overrides or [])
+        warning = durable_cadence_warning(trainer=values.trainer, hints=values.plan)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        # What the memory tier holds per node, against what it and the node have (stderr: stdout
+        # lists the files written).
+        print(
+            f"host memory for checkpoints per node: {memory_budget(values, config).describe()} of the "
+            f"{values.memory_tier_gib} GiB memory tier ({values.instance_profile}: "
+            f"{values.profile.memory_gib} GiB; peer replicas: {values.peer_replicas})",
+            file=sys.stderr,
+        )
         for path in render(values, str(out)):
             print(path)

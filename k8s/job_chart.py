@@ -3,9 +3,10 @@
 Composed from keyword-only constructs; labels are derived from the job name (k8s/names.py). Why each
 setting is what it is:
 
-- Indexed Job, completions = parallelism = nodes: one pod per node with a stable index (node rank) and
-  hostname `<job>-<index>`; with `subdomain` set to the headless Service, `<job>-<index>.<job>` resolves
-  to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
+- Indexed Job, completions = parallelism = nodes + spares: one pod per node with a stable index and
+  hostname `<job>-<index>` (the index is not the node rank: ranks come from the rendezvous, and with
+  spares any index may be the one waiting); with `subdomain` set to the headless Service,
+  `<job>-<index>.<job>` resolves to that pod (https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode).
 - restartPolicy Never + backoffLimitPerIndex: a failed pod is replaced by the Job controller, per index,
   up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
@@ -14,8 +15,10 @@ setting is what it is:
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
-- Init containers: `python -m training.selfcheck` (can this node train?), then, for NVRx versions with
-  the keep-alive rendezvous, the eviction of a dead predecessor from the rendezvous.
+- Init containers: `python -m training.selfcheck` (can this node train?), then
+  `python -m training.rendezvous evict`: for NVRx versions with the keep-alive rendezvous the eviction
+  of a dead predecessor, and for every version the reopening of a rendezvous closed by a launcher out
+  of restarts (budgets that nest: the Job's backoffLimitPerIndex stays usable).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
   behind it), on the system nodes with a priority class above training pods.
@@ -23,6 +26,7 @@ setting is what it is:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,9 +38,11 @@ from k8s import names
 from k8s.env import container_env
 from k8s.launcher import launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
+from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
-from kitcore.configio import USER_ERROR_EXIT_CODE
+from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -48,6 +54,7 @@ NODE_RANK_ENV = "NODE_RANK"
 GPU_TAINT = "nvidia.com/gpu"
 SELFCHECK_CONTAINER = "selfcheck"
 EVICT_CONTAINER = "evict-predecessor"
+STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
 
 def store_service_name(values: JobValues) -> str:
@@ -81,6 +88,45 @@ def _node_rank_env() -> k8s.EnvVar:
                 field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"
             )
         ),
+    )
+
+
+# Unprivileged user for the containers that need no root (the store, the eviction step): `nobody`.
+NONROOT_UID = 65534
+RUNTIME_DEFAULT_SECCOMP = k8s.SeccompProfile(type="RuntimeDefault")
+
+
+def nonroot_security() -> k8s.SecurityContext:
+    """Pod Security `restricted` for a container that writes nothing: non-root, no capabilities,
+    no privilege escalation, a read-only root filesystem, the runtime's default seccomp filter."""
+    return k8s.SecurityContext(
+        run_as_non_root=True,
+        run_as_user=NONROOT_UID,
+        run_as_group=NONROOT_UID,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.Capabilities(drop=["ALL"]),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
+    )
+
+
+def trainer_security(values: JobValues) -> k8s.SecurityContext:
+    """The trainer's and the self-check's container: every capability dropped, IPC_LOCK added back
+    only where the profile has EFA devices.
+
+    Root, because the image's NGC base runs as root and the hostPath folder of the local tier is
+    created root-owned by the kubelet (fsGroup does not apply to hostPath volumes); with every
+    capability dropped that root cannot override file permissions, change owners or load anything
+    into the kernel. The root filesystem stays writable: Python, NCCL and Triton write caches below
+    $HOME and /tmp.
+    """
+    add = ["IPC_LOCK"] if values.profile.efa_devices else None
+    # IPC_LOCK: libfabric's EFA provider and NCCL register (mlock) host buffers for RDMA; without it the
+    # pinned-memory registration fails above the container's small default RLIMIT_MEMLOCK.
+    return k8s.SecurityContext(
+        allow_privilege_escalation=False,
+        capabilities=k8s.Capabilities(drop=["ALL"], add=add),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
     )
 
 
@@ -128,9 +174,24 @@ class RendezvousStore(Construct):
                                     },
                                     limits={"memory": k8s.Quantity.from_string("1Gi")},
                                 ),
-                                security_context=k8s.SecurityContext(
-                                    allow_privilege_escalation=False,
-                                    capabilities=k8s.Capabilities(drop=["ALL"]),
+                                # Pod Security `restricted`: the store needs no root and writes
+                                # nothing but temporary files (the /tmp emptyDir below).
+                                security_context=nonroot_security(),
+                                env=[
+                                    k8s.EnvVar(name="HOME", value=STORE_TMP),
+                                    k8s.EnvVar(name="TMPDIR", value=STORE_TMP),
+                                ],
+                                volume_mounts=[k8s.VolumeMount(name="tmp", mount_path=STORE_TMP)],
+                            )
+                        ],
+                        security_context=k8s.PodSecurityContext(
+                            run_as_non_root=True, seccomp_profile=RUNTIME_DEFAULT_SECCOMP
+                        ),
+                        volumes=[
+                            k8s.Volume(
+                                name="tmp",
+                                empty_dir=k8s.EmptyDirVolumeSource(
+                                    size_limit=k8s.Quantity.from_string("64Mi")
                                 ),
                             )
                         ],
@@ -175,6 +236,101 @@ class NodesService(Construct):
         )
 
 
+# EKS Pod Identity agent (node-local, link-local addresses): where the AWS SDKs in the trainer get
+# the job's IAM credentials (https://docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html).
+POD_IDENTITY_AGENT_CIDRS = ("169.254.170.23/32", "fd00:ec2::23/128")
+DNS_PORT = 53
+HTTPS_PORT = 443
+
+
+class JobNetworkPolicies(Construct):
+    """Only the job's own pods reach the job's pods; they reach each other, DNS, and AWS over HTTPS.
+
+    The rendezvous TCPStore, ft_launcher's c10d store, NVRx's in-process store and the gloo/NCCL
+    bootstrap sockets are unauthenticated and listen on all interfaces (some on ephemeral ports), so
+    the rule is by pod, not by port: ingress only from pods carrying this job's label, in this
+    namespace. Egress: the job's pods, cluster DNS, the Pod Identity agent, and TCP 443 (S3 for the
+    durable tier, STS); nothing else, so the node's instance metadata service (169.254.169.254:80,
+    the node role's credentials) is out of reach. EFA traffic (RDMA through libfabric) bypasses the
+    kernel's IP stack and is not subject to these rules.
+
+    Enforced only where the cluster runs a network policy engine: the VPC CNI's network policy agent
+    (add-on setting `enableNetworkPolicy`, turned on by the cluster stack). It admits the node's own
+    address, so the kubelet's probes still reach the store (aws/aws-network-policy-agent#56).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
+        super().__init__(scope, id)
+        job_pods = k8s.LabelSelector(match_labels={names.JOB_LABEL: values.name})
+        from_job = k8s.NetworkPolicyPeer(pod_selector=job_pods)
+        labels = names.job_labels(values.name, "network-policy")
+        k8s.KubeNetworkPolicy(
+            self,
+            "ingress",
+            metadata=k8s.ObjectMeta(name=f"{values.name}-ingress", namespace=values.namespace, labels=labels),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=job_pods,
+                policy_types=["Ingress"],
+                ingress=[k8s.NetworkPolicyIngressRule(from_=[from_job]), *self._metrics_rule(values)],
+            ),
+        )
+
+        def port(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
+            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
+
+        k8s.KubeNetworkPolicy(
+            self,
+            "egress",
+            metadata=k8s.ObjectMeta(name=f"{values.name}-egress", namespace=values.namespace, labels=labels),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=job_pods,
+                policy_types=["Egress"],
+                egress=[
+                    k8s.NetworkPolicyEgressRule(to=[from_job]),
+                    k8s.NetworkPolicyEgressRule(
+                        to=[
+                            k8s.NetworkPolicyPeer(
+                                namespace_selector=k8s.LabelSelector(
+                                    match_labels={"kubernetes.io/metadata.name": "kube-system"}
+                                ),
+                                pod_selector=k8s.LabelSelector(match_labels={"k8s-app": "kube-dns"}),
+                            )
+                        ],
+                        ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)],
+                    ),
+                    k8s.NetworkPolicyEgressRule(
+                        to=[
+                            k8s.NetworkPolicyPeer(ip_block=k8s.IpBlock(cidr=cidr))
+                            for cidr in POD_IDENTITY_AGENT_CIDRS
+                        ],
+                        ports=[port(80)],
+                    ),
+                    k8s.NetworkPolicyEgressRule(ports=[port(HTTPS_PORT)]),
+                ],
+            ),
+        )
+
+    @staticmethod
+    def _metrics_rule(values: JobValues) -> list[k8s.NetworkPolicyIngressRule]:
+        """With trainer.metrics.prometheus_port set, scrapers anywhere in the cluster may reach the
+        ranks' /metrics ports (port + local rank), and nothing else of the pod."""
+        metrics = values.trainer.get("metrics")
+        first = metrics.get("prometheus_port") if isinstance(metrics, dict) else None
+        if not first:
+            return []
+        last = first + values.profile.workers_per_node - 1
+        return [
+            k8s.NetworkPolicyIngressRule(
+                from_=[k8s.NetworkPolicyPeer(namespace_selector=k8s.LabelSelector())],
+                ports=[
+                    k8s.NetworkPolicyPort(
+                        port=k8s.IntOrString.from_number(first), end_port=last, protocol="TCP"
+                    )
+                ],
+            )
+        ]
+
+
 MEMORY_TIER_VOLUME = "checkpoint-memory"
 
 
@@ -201,6 +357,8 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
         k8s.VolumeMount(name=MEMORY_TIER_VOLUME, mount_path=s.memory_mount_path),
     ]
     if s.local_nvme_path:
+        # A folder of our own below the NVMe array (never its root, which holds the kubelet's and
+        # containerd's state: k8s/values.py refuses it), created on first use.
         volumes.append(
             k8s.Volume(
                 name="local-nvme",
@@ -272,16 +430,14 @@ class TrainingJob(Construct):
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
         env = [_node_rank_env(), *container_env(values)]
+        port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
             store_endpoint=store_endpoint(values),
             node_address=node_address(values),
             trainer_args=trainer_args(values),
         )
-        security = k8s.SecurityContext(
-            # IPC_LOCK: EFA/libfabric and NCCL pin (mlock) host memory for RDMA.
-            capabilities=k8s.Capabilities(add=["IPC_LOCK"]),
-        )
+        security = trainer_security(values)
         # The self-check runs first in every pod (images/README.md): exit 2 fails the Job, 75 (node
         # problem) replaces the pod without consuming the budget (_failure_policy). It gets the trainer's
         # resources, env and mounts: the kubelet hands an init container's GPUs/EFA devices on to the
@@ -299,9 +455,12 @@ class TrainingJob(Construct):
             )
         ]
         features = nvrx_features(values.resolved_nvrx_version)
-        if values.mode != "baseline" and features.keep_alive_rendezvous:
+        if values.mode != "baseline":
             # A replacement drops its dead predecessor from the rendezvous instead of making the
-            # survivors wait out NVRx's keep-alive expiry (training/rendezvous.py).
+            # survivors wait out NVRx's keep-alive expiry (keep-alive rendezvous only), and reopens a
+            # rendezvous that a launcher out of restarts closed: the Job starts this pod only while it
+            # has budget, so the close was not the job's end (training/rendezvous.py).
+            rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
             init_containers.append(
                 k8s.Container(
                     name=EVICT_CONTAINER,
@@ -316,6 +475,7 @@ class TrainingJob(Construct):
                         f"--run-id={values.name}",
                         f"--node-addr={node_address(values)}",
                         f"--timeout={values.timeouts.pod_reschedule_s:g}",
+                        f"--rendezvous={rendezvous}",
                     ],
                     env=[_node_rank_env()],
                     resources=k8s.ResourceRequirements(
@@ -325,6 +485,8 @@ class TrainingJob(Construct):
                         },
                         limits={"memory": k8s.Quantity.from_string("1Gi")},
                     ),
+                    # A store client only: no root, no writes.
+                    security_context=nonroot_security(),
                 )
             )
         pod = k8s.PodSpec(
@@ -341,6 +503,8 @@ class TrainingJob(Construct):
             ),
             # Ranks get workers_stop + term timeouts to save and leave before SIGKILL.
             termination_grace_period_seconds=int(values.timeouts.workers_stop_s + values.timeouts.term_s),
+            # The runtime's default seccomp filter for every container of the pod, init ones included.
+            security_context=k8s.PodSecurityContext(seccomp_profile=RUNTIME_DEFAULT_SECCOMP),
             init_containers=init_containers,
             containers=[
                 k8s.Container(
@@ -349,9 +513,13 @@ class TrainingJob(Construct):
                     image_pull_policy=pull,
                     command=command,
                     env=env,
+                    ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
                     resources=_resources(values),
                     volume_mounts=mounts,
                     security_context=security,
+                    # A failed pod's status carries its log tail: the launcher's root cause (rank, exit
+                    # code, signal), which `job status` and a failed job's reason name (k8s/termination.py).
+                    termination_message_policy="FallbackToLogsOnError",
                 )
             ],
             volumes=volumes,
@@ -363,8 +531,19 @@ class TrainingJob(Construct):
             metadata=k8s.ObjectMeta(name=values.name, namespace=values.namespace, labels=labels),
             spec=k8s.JobSpec(
                 completion_mode="Indexed",
-                completions=values.num_nodes,
-                parallelism=values.num_nodes,
+                # Spares are pods of the same Job: every pod runs the launcher, the rendezvous admits
+                # num_nodes and keeps the rest waiting (k8s/values.py `spares`).
+                completions=values.num_nodes + values.spares,
+                parallelism=values.num_nodes + values.spares,
+                # With spares the job is done once num_nodes pods succeeded: the Job controller then
+                # ends the spares still waiting (or a replacement that arrived after the finish and
+                # would meet a closed rendezvous) instead of replacing them
+                # (https://kubernetes.io/docs/concepts/workloads/controllers/job/#success-policy).
+                success_policy=(
+                    k8s.SuccessPolicy(rules=[k8s.SuccessPolicyRule(succeeded_count=values.num_nodes)])
+                    if values.spares
+                    else None
+                ),
                 backoff_limit_per_index=b.job_backoff_limit_per_index,
                 max_failed_indexes=0,
                 pod_replacement_policy="Failed",
@@ -373,7 +552,13 @@ class TrainingJob(Construct):
                 suspend=True if values.kueue_queue else None,
                 active_deadline_seconds=values.active_deadline_s,
                 ttl_seconds_after_finished=values.ttl_after_finished_s,
-                template=k8s.PodTemplateSpec(metadata=k8s.ObjectMeta(labels=labels), spec=pod),
+                template=k8s.PodTemplateSpec(
+                    metadata=k8s.ObjectMeta(
+                        labels=labels,
+                        annotations=scrape_annotations(port) if port else None,
+                    ),
+                    spec=pod,
+                ),
             ),
         )
 
@@ -382,6 +567,9 @@ class TrainingJob(Construct):
         selector = dict(values.gpu_node_selector)
         if values.profile.is_ec2:
             selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
+        if values.verified_nodes_required:
+            # Set by the node check (training/nodecheck.py): a node takes work once it passed.
+            selector[VERIFIED_LABEL] = "true"
         return selector
 
 
@@ -390,15 +578,31 @@ class JobChart(cdk8s.Chart):
 
     def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
         super().__init__(scope, id, namespace=values.namespace)
+        policies = JobNetworkPolicies(self, "network", values=values)
         store = RendezvousStore(self, "rendezvous", values=values)
         nodes = NodesService(self, "nodes", values=values)
         job = TrainingJob(self, "training", values=values)
-        job.node.add_dependency(store, nodes)
+        # The policies exist before any pod of the job does: no window with the store open.
+        store.node.add_dependency(policies)
+        job.node.add_dependency(store, nodes, policies)
 
 
 def render(values: JobValues, out_dir: str) -> list[str]:
     """Synthesize the job chart into `out_dir` (one YAML file per chart); return the files written."""
+    _check_out_dir(Path(out_dir))
     app = cdk8s.App(outdir=out_dir, yaml_output_type=cdk8s.YamlOutputType.FILE_PER_CHART)
     JobChart(app, values.name, values=values)
     app.synth()
     return sorted(str(p) for p in Path(out_dir).glob("*.k8s.yaml"))
+
+
+def _check_out_dir(out: Path) -> None:
+    """`out` must be a folder or creatable as one (cdk8s would fail in jsii with a Node stack trace)."""
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                what = "is a file" if folder == out else f"is below {folder}, a file"
+                raise UserError(f"-o {out}: {what}; pass a folder for the manifests (e.g. -o dist)")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise UserError(f"-o {out}: {folder} is not writable; pass a folder you can write to")
+            return

@@ -46,8 +46,10 @@ def launcher_command(
     """The training container's command: ft_launcher (torchrun for the baseline) and the trainer."""
     features = nvrx_features(values.resolved_nvrx_version)
     b, t = values.budgets, values.timeouts
+    # Warm spares (k8s/values.py `spares`): counted in max with 0.7's barrier, beyond it with 0.4.1.
+    max_nodes = values.num_nodes + (values.spares if features.spares_in_max_nodes else 0)
     common = [
-        f"--nnodes={values.num_nodes}:{values.num_nodes}",
+        f"--nnodes={values.num_nodes}:{max_nodes}",
         f"--nproc-per-node={values.profile.workers_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={store_endpoint}",
@@ -66,6 +68,7 @@ def launcher_command(
         f"--term-timeout={t.term_s:g}",
         f"--ft-initial-rank-heartbeat-timeout={t.launcher_initial_heartbeat_s:g}",
         f"--ft-rank-heartbeat-timeout={t.launcher_heartbeat_s:g}",
+        f"--ft-workload-check-interval={t.heartbeat_check_s:g}",
     ]
     if values.mode == "both" and features.has_min_healthy:
         ft.append("--ft-restart-policy=min-healthy")

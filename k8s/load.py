@@ -16,9 +16,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
+    from training.config import TrainConfig
+
 
 def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
     """Load and fully check job values: the model's rules, then the trainer's own parser."""
+    return load_checked(path, overrides)[0]
+
+
+def load_checked(path: Path | None, overrides: Iterable[str] = ()) -> tuple[JobValues, TrainConfig]:
+    """`load_values`, and the trainer's configuration the rendered command line gives."""
     values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
-    check_trainer_args(values)
-    return values
+    return values, check_trainer_args(values)

@@ -43,6 +43,13 @@ class NvrxFeatures:
         """The rendezvous tracks nodes by keep-alive heartbeats that `training.rendezvous evict` edits."""
         return self.version < _BARRIER_ONLY_SINCE
 
+    @property
+    def spares_in_max_nodes(self) -> bool:
+        """Warm spares count in `--nnodes=min:max` (0.7's barrier: max = active + standby, a node
+        beyond max is refused); with the keep-alive rendezvous `--nnodes=N:N` admits N and agents
+        beyond wait in its redundancy list without restarting the group."""
+        return not self.keep_alive_rendezvous
+
     def check_mode(self, mode: str) -> None:
         if mode in {"inprocess", "both"} and not self.has_inprocess:
             raise UserError(

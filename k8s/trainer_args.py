@@ -7,6 +7,7 @@ owns (mode, run folder, checkpoint folders per tier, the in-process restart budg
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -72,6 +73,8 @@ def chart_owned_fields(values: JobValues) -> dict[str, Any]:
         owned["checkpoint"]["local_dir"] = local_dir(values)
     if s.s3_bucket and _trainer_has("checkpoint", "s3_uri"):
         owned["checkpoint"]["s3_uri"] = f"s3://{s.s3_bucket}/{s.s3_prefix.strip('/')}/{values.name}"
+    if values.peer_replicas:
+        owned["checkpoint"]["peer_replicas"] = values.peer_replicas
     if values.mode in {"inprocess", "both"}:
         owned["inprocess"] = {"max_iterations": values.budgets.inprocess_max_iterations}
     return owned
@@ -94,13 +97,65 @@ def check_trainer_args(values: JobValues) -> TrainConfig:
         config = parse_args(trainer_args(values))
     except UserError as exc:
         raise UserError(f"trainer: {exc}") from None
+    from training.faults import build_schedule  # noqa: PLC0415
+
+    try:
+        # The ranks a fault plan targets exist only once the world size is known: here it is.
+        build_schedule(config.faults, steps=config.steps, world_size=values.world_size, seed=config.seed)
+    except UserError as exc:
+        raise UserError(
+            f"trainer: {exc} ({values.num_nodes} nodes x {values.profile.workers_per_node})"
+        ) from None
     t = values.timeouts
     if values.mode in {"inprocess", "both"}:
-        recovery = config.inprocess.soft_timeout_s + config.dist.timeout_s
+        # collective_timeout_s: dist.timeout_s, or the trainer's default for the mode when unset.
+        recovery = config.inprocess.soft_timeout_s + config.collective_timeout_s
         if t.launcher_heartbeat_s <= recovery:
             raise UserError(
                 f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed one in-process "
                 f"recovery (trainer inprocess.soft_timeout_s + dist.timeout_s = {recovery:g}): the launcher "
                 "must not kill a rank the in-process layer is still restarting"
             )
+    budget = memory_budget(values, config)
+    if budget.needed_gib > values.memory_tier_gib:
+        raise UserError(
+            f"storage.memory_tier_gib: the node's checkpoints in RAM need {budget.describe()}, more than "
+            f"the memory tier's {values.memory_tier_gib} GiB: raise storage.memory_tier_gib (the "
+            f"{values.instance_profile} profile has {values.profile.memory_gib} GiB), lower "
+            "storage.peer_replicas or trainer.checkpoint.num_staging_slots"
+        )
     return config
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Host memory the memory tier holds per node: the node's own snapshots and its partners' copies."""
+
+    own_gib: float
+    partners_gib: float
+
+    @property
+    def needed_gib(self) -> float:
+        return self.own_gib + self.partners_gib
+
+    def describe(self) -> str:
+        return (
+            f"{self.needed_gib:.2f} GiB ({self.own_gib:.2f} GiB of own snapshots + "
+            f"{self.partners_gib:.2f} GiB of partners' copies)"
+        )
+
+
+def memory_budget(values: JobValues, config: TrainConfig) -> MemoryBudget:
+    """Per node: ranks x state per rank x (staging slots + 2 kept copies per partner node served).
+
+    State per rank: the whole model on CPU (replicated data parallel); a 1/world share on GPU (FSDP2)."""
+    from training.shapes import PRESETS  # noqa: PLC0415
+
+    state = PRESETS[config.model].state_bytes
+    per_rank = state if values.profile.gpus == 0 else state / values.world_size
+    per_node = per_rank * values.profile.workers_per_node
+    gib = 1024**3
+    return MemoryBudget(
+        own_gib=per_node * config.checkpoint.num_staging_slots / gib,
+        partners_gib=per_node * 2 * values.peer_replicas / gib,
+    )

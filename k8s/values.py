@@ -11,12 +11,15 @@ the image's pin (kitcore/pins.py, 0.7.0). `nvrx_version` overrides both (a custo
 
 from __future__ import annotations
 
+import posixpath
 import re
 from functools import cached_property
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
@@ -24,6 +27,118 @@ from kitcore.profiles import InstanceProfile, get_profile
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
+# Kubernetes object-name and label rules (k8s.io/apimachinery/pkg/util/validation): a DNS subdomain
+# (ServiceAccount, Secret, PVC, PriorityClass names), a label value, a qualified label key, an
+# environment variable name. The API server applies the same rules; checked here so a bad name is a
+# field error at render, not a rejected apply.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_MAX_SUBDOMAIN = 253
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_MAX_LABEL = 63
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# OCI image reference, the grammar of github.com/distribution/reference (reference.go):
+#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" path-component]*
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_MAX_IMAGE_NAME = 255  # the name part (reference.go NameTotalLengthMax)
+# S3 general purpose bucket naming rules:
+# https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+
+
+def check_dns_subdomain(value: str) -> str:
+    if len(value) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes name (DNS subdomain): lowercase letters, digits, '-' and '.', "
+            f"starting and ending with a letter or digit, at most {_MAX_SUBDOMAIN} characters"
+        )
+    return value
+
+
+def check_label_value(value: str) -> str:
+    if len(value) > _MAX_LABEL or not _LABEL_VALUE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes label value: at most {_MAX_LABEL} letters, digits, '-', '_' "
+            "and '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def check_label_key(key: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(
+            f"label key {key!r}: the prefix {prefix!r} must be a DNS subdomain (e.g. example.com)"
+        )
+    if not name or len(name) > _MAX_LABEL or not _LABEL_VALUE.match(name):
+        raise ValueError(
+            f"label key {key!r}: the name {name!r} must be 1-{_MAX_LABEL} letters, digits, '-', '_' and '.', "
+            "starting and ending with a letter or digit"
+        )
+    return key
+
+
+def check_image_reference(value: str) -> str:
+    name = value.partition("@")[0]
+    head, _, last = name.rpartition("/")
+    name = f"{head}/{last.partition(':')[0]}" if head else last.partition(":")[0]
+    if not _IMAGE_REFERENCE.match(value) or len(name) > _MAX_IMAGE_NAME:
+        raise ValueError(
+            f"{value!r} is not an image reference: [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] with a "
+            "lowercase repository, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks-training:v1 "
+            "(`nvrx-eks values --stack NAME -o VALUES` sets it from the stack)"
+        )
+    return value
+
+
+def check_s3_bucket(value: str) -> str:
+    problem = None
+    if not _S3_BUCKET.match(value):
+        problem = "3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
+    elif ".." in value or ".-" in value or "-." in value:
+        problem = "no two adjacent periods, and no period next to a hyphen"
+    elif _IPV4.match(value):
+        problem = "not formatted as an IP address"
+    elif value.startswith(_S3_RESERVED_PREFIXES) or value.endswith(_S3_RESERVED_SUFFIXES):
+        problem = "not a reserved prefix (xn--, sthree-, amzn-s3-demo-) or suffix (-s3alias, --ol-s3, ...)"
+    if problem:
+        raise ValueError(
+            f"{value!r} is not an S3 bucket name: {problem} (the stack output CheckpointBucketName is one)"
+        )
+    return value
+
+
+# The NVMe RAID0 array nodeadm assembles with `localStorage: RAID0` (infra/constructs/launch_template.py
+# LOCAL_NVME_MOUNT): it bind-mounts the kubelet's and containerd's state and the pod logs onto folders
+# of the array, so only a folder of our own below it may be mounted into pods.
+NVME_RAID_ROOT = "/mnt/k8s-disks/0"
+_NODE_STATE_PATHS = tuple(
+    PurePosixPath(p)
+    for p in (
+        NVME_RAID_ROOT,
+        f"{NVME_RAID_ROOT}/kubelet",
+        f"{NVME_RAID_ROOT}/containerd",
+        f"{NVME_RAID_ROOT}/pods",
+        "/var/lib/kubelet",
+        "/var/lib/containerd",
+        "/var/log",
+        "/etc",
+        "/run",
+        "/proc",
+        "/sys",
+        "/dev",
+    )
+)
 # Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
 # quarter. Both are memory-backed emptyDirs and count against the pod's memory limit.
 SHM_FRACTION = 8
@@ -71,6 +186,10 @@ class Timeouts(_Section):
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
     monitor_interval_s: float = Field(0.5, gt=0)
+    heartbeat_check_s: float = Field(1.0, gt=0)
+    """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
+    (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
+    default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
 
 
 class Storage(_Section):
@@ -91,11 +210,46 @@ class Storage(_Section):
     """Folder of the FSx file system linked to S3 (the cluster config's `fsx.file_system_path`): the
     durable tier writes below it, so FSx exports each committed checkpoint to
     s3://<s3_bucket>/<s3_prefix><name> on its own."""
-    local_nvme_path: str | None = "/mnt/k8s-disks/0"
-    """Host path of the node-local NVMe RAID0 (local tier); None: no local tier."""
+    local_nvme_path: str | None = f"{NVME_RAID_ROOT}/nvrx-checkpoints"
+    """Host folder of the local tier on the node's NVMe RAID0 (created if missing); None: no local
+    tier. A dedicated folder below the array, never the array's root: with AL2023 `localStorage:
+    RAID0` the root also holds the kubelet's and containerd's state and the pod logs, and a pod that
+    mounts it read-write can read other pods' tokens and rewrite other containers' files."""
     local_mount_path: str = "/local"
     s3_bucket: str | None = None
     s3_prefix: str = "checkpoints/"
+    peer_replicas: int | None = Field(None, ge=0)
+    """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
+    checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
+    when the job has more than one node. Costs R x the node's snapshot in each node's memory tier."""
+
+    @field_validator("local_nvme_path")
+    @classmethod
+    def _not_node_state(cls, value: str | None) -> str | None:
+        if value is None or not value.startswith("/"):
+            return value  # None, or a relative path the absolute-path check reports
+        path = PurePosixPath(posixpath.normpath(value))
+        for guarded in _NODE_STATE_PATHS:
+            # The array's root and its ancestors are refused; below the root, only its state folders.
+            below = guarded != PurePosixPath(NVME_RAID_ROOT) and path.is_relative_to(guarded)
+            if guarded.is_relative_to(path) or below:
+                raise ValueError(
+                    f"{value!r} would mount {guarded} (the node's own state) into the pod; use a dedicated "
+                    f"folder below the NVMe array, e.g. {NVME_RAID_ROOT}/nvrx-checkpoints"
+                )
+        if path.parent == PurePosixPath("/") or path == PurePosixPath(NVME_RAID_ROOT).parent:
+            raise ValueError(f"{value!r} is a top-level host folder; use {NVME_RAID_ROOT}/nvrx-checkpoints")
+        return str(path)
+
+    @field_validator("s3_bucket")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        return check_s3_bucket(value) if value is not None else None
+
+    @field_validator("fsx_pvc")
+    @classmethod
+    def _pvc(cls, value: str) -> str:
+        return check_dns_subdomain(value)
 
     @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
     @classmethod
@@ -113,6 +267,7 @@ CHART_OWNED_TRAINER_FIELDS = (
     "checkpoint.local_dir",
     "checkpoint.durable_dir",
     "checkpoint.s3_uri",
+    "checkpoint.peer_replicas",
     "inprocess.max_iterations",
 )
 
@@ -120,6 +275,18 @@ CHART_OWNED_TRAINER_FIELDS = (
 class SecretRef(_Section):
     secret: str
     key: str
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        return check_dns_subdomain(value)
+
+    @field_validator("key")
+    @classmethod
+    def _secret_key(cls, value: str) -> str:
+        if len(value) > _MAX_SUBDOMAIN or not _SECRET_KEY.match(value):
+            raise ValueError(f"{value!r} is not a Secret key: letters, digits, '-', '_' and '.'")
+        return value
 
 
 class JobValues(_Section):
@@ -134,6 +301,12 @@ class JobValues(_Section):
     service_account: str = "nvrx-trainer"
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
+    spares: int = Field(0, ge=0)
+    """Warm spare pods beyond num_nodes (issue 16 part 3): scheduled, self-checked, their launcher
+    started and waiting in the rendezvous's redundancy list (`--nnodes=N:N` admits N; agents beyond
+    wait there without restarting the group). A lost node's place goes to a spare at the next round;
+    the Job's replacement pod becomes the next spare. The GPU node group must have room for
+    num_nodes + spares nodes (`nvrx-eks preflight` checks it against the cluster config)."""
     instance_profile: str = "local-cpu"
     mode: Mode = "both"
     budgets: Budgets = Budgets()
@@ -150,11 +323,17 @@ class JobValues(_Section):
     """Where the rendezvous store runs (the cluster's system node group label)."""
     gpu_node_selector: dict[str, str] = Field(default_factory=dict)
     """Extra labels the training nodes must carry (e.g. the node-health label)."""
+    require_verified_nodes: bool | None = None
+    """Schedule only on nodes the node check verified (label nvrx-eks/verified=true; the cluster stack's
+    node_check). Default: on for EC2 profiles, off for local runs."""
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, SecretRef] = Field(default_factory=dict)
     """Environment variables read from Kubernetes Secrets (never plain values)."""
     active_deadline_s: int | None = Field(None, ge=1)
     ttl_after_finished_s: int | None = Field(86400, ge=0)
+    plan: PlanHints | None = None
+    """Written by `nvrx-eks plan --write`: the step and durable write time its cadences assume
+    (`job render` warns when trainer.checkpoint.durable_every undercuts the write). Not rendered."""
 
     @field_validator("name", "namespace")
     @classmethod
@@ -164,6 +343,55 @@ class JobValues(_Section):
                 f"{value!r} must be a DNS label: lowercase letters, digits and '-', "
                 f"at most {_MAX_NAME} characters"
             )
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        return value if value == LOCAL_IMAGE else check_image_reference(value)
+
+    @field_validator("service_account", "priority_class", "store_priority_class")
+    @classmethod
+    def _object_name(cls, value: str | None) -> str | None:
+        return check_dns_subdomain(value) if value is not None else None
+
+    @field_validator("kueue_queue")
+    @classmethod
+    def _queue(cls, value: str | None) -> str | None:
+        # The queue name is a label value (kueue.x-k8s.io/queue-name) and a LocalQueue name.
+        return check_dns_subdomain(check_label_value(value)) if value is not None else None
+
+    @field_validator("system_node_selector", "gpu_node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            check_label_key(key)
+            try:
+                check_label_value(label)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _numbers_as_text(cls, value: Any) -> Any:  # noqa: ANN401
+        # `OMP_NUM_THREADS: 4` in YAML is a number; an environment value is its text.
+        if isinstance(value, dict):
+            return {
+                k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for k, v in value.items()
+            }
+        return value
+
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(
+                    f"{key!r} is not an environment variable name: letters, digits, '_', '-' and '.', "
+                    "not starting with a digit"
+                )
         return value
 
     @field_validator("instance_profile")
@@ -230,6 +458,12 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
+        replicas = self.storage.peer_replicas
+        if replicas is not None and replicas >= self.num_nodes and replicas:
+            raise ValueError(
+                f"storage.peer_replicas ({replicas}) must be below num_nodes ({self.num_nodes}): each copy "
+                f"lives on another node; use at most {self.num_nodes - 1}"
+            )
         in_ram = self.shm_gib + self.memory_tier_gib
         if in_ram > self.pod_memory_gib:
             raise ValueError(
@@ -242,11 +476,32 @@ class JobValues(_Section):
                 f"image: local runs on this machine's CPUs; instance_profile {self.instance_profile} needs "
                 "a container image (set image to the ECR URI)"
             )
+        self._check_devices()
         try:
             nvrx_features(self.resolved_nvrx_version).check_mode(self.mode)
         except UserError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    def _check_devices(self) -> None:
+        """Devices the instance profile cannot give the pod (the scheduler would never place it, or
+        the ranks would fail on the node)."""
+        p = self.profile
+        dist = self.trainer.get("dist")
+        device = dist.get("device") if isinstance(dist, dict) else None
+        if device == "cuda" and not p.gpus:
+            raise ValueError(
+                f"trainer.dist.device is cuda, but instance_profile {p.name} has no GPUs; use a GPU "
+                "profile (e.g. p5.48xlarge) or device cpu/auto"
+            )
+        efa_vars = sorted(k for k in self.env if k.startswith("FI_EFA_") or k == "FI_PROVIDER")
+        if not p.efa_devices and (
+            self.env.get("FI_PROVIDER") == "efa" or any(k.startswith("FI_EFA_") for k in self.env)
+        ):
+            raise ValueError(
+                f"env: {', '.join(efa_vars)} ask for EFA, but instance_profile {p.name} has 0 EFA devices; "
+                "remove them or use an EFA profile (the chart sets the EFA variables for those itself)"
+            )
 
     @cached_property
     def profile(self) -> InstanceProfile:
@@ -255,6 +510,12 @@ class JobValues(_Section):
     @cached_property
     def resolved_nvrx_version(self) -> str:
         return resolve_nvrx_version(image=self.image, nvrx_version=self.nvrx_version)
+
+    @property
+    def verified_nodes_required(self) -> bool:
+        if self.require_verified_nodes is None:
+            return self.profile.is_ec2
+        return self.require_verified_nodes
 
     @property
     def pod_memory_gib(self) -> int:
@@ -269,6 +530,13 @@ class JobValues(_Section):
     def memory_tier_gib(self) -> int:
         """sizeLimit of the memory checkpoint tier's emptyDir."""
         return self.storage.memory_tier_gib or max(1, self.profile.memory_gib // MEMORY_TIER_FRACTION)
+
+    @property
+    def peer_replicas(self) -> int:
+        """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
+        if self.storage.peer_replicas is not None:
+            return self.storage.peer_replicas
+        return 1 if self.num_nodes > 1 else 0
 
     @property
     def world_size(self) -> int:

@@ -36,6 +36,55 @@ def describe_validation_error(error: ValidationError, *, source: str) -> str:
     return "\n".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice.
+
+    PyYAML keeps the last value of a repeated key without a word (YAML 1.2 says keys must be unique):
+    a config with `gpu:` twice would silently lose the first section.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first set on line {first}): keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load(text: str) -> Any:  # noqa: ANN401 - any YAML value
+    """yaml.safe_load, with duplicate keys an error (yaml.YAMLError) instead of a silent merge."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def read_text(path: Path, *, what: str = "YAML file") -> str:
+    """A file's UTF-8 text; a missing file, a folder, an unreadable or non-UTF-8 file is a UserError."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file; pass an existing {what}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder; pass a {what} (e.g. {path}/values.yaml)") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+            f"pass a {what} saved as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror}); pass a readable {what}") from None
+
+
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     """Turn `a.b=value` strings into a nested dict; values are parsed as YAML scalars/lists."""
     tree: dict[str, Any] = {}
@@ -49,8 +98,29 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise UserError(f"override {item!r} sets a field below {part!r}, which is not a section")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else ""
+        node[leaf] = _override_value(item, raw)
     return tree
+
+
+def _override_value(item: str, raw: str) -> Any:  # noqa: ANN401 - any YAML value
+    if not raw.strip():
+        return ""
+    try:
+        return safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise UserError(
+            f"override {item!r}: the value is not valid YAML ({_yaml_problem(exc, lines=False)}); close "
+            "the bracket or quote, or quote the whole value to pass it as text (e.g. key='\"[a\"')"
+        ) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError, *, lines: bool = True) -> str:
+    """The problem PyYAML found and where, without its echo of the whole input."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:
+        return str(exc).splitlines()[0]
+    mark = exc.problem_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if lines and mark is not None else ""
+    return f"{where}{exc.problem}"
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -65,12 +135,12 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping; every way the file can be wrong is one UserError."""
+    text = read_text(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; pass an existing YAML file") from None
+        data = safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({exc})") from None
+        raise UserError(f"{path}: not valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
     return data

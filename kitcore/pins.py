@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a checksum pin holds until the file's published sha256 has been recorded: the image build
+# refuses it (images/fetch-verified.sh and `nvrx-eks image build`), it never downloads unverified.
+UNPUBLISHED_SHA256 = "unpublished"
+
 
 @dataclass(frozen=True)
 class ImagePins:
     base_image: str
+    """By digest (repository@sha256:...); the tag it was taken from is in the comment beside it."""
     nvrx_version: str
     efa_installer: str
     aws_ofi_nccl: str
+    efa_installer_sha256: str = UNPUBLISHED_SHA256
+    """sha256 of aws-efa-installer-<efa_installer>.tar.gz."""
+    aws_ofi_nccl_sha256: str = UNPUBLISHED_SHA256
+    """sha256 of the aws-ofi-nccl-<aws_ofi_nccl>.tar.gz release asset."""
     python_abi: str = "cp312"
     """The base image's CPython ABI; NVRx 0.5+ publishes cp312 wheels only."""
     min_glibc: str = "2.39"
@@ -37,8 +46,19 @@ class ImagePins:
 # tarball so the version is ours, not whichever one the installer bundles.
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html
 # https://github.com/aws/aws-ofi-nccl/releases/tag/v1.17.2
+#
+# Digest and checksums (supply chain). None of them could be read from NGC, AWS or GitHub here (no
+# internet on the build machine of this change):
+# - base_image: tag 25.09-py3. The digest is the one a public x86_64 build pins for that tag (found
+#   by code search), not read from NGC: confirm it with `docker buildx imagetools inspect
+#   nvcr.io/nvidia/pytorch:25.09-py3` before relying on it. A wrong digest fails the pull (closed).
+# - efa_installer_sha256 / aws_ofi_nccl_sha256: no published checksum for 1.46.0 / 1.17.2 was found
+#   offline, so they hold UNPUBLISHED_SHA256 and the build refuses to run until they are recorded.
+#   Take the EFA installer's from AWS (the EFA user guide's installer verification steps give the
+#   checksum and GPG signature per release); aws-ofi-nccl's release page lists no checksum, so
+#   record the sha256 of the v1.17.2 release asset downloaded over TLS from github.com/aws/aws-ofi-nccl.
 IMAGE = ImagePins(
-    base_image="nvcr.io/nvidia/pytorch:25.09-py3",
+    base_image="nvcr.io/nvidia/pytorch@sha256:f3b4a33fd60d5e0358287bb44d57e91eda45e8f1681fef1bfd6c969371417130",
     nvrx_version="0.7.0",
     efa_installer="1.46.0",
     aws_ofi_nccl="1.17.2",
@@ -54,14 +74,19 @@ IMAGE = ImagePins(
 # A version missing from the maps below is refused at synth (infra/config.py), never guessed.
 # ---------------------------------------------------------------------------------------------
 
-# Kubernetes version(s) the add-on pins below are known to support. The kubectl Lambda layer
+# Kubernetes version(s) the add-on pins below are meant for. The kubectl Lambda layer
 # (KUBECTL_LAYER_MINOR) is within kubectl's +/-1 minor skew of each of them.
 # https://kubernetes.io/releases/version-skew-policy/#kubectl
-SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = ("1.33", "1.34")
-DEFAULT_KUBERNETES_VERSION = "1.34"
-# aws-cdk.lambda-layer-kubectl-v34: kubectl + helm for the cluster's kubectl provider (add_helm_chart,
-# add_cdk8s_chart). Python package pinned in the project's dependencies.
-KUBECTL_LAYER_MINOR = "1.34"
+# EKS standard support (https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html;
+# dates as listed by endoflife.date/amazon-eks): 1.33 ended 2026-07-29 (dropped here), 1.34 ends
+# 2026-12-02 (kept only so existing clusters can be updated before they move), 1.35 (EKS release
+# 2026-01-28) runs to 2027-03-27: the default. aws-cdk-lib 2.275 knows V1_35 and V1_36; 1.36 is not
+# offered here until its add-on pins are confirmed.
+SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = ("1.34", "1.35")
+DEFAULT_KUBERNETES_VERSION = "1.35"
+# aws-cdk.lambda-layer-kubectl-v35 (PyPI, 2.2.2): kubectl + helm for the cluster's kubectl provider
+# (add_helm_chart, add_cdk8s_chart). Python package pinned in pyproject.toml / constraints.txt.
+KUBECTL_LAYER_MINOR = "1.35"
 
 
 @dataclass(frozen=True)
@@ -80,16 +105,30 @@ def _same(version: str) -> dict[str, str]:
 
 
 # EKS managed add-ons (https://docs.aws.amazon.com/eks/latest/userguide/workloads-add-ons-available-eks.html).
+#
+# Sources, checked offline (no AWS access here). `nvrx-eks preflight` checks every pin below against
+# `describe-addon-versions` for the cluster's version before a deploy and lists the valid ones: run it,
+# and correct a pin here, wherever a line says "unconfirmed".
+# - kube-proxy 1.34 v1.34.1-eksbuild.2: the EKS user guide's kube-proxy table (managing-kube-proxy).
+# - For 1.35: vpc-cni v1.21.1-eksbuild.3, kube-proxy v1.35.0-eksbuild.2, coredns v1.13.2-eksbuild.1,
+#   eks-pod-identity-agent v1.3.10-eksbuild.3, amazon-cloudwatch-observability v5.3.0-eksbuild.1:
+#   a public Terraform configuration of an EKS 1.35 cluster (found by code search); not an AWS table.
+# - vpc-cni, eks-pod-identity-agent and amazon-cloudwatch-observability builds are usually published
+#   for every supported minor: their 1.35 versions are used for 1.34 too (unconfirmed for 1.34).
+# - coredns 1.34 v1.12.3-eksbuild.1: unconfirmed (kept from the previous pin).
+# - eks-node-monitoring-agent v1.5.0-eksbuild.1: seen in a public configuration, Kubernetes version
+#   not stated: unconfirmed for 1.34 and 1.35.
+# - aws-fsx-csi-driver v1.6.0-eksbuild.1: unconfirmed (no source found offline).
 EKS_ADDONS: dict[str, AddonPin] = {
     pin.name: pin
     for pin in (
-        AddonPin("vpc-cni", _same("v1.20.0-eksbuild.1")),
-        AddonPin("coredns", {"1.33": "v1.12.1-eksbuild.2", "1.34": "v1.12.3-eksbuild.1"}),
-        AddonPin("kube-proxy", {"1.33": "v1.33.0-eksbuild.2", "1.34": "v1.34.0-eksbuild.2"}),
-        AddonPin("eks-pod-identity-agent", _same("v1.3.8-eksbuild.2")),
+        AddonPin("vpc-cni", _same("v1.21.1-eksbuild.3")),
+        AddonPin("coredns", {"1.34": "v1.12.3-eksbuild.1", "1.35": "v1.13.2-eksbuild.1"}),
+        AddonPin("kube-proxy", {"1.34": "v1.34.1-eksbuild.2", "1.35": "v1.35.0-eksbuild.2"}),
+        AddonPin("eks-pod-identity-agent", _same("v1.3.10-eksbuild.3")),
         AddonPin("aws-fsx-csi-driver", _same("v1.6.0-eksbuild.1")),
-        AddonPin("eks-node-monitoring-agent", _same("v1.4.0-eksbuild.2")),
-        AddonPin("amazon-cloudwatch-observability", _same("v4.3.0-eksbuild.1")),
+        AddonPin("eks-node-monitoring-agent", _same("v1.5.0-eksbuild.1")),
+        AddonPin("amazon-cloudwatch-observability", _same("v5.3.0-eksbuild.1")),
     )
 }
 

@@ -4,7 +4,8 @@
 2. render the local job (2 nodes x 2 CPU ranks, mode `both`) with a fault schedule holding every class;
 3. run the fault-free reference once (cached per configuration and trainer code);
 4. run the rendered job with the local executor, the trainer injecting the faults;
-5. report: one row per fault, the run's goodput figures, summary.json, events, timeline.png.
+5. report: one row per fault, the run's goodput figures, summary.json, events, timeline.png and
+   report.html (the same on one self-contained page).
 """
 
 from __future__ import annotations
@@ -44,12 +45,24 @@ def demo(
     from k8s.load import load_values  # noqa: PLC0415
     from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
-    from training.report import plot_timeline, print_report, summary_document, write_summary  # noqa: PLC0415
+    from training.report import (  # noqa: PLC0415
+        plot_timeline,
+        print_report,
+        summary_document,
+        write_html_report,
+        write_summary,
+    )
 
     console = Console()
     started = time.monotonic()
     run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+
+    # The values first: a bad file or override is one message at once, not after the synth.
+    plan = ",".join(DEMO_FAULTS)
+    values = load_values(
+        values_path, (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}", *overrides)
+    )
 
     console.rule("1. Cluster (CDK synth, offline)")
     if skip_synth:
@@ -60,10 +73,6 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    plan = ",".join(DEMO_FAULTS)
-    values = load_values(
-        values_path, (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}", *overrides)
-    )
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {values.trainer.get('steps')} steps; "
@@ -95,6 +104,10 @@ def demo(
     console.print(f"summary:  {summary_path}")
     console.print(f"events:   {outcome.trainer_run_dir / 'events'}")
     console.print(f"timeline: {timeline}")
+    page = write_html_report(
+        run_dir, document, outcome.trainer_run_dir, title=f"nvrx-eks demo {run_dir.name}"
+    )
+    console.print(f"report:   {page}")
     console.print(f"pod logs: {run_dir / 'chaos' / 'pods'}")
     console.print(f"demo took {time.monotonic() - started:.0f} s")
 

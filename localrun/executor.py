@@ -40,6 +40,8 @@ What it does, the way Kubernetes would:
   process tree and every process carrying the marker. The tree alone is not enough: ft_launcher's
   workers run in their own sessions and NVRx's in-process monitor processes daemonize out of the tree
   (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone.
+- successPolicy `succeededCount` (the chart sets it with warm spares): the job is complete once that
+  many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
   COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
   the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir).
@@ -69,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import yaml
 
+from k8s.termination import failure_cause, log_tail
 from kitcore.configio import UserError
 
 if TYPE_CHECKING:
@@ -96,6 +99,9 @@ class PodOutcome:
     reason: str = "Running"
     """Succeeded, Failed, NodeDeleted (DisruptionTarget), InitFailed, Killed (job ended)."""
     log: str = ""
+    message: str = ""
+    """A failed pod's termination message: the tail of its log, as the kubelet keeps it for
+    `terminationMessagePolicy: FallbackToLogsOnError` (k8s/termination.py)."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +390,9 @@ class _Pod:
         else:
             o.reason = "Succeeded" if code == 0 else "Failed"
         o.container = container
+        if o.reason in {"Failed", "InitFailed"}:
+            with contextlib.suppress(OSError):
+                o.message = log_tail(self._log_path.read_text(errors="replace"))
         self.done.set()
 
     def kill(self, *, deleted: bool) -> None:
@@ -429,12 +438,16 @@ class LocalJob:
         self.completions = int(spec["completions"])
         self.backoff_per_index = int(spec.get("backoffLimitPerIndex", 6))
         self.max_failed_indexes = spec.get("maxFailedIndexes")
+        rules = (spec.get("successPolicy") or {}).get("rules", [])
+        self.success_count = min([int(r["succeededCount"]) for r in rules if "succeededCount" in r] or [0])
+        """successPolicy succeededCount (0: none): the job is done once that many indexes succeeded."""
         self.failure_rules = (spec.get("podFailurePolicy") or {}).get("rules", [])
         self.pods: dict[int, _Pod] = {}
         self.history: list[PodOutcome] = []
         self.failures = dict.fromkeys(range(self.completions), 0)
         self.generation = dict.fromkeys(range(self.completions), 0)
         self.succeeded: set[int] = set()
+        self._out_of_budget: dict[int, PodOutcome] = {}
         self.deletions: list[dict[str, Any]] = []
         self._store: _Pod | None = None
         self._failed_stores: list[PodOutcome] = []
@@ -504,9 +517,13 @@ class LocalJob:
             time.sleep(0.1)
 
     def _reconcile(self) -> tuple[bool, str] | None:
-        for index, pod in list(self.pods.items()):
-            if not pod.done.is_set() or index in self.succeeded:
-                continue
+        # In the order the pods ended, as the Job controller sees their terminations arrive.
+        ended = [
+            (i, p)
+            for i, p in self.pods.items()
+            if p.done.is_set() and i not in self.succeeded and i not in self._out_of_budget
+        ]
+        for index, pod in sorted(ended, key=lambda item: item[1].outcome.ended or 0.0):
             o = pod.outcome
             self._emit("pod_end", pod=pod.name, index=index, exit_code=o.exit_code, reason=o.reason)
             if o.reason == "Succeeded":
@@ -518,11 +535,42 @@ class LocalJob:
             if action != "Ignore":
                 self.failures[index] += 1
                 if action == "FailIndex" or self.failures[index] > self.backoff_per_index:
-                    return False, f"index {index} failed {self.failures[index]} time(s): BackoffLimitExceeded"
+                    self._out_of_budget[index] = o
+                    continue
             self._start_pod(index)
+        if self._out_of_budget:
+            return self._budget_verdict()
         if len(self.succeeded) == self.completions:
             return True, "Completed"
+        if self.success_count and len(self.succeeded) >= self.success_count:
+            # The Job controller ends the remaining pods (the unused spares) when it marks the Job.
+            return True, "SuccessPolicy: Completed"
         return None
+
+    def _budget_verdict(self) -> tuple[bool, str] | None:
+        """The job fails (maxFailedIndexes 0); the reason names the index where the fault was.
+
+        When a launcher runs out of restarts every launcher of the group may leave with it (NVRx's
+        min-healthy policy counts restarts globally; a peer's death fails the others' collectives), and
+        the Job charges every index alike. The index to name is the one where the fault was: the pods
+        of one failed group end within a moment of each other, so the verdict waits 3 s for them, then
+        names the index whose cause is the most telling (k8s/termination.py `Cause.severity`: a rank
+        killed by a signal before one that exited with an error before one its launcher stopped),
+        the first to end among equals.
+        """
+        first_at = min(o.ended or 0.0 for o in self._out_of_budget.values())
+        if time.time() - first_at < 3.0 and len(self._out_of_budget) < len(self.pods):  # noqa: PLR2004
+            return None
+        causes = {i: failure_cause(o.message) for i, o in self._out_of_budget.items()}
+        by_end = sorted(self._out_of_budget, key=lambda i: self._out_of_budget[i].ended or 0.0)
+        index = max(by_end, key=lambda i: causes[i].severity)  # max keeps the first of equals
+        o = self._out_of_budget[index]
+        others = sorted(set(self._out_of_budget) - {index})
+        also = f" (also out of budget: index {', '.join(map(str, others))})" if others else ""
+        return False, (
+            f"index {index} failed {self.failures[index]} time(s): BackoffLimitExceeded; cause: "
+            f"{causes[index].text} (pod {o.pod}, container {o.container}, exit code {o.exit_code}){also}"
+        )
 
     def _failure_action(self, o: PodOutcome) -> str:
         for rule in self.failure_rules:

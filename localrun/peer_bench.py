@@ -124,16 +124,21 @@ def run_peer_bench(
     from k8s.load import load_values  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
+    from training.report import print_phases  # noqa: PLC0415
 
     console = Console()
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
     scenario = _scenario(steps, device_step_s, fault_seed)
     results: dict[str, Any] = {}
-    for setup in mode_setups(steps=steps, device_step_s=device_step_s, fault_seed=fault_seed):
-        if setup.name not in modes:
-            continue
+    # Every mode's values are checked before the first run: a bad file is one message at once, not
+    # after the modes before it ran for minutes.
+    planned = [
+        (setup, load_values(values_path, (f"mode={setup.mode}", *setup.overrides)))
+        for setup in mode_setups(steps=steps, device_step_s=device_step_s, fault_seed=fault_seed)
+        if setup.name in modes
+    ]
+    for setup, values in planned:
         console.rule(f"{setup.name} (mode {setup.mode})")
-        values = load_values(values_path, (f"mode={setup.mode}", *setup.overrides))
         outcome = run_job(
             values, run_dir=bench_dir / setup.name, console=console, label=setup.name, timeout_s=timeout_s
         )
@@ -153,7 +158,10 @@ def run_peer_bench(
             "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
             "faults": [f.to_dict() for f in summary.faults],
             "wall_s": summary.wall_s,
+            # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
+            "overrides": list(setup.overrides),
         }
+        print_phases(console, results[setup.name]["faults"])
 
     table = Table(
         title=f"Peer scenario: {steps} steps ({device_step_s:g} s emulated device time each), "

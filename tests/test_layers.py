@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "nvrx_eks")
+PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path  # noqa: TC003 - typer reads the annotation at run time
+from typing import Annotated
 
-if TYPE_CHECKING:
-    import typer
+import typer
 
 
 def register(**groups: typer.Typer) -> None:
@@ -14,3 +14,18 @@ def register(**groups: typer.Typer) -> None:
 
     if "bench" in groups:
         ckpt_commands.register(groups["bench"])
+    if "app" in groups:
+        _register_report(groups["app"])
+
+
+def _register_report(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        run_dir: Annotated[
+            Path, typer.Argument(help="A run folder (make demo's, a bench mode's, a trainer run).")
+        ],
+    ) -> None:
+        """Write RUN_DIR/report.html: fault table, totals, timeline and bit-identity verdict, one page."""
+        from training.report import report_run  # noqa: PLC0415 - keeps the CLI import light
+
+        print(report_run(run_dir))

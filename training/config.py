@@ -178,7 +178,10 @@ class FaultsConfig(_Section):
 
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(
-        None, ge=0, description="Serve /metrics on this port + local rank (default: textfile only)."
+        None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics on this port + local rank (default: textfile only).",
     )
     textfile_every: int = Field(10, ge=1, description="Steps between Prometheus textfile writes.")
 
@@ -237,6 +240,7 @@ class TrainConfig(_Section):
                     f"inprocess.hard_timeout_s (now {restart_budget} < {self.ft.heartbeat_timeout_floor_s} < "
                     f"{self.inprocess.hard_timeout_s})"
                 )
+        self._check_fault_steps()
         last = self.faults.last_step if self.faults.last_step is not None else self.steps - 1
         if self.faults.count and last - self.faults.first_step + 1 < self.faults.count * self.faults.min_gap:
             raise ValueError(
@@ -244,6 +248,30 @@ class TrainConfig(_Section):
                 f"{self.faults.first_step}..{last}; lower faults.count or raise steps"
             )
         return self
+
+    def _check_fault_steps(self) -> None:
+        """A fault the run never reaches (or one hidden by another) would be dropped without a word."""
+        seen: dict[tuple[int, int], str] = {}
+        for item in self.faults.plan:
+            match = _PLAN_ITEM.match(item)
+            assert match is not None  # noqa: S101 - checked by FaultsConfig
+            step, rank = int(match["step"]), int(match["rank"] or 0)
+            if step >= self.steps:
+                raise ValueError(
+                    f"faults.plan: {item!r} is at step {step}, but the run's steps are 0..{self.steps - 1}; "
+                    f"move it below {self.steps} or raise steps"
+                )
+            if (step, rank) in seen:
+                raise ValueError(
+                    f"faults.plan: {item!r} and {seen[step, rank]!r} hit rank {rank} at the same step; "
+                    "a rank fires one fault per step: move one of them"
+                )
+            seen[step, rank] = item
+        if self.faults.last_step is not None and self.faults.last_step >= self.steps:
+            raise ValueError(
+                f"faults.last_step ({self.faults.last_step}) is past the run's last step ({self.steps - 1}); "
+                "lower it or raise steps"
+            )
 
     @property
     def collective_timeout_s(self) -> float:

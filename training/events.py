@@ -5,15 +5,19 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
 Kinds and their extra fields (training.metrics reads them):
 
-- `process_start`: mode, world_size, local_rank, model
+- `process_start`: mode, world_size, local_rank, model, steps, created_t (when the OS created the process)
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
-  launcher restart spent before the first attempt)
+  launcher restart spent before the first attempt); its parts: preload_s (torch._dynamo), layers_s
+  (process-group store, resilience layers), trainer_s (data, checkpointer, metrics), gc_s; cpu_s: CPU
+  seconds this process used until then (imports included; unlike wall time, not inflated by load)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
 - `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
 - `fault_injected`: class, step, target_rank, expected_layer, index
+- `caught_up`: source, from_step, to_step -- after an in-process restart this rank was a step behind
+  and took the state of rank `source`, a step ahead (training/trainer.py `_in_memory_source`)
 - `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
 - `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker
 - `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force
@@ -23,12 +27,14 @@ Kinds and their extra fields (training.metrics reads them):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -51,12 +57,23 @@ class EventLog:
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "node": os.environ.get("JOB_COMPLETION_INDEX", "0"),
         }
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with every event emitted from now on (the Prometheus metrics)."""
+        self._listeners.append(listener)
 
     def emit(self, kind: str, **fields: Any) -> None:  # noqa: ANN401
-        line = json.dumps({"t": time.time(), "kind": kind, **self._base, **fields}, default=str)
+        event = {"t": time.time(), "kind": kind, **self._base, **fields}
+        line = json.dumps(event, default=str)
         with self._lock:
             if not self._file.closed:
                 self._file.write(line + "\n")
+            for listener in self._listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    logging.getLogger("training").exception("event listener failed on %s", kind)
 
     def close(self) -> None:
         with self._lock:

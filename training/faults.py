@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from kitcore.configio import UserError
 from training.config import _PLAN_ITEM, FaultsConfig, Mode
 
 if TYPE_CHECKING:
@@ -81,7 +82,18 @@ def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int)
     for item in cfg.plan:
         match = _PLAN_ITEM.match(item)
         assert match is not None  # noqa: S101 - validated by FaultsConfig
-        faults.append((match["cls"], int(match["step"]), int(match["rank"] or 0) % world_size))
+        rank = int(match["rank"] or 0)
+        if rank >= world_size:
+            raise UserError(
+                f"faults.plan: {item!r} targets rank {rank}, but the job has ranks 0..{world_size - 1}; "
+                "pick a rank below the world size"
+            )
+        faults.append((match["cls"], int(match["step"]), rank))
+    if cfg.target_rank is not None and cfg.target_rank >= world_size:
+        raise UserError(
+            f"faults.target_rank ({cfg.target_rank}) is not a rank of this job (0..{world_size - 1}); "
+            "pick a rank below the world size"
+        )
     if cfg.count:
         rng = random.Random(cfg.seed if cfg.seed is not None else seed)  # noqa: S311 - not crypto
         last = cfg.last_step if cfg.last_step is not None else steps - 1
@@ -93,7 +105,7 @@ def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int)
             start = cfg.first_step + i * slot
             step = rng.randint(start, start + max(0, slot - cfg.min_gap))
             cls = rng.choices(classes, weights)[0]
-            rank = cfg.target_rank % world_size if cfg.target_rank is not None else rng.randrange(world_size)
+            rank = cfg.target_rank if cfg.target_rank is not None else rng.randrange(world_size)
             faults.append((cls, step, rank))
     faults.sort(key=lambda f: f[1])
     return [Fault(index=i, cls=c, step=s, rank=r) for i, (c, s, r) in enumerate(faults)]

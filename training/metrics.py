@@ -13,11 +13,16 @@
 Per fault: detection = first `detected` (in-process) or `terminated` (launcher) event after it, or,
 when the only witness died with it, the first new process's start; steps lost = steps completed
 before the fault that had to be trained again (newest completed step - restored step).
+
+Per fault, where the seconds from the fault to the next productive step went (`FaultPhases`): each
+phase ends when its slowest rank is through it, so the phases add up to the critical path.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,37 @@ from training.events import read_events
 from training.faults import launcher_layer
 
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
+
+
+# Where a fault's state came back from, fastest first; a fault row reports the slowest any rank used.
+TIER_ORDER = ("memory", "peer_memory", "local", "durable", "none")
+
+
+@dataclass(frozen=True)
+class FaultPhases:
+    """Seconds from the fault to the next productive step, phase by phase (they add up).
+
+    - detect: fault -> the first witness (`detected`, `terminated`, or a new process when none lived);
+    - teardown: -> the old attempt is gone: in process, the last rank's new attempt starts; after a
+      launcher restart, the last old worker's last event (the launcher's SIGTERM) -- a worker killed
+      outright is gone at once;
+    - rendezvous: -> the new workers can run together: the agents' round until the first new worker
+      process exists, plus the new process group (its init and the ranks' barrier);
+    - start: new worker processes, creation -> ready (interpreter, imports, stores, layers); 0 in process;
+    - restore: the slowest rank's state load (`load_s`);
+    - first_step: -> every rank has finished its first step after the restore.
+    """
+
+    detect_s: float
+    teardown_s: float
+    rendezvous_s: float
+    start_s: float
+    restore_s: float
+    first_step_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(asdict(self).values())
 
 
 @dataclass(frozen=True)
@@ -38,6 +74,9 @@ class FaultSummary:
     detect_s: float | None
     recovery_s: float | None
     steps_lost: int | None
+    tier: str = "none"
+    """Where the state came back from (TIER_ORDER; the slowest rank's): `memory` also for in process."""
+    phases: FaultPhases | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -82,6 +121,55 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _phases(
+    t0: float,
+    detection: dict[str, Any],
+    first_startup: dict[int, dict[str, Any]],
+    after: list[dict[str, Any]],
+    *,
+    old_pids: set[int],
+    in_process: bool,
+) -> FaultPhases | None:
+    t_detect = detection["t"]
+    t_restored = max(e["t"] for e in first_startup.values())
+    first_steps: dict[int, float] = {}
+    for event in after:
+        if event["kind"] == "step" and event["t"] > t_restored and event["rank"] not in first_steps:
+            first_steps[event["rank"]] = event["t"]
+    if len(first_steps) < len(first_startup):
+        return None  # the run ended (or failed) before every rank trained again
+    restore_s = max(e.get("load_s", 0.0) for e in first_startup.values())
+    during = [e for e in after if e["t"] <= t_restored]
+    if in_process:
+        starts = [e["t"] for e in during if e["kind"] == "attempt_start"]
+        t_teardown = max(t_detect, max(starts, default=t_detect))
+        t_ready = t_teardown
+    else:
+        old_last = [e["t"] for e in during if e["pid"] in old_pids]
+        t_teardown = max(t_detect, max(old_last, default=t_detect))
+        new = [e for e in during if e["kind"] == "process_start" and e["pid"] not in old_pids]
+        created = min((e.get("created_t", e["t"]) for e in new), default=t_teardown)
+        ready = [e["t"] for e in during if e["kind"] == "process_ready" and e["pid"] not in old_pids]
+        t_ready = max(ready, default=t_teardown)
+    start_s = 0.0 if in_process else max(0.0, t_ready - max(created, t_teardown))
+    # What is left between the teardown and the restored state is the rendezvous: the agents' round
+    # (launcher) and the new process group's init and barrier (both).
+    rendezvous_s = max(0.0, t_restored - t_teardown - start_s - restore_s)
+    return FaultPhases(
+        detect_s=round(t_detect - t0, 3),
+        teardown_s=round(t_teardown - t_detect, 3),
+        rendezvous_s=round(rendezvous_s, 3),
+        start_s=round(start_s, 3),
+        restore_s=round(restore_s, 3),
+        first_step_s=round(max(first_steps.values()) - t_restored, 3),
+    )
+
+
+def _slowest_tier(first_startup: dict[int, dict[str, Any]]) -> str:
+    tiers = ["memory" if e["tier"] == "inprocess" else e["tier"] for e in first_startup.values()]
+    return max(tiers, key=lambda t: TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER))
+
+
 def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode: str) -> FaultSummary:
     t0 = fault["t"]
     after = [e for e in events if e["t"] > t0]
@@ -104,6 +192,11 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     if recovery is not None:
         restored = min(e["restored_step"] for e in first_startup.values())
         steps_lost = max(0, (max(done_before) if done_before else -1) - restored)
+    phases = None
+    if recovery is not None and detection is not None:
+        phases = _phases(
+            t0, detection, first_startup, after, old_pids=before_pids, in_process=layer == "inprocess"
+        )
     return FaultSummary(
         cls=fault["class"],
         step=fault["step"],
@@ -113,6 +206,8 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
         detect_s=round(detection["t"] - t0, 3) if detection else None,
         recovery_s=round(recovery["t"] - t0, 3) if recovery else None,
         steps_lost=steps_lost,
+        tier=_slowest_tier(first_startup) if first_startup else "none",
+        phases=phases,
     )
 
 
@@ -173,55 +268,222 @@ def summarize(run_dir: Path) -> RunSummary:
     )
 
 
-class Metrics:
-    """Prometheus text exposition for one rank: `<run_dir>/metrics/rank-<R>.prom`, optionally served."""
+# Prometheus names (https://prometheus.io/docs/practices/naming/): base units (seconds, bytes) in the
+# name, `_total` on counters, `_timestamp_seconds` on times; one `rank` label, plus the layer, phase or
+# tier where a figure is per layer/phase/tier. k8s/dashboards/training.json queries these; its test
+# reads the names from a registry this class fills, never from a list.
+METRIC_PREFIX = "trainer_"
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+PHASE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+RECOVERY_PHASES = ("teardown", "process_start", "rendezvous", "restore", "first_step")
+"""What one rank sees of a recovery, in order: teardown (in-process: the restart's detection on this rank
+-> its next attempt), process_start (a new process: start -> torch loaded and layers built),
+rendezvous (attempt start -> process group formed and ranks lined up), restore (state loaded or kept),
+first_step (ready -> the first step done). Detection itself is per fault, in the run's summary."""
 
-    def __init__(self, *, run_dir: Path, rank: int, every: int, port: int | None, local_rank: int) -> None:
+
+def high_water_step(run_dir: Path, rank: int, *, tail_bytes: int = 1 << 18) -> int:
+    """The newest step this rank's earlier processes completed (-1: none): a step at or below it is a
+    replay. Reads only the tail of the rank's event stream."""
+    path = Path(run_dir) / "events" / f"rank-{rank}.jsonl"
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return -1
+    newest = -1
+    for line in lines:
+        if '"kind": "step"' not in line:
+            continue
+        try:
+            newest = max(newest, int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn line
+    return newest
+
+
+class Metrics:
+    """Prometheus exposition for one rank: `<run_dir>/metrics/rank-<R>.prom`, optionally served.
+
+    The trainer calls `step()` once per step; everything else comes from the rank's event stream
+    (`EventLog.subscribe(metrics.observe)`), so the metrics and `summarize` read the same facts.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        rank: int,
+        every: int,
+        port: int | None,
+        local_rank: int,
+        tokens_per_step: int = 0,
+        restart_count: int = 0,
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: PLC0415
 
-        self.registry = CollectorRegistry()
-        labels = {"rank": str(rank)}
+        self.registry = r = CollectorRegistry()
         self.path = run_dir / "metrics" / f"rank-{rank}.prom"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.every = every
-        self.steps = Counter(
-            "trainer_steps",
-            "Optimizer steps completed (replays included)",
-            labelnames=["rank"],
-            registry=self.registry,
-        ).labels(**labels)
-        self.step_seconds = Histogram(
-            "trainer_step_seconds",
-            "Step time",
-            labelnames=["rank"],
-            registry=self.registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        ).labels(**labels)
-        self.ckpt_seconds = Counter(
-            "trainer_checkpoint_stall_seconds",
-            "Time the loop spent in checkpoint calls",
-            labelnames=["rank"],
-            registry=self.registry,
-        ).labels(**labels)
-        self.loss = Gauge("trainer_loss", "Last loss", labelnames=["rank"], registry=self.registry).labels(
-            **labels
+        self.tokens_per_step = tokens_per_step
+        self.restart_count = restart_count
+        self.high_water = high_water_step(run_dir, rank)
+        self._rank = str(rank)
+
+        def counter(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401 - a prometheus metric
+            return Counter(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r)
+
+        def gauge(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401
+            return Gauge(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Any:  # noqa: ANN401
+            return Histogram(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r, buckets=buckets)
+
+        self.steps = counter("steps_total", "Optimizer steps completed (replays included)")
+        self.productive_steps = counter("productive_steps_total", "Steps completed for the first time")
+        self.replayed_steps = counter("replayed_steps_total", "Steps trained again after a rollback")
+        self.productive_seconds = counter(
+            "productive_step_seconds_total",
+            "Time in steps completed for the first time: its rate is the rank's training goodput",
         )
-        self.last_step = Gauge(
-            "trainer_last_step", "Last completed step", labelnames=["rank"], registry=self.registry
-        ).labels(**labels)
+        self.tokens = counter("tokens_total", "Tokens this rank trained on (replays included)")
+        self.step_seconds = histogram("step_seconds", "Step time (forward, backward, update)", STEP_BUCKETS)
+        self.stall_seconds = counter(
+            "checkpoint_stall_seconds_total", "Time the loop spent in checkpoint calls"
+        )
+        self.loss = gauge("loss", "Loss of the last step")
+        self.last_step = gauge("last_completed_step", "Index of the last completed step")
+        self.start_time = gauge("process_start_time_seconds", "When this trainer process started (unix time)")
+        self.launcher_restarts = gauge(
+            "launcher_restarts", "ft_launcher/torchrun restarts of this node's workers so far"
+        )
+        self.recoveries = counter(
+            "recoveries_total",
+            "Recoveries this rank took part in, by layer and the tier restored",
+            "layer",
+            "tier",
+        )
+        self.phase_seconds = histogram(
+            "recovery_phase_seconds",
+            "Duration of each recovery phase on this rank",
+            PHASE_BUCKETS,
+            "layer",
+            "phase",
+        )
+        self.faults = counter(
+            "faults_injected_total", "Faults the chaos schedule injected on this rank", "class"
+        )
+        self.ckpt_time = gauge(
+            "checkpoint_last_success_timestamp_seconds",
+            "When the newest checkpoint of the tier completed",
+            "tier",
+        )
+        self.ckpt_step = gauge("checkpoint_last_step", "Step of the newest checkpoint of the tier", "tier")
+        self.ckpt_persist = histogram(
+            "checkpoint_persist_seconds", "Background persist time of one checkpoint", PHASE_BUCKETS, "tier"
+        )
+        self.ckpt_skipped = counter(
+            "checkpoint_skipped_total",
+            "Due checkpoints skipped or coalesced (previous persist running)",
+            "tier",
+        )
+        self.ckpt_failures = counter("checkpoint_failures_total", "Checkpoints failed or timed out", "tier")
+        self.start_time.labels(self._rank).set_to_current_time()
+        self.launcher_restarts.labels(self._rank).set(restart_count)
+        self._process_start_s: float | None = None
+        self._detected_t: float | None = None
+        self._layer: str | None = None
+        self._ready_t: float | None = None
         if port is not None:
             from prometheus_client import start_http_server  # noqa: PLC0415
 
             start_http_server(port + local_rank, registry=self.registry)
 
     def step(self, *, step: int, step_s: float, ckpt_s: float, loss: float) -> None:
-        self.steps.inc()
-        self.step_seconds.observe(step_s)
-        self.ckpt_seconds.inc(ckpt_s)
-        self.loss.set(loss)
-        self.last_step.set(step)
+        rank = self._rank
+        self.steps.labels(rank).inc()
+        self.tokens.labels(rank).inc(self.tokens_per_step)
+        if step > self.high_water:
+            self.high_water = step
+            self.productive_steps.labels(rank).inc()
+            self.productive_seconds.labels(rank).inc(step_s)
+        else:
+            self.replayed_steps.labels(rank).inc()
+        self.step_seconds.labels(rank).observe(step_s)
+        self.stall_seconds.labels(rank).inc(ckpt_s)
+        self.loss.labels(rank).set(loss)
+        self.last_step.labels(rank).set(step)
+        if self._layer is not None and self._ready_t is not None:
+            self._phase("first_step", time.time() - self._ready_t)
+            self._layer = self._ready_t = None
         if step % self.every == 0:
             self.write()
+
+    def _phase(self, phase: str, seconds: float) -> None:
+        assert self._layer is not None  # noqa: S101
+        self.phase_seconds.labels(self._rank, self._layer, phase).observe(max(0.0, seconds))
+
+    def observe(self, event: dict[str, Any]) -> None:
+        """One event of this rank's stream (training/events.py lists the kinds)."""
+        kind, rank = event["kind"], self._rank
+        if kind == "process_ready":
+            self._process_start_s = float(event.get("setup_s", 0.0))
+        elif kind == "detected":
+            self._detected_t = event["t"]
+        elif kind == "attempt_start" and event.get("attempt", 0) > 0:
+            self._layer = "inprocess"
+            if self._detected_t is not None:
+                self._phase("teardown", event["t"] - self._detected_t)
+            self._detected_t = None
+        elif kind == "startup_done":
+            self._startup_done(event)
+        elif kind == "fault_injected":
+            self.faults.labels(rank, event.get("class", "?")).inc()
+        elif kind.startswith("checkpoint_"):
+            self._checkpoint(kind, event)
+
+    def _checkpoint(self, kind: str, event: dict[str, Any]) -> None:
+        rank, tier = self._rank, str(event.get("tier", "memory"))
+        if kind in {"checkpoint_committed", "checkpoint_staged"}:
+            self.ckpt_time.labels(rank, tier).set(event["t"])
+            self.ckpt_step.labels(rank, tier).set(event.get("step", -1))
+            if "seconds" in event:
+                self.ckpt_persist.labels(rank, tier).observe(event["seconds"])
+        elif kind == "checkpoint_skipped":
+            self.ckpt_skipped.labels(rank, tier).inc()
+        elif kind in {"checkpoint_failed", "checkpoint_timeout"}:
+            self.ckpt_failures.labels(rank, tier).inc()
+
+    def _startup_done(self, event: dict[str, Any]) -> None:
+        attempt = int(event.get("attempt", 0))
+        if attempt == 0:
+            if self.restart_count > 0:
+                self._layer = "ft_launcher"
+            elif int(event.get("restored_step", -1)) >= 0:
+                self._layer = "job_controller"  # a new pod that found a checkpoint: a replacement
+            else:
+                return  # the run's first start: no recovery
+            if self._process_start_s is not None:
+                self._phase("process_start", self._process_start_s)
+        if self._layer is None:
+            return
+        load_s = float(event.get("load_s", 0.0))
+        self._phase("rendezvous", float(event.get("startup_s", 0.0)) - load_s)
+        self._phase("restore", load_s)
+        self.recoveries.labels(self._rank, self._layer, str(event.get("tier", "none"))).inc()
+        self._ready_t = event["t"]
+
+    def metric_names(self) -> set[str]:
+        """Every series name this registry can expose, observed yet or not (a labelled metric shows
+        no sample before its first label set): the family's name with its type's suffixes."""
+        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+        return {
+            family.name + suffix
+            for family in self.registry.collect()
+            for suffix in suffixes.get(family.type, ("",))
+        }
 
     def write(self) -> None:
         from prometheus_client import write_to_textfile  # noqa: PLC0415

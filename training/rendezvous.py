@@ -15,6 +15,22 @@ the predecessor's last heartbeat in the stored state; the next sync of any agent
 NVRx's own dead-node removal. Nodes are recognized by the address they joined with (`--local-addr`,
 the pod's stable DNS name). The state format is NVRx's private one: anything unexpected is reported
 and left alone, and recovery falls back to waiting out the keep-alive.
+
+The same step reopens a closed rendezvous (budgets that nest, issue 16 part 5). A launcher that has
+used its `--max-restarts` leaves with ChildFailedError, and on the way out NVRx's launcher calls
+`clean_rdzv_shutdown(close=True)` (0.4.1; 0.7 calls `rdzv_handler.shutdown()`), which marks the
+rendezvous closed for good: with 0.4.1 `closed=True` in the pickled state (torch's dynamic rendezvous
+does the same), with 0.7's barrier rendezvous a `ft_rendezvous_barrier:<run id>:shutdown` key. Every
+replacement pod the Job controller starts would then die at once with RendezvousClosedError, and the
+Job's backoffLimitPerIndex would be dead weight. A replacement pod exists only while the Job has budget
+left, so the pod's own init step is the place that knows the close was not the job's end: it waits
+until the closing agents have left (a closed rendezvous's remaining members are all on their way out),
+then clears the close. NVRx offers no flag for this (0.4.1 and 0.7 close on every exit but a signal or
+an unhealthy node), and patching the launcher in-process would tie us to its private call order.
+The round number is kept: the store's keys are prefixed by it, so a reset would meet the previous
+generation's keys. With the `min-healthy` policy (0.4.1-0.5) NVRx counts restarts by that global round,
+so after a first exhaustion every further fault costs a pod per index (the Job's budget) rather than a
+launcher restart; with `any-failed` each new launcher starts with its whole budget.
 """
 
 from __future__ import annotations
@@ -26,11 +42,16 @@ import signal
 import sys
 import threading
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 LOG = logging.getLogger("nvrx_eks.rendezvous")
 STALE = datetime(2000, 1, 1)  # noqa: DTZ001 - NVRx keeps naive UTC heartbeat times
 """Heartbeat time written for an evicted node: older than any keep-alive window."""
+KEEP_ALIVE_WINDOW = timedelta(seconds=15)
+"""NVRx 0.4.1's hard-coded keep-alive: 5 s x 3 attempts; a member silent longer is dead."""
+BARRIER_SHUTDOWN_KEY = "ft_rendezvous_barrier:{run_id}:shutdown"
+"""NVRx 0.7's permanent close of the barrier rendezvous (ft_rendezvous_barrier.py, `shutdown_key`)."""
+Rendezvous = Literal["keep-alive", "barrier"]
 
 
 def serve(*, host: str, port: int, stop: threading.Event | None = None) -> None:
@@ -80,6 +101,56 @@ def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0
     return 0
 
 
+def _leaving_members(state: Any, now: datetime) -> list[Any]:  # noqa: ANN401 - NVRx's private state
+    """Members of a closed rendezvous still listed with a live heartbeat (they are on their way out)."""
+    listed = set(state.participants) | set(state.wait_list) | set(state.redundancy_list)
+    return [n for n in listed if state.last_heartbeats.get(n, STALE) > now - KEEP_ALIVE_WINDOW]
+
+
+def reopen(*, endpoint: str, run_id: str, rendezvous: Rendezvous, timeout_s: float = 30.0) -> bool:
+    """Clear a permanent close of run `run_id`'s rendezvous, once its closing members have left.
+
+    Returns whether it was closed. Called only from a pod the Job controller started, i.e. while the
+    Job still has budget (see the module docstring).
+    """
+    import time  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
+        C10dRendezvousBackend,
+    )
+
+    host, _, port = endpoint.rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    if rendezvous == "barrier":
+        key = BARRIER_SHUTDOWN_KEY.format(run_id=run_id)
+        return bool(store.check([key]) and store.delete_key(key))
+    backend = C10dRendezvousBackend(store, run_id)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = backend.get_state()
+        if current is None:
+            return False
+        raw, token = current
+        try:
+            state: Any = pickle.loads(raw)  # noqa: S301 - this job's own store, written by its agents
+            if not state.closed:
+                return False
+            leaving = _leaving_members(state, datetime.utcnow())  # noqa: DTZ003 - NVRx's naive UTC
+        except (pickle.UnpicklingError, AttributeError, ImportError) as exc:
+            LOG.warning("rendezvous state not understood (%s); not reopening it", exc)
+            return False
+        if leaving and time.monotonic() < deadline:
+            time.sleep(0.2)  # a closing agent removes itself, then closes: let it finish first
+            continue
+        if leaving:
+            LOG.warning("members %s still listed after %.0f s; reopening anyway", leaving, timeout_s)
+        state.closed = False
+        _, _, written = backend.set_state(pickle.dumps(state), token)
+        if written:
+            return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.rendezvous", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (all interfaces)")  # noqa: S104
@@ -90,13 +161,31 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--run-id", required=True, help="the launcher's --rdzv-id")
     ev.add_argument("--node-addr", required=True, help="the address the predecessor joined with")
     ev.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the store")
+    ev.add_argument(
+        "--rendezvous",
+        choices=["keep-alive", "barrier"],
+        default="keep-alive",
+        help="the launcher's rendezvous: NVRx <= 0.6 keep-alive state (evict + reopen), 0.7 barrier (reopen)",
+    )
+    ev.add_argument(
+        "--reopen-timeout", type=float, default=10.0, help="seconds to let closing members leave first"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "evict":
-        count = evict(
-            endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout
+        if args.rendezvous == "keep-alive":
+            count = evict(
+                endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout
+            )
+            print(f"evicted {count} stale rendezvous node(s) of {args.node_addr}", flush=True)
+        reopened = reopen(
+            endpoint=args.endpoint,
+            run_id=args.run_id,
+            rendezvous=args.rendezvous,
+            timeout_s=args.reopen_timeout,
         )
-        print(f"evicted {count} stale rendezvous node(s) of {args.node_addr}", flush=True)
+        if reopened:
+            print(f"reopened rendezvous {args.run_id}: a launcher out of restarts had closed it", flush=True)
         return 0
     serve(host=args.host, port=args.port)
     return 0

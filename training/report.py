@@ -6,12 +6,16 @@ report adds presentation only, so the numbers a test asserts are the numbers a u
 
 from __future__ import annotations
 
+import html
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kitcore.configio import UserError
 from training.events import read_events
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from rich.console import Console
@@ -30,7 +34,11 @@ SUMMARY_KEYS = (
     "final_params_sha256",
     "fault_free_params_sha256",
 )
-FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps_lost")
+FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps_lost", "tier", "phases")
+"""Each fault row of summary.json: `tier` is where the state came back from (memory, peer_memory, local,
+durable, none; the slowest rank's), `phases` the seconds from the fault to the next productive step as
+{detect_s, teardown_s, rendezvous_s, start_s, restore_s, first_step_s} (training.metrics.FaultPhases),
+or null when the run ended before every rank trained again."""
 
 
 def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> dict[str, Any]:
@@ -88,6 +96,7 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
             "-" if fault["steps_lost"] is None else str(fault["steps_lost"]),
         )
     console.print(faults)
+    print_phases(console, document["faults"])
 
     totals = Table(title="Run totals", title_justify="left", show_header=False)
     totals.add_column("figure")
@@ -108,6 +117,41 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     console.print(totals)
 
 
+PHASE_COLUMNS = (
+    ("detect_s", "detect"),
+    ("teardown_s", "down"),
+    ("rendezvous_s", "rdzv"),
+    ("start_s", "start"),
+    ("restore_s", "load"),
+    ("first_step_s", "step"),
+)
+
+
+def print_phases(console: Console, faults: list[dict[str, Any]]) -> None:
+    """Where each recovery's seconds went, fault to next productive step (training.metrics.FaultPhases)."""
+    from rich import box  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(
+        title="Recovery phases (s), fault -> next productive step: detect, teardown, rendezvous, "
+        "worker start, restore (load), first step",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,  # no column rules and no edge padding: a row fits an 80-column terminal
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("class", no_wrap=True, min_width=len("skip_collective"))
+    table.add_column("tier", no_wrap=True, min_width=len("peer_memory"))
+    for _, header in (*PHASE_COLUMNS, ("total_s", "total")):
+        table.add_column(header, justify="right", no_wrap=True, min_width=max(len(header), 5))
+    for fault in faults:
+        phases = fault.get("phases")
+        cells = [f"{phases[key]:.1f}" for key, _ in PHASE_COLUMNS] if phases else ["-"] * len(PHASE_COLUMNS)
+        total = f"{sum(phases[key] for key, _ in PHASE_COLUMNS):.1f}" if phases else "-"
+        table.add_row(fault["class"], fault.get("tier", "-"), *cells, total)
+    console.print(table)
+
+
 _CLASS_COLOURS = {
     "exception": "tab:orange",
     "hang": "tab:purple",
@@ -125,6 +169,7 @@ def plot_timeline(run_dir: Path, document: dict[str, Any], *, out: Path | None =
 
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.lines import Line2D  # noqa: PLC0415
 
     events = read_events(run_dir)
     t0 = min(e["t"] for e in events)
@@ -138,19 +183,20 @@ def plot_timeline(run_dir: Path, document: dict[str, Any], *, out: Path | None =
     ax_loss.set_ylabel("loss")
     ax_loss.set_xlabel("wall time (s)")
     injected = [e for e in events if e["kind"] == "fault_injected"]
+    legend: dict[str, Any] = {}
     for event, fault in zip(injected, document["faults"], strict=False):
         start = event["t"] - t0
         colour = _CLASS_COLOURS.get(fault["class"], "grey")
+        # A legend entry per class, not a label per fault: close faults' labels overlapped here
+        # (report.html's timeline labels each fault, in lanes).
+        legend.setdefault(fault["class"], Line2D([], [], color=colour, linestyle="--", linewidth=1))
         for axis in (ax_rate, ax_loss):
             axis.axvline(start, color=colour, linestyle="--", linewidth=1)
             if fault["recovery_s"] is not None:
                 axis.axvspan(start, start + fault["recovery_s"], color=colour, alpha=0.15)
-        ax_rate.annotate(
-            f"{fault['class']}\n{fault['layer']}",
-            (start, ax_rate.get_ylim()[1]),
-            fontsize=7,
-            va="top",
-            color=colour,
+    if legend:
+        ax_rate.legend(
+            legend.values(), legend.keys(), fontsize=7, loc="lower right", ncols=min(len(legend), 4)
         )
     ax_rate.set_title(
         f"{document['mode']}: training goodput {document['training_goodput']:.1%}, "
@@ -161,3 +207,284 @@ def plot_timeline(run_dir: Path, document: dict[str, Any], *, out: Path | None =
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+# ----- report.html ------------------------------------------------------------------------------
+# One self-contained page (inline CSS and SVG, no script, nothing fetched): the fault table, the
+# totals, the timeline and the bit-identity verdict. Written by the demo and `nvrx-eks report`.
+
+REPORT_FILE = "report.html"
+SVG_WIDTH = 1100
+PLOT_LEFT, PLOT_RIGHT = 60, 20
+LABEL_FONT_PX = 11
+LABEL_CHAR_EM = 0.62
+"""Advance per character of the label font, in em. Each label's text is drawn with
+`textLength` = its computed width (lengthAdjust spacingAndGlyphs), so the width the layout reserves
+is the width the browser draws, whatever monospace font it picks."""
+LABEL_GAP_PX = 6
+LANE_HEIGHT_PX = 16
+_HTML_COLOURS = {
+    "exception": "#ff7f0e",
+    "hang": "#9467bd",
+    "skip_collective": "#e377c2",
+    "oom": "#8c564b",
+    "sigkill": "#d62728",
+    "deadlock": "#bcbd22",
+    "node_loss": "#222222",
+}
+
+
+@dataclass(frozen=True)
+class LabelBox:
+    """A fault label on the timeline: x (left), width and lane (0 = top) in SVG pixels."""
+
+    index: int
+    """Position of the label's fault in the input."""
+    text: str
+    x: float
+    width: float
+    lane: int
+
+
+def label_width(text: str, font_px: float = LABEL_FONT_PX) -> float:
+    return len(text) * LABEL_CHAR_EM * font_px
+
+
+def place_labels(anchors: Sequence[tuple[float, str]], *, left: float, right: float) -> list[LabelBox]:
+    """Labels at their faults' x, in lanes so that no two overlap.
+
+    Each label spans [x, x + width) on its lane (shifted left to end at `right` when it would run
+    past it). Labels are taken left to right and each goes to the first lane whose last label ends
+    LABEL_GAP_PX before it starts (first-fit interval partitioning). Two labels on one lane are
+    therefore apart horizontally, and two on different lanes are LANE_HEIGHT_PX apart vertically,
+    more than the font's line height: no two boxes intersect, by construction.
+    """
+    boxes: list[LabelBox] = []
+    lane_ends: list[float] = []
+    spans = []
+    for index, (anchor, text) in enumerate(anchors):
+        width = label_width(text)
+        spans.append((max(left, min(anchor, right - width)), width, text, index))
+    for x, width, text, index in sorted(spans, key=lambda s: s[0]):
+        lane = next((i for i, end in enumerate(lane_ends) if end + LABEL_GAP_PX <= x), len(lane_ends))
+        if lane == len(lane_ends):
+            lane_ends.append(x + width)
+        else:
+            lane_ends[lane] = x + width
+        boxes.append(LabelBox(index=index, text=text, x=x, width=width, lane=lane))
+    return boxes
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def timeline_svg(events: Sequence[dict[str, Any]], document: dict[str, Any]) -> str:
+    """Rank 0's progress (step over wall time) with each fault and its recovery, labels in lanes."""
+    t0 = min(e["t"] for e in events)
+    t1 = max(e["t"] for e in events)
+    span = max(t1 - t0, 1e-6)
+    plot_w = SVG_WIDTH - PLOT_LEFT - PLOT_RIGHT
+    steps = [e for e in events if e["kind"] == "step" and e["rank"] == 0]
+    injected = [e for e in events if e["kind"] == "fault_injected"]
+    faults = list(zip(injected, document["faults"], strict=False))
+
+    def x_of(t: float) -> float:
+        return PLOT_LEFT + (t - t0) / span * plot_w
+
+    labels = place_labels(
+        [(x_of(event["t"]), f"{fault['class']} > {fault['layer']}") for event, fault in faults],
+        left=PLOT_LEFT,
+        right=SVG_WIDTH - PLOT_RIGHT,
+    )
+    lanes = 1 + max((b.lane for b in labels), default=0)
+    plot_top = 10 + lanes * LANE_HEIGHT_PX + 8
+    plot_h = 220
+    height = plot_top + plot_h + 40
+    max_step = max((e["step"] for e in steps), default=1) or 1
+
+    def y_of(step: float) -> float:
+        return plot_top + plot_h - step / max_step * plot_h
+
+    parts = [
+        (
+            f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{SVG_WIDTH}" height="{height}" '
+            f'viewBox="0 0 {SVG_WIDTH} {height}" role="img" aria-label="timeline of the run">'
+        ),
+        (
+            f'<rect x="{PLOT_LEFT}" y="{plot_top}" width="{plot_w}" height="{plot_h}" '
+            'fill="#fafafa" stroke="#999"/>'
+        ),
+    ]
+    for event, fault in faults:
+        colour = _HTML_COLOURS.get(fault["class"], "#777")
+        x = x_of(event["t"])
+        if fault["recovery_s"] is not None:
+            w = max(1.0, fault["recovery_s"] / span * plot_w)
+            parts.append(
+                f'<rect class="recovery" x="{x:.1f}" y="{plot_top}" '
+                f'width="{min(w, PLOT_LEFT + plot_w - x):.1f}" '
+                f'height="{plot_h}" fill="{colour}" fill-opacity="0.15"/>'
+            )
+        parts.append(
+            f'<line class="fault" x1="{x:.1f}" x2="{x:.1f}" y1="{plot_top}" y2="{plot_top + plot_h}" '
+            f'stroke="{colour}" stroke-dasharray="4 3"/>'
+        )
+    for box in labels:
+        y = 10 + box.lane * LANE_HEIGHT_PX + LABEL_FONT_PX
+        colour = _HTML_COLOURS.get(faults[box.index][1]["class"], "#777")
+        parts.append(
+            f'<text class="fault-label" x="{box.x:.1f}" y="{y}" font-family="monospace" '
+            f'font-size="{LABEL_FONT_PX}" textLength="{box.width:.1f}" lengthAdjust="spacingAndGlyphs" '
+            f'fill="{colour}">{_esc(box.text)}</text>'
+        )
+    if steps:
+        points = " ".join(f"{x_of(e['t']):.1f},{y_of(e['step']):.1f}" for e in steps)
+        parts.append(
+            f'<polyline class="progress" points="{points}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>'
+        )
+    for i in range(6):
+        t = span * i / 5
+        x = x_of(t0 + t)
+        parts.append(
+            f'<text x="{x:.1f}" y="{plot_top + plot_h + 16}" font-size="11" '
+            f'text-anchor="middle">{t:.0f} s</text>'
+        )
+    parts.append(
+        f'<text x="{PLOT_LEFT - 6}" y="{plot_top + 10}" font-size="11" text-anchor="end">{max_step}</text>'
+    )
+    parts.append(
+        f'<text x="{PLOT_LEFT - 6}" y="{plot_top + plot_h}" font-size="11" text-anchor="end">0</text>'
+    )
+    parts.append(
+        f'<text x="{PLOT_LEFT + plot_w / 2}" y="{height - 6}" font-size="11" text-anchor="middle">'
+        "wall time; line: rank 0's step; dashed: fault; shaded: recovery</text>"
+    )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 24px; }
+table { border-collapse: collapse; margin: 8px 0; }
+th, td { border: 1px solid #ccc; padding: 4px 10px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.verdict { display: inline-block; padding: 6px 12px; border-radius: 4px; font-weight: 600; }
+.ok { background: #e3f5e1; color: #1b5e20; } .bad { background: #fde2e1; color: #b71c1c; }
+.wrong { color: #b71c1c; font-weight: 600; }
+"""
+
+
+def _fault_rows(document: dict[str, Any]) -> str:
+    rows = []
+    for fault in document["faults"]:
+        layer, expected = fault["layer"], fault.get("expected_layer", fault["layer"])
+        cell = (
+            _esc(layer)
+            if layer == expected
+            else f'<span class="wrong">{_esc(layer)} (not {_esc(expected)})</span>'
+        )
+        lost = "-" if fault["steps_lost"] is None else fault["steps_lost"]
+        rows.append(
+            f"<tr><td>{_esc(fault['class'])}</td><td>{cell}</td><td class='num'>{fault['step']}</td>"
+            f"<td class='num'>{fault['rank']}</td><td class='num'>{_seconds(fault['detect_s'])}</td>"
+            f"<td class='num'>{_seconds(fault['recovery_s'])}</td><td class='num'>{lost}</td></tr>"
+        )
+    return "\n".join(rows)
+
+
+def _totals_rows(document: dict[str, Any]) -> str:
+    stall = document.get("stall_ratio")
+    rows = [
+        ("training goodput", f"{document['training_goodput']:.1%}"),
+        ("infra goodput", f"{document['infra_goodput']:.1%}"),
+        ("checkpoint efficiency", f"{document['checkpoint_efficiency']:.2%}"),
+        ("stall / floor", "-" if stall is None else f"{stall:.2f}x"),
+        ("wall time", _seconds(document.get("wall_s"))),
+        (
+            "productive / replayed steps",
+            f"{document.get('productive_steps', '-')} / {document.get('replayed_steps', '-')}",
+        ),
+        ("faults", str(len(document["faults"]))),
+        ("final params sha256", str(document["final_params_sha256"])),
+        ("fault-free params sha256", str(document["fault_free_params_sha256"])),
+    ]
+    return "\n".join(f"<tr><th>{_esc(k)}</th><td class='num'>{_esc(v)}</td></tr>" for k, v in rows)
+
+
+def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str) -> str:
+    identical = document["bit_identical"]
+    verdict = (
+        '<span id="verdict" class="verdict ok">bit-identical to the fault-free run</span>'
+        if identical
+        else '<span id="verdict" class="verdict bad">NOT bit-identical to the fault-free run</span>'
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>{_esc(title)}</h1>
+<p>mode <b>{_esc(document["mode"])}</b>, {document["steps"]} steps, {len(document["faults"])} faults.
+{verdict}</p>
+<h2>Timeline</h2>
+{timeline_svg(events, document)}
+<h2>Faults</h2>
+<table id="faults"><thead><tr><th>class</th><th>recovered by</th><th>step</th><th>rank</th><th>detect</th>
+<th>recovery</th><th>steps lost</th></tr></thead>
+<tbody>
+{_fault_rows(document)}
+</tbody></table>
+<h2>Totals</h2>
+<table id="totals"><tbody>
+{_totals_rows(document)}
+</tbody></table>
+</body></html>
+"""
+
+
+def write_html_report(
+    out_dir: Path, document: dict[str, Any], trainer_run_dir: Path, *, title: str | None = None
+) -> Path:
+    """`<out_dir>/report.html` from the summary document and the trainer run's event streams."""
+    events = read_events(trainer_run_dir)
+    if not events:
+        raise ValueError(f"{trainer_run_dir}: no events (expected events/rank-*.jsonl)")
+    path = out_dir / REPORT_FILE
+    path.write_text(
+        render_html(document, events, title=title or f"nvrx-eks run {out_dir.name}"), encoding="utf-8"
+    )
+    return path
+
+
+def trainer_run_dir(run_dir: Path) -> Path:
+    """The folder holding the trainer's `events/` in a run folder: the run itself (a trainer run), or
+    the one faulty run inside a demo / bench run folder (its fault-free reference is not reported)."""
+    if (run_dir / "events").is_dir():
+        return run_dir
+    found = sorted(
+        p.parent
+        for p in run_dir.rglob("events")
+        if p.is_dir() and any(p.glob("rank-*.jsonl")) and "fault-free" not in p.relative_to(run_dir).parts
+    )
+    if len(found) != 1:
+        listed = ", ".join(str(p) for p in found) or "none"
+        raise UserError(
+            f"{run_dir}: expected one trainer run (a folder with events/rank-*.jsonl) in it, found {listed}; "
+            "pass that folder"
+        )
+    return found[0]
+
+
+def report_run(run_dir: Path) -> Path:
+    """`nvrx-eks report RUN_DIR`: report.html from summary.json (or the events alone) into RUN_DIR."""
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run folder")
+    trainer_dir = trainer_run_dir(run_dir)
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        document = json.loads(summary.read_text(encoding="utf-8"))
+    else:
+        from training.metrics import summarize  # noqa: PLC0415
+
+        document = summary_document(summarize(trainer_dir), fault_free_sha256=None)
+    return write_html_report(run_dir, document, trainer_dir)

@@ -20,6 +20,19 @@ class ModelShape:
     seq_len: int
     rope_theta: float = 10000.0
 
+    @property
+    def num_params(self) -> int:
+        """Parameters of training/model.py's decoder with this shape (untied embedding and head)."""
+        head_dim = self.dim // self.num_heads
+        attention = 2 * self.dim * self.num_heads * head_dim + 2 * self.dim * self.num_kv_heads * head_dim
+        block = attention + 3 * self.dim * self.ffn_dim + 2 * self.dim
+        return 2 * self.vocab_size * self.dim + self.num_layers * block + self.dim
+
+    @property
+    def state_bytes(self) -> int:
+        """Checkpointed state of the whole model: fp32 parameters and AdamW's two fp32 moments."""
+        return self.num_params * 4 * 3
+
 
 PRESETS: dict[str, ModelShape] = {
     # CPU tests and the local demo: ~0.1 M parameters, milliseconds per step on one core.

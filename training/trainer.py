@@ -157,13 +157,62 @@ class Trainer:
         self.last_done = state["data"]["next_step"] - 1
         self.resilience.load_state_dict(state["resilience"])
 
-    def _memory_is_consistent(self) -> bool:
-        """After an in-process restart: did every rank finish the same steps? (then nothing to load)"""
-        if self.optimizer is None or parallel.shards_in_place(self.world):
-            return False
-        done = torch.tensor([self.last_done, -self.last_done], dtype=torch.int64, device=self.world.device)
+    def _in_memory_source(self) -> tuple[int, int] | None:
+        """After an in-process restart: can the ranks go on from the state in their memory?
+
+        Returns (source, newest step): source -1 when every rank finished the same steps (nothing to
+        copy), else the rank to copy from when some ranks are one step ahead; None when memory cannot
+        serve (sharded state, or a rank without a model) and the state must come from a checkpoint.
+
+        Why ranks can be one step apart: a gloo all-reduce completes on each rank on its own, so a fast
+        rank can apply step N's update and fail in step N+1 while a slow rank's copy of the same
+        collective is still in flight; the restart stops the slow one before its update (`_update`).
+        Never more than one: nobody can finish step N+1's collective without the slow rank. The data-
+        parallel replicas hold identical parameters and optimizer state after every update, and the
+        step consumes no global RNG (data is keyed by sample index), so a rank that finished step N
+        holds exactly what the slow rank would have computed: the slow rank takes it instead of every
+        rank rolling back to the newest snapshot. FSDP2 shards (CUDA) have no replica: checkpoint.
+        """
+        if parallel.shards_in_place(self.world):
+            return None
+        usable = self.optimizer is not None
+        # Every rank joins the same collectives whatever its state; -2 marks a rank that has none.
+        mine = self.last_done if usable else -2
+        done = torch.tensor([mine, -mine], dtype=torch.int64, device=self.world.device)
         parallel.wait(dist.all_reduce(done, op=dist.ReduceOp.MAX, async_op=True))
-        return int(done[0]) == -int(done[1])
+        newest, oldest = int(done[0]), -int(done[1])
+        if oldest == -2 or newest - oldest > 1:  # noqa: PLR2004 - the "no state" marker
+            return None
+        if newest == oldest:
+            return -1, newest
+        ahead = torch.tensor(
+            [self.world.rank if mine == newest else self.world.world_size], dtype=torch.int64
+        )
+        parallel.wait(dist.all_reduce(ahead, op=dist.ReduceOp.MIN, async_op=True))
+        return int(ahead[0]), newest
+
+    def _catch_up(self, source: int, newest: int) -> None:
+        """Ranks a step behind take the parameters and optimizer state of `source`, a rank ahead."""
+        assert self.module is not None  # noqa: S101
+        assert self.optimizer is not None  # noqa: S101
+        payload: list[Any] = [None]
+        if self.world.rank == source:
+            payload = [
+                {
+                    "step": self.last_done,
+                    "model": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                }
+            ]
+        # A rare path (one per restart that caught ranks apart) on replicated state: pickled over the
+        # CPU group is simple and exact; bounded by the collective timeout like the restore's reads.
+        dist.broadcast_object_list(payload, src=source)
+        state = payload[0]
+        if self.last_done < newest:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.events.emit("caught_up", source=source, from_step=self.last_done, to_step=state["step"])
+            self.last_done = state["step"]
 
     def _start_attempt(self) -> None:
         self.attempt += 1
@@ -176,9 +225,14 @@ class Trainer:
         # purpose, so line up on the store first.
         parallel.store_barrier(self.store, f"ready-{self.attempt}", self.world.world_size)
         load_started = time.perf_counter()
-        if self.attempt > 0 and self._memory_is_consistent():
-            # Parameters never left: re-wrap for the new process group and continue.
+        in_memory = self._in_memory_source() if self.attempt > 0 else None
+        if in_memory is not None:
+            # Parameters never left: re-wrap for the new process group and continue, the ranks a step
+            # behind from a rank ahead.
             assert self.module is not None  # noqa: S101
+            source, newest = in_memory
+            if source >= 0:
+                self._catch_up(source, newest)
             self.model = parallel.wrap(self.module, self.world)
             tier, restored_step = "inprocess", self.last_done
         else:
@@ -222,8 +276,8 @@ class Trainer:
         flight, never after it completed and before the update.
 
         Why: peers that finished the collective apply their update and may run on into the next step
-        (and fail there). A rank stopped in between would be a step behind them, and the restart would
-        have to roll every rank back to the newest snapshot (`_memory_is_consistent`). The restart's
+        (and fail there). A rank stopped in between would be a step behind them, and the next attempt
+        would have to copy the state over from a rank ahead (`_in_memory_source`). The restart's
         asynchronous exception lands only outside `atomic()`, so the completion check and the update
         sit inside one atomic section, and the wait polls outside it (`parallel.POLL_S`).
         """
@@ -287,5 +341,7 @@ class Trainer:
             (self.cfg.run_dir / "final.json").write_text(
                 json.dumps({"steps": self.cfg.steps, "final_params_sha256": digest}) + "\n"
             )
-        dist.barrier()
+        # On the store, not a collective: ranks get here seconds apart (each waited for its own
+        # persists), far more than the collective timeout, which a barrier here would trip.
+        parallel.store_barrier(self.store, f"finished-{self.attempt}", self.world.world_size)
         return digest

@@ -10,7 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk.lambda_layer_kubectl_v34 import KubectlV34Layer
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
 from infra import nag
@@ -18,6 +18,8 @@ from infra.constructs import launch_template as lt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from constructs import IConstruct
 
 EndpointKind = Literal["public", "private", "public_and_private"]
 
@@ -51,6 +53,9 @@ class TrainingCluster(Construct):
         endpoint_access: EndpointKind,
         public_access_cidrs: Sequence[str],
         admin_role_arn: str | None,
+        admin_principal_arns: Sequence[str] = (),
+        service_cidr: str | None = None,
+        log_group: IConstruct | None = None,
         system_instance_type: str,
         system_min_size: int,
         system_desired_size: int,
@@ -67,7 +72,8 @@ class TrainingCluster(Construct):
         endpoint = _ENDPOINTS[endpoint_access]
         if endpoint_access != "private":
             endpoint = endpoint.only_from(*public_access_cidrs)
-        # The kubectl/helm handler runs inside the VPC so it reaches a private endpoint, too.
+        # The kubectl/helm handler runs inside the VPC (private subnets, below), so it reaches the
+        # private endpoint: the default config keeps the API off the internet altogether.
         self.kubectl_security_group = ec2.SecurityGroup(
             self, "KubectlSecurityGroup", vpc=vpc, description="kubectl handler (Helm charts, manifests)"
         )
@@ -76,6 +82,7 @@ class TrainingCluster(Construct):
             "Cluster",
             cluster_name=cluster_name,
             version=eks.KubernetesVersion.of(kubernetes_version),
+            service_ipv4_cidr=service_cidr,
             vpc=vpc,
             vpc_subnets=[ec2.SubnetSelection(subnets=list(subnets))],
             endpoint_access=endpoint,
@@ -86,12 +93,17 @@ class TrainingCluster(Construct):
             # Only explicit access entries: the CloudFormation execution role needs no cluster rights.
             bootstrap_cluster_creator_admin_permissions=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=KubectlV34Layer(self, "KubectlLayer"),
+                # kubectl 1.35 is within kubectl's one-minor skew of every supported cluster version.
+                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
                 private_subnets=list(subnets),
                 security_groups=[self.kubectl_security_group],
             ),
             output_config_command=False,
         )
+        if log_group is not None:
+            # EKS creates /aws/eks/<name>/cluster itself unless it exists: the declared group (with
+            # retention and a key) must be there first.
+            self.cluster.node.add_dependency(log_group)
         self.cluster.cluster_security_group.add_ingress_rule(
             self.kubectl_security_group, ec2.Port.tcp(443), "kubectl handler to the API endpoint"
         )
@@ -102,7 +114,7 @@ class TrainingCluster(Construct):
             else iam.Role(
                 self,
                 "AdminRole",
-                assumed_by=iam.AccountRootPrincipal(),
+                assumed_by=_admin_principal(admin_principal_arns),
                 description=f"{cluster_name}: cluster administrators (assume it, then update-kubeconfig)",
             )
         )
@@ -128,7 +140,7 @@ class TrainingCluster(Construct):
             self,
             "SystemLaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-                metadata_options=lt.imds_options(lt.SYSTEM_IMDS_HOP_LIMIT),
+                metadata_options=lt.imds_options(lt.IMDS_HOP_LIMIT),
                 block_device_mappings=[lt.root_volume(50)],
             ),
         )
@@ -183,6 +195,21 @@ class TrainingCluster(Construct):
     @property
     def cluster_security_group_id(self) -> str:
         return self.cluster.cluster_security_group_id
+
+
+def _admin_principal(arns: Sequence[str]) -> iam.IPrincipal:
+    """Who may assume the created admin role.
+
+    With admin_principal_arns: exactly those roles/users. Without: the account, which in IAM means
+    no one by default: a principal of the account can assume the role only if its own identity policy
+    allows sts:AssumeRole on it, so the account's IAM administrators decide who administers the
+    cluster (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_elements_principal.html#principal-accounts).
+    Narrow it with admin_principal_arns, or bring your own role with admin_role_arn.
+    """
+    if not arns:
+        return iam.AccountRootPrincipal()
+    principals = [iam.ArnPrincipal(arn) for arn in arns]
+    return principals[0] if len(principals) == 1 else iam.CompositePrincipal(*principals)
 
 
 def _conditional_ecr_public_finding(handler: Construct) -> str:

@@ -87,6 +87,7 @@ class GpuNodeGroup(Construct):
         labels: Mapping[str, str] | None = None,
         taints: Sequence[Taint] = (),
         root_volume_gib: int = 200,
+        extra_security_group_ids: Sequence[str] = (),
     ) -> None:
         super().__init__(scope, id)
         if capacity != "on_demand" and reservation_id is None:
@@ -96,7 +97,7 @@ class GpuNodeGroup(Construct):
         self.profile = profile
         self.nodegroup_name = nodegroup_name
 
-        security_groups = [cluster_security_group_id]
+        security_groups = [cluster_security_group_id, *extra_security_group_ids]
         self.efa_security_group: ec2.SecurityGroup | None = None
         if profile.efa_devices:
             self.efa_security_group = EfaSecurityGroup(self, "EfaSecurityGroup", vpc=vpc)
@@ -108,7 +109,14 @@ class GpuNodeGroup(Construct):
                 self, "PlacementGroup", strategy=ec2.PlacementGroupStrategy.CLUSTER
             )
 
+        # Capacity Block node groups carry the instance type in the launch template, not in the node
+        # group (the EKS guide lists it as required there). Updating such a group (a new launch
+        # template version, an AMI release) replaces nodes: set its desired size to 0 first, or
+        # the update waits on capacity the block is already using.
+        # https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html
+        is_block = capacity == "capacity_block"
         data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+            instance_type=profile.name if is_block else None,
             block_device_mappings=[lt.root_volume(root_volume_gib)],
             metadata_options=lt.imds_options(),
             network_interfaces=lt.network_interfaces(profile, security_group_ids=security_groups),
@@ -171,5 +179,6 @@ class GpuNodeGroup(Construct):
         # so the instance type goes onto the L1 directly.
         cfn_nodegroup = self.nodegroup.node.default_child
         assert isinstance(cfn_nodegroup, eks.CfnNodegroup)  # noqa: S101 - narrows the type for the override
-        cfn_nodegroup.instance_types = [profile.name]
+        if not is_block:
+            cfn_nodegroup.instance_types = [profile.name]
         Tags.of(self).add("nvrx-eks/nodegroup", nodegroup_name)

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 # network hop into a pod's network namespace, so ordinary (non-hostNetwork) pods cannot read the
 # node role's credentials; they get their own through EKS Pod Identity.
 # https://docs.aws.amazon.com/eks/latest/best-practices/identity-and-access-management.html#_restrict_access_to_the_instance_profile_assigned_to_the_worker_node
+# System nodes too: they run the rendezvous store and controllers whose pods would otherwise reach
+# the node role. The controller there that looks its region up through IMDS (FSx CSI) falls back to
+# the Kubernetes API (the node's region label) when IMDS does not answer (the fallback shows in the
+# logs of kubernetes-sigs/aws-fsx-csi-driver#429); hostNetwork agents (VPC CNI, Pod Identity agent)
+# are not behind the extra hop.
 IMDS_HOP_LIMIT = 1
 
 # nodeadm (AL2023) assembles every instance-store NVMe disk into one RAID0 array and mounts it under
@@ -98,12 +103,6 @@ def nodeadm_user_data(profile: InstanceProfile) -> str:
         f"---\n{body}\n"
         f"--{boundary}--\n"
     )
-
-
-# System nodes run controllers (e.g. the FSx CSI controller) that look their region up through IMDS
-# from pod networking; they keep IMDSv2-only with the EKS default hop limit of 2. Training pods run
-# only on GPU nodes, which use IMDS_HOP_LIMIT.
-SYSTEM_IMDS_HOP_LIMIT = 2
 
 
 def imds_options(hop_limit: int = IMDS_HOP_LIMIT) -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:

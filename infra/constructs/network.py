@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import nag
+from infra.config import PRIVATE_SUBNET_MASK, PUBLIC_SUBNET_MASK
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -37,7 +39,8 @@ class Network(Construct):
         cidr: str,
         availability_zones: Sequence[str],
         gpu_availability_zone: str,
-        nat_gateways: int,
+        nat: Literal["gpu_zone", "per_zone"] = "gpu_zone",
+        log_key: kms.IKey | None = None,
         flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
@@ -48,12 +51,24 @@ class Network(Construct):
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(cidr),
             availability_zones=list(availability_zones),
-            nat_gateways=min(nat_gateways, len(availability_zones)),
+            # gpu_zone: the one NAT gateway sits in the GPU zone, so GPU nodes' egress (image pulls
+            # from outside ECR, Helm repositories) neither crosses zones nor fails with another zone;
+            # the other zones' private subnets route to it. per_zone: one NAT gateway per zone.
+            nat_gateways=1 if nat == "gpu_zone" else len(availability_zones),
+            nat_gateway_subnets=(
+                ec2.SubnetSelection(subnet_group_name="public", availability_zones=[gpu_availability_zone])
+                if nat == "gpu_zone"
+                else None
+            ),
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(
+                    name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=PUBLIC_SUBNET_MASK
+                ),
                 # /19 per AZ: the VPC CNI gives every pod a VPC address.
                 ec2.SubnetConfiguration(
-                    name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                    name="private",
+                    subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                    cidr_mask=PRIVATE_SUBNET_MASK,
                 ),
             ],
         )
@@ -62,8 +77,14 @@ class Network(Construct):
             subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, availability_zones=[gpu_availability_zone]
         ).subnets
 
+        # Flow logs name every peer the nodes talk to: encrypted with the stack's log key (whose
+        # policy lets CloudWatch Logs in this region use it), not only CloudWatch's default encryption.
         flow_logs = logs.LogGroup(
-            self, "FlowLogs", retention=flow_log_retention, removal_policy=RemovalPolicy.DESTROY
+            self,
+            "FlowLogs",
+            retention=flow_log_retention,
+            encryption_key=log_key,
+            removal_policy=RemovalPolicy.DESTROY,
         )
         self.vpc.add_flow_log(
             "FlowLog",

@@ -24,6 +24,23 @@ LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
 FSX_S3_ROLE_PATH = "role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"
 
 
+class LustreClientSecurityGroup(ec2.SecurityGroup):
+    """For the file system's clients (GPU nodes): Lustre traffic from the file system's servers.
+
+    LNet connects in both directions, so clients accept 988 and 1018-1023 from the file system's
+    security group (https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, vpc: ec2.IVpc) -> None:  # noqa: A002
+        super().__init__(
+            scope, id, vpc=vpc, description="FSx for Lustre clients: traffic from the file servers"
+        )
+
+    def allow_file_system(self, file_system_group: ec2.ISecurityGroup) -> None:
+        for port in LUSTRE_PORTS:
+            self.add_ingress_rule(file_system_group, port, "Lustre: FSx file servers to clients")
+
+
 class DurableStorage(Construct):
     """KMS key, checkpoint bucket (+ access-log bucket), FSx PERSISTENT_2 + DRA, ECR repository.
 
@@ -200,7 +217,7 @@ class DurableStorage(Construct):
         storage_capacity_gib: int,
         throughput_per_tib: int,
     ) -> fsx.LustreFileSystem:
-        security_group = ec2.SecurityGroup(
+        security_group = self.security_group = ec2.SecurityGroup(
             self,
             "FsxSecurityGroup",
             vpc=vpc,

@@ -95,6 +95,12 @@ def preflight(
     ],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the config.")] = None,
     profile: Profile = None,
+    job_values: Annotated[
+        Path | None,
+        typer.Option(
+            "--job-values", help="Job values YAML: also check its nodes + spares fit the GPU node group."
+        ),
+    ] = None,
 ) -> None:
     """Check the account can hold the configured GPU node groups, before `cdk deploy`.
 
@@ -113,6 +119,10 @@ def preflight(
         cfg = load_model(ClusterConfig, config, overrides or [])
         target = checks.target_from_config(cfg)
         results = checks.Preflight(session=_session(profile, cfg.region), target=target).run()
+        if job_values is not None:
+            from k8s.load import load_values  # noqa: PLC0415
+
+            results.append(checks.job_capacity(cfg, load_values(job_values, [])))
     Console(width=160).print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:
@@ -146,8 +156,8 @@ def values(
     from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     with _exit_codes():
+        doc = stack_values.load_roundtrip(output)  # a bad file is reported before any AWS call
         info = stack_values.read_stack(_session(profile, region), stack)
-        doc = stack_values.load_roundtrip(output)
         updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
         changed = stack_values.apply_updates(doc, updates)
         missing: list[str] = []
@@ -189,13 +199,15 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from infra.ops import jobs  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
     from k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
-    from k8s.values import JobValues  # noqa: PLC0415
-    from kitcore.configio import UserError, load_model  # noqa: PLC0415
+    from kitcore.configio import UserError  # noqa: PLC0415
 
     console = Console(stderr=True)
     with _exit_codes():
-        job_values = load_model(JobValues, values_file, overrides or [])
+        # The full check `job render` runs (the values' model, then the trainer's own parser on the
+        # rendered command line), before any cluster access: a bad field is named here, not in a pod.
+        job_values = load_values(values_file, overrides or [])
         if job_values.image == LOCAL_IMAGE:
             raise UserError(
                 f"{values_file}: image is {LOCAL_IMAGE!r} (this machine's virtualenv); a cluster needs the "

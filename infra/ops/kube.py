@@ -43,6 +43,7 @@ _KIND_ORDER = (
     "RoleBinding",
     "ConfigMap",
     "Secret",
+    "NetworkPolicy",  # before the pods it restricts: no moment with the job's ports open
     "PersistentVolumeClaim",
     "Service",
     "PodDisruptionBudget",
@@ -274,6 +275,19 @@ class PodView:
         return self.waiting_reason in FATAL_WAITING_REASONS
 
 
+def _termination(terminated: Any) -> str | None:  # noqa: ANN401 - V1ContainerStateTerminated
+    """Reason and exit code, and for a failure the cause from its termination message (the trainer's
+    FallbackToLogsOnError log tail: the launcher's failed ranks, k8s/termination.py)."""
+    from k8s.termination import failure_cause  # noqa: PLC0415
+
+    if terminated is None:
+        return None
+    text = f"{terminated.reason} (exit {terminated.exit_code})"
+    if terminated.exit_code and terminated.message:
+        text += f": {failure_cause(terminated.message).text}"
+    return text
+
+
 def pod_view(pod: Any) -> PodView:  # noqa: ANN401 - V1Pod
     from k8s.names import COMPONENT_LABEL  # noqa: PLC0415
 
@@ -281,7 +295,9 @@ def pod_view(pod: Any) -> PodView:  # noqa: ANN401 - V1Pod
     annotations = pod.metadata.annotations or {}
     statuses = (pod.status.container_statuses or []) if pod.status else []
     waiting = next((s.state.waiting for s in statuses if s.state and s.state.waiting), None)
-    terminated = next(
+    # A failed pod of the Job (restartPolicy Never) shows its end in `state`; a restarted one in
+    # `last_state`.
+    terminated = next((s.state.terminated for s in statuses if s.state and s.state.terminated), None) or next(
         (s.last_state.terminated for s in statuses if s.last_state and s.last_state.terminated), None
     )
     unschedulable = next(
@@ -302,9 +318,7 @@ def pod_view(pod: Any) -> PodView:  # noqa: ANN401 - V1Pod
         index=annotations.get("batch.kubernetes.io/job-completion-index"),
         waiting_reason=waiting.reason if waiting else None,
         waiting_message=waiting.message if waiting else None,
-        last_termination=(
-            f"{terminated.reason} (exit {terminated.exit_code})" if terminated is not None else None
-        ),
+        last_termination=_termination(terminated),
         unschedulable=unschedulable,
     )
 

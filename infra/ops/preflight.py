@@ -3,7 +3,9 @@
 For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
 EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
-maximum size. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
+maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
+cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
+offers. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from infra.ops.aws import ServiceError, aws_errors, error_code
+from kitcore import pins
 from kitcore.configio import UserError
 
 if TYPE_CHECKING:
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 
     from infra.config import ClusterConfig
     from infra.ops.aws import AwsSession
+    from k8s.values import JobValues
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 """As in infra/config.py CapacityConfig.type."""
@@ -67,10 +71,20 @@ class NodeGroupTarget:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AddonTarget:
+    """One EKS managed add-on at the version the stack will ask CreateAddon for."""
+
+    name: str
+    version: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class PreflightTarget:
     region: str
     availability_zone: str
     node_groups: tuple[NodeGroupTarget, ...]
+    kubernetes_version: str | None = None
+    addons: tuple[AddonTarget, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +122,7 @@ class Preflight:
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
         results.extend(self._quotas())
+        results.extend(self._guarded_addon(addon) for addon in self._target.addons)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -262,10 +277,72 @@ class Preflight:
             ),
         )
 
+    def _guarded_addon(self, addon: AddonTarget) -> CheckResult:
+        try:
+            return self._addon(addon)
+        except (UserError, ServiceError) as exc:
+            return CheckResult(check=ADDON_CHECK, subject=addon.name, status=Status.FAIL, detail=str(exc))
+
+    def _addon(self, addon: AddonTarget) -> CheckResult:
+        kubernetes = str(self._target.kubernetes_version)
+        offered = addon_versions(self._session.client("eks"), name=addon.name, kubernetes_version=kubernetes)
+        if addon.version in offered:
+            return CheckResult(
+                check=ADDON_CHECK,
+                subject=addon.name,
+                status=Status.PASS,
+                detail=f"{addon.version} is offered for Kubernetes {kubernetes}",
+            )
+        if not offered:
+            return CheckResult(
+                check=ADDON_CHECK,
+                subject=addon.name,
+                status=Status.FAIL,
+                detail=(
+                    f"EKS offers no {addon.name} version for Kubernetes {kubernetes} in {self._target.region}"
+                ),
+                fix="pick a kubernetes_version the add-on supports, or drop the add-on",
+            )
+        shown = ", ".join(offered[:ADDON_VERSIONS_SHOWN]) + (
+            " ..." if len(offered) > ADDON_VERSIONS_SHOWN else ""
+        )
+        return CheckResult(
+            check=ADDON_CHECK,
+            subject=addon.name,
+            status=Status.FAIL,
+            detail=f"{addon.version} is not offered for Kubernetes {kubernetes}; valid: {shown}",
+            fix=f"set {addon.name} for {kubernetes} in kitcore/pins.py EKS_ADDONS to one of: {shown}",
+        )
+
     def _vcpus_of(self, instance_type: str) -> int:
         if instance_type not in self._vcpus:
             self._instance_info(instance_type)
         return self._vcpus[instance_type]
+
+
+ADDON_CHECK = "add-on version"
+ADDON_VERSIONS_SHOWN = 8
+
+
+def addon_versions(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    *,
+    name: str,
+    kubernetes_version: str,
+) -> list[str]:
+    """The versions of add-on `name` EKS offers for `kubernetes_version`, newest first (the API's order)."""
+    versions: list[str] = []
+    with aws_errors("eks:DescribeAddonVersions"):
+        pages = eks.get_paginator("describe_addon_versions").paginate(
+            kubernetesVersion=kubernetes_version, addonName=name
+        )
+        for page in pages:
+            for found in page.get("addons", []):
+                for entry in found.get("addonVersions", []):
+                    version = entry["addonVersion"]
+                    if found.get("addonName") == name and version not in versions:
+                        versions.append(version)
+    return versions
 
 
 def check_reservation(
@@ -370,6 +447,12 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
     return PreflightTarget(
         region=config.region,
         availability_zone=config.gpu_availability_zone,
+        kubernetes_version=config.kubernetes_version,
+        # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
+        addons=tuple(
+            AddonTarget(name=pin.name, version=pin.version_for(config.kubernetes_version))
+            for pin in pins.EKS_ADDONS.values()
+        ),
         node_groups=tuple(
             NodeGroupTarget(
                 name=group.name,
@@ -398,3 +481,39 @@ def render_table(results: list[CheckResult]) -> object:
     for r in results:
         table.add_row(r.check, r.subject, f"[{style[r.status]}]{r.status.value}[/]", r.detail, r.fix)
     return table
+
+
+def job_capacity(config: ClusterConfig, values: JobValues) -> CheckResult:
+    """The job's nodes + warm spares fit the GPU node groups of its instance type at their max size.
+
+    Spares are real capacity (issue 16 part 3): a spare pod is scheduled on a node of its own before
+    any fault, so a node group sized for `num_nodes` alone would leave spares Pending and the lost
+    node's place empty. Checked offline from the two configs, beside the account checks.
+    """
+    needed = values.num_nodes + values.spares
+    groups = [g for g in config.gpu_node_groups if g.instance_type == values.instance_profile]
+    subject = f"{values.name}: {values.num_nodes} nodes + {values.spares} spares"
+    if not groups:
+        return CheckResult(
+            check="job capacity",
+            subject=subject,
+            status=Status.FAIL,
+            detail=f"no GPU node group of {values.instance_profile} in the cluster config",
+            fix="set the job's instance_profile to a node group's instance_type, or add a node group",
+        )
+    room = sum(g.max_size for g in groups)
+    names = ", ".join(g.name for g in groups)
+    if needed > room:
+        return CheckResult(
+            check="job capacity",
+            subject=subject,
+            status=Status.FAIL,
+            detail=f"needs {needed} {values.instance_profile} nodes; node group(s) {names} max {room}",
+            fix=f"raise max_size of {names} to {needed}, or lower spares / num_nodes in the job values",
+        )
+    return CheckResult(
+        check="job capacity",
+        subject=subject,
+        status=Status.PASS,
+        detail=f"{needed} of max {room} nodes in {names}",
+    )

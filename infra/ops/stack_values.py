@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from infra.ops.aws import aws_errors, error_code
 from infra.outputs import OUTPUT_KEYS
-from kitcore.configio import UserError
+from infra.revision import source_revision
+from kitcore.configio import UserError, read_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -28,7 +29,6 @@ FIELD_SOURCES: dict[tuple[str, ...], str] = {
     ("storage", "s3_bucket"): "CheckpointBucketName",
     ("storage", "s3_prefix"): "CheckpointPrefix",
 }
-DEFAULT_IMAGE_TAG = "latest"
 _SETTLED = ("_COMPLETE",)
 
 
@@ -108,16 +108,27 @@ def pick_instance_profile(info: StackInfo, *, node_group: str | None, current: s
     )
 
 
-def image_for(repository_uri: str, current: str | None) -> str:
-    """The repository from the stack with the user's tag or digest kept (else :latest)."""
+def image_for(repository_uri: str, current: str | None, *, default_tag: str | None = None) -> str:
+    """The repository from the stack with the user's tag or digest kept.
+
+    Without one: `default_tag`, else this checkout's revision, the tag `nvrx-eks image push` gives
+    the image built from it. Never `latest`: the repository's tags are immutable and a moving tag
+    would say nothing about which trainer a job ran.
+    """
     if current:
         name, at, digest = current.partition("@")
         if at:
             return f"{repository_uri}@{digest}"
         last = name.rsplit("/", 1)[-1]
-        if ":" in last:
+        if ":" in last and last.rsplit(":", 1)[1] != "latest":
             return f"{repository_uri}:{last.rsplit(':', 1)[1]}"
-    return f"{repository_uri}:{DEFAULT_IMAGE_TAG}"
+    tag = default_tag or source_revision()
+    if tag is None:
+        raise UserError(
+            f"no image tag to use: set image: {repository_uri}:<tag> in the values file, with the tag "
+            "`nvrx-eks image push` printed"
+        )
+    return f"{repository_uri}:{tag}"
 
 
 def stack_updates(info: StackInfo, current: dict[str, Any], *, node_group: str | None) -> dict[str, Any]:
@@ -151,10 +162,15 @@ def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
 
     if not path.exists():
         return CommentedMap()
+    text = read_text(path, what="job values YAML file")
     try:
-        data = _yaml().load(path.read_text())
+        data = _yaml().load(text)
     except YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({exc})") from None
+        # ruamel's marked errors carry the problem and where; its str() adds a page of context.
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
     if data is None:
         return CommentedMap()
     if not isinstance(data, dict):

@@ -15,13 +15,16 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
 from infra import nag
-from infra.addons import AddonContext, deploy_addons, standard_addons
+from infra.addons import AddonContext, deploy_addons, pod_identity_principal, standard_addons
 from infra.constructs.cluster import TrainingCluster
 from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
+from infra.constructs.launch_template import LOCAL_NVME_MOUNT
+from infra.constructs.logging import LogEncryption
 from infra.constructs.network import Network
-from infra.constructs.storage import DurableStorage
+from infra.constructs.storage import DurableStorage, LustreClientSecurityGroup
 from infra.outputs import OUTPUT_KEYS
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+from k8s.node_verification import NodeCheckSpec
 
 if TYPE_CHECKING:
     from constructs import Construct
@@ -38,13 +41,15 @@ class ClusterStack(Stack):
             description="nvrx-eks: EKS for fault-tolerant multi-node GPU training (EFA, FSx for Lustre, S3)",
         )
         self.config = config
+        self.logs = LogEncryption(self, "Logs", cluster_name=config.name)
         network = Network(
             self,
             "Network",
             cidr=config.vpc_cidr,
             availability_zones=config.availability_zones,
             gpu_availability_zone=str(config.gpu_availability_zone),
-            nat_gateways=config.nat_gateways,
+            nat=config.nat,
+            log_key=self.logs.key,
         )
         self.network = network
         training = TrainingCluster(
@@ -57,6 +62,9 @@ class ClusterStack(Stack):
             endpoint_access=config.endpoint_access,
             public_access_cidrs=config.public_access_cidrs,
             admin_role_arn=config.admin_role_arn,
+            admin_principal_arns=config.admin_principal_arns,
+            service_cidr=config.service_cidr,
+            log_group=self.logs.control_plane,
             system_instance_type=config.system_nodes.instance_type,
             system_min_size=config.system_nodes.min_size,
             system_desired_size=config.system_nodes.desired_size,
@@ -65,6 +73,8 @@ class ClusterStack(Stack):
         self.training_cluster = training
         cluster = training.cluster
 
+        # GPU nodes are the Lustre clients: the file system's servers open connections back to them.
+        lustre_clients = LustreClientSecurityGroup(self, "LustreClients", vpc=network.vpc)
         self.gpu_node_groups = [
             GpuNodeGroup(
                 self,
@@ -76,6 +86,7 @@ class ClusterStack(Stack):
                 subnets=network.gpu_subnets,
                 node_role=training.node_role,
                 cluster_security_group_id=training.cluster_security_group_id,
+                extra_security_group_ids=[lustre_clients.security_group_id],
                 min_size=group.min_size,
                 desired_size=group.desired_size,
                 max_size=group.max_size,
@@ -108,6 +119,7 @@ class ClusterStack(Stack):
             keep_images=config.ecr.keep_images,
         )
         self.storage = storage
+        lustre_clients.allow_file_system(storage.security_group)
 
         addons = deploy_addons(
             AddonContext(
@@ -127,7 +139,7 @@ class ClusterStack(Stack):
     def _training_identity(self, cluster: eks.ICluster) -> None:
         """The training service account's Pod Identity: the checkpoint prefix of the bucket, nothing else."""
         training = self.config.training
-        self.training_role = eks_pod_identity_role(self, "TrainingRole")
+        self.training_role = eks_pod_identity_role(self, "TrainingRole", cluster=cluster)
         self.storage.grant_checkpoint_prefix(self.training_role)
         nag.acknowledge(
             self.training_role,
@@ -146,7 +158,15 @@ class ClusterStack(Stack):
 
     def _cluster_objects(self, cluster: eks.Cluster, addons: dict[str, object]) -> None:
         training = self.config.training
-        kueue = None
+        kueue = node_check = None
+        check = self.config.node_check
+        if check.image_tag is not None:
+            node_check = NodeCheckSpec(
+                image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
+                interval_s=check.interval_s,
+                local_nvme_path=LOCAL_NVME_MOUNT,
+                dcgm_host=check.dcgm_host,
+            )
         if self.config.addons.kueue:
             groups = self.config.gpu_node_groups
             kueue = KueueQuota(
@@ -154,6 +174,7 @@ class ClusterStack(Stack):
                 efa_devices=sum(g.max_size * g.profile.efa_devices for g in groups),
                 cpu=sum(g.max_size * g.profile.vcpus for g in groups),
                 memory_gib=sum(g.max_size * g.profile.memory_gib for g in groups),
+                verified_nodes_only=node_check is not None,
             )
         chart = ClusterObjectsChart(
             cdk8s.App(),
@@ -166,6 +187,8 @@ class ClusterStack(Stack):
             storage_capacity_gib=self.storage.storage_capacity_gib,
             pvc_name=training.pvc_name,
             kueue=kueue,
+            node_check=node_check,
+            pod_monitors=self.config.addons.prometheus_pod_monitors,
         )
         manifest = cluster.add_cdk8s_chart("ClusterObjects", chart)
         manifest.node.add_dependency(self.training_cluster.system_nodegroup)
@@ -195,10 +218,10 @@ class ClusterStack(Stack):
             CfnOutput(self, key, value=values[key])
 
 
-def eks_pod_identity_role(scope: Construct, id: str) -> iam.Role:  # noqa: A002
+def eks_pod_identity_role(scope: Construct, id: str, *, cluster: eks.ICluster) -> iam.Role:  # noqa: A002
     return iam.Role(
         scope,
         id,
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        assumed_by=pod_identity_principal(cluster),
         description="nvrx-eks training pods: the checkpoint prefix of the checkpoint bucket",
     )

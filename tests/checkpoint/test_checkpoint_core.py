@@ -57,7 +57,7 @@ def test_shard_decode_rejects_truncation_and_foreign_files():
     [
         ({"implementation": "fast"}, "implementation"),
         ({"memory_every": 10, "local_dir": "/x", "local_every": 15}, "multiple of memory_every"),
-        ({"peer_replica": True}, "peer_replica"),
+        ({"peer_replicas": 1, "implementation": "sync"}, "peer_replicas"),
         ({"keep": 0}, "keep"),
         ({"durable_dir": "s3:///nobucket"}, "bucket"),
     ],

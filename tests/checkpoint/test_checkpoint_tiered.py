@@ -1,17 +1,20 @@
-"""The tiered checkpointer with its real NVRx writer processes: persist, fail, hang, kill -9."""
+"""The tiered checkpointer with its real writer threads: persist, fail, hang, kill -9."""
 
 from __future__ import annotations
 
+import threading
 import time
 
+import psutil
 import pytest
 import torch
 
 from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.persist import persist_slot
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import make_emitter
-from training.checkpoint.storage import disk_stores
+from training.checkpoint.storage import FileStore, disk_stores
 from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
 from training.checkpoint.torture import run_trials
 
@@ -99,7 +102,7 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
         assert len(stores[0][0].manifests(0)) <= config.keep
     finally:
         ckpt.close()
-    assert all(worker._queue is None for worker in ckpt.workers.values())
+    assert not any(worker.alive for worker in ckpt.workers.values())
 
 
 def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
@@ -122,3 +125,57 @@ def test_kill_9_during_persist_always_resumes_from_newest_committed(tmp_path):
     result = run_trials(root=tmp_path, trials=2, seed=3, max_kill_s=1.5)
     assert result["trials"] == 2
     assert result["ok"] == 2, result
+
+
+def test_persists_run_in_threads_no_writer_process(tmp_path):
+    """Issue 15: a restarted rank must not spawn (and re-import torch in) a process per disk tier."""
+    config = CheckpointConfig(
+        memory_dir=tmp_path / "shm",
+        memory_every=1,
+        local_dir=tmp_path / "local",
+        local_every=1,
+        durable_dir=str(tmp_path / "durable"),
+        durable_every=1,
+        keep=2,
+        fsync=False,
+    )
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    ckpt = TieredCheckpointer(
+        config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=make_emitter(None)
+    )
+    try:
+        steps = [0]
+        save_until(ckpt, steps, lambda: min(ckpt.stats.persisted.values(), default=0) >= 1, timeout_s=30)
+        spawned = {p.pid for p in psutil.Process().children(recursive=True)} - before
+        assert spawned == set()
+        assert all(worker.alive for worker in ckpt.workers.values())
+    finally:
+        ckpt.close()
+    assert not any(worker.alive for worker in ckpt.workers.values())
+
+
+def test_an_abandoned_persist_never_commits(tmp_path):
+    """The timeout guard cannot kill a thread: a persist cancelled before its commit leaves no shard,
+    no manifest and no temporary file, even though it read the whole slot."""
+    skeleton, tensors, layout = flatten(state_at(3))
+    slot = tmp_path / "slot.bin"
+    slot.write_bytes(b"".join(bytes(t.contiguous().view(torch.uint8).numpy()) for t in tensors))
+    cancelled = threading.Event()
+    cancelled.set()
+    outcome = persist_slot(
+        tier="local",
+        location=str(tmp_path / "local"),
+        fsync=False,
+        slot_path=str(slot),
+        header=encode_header(skeleton, layout),
+        data_bytes=layout.data_bytes,
+        step=3,
+        rank=0,
+        world_size=1,
+        keep=2,
+        cancelled=cancelled,
+    )
+    assert outcome["ok"] is False
+    assert "Cancelled" in outcome["error"]
+    assert FileStore(tier="local", root=tmp_path / "local").manifests() == {}
+    assert [p.name for p in (tmp_path / "local").rglob("*") if p.is_file()] == []

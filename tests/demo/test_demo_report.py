@@ -72,11 +72,13 @@ def _soft_fault_run(run_dir: Path) -> None:
             "index": 0,
         },
         {"t": 3.6, "kind": "detected", "pid": 1, "layer": "inprocess", "cause": "InjectedFaultError"},
+        {"t": 4.0, "kind": "attempt_start", "pid": 1, "attempt": 1},
         {
             "t": 4.5,
             "kind": "startup_done",
             "pid": 1,
             "restored_step": 2,
+            "load_s": 0.2,
             "tier": "inprocess",
             "state_bytes": 4_000_000,
             "memcpy_gbps": 4.0,
@@ -110,8 +112,75 @@ def test_summary_json_has_the_keys_other_tools_read(tmp_path):
     assert fault["recovery_s"] == pytest.approx(1.0)
     assert document["bit_identical"] is True
     assert document["stall_floor_s"] == pytest.approx(0.001)
+    # In process: the new attempt starts 0.4 s after detection, the group and barrier take the rest
+    # of the time to the restored state, the first step ends 0.5 s later; they add up to 5.0 - 3.5.
+    assert fault["tier"] == "memory"
+    assert fault["phases"] == pytest.approx(
+        {
+            "detect_s": 0.1,
+            "teardown_s": 0.4,
+            "rendezvous_s": 0.3,
+            "start_s": 0.0,
+            "restore_s": 0.2,
+            "first_step_s": 0.5,
+        }
+    )
     written = json.loads(write_summary(tmp_path, document).read_text())
     assert written == document
+
+
+def test_phases_of_a_launcher_restart_add_up_to_fault_to_first_step(tmp_path):
+    """SIGKILL of rank 1 at t=10: the survivor is stopped at 10.3, new workers are created at 11.0 and
+    11.1, ready at 13.0 / 13.2, restored from memory (load 0.3 / 0.4 s) and step again at 14.5 / 14.6."""
+    start = {"kind": "process_start", "mode": "ft_launcher", "steps": 4}
+    for rank, old, new in ((0, 1, 3), (1, 2, 4)):
+        late = rank * 0.1
+        events = [
+            start | {"t": 0.0, "pid": old},
+            {"t": 1.0, "kind": "startup_done", "pid": old, "restored_step": -1, "tier": "none"},
+            {"t": 2.0, "kind": "step", "pid": old, "step": 0, "step_s": 1.0},
+            {"t": 3.0, "kind": "step", "pid": old, "step": 1, "step_s": 1.0},
+        ]
+        if rank == 1:
+            events.append(
+                {
+                    "t": 10.0,
+                    "kind": "fault_injected",
+                    "pid": old,
+                    "class": "sigkill",
+                    "step": 2,
+                    "target_rank": 1,
+                    "expected_layer": "ft_launcher",
+                }
+            )
+        else:
+            events.append({"t": 10.3, "kind": "terminated", "pid": old, "layer": "ft_launcher"})
+        events += [
+            start | {"t": 12.0 + late, "pid": new, "created_t": 11.0 + late},
+            {"t": 13.0 + 2 * late, "kind": "process_ready", "pid": new},
+            {
+                "t": 14.0 + late,
+                "kind": "startup_done",
+                "pid": new,
+                "restored_step": 1,
+                "load_s": 0.3 + late,
+                "tier": "memory",
+            },
+            {"t": 14.5 + late, "kind": "step", "pid": new, "step": 2, "step_s": 0.5},
+            {"t": 15.0 + late, "kind": "step", "pid": new, "step": 3, "step_s": 0.5},
+        ]
+        _write(tmp_path, rank, events)
+    (fault,) = summarize(tmp_path).faults
+    assert fault.layer == "ft_launcher"
+    assert fault.tier == "memory"
+    assert fault.phases is not None
+    assert fault.phases.detect_s == pytest.approx(0.3)
+    assert fault.phases.teardown_s == pytest.approx(0.0)
+    assert fault.phases.start_s == pytest.approx(2.2)  # first creation 11.0 -> last ready 13.2
+    assert fault.phases.restore_s == pytest.approx(0.4)
+    assert fault.phases.rendezvous_s == pytest.approx(1.2)
+    assert fault.phases.first_step_s == pytest.approx(0.5)
+    assert fault.phases.total_s == pytest.approx(14.6 - 10.0)
 
 
 def test_a_different_hash_is_reported_as_not_identical(tmp_path):
@@ -126,7 +195,15 @@ def test_report_table_and_timeline(tmp_path):
     console = Console(record=True, width=80)  # names stay whole in a default terminal
     print_report(console, document)
     text = console.export_text()
-    for needle in ("exception", "inprocess", "training goodput", "bit-identical to fault-free", "yes"):
+    for needle in (
+        "exception",
+        "inprocess",
+        "training goodput",
+        "bit-identical to fault-free",
+        "yes",
+        "Recovery phases",
+        "rdzv",
+    ):
         assert needle in text
     wrong = document | {"faults": [document["faults"][0] | {"layer": "ft_launcher"}]}
     print_report(console := Console(record=True, width=80), wrong)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import shlex
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 
 from images import build
 from images.commands import register
+from kitcore import pins
 from kitcore.configio import UserError
 from kitcore.pins import IMAGE
 
@@ -52,7 +54,36 @@ def fake_engine(tmp_path, monkeypatch):
     return calls
 
 
-def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine):
+VERIFIED = dataclasses.replace(IMAGE, efa_installer_sha256="a" * 64, aws_ofi_nccl_sha256="b" * 64)
+
+
+def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engine):
+    # The shipped pins carry placeholders until the published checksums are recorded.
+    assert IMAGE.efa_installer_sha256 == pins.UNPUBLISHED_SHA256
+    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t0"])
+    assert isinstance(result.exception, UserError)
+    message = str(result.exception)
+    assert "efa_installer_sha256 is 'unpublished', not a sha256" in message
+    assert "aws_ofi_nccl_sha256" in message
+    assert "kitcore/pins.py" in message
+    assert fake_engine() == []
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"base_image": "nvcr.io/nvidia/pytorch:25.09-py3"}, "is not pinned by digest"),
+        ({"aws_ofi_nccl_sha256": "A" * 64}, "aws_ofi_nccl_sha256 is 'AAAA"),
+    ],
+)
+def test_a_tag_only_base_or_a_malformed_checksum_is_refused(change, problem):
+    with pytest.raises(UserError, match=problem):
+        build.check_verifiable(dataclasses.replace(VERIFIED, **change))
+    build.check_verifiable(VERIFIED)  # the same pins, verified, pass
+
+
+def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkeypatch):
+    monkeypatch.setattr(pins, "IMAGE", VERIFIED)
     result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t1"])
     assert result.exit_code == 0, result.output
     [call] = fake_engine()
@@ -62,9 +93,10 @@ def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine):
     assert argv[argv.index("--platform") + 1] == "linux/amd64"
     assert argv[-1] == str(build.REPO_ROOT)
     passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
-    assert passed == build.build_args(git_revision="t1")
+    assert passed == build.build_args(git_revision="t1", pins=VERIFIED)
     assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
     assert passed["BASE_IMAGE"] == IMAGE.base_image
+    assert passed["EFA_INSTALLER_SHA256"] == "a" * 64
     assert result.stdout.strip().endswith("nvrx-eks-training:t1")
 
 

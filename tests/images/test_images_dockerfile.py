@@ -133,6 +133,57 @@ def test_the_base_check_in_the_dockerfile_refuses_a_base_nvrx_cannot_install_on(
         assert f"needs {python_abi} / glibc >= 2.36" in done.stderr
 
 
+FETCH = DOCKERFILE.parent / "fetch-verified.sh"
+
+
+def test_every_download_goes_through_the_checksum_script():
+    # No unverified fetch left: nothing calls curl directly or pipes a download into tar.
+    assert not re.search(r"(RUN|&&)\s+curl\s", TEXT)
+    assert "| tar" not in TEXT
+    for stage in ("ofi", "runtime"):
+        body = _stages()[stage]
+        assert "source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified" in body
+        assert '"${EFA_INSTALLER_SHA256}" /tmp/efa.tar.gz' in body
+    assert '"${AWS_OFI_NCCL_SHA256}" /tmp/ofi.tar.gz' in _stages()["ofi"]
+    # The base is pinned by digest in the pins and in the Dockerfile's default.
+    assert re.fullmatch(r"[^@]+@sha256:[0-9a-f]{64}", IMAGE.base_image)
+    assert _arg_defaults(TEXT)["BASE_IMAGE"] == IMAGE.base_image
+
+
+def _fetch(tmp_path: Path, sha256: str) -> subprocess.CompletedProcess[str]:
+    source = tmp_path / "tarball.tar.gz"
+    if not source.exists():
+        source.write_bytes(b"not really a tarball, but bytes with a checksum\n")
+    return subprocess.run(
+        ["bash", str(FETCH), source.as_uri(), sha256, str(tmp_path / "out.tar.gz")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_fetch_verified_accepts_the_right_checksum_and_refuses_others(tmp_path):
+    import hashlib  # noqa: PLC0415
+
+    first = _fetch(tmp_path, "0" * 64)  # writes the source; wrong sum
+    assert first.returncode == 1
+    assert "sha256" in first.stderr
+    assert "!= pinned 0000" in first.stderr
+    assert not (tmp_path / "out.tar.gz").exists()  # a mismatch leaves nothing to unpack
+    right = hashlib.sha256((tmp_path / "tarball.tar.gz").read_bytes()).hexdigest()
+    ok = _fetch(tmp_path, right)
+    assert ok.returncode == 0, ok.stderr
+    assert (tmp_path / "out.tar.gz").read_bytes() == (tmp_path / "tarball.tar.gz").read_bytes()
+
+
+def test_fetch_verified_refuses_the_placeholder_without_downloading(tmp_path):
+    done = _fetch(tmp_path, IMAGE.efa_installer_sha256)
+    assert done.returncode == 1
+    assert "its pinned sha256 is 'unpublished', not a checksum" in done.stderr
+    assert not (tmp_path / "out.tar.gz").exists()
+
+
 def test_the_image_carries_only_the_trainer_and_the_core_below_it():
     # The layer contract (tests/test_layers.py) keeps the trainer's imports inside these two packages.
     copied = [line.split()[1] for line in _stages()["wheel"].splitlines() if line.startswith("COPY ")]

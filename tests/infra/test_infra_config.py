@@ -119,7 +119,7 @@ def test_capacity_block_config_targets_its_block():
             {"kubernetes_version": "1.29"},
             (
                 r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
-                r"use one of 1\.33, 1\.34"
+                r"use one of 1\.34, 1\.35"
             ),
         ),
         (
@@ -189,10 +189,10 @@ def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
     path.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace('kubernetes_version: "1.34"', "kubernetes_version: 1.30")
+        .replace('kubernetes_version: "1.35"', "kubernetes_version: 1.30")
     )
     with pytest.raises(
-        UserError, match=r'kubernetes_version: write the version as a quoted string such as "1.34"'
+        UserError, match=r'kubernetes_version: write the version as a quoted string such as "1.35"'
     ):
         load_model(ClusterConfig, path)
 

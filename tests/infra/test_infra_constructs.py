@@ -374,15 +374,29 @@ def test_addon_with_missing_dependency_fails_at_synth():
 def test_managed_addons_are_pinned_per_kubernetes_version():
     stack = Stack(App(), "Pinned", env=ENV)
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="test")
-    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.33", node_dependencies=[])  # type: ignore[arg-type]
+    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.34", node_dependencies=[])  # type: ignore[arg-type]
     deploy_addons(ctx, [ManagedAddon("kube-proxy"), ManagedAddon("vpc-cni")])
     template = Template.from_stack(stack)
     template.has_resource_properties(
         "AWS::EKS::Addon",
         {
             "AddonName": "kube-proxy",
-            "AddonVersion": Match.string_like_regexp(r"^v1\.33\."),
+            "AddonVersion": Match.string_like_regexp(r"^v1\.34\."),
             "ResolveConflicts": "OVERWRITE",
         },
     )
     assert json.dumps(template.to_json()).count("eksbuild") == 2
+
+
+def test_admin_role_trust_is_the_named_principals_when_given():
+    from infra.constructs.cluster import _admin_principal  # noqa: PLC0415
+
+    stack = Stack(App(), "Admin", env=ENV)
+    one = "arn:aws:iam::111111111111:role/platform-admins"
+    two = "arn:aws:iam::111111111111:user/oncall"
+    assert stack.resolve(_admin_principal([one]).policy_fragment.principal_json) == {"AWS": [one]}
+    both = stack.resolve(_admin_principal([one, two]).policy_fragment.principal_json)
+    assert sorted(both["AWS"]) == sorted([one, two])
+    # Without names: the account, i.e. whoever the account's IAM policies allow to assume it.
+    root = json.dumps(stack.resolve(_admin_principal([]).policy_fragment.principal_json))
+    assert ":root" in root

@@ -41,7 +41,7 @@ def test_example_values_exist():
 
 def test_every_object_validates_against_k8s_schema(rendered):
     for docs in rendered.values():
-        assert len(docs) == 4
+        assert len(docs) == 6  # 2 NetworkPolicies, the store Deployment + Service, the nodes Service, the Job
         for doc in docs:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -83,9 +83,13 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    # Pinned NVRx 0.7.0: barrier rendezvous only, so no eviction step and no min-healthy policy.
-    (check,) = pod["initContainers"]
+    # Pinned NVRx 0.7.0: barrier rendezvous only, so the init step after the self-check only reopens a
+    # rendezvous closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
+    check, reopen = pod["initContainers"]
     assert check["name"] == "selfcheck"
+    assert reopen["command"][:4] == ["python", "-m", "training.rendezvous", "evict"]
+    assert "--rendezvous=barrier" in reopen["command"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert not any("min-healthy" in a for a in c["command"])
     # The self-check sees what the ranks will: the same devices, env and mounts.
     assert check["resources"] == c["resources"]
@@ -166,7 +170,10 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10
     if mode != "baseline":
-        assert args.ft_rank_heartbeat_timeout == 30
+        assert args.ft_rank_heartbeat_timeout == 6
+        # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default (issue 15).
+        assert args.ft_workload_check_interval == 0.2
+        assert config.ft.heartbeat_timeout_floor_s == 6
         assert args.ft_restart_policy == ("min-healthy" if mode == "both" else "any-failed")
 
 
@@ -186,3 +193,21 @@ def test_golden_local_cpu(rendered, request):
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(text)
     assert golden.read_text() == text, "rendered manifests changed; review and rerun with UPDATE_GOLDEN=1"
+
+
+def test_warm_spares_are_pods_of_the_job_and_it_succeeds_with_num_nodes(tmp_path):
+    docs = _render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path, "spares=1")
+    (job,) = _by_kind(docs, "Job")
+    spec = job["spec"]
+    assert spec["completions"] == spec["parallelism"] == 3
+    # The launcher still admits num_nodes; the third agent waits in the redundancy list.
+    assert "--nnodes=2:2" in spec["template"]["spec"]["containers"][0]["command"]
+    assert spec["successPolicy"] == {"rules": [{"succeededCount": 2}]}
+
+
+def test_warm_spares_count_in_max_nodes_with_the_barrier_rendezvous(tmp_path):
+    docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "spares=1")
+    (job,) = _by_kind(docs, "Job")
+    assert job["spec"]["completions"] == 3
+    # NVRx 0.7 (the image's pin): max = active + standby; a node beyond max would be refused.
+    assert "--nnodes=2:3" in job["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -18,6 +18,7 @@ P5 = LOCAL.with_name("p5-2.yaml")
     ("values", "overrides", "message"),
     [
         (LOCAL, ["num_nodes=0"], "num_nodes: Input should be greater than or equal to 1"),
+        (LOCAL, ["spares=-1"], "spares: Input should be greater than or equal to 0"),
         (LOCAL, ["instance_profile=p9.huge"], "instance_profile: unknown instance type 'p9.huge'"),
         (LOCAL, ["mode=elastic"], "mode: Input should be 'baseline', 'inprocess', 'ft_launcher' or 'both'"),
         (LOCAL, ["name=Bad_Name"], "name: 'Bad_Name' must be a DNS label"),
@@ -45,8 +46,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         (
             LOCAL,
-            ["timeouts.launcher_initial_heartbeat_s=10"],
-            "launcher_initial_heartbeat_s (10) must be at least launcher_heartbeat_s (30)",
+            ["timeouts.launcher_initial_heartbeat_s=5"],
+            "launcher_initial_heartbeat_s (5) must be at least launcher_heartbeat_s (6)",
         ),
         (LOCAL, ["nvrx_version=0.1.0", "mode=inprocess"], "NVRx 0.1.0 lacks it"),
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),
@@ -61,6 +62,55 @@ P5 = LOCAL.with_name("p5-2.yaml")
             "launcher_heartbeat_s (4) must exceed one in-process recovery",
         ),
         (LOCAL, ["storage.fsx_mount_path=fsx"], "storage.fsx_mount_path: 'fsx' must be an absolute path"),
+        # Names the API server, the registry or S3 would refuse (after the job is rendered and applied).
+        (P5, ["image=ECR/Repo:v1"], "image: 'ECR/Repo:v1' is not an image reference"),
+        (P5, ["image=repo:tag with space"], "is not an image reference"),
+        (P5, ["image=repo@sha256:abc"], "is not an image reference"),
+        (P5, ["storage.s3_bucket=My_Bucket"], "storage.s3_bucket: 'My_Bucket' is not an S3 bucket name"),
+        (P5, ["storage.s3_bucket=a..b"], "no two adjacent periods"),
+        (P5, ["storage.s3_bucket=192.168.0.1"], "not formatted as an IP address"),
+        (P5, ["storage.s3_bucket=ckpt--ol-s3"], "not a reserved prefix"),
+        (LOCAL, ["service_account=Trainer_SA"], "service_account: 'Trainer_SA' is not a Kubernetes name"),
+        (LOCAL, ["storage.fsx_pvc=FSx"], "storage.fsx_pvc: 'FSx' is not a Kubernetes name"),
+        (LOCAL, ["priority_class=-x"], "priority_class: '-x' is not a Kubernetes name"),
+        (LOCAL, ["env.1BAD=x"], "env: '1BAD' is not an environment variable name"),
+        (LOCAL, ["env.HAS SPACE=x"], "'HAS SPACE' is not an environment variable name"),
+        (LOCAL, ["secret_env.9X={secret: s, key: k}"], "'9X' is not an environment variable name"),
+        (LOCAL, ["secret_env.HF_TOKEN={secret: Bad_Name, key: k}"], "secret: 'Bad_Name' is not a Kubernetes"),
+        (LOCAL, ["gpu_node_selector.health=not ok"], "health: 'not ok' is not a Kubernetes label value"),
+        (LOCAL, ["gpu_node_selector.bad key=x"], "label key 'bad key'"),
+        (LOCAL, ["system_node_selector.Bad_Prefix/x=y"], "the prefix 'Bad_Prefix' must be a DNS subdomain"),
+        (LOCAL, ["kueue_queue=" + "q" * 64], "is not a Kubernetes label value"),
+        # Devices the instance profile cannot give the pod.
+        (
+            LOCAL,
+            ["trainer.dist.device=cuda"],
+            "trainer.dist.device is cuda, but instance_profile local-cpu has no GPUs",
+        ),
+        (
+            LOCAL,
+            ["env.FI_PROVIDER=efa"],
+            "FI_PROVIDER ask for EFA, but instance_profile local-cpu has 0 EFA devices",
+        ),
+        (LOCAL, ["env.FI_EFA_USE_DEVICE_RDMA=1"], "has 0 EFA devices"),
+        # A planned fault the run never reaches, a rank the job lacks, two faults on one rank and step.
+        (
+            LOCAL,
+            ["trainer.faults.plan=exception@60:1"],
+            "faults.plan: 'exception@60:1' is at step 60, but the run's steps are 0..59; move it below 60",
+        ),
+        (
+            LOCAL,
+            ["trainer.faults.plan=sigkill@5:4"],
+            "faults.plan: 'sigkill@5:4' targets rank 4, but the job has ranks 0..3",
+        ),
+        (LOCAL, ["trainer.faults.plan=hang@5:1,oom@5:1"], "hit rank 1 at the same step"),
+        (LOCAL, ["trainer.faults.count=1", "trainer.faults.last_step=70"], "faults.last_step (70) is past"),
+        (
+            LOCAL,
+            ["trainer.faults.count=1", "trainer.faults.target_rank=9"],
+            "faults.target_rank (9) is not a rank",
+        ),
     ],
 )
 def test_bad_values_message(values, overrides, message):
@@ -85,3 +135,23 @@ def test_cli_bad_values_exit_2_without_traceback(tmp_path, nvrx_eks):
     assert proc.returncode == 2
     assert "num_nodes" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_render_onto_a_file_is_one_message(tmp_path, nvrx_eks):
+    target = tmp_path / "manifests.yaml"
+    target.write_text("keep me\n")
+    for out, message in ((target, "is a file"), (target / "sub", f"is below {target}, a file")):
+        proc = nvrx_eks("job", "render", "-f", str(LOCAL), "-o", str(out), timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert "jsii" not in proc.stderr
+    assert target.read_text() == "keep me\n"
+
+
+def test_values_without_a_collective_timeout_use_the_trainers_default():
+    """dist.timeout_s unset: the heartbeat check uses the trainer's default for the mode (was a TypeError)."""
+    values = load_values(LOCAL, ["trainer.dist.timeout_s=null"])
+    assert values.mode == "both"
+    with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\.5\)"):
+        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=4.5"])

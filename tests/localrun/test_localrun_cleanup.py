@@ -122,14 +122,6 @@ def test_faulty_run_leaves_no_process_port_folder_or_shared_memory_file(faulty_r
 
 
 @pytest.mark.timeout(660)
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN LEAK, issue 15: NVRx 0.4.1's persistent writer processes (training/checkpoint/"
-    "persist.py, AsyncCallsQueue under the spawn start method) hold named multiprocessing semaphores; "
-    "a SIGKILLed rank's or deleted pod's resource tracker dies with it and the sem.mp-* files stay "
-    "(0 left with trainer.checkpoint.implementation=sync). Thread writers remove them: strict, so "
-    "this xfail fails once they land and the marker must go.",
-)
 def test_faulty_run_leaves_no_semaphore(faulty_run):
     semaphores = [n for n in faulty_run["new_shm"] if n.startswith("sem.mp-")]
     assert not semaphores, f"{len(semaphores)} semaphores left in /dev/shm: {semaphores[:5]}"

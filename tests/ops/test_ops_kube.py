@@ -142,7 +142,12 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
     for manifest in manifests:
         group = manifest["apiVersion"]
         base = "/api/v1" if group == "v1" else f"/apis/{group}"
-        plural = {"Service": "services", "Deployment": "deployments", "Job": "jobs"}[manifest["kind"]]
+        plural = {
+            "NetworkPolicy": "networkpolicies",
+            "Service": "services",
+            "Deployment": "deployments",
+            "Job": "jobs",
+        }[manifest["kind"]]
         call = by_path[f"{base}/namespaces/training/{plural}/{manifest['metadata']['name']}"]
         assert call.headers["Content-Type"] == APPLY_CONTENT_TYPE
         assert call.query == {"fieldManager": FIELD_MANAGER, "force": "true"}
@@ -303,11 +308,15 @@ def test_submit_cli_applies_waits_and_prints_how_to_follow(cli, manifests, tmp_p
     )
     result = cli("job", "submit", "-f", str(path), api_client=client)
     assert result.exit_code == 0, result.output
-    assert "applied: Service/demo-rdzv" in result.output
+    assert (
+        "applied: NetworkPolicy/demo-ingress, NetworkPolicy/demo-egress, Service/demo-rdzv" in result.output
+    )
     assert "kubectl logs -n training -f -l nvrx-eks/job=demo" in result.output
     patched = [c.body for c in rec.calls if c.method == "PATCH"]
-    # Services before the store's Deployment before the Job; each body is a rendered manifest.
-    assert [m["kind"] for m in patched] == ["Service", "Service", "Deployment", "Job"]
+    # NetworkPolicies before any pod, Services before the store's Deployment before the Job; each body
+    # is a rendered manifest.
+    kinds = [m["kind"] for m in patched]
+    assert kinds == ["NetworkPolicy", "NetworkPolicy", "Service", "Service", "Deployment", "Job"]
     key = lambda m: (m["kind"], m["metadata"]["name"])  # noqa: E731
     assert sorted(patched, key=key) == sorted(manifests, key=key)
 
@@ -400,3 +409,24 @@ def test_status_of_an_unknown_job_exits_2(cli):
     result = cli("job", "status", "nope", "--no-checkpoints", api_client=client)
     assert result.exit_code == 2
     assert "not found while trying to read Job nope" in result.output
+
+
+def test_status_names_a_failed_pods_cause_from_its_termination_message(manifests):
+    job = next(m for m in manifests if m["kind"] == "Job")
+    failed = _pod("demo-1", phase="Failed")
+    failed["status"]["containerStatuses"][0]["state"] = {
+        "terminated": {
+            "exitCode": 1,
+            "reason": "Error",
+            # The trainer's FallbackToLogsOnError tail: NVRx 0.4.1's launcher out of restarts.
+            "message": "Some rank(s) exited with non-zero exit code: {3: ProcessFailure(local_rank=1, "
+            "pid=6791, exitcode=-9, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+            "message='Signal 9 (SIGKILL) received by PID 6791', timestamp=1796123242)}. "
+            "Agent's exit code = 1",
+        }
+    }
+    pods = _pods(_pod("demo-0"), failed)
+    client, _ = _client({("GET", JOB_PATH): [(200, job)], ("GET", PODS_PATH): [pods]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    view = next(p for p in status.pods if p.name == "demo-1")
+    assert view.last_termination == "Error (exit 1): worker rank 3 exit code -9 (Signal 9 (SIGKILL))"

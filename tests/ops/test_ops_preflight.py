@@ -12,13 +12,16 @@ from botocore.stub import Stubber
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
+    AddonTarget,
     NodeGroupTarget,
     Preflight,
     PreflightTarget,
     Status,
     check_reservation,
     quota_for,
+    target_from_config,
 )
+from kitcore import pins
 from kitcore.configio import UserError
 
 P_QUOTA = "L-417A185B"
@@ -360,14 +363,17 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
 
 def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
-    assert result.output.count("pass") == 7  # credentials + 2 x (offered, EFA) + 2 quotas
+    # credentials + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on
+    assert result.output.count("pass") == 7 + len(pins.EKS_ADDONS)
 
 
 def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 3
     assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
@@ -390,3 +396,165 @@ def test_retry_policy_is_standard_unless_the_profile_says_otherwise(make_session
     monkeypatch.setenv("AWS_CONFIG_FILE", str(profile))
     config = retry_config(make_session().session)
     assert config.retries == {"mode": "adaptive", "total_max_attempts": 3}
+
+
+def test_job_capacity_counts_spares_against_the_node_groups_max_size():
+    from pathlib import Path  # noqa: PLC0415
+
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from infra.ops.preflight import Status, job_capacity  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_model(ClusterConfig, root / "infra/configs/default.yaml", [])
+    (group,) = [g for g in config.gpu_node_groups if g.instance_type == "p5.48xlarge"] or [None]
+    assert group is not None, "default.yaml has a p5.48xlarge node group"
+    values_file = root / "k8s/values/p5-2.yaml"
+    fits = job_capacity(config, load_values(values_file, [f"spares={group.max_size - 2}"]))
+    assert fits.status == Status.PASS, fits
+    over = job_capacity(config, load_values(values_file, [f"spares={group.max_size - 1}"]))
+    assert over.status == Status.FAIL
+    assert f"needs {group.max_size + 1} p5.48xlarge nodes" in over.detail
+    assert "spares" in over.fix
+
+
+# -- EKS add-on versions (describe-addon-versions: not in moto, so botocore's Stubber) --------------
+
+
+def _addon_page(name: str, versions: list[str], kubernetes: str, then: str | None = None) -> dict:
+    page: dict = {
+        "addons": [
+            {
+                "addonName": name,
+                "type": "networking",
+                "addonVersions": [
+                    {
+                        "addonVersion": version,
+                        "architecture": ["amd64", "arm64"],
+                        "compatibilities": [{"clusterVersion": kubernetes, "defaultVersion": i == 0}],
+                    }
+                    for i, version in enumerate(versions)
+                ],
+            }
+        ]
+        if versions
+        else []
+    }
+    if then:
+        page["nextToken"] = then
+    return page
+
+
+def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
+    """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
+    `offered` says otherwise."""
+    stubber = Stubber(session.client("eks"))
+    for pin in pins.EKS_ADDONS.values():
+        versions = (offered or {}).get(pin.name, [pin.version_for(kubernetes)])
+        stubber.add_response(
+            "describe_addon_versions",
+            _addon_page(pin.name, versions, kubernetes),
+            {"kubernetesVersion": kubernetes, "addonName": pin.name},
+        )
+    stubber.activate()
+    return stubber
+
+
+def _addon_target(*addons: AddonTarget, kubernetes: str = "1.35") -> PreflightTarget:
+    return PreflightTarget(
+        region="us-east-1",
+        availability_zone="us-east-1a",
+        node_groups=(),
+        kubernetes_version=kubernetes,
+        addons=addons,
+    )
+
+
+def _quietly_identified(session) -> None:
+    sts = Stubber(session.client("sts"))
+    sts.add_response(
+        "get_caller_identity",
+        {"Account": "123456789012", "Arn": "arn:aws:iam::123456789012:user/ops", "UserId": "AIDEXAMPLE"},
+    )
+    sts.activate()
+
+
+def test_target_checks_every_pinned_addon_at_the_clusters_version(tmp_path):
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
+
+    config_file = tmp_path / "cluster.yaml"
+    config_file.write_text(CONFIG + 'kubernetes_version: "1.34"\n')
+    target = target_from_config(load_model(ClusterConfig, config_file))
+    assert target.kubernetes_version == "1.34"
+    assert {(a.name, a.version) for a in target.addons} == {
+        (pin.name, pin.version_for("1.34")) for pin in pins.EKS_ADDONS.values()
+    }
+
+
+def test_an_addon_version_eks_does_not_offer_fails_listing_the_valid_ones(plain_session):
+    _quietly_identified(plain_session)
+    stubber = Stubber(plain_session.client("eks"))
+    # Two pages: the paginator follows nextToken, and every version of both pages is listed.
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page("vpc-cni", ["v1.21.1-eksbuild.3", "v1.21.0-eksbuild.4"], "1.35", then="t1"),
+        {"kubernetesVersion": "1.35", "addonName": "vpc-cni"},
+    )
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page("vpc-cni", ["v1.20.4-eksbuild.1"], "1.35"),
+        {"kubernetesVersion": "1.35", "addonName": "vpc-cni", "nextToken": "t1"},
+    )
+    stubber.activate()
+    results = Preflight(
+        session=plain_session, target=_addon_target(AddonTarget(name="vpc-cni", version="v1.19.0-eksbuild.1"))
+    ).run()
+    stubber.assert_no_pending_responses()
+    row = _by_check(results, "add-on version", "vpc-cni")
+    assert row.status is Status.FAIL
+    assert "v1.19.0-eksbuild.1 is not offered for Kubernetes 1.35" in row.detail
+    assert "valid: v1.21.1-eksbuild.3, v1.21.0-eksbuild.4, v1.20.4-eksbuild.1" in row.detail
+    assert "kitcore/pins.py" in row.fix
+
+
+def test_an_offered_pin_passes_and_an_unknown_addon_fails(plain_session):
+    _quietly_identified(plain_session)
+    stubber = Stubber(plain_session.client("eks"))
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page("coredns", ["v1.13.2-eksbuild.1"], "1.35"),
+        {"kubernetesVersion": "1.35", "addonName": "coredns"},
+    )
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page("nope", [], "1.35"),
+        {"kubernetesVersion": "1.35", "addonName": "nope"},
+    )
+    stubber.activate()
+    results = Preflight(
+        session=plain_session,
+        target=_addon_target(
+            AddonTarget(name="coredns", version="v1.13.2-eksbuild.1"), AddonTarget(name="nope", version="v1")
+        ),
+    ).run()
+    assert _by_check(results, "add-on version", "coredns").status is Status.PASS
+    missing = _by_check(results, "add-on version", "nope")
+    assert missing.status is Status.FAIL
+    assert "EKS offers no nope version for Kubernetes 1.35" in missing.detail
+
+
+def test_addon_access_denied_is_that_rows_failure(plain_session):
+    _quietly_identified(plain_session)
+    stubber = Stubber(plain_session.client("eks"))
+    stubber.add_client_error(
+        "describe_addon_versions", service_error_code="AccessDeniedException", http_status_code=403
+    )
+    stubber.activate()
+    results = Preflight(
+        session=plain_session, target=_addon_target(AddonTarget(name="vpc-cni", version="v1"))
+    ).run()
+    row = _by_check(results, "add-on version", "vpc-cni")
+    assert row.status is Status.FAIL
+    assert "eks:DescribeAddonVersions" in row.detail

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -11,7 +12,9 @@ from typer.testing import CliRunner
 
 from infra.ops import commands
 from infra.ops.stack_values import OUTPUT_KEYS, image_for
+from infra.revision import source_revision
 from k8s.values import JobValues
+from kitcore.configio import UserError
 
 REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer"
 OUTPUTS = {
@@ -62,7 +65,7 @@ trainer:
   model: small
   steps: 5000
 storage:
-  local_nvme_path: /mnt/k8s-disks/0   # node NVMe
+  local_nvme_path: /mnt/k8s-disks/0/nvrx-checkpoints   # node NVMe
 """
 
 
@@ -80,12 +83,13 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     assert data["name"] == "llama-ft"
     assert data["trainer"] == {"model": "small", "steps": 5000}
     assert data["mode"] == "ft_launcher"
-    assert data["image"] == f"{REPO}:latest"
+    # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image.
+    assert data["image"] == f"{REPO}:{source_revision()}"
     assert data["namespace"] == "train"
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
     assert data["storage"] == {
-        "local_nvme_path": "/mnt/k8s-disks/0",
+        "local_nvme_path": "/mnt/k8s-disks/0/nvrx-checkpoints",
         "fsx_pvc": "fsx-ckpt",
         "s3_bucket": "nvrx-eks-checkpoints-123456789012",
         "s3_prefix": "ckpt/",
@@ -149,15 +153,34 @@ def test_values_that_stop_validating_are_refused(cli, moto_session, tmp_path):
 @pytest.mark.parametrize(
     ("current", "expected"),
     [
-        (None, f"{REPO}:latest"),
-        ("local", f"{REPO}:latest"),
+        (None, f"{REPO}:0123abcd4567"),
+        ("local", f"{REPO}:0123abcd4567"),
         ("old.example.com/team/trainer:v3", f"{REPO}:v3"),
-        ("localhost:5000/trainer", f"{REPO}:latest"),
+        ("old.example.com/team/trainer:latest", f"{REPO}:0123abcd4567"),
+        ("localhost:5000/trainer", f"{REPO}:0123abcd4567"),
         ("x/trainer@sha256:abc", f"{REPO}@sha256:abc"),
     ],
 )
 def test_image_keeps_the_users_tag_or_digest(current, expected):
-    assert image_for(REPO, current) == expected
+    assert image_for(REPO, current, default_tag="0123abcd4567") == expected
+
+
+def test_image_without_a_tag_is_never_latest(monkeypatch):
+    from infra.ops import stack_values  # noqa: PLC0415
+
+    assert image_for(REPO, None) == f"{REPO}:{source_revision()}"
+    assert not image_for(REPO, "x:latest").endswith(":latest")
+    # Outside a git checkout there is no revision to name: say what to set instead of guessing.
+    monkeypatch.setattr(stack_values, "source_revision", lambda: None)
+    with pytest.raises(UserError, match=r"no image tag to use: set image: .*:<tag>"):
+        image_for(REPO, "local")
+
+
+def test_example_values_name_no_moving_tag():
+    for path in sorted((Path(__file__).resolve().parents[2] / "k8s" / "values").glob("*.yaml")):
+        image = yaml.safe_load(path.read_text())["image"]
+        assert not image.endswith(":latest"), path.name
+        assert image == "local" or ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, path.name
 
 
 def test_contract_output_keys():

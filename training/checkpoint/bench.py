@@ -9,6 +9,8 @@ copy overlaps the next forward/backward exactly as in training/trainer.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import statistics
@@ -22,6 +24,8 @@ import torch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from training.checkpoint.config import CheckpointConfig
 
 
 def make_state(total_bytes: int) -> dict[str, Any]:
@@ -116,7 +120,7 @@ def run_loop(
     work = torch.randn(256, 256)
     update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
     # Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the
-    # writer processes start (NVRx spawns them).
+    # writer threads start.
     ckpt.save(0, state)
     ckpt.wait()
     deadline = time.monotonic() + 120
@@ -189,8 +193,47 @@ def _timed_dcp_save(state: dict[str, Any], path: Path) -> float:
         dist.destroy_process_group()
 
 
+def _write_json(
+    path: Path | None,
+    *,
+    nbytes: int,
+    bandwidth: float,
+    step_s: float,
+    rows: list[Row],
+    durable_s: float | None,
+    restore: dict[str, float],
+) -> None:
+    """The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run."""
+    if path is None:
+        return
+    document = {
+        "state_bytes": nbytes,
+        "memcpy_gbps": bandwidth / 1e9,
+        "floor_s": nbytes / bandwidth,
+        "step_s": step_s,
+        "durable_write_s": durable_s,
+        "restore_s": restore,
+        "rows": [dataclasses.asdict(row) for row in rows],
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"\ncheckpoint-bench.json: {path}")
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+def _restore_times(config: CheckpointConfig) -> dict[str, float]:
+    """Seconds to read and verify step 1 back from each tier."""
+    from training.checkpoint.restore import StoreSource  # noqa: PLC0415
+    from training.checkpoint.storage import disk_stores  # noqa: PLC0415
+    from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
+
+    memory = MemoryTier(root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu"))
+    times = {"memory": timed(lambda: memory.load(1, 0))}
+    for store, _, shared in disk_stores(config):
+        times[store.tier] = timed(lambda s=store, sh=shared: StoreSource(s, shared=sh).load(1, 0))
+    return times
 
 
 def bench(
@@ -202,12 +245,10 @@ def bench(
     checkpoints: int,
     torture_trials: int,
     workdir: Path | None,
+    json_out: Path | None = None,
 ) -> None:
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
-    from training.checkpoint.restore import StoreSource  # noqa: PLC0415
-    from training.checkpoint.storage import disk_stores  # noqa: PLC0415
-    from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
     from training.checkpoint.torture import run_trials  # noqa: PLC0415
 
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
@@ -294,15 +335,20 @@ def bench(
         ckpt.save(1, state)
         ckpt.wait()
         ckpt.close()
-        memory = MemoryTier(
-            root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu")
-        )
-        times = {"memory": timed(lambda: memory.load(1, 0))}
-        for store, _, shared in disk_stores(config):
-            times[store.tier] = timed(lambda s=store, sh=shared: StoreSource(s, shared=sh).load(1, 0))
+        times = _restore_times(config)
         print(
             "\nrestore (read + verify, page cache warm for the disk tiers) "
             + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
+        )
+
+        _write_json(
+            json_out,
+            nbytes=nbytes,
+            bandwidth=bandwidth,
+            step_s=step_s,
+            rows=rows,
+            durable_s=durable_s if durable else None,
+            restore=times,
         )
 
         if torture_trials:

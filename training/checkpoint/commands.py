@@ -27,6 +27,12 @@ def register(bench: typer.Typer) -> None:
         workdir: Annotated[
             Path | None, typer.Option(help="Folder for the disk tiers (default: system temp).")
         ] = None,
+        json_out: Annotated[
+            Path | None,
+            typer.Option(
+                "--json-out", help="Also write the figures as JSON (read by `nvrx-eks plan --from`)."
+            ),
+        ] = None,
     ) -> None:
         """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP, restore per tier, kill -9."""
         from training.checkpoint.bench import bench as run  # noqa: PLC0415
@@ -39,4 +45,5 @@ def register(bench: typer.Typer) -> None:
             checkpoints=checkpoints,
             torture_trials=torture_trials,
             workdir=workdir,
+            json_out=json_out,
         )

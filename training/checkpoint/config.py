@@ -54,8 +54,16 @@ class CheckpointConfig(BaseModel):
     failure reported, and the tier retried at its next due step. Size it above state bytes / the
     tier's write bandwidth."""
 
-    peer_replica: bool = False
-    """Reserved: replicate tier 1 to a rank on another node (not implemented yet; must stay False)."""
+    peer_replicas: int = Field(default=0, ge=0)
+    """Copies of each memory snapshot kept in the RAM of other nodes (the same local rank on the next
+    R nodes), sent in the background after each snapshot (training/checkpoint/replica.py). A lost
+    node's shards then come back from its partners' RAM. 0: off. Needs R < the number of nodes, and
+    R x (state bytes per rank) more of each node's memory tier."""
+
+    peer_timeout_s: float = Field(default=60.0, gt=0)
+    """One replication exchange (send this rank's snapshot, receive its sources') longer than this
+    fails: a partner is gone. Size it above snapshot bytes per rank x peer_replicas / network bandwidth.
+    Also bounds how long a process exit waits for an exchange a lost partner left half done."""
 
     fsync: bool = True
     """fsync files and folders before a checkpoint counts as committed (turn off only in benchmarks
@@ -63,8 +71,10 @@ class CheckpointConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.peer_replica:
-            raise ValueError("peer_replica is not implemented yet; set it to false")
+        if self.peer_replicas and (self.implementation != "tiered" or not self.memory_every):
+            raise ValueError(
+                "peer_replicas copies memory snapshots: it needs implementation=tiered and memory_every >= 1"
+            )
         if self.implementation == "tiered" and self.memory_every == 0 and self._disk_tiers_on():
             raise ValueError(
                 "memory_every=0 with the tiered implementation: disk tiers persist from the memory "

@@ -1,61 +1,55 @@
-"""Background persistence: one NVRx persistent worker process per disk tier, guarded by a timeout.
+"""Background persistence: one writer thread per disk tier, guarded by a timeout.
 
-Why NVRx's AsyncCallsQueue (persistent=True, our own AsyncRequest, no_dist=True) rather than
-torch.distributed.checkpoint.async_save: measured on this machine (`nvrx-eks bench checkpoint`,
-shared notes section 5), DCP's default stager allocates fresh buffers on every call and stalled the
-loop 6-14x the memcpy floor, while staging into our own reused, pre-faulted shared-memory buffers and
-handing only their *path* to the NVRx worker stalls ~1x the floor: the request pickles a few hundred
-bytes, the worker maps the slot itself. The same holds on GPU, where the slot is additionally pinned
-(cudaHostRegister) and filled on a side stream; NVRx's CUDA-only helpers (TorchAsyncCheckpoint) are not
-needed for that. DCP stays the comparison in the benchmark.
+Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (what this module used
+before, issue 15): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
+`fsync` and `zlib.crc32` on large buffers all release the GIL, so a thread costs the loop no more
+than a process does (measured with the bench's loop, training/checkpoint/bench.py `run_loop`, side
+by side: see the issue 15 notes). What the processes cost instead: each was a spawned interpreter
+importing torch again (2.3 CPU-s measured), two per rank (local, durable), started on every launcher
+restart -- 8 interpreters beside 4 ranks (5.1 CPU-s each) on a 2-core host, nearly half the CPU of a
+hard-fault recovery -- plus the multiprocessing semaphores in /dev/shm (76 created per checkpointer
+life, strace; none now) and a pynvml warning per worker in the logs. A thread
+starts in microseconds and dies with its rank, so a kill -9 leaves no orphan writing behind the
+restarted one. On GPU nothing changes: the slot is pinned host memory filled by a side stream, and
+the thread persists from it after the copy's event completes, as the process did.
 
-NVRx 0.4.1 gaps handled here (shared notes section 6): a dead worker would leave its caller waiting
-forever, so completions are polled without blocking and every call carries a deadline; a hung or dead
-worker is killed and replaced, never joined. The worker dies with its trainer (PR_SET_PDEATHSIG), so a
-kill -9 of a rank leaves no orphan writing behind the restarted one.
+What a thread cannot do is be killed. The timeout guard therefore abandons, never waits: a persist
+running past `timeout_s` is reported, its thread is left to finish (or hang) on its own with a
+cancel flag set, and the tier's next persist gets a fresh thread. The cancel flag keeps the
+no-torn-checkpoint protocol: the writer checks it after it has read every byte of the slot and
+before the shard is renamed into place, and the trainer reuses an abandoned slot only after setting
+it -- so a write that read a slot being overwritten can never commit (storage.py: tmp name, fsync,
+rename, then the manifest).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import mmap
 import os
-import signal
+import queue
+import threading
 import time
 import traceback
-import uuid
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from training.checkpoint.storage import open_store
 
 if TYPE_CHECKING:
-    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
-
-_PR_SET_PDEATHSIG = 1
-_worker_ready = False
+    from collections.abc import Iterator
 
 
-def _become_worker() -> None:
-    """Once per worker process: die with the parent."""
-    global _worker_ready  # noqa: PLW0603 - per-process one-time setup
-    if _worker_ready:
-        return
-    _worker_ready = True
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the orphan finishes its write and exits with the queue
-    if os.getppid() == 1:  # parent already gone before prctl took effect
-        os._exit(1)
-    # Background persistence yields the cores to the loop and its snapshot copy: on a host with few
-    # free cores (2 here) an equal-priority writer delayed the copy past the next update's fence.
-    with contextlib.suppress(OSError):
-        os.nice(10)
+class Cancelled(Exception):  # noqa: N818 - a state, not an error: the persist was abandoned
+    """The trainer abandoned this persist (timeout, close): it must not commit."""
+
+
+def _checked(chunks: list[memoryview | bytes], cancelled: threading.Event) -> Iterator[memoryview | bytes]:
+    """The chunks, then a last look at the cancel flag: raised there, the store has read every byte
+    but renamed nothing (FileStore/S3Store consume all chunks before they commit)."""
+    yield from chunks
+    if cancelled.is_set():
+        raise Cancelled("abandoned by the trainer before its commit")
 
 
 def persist_slot(
@@ -70,138 +64,121 @@ def persist_slot(
     rank: int,
     world_size: int,
     keep: int,
-    result_path: str,
+    cancelled: threading.Event,
     delay_s: float = 0.0,
-) -> None:
-    """Runs in the worker: write one staged slot to a tier, commit, prune, and record the outcome."""
-    _become_worker()
+) -> dict[str, Any]:
+    """Write one staged slot to a tier, commit, prune; returns the outcome (never raises)."""
     outcome: dict[str, Any] = {"ok": True}
     started = time.monotonic()
+    if delay_s and cancelled.wait(delay_s):  # test hook: widen the window a kill or timeout lands in
+        return {"ok": False, "error": "Cancelled: abandoned while delayed", "seconds": delay_s}
     try:
-        if delay_s:  # test hook: widen the window a kill can land in
-            time.sleep(delay_s)
         store = open_store(tier=tier, location=location, fsync=fsync)
         with open(slot_path, "rb") as source:  # noqa: PTH123
             mapped = mmap.mmap(source.fileno(), data_bytes, prot=mmap.PROT_READ) if data_bytes else None
             view = memoryview(mapped) if mapped is not None else memoryview(b"")
             try:
-                manifest = store.commit(step=step, rank=rank, world_size=world_size, chunks=[header, view])
+                manifest = store.commit(
+                    step=step, rank=rank, world_size=world_size, chunks=_checked([header, view], cancelled)
+                )
             finally:
-                view.release()
-                if mapped is not None:
-                    mapped.close()
+                # After a failed commit its traceback still holds views of the mapping: then the
+                # mapping closes when that traceback is freed, a moment later.
+                with contextlib.suppress(BufferError):
+                    view.release()
+                    if mapped is not None:
+                        mapped.close()
         outcome["pruned"] = store.prune(rank=rank, keep=keep)
         outcome["nbytes"] = manifest.nbytes
-    except Exception as exc:  # noqa: BLE001 - every failure is reported to the trainer, none kills the worker
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the trainer, none kills the writer
         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
     outcome["seconds"] = time.monotonic() - started
-    tmp = f"{result_path}.tmp"
-    with open(tmp, "w") as out:  # noqa: PTH123
-        json.dump(outcome, out)
-    Path(tmp).replace(result_path)
-
-
-def _noop() -> None:
-    _become_worker()
+    return outcome
 
 
 @dataclass
-class _InFlight:
-    call_idx: int
+class _Call:
     step: int
     slot: int
+    kwargs: dict[str, Any]
     started: float
-    result_path: Path
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    outcome: dict[str, Any] | None = None
+
+
+def _writer(requests: queue.SimpleQueue[_Call | None]) -> None:
+    # Background persistence yields the cores to the loop and its snapshot copy: on a host with few
+    # free cores (2 here) an equal-priority writer delayed the copy past the next update's fence.
+    # Linux nice values are per thread: this lowers the writer only.
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    while (call := requests.get()) is not None:
+        call.outcome = persist_slot(**call.kwargs, step=call.step, cancelled=call.cancelled)
+        call.done.set()
 
 
 class PersistWorker:
     """One tier's background writer. `submit` never blocks on the previous call; `poll` reports."""
 
-    def __init__(self, *, tier: str, rank: int, timeout_s: float, result_dir: Path) -> None:
+    def __init__(self, *, tier: str, rank: int, timeout_s: float) -> None:
         self.tier = tier
         self.rank = rank
         self.timeout_s = timeout_s
-        self.result_dir = result_dir
-        self._queue: Any = None
-        self.inflight: _InFlight | None = None
+        self._thread: threading.Thread | None = None
+        self._requests: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.inflight: _Call | None = None
 
     @property
     def busy(self) -> bool:
         return self.inflight is not None
 
+    @property
+    def alive(self) -> bool:
+        """The writer thread runs (started and not yet closed)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def warm(self) -> bool:
-        """The worker process is up (its warm-up call finished)."""
-        if self._queue is None:
-            return False
-        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-        return self.inflight is not None or not self._queue.async_calls
-
-    def _ensure_queue(self) -> AsyncCallsQueue:
-        if self._queue is None:
-            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (  # noqa: PLC0415
-                AsyncCallsQueue,
-                PersistentAsyncCaller,
-            )
-
-            self._queue = AsyncCallsQueue(persistent=True)
-            caller = PersistentAsyncCaller()
-            # schedule_async_call asks torch.distributed for the rank when unset; there may be no
-            # process group (single process, or between in-process restarts).
-            caller.rank = self.rank
-            self._queue.persistent_caller = caller
-        return self._queue
+        """The writer is ready to take a persist (a thread is ready as soon as it is started)."""
+        return self.alive
 
     def start(self) -> None:
-        """Spawn the worker now (it imports torch: seconds) instead of at the first persist."""
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest  # noqa: PLC0415
+        if self.alive:
+            return
+        self._requests = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=_writer, args=(self._requests,), name=f"ckpt-persist-{self.tier}", daemon=True
+        )
+        self._thread.start()
 
-        # Not counted as in flight: the queue is FIFO, a persist submitted meanwhile runs after it.
-        self._ensure_queue().schedule_async_request(AsyncRequest(_noop, (), []))
-
-    def submit(self, *, step: int, slot: int, **kwargs: object) -> None:
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest  # noqa: PLC0415
-
+    def submit(self, *, step: int, slot: int, **kwargs: Any) -> None:  # noqa: ANN401
         if self.inflight is not None:
             raise RuntimeError(f"{self.tier} worker is busy")
-        result_path = self.result_dir / f"result-{self.tier}-{step}-{uuid.uuid4().hex[:8]}.json"
-        request = AsyncRequest(
-            persist_slot,
-            (),
-            [],
-            async_fn_kwargs={**kwargs, "step": step, "result_path": str(result_path)},
-        )
-        idx = self._ensure_queue().schedule_async_request(request)
-        self.inflight = _InFlight(idx, step, slot, time.monotonic(), result_path)
+        self.start()
+        call = _Call(step=step, slot=slot, kwargs=kwargs, started=time.monotonic())
+        self._requests.put(call)
+        self.inflight = call
 
     def poll(self, *, now: float | None = None) -> dict[str, Any] | None:
         """The finished call's outcome (ok/error/timeout/died), or None while running or idle."""
         call = self.inflight
         if call is None:
             return None
-        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-        # The indices that call returns are the requests' own call_idx, which NVRx 0.4.1 leaves at 0
-        # on the copy it keeps; what is still queued is what is reliable.
-        if all(active.idx != call.call_idx for active in self._queue.async_calls):
+        if call.done.is_set():
             self.inflight = None
-            try:
-                outcome = json.loads(call.result_path.read_text())
-            except (OSError, ValueError) as exc:
-                outcome = {"ok": False, "error": f"worker finished without a result: {exc}"}
-            call.result_path.unlink(missing_ok=True)
-            return {**outcome, "step": call.step, "slot": call.slot}
-        process = self._queue.persistent_caller.process
+            assert call.outcome is not None  # noqa: S101 - set before done
+            return {**call.outcome, "step": call.step, "slot": call.slot}
         elapsed = (now or time.monotonic()) - call.started
-        if process is not None and not process.is_alive():
-            return self._abandon(call, f"worker died (exit code {process.exitcode})", kind="died")
+        if not self.alive:
+            return self._abandon(call, "writer thread died", kind="died")
         if elapsed > self.timeout_s:
             return self._abandon(
                 call, f"no completion after {elapsed:.1f}s (timeout {self.timeout_s}s)", kind="timeout"
             )
         return None
 
-    def _abandon(self, call: _InFlight, message: str, *, kind: str) -> dict[str, Any]:
+    def _abandon(self, call: _Call, message: str, *, kind: str) -> dict[str, Any]:
         self.kill()
-        call.result_path.unlink(missing_ok=True)
         return {"ok": False, "kind": kind, "error": message, "step": call.step, "slot": call.slot}
 
     def wait(self, *, deadline: float) -> dict[str, Any] | None:
@@ -215,24 +192,19 @@ class PersistWorker:
         return None
 
     def kill(self) -> None:
-        """Kill the worker without joining anything (its queues may be wedged); the next submit
-        starts a fresh one."""
-        queue, self._queue, self.inflight = self._queue, None, None
-        if queue is None or queue.persistent_caller is None:
-            return
-        caller = queue.persistent_caller
-        if caller.process is not None:
-            caller.process.kill()
-            caller.process.join(timeout=5)
-        caller.process = None  # makes NVRx's close()/__del__ a no-op instead of a join on a dead queue
-        queue.async_calls.clear()
+        """Abandon the writer without waiting for it: its call is cancelled (it will not commit), and
+        the thread exits once that call returns (or never, if its write hangs); the next submit
+        starts a fresh thread."""
+        if self.inflight is not None:
+            self.inflight.cancelled.set()
+        self.inflight = None
+        if self._thread is not None:
+            self._requests.put(None)
+        self._thread = None
 
     def close(self, *, timeout_s: float = 10.0) -> None:
-        queue = self._queue
-        if queue is None:
-            return
-        caller = queue.persistent_caller
-        if self.inflight is None and caller is not None and caller.process is not None:
-            caller.queue.put("DONE")
-            caller.process.join(timeout=timeout_s)
+        thread = self._thread
+        if thread is not None and self.inflight is None:
+            self._requests.put(None)
+            thread.join(timeout=timeout_s)
         self.kill()

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -57,7 +58,7 @@ class ShardStore(ABC):
     """One tier's committed shards."""
 
     location: str
-    """What `open_store` takes to reopen this store (in a worker process)."""
+    """What `open_store` takes to reopen this store (in a writer thread)."""
 
     def __init__(self, *, tier: str) -> None:
         self.tier = tier
@@ -124,21 +125,26 @@ class FileStore(ShardStore):
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / shard_name(rank)
         final_manifest = folder / manifest_name(rank)
-        tmp = folder / f".{shard_name(rank)}.tmp-{os.getpid()}"
+        # Per writer thread: an abandoned writer (persist.py) may still be writing its own tmp file.
+        tmp = folder / f".{shard_name(rank)}.tmp-{os.getpid()}-{threading.get_native_id()}"
         crc = 0
         nbytes = 0
-        with tmp.open("wb", buffering=0) as out:
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
-                for start in range(0, len(view), _CHUNK):
-                    part = view[start : start + _CHUNK]
-                    crc = zlib.crc32(part, crc)
-                    written = out.write(part)
-                    while written < len(part):  # short writes happen on some filesystems
-                        written += out.write(part[written:])
-                    nbytes += len(part)
-            if self.fsync:
-                os.fsync(out.fileno())
+        try:
+            with tmp.open("wb", buffering=0) as out:
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
+                    for start in range(0, len(view), _CHUNK):
+                        part = view[start : start + _CHUNK]
+                        crc = zlib.crc32(part, crc)
+                        written = out.write(part)
+                        while written < len(part):  # short writes happen on some filesystems
+                            written += out.write(part[written:])
+                        nbytes += len(part)
+                if self.fsync:
+                    os.fsync(out.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # nothing was renamed: the step stays uncommitted
+            raise
         manifest = Manifest(step, rank, world_size, nbytes, crc, time.time())
         final_manifest.unlink(missing_ok=True)
         tmp.replace(final)

@@ -4,7 +4,7 @@ Tier 1 (memory): `num_staging_slots` pre-allocated, pre-faulted buffers per rank
 shared-memory folder mapped into the process (pinned with cudaHostRegister on GPU). A slot is
 committed by a small manifest written after the copy, so it survives a kill -9 of the rank: the
 restarted rank on the same node restores from RAM. Tiers 2 (node-local disk) and 3 (durable) are
-written from the slots by background workers (persist.py).
+written from the slots by background writer threads (persist.py).
 
 Off the critical path: parameters and optimizer state change only in the optimizer update, so the
 snapshot taken after step N is copied while step N+1's forward/backward run, and `fence()` (called by
@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from training.checkpoint.base import Checkpointer, Restored
 from training.checkpoint.persist import PersistWorker
+from training.checkpoint.replica import ReplicaWorker, ranks_per_node, restore_from_anywhere
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
 from training.checkpoint.stats import CheckpointStats
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from training.checkpoint.config import CheckpointConfig
+
+
+PEER_PIN = "peer-pinned"
+"""Slot holder: the snapshot whose copy the partners hold (`TieredCheckpointer._pin_replicated`)."""
 
 
 @dataclass
@@ -136,7 +141,7 @@ class MemoryTier:
             slot.buffer.zero_()  # touch every page now, not inside the first save
             if self.device.type == "cuda":
                 # Pinned staging: page-locked memory is what lets the D2H copy run at full PCIe speed
-                # asynchronously. Registering the mapping keeps it shareable with the writer process.
+                # asynchronously. Registering the mapping keeps the file shareable with the writer thread.
                 rc = torch.cuda.cudart().cudaHostRegister(slot.buffer.data_ptr(), nbytes, 0)
                 if int(rc) != 0:
                     raise RuntimeError(f"cudaHostRegister failed ({rc})")
@@ -296,6 +301,8 @@ class Agreement:
         self._group: Any = None
         self._side_group: Any = None
         self._pending: tuple[Any, torch.Tensor] | None = None
+        self.last: Flags | None = None
+        """The flags the newest decision was taken on (the reason a due tier was not launched)."""
         self.blocking_rounds = 0
         """Blocking all_reduces run (one per process group); the rest were published async."""
 
@@ -338,9 +345,19 @@ class Agreement:
             self.blocking_rounds += 1
             agreed = self._decode(tensor)
         can_stage = agreed.unheld >= 1
-        keep_free = min(2, num_slots)  # one slot: persisting it blocks snapshots (the only choice)
-        launch = {tier: can_stage and agreed.unheld >= keep_free and not agreed.busy[tier] for tier in due}
+        self.last = agreed
+        launch = {
+            tier: can_stage and agreed.unheld >= self.keep_free(tier, num_slots) and not agreed.busy[tier]
+            for tier in due
+        }
         return can_stage, launch
+
+    @staticmethod
+    def keep_free(tier: str, num_slots: int) -> int:
+        """Free slots a launch needs on every rank (one slot: persisting it blocks snapshots, the only
+        choice). The peer replica takes the slot just staged for well under a disk write, and a lost
+        node's partner copy is worth more than the next fresh snapshot: it needs only that one."""
+        return 1 if tier == "peer" else min(2, num_slots)
 
     def publish(self, flags: Flags) -> None:
         group = self._world()
@@ -378,14 +395,37 @@ class TieredCheckpointer(Checkpointer):
             num_slots=config.num_staging_slots,
             device=device,
         )
-        self.agreement = Agreement(tiers=[store.tier for store, _, _ in stores], device=device)
-        self.workers = {
-            store.tier: PersistWorker(
-                tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s, result_dir=self.memory.root
-            )
+        self.workers: dict[str, PersistWorker | ReplicaWorker] = {
+            store.tier: PersistWorker(tier=store.tier, rank=rank, timeout_s=config.persist_timeout_s)
             for store, _, _ in stores
         }
         self._locations = {store.tier: store.location for store, _, _ in stores}
+        # (tier, cadence) of every background tier; the peer replica follows each memory snapshot.
+        self._cadences = [(store.tier, every) for store, every, _ in stores]
+        per_node = ranks_per_node()
+        nodes = world_size // per_node
+        if config.peer_replicas and nodes > 1:
+            if config.peer_replicas >= nodes:
+                raise ValueError(
+                    f"checkpoint.peer_replicas={config.peer_replicas} needs more nodes than replicas "
+                    f"(this job has {nodes}): lower it to at most {nodes - 1}"
+                )
+            self.workers["peer"] = ReplicaWorker(
+                rank=rank,
+                world_size=world_size,
+                ranks_per_node=per_node,
+                replicas=config.peer_replicas,
+                memory_dir=config.memory_dir,
+                timeout_s=config.peer_timeout_s,
+            )
+            self._locations["peer"] = str(config.memory_dir)
+            self._cadences.append(("peer", config.memory_every))
+        self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
+        self._closing = False
+        self._owed: set[str] = set()
+        """Tiers whose due persist was skipped (busy): each writes the newest snapshot at the next
+        snapshot that finds it free, not only at its next due step -- no tier silently falls behind.
+        The same on every rank: it follows from the agreed decisions."""
         self._persist_delay_s = persist_delay_s
         for worker in self.workers.values():
             worker.start()
@@ -415,11 +455,15 @@ class TieredCheckpointer(Checkpointer):
         self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
     def _snapshot(self, step: int, state: dict[str, Any]) -> None:
-        due = [store.tier for store, tier_every, _ in self.stores if step % tier_every == 0]
+        due = [tier for tier, every in self._cadences if step % every == 0 or tier in self._owed]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
-        if layout.signature != self.memory.signature and not any(s.holders for s in self.memory.slots):
+        if layout.signature != self.memory.signature and not any(
+            s.holders - {PEER_PIN} for s in self.memory.slots
+        ):
             self._settle()
+            for slot in self.memory.slots:  # a copy of another layout is no restore point now
+                slot.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
         can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
         slot = None
@@ -446,15 +490,26 @@ class TieredCheckpointer(Checkpointer):
         for tier in due:
             if slot is not None and launch[tier]:
                 slot.holders.add(tier)  # submitted to the worker once the copy has finished
+                self._owed.discard(tier)
+                worker = self.workers[tier]
+                if isinstance(worker, ReplicaWorker):
+                    worker.prepare()  # every rank launches at this step alike: a collective is safe
                 continue
+            self._owed.add(tier)
             self.stats.skipped[tier] += 1
+            agreed = self.agreement.last
+            why = (
+                "previous persist running"
+                if agreed is None or agreed.busy.get(tier, False)
+                else "no staging slot to spare on some rank"
+            )
             self.emit(
                 "checkpoint_skipped",
                 {
                     "tier": tier,
                     "step": step,
-                    "reason": "previous persist running (coalesced: the next "
-                    "due step writes the newest snapshot)",
+                    "reason": f"{why} (owed: the next snapshot that finds the tier free writes the "
+                    "newest state)",
                 },
             )
         self.agreement.publish(self._local_flags())
@@ -467,8 +522,11 @@ class TieredCheckpointer(Checkpointer):
         return Flags(unheld=self.memory.unheld(), busy=busy)
 
     def _submit(self, slot: _Slot) -> None:
-        for tier in sorted(slot.holders):
+        for tier in sorted(slot.holders - {PEER_PIN}):
             worker = self.workers[tier]
+            if self._closing and isinstance(worker, ReplicaWorker):
+                slot.holders.discard(tier)
+                continue
             if worker.busy:
                 continue
             try:
@@ -512,14 +570,33 @@ class TieredCheckpointer(Checkpointer):
             if outcome is None:
                 continue
             self.memory.slots[outcome["slot"]].holders.discard(tier)
+            if outcome["ok"] and tier == "peer":
+                self._pin_replicated(outcome["slot"])
             if outcome["ok"]:
                 self.stats.persisted[tier] += 1
+                extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
                 self.emit(
                     "checkpoint_committed",
-                    {"tier": tier, "step": outcome["step"], "rank": self.rank, "seconds": outcome["seconds"]},
+                    {
+                        "tier": tier,
+                        "step": outcome["step"],
+                        "rank": self.rank,
+                        "seconds": outcome["seconds"],
+                        **extra,
+                    },
                 )
             else:
                 self._failed(tier, outcome["step"], outcome["error"], kind=outcome.get("kind", "failed"))
+
+    def _pin_replicated(self, index: int) -> None:
+        """Keep the snapshot the partners now hold a copy of until a newer one is replicated.
+
+        A lost node's shards come back at the step of their newest copy on a partner, and the
+        survivors' own shards must exist at that same step: the survivors' slot of that step is not
+        reused meanwhile (one slot of `num_staging_slots`; the budget in k8s/trainer_args.py counts it)."""
+        for slot in self.memory.slots:
+            slot.holders.discard(PEER_PIN)
+        self.memory.slots[index].holders.add(PEER_PIN)
 
     def _failed(self, tier: str, step: int, error: str, *, kind: str) -> None:
         if kind == "timeout":
@@ -537,23 +614,47 @@ class TieredCheckpointer(Checkpointer):
         # Restoring writes into the live parameters: no copy may still be reading them.
         self._settle()
         self.agreement.reset()  # a restore starts a new agreement history (new process group)
-        sources = [self.memory] + [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        self._owed.clear()
+        stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
+            return restore_from_anywhere(
+                memory_dir=self.config.memory_dir,
+                stores=stores,
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                emit=self.emit,
+            )
+        sources = [self.memory, *stores]
         return load_newest(
             sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
         )
 
     def _wait(self) -> None:
+        # The end of training: no new replication round (a copy of the final state on a partner is
+        # worth nothing once the job is done, and the partner may already have finished), but the one
+        # in flight completes, so no exchange is left pending on its group when the process exits.
+        self._closing = True
         self._settle()
         self._poll()
         deadline = time.monotonic() + self.config.persist_timeout_s
-        while any(worker.busy for worker in self.workers.values()):
+        # The disk tiers only: a replica in flight at the end is worth nothing once training is done,
+        # and its partner may already be gone (an exchange ends at its group's timeout, unwaited for).
+        disks = {tier: worker for tier, worker in self.workers.items() if isinstance(worker, PersistWorker)}
+        while any(worker.busy for worker in disks.values()):
             self._poll()
             for slot in self.memory.slots:
-                if slot.holders and not any(self.workers[tier].busy for tier in slot.holders):
+                waiting = slot.holders & disks.keys()
+                if waiting and not any(disks[tier].busy for tier in waiting):
                     self._submit(slot)  # a holder whose worker was busy when the slot was staged
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+        for worker in self.workers.values():
+            if isinstance(worker, ReplicaWorker):
+                worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s)
+        self._poll()
 
     def _close(self) -> None:
         with contextlib.suppress(Exception):

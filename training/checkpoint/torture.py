@@ -7,8 +7,8 @@ whole process group at a random moment. The parent computes the expected resume 
 reading the committed manifests left behind, before starting the next child.
 
 Trials are cheap on purpose (a small state suffices to tear files): children are forked from a
-multiprocessing fork server that imported torch and this package once, so a trial pays only for its
-writer processes' start-up (NVRx spawns them) and the random kill delay, not for a fresh interpreter.
+multiprocessing fork server that imported torch and this package once, so a trial pays only for the
+random kill delay, not for a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def newest_committed(root: Path) -> int | None:
 
 
 def child(root: Path, delay_s: float, report_path: Path) -> None:
-    os.setsid()  # its own process group: the parent's killpg takes its writer processes too
+    os.setsid()  # its own process group: the parent's killpg takes the whole child
     from training.checkpoint.stats import make_emitter  # noqa: PLC0415
     from training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 

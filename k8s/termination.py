@@ -1,0 +1,82 @@
+"""Why a training pod failed, in one line, from its termination message.
+
+The trainer container sets `terminationMessagePolicy: FallbackToLogsOnError`, so a failed pod's
+status carries the tail of its log (the kubelet keeps the last 80 lines, at most 2,048 bytes:
+https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/). That tail
+holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks (NVRx
+0.4.1 logs "Some rank(s) exited with non-zero exit code: {rank: ProcessFailure(...)}"; torch elastic's
+ChildFailedError table has a "Root Cause (first observed failure)" entry); for a launcher turned away by
+a closed rendezvous, RendezvousClosedError. A rank that exited 143 (SIGTERM) was stopped by its own
+launcher because a peer failed: that pod is not where the fault was, and the cause says so. The local
+executor (localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails
+names the index and this cause in both places.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TAIL_LINES = 80
+TAIL_BYTES = 2048
+"""The kubelet's limits for a termination message taken from the log."""
+
+_ROOT = re.compile(r"Root Cause \(first observed failure\):\s*\n(?P<body>(?:.*\n?){1,8})")
+_FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback)\s*:\s*(?P<value>.*?)\s*$", re.MULTILINE)
+# NVRx 0.4.1's launcher logs its failed ranks as one line of torch's ProcessFailure reprs.
+_PROCESS_FAILURE = re.compile(
+    r"(?P<rank>\d+): ProcessFailure\(local_rank=\d+, pid=\d+, exitcode=(?P<exitcode>-?\d+),"
+    r".*?message='(?P<message>[^']*)'"
+)
+# A rank its own launcher stopped (SIGTERM while stopping the worker group) failed because of another.
+_STOPPED = {"143", "-15"}
+_KNOWN = (
+    ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
+    ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
+)
+
+
+@dataclass(frozen=True)
+class Cause:
+    text: str
+    severity: int
+    """How likely this pod is where the fault was: 2 a rank died of a signal (SIGKILL, SIGSEGV...:
+    nothing in the job sends those to a healthy rank), 1 a rank exited with an error (which may be a
+    consequence: a collective fails when a peer dies), 0 its ranks were stopped by its own launcher
+    (SIGTERM) or the launcher failed without a rank failure (e.g. a closed rendezvous)."""
+
+
+def log_tail(text: str) -> str:
+    """What the kubelet would keep of a log as the termination message."""
+    tail = "\n".join(text.splitlines()[-TAIL_LINES:])
+    return tail.encode()[-TAIL_BYTES:].decode(errors="replace")
+
+
+def _rank_failure(rank: str, exitcode: str, message: str) -> Cause:
+    text = f"worker rank {rank} exit code {exitcode}"
+    if message.startswith("Signal"):
+        text += f" ({message.split(' received', maxsplit=1)[0]})"
+    if exitcode in _STOPPED:
+        return Cause(text=f"{text}: stopped by its launcher after a peer failed", severity=0)
+    return Cause(text=text, severity=2 if exitcode.startswith("-") else 1)
+
+
+def failure_cause(message: str) -> Cause:
+    """The pod's cause in one line: the ranks' failures (own ones first), a known error, or the last line."""
+    failures = [
+        _rank_failure(m["rank"], m["exitcode"], m["message"]) for m in _PROCESS_FAILURE.finditer(message)
+    ]
+    root = _ROOT.search(message)
+    if root:
+        fields = {m["key"]: m["value"] for m in _FIELD.finditer(root["body"])}
+        if "rank" in fields and "exitcode" in fields:
+            code = fields["exitcode"].split()[0]
+            failures.append(_rank_failure(fields["rank"].split()[0], code, fields.get("traceback", "")))
+    if failures:
+        worst = max(f.severity for f in failures)
+        return Cause(text="; ".join(f.text for f in failures if f.severity == worst), severity=worst)
+    for needle, text in _KNOWN:
+        if needle in message:
+            return Cause(text=text, severity=0)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return Cause(text=lines[-1][:200] if lines else "no termination message", severity=1)

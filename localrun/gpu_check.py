@@ -1,0 +1,184 @@
+"""`make gpu-check`: the kit's GPU-only paths on one machine with a GPU, in under 5 minutes.
+
+Three checks, each printing its numbers, then `gpu-check.json` in the run folder:
+
+1. the `gpu`-marked tests (FSDP2 over NCCL, save and resume through the checkpointer);
+2. the snapshot stall on the GPU path: the trainer's checkpointer copies the state into pinned host
+   slots on a side stream; the loop pays only for launching that copy and for the next update's fence.
+   The floor is state bytes / device-to-host bandwidth measured in the same run (pinned buffer,
+   best of 3); a stall well below 1x the floor means the copy overlapped the step;
+3. an in-process restart that aborts NCCL: one GPU, mode `inprocess`, an exception and a real CUDA
+   allocation failure injected; NVRx's default abort (AbortTorchDistributed) tears the NCCL communicator
+   down and the same process goes on from memory. Each fault's layer, recovery and steps lost come
+   from the run's own events (training.metrics.summarize).
+
+Without CUDA it prints "no CUDA: skipped" and exits 0, so it can run anywhere as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS_TIMEOUT_S = 150
+RESTART_TIMEOUT_S = 90
+STAGING_STATE_GB = 2.0
+STAGING_STEP_S = 0.05
+STAGING_SNAPSHOTS = 8
+
+
+def _gpu_tests() -> dict[str, Any]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TESTS_TIMEOUT_S,
+        check=False,
+    )
+    tail = done.stdout.strip().splitlines()[-1:] or [""]
+    return {"ok": done.returncode == 0, "summary": tail[0], "seconds": round(time.monotonic() - started, 1)}
+
+
+def _d2h_bandwidth(nbytes: int) -> float:
+    """Bytes/s of one device-to-host copy into a pinned buffer (best of 3): the stall floor's rate."""
+    import torch  # noqa: PLC0415
+
+    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best
+
+
+def _staging_stall(workdir: Path) -> dict[str, Any]:
+    import torch  # noqa: PLC0415
+
+    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
+
+    per = int(STAGING_STATE_GB * 1e9) // 4 // 8
+    state = {"model": {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}, "data": {"step": 0}}
+    nbytes = per * 4 * 8
+    floor_s = nbytes / _d2h_bandwidth(nbytes)
+    config = CheckpointConfig(memory_dir=workdir / "shm", memory_every=1, local_every=0, durable_every=0)
+    ckpt = build_checkpointer(config, rank=0, world_size=1, device=torch.device("cuda"))
+    # The trainer's loop shape: compute (the GPU busy, the host free), fence, update, save.
+    cycles = int(STAGING_STEP_S * torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    stalls: list[float] = []
+    try:
+        ckpt.save(0, state)  # allocates, pins and pre-faults the slots: setup, not steady state
+        ckpt.wait()
+        for step in range(1, STAGING_SNAPSHOTS + 1):
+            torch.cuda._sleep(cycles)  # noqa: SLF001 - a kernel that holds the device, not the host
+            before = time.perf_counter()
+            ckpt.fence()
+            state["model"]["w0"].mul_(1.0001)  # the update: the first write to what the copy reads
+            state["data"]["step"] = step
+            ckpt.save(step, state)
+            stalls.append(time.perf_counter() - before)
+        ckpt.wait()
+    finally:
+        ckpt.close()
+    stalls.sort()
+    median = stalls[len(stalls) // 2]
+    return {
+        "ok": median < floor_s,
+        "state_bytes": nbytes,
+        "d2h_gbps": round(nbytes / floor_s / 1e9, 1),
+        "floor_s": round(floor_s, 4),
+        "stall_median_s": round(median, 4),
+        "stall_over_floor": round(median / floor_s, 3),
+    }
+
+
+def _staging_stall_in_tmpfs() -> dict[str, Any]:
+    # The memory tier lives in tmpfs, as the pod's memory-backed emptyDir does.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as workdir:
+        return _staging_stall(Path(workdir))
+
+
+def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
+    from training.metrics import summarize  # noqa: PLC0415
+
+    cmd = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node=1",
+        "-m",
+        "training",
+        "--dist-device",
+        "cuda",
+        "--mode",
+        "inprocess",
+        "--model",
+        "small",
+        "--steps",
+        "30",
+        "--faults-plan",
+        "exception@8:0,oom@18:0",
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-memory-dir",
+        str(run_dir / "shm"),
+    ]
+    done = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S, check=False
+    )
+    summary = summarize(run_dir)
+    faults = [
+        {"class": f.cls, "layer": f.layer, "recovery_s": f.recovery_s, "steps_lost": f.steps_lost}
+        for f in summary.faults
+    ]
+    ok = (
+        done.returncode == 0
+        and summary.completed
+        and len(faults) == 2  # noqa: PLR2004 - the two planned faults
+        and all(f["layer"] == "inprocess" and f["steps_lost"] == 0 for f in faults)
+    )
+    return {"ok": ok, "exit_code": done.returncode, "faults": faults, "stderr_tail": done.stderr[-800:]}
+
+
+def main() -> int:
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        print("no CUDA: skipped")
+        return 0
+    out = REPO / "runs" / time.strftime("gpu-check-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True)
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(0)}
+    checks = (
+        ("gpu_tests", _gpu_tests),
+        ("staging_stall", _staging_stall_in_tmpfs),
+        ("inprocess_nccl_restart", lambda: _inprocess_restart(out / "inprocess")),
+    )
+    for name, check in checks:
+        started = time.monotonic()
+        try:
+            results[name] = check()
+        except Exception as exc:  # noqa: BLE001 - one failed check must not hide the others' numbers
+            results[name] = {"ok": False, "error": repr(exc)[:500]}
+        results[name]["seconds"] = round(time.monotonic() - started, 1)
+        print(f"{name}: {json.dumps(results[name])}", flush=True)
+    (out / "gpu-check.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"gpu-check.json: {out / 'gpu-check.json'}")
+    return 0 if all(results[name]["ok"] for name, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

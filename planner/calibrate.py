@@ -1,0 +1,233 @@
+"""`--from RUN_DIR`: the costs this kit measured, fed into the plan and labelled measured.
+
+It reads, anywhere below RUN_DIR:
+- `peer.json` (`nvrx-eks bench peer`, localrun/peer_bench.py): per mode the goodput, wall time and every
+  fault with the layer that recovered it and its recovery time; the scenario (steps, faults, cadences).
+- `summary.json` (`nvrx-eks demo` / a chaos run, training/report.py): step time, loop stall per
+  checkpoint, faults with layer and recovery time.
+- `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, training/checkpoint/bench.py): the
+  loop stall per snapshot, the durable write time and the restore time per tier.
+
+What each number becomes in the plan:
+- step time: training goodput x wall / productive steps of each completed mode (the formula of
+  training/metrics.py read backwards), the median over the modes.
+- recovery per layer: the mean recovery of the faults that layer recovered (recovery in the kit's
+  events ends when every rank has finished its startup, checkpoint load included, so restore_s is 0).
+- startup (peer.json): what is left of a mode's wall time after training, recovery and replayed
+  steps -- the first start and the checkpoint stall together -- the median over the modes. Derived,
+  not measured on its own, and labelled so.
+Without a plan file, peer.json's own scenario becomes the plan (this machine's two CPU "nodes"), so
+the projection can be set beside the goodput that run measured.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kitcore.configio import UserError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# The layer names of training/metrics.py FaultSummary.layer -> the plan's recovery fields.
+LAYER_FIELDS = {
+    "inprocess": "inprocess_s",
+    "ft_launcher": "launcher_s",
+    "torchrun": "job_restart_s",
+    "job_controller": "node_swap_s",
+}
+# localrun/peer_bench.py mode names -> the plan's (its `kit` is the plan's `kit`).
+PEER_MODES = ("baseline", "inprocess", "ft_launcher", "kit")
+# The local executor's topology (k8s/values/local-cpu.yaml): two "nodes" of two CPU ranks.
+LOCAL_NODES = 2
+
+
+@dataclass
+class Calibration:
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Nested plan fields the measurements set."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Dotted plan field -> where its value came from."""
+    measured_goodput: dict[str, float] = field(default_factory=dict)
+    """Training goodput per mode as the run measured it (for the side-by-side)."""
+    scenario: dict[str, Any] | None = None
+    """A whole plan built from peer.json's scenario (used when no plan file is given)."""
+    scenario_labels: dict[str, str] = field(default_factory=dict)
+    """Where the scenario's own fields came from (joined to `labels` when the scenario is used)."""
+    files: list[str] = field(default_factory=list)
+
+    def set(self, dotted: str, value: Any, label: str) -> None:  # noqa: ANN401 - any plan value
+        node = self.overrides
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+        self.labels[dotted] = label
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def _recoveries(faults: list[dict[str, Any]], out: dict[str, list[float]]) -> None:
+    for fault in faults:
+        layer, seconds = fault.get("layer"), fault.get("recovery_s")
+        if layer in LAYER_FIELDS and isinstance(seconds, int | float):
+            out.setdefault(layer, []).append(float(seconds))
+
+
+def _cadence(overrides: list[str], tier: str) -> int | None:
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == f"trainer.checkpoint.{tier}_every":
+            return int(value)
+    return None
+
+
+def _from_peer(path: Path, cal: Calibration) -> None:
+    doc = _read(path)
+    scenario, modes = doc.get("scenario"), doc.get("modes")
+    if not isinstance(scenario, dict) or not isinstance(modes, dict):
+        raise UserError(f"{path}: expected `scenario` and `modes` (the output of `nvrx-eks bench peer`)")
+    label = f"measured: {path}"
+    steps = int(scenario["steps"])
+    step_times, recoveries, residuals = [], {}, []
+    for name, row in modes.items():
+        if not row.get("completed") or "training_goodput" not in row:
+            continue
+        cal.measured_goodput[name] = float(row["training_goodput"])
+        step_times.append(row["training_goodput"] * row["wall_s"] / steps)
+        _recoveries(row.get("faults", []), recoveries)
+    if not step_times:
+        raise UserError(f"{path}: no mode completed; rerun `nvrx-eks bench peer`")
+    step_s = statistics.median(step_times)
+    cal.set("workload.step_s", round(step_s, 4), f"{label} (training goodput x wall / steps, median)")
+    for layer, seconds in recoveries.items():
+        cal.set(f"recovery.{LAYER_FIELDS[layer]}", round(statistics.fmean(seconds), 3), f"{label} ({layer})")
+    for row in modes.values():
+        if row.get("completed") and "training_goodput" in row:
+            recovered = sum(f.get("recovery_s") or 0.0 for f in row.get("faults", []))
+            residuals.append(row["wall_s"] - steps * step_s - recovered - row.get("steps_lost", 0) * step_s)
+    cal.set(
+        "workload.startup_s",
+        round(max(0.0, statistics.median(residuals)), 3),
+        f"derived: {path} (wall - training - recovery - replayed steps, median: first start + stall)",
+    )
+    _peer_scenario(path, scenario, modes, step_s=step_s, cal=cal)
+
+
+def _peer_scenario(
+    path: Path, scenario: dict[str, Any], modes: dict[str, Any], *, step_s: float, cal: Calibration
+) -> None:
+    """peer.json's own scenario as a whole plan: this machine, the run's faults, each mode's cadences."""
+    label = f"measured: {path}"
+    steps = int(scenario["steps"])
+    drawn = next((row.get("faults") for row in modes.values() if row.get("faults")), [])
+    schedule = [f"{f['class']}@{f['step']}" for f in drawn]
+    if len(schedule) != int(scenario["num_faults"]):
+        raise UserError(
+            f"{path}: scenario.num_faults is {scenario['num_faults']} but {len(schedule)} faults are listed"
+        )
+    kit_overrides = modes.get("kit", {}).get("overrides", [])
+    kit_memory, kit_local = _cadence(kit_overrides, "memory"), _cadence(kit_overrides, "local")
+    every = int(scenario["durable_every"])
+    cal.scenario = {
+        "name": f"bench-peer-{path.parent.name}",
+        "fleet": {"instance_profile": "local-cpu", "nodes": LOCAL_NODES, "spares": 0},
+        "workload": {"step_s": step_s, "steps": steps, "model": "tiny"},
+        # The run's own faults, fault for fault: the same draw for every mode (localrun/peer_bench.py).
+        "faults": {
+            "schedule": schedule,
+            "source": f"{path} (seed {scenario.get('fault_seed')}, the faults that run drew)",
+        },
+        # The kit persists in the background; a tiny model's writes take milliseconds (their stall
+        # is inside the derived startup figure). Restores are inside the measured recoveries.
+        "checkpoint": {
+            "memory": {"stall_s": 0.0},
+            "local": {"write_s": 0.0},
+            "durable": {"write_s": 0.0},
+        },
+        "modes": {
+            "baseline": {"tiers": {"durable": every}},
+            "inprocess": {"tiers": {"durable": every}},
+            "ft_launcher": {"tiers": {"durable": every}},
+            "kit": {"tiers": {"memory": kit_memory or 2, "local": kit_local or 10, "durable": every}},
+        },
+    }
+    scenario_labels = cal.scenario_labels
+    if kit_memory is None:
+        scenario_labels["modes.kit.tiers"] = (
+            "assumed: localrun/peer_bench.py kit tiering (RAM every 2, disk every 10)"
+        )
+    scenario_labels["faults.schedule"] = label
+    scenario_labels["workload.steps"] = f"{label} (scenario)"
+    tiny = "assumed: the tiny model's persists take milliseconds (their stall is in the derived startup)"
+    for dotted in ("checkpoint.memory.stall_s", "checkpoint.local.write_s", "checkpoint.durable.write_s"):
+        scenario_labels[dotted] = tiny
+    scenario_labels["checkpoint.durable.restore_s"] = (
+        "measured: inside each recovery (events end at startup_done)"
+    )
+    scenario_labels["modes.*.tiers.durable"] = label
+
+
+def _from_summary(path: Path, cal: Calibration) -> None:
+    doc = _read(path)
+    label = f"measured: {path}"
+    if "training_goodput" not in doc or "faults" not in doc:
+        raise UserError(f"{path}: expected the keys of training/report.py SUMMARY_KEYS")
+    if "workload.step_s" not in cal.labels and doc.get("mean_step_s"):
+        cal.set("workload.step_s", round(float(doc["mean_step_s"]), 4), f"{label} (mean step)")
+    if doc.get("stall_per_checkpoint_s") is not None:
+        cal.set("checkpoint.memory.stall_s", float(doc["stall_per_checkpoint_s"]), f"{label} (loop stall)")
+    recoveries: dict[str, list[float]] = {}
+    _recoveries(doc["faults"], recoveries)
+    for layer, seconds in recoveries.items():
+        dotted = f"recovery.{LAYER_FIELDS[layer]}"
+        if dotted not in cal.labels:
+            cal.set(dotted, round(statistics.fmean(seconds), 3), f"{label} ({layer})")
+    cal.measured_goodput.setdefault(str(doc.get("mode", "run")), float(doc["training_goodput"]))
+
+
+def _from_checkpoint_bench(path: Path, cal: Calibration) -> None:
+    doc = _read(path)
+    label = f"measured: {path} ({doc.get('state_bytes', 0) / 1e9:.2f} GB state per rank)"
+    device_rows = [r for r in doc.get("rows", []) if r.get("kind") == "device"]
+    if device_rows and "checkpoint.memory.stall_s" not in cal.labels:
+        stall = statistics.median(float(r["stall_s"]) for r in device_rows)
+        cal.set("checkpoint.memory.stall_s", stall, f"{label} (device step model, median)")
+    if doc.get("durable_write_s") is not None:
+        cal.set("checkpoint.durable.write_s", float(doc["durable_write_s"]), label)
+    for tier, seconds in (doc.get("restore_s") or {}).items():
+        if tier in {"memory", "local", "durable"}:
+            cal.set(f"checkpoint.{tier}.restore_s", float(seconds), label)
+
+
+def calibrate(run_dir: Path) -> Calibration:
+    """Everything measured below `run_dir`; a folder with none of the three files is a UserError."""
+    if not run_dir.is_dir():
+        raise UserError(f"--from {run_dir}: no such folder; pass a run folder (runs/...)")
+    cal = Calibration()
+    readers = (
+        ("peer.json", _from_peer),
+        ("summary.json", _from_summary),
+        ("checkpoint-bench.json", _from_checkpoint_bench),
+    )
+    for name, reader in readers:
+        for path in sorted(run_dir.rglob(name)):
+            reader(path, cal)
+            cal.files.append(str(path))
+    if not cal.files:
+        raise UserError(
+            f"--from {run_dir}: found no peer.json, summary.json or checkpoint-bench.json below it; "
+            "point it at a `nvrx-eks bench peer`, `nvrx-eks demo` or `bench checkpoint --json-out` output"
+        )
+    return cal

@@ -1,0 +1,222 @@
+"""`nvrx-eks plan` (wired in by nvrx_eks/cli.py): intervals, spares and goodput for a fleet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from planner.calibrate import Calibration
+    from planner.config import Mode, Plan
+    from planner.model import Projection
+
+# Job values' mode -> the plan's mode (k8s/values.py Mode; `both` is the kit's default).
+VALUES_MODES: dict[str, str] = {
+    "baseline": "baseline",
+    "inprocess": "inprocess",
+    "ft_launcher": "ft_launcher",
+}
+VALUES_MODES["both"] = "kit"
+
+
+def load_plan(
+    path: Path | None, overrides: list[str], run_dir: Path | None
+) -> tuple[Plan, dict[str, Any], Calibration | None]:
+    """The validated plan, the fields the user gave (file + --set), and the calibration if any."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from kitcore.configio import UserError, describe_validation_error, merge, parse_overrides, read_yaml  # noqa: PLC0415
+    from planner.calibrate import calibrate  # noqa: PLC0415
+    from planner.config import Plan  # noqa: PLC0415
+
+    given = merge(read_yaml(path) if path is not None else {}, parse_overrides(overrides))
+    cal = calibrate(run_dir) if run_dir is not None else None
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    if path is None:
+        if cal is None or cal.scenario is None:
+            raise UserError(
+                "give a plan file (e.g. planner/examples/llama3-16k-h100.yaml), or --from a folder "
+                "holding a `nvrx-eks bench peer` peer.json"
+            )
+        data = cal.scenario
+        cal.labels = cal.scenario_labels | cal.labels
+    if cal is not None:
+        data = merge(data, cal.overrides)
+    data = merge(data, parse_overrides(overrides))
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        source = str(path) if path is not None else f"plan from {run_dir}"
+        raise UserError(describe_validation_error(exc, source=source)) from None
+    return plan, given, cal
+
+
+def _roundtrip_yaml() -> Any:  # noqa: ANN401 - ruamel.yaml.YAML
+    # The same round-trip settings as infra/ops/stack_values.py (the planner may not import infra.ops).
+    from ruamel.yaml import YAML  # noqa: PLC0415
+
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _plain(node: Any) -> Any:  # noqa: ANN401 - a ruamel tree
+    if isinstance(node, dict):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _load_values_doc(values_path: Path, yaml: Any) -> Any:  # noqa: ANN401 - ruamel tree
+    from ruamel.yaml.error import YAMLError  # noqa: PLC0415
+
+    from kitcore.configio import UserError  # noqa: PLC0415
+
+    try:
+        doc = yaml.load(values_path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--write {values_path}: no such file; pass an existing job values file") from None
+    except YAMLError as exc:
+        raise UserError(f"--write {values_path}: not valid YAML ({exc})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"--write {values_path}: expected a mapping of fields at the top level")
+    return doc
+
+
+def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[str]:
+    """Set the trainer's cadences (and the plan's hints) in a job values file, comments kept."""
+    from io import StringIO  # noqa: PLC0415
+
+    from pydantic import ValidationError  # noqa: PLC0415
+    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+
+    from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
+    from k8s.values import JobValues  # noqa: PLC0415
+    from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
+
+    yaml = _roundtrip_yaml()
+    doc = _load_values_doc(values_path, yaml)
+    values_mode = str(doc.get("mode", "both"))
+    mode: Mode = VALUES_MODES.get(values_mode, "kit")  # type: ignore[assignment]
+    if mode not in projection.modes:
+        raise UserError(f"--write {values_path}: its mode {values_mode} is not among the plan's modes")
+    intervals = projection.modes[mode].intervals
+    durable = intervals["durable"].every_steps
+    # The trainer's tiered checkpointer persists disk tiers from the memory snapshot: a mode without
+    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, localrun/peer_bench.py).
+    memory = intervals["memory"].every_steps if "memory" in intervals else durable
+    local = intervals["local"].every_steps if "local" in intervals else 0
+    cadences = {"memory_every": memory, "local_every": local, "durable_every": durable}
+    if not isinstance(doc.get("trainer"), dict):
+        doc["trainer"] = CommentedMap()
+    if not isinstance(doc["trainer"].get("checkpoint"), dict):
+        doc["trainer"]["checkpoint"] = CommentedMap()
+    changed = []
+    for key, value in cadences.items():
+        if doc["trainer"]["checkpoint"].get(key) != value:
+            doc["trainer"]["checkpoint"][key] = value
+            changed.append(f"trainer.checkpoint.{key}={value}")
+    hints = CommentedMap()
+    hints["step_s"] = plan.workload.step_s
+    hints["durable_write_s"] = round(plan.write_s("durable"), 3)
+    hints["source"] = f"nvrx-eks plan {plan.name} (mode {mode})"
+    doc["plan"] = hints
+    changed.append("plan")
+    try:
+        written = JobValues.model_validate(_plain(doc))
+    except ValidationError as exc:
+        raise UserError(describe_validation_error(exc, source=f"--write {values_path}")) from None
+    # The same check `job render` makes (k8s/durable_cost.py): a fixed durable cadence the plan kept
+    # may still undercut the write.
+    warning = durable_cadence_warning(trainer=written.trainer, hints=written.plan)
+    if warning:
+        changed.append(f"warning: {warning}")
+    buffer = StringIO()
+    yaml.dump(doc, buffer)
+    values_path.write_text(buffer.getvalue())
+    return changed
+
+
+def register(*, app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
+        plan_file: Annotated[
+            Path | None, typer.Argument(help="Plan YAML (planner/examples/*.yaml); optional with --from.")
+        ] = None,
+        overrides: Annotated[
+            list[str] | None, typer.Option("--set", help="Override a plan field: key.sub=value (repeatable).")
+        ] = None,
+        run_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--from", help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json)."
+            ),
+        ] = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")
+        ] = False,
+        out: Annotated[
+            Path | None, typer.Option("--out", help="Folder for the PNG plots (default runs/plan-<name>).")
+        ] = None,
+        plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
+        simulate: Annotated[
+            bool, typer.Option("--simulate/--no-simulate", help="Check the closed form by simulation.")
+        ] = True,
+        runs: Annotated[
+            int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")
+        ] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 0,
+        write: Annotated[
+            Path | None,
+            typer.Option(
+                "--write", help="Write the chosen intervals into this job values file (comments kept)."
+            ),
+        ] = None,
+    ) -> None:
+        """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
+        from rich.console import Console  # noqa: PLC0415
+
+        from planner import report  # noqa: PLC0415
+        from planner.model import project_all  # noqa: PLC0415
+        from planner.simulate import simulate as run_sim  # noqa: PLC0415
+
+        plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
+        projection = project_all(plan)
+        sims = {}
+        if simulate:
+            count = runs or (200 if plan.fault_rate() is None else 20)
+            for mode, result in projection.modes.items():
+                if result.feasible:
+                    cadences = {t: i.every_steps for t, i in result.intervals.items()}
+                    sims[mode] = run_sim(
+                        plan, mode, cadences, spares=result.spares.spares, runs=count, seed=seed
+                    )
+        labels = cal.labels if cal else {}
+        measured = cal.measured_goodput if cal else {}
+        inputs = report.provenance(plan, given=given, labels=labels)
+        written: list[str] = []
+        if plots:
+            folder = out or Path("runs") / f"plan-{plan.name}"
+            folder.mkdir(parents=True, exist_ok=True)
+            written = [
+                str(report.plot_interval(projection, folder / "goodput-vs-interval.png")),
+                str(report.plot_fleet(plan, folder / "goodput-vs-fleet.png")),
+            ]
+        changed = write_values(write, plan, projection) if write is not None else []
+        if as_json:
+            doc = report.document(projection, sims=sims, measured=measured, inputs=inputs, plots=written)
+            if write is not None:
+                doc["written"] = {"values": str(write), "fields": changed}
+            print(json.dumps(doc, indent=2, default=str))
+            return
+        console = Console()
+        report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs)
+        for path in written:
+            console.print(f"plot: {path}")
+        if write is not None:
+            console.print(f"wrote {write}: {', '.join(changed)}")

@@ -1,0 +1,397 @@
+"""What a plan prints: the rich table, the `--json` document and the PNG plots.
+
+Presentation only: every figure comes from planner/model.py (and planner/simulate.py beside it), so
+the numbers a test asserts are the numbers a user reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from planner.config import MODES, SECONDS_PER_DAY, TIERS, Mode, Plan, TierName
+from planner.model import ModeResult, Projection, evaluate, project
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from planner.simulate import SimResult
+
+# Where a default comes from when neither the plan file nor a measurement set the field.
+DEFAULT_SOURCES = {
+    "recovery.inprocess_s": "default: the AWS sample's published in-process recovery (16 H100)",
+    "recovery.launcher_s": "default: the AWS sample's published ft_launcher recovery (16 H100)",
+    "recovery.job_restart_s": "default: the AWS sample's published restart-from-checkpoint recovery",
+    "recovery.node_swap_s": "default: assumed (HyperPod peer restore < 90 s at 2,304 GPUs)",
+    "checkpoint.copy_gbps": "default: H100 device-to-host copy, 52.8 GB/s measured (shared notes)",
+    "faults.mix": "default: Llama 3 Table 5, mapped onto the kit's classes (planner/config.py)",
+    "fleet.repair_hours": "default: assumed (a day to repair or replace a GPU host)",
+    "workload.startup_s": "default: not counted",
+}
+# The inputs the report lists with their source.
+REPORTED_INPUTS = (
+    "workload.step_s",
+    "workload.steps",
+    "workload.days",
+    "workload.startup_s",
+    "faults.count",
+    "faults.per_node_day",
+    "faults.schedule",
+    "faults.mix",
+    "recovery.inprocess_s",
+    "recovery.launcher_s",
+    "recovery.job_restart_s",
+    "recovery.node_swap_s",
+    "checkpoint.copy_gbps",
+    "checkpoint.memory.stall_s",
+    "checkpoint.local.write_s",
+    "checkpoint.durable.write_s",
+    "checkpoint.durable.restore_s",
+    "fleet.repair_hours",
+)
+MINUTE_S, HOUR_S = 60.0, 3600.0
+SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def _get(tree: Any, dotted: str) -> Any:  # noqa: ANN401 - any plan value
+    node = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Each reported input: its value and whether it was measured, given (assumed) or a default."""
+    out: dict[str, dict[str, Any]] = {}
+    for dotted in REPORTED_INPUTS:
+        if dotted == "faults.mix" and plan.faults.schedule is not None:
+            continue  # a schedule names each fault's class
+        value = _get(plan, dotted)
+        if dotted == "checkpoint.memory.stall_s" and value is None:
+            value, source = plan.stall_s("memory"), "derived: state per GPU / copy bandwidth (the floor)"
+        elif dotted.endswith(".write_s") and value is None:
+            tier = dotted.split(".")[1]
+            if plan.checkpoint.tier(tier) is None:  # type: ignore[arg-type]
+                continue
+            value, source = plan.write_s(tier), "derived: state / bandwidth_gbps"  # type: ignore[arg-type]
+        elif dotted in labels:
+            source = labels[dotted]
+        elif _get(given, dotted) is not None:
+            source = "assumed: plan file"
+        else:
+            source = DEFAULT_SOURCES.get(dotted, "default")
+        if value is None:
+            continue
+        out[dotted] = {"value": value, "source": source}
+    return out
+
+
+def document(
+    projection: Projection,
+    *,
+    sims: dict[Mode, SimResult],
+    measured: dict[str, float],
+    inputs: dict[str, dict[str, Any]],
+    plots: list[str],
+) -> dict[str, Any]:
+    """The `--json` document: top-level `modes: {MODE: {training_goodput, ...}}` plus the intervals."""
+    plan = projection.plan
+    modes: dict[str, Any] = {}
+    for mode, result in projection.modes.items():
+        row = result.to_dict()
+        if mode in sims:
+            row["simulated_goodput"] = sims[mode].training_goodput
+            row["simulated_runs"] = sims[mode].runs
+        if mode in measured:
+            row["measured_goodput"] = measured[mode]
+        modes[mode] = row
+    headline = _headline_mode(projection)
+    return {
+        "plan": plan.name,
+        "fleet": {
+            "instance_profile": plan.fleet.instance_profile,
+            "nodes": plan.fleet.nodes,
+            "gpus": plan.fleet.gpus,
+            "state_bytes": plan.workload.total_state_bytes(),
+        },
+        "intervals_mode": headline,
+        "intervals": {t: asdict(i) for t, i in projection.modes[headline].intervals.items()},
+        "spares": asdict(projection.modes[headline].spares),
+        "modes": modes,
+        "inputs": inputs,
+        "plots": plots,
+    }
+
+
+def _headline_mode(projection: Projection) -> Mode:
+    return "kit" if "kit" in projection.modes else next(iter(projection.modes))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    if value >= HOUR_S:
+        return f"{value / HOUR_S:.1f} h"
+    if value >= MINUTE_S:
+        return f"{value / MINUTE_S:.1f} min"
+    return f"{value:.3g} s"
+
+
+def print_report(
+    console: Console,
+    projection: Projection,
+    *,
+    sims: dict[Mode, SimResult],
+    measured: dict[str, float],
+    inputs: dict[str, dict[str, Any]],
+) -> None:
+    plan = projection.plan
+    length = (
+        f"{plan.workload.steps} steps" if plan.workload.steps is not None else f"{plan.workload.days:g} days"
+    )
+    if plan.faults.schedule is not None:
+        faults = f"{len(plan.faults.schedule)} scheduled faults"
+    elif plan.faults.count is not None:
+        faults = f"{plan.faults.count} faults per run"
+    else:
+        faults = f"{plan.faults.per_node_day:.2e} faults per node-day"
+    console.print(
+        f"[bold]{plan.name}[/bold]: {plan.fleet.nodes} x {plan.fleet.instance_profile} = "
+        f"{plan.fleet.gpus} {'GPUs' if plan.fleet.profile.gpus else 'CPU ranks'}, "
+        f"{length} of {plan.workload.step_s:g} s, {faults}, "
+        f"state {plan.workload.total_state_bytes() / 1e9:,.1f} GB"
+    )
+    _print_intervals(console, projection)
+    _print_goodput(console, projection, sims=sims, measured=measured)
+    _print_spares(console, projection)
+    _print_inputs(console, inputs)
+
+
+def _print_intervals(console: Console, projection: Projection) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    intervals = Table(title="Recommended checkpoint interval per tier", title_justify="left")
+    intervals.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
+    intervals.add_column("tier", no_wrap=True, min_width=len("durable"))
+    intervals.add_column("bound")
+    for column in ("every", "interval", "Young/Daly", "write", "stall", "MTBF"):
+        intervals.add_column(column, justify="right")
+    for mode, result in projection.modes.items():
+        for tier in TIERS:
+            i = result.intervals.get(tier)
+            if i is None:
+                continue
+            intervals.add_row(
+                mode,
+                tier,
+                i.bound,
+                f"{i.every_steps} steps",
+                _seconds(i.seconds),
+                _seconds(i.young_daly_s),
+                _seconds(i.write_s),
+                _seconds(i.stall_s),
+                _seconds(i.mtbf_s),
+            )
+    console.print(intervals)
+    console.print(
+        "bound: what set the interval (young-daly optimum, write time of an async tier, one step, memory "
+        "cadence, max interval: no fault restores from the tier, fixed by the plan); MTBF: between the "
+        "faults that restore from the tier"
+    )
+    for mode, result in projection.modes.items():
+        for tier, i in result.intervals.items():
+            if i.note:
+                console.print(f"[yellow]{mode} {tier}: every {i.every_steps} steps is {i.note}[/yellow]")
+
+
+def _goodput_cells(r: ModeResult) -> list[str]:
+    return [
+        f"[bold]{r.training_goodput:.1%}[/bold]",
+        _pct(r.badput["checkpoint_stall"]),
+        _pct(r.badput["lost_work"]),
+        _pct(r.badput["recovery"]),
+        _pct(r.badput["capacity_wait"]),
+        _pct(r.badput["startup"]),
+        f"{r.gpu_hours_lost_per_day:,.0f}",
+    ]
+
+
+def _print_goodput(
+    console: Console, projection: Projection, *, sims: dict[Mode, SimResult], measured: dict[str, float]
+) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title="Expected training goodput per mode", title_justify="left")
+    table.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
+    columns = ["goodput", "ckpt stall", "lost work", "recovery", "capacity wait", "startup", "GPU-h lost/day"]
+    if sims:
+        columns.append("simulated")
+    if measured:
+        columns.append("measured")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for mode, r in projection.modes.items():
+        if not r.feasible:
+            table.add_row(f"[red]{mode} (faults outpace progress)[/red]", *["-"] * (len(columns)))
+            continue
+        cells = _goodput_cells(r)
+        if sims:
+            sim = sims.get(mode)
+            cells.append("-" if sim is None else f"{sim.training_goodput:.1%}")
+        if measured:
+            cells.append(_pct(measured.get(mode)))
+        table.add_row(mode, *cells)
+    console.print(table)
+
+
+def _print_spares(console: Console, projection: Projection) -> None:
+    plan = projection.plan
+    spares = projection.modes[_headline_mode(projection)].spares
+    warn = (
+        f" [yellow]below the {spares.recommended} recommended: the capacity-wait figure is optimistic "
+        "(see the simulation)[/yellow]"
+        if spares.spares < spares.recommended
+        else ""
+    )
+    console.print(
+        f"spares: {spares.spares} ({spares.source}; {spares.recommended} for {plan.fleet.spare_target:.0%} "
+        f"never waiting): {spares.mean_out:.2f} nodes out for repair on average, "
+        f"{spares.node_losses:.1f} node losses per run, P(no spare at a loss) {spares.p_no_spare:.1e}, "
+        f"P(never waiting) {spares.p_never_wait:.1%}{warn}"
+    )
+
+
+def _print_inputs(console: Console, inputs: dict[str, dict[str, Any]]) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    sources = Table(title="Inputs and where they come from", title_justify="left")
+    sources.add_column("field", no_wrap=True)
+    sources.add_column("value", justify="right")
+    sources.add_column("source")
+    for dotted, item in inputs.items():
+        value = item["value"]
+        if isinstance(value, float):
+            text = f"{value:.4g}"
+        elif isinstance(value, dict):
+            text = ", ".join(f"{k} {v:.2f}" for k, v in value.items())
+        elif isinstance(value, list):
+            text = ", ".join(str(v) for v in value)
+        else:
+            text = str(value)
+        colour = "green" if item["source"].startswith("measured") else "default"
+        sources.add_row(dotted, text, f"[{colour}]{item['source']}[/{colour}]")
+    console.print(sources)
+
+
+# ---- plots ----------------------------------------------------------------------------------------------
+def plot_interval(projection: Projection, out: Path) -> Path:
+    """Goodput against the durable interval, one line per mode (other tiers at their recommendation)."""
+    import matplotlib as mpl  # noqa: PLC0415 - heavy, and only the plots need it
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    plan = projection.plan
+    step = plan.workload.step_s
+    figure, axis = plt.subplots(figsize=(9, 5))
+    longest = plan.useful_s or plan.workload.days * SECONDS_PER_DAY  # type: ignore[operator]
+    for mode, result in projection.modes.items():
+        tier: TierName = "durable"
+        chosen = result.intervals[tier]
+        memory = result.intervals.get("memory")
+        multiple = memory.every_steps if (memory is not None and tier != "memory") else 1
+        top = max(chosen.every_steps * 30, 100 * multiple)
+        grid = sorted(
+            {
+                max(multiple, round(10 ** (k / 12) / multiple) * multiple)
+                for k in range(int(12 * math.log10(max(top, 2))) + 1)
+            }
+        )
+        grid = [n for n in grid if n * step <= longest]
+        xs, ys = [], []
+        for every in grid:
+            cadences = {t: i.every_steps for t, i in result.intervals.items()}
+            cadences[tier] = every
+            r = evaluate(plan, mode, cadences)
+            if r.feasible:
+                xs.append(every * step)
+                ys.append(r.training_goodput)
+        (line,) = axis.plot(xs, ys, label=mode)
+        axis.plot([chosen.seconds], [result.training_goodput], "o", color=line.get_color())
+    axis.set_xscale("log")
+    axis.set_xlabel("durable checkpoint interval (s)")
+    axis.set_ylabel("expected training goodput")
+    axis.set_title(f"{plan.name}: goodput against the durable interval (dot: the plan's interval)")
+    axis.grid(visible=True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out
+
+
+def scale_plan(plan: Plan, gpus: int, *, wall_s: float | None = None) -> Plan:
+    """The same plan on a fleet of `gpus` GPUs (spares sized by the plan), faults as a rate.
+
+    A count per run becomes the rate it is on this plan's own fleet over `wall_s` (the mode's projected
+    wall time), so the sweep passes through the plan's own figure at its own size."""
+    nodes = max(1, gpus // plan.fleet.profile.workers_per_node)
+    faults = plan.faults
+    if faults.per_node_day is None:
+        count = faults.count if faults.count is not None else len(faults.schedule or [])
+        days = (wall_s or plan.useful_s or 0.0) / SECONDS_PER_DAY
+        rate = count / (plan.fleet.nodes * days) if days else 0.0
+        mix = faults.mix
+        if faults.schedule is not None:
+            classes = [cls for cls, _ in faults.scheduled()]
+            mix = {cls: classes.count(cls) / len(classes) for cls in set(classes)} if classes else mix
+        faults = faults.model_copy(update={"count": None, "schedule": None, "per_node_day": rate, "mix": mix})
+    fleet = plan.fleet.model_copy(update={"nodes": nodes, "spares": None})
+    return plan.model_copy(update={"fleet": fleet, "faults": faults})
+
+
+def fleet_sweep(plan: Plan) -> dict[Mode, list[tuple[int, float]]]:
+    gpn = plan.fleet.profile.workers_per_node
+    sizes = sorted({g for g in (*SWEEP_GPUS, plan.fleet.gpus) if g >= gpn})
+    out: dict[Mode, list[tuple[int, float]]] = {}
+    for mode in MODES:
+        if mode not in plan.modes:
+            continue
+        own = project(plan, mode)
+        wall = own.wall_s if own.feasible else None
+        for gpus in sizes:
+            result = project(scale_plan(plan, gpus, wall_s=wall), mode)
+            out.setdefault(mode, []).append((gpus, result.training_goodput if result.feasible else 0.0))
+    return out
+
+
+def plot_fleet(plan: Plan, out: Path) -> Path:
+    """Goodput against fleet size from 8 to 32,768 GPUs, one line per mode."""
+    import matplotlib as mpl  # noqa: PLC0415
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axis = plt.subplots(figsize=(9, 5))
+    for mode, points in fleet_sweep(plan).items():
+        axis.plot([g for g, _ in points], [y for _, y in points], marker=".", label=mode)
+    axis.axvline(plan.fleet.gpus, color="grey", linestyle="--", linewidth=1)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("GPUs")
+    axis.set_ylabel("expected training goodput (intervals and spares re-planned per size)")
+    axis.set_title(f"{plan.name}: goodput against fleet size")
+    axis.grid(visible=True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return out

@@ -1,0 +1,211 @@
+"""The cluster chart's node check, scrape objects and dashboards: schema-valid, least privilege, wired to
+the job chart and to the trainer's node check by the same names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cdk8s
+import kubernetes_validate
+import pytest
+import yaml
+
+from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+from k8s.job_chart import render
+from k8s.load import load_values
+from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec
+from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
+from training import nodecheck
+
+K8S_VERSION = "1.33"
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "training"
+CRD_KINDS = {"PodMonitor", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
+
+
+def _chart(*, node_check: bool = True, pod_monitors: bool = True, kueue: bool = True) -> list[dict]:
+    chart = ClusterObjectsChart(
+        cdk8s.App(),
+        "cluster-objects",
+        namespace=NAMESPACE,
+        service_account="trainer",
+        fsx_file_system_id="fs-0123456789abcdef0",
+        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+        fsx_mount_name="abcdefgh",
+        storage_capacity_gib=1200,
+        pvc_name="fsx-checkpoints",
+        kueue=KueueQuota(gpus=16, efa_devices=64, cpu=384, memory_gib=4096, verified_nodes_only=node_check)
+        if kueue
+        else None,
+        node_check=NodeCheckSpec(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx:abc123")
+        if node_check
+        else None,
+        pod_monitors=pod_monitors,
+    )
+    return chart.to_json()
+
+
+def _one(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    (found,) = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict]:
+    return _chart()
+
+
+def test_every_core_object_validates_against_the_k8s_schema(docs):
+    kinds = {d["kind"] for d in docs}
+    assert kinds >= {
+        "DaemonSet",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ConfigMap",
+        "PodMonitor",
+    }
+    for doc in docs:
+        if doc["kind"] not in CRD_KINDS:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_without_node_check_or_operator_only_the_dashboards_are_added():
+    kinds = [d["kind"] for d in _chart(node_check=False, pod_monitors=False, kueue=False)]
+    assert "DaemonSet" not in kinds
+    assert "PodMonitor" not in kinds
+    assert kinds.count("ConfigMap") == 1
+
+
+def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(docs):
+    role = _one(docs, "ClusterRole", NODE_CHECK)
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    ]
+    events = _one(docs, "Role", NODE_CHECK)
+    assert events["metadata"]["namespace"] == NAMESPACE
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        (subject,) = _one(docs, kind, NODE_CHECK)["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": NODE_CHECK, "namespace": NAMESPACE}
+    # The training service account still never talks to the API.
+    assert _one(docs, "ServiceAccount", "trainer")["automountServiceAccountToken"] is False
+
+
+def test_admission_policy_pins_the_service_account_to_its_own_node(docs):
+    policy = _one(docs, "ValidatingAdmissionPolicy", NODE_CHECK)["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes", "nodes/status"]
+    assert rule["operations"] == ["UPDATE"]
+    (condition,) = policy["matchConditions"]
+    assert (
+        condition["expression"]
+        == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{NODE_CHECK}'"
+    )
+    expressions = [v["expression"] for v in policy["validations"]]
+    assert f"request.userInfo.extra['{NODE_NAME_EXTRA}']" in expressions[0]
+    assert "object.metadata.name" in expressions[0]
+    # What it may change is exactly what training/nodecheck.py writes.
+    text = json.dumps(policy)
+    for owned in (
+        nodecheck.VERIFIED_LABEL,
+        nodecheck.VERIFIED_AT_LABEL,
+        nodecheck.REPORT_ANNOTATION,
+        nodecheck.UNVERIFIED_TAINT,
+        nodecheck.CONDITION_TYPE,
+    ):
+        assert owned in text
+    binding = _one(docs, "ValidatingAdmissionPolicyBinding", NODE_CHECK)["spec"]
+    assert binding == {"policyName": NODE_CHECK, "validationActions": ["Deny"]}
+
+
+def test_daemon_set_runs_the_check_on_gpu_nodes_without_taking_devices(docs):
+    ds = _one(docs, "DaemonSet", NODE_CHECK)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvrx-eks/gpu": "true"}
+    tolerated = {t["key"] for t in pod["tolerations"]}
+    assert tolerated == {"nvidia.com/gpu", nodecheck.UNVERIFIED_TAINT}  # it must run on a node it tainted
+    assert pod["serviceAccountName"] == NODE_CHECK
+    (c,) = pod["containers"]
+    assert c["command"][:3] == ["python", "-m", "training.nodecheck"]
+    assert "nvidia.com/gpu" not in json.dumps(c["resources"])
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["privileged"] is False
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts[HOST_SYS]["readOnly"]
+    assert mounts[f"{HOST_DEV}/infiniband"]["readOnly"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    # Only a subdirectory of the array: its root holds the kubelet's and containerd's state.
+    assert volumes["local-nvme"] == f"/mnt/k8s-disks/0/{NODE_CHECK}"
+    # The trainer's node check looks where the chart mounts.
+    host = nodecheck.Host()
+    assert (str(host.sys_root), str(host.efa_dev_root), str(host.nvme_path)) == (
+        HOST_SYS,
+        HOST_DEV,
+        HOST_NVME,
+    )
+
+
+def test_kueue_flavor_admits_to_verified_nodes_only(docs):
+    flavor = _one(docs, "ResourceFlavor")
+    assert flavor["spec"] == {"nodeLabels": {nodecheck.VERIFIED_LABEL: "true"}}
+    assert "spec" not in _one(_chart(node_check=False), "ResourceFlavor")
+
+
+def test_dashboard_config_map_for_the_grafana_sidecar(docs):
+    cm = _one(docs, "ConfigMap", "nvrx-eks-dashboards")
+    assert cm["metadata"]["labels"][GRAFANA_DASHBOARD_LABEL] == "1"
+    shipped = (ROOT / "k8s" / "dashboards" / "training.json").read_text()
+    assert cm["data"]["training.json"] == shipped
+    assert json.loads(shipped)["uid"] == "nvrx-eks-training"
+
+
+def test_pod_monitors_scrape_the_ports_the_job_chart_declares(docs, tmp_path):
+    files = render(load_values(ROOT / "k8s" / "values" / "p5-2.yaml"), str(tmp_path))
+    (job,) = [d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d and d["kind"] == "Job"]
+    template = job["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {f"metrics-{i}": 9500 + i for i in range(8)}
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9500",
+        "prometheus.io/path": "/metrics",
+    }
+    monitor = _one(docs, "PodMonitor", "nvrx-eks-trainer")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    scraped = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert set(ports) <= scraped
+    dcgm = _one(docs, "PodMonitor", "nvrx-eks-dcgm-exporter")
+    assert dcgm["metadata"]["namespace"] == "kube-system"
+    assert [e["port"] for e in dcgm["spec"]["podMetricsEndpoints"]] == [DCGM_EXPORTER_PORT]
+
+
+@pytest.mark.parametrize(
+    ("values_file", "overrides", "required"),
+    [
+        ("p5-2.yaml", [], True),
+        ("p5-2.yaml", ["require_verified_nodes=false"], False),
+        ("local-cpu.yaml", [], False),
+    ],
+)
+def test_training_pods_require_verified_nodes_on_ec2_by_default(tmp_path, values_file, overrides, required):
+    files = render(load_values(ROOT / "k8s" / "values" / values_file, overrides), str(tmp_path))
+    (job,) = [d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d and d["kind"] == "Job"]
+    selector = job["spec"]["template"]["spec"].get("nodeSelector") or {}
+    assert (selector.get(nodecheck.VERIFIED_LABEL) == "true") is required

@@ -1,0 +1,62 @@
+"""A failed pod's cause from its termination message (k8s/termination.py), on the launchers' own output."""
+
+from __future__ import annotations
+
+from k8s.termination import TAIL_BYTES, failure_cause, log_tail
+
+# The lines NVRx 0.4.1's ft_launcher logs when it runs out of restarts (seen in this kit's local runs).
+FAULTY = (
+    "[INFO] [ft_launcher5800@vm] 0/2 restart attempts left. Exiting...\n"
+    "[ERROR] [ft_launcher5800@vm] Some rank(s) exited with non-zero exit code: {3: ProcessFailure("
+    "local_rank=1, pid=6791, exitcode=-9, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+    "message='Signal 9 (SIGKILL) received by PID 6791', timestamp=1796123242), 2: ProcessFailure("
+    "local_rank=0, pid=6789, exitcode=143, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+    "message='To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html', "
+    "timestamp=1796123242)}. Agent's exit code = 1\n"
+)
+STOPPED = (
+    "[ERROR] [ft_launcher5798@vm] Some rank(s) exited with non-zero exit code: {0: ProcessFailure("
+    "local_rank=0, pid=6790, exitcode=143, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+    "message='To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html', "
+    "timestamp=1796123242)}. Agent's exit code = 1\n"
+)
+# torch elastic's ChildFailedError table (torchrun, and launchers that re-raise it).
+TABLE = """
+============================================================
+training FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_11:07:22
+  host      : vm
+  rank      : 5 (local_rank: 1)
+  exitcode  : -11 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 11 (SIGSEGV) received by PID 4242
+============================================================
+"""
+
+
+def test_own_rank_killed_by_a_signal_outranks_ranks_the_launcher_stopped():
+    faulty, stopped = failure_cause(FAULTY), failure_cause(STOPPED)
+    assert faulty.text == "worker rank 3 exit code -9 (Signal 9 (SIGKILL))"
+    assert stopped.text == "worker rank 0 exit code 143: stopped by its launcher after a peer failed"
+    assert faulty.severity > stopped.severity
+
+
+def test_torch_root_cause_table_and_known_errors():
+    assert failure_cause(TABLE).text == "worker rank 5 exit code -11 (Signal 11 (SIGSEGV))"
+    closed = failure_cause("raise RendezvousClosedError()\ntorch...RendezvousClosedError\n")
+    assert closed.text == "the rendezvous was closed (RendezvousClosedError)"
+    assert closed.severity == 0
+
+
+def test_log_tail_keeps_what_the_kubelet_keeps():
+    text = "".join(f"line {i}\n" for i in range(1000))
+    tail = log_tail(text)
+    assert tail.endswith("line 999")
+    assert len(tail.encode()) <= TAIL_BYTES
+    assert len(tail.splitlines()) <= 80

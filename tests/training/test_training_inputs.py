@@ -1,0 +1,141 @@
+"""The trainer's runtime input (files, folders, launcher variables): one message, exit 2, promptly.
+
+Real processes, each bounded: a rank that hangs fails the test at its timeout and is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Generous for a loaded 2-core machine (torch import ~2-5 s); a hang runs into it.
+PROMPT_S = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"}
+    }
+    return env | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the rank's own children (checkpoint workers) go with it on a kill
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int | None, str]:
+    """(exit code, output); None as the code when the process was still running at PROMPT_S."""
+    try:
+        out, _ = proc.communicate(timeout=PROMPT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out
+    return proc.returncode, out
+
+
+def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
+    port = str(_free_port())
+    missing = tmp_path / "tokens.bin"
+    args = ["-m", "training", "--mode", "both", "--steps", "5", "--run-dir", str(tmp_path / "run")]
+    args += ["--data-token-file", str(missing)]
+    ranks = [
+        _start(
+            args,
+            _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+        )
+        for r in range(2)
+    ]
+    results = [_finish(p) for p in ranks]
+    for code, out in results:
+        assert code == 2, out[-3000:]
+        assert f"data.token_file {missing}: no such file" in out
+        assert "Traceback" not in out
+
+
+@pytest.mark.parametrize(
+    ("setup", "env", "message"),
+    [
+        ("run_dir_file", {}, "is a file; pass a folder for the run's events"),
+        ("run_dir_below_file", {}, "which is a file"),
+        ("short_tokens", {}, "needs more than"),
+        ("odd_tokens", {}, "is not a whole number of uint16 tokens"),
+        ("token_folder", {}, "not a regular file"),
+        ("ok", {"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is out of range (1..65535)"),
+        ("ok", {"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+        ("ok", {"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+        ("prometheus", {"LOCAL_RANK": "1"}, "metrics.prometheus_port (65535) + LOCAL_RANK (1) is past port"),
+    ],
+)
+def test_bad_runtime_input_is_one_message_and_exit_2(setup, env, message, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["-m", "training", "--steps", "3"]
+    if setup == "run_dir_file":
+        run_dir.write_text("")
+    elif setup == "run_dir_below_file":
+        (tmp_path / "file").write_text("")
+        run_dir = tmp_path / "file" / "run"
+    elif setup in {"short_tokens", "odd_tokens", "token_folder"}:
+        tokens = tmp_path / "tokens.bin"
+        if setup == "token_folder":
+            tokens.mkdir()
+        else:
+            tokens.write_bytes(b"\0" * (8 if setup == "short_tokens" else 9))
+        args += ["--data-token-file", str(tokens)]
+    elif setup == "prometheus":
+        args += ["--metrics-prometheus-port", "65535"]
+    code, out = _finish(_start([*args, "--run-dir", str(run_dir)], _env(**env)))
+    assert code == 2, out[-3000:]
+    assert message in out
+    assert "Traceback" not in out
+
+
+def test_a_port_past_65535_is_a_field_error():
+    code, out = _finish(_start(["-m", "training", "--metrics-prometheus-port", "70000"], _env()))
+    assert code == 2, out[-3000:]
+    assert "metrics.prometheus_port: Input should be less than or equal to 65535" in out
+
+
+def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
+    """Whatever fails between starting the persistent checkpoint workers and the loop, the rank exits:
+    run() closes what it built (NVRx's own teardown at interpreter exit joined a dead worker forever)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import training.run
+        class Boom(RuntimeError):
+            pass
+        def fail(*args, **kwargs):
+            raise Boom("the trainer could not be built")
+        training.run.Trainer = fail
+        from training.__main__ import main
+        sys.argv = ["training", "--steps", "3", "--run-dir", {str(tmp_path / "run")!r}]
+        main()
+        """
+    )
+    code, out = _finish(_start(["-c", script], _env()))
+    assert code is not None, f"the rank did not exit within {PROMPT_S} s:\n{out[-3000:]}"
+    assert code == 1
+    assert "Boom: the trainer could not be built" in out

@@ -1,0 +1,145 @@
+"""The trainer's Prometheus metrics: names by convention, replays, recoveries by layer and phase, tiers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from training.events import EventLog
+from training.metrics import RECOVERY_PHASES, Metrics
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    metrics.write()
+    text = metrics.path.read_text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted({"rank": "0", **labels}.items())))
+    return samples[key]
+
+
+_OPEN: list[EventLog] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_logs():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _new(run_dir, **kwargs) -> tuple[Metrics, EventLog]:
+    events = EventLog(run_dir=run_dir, rank=0)
+    _OPEN.append(events)
+    metrics = Metrics(
+        run_dir=run_dir, rank=0, every=1000, port=None, local_rank=0, tokens_per_step=64, **kwargs
+    )
+    events.subscribe(metrics.observe)
+    return metrics, events
+
+
+def _steps(metrics: Metrics, events: EventLog, steps: range) -> None:
+    for step in steps:
+        events.emit("step", step=step, step_s=0.5, ckpt_s=0.01, loss=1.0)
+        metrics.step(step=step, step_s=0.5, ckpt_s=0.01, loss=1.0)
+
+
+def test_names_follow_prometheus_conventions(tmp_path):
+    metrics, _ = _new(tmp_path)
+    names = metrics.metric_names()
+    assert "trainer_steps_total" in names
+    assert "trainer_checkpoint_stall_seconds_total" in names
+    assert "trainer_step_seconds_bucket" in names
+    for name in names:
+        assert re.fullmatch(r"trainer_[a-z0-9_]+", name), name
+    families = {f.name: f.type for f in metrics.registry.collect()}
+    for name, kind in families.items():
+        if kind == "counter":  # the exposition adds _total; time counters are in seconds
+            assert not name.endswith("_total"), name
+        if "seconds" in name or "time" in name:
+            assert re.search(r"_seconds$|_timestamp_seconds$", name), name
+
+
+def test_in_process_recovery_counts_its_layer_and_phases(tmp_path):
+    metrics, events = _new(tmp_path)
+    events.emit("process_ready", setup_s=3.0)
+    events.emit("attempt_start", attempt=0)
+    events.emit("startup_done", attempt=0, restored_step=-1, tier="none", startup_s=1.0, load_s=0.1)
+    _steps(metrics, events, range(5))
+    events.emit("checkpoint_staged", tier="memory", step=4)
+    events.emit("checkpoint_committed", tier="durable", step=4, seconds=2.0)
+    events.emit("checkpoint_skipped", tier="local", step=4, reason="previous persist running")
+    events.emit("fault_injected", **{"class": "exception"}, step=5, target_rank=0)
+    events.emit("detected", layer="inprocess", cause="InjectedFaultError")
+    events.emit("attempt_start", attempt=1)
+    events.emit("startup_done", attempt=1, restored_step=4, tier="inprocess", startup_s=0.4, load_s=0.05)
+    _steps(metrics, events, range(5, 7))
+    samples = _samples(metrics)
+    assert _value(samples, "trainer_steps_total") == 7
+    assert _value(samples, "trainer_productive_steps_total") == 7
+    assert _value(samples, "trainer_productive_step_seconds_total") == pytest.approx(3.5)
+    assert _value(samples, "trainer_tokens_total") == 7 * 64
+    # The first start is no recovery; the in-process restart is one, restored from memory.
+    assert _value(samples, "trainer_recoveries_total", layer="inprocess", tier="inprocess") == 1
+    assert ("trainer_recoveries_total", (("layer", "none"),)) not in samples
+    for phase in ("teardown", "rendezvous", "restore", "first_step"):
+        assert _value(samples, "trainer_recovery_phase_seconds_count", layer="inprocess", phase=phase) == 1
+    assert _value(samples, "trainer_recovery_phase_seconds_sum", layer="inprocess", phase="restore") == 0.05
+    assert _value(samples, "trainer_recovery_phase_seconds_sum", layer="inprocess", phase="rendezvous") == (
+        pytest.approx(0.35)
+    )
+    assert _value(samples, "trainer_checkpoint_last_step", tier="durable") == 4
+    assert _value(samples, "trainer_checkpoint_persist_seconds_sum", tier="durable") == 2.0
+    assert _value(samples, "trainer_checkpoint_last_success_timestamp_seconds", tier="memory") > 1e9
+    assert _value(samples, "trainer_checkpoint_skipped_total", tier="local") == 1
+    assert _value(samples, "trainer_faults_injected_total", **{"class": "exception"}) == 1
+
+
+def test_a_launcher_restart_replays_steps_and_counts_as_ft_launcher(tmp_path):
+    metrics, events = _new(tmp_path)
+    _steps(metrics, events, range(6))  # the first process reached step 5, then died
+    events.close()
+    metrics, events = _new(tmp_path, restart_count=1)
+    events.emit("process_ready", setup_s=4.2)
+    events.emit("attempt_start", attempt=0)
+    events.emit("startup_done", attempt=0, restored_step=2, tier="memory", startup_s=2.0, load_s=0.5)
+    _steps(metrics, events, range(3, 8))
+    samples = _samples(metrics)
+    assert _value(samples, "trainer_replayed_steps_total") == 3  # 3, 4, 5 again
+    assert _value(samples, "trainer_productive_steps_total") == 2
+    assert _value(samples, "trainer_launcher_restarts") == 1
+    assert _value(samples, "trainer_recoveries_total", layer="ft_launcher", tier="memory") == 1
+    assert (
+        _value(samples, "trainer_recovery_phase_seconds_sum", layer="ft_launcher", phase="process_start")
+        == 4.2
+    )
+    assert set(RECOVERY_PHASES) >= {"process_start", "restore"}
+
+
+def test_a_replacement_pod_restoring_a_checkpoint_is_the_job_controllers(tmp_path):
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "rank-0.jsonl").write_text(
+        json.dumps({"t": 1.0, "kind": "step", "step": 9}) + "\n" + '{"t": 2.0, "kind": "st'  # torn tail
+    )
+    metrics, events = _new(tmp_path)
+    assert metrics.high_water == 9
+    events.emit("startup_done", attempt=0, restored_step=8, tier="durable", startup_s=3.0, load_s=1.0)
+    samples = _samples(metrics)
+    assert _value(samples, "trainer_recoveries_total", layer="job_controller", tier="durable") == 1
+
+
+def test_a_failing_listener_never_stops_the_event_stream(tmp_path):
+    events = EventLog(run_dir=tmp_path, rank=0)
+    events.subscribe(lambda _event: 1 / 0)
+    events.emit("step", step=0)
+    events.close()
+    assert '"step"' in (tmp_path / "events" / "rank-0.jsonl").read_text()

@@ -1,0 +1,447 @@
+"""The memory tier's peer replica, and the restore that takes each shard from wherever it is.
+
+Save side (`ReplicaWorker`): after a memory snapshot's copy has finished, each rank sends that staging
+slot to the same local rank on the next R nodes and receives, from the R nodes before it, their slots
+into its pod's memory folder (`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
+It runs on a thread of its own over a gloo group of its own, so it never blocks the loop: the snapshot
+copy stays the only stall, and a replication still running when the next snapshot is due is skipped
+and counted like any busy tier (the agreement in tiered.py decides it alike on every rank).
+
+Why gloo from host memory on GPU nodes too, rather than NCCL: the slot already sits in pinned host
+RAM; NCCL would need it back on the device (HBM and copy-engine time taken from training) and shares
+the rails and streams of the gradient collectives, while gloo's TCP sends from host memory and leaves
+the GPU alone. The bytes per snapshot and their seconds are in each `checkpoint_committed` event of
+tier `peer` (what `bench checkpoint` reports); on EFA nodes this was not measured here (no GPU lent).
+
+Restore side (`restore_from_anywhere`): every rank reports what it can serve -- any shard held in its
+node's memory folder (its own slots, slots of ranks it ran as before, replicas received from partners)
+and its own shard in the node-local and durable tiers. The ranks agree, from the gathered reports, on
+the newest step for which every shard exists somewhere, then each rank takes its shard from the
+fastest place that has it: its node's RAM (`memory`), a partner's RAM over the network
+(`peer_memory`), node-local disk, durable storage. A replacement node thus pulls its shards from its
+partners' RAM. A shard that fails to verify drops that step for everyone and the next one is agreed.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoint.base import Restored
+from training.checkpoint.shard import ShardError, decode
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from training.checkpoint.restore import StoreSource
+
+PEER_DIR = "peer"
+TIER_ORDER = ("memory", "peer_memory", "local", "durable")
+"""Where a shard comes from at restore, fastest first."""
+
+
+def partner_ranks(rank: int, *, world_size: int, ranks_per_node: int, replicas: int) -> list[int]:
+    """The ranks that hold copies of `rank`'s shard: the same local rank on the next `replicas` nodes."""
+    nodes = world_size // ranks_per_node
+    node, local = divmod(rank, ranks_per_node)
+    return [((node + k) % nodes) * ranks_per_node + local for k in range(1, replicas + 1)]
+
+
+def source_ranks(rank: int, *, world_size: int, ranks_per_node: int, replicas: int) -> list[int]:
+    """The ranks whose shards `rank` holds: the same local rank on the previous `replicas` nodes."""
+    nodes = world_size // ranks_per_node
+    node, local = divmod(rank, ranks_per_node)
+    return [((node - k) % nodes) * ranks_per_node + local for k in range(1, replicas + 1)]
+
+
+# --- slot files: <dir>/slot-<k>.bin (data), .hdr (shard header), .json (manifest, the commit point) --
+def _manifests(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for path in sorted(folder.glob("slot-*.json")):
+        try:
+            out.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            continue  # half-written or being replaced: not committed
+    return out
+
+
+def read_slot(folder: Path, step: int, shard: int) -> bytearray:
+    """The committed slot of `shard` at `step` in `folder`, as one encoded shard (header + data)."""
+    for path, manifest in _manifests(folder):
+        if manifest.get("step") != step or manifest.get("rank") != shard:
+            continue
+        header = path.with_suffix(".hdr").read_bytes()
+        nbytes = int(manifest["data_bytes"])
+        blob = bytearray(len(header) + nbytes)
+        blob[: len(header)] = header
+        with path.with_suffix(".bin").open("rb", buffering=0) as source:
+            got = source.readinto(memoryview(blob)[len(header) :])
+        if got != nbytes:
+            raise ShardError(f"{path.with_suffix('.bin')}: {got} of {nbytes} bytes")
+        return blob
+    raise ShardError(f"{folder}: no committed slot of rank {shard} at step {step}")
+
+
+def node_memory(memory_dir: Path, *, world_size: int) -> dict[tuple[int, int], tuple[str, Path]]:
+    """Every (shard, step) this node's memory folder holds: ("memory" | "peer_memory", its folder)."""
+    held: dict[tuple[int, int], tuple[str, Path]] = {}
+    for kind, pattern in (("memory", "rank-*"), ("peer_memory", f"{PEER_DIR}/rank-*")):
+        for folder in sorted(memory_dir.glob(pattern)):
+            for _, manifest in _manifests(folder):
+                if manifest.get("world_size") != world_size:
+                    continue  # another job layout: its shards do not fit this one
+                held.setdefault((int(manifest["rank"]), int(manifest["step"])), (kind, folder))
+    return held
+
+
+class ReplicaWorker:
+    """Sends this rank's staged slot to its partners and stores what its sources send, on a thread.
+
+    The same interface as a disk tier's PersistWorker (submit / poll / busy), so the checkpointer's
+    agreement, coalescing and slot holding treat replication as one more background tier.
+    """
+
+    tier = "peer"
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        ranks_per_node: int,
+        replicas: int,
+        memory_dir: Path,
+        timeout_s: float,
+    ) -> None:
+        self.rank = rank
+        self.targets = partner_ranks(
+            rank, world_size=world_size, ranks_per_node=ranks_per_node, replicas=replicas
+        )
+        self.sources = source_ranks(
+            rank, world_size=world_size, ranks_per_node=ranks_per_node, replicas=replicas
+        )
+        self.world_size = world_size
+        self.root = memory_dir / PEER_DIR
+        self.keep = 2
+        self.timeout_s = timeout_s
+        self.group: Any = None
+        self._world: Any = None
+        self._thread: threading.Thread | None = None
+        self._outcomes: dict[int, dict[str, Any]] = {}
+        self._rounds = 0
+        self._inflight = (-1, -1)
+        self._abandoned: dict[str, Any] | None = None
+
+    # The PersistWorker interface -------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        if self._thread is not None and self._world is not dist.group.WORLD:
+            # A new process group (in-process restart): the exchange in flight belongs to the old
+            # attempt, whose peers may never answer; it ends at its group's timeout, unwaited for,
+            # and its slot is released (`poll` reports it failed).
+            self._thread = None
+            self._abandoned = {
+                "ok": False,
+                "step": self._inflight[0],
+                "slot": self._inflight[1],
+                "error": "abandoned: the process group it ran on was replaced (restart)",
+            }
+        return self._thread is not None
+
+    def warm(self) -> bool:
+        return True  # a thread of the trainer: nothing to start, nothing to import
+
+    def start(self) -> None:
+        return None
+
+    def prepare(self) -> None:
+        """On the loop's thread, at a step every rank launches alike: (re)create the replication group.
+
+        A new default group (in-process restart, restore) voids the old one: its operations belong to
+        the old attempt and time out on their own."""
+        world = dist.group.WORLD
+        if world is not self._world:
+            self._world = world
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+
+    def submit(
+        self, *, step: int, slot: int, slot_path: str, header: bytes, data_bytes: int, **_: object
+    ) -> None:
+        if self._world is not dist.group.WORLD:
+            # Staged before a restart, copied after it: the partners' attempt is another one.
+            raise RuntimeError("the replication group belongs to an earlier process group")
+        group = self.group
+        self._inflight = (step, slot)
+        self._rounds += 1
+        target_slot = self._rounds % self.keep
+        self._thread = threading.Thread(
+            target=self._exchange,
+            kwargs={
+                "round_id": self._rounds,
+                "group": group,
+                "step": step,
+                "slot": slot,
+                "slot_path": slot_path,
+                "header": header,
+                "data_bytes": data_bytes,
+                "target_slot": target_slot,
+            },
+            name=f"peer-replica-{step}",
+            daemon=True,  # a replica is never worth holding the process at exit
+        )
+        self._thread.start()
+
+    def poll(self, *, now: float | None = None) -> dict[str, Any] | None:  # noqa: ARG002
+        running = self.busy  # first: it notices an exchange of an earlier process group
+        if self._abandoned is not None:
+            outcome, self._abandoned = self._abandoned, None
+            return outcome
+        if not running:
+            return None
+        if self._thread is None or self._thread.is_alive():
+            return None
+        self._thread.join()
+        self._thread = None
+        outcome = self._outcomes.pop(self._rounds, None)
+        self._outcomes.clear()  # late outcomes of abandoned rounds
+        return outcome
+
+    def wait(self, *, deadline: float) -> dict[str, Any] | None:
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.poll()
+
+    def kill(self) -> None:
+        self._thread = None  # a daemon thread blocked in the old group: left to its timeout
+
+    def close(self, *, timeout_s: float = 1.0) -> None:
+        # Short: a consistent exchange takes milliseconds to seconds; one a gone partner left half done
+        # ends at the group's timeout on its daemon thread, and the process need not wait for it.
+        self.wait(deadline=time.monotonic() + timeout_s)
+
+    # The exchange --------------------------------------------------------------------------------
+    def _exchange(
+        self,
+        *,
+        round_id: int,
+        group: Any,  # noqa: ANN401
+        step: int,
+        slot: int,
+        slot_path: str,
+        header: bytes,
+        data_bytes: int,
+        target_slot: int,
+    ) -> None:
+        started = time.monotonic()
+        outcome: dict[str, Any] = {"ok": True, "step": step, "slot": slot}
+        try:
+            with (
+                Path(slot_path).open("rb") as source,
+                mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+            ):
+                data = torch.frombuffer(mm, dtype=torch.uint8, count=data_bytes) if data_bytes else None
+                meta = torch.tensor([step, len(header), data_bytes], dtype=torch.int64)
+                head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+                sends = []
+                for target in self.targets:
+                    sends.append(dist.isend(meta, target, group=group))
+                    sends.append(dist.isend(head, target, group=group))
+                    if data is not None:
+                        sends.append(dist.isend(data, target, group=group))
+                received = sum(self._receive(src, group, target_slot) for src in self.sources)
+                for work in sends:
+                    work.wait()
+                del data  # the view must go before the mapping closes
+            outcome["bytes_sent"] = data_bytes * len(self.targets)
+            outcome["bytes_received"] = received
+        except Exception as exc:  # noqa: BLE001 - reported as a failed persist, retried next due step
+            outcome = {"ok": False, "step": step, "slot": slot, "error": f"{type(exc).__name__}: {exc}"}
+        outcome["seconds"] = round(time.monotonic() - started, 4)
+        self._outcomes[round_id] = outcome
+
+    def _receive(self, src: int, group: Any, target_slot: int) -> int:  # noqa: ANN401
+        meta = torch.empty(3, dtype=torch.int64)
+        dist.recv(meta, src, group=group)
+        step, header_len, data_bytes = (int(v) for v in meta.tolist())
+        head = torch.empty(header_len, dtype=torch.uint8)
+        dist.recv(head, src, group=group)
+        folder = self.root / f"rank-{src:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        base = folder / f"slot-{target_slot}"
+        manifest_path = base.with_suffix(".json")
+        # Uncommit the slot first: a reader never pairs the old manifest with new bytes.
+        manifest_path.unlink(missing_ok=True)
+        data_path = base.with_suffix(".bin")
+        with data_path.open("wb+") as sink:
+            sink.truncate(max(data_bytes, 1))
+            if data_bytes:
+                with mmap.mmap(sink.fileno(), data_bytes) as mm:
+                    target = torch.frombuffer(mm, dtype=torch.uint8, count=data_bytes)
+                    dist.recv(target, src, group=group)
+                    del target
+        base.with_suffix(".hdr").write_bytes(bytes(head.numpy()))
+        manifest = {"step": step, "rank": src, "world_size": self.world_size, "data_bytes": data_bytes}
+        tmp = manifest_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest))
+        tmp.replace(manifest_path)  # the commit point (tmpfs: no fsync)
+        return data_bytes
+
+
+# --- restore ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    step: int
+    where: dict[int, tuple[str, int]]
+    """shard -> (tier, serving rank): the serving rank is the shard's own rank except for peer_memory."""
+
+
+def _fastest_own(reports: list[dict[str, Any]]) -> dict[int, dict[int, str]]:
+    """shard -> step -> the fastest tier the shard's own rank holds it in."""
+    own: dict[int, dict[int, str]] = {}
+    for rank, report in enumerate(reports):
+        mine = own.setdefault(rank, {})
+        for tier, steps in report["own"].items():
+            for step in steps:
+                if step not in mine or TIER_ORDER.index(tier) < TIER_ORDER.index(mine[step]):
+                    mine[step] = tier
+    return own
+
+
+def _plan(reports: list[dict[str, Any]], *, world_size: int, excluded: set[int]) -> _Plan | None:
+    """The newest step every shard can be had at, and where each shard comes from (fastest first)."""
+    own = _fastest_own(reports)
+    served: dict[tuple[int, int], int] = {}  # (shard, step) -> the lowest rank serving it from node RAM
+    for rank, report in enumerate(reports):
+        for shard, step in report["serves"]:
+            served.setdefault((shard, step), rank)
+    candidates = {step for steps in own.values() for step in steps} | {step for _, step in served}
+    for step in sorted(candidates - excluded, reverse=True):
+        where = {shard: _where(shard, step, own, served) for shard in range(world_size)}
+        if all(place is not None for place in where.values()):
+            return _Plan(step=step, where={shard: place for shard, place in where.items() if place})
+    return None
+
+
+def _where(
+    shard: int, step: int, own: dict[int, dict[int, str]], served: dict[tuple[int, int], int]
+) -> tuple[str, int] | None:
+    tier = own.get(shard, {}).get(step)
+    if tier == "memory":
+        return "memory", shard
+    if (shard, step) in served:
+        server = served[(shard, step)]
+        return ("memory" if server == shard else "peer_memory"), server
+    return (tier, shard) if tier is not None else None
+
+
+def restore_from_anywhere(
+    *,
+    memory_dir: Path,
+    stores: list[StoreSource],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    emit: Callable[[str, dict[str, Any]], None],
+) -> Restored | None:
+    """Agree on the newest step every shard exists at somewhere; each rank takes its own shard from the
+    fastest place holding it. Collective: every rank of the default process group calls it."""
+    from training.checkpoint.restore import all_ok  # noqa: PLC0415
+
+    memory = node_memory(memory_dir, world_size=world_size)
+    own: dict[str, list[int]] = {
+        "memory": [s for (shard, s), (k, _) in memory.items() if shard == rank and k == "memory"]
+    }
+    for store in stores:
+        own[store.tier] = sorted(store.candidate_steps(rank=rank, world_size=world_size, collective=True))
+    report = {"own": own, "serves": sorted(memory)}
+    emit(
+        "checkpoint_sources",
+        {
+            "rank": rank,
+            "own": {tier: max(steps, default=None) for tier, steps in own.items()},
+            "node_memory": sorted({f"{shard}@{step}" for shard, step in memory}),
+        },
+    )
+    reports: list[Any] = [None] * world_size
+    dist.all_gather_object(reports, report)
+    excluded: set[int] = set()
+    while (plan := _plan(reports, world_size=world_size, excluded=excluded)) is not None:
+        state, error = _take(plan, memory=memory, stores=stores, rank=rank)
+        if error:
+            emit(
+                "checkpoint_rejected",
+                {"tier": plan.where[rank][0], "step": plan.step, "rank": rank, "reason": error},
+            )
+        if all_ok(state is not None, device) and state is not None:
+            tier, server = plan.where[rank]
+            emit(
+                "checkpoint_restored",
+                {"tier": tier, "step": plan.step, "rank": rank, "from_rank": server},
+            )
+            return Restored(step=plan.step, state=state, tier=tier)
+        emit("checkpoint_fallback", {"step": plan.step, "rank": rank, "reason": "not loadable on every rank"})
+        excluded.add(plan.step)
+    return None
+
+
+def _take(
+    plan: _Plan,
+    *,
+    memory: dict[tuple[int, int], tuple[str, Path]],
+    stores: list[StoreSource],
+    rank: int,
+) -> tuple[dict[str, Any] | None, str]:
+    """Serve the plan's transfers, then decode this rank's shard: (state or None, why not)."""
+    blob = _transfer(plan, memory=memory, rank=rank)
+    tier, _ = plan.where[rank]
+    try:
+        if tier == "peer_memory":
+            if not blob:
+                return None, "the partner could not read its copy"
+            return decode(blob), ""
+        if tier == "memory":
+            return decode(read_slot(memory[(rank, plan.step)][1], plan.step, rank)), ""
+        store = next(s for s in stores if s.tier == tier)
+        return store.load(plan.step, rank), ""
+    except (OSError, ShardError) as exc:
+        return None, str(exc)
+
+
+def _transfer(plan: _Plan, *, memory: dict[tuple[int, int], tuple[str, Path]], rank: int) -> bytearray:
+    """The plan's peer transfers in one global order, each rank doing its part: deadlock-free, since the
+    lowest unfinished transfer always has both of its ranks at it. Returns what this rank received."""
+    received = bytearray()
+    for shard in sorted(plan.where):
+        tier, server = plan.where[shard]
+        if tier != "peer_memory" or rank not in (shard, server):
+            continue
+        if rank == server:
+            try:
+                payload = read_slot(memory[(shard, plan.step)][1], plan.step, shard)
+            except (OSError, ShardError):
+                payload = bytearray()  # an empty reply: the receiver rejects it and the step is dropped
+            dist.send(torch.tensor([len(payload)], dtype=torch.int64), shard)
+            if payload:
+                dist.send(torch.frombuffer(payload, dtype=torch.uint8), shard)
+        else:
+            size = torch.empty(1, dtype=torch.int64)
+            dist.recv(size, server)
+            received = bytearray(int(size.item()))
+            if received:
+                dist.recv(torch.frombuffer(received, dtype=torch.uint8), server)
+    return received
+
+
+def ranks_per_node() -> int:
+    """Ranks on this node (torchelastic's LOCAL_WORLD_SIZE; 1 without a launcher)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
