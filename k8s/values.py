@@ -221,7 +221,8 @@ class Storage(_Section):
     peer_replicas: int | None = Field(None, ge=0)
     """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
     checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
-    when the job has more than one node. Costs R x the node's snapshot in each node's memory tier."""
+    when the job has more than one node and memory snapshots (the tiered checkpointer). Costs R x the
+    node's snapshot in each node's memory tier."""
 
     @field_validator("local_nvme_path")
     @classmethod
@@ -536,7 +537,11 @@ class JobValues(_Section):
         """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
         if self.storage.peer_replicas is not None:
             return self.storage.peer_replicas
-        return 1 if self.num_nodes > 1 else 0
+        # The replica copies memory snapshots: none with the synchronous checkpointer or no RAM tier.
+        checkpoint = self.trainer.get("checkpoint") or {}
+        tiered = checkpoint.get("implementation", "tiered") == "tiered"
+        snapshots = tiered and checkpoint.get("memory_every") != 0
+        return 1 if self.num_nodes > 1 and snapshots else 0
 
     @property
     def world_size(self) -> int:
