@@ -179,11 +179,12 @@ def test_job_survives_node_loss_of_index_0_then_1(tmp_path):
         for figure in run["recoveries"]:
             print(f"node-loss recovery: {json.dumps(figure)}")
             # The replacement's ranks never see their predecessor's RAM (the emptyDir died with it) nor
-            # its local disk (a new node): the durable tier, if a commit made it in time, else nothing.
+            # its local disk (a new node): their shards come from the partner node's RAM (the peer
+            # replica), else the durable tier if a commit made it in time.
             node = str(figure["index"])
             replaced = {k: v for k, v in figure["restored"].items() if k.split("/")[0] == node}
             assert len(replaced) == 2, figure
-            assert {tier for tier, _ in replaced.values()} <= {"durable", "none"}, figure
+            assert {tier for tier, _ in replaced.values()} <= {"peer_memory", "durable", "none"}, figure
         # The manifest's self-check ran in every pod before the launcher.
         for pod in pods:
             log = Path(pod.log).read_text()
