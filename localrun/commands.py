@@ -93,6 +93,14 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
                 "--store-port", min=0, max=65535, help="Local port of the rendezvous store (0: a free one)."
             ),
         ] = 0,
+        node_provision_s: Annotated[
+            float,
+            typer.Option(
+                "--node-provision",
+                min=0.0,
+                help="Seconds a deleted node's replacement pod stays Pending (its new node coming).",
+            ),
+        ] = 0.0,
     ) -> None:
         """Run a rendered job as local processes (the executor plays the Job controller)."""
         from kitcore.configio import UserError  # noqa: PLC0415
@@ -113,6 +121,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             timeout_s=timeout_s,
             ports=ports,
             echo=lambda line: print(line, flush=True),
+            node_provision_s=node_provision_s,
         )
         for pod in result.pods:
             print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")

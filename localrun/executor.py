@@ -44,7 +44,10 @@ What it does, the way Kubernetes would:
   many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
   COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
-  the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir).
+  the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir). That new node
+  takes `node_provision_s` to come (default 0): on a cluster the replacement of a lost node's pod is
+  Pending until a node joins (Karpenter or the node group: minutes for a p5), and what the job does
+  meanwhile (wait for it, or go on with a warm spare) is what a node-loss test is about.
 Per-pod logs: `<run>/pods/<pod>.log`; executor events (pod and container starts, pod ends, node
 deletions): `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 """
@@ -420,15 +423,20 @@ class LocalJob:
         timeout_s: float = 600.0,
         ports: dict[int, int] | None = None,
         echo: Callable[[str], None] | None = None,
+        node_provision_s: float = 0.0,
     ) -> None:
         """`ports`: store container port -> local port, where one must be fixed (default: a free one
-        each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet)."""
+        each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet);
+        `node_provision_s`: how long the replacement of a deleted node's pod stays Pending."""
         self.rendered = load_rendered(dist_dir)
         self.run_dir = Path(run_dir).resolve()
         self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
         self.venv_bin = venv_bin or Path(sys.executable).parent
         self.extra_env = extra_env or {}
         self.timeout_s = timeout_s
+        self.node_provision_s = node_provision_s
+        self._pending: dict[int, float] = {}
+        """Index -> when its replacement starts: Pending until its new node has come."""
         self._fixed_ports = dict(ports or {})
         self.local_ports: dict[int, int] = {}
         """The store pod's container port -> the local port it listens on (chosen in `start`)."""
@@ -507,6 +515,10 @@ class LocalJob:
                 requests, self._delete_requests = self._delete_requests, []
             for index in requests:
                 self._delete(index)
+            for index, due in list(self._pending.items()):
+                if now >= due:
+                    del self._pending[index]
+                    self._start_pod(index)
             verdict = self._reconcile()
             if verdict is not None:
                 return self._result(succeeded=verdict[0], reason=verdict[1])
@@ -521,7 +533,10 @@ class LocalJob:
         ended = [
             (i, p)
             for i, p in self.pods.items()
-            if p.done.is_set() and i not in self.succeeded and i not in self._out_of_budget
+            if p.done.is_set()
+            and i not in self.succeeded
+            and i not in self._out_of_budget
+            and i not in self._pending
         ]
         for index, pod in sorted(ended, key=lambda item: item[1].outcome.ended or 0.0):
             o = pod.outcome
@@ -537,6 +552,10 @@ class LocalJob:
                 if action == "FailIndex" or self.failures[index] > self.backoff_per_index:
                     self._out_of_budget[index] = o
                     continue
+            if o.reason == "NodeDeleted" and self.node_provision_s > 0:
+                self._pending[index] = time.time() + self.node_provision_s
+                self._emit("pod_pending", index=index, until_s=self.node_provision_s)
+                continue
             self._start_pod(index)
         if self._out_of_budget:
             return self._budget_verdict()
@@ -842,6 +861,7 @@ def run_local(
     extra_env: dict[str, str] | None = None,
     ports: dict[int, int] | None = None,
     echo: Callable[[str], None] | None = None,
+    node_provision_s: float = 0.0,
 ) -> JobResult:
     """Run a rendered job folder to the end; delete nodes on schedule or on chaos-dir request.
 
@@ -855,6 +875,7 @@ def run_local(
         extra_env=extra_env,
         ports=ports,
         echo=echo,
+        node_provision_s=node_provision_s,
     )
     result = job.run(deletions=deletions)
     (job.run_dir / "job.json").write_text(json.dumps(asdict(result), indent=2, default=str))
