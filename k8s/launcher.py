@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from k8s.values import JobValues
 
 
+FT_LAUNCHER = ("python", "-m", "training.launch")
+"""ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
+
+
 def rdzv_conf(values: JobValues) -> str:
     """`--rdzv-conf`: the store lives in its own pod (is_host=0); join waits longer than a reschedule."""
     t = values.timeouts
@@ -72,4 +76,4 @@ def launcher_command(
     ]
     if values.mode == "both" and features.has_min_healthy:
         ft.append("--ft-restart-policy=min-healthy")
-    return ["ft_launcher", *common, *ft, "-m", "training", *trainer_args]
+    return [*FT_LAUNCHER, *common, *ft, "-m", "training", *trainer_args]

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from k8s.launcher import FT_LAUNCHER
 from kitcore.pins import IMAGE
+from training.launch import launcher_argv, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "nvrx-wheels"
@@ -98,6 +100,7 @@ def parse(argv):
     except SystemExit as exc:
         return {"ok": False, "exit": exc.code}
     return {"ok": True, "nnodes": args.nnodes, "nproc": args.nproc_per_node, "module": args.module,
+            "run_path": args.run_path, "start_method": args.start_method,
             "script": args.training_script, "rest": args.training_script_args,
             "rank_heartbeat_timeout": cfg.rank_heartbeat_timeout,
             "initial_rank_heartbeat_timeout": cfg.initial_rank_heartbeat_timeout,
@@ -183,19 +186,25 @@ REMOVED_IN_PIN = (["--ignore-missing-fault-tol-cfg"], ["--ft-restart-policy=min-
 def parsed(pinned_nvrx) -> dict[str, tuple[list[str], dict]]:
     commands = {mode: _chart_command(mode) for mode in MODES}
     base = commands["ft_launcher"]
+    at = base.index("training") - 1  # the trainer's `-m training`
     for extra in REMOVED_IN_PIN:
-        commands[" ".join(extra)] = [*base[: base.index("-m")], *extra, *base[base.index("-m") :]]
-    results = _parse(pinned_nvrx, [command[1:] for command in commands.values()])
+        commands[" ".join(extra)] = [*base[:at], *extra, *base[at:]]
+    # What ft_launcher receives: training/launch.py's rewrite of the rendered command's arguments.
+    argvs = [launcher_argv(command[len(FT_LAUNCHER) :]) for command in commands.values()]
+    results = _parse(pinned_nvrx, argvs)
     return {key: (command, result) for (key, command), result in zip(commands.items(), results, strict=True)}
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(parsed, mode):
     command, result = parsed[mode]
-    assert command[0] == "ft_launcher"
+    assert command[: len(FT_LAUNCHER)] == list(FT_LAUNCHER)
     assert result["ok"], f"NVRx {IMAGE.nvrx_version} ft_launcher rejected: {command}"
-    assert result["module"] is True
-    assert result["script"] == "training"
+    # The workers fork from the warm forkserver and run the trainer's __main__ (training/launch.py).
+    assert result["module"] is False
+    assert result["run_path"] is True
+    assert result["start_method"] == "forkserver"
+    assert result["script"] == trainer_script()
     assert result["nnodes"] == "2:2"
     assert result["nproc"] == "8"
     assert result["rank_heartbeat_timeout"] == 300

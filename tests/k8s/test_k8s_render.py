@@ -11,8 +11,10 @@ import yaml
 from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
 from k8s.job_chart import render
+from k8s.launcher import FT_LAUNCHER
 from k8s.load import load_values
 from training.config import parse_args
+from training.launch import launcher_argv, trainer_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -148,9 +150,13 @@ def test_store_is_separate_and_prioritized(rendered):
 
 
 def _split(command: list[str]) -> tuple[list[str], list[str]]:
-    """Launcher args and trainer args of a rendered command (`... -m training ARGS`)."""
-    i = command.index("-m")
-    return command[1 : i + 2], command[i + 2 :]
+    """Launcher args (as the launcher receives them) and trainer args of a rendered command
+    (`torchrun ... -m training ARGS`, or `python -m training.launch ... -m training ARGS`)."""
+    i = command.index("training") - 1
+    if command[0] == "torchrun":
+        return command[1 : i + 2], command[i + 2 :]
+    assert command[: len(FT_LAUNCHER)] == list(FT_LAUNCHER), command
+    return launcher_argv(command[len(FT_LAUNCHER) : i + 2]), command[i + 2 :]
 
 
 @pytest.mark.parametrize("mode", ["baseline", "inprocess", "ft_launcher", "both"])
@@ -159,13 +165,18 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     (job,) = _by_kind(docs, "Job")
     (c,) = job["spec"]["template"]["spec"]["containers"]
     launcher, trainer = _split(c["command"])
-    assert c["command"][0] == ("torchrun" if mode == "baseline" else "ft_launcher")
+    assert c["command"][0] == ("torchrun" if mode == "baseline" else FT_LAUNCHER[0])
     config = parse_args(trainer)
     assert config.mode == mode
     assert str(config.run_dir) == "/fsx/runs/nvrx-local"
     args = get_args_parser().parse_args(launcher)
-    assert args.module
-    assert args.training_script == "training"
+    if mode == "baseline":
+        assert args.module
+        assert args.training_script == "training"
+    else:  # forked from the warm forkserver, the trainer's __main__ as a callable (training/launch.py)
+        assert args.run_path
+        assert args.start_method == "forkserver"
+        assert args.training_script == trainer_script()
     assert args.nnodes == "2:2"
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10

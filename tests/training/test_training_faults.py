@@ -55,6 +55,11 @@ def _run(run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path
     return result, trainer_run_dir(values, run_dir)
 
 
+def _events(events_dir: Path, kind: str) -> list[dict]:
+    lines = (line for path in events_dir.rglob("rank-*.jsonl") for line in path.read_text().splitlines())
+    return [event for event in map(json.loads, lines) if event["kind"] == kind]
+
+
 def _final_hash(events_dir: Path) -> str:
     return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
 
@@ -98,3 +103,9 @@ def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, fault
     # Rank 3 lives on node 1: the executor, as the Job controller, replaced that pod once.
     assert [d["index"] for d in result.deletions] == [1]
     assert _final_hash(events) == fault_free_hash
+    # Every worker, the restarted ones included, was a fork of its pod's warm forkserver
+    # (training/launch.py): ready on a fraction of the CPU seconds a fresh interpreter spends importing
+    # torch and torch._dynamo (~3 s here). CPU time, unlike wall time, does not grow with load.
+    ready = _events(events, "process_ready")
+    assert any(e["restart"] >= 1 for e in ready), ready
+    assert all(e["cpu_s"] < 1.0 for e in ready), [(e["rank"], e["restart"], e["cpu_s"]) for e in ready]

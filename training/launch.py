@@ -1,0 +1,75 @@
+"""`python -m training.launch`: ft_launcher whose restarted workers fork from a warm process.
+
+The command line is ft_launcher's own, unchanged, ending in `-m training ARGS` as for ft_launcher. What
+this adds: the workers are not fresh interpreters. ft_launcher's `--run-path` runs the trainer through a
+Python callable, and `--start-method=forkserver` (torch.distributed.elastic's multiprocessing, not ours)
+starts each worker as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload`
+makes that process import torch, torch._dynamo and the trainer once, before any worker exists.
+
+Why: a restart's worker start was the longest phase of a hard-fault recovery. Measured on this 2-core
+machine (`make demo`, 2 nodes x 2 ranks; shared README "how we measure"), a SIGKILL took 9.4 s to the
+next productive step, 7.8 s of it worker start: every rank of both nodes imported torch (1.6 s CPU)
+and torch._dynamo (1.6 s CPU, training/parallel.py `preload`) again, four at once on two cores. A fork
+of the warm forkserver is ready in milliseconds; the imports are paid once per pod, when it starts.
+
+Why a forkserver and not `--start-method=fork`: the agent has threads (the rendezvous keep-alive, the
+rank monitors' connections); fork copies a process with those threads' locks in whatever state they were.
+The forkserver is a fresh interpreter that only imports (torch's one native thread is idle then, as for
+DataLoader workers forked after `import torch`), never initialises CUDA (a fork after CUDA init is
+unusable) and never runs a collective.
+
+A worker is still a separate process with its own rendezvous, process group and exit status: a SIGKILL,
+an OOM kill, a watchdog's SIGKILL reach it as before, and ft_launcher sees the same exit codes. What it
+inherits from the forkserver is only imported modules: nothing in kitcore/ or training/ reads the
+environment or opens files at import (tests/training/test_training_launch.py checks both).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from pathlib import Path
+
+WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
+"""What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
+DDP imports it on first use; inside an attempt that import was slow and unsafe to interrupt)."""
+
+
+def trainer_script() -> str:
+    """The absolute path of training/__main__.py, as `--run-path` wants it, wherever it is installed."""
+    return str(Path(__file__).resolve().with_name("__main__.py"))
+
+
+def launcher_argv(argv: list[str]) -> list[str]:
+    """ft_launcher's arguments with `-m training` (the trainer as a module, a fresh interpreter each)
+    replaced by `--run-path <training/__main__.py>` (the trainer as a callable in a forked worker)."""
+    try:
+        at = next(i for i in range(len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == "training")
+    except StopIteration:
+        raise SystemExit("training.launch: the command line must end in `-m training ARGS`") from None
+    start = [] if any(a.startswith("--start-method") for a in argv[:at]) else ["--start-method=forkserver"]
+    return [*argv[:at], *start, "--run-path", trainer_script(), *argv[at + 2 :]]
+
+
+def _mend_nvrx_041_multiprocess_failures() -> None:
+    """NVRx 0.4.1 vendors torch.distributed.elastic's MultiprocessContext, which reads `e.pid` of
+    torch.multiprocessing's ProcessExitedException; torch >= 2.2 names it `error_pid`, so the first
+    failed worker raised AttributeError in the agent and the whole launcher exited (seen in the demo:
+    a SIGKILL of one rank became a pod failure). NVRx 0.7 uses torch's own context, which reads
+    `error_pid`: there this finds the attribute and does nothing."""
+    from torch.multiprocessing.spawn import ProcessException  # noqa: PLC0415
+
+    if not hasattr(ProcessException, "pid"):
+        ProcessException.pid = property(lambda self: self.error_pid)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    multiprocessing.set_forkserver_preload(list(WARM_MODULES))
+    _mend_nvrx_041_multiprocess_failures()
+    from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
+
+    ft_launcher(launcher_argv(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
