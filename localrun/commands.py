@@ -57,6 +57,13 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         modes: Annotated[
             list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
         ] = None,
+        mix: Annotated[
+            str,
+            typer.Option(
+                help="The faults drawn: peer (the sample's exception/hang) or hardware "
+                "(node loss/SIGKILL/exception, Llama 3's mostly-hardware mix)."
+            ),
+        ] = "peer",
         runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
     ) -> None:
         """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
@@ -69,6 +76,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             device_step_s=device_step_s,
             fault_seed=fault_seed,
             runs_root=runs_root,
+            mix=mix,
             **kwargs,
         )
 

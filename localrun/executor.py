@@ -275,9 +275,23 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return found
 
 
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("multiprocessing.resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def kill_pod_processes(marker: str, *, root_pid: int | None = None) -> None:
-    """SIGKILL a pod's processes (the tree under `root_pid` and every marked one) until none is left."""
-    for _ in range(10):
+    """SIGKILL a pod's processes (the tree under `root_pid` and every marked one) until none is left.
+
+    multiprocessing's resource trackers go last, and are given a moment to leave on their own: the
+    forkserver's workers (training/launch.py) and torch.distributed.elastic's queues and events are
+    POSIX semaphores in /dev/shm that only the tracker unlinks, when every process holding its pipe is
+    gone. On a cluster the pod's /dev/shm is its own and dies with it; here it is the machine's, and a
+    tracker SIGKILLed with the rest left one semaphore per worker start behind.
+    """
+    for attempt in range(10):
         procs = {p.pid: p for p in marked_processes(marker)}
         if root_pid is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -287,12 +301,18 @@ def kill_pod_processes(marker: str, *, root_pid: int | None = None) -> None:
         alive = [p for p in procs.values() if _alive(p)]
         if not alive:
             return
-        for proc in alive:
+        trackers = [p for p in alive if _is_resource_tracker(p)] if attempt == 0 else []
+        others = [p for p in alive if p not in trackers]
+        for proc in others:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         # Dead once a zombie: orphans are reaped by PID 1 whenever it gets to it, which may be late.
         deadline = time.monotonic() + 5
-        while any(_alive(p) for p in alive) and time.monotonic() < deadline:
+        while any(_alive(p) for p in others) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Its pipe's writers are dead now: the tracker reads EOF, unlinks what they left and exits.
+        deadline = time.monotonic() + 3
+        while any(_alive(p) for p in trackers) and time.monotonic() < deadline:
             time.sleep(0.02)
 
 

@@ -30,6 +30,8 @@ import multiprocessing
 import sys
 from pathlib import Path
 
+from training.nvrx_compat import mend_multiprocess_workers
+
 WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
 """What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
 DDP imports it on first use; inside an attempt that import was slow and unsafe to interrupt)."""
@@ -51,21 +53,9 @@ def launcher_argv(argv: list[str]) -> list[str]:
     return [*argv[:at], *start, "--run-path", trainer_script(), *argv[at + 2 :]]
 
 
-def _mend_nvrx_041_multiprocess_failures() -> None:
-    """NVRx 0.4.1 vendors torch.distributed.elastic's MultiprocessContext, which reads `e.pid` of
-    torch.multiprocessing's ProcessExitedException; torch >= 2.2 names it `error_pid`, so the first
-    failed worker raised AttributeError in the agent and the whole launcher exited (seen in the demo:
-    a SIGKILL of one rank became a pod failure). NVRx 0.7 uses torch's own context, which reads
-    `error_pid`: there this finds the attribute and does nothing."""
-    from torch.multiprocessing.spawn import ProcessException  # noqa: PLC0415
-
-    if not hasattr(ProcessException, "pid"):
-        ProcessException.pid = property(lambda self: self.error_pid)  # type: ignore[attr-defined]
-
-
 def main() -> None:
     multiprocessing.set_forkserver_preload(list(WARM_MODULES))
-    _mend_nvrx_041_multiprocess_failures()
+    mend_multiprocess_workers()  # NVRx 0.4.1's launcher with multiprocessing workers (see there)
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 
     ft_launcher(launcher_argv(sys.argv[1:]))

@@ -49,3 +49,70 @@ def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) ->
 
     timeouts = HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
     client._set_calculated_timeouts(new_hb_timeouts=timeouts, new_section_timeouts=None)  # noqa: SLF001
+
+
+def mend_multiprocess_workers() -> None:
+    """NVRx 0.4.1's ft_launcher with workers started by multiprocessing (training/launch.py's
+    forkserver), mended where it breaks; on 0.7 (torch's own worker context, the final state set
+    explicitly) neither mend applies. Read against both wheels' launcher.py.
+
+    - 0.4.1 vendors torch.distributed.elastic's MultiprocessContext, which reads `e.pid` of torch's
+      ProcessExitedException; torch >= 2.2 names it `error_pid`, so the first failed worker raised
+      AttributeError in the agent and the launcher exited (a SIGKILL of one rank became a pod failure).
+    - Out of restarts, 0.4.1's agent stops the workers and reports their state once more: a subprocess
+      context then reports every worker failed (FAILED), a multiprocessing one only the first
+      (UNHEALTHY, which `launch_agent` does not treat as failed), so the launcher exited 0 and the Job
+      counted a success. `run()` returns only when the workers succeeded or the restarts ran out, so
+      UNHEALTHY there is FAILED, as 0.7 returns it. And since a multiprocessing context reports one
+      failure (the first exited process it happens to look at: often a peer whose collective failed
+      when the faulty rank died), the failures are completed from every worker's exit code, as a
+      subprocess context reports them: the launcher's last log line, which names the job's cause
+      (k8s/termination.py), again lists the rank killed by a signal.
+    """
+    from torch.multiprocessing.spawn import ProcessException  # noqa: PLC0415
+
+    if not hasattr(ProcessException, "pid"):
+        ProcessException.pid = property(lambda self: self.error_pid)  # type: ignore[attr-defined]
+    if version_tuple() >= (0, 6):
+        return
+    from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
+
+    run_result, worker_state = launcher.RunResult, launcher.WorkerState  # 0.4.1's vendored copies
+    agent = launcher.LocalElasticAgent
+    if getattr(agent.run, "nvrx_eks_mended", False):
+        return
+    original = agent.run
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        result = original(self, *args, **kwargs)
+        if result is None or result.state not in {worker_state.UNHEALTHY, worker_state.FAILED}:
+            return result
+        return run_result(state=worker_state.FAILED, failures=_every_failure(self, result.failures))
+
+    run.nvrx_eks_mended = True  # type: ignore[attr-defined]
+    agent.run = run
+
+
+def _every_failure(agent: Any, failures: dict[int, Any]) -> dict[int, Any]:  # noqa: ANN401
+    """`failures` (global rank -> ProcessFailure) plus every other worker of the last round that exited
+    non-zero, read from the multiprocessing context's processes (kept after it is closed)."""
+    processes = getattr(getattr(agent, "_pcontext", None), "_pc", None)
+    if processes is None or not failures:
+        return failures
+    failure_type = type(next(iter(failures.values())))
+    error_files = agent._pcontext.error_files  # noqa: SLF001 - 0.4.1's context, read only
+    every = dict(failures)
+    for local_rank, proc in enumerate(processes.processes):
+        if proc.exitcode in {0, None}:
+            continue
+        rank = agent._worker_group.workers[local_rank].global_rank  # noqa: SLF001
+        every.setdefault(
+            rank,
+            failure_type(
+                local_rank=local_rank,
+                pid=proc.pid,
+                exitcode=proc.exitcode,
+                error_file=error_files[local_rank],
+            ),
+        )
+    return dict(sorted(every.items()))
