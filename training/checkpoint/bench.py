@@ -81,6 +81,10 @@ class Row:
     skipped: dict[str, int]
     durable_s: float | None
     """Median durable persist time seen in this row (the writer's own clock)."""
+    peer_s: float | None = None
+    """Median seconds of one peer replication (send this rank's slot, receive the partner's)."""
+    peer_bytes: int | None = None
+    """Bytes this rank sent per replication."""
 
 
 def run_loop(
@@ -93,10 +97,14 @@ def run_loop(
     every: int,
     durable_every: int,
     checkpoints: int,
+    rank: int = 0,
+    world_size: int = 1,
+    peer_replicas: int = 0,
 ) -> Row:
     """The trainer's loop shape: forward/backward, fence, update, save -- `checkpoints` memory
     snapshots at `every` steps, disk persists behind them (local every snapshot, durable every
-    `durable_every` steps)."""
+    `durable_every` steps), and with `peer_replicas` (a process group of `world_size` one-rank
+    "nodes" already initialised) each snapshot copied to the partner's RAM too."""
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
@@ -109,14 +117,23 @@ def run_loop(
         durable_every=durable_every,
         keep=2,
         persist_timeout_s=600,
+        peer_replicas=peer_replicas,
+        # With the replica: one slot a disk persist holds, one the replica in flight, one pinned while
+        # the partner holds its copy, one for the next snapshot (k8s/values/local-cpu.yaml says the same).
+        num_staging_slots=4 if peer_replicas else 2,
     )
     durable_s: list[float] = []
+    peer: list[tuple[float, int]] = []
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         if kind == "checkpoint_committed" and fields["tier"] == "durable":
             durable_s.append(fields["seconds"])
+        if kind == "checkpoint_committed" and fields["tier"] == "peer":
+            peer.append((fields["seconds"], fields.get("bytes_sent", 0)))
 
-    ckpt = build_checkpointer(config, rank=0, world_size=1, device=torch.device("cpu"), on_event=on_event)
+    ckpt = build_checkpointer(
+        config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
+    )
     work = torch.randn(256, 256)
     update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
     # Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the
@@ -128,6 +145,7 @@ def run_loop(
         time.sleep(0.1)
     ckpt.stats.__init__()
     durable_s.clear()
+    peer.clear()
     stalls: list[float] = []
     pending = 0.0
     started = time.perf_counter()
@@ -159,7 +177,41 @@ def run_loop(
         persisted=dict(stats.persisted),
         skipped=dict(stats.skipped),
         durable_s=statistics.median(durable_s) if durable_s else None,
+        peer_s=statistics.median(p[0] for p in peer) if peer else None,
+        peer_bytes=peer[-1][1] if peer else None,
     )
+
+
+def _replicated_rank(rank: int, kwargs: dict[str, Any], store_path: str, out: str) -> None:
+    """One "node" of the replicated row (a spawned process): its own memory folder and disk."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    os.environ["LOCAL_WORLD_SIZE"] = "1"  # one rank a node: the partner is the other process
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    try:
+        root, disk = Path(kwargs.pop("root")) / f"node-{rank}", Path(kwargs.pop("disk")) / f"node-{rank}"
+        state = make_state(kwargs.pop("state_bytes"))
+        row = run_loop(root=root, disk=disk, state=state, rank=rank, world_size=2, peer_replicas=1, **kwargs)
+        Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(dataclasses.asdict(row)))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_replicated_loop(*, root: Path, disk: Path, state_bytes: int, **kwargs: Any) -> Row:  # noqa: ANN401
+    """`run_loop` on two one-rank "nodes" (spawned processes, gloo) with `peer_replicas=1`: each
+    snapshot also goes to the other node's RAM, on the replica's thread. Rank 0's row."""
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    store = root / "store"
+    out = root / "row"
+    root.mkdir(parents=True, exist_ok=True)
+    args = {"root": str(root), "disk": str(disk), "state_bytes": state_bytes, **kwargs}
+    mp.start_processes(
+        _replicated_rank, args=(args, str(store), str(out)), nprocs=2, join=True, start_method="spawn"
+    )
+    fields = json.loads(out.with_suffix(".0.json").read_text())
+    return Row(**fields)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -200,6 +252,7 @@ def _write_json(
     bandwidth: float,
     step_s: float,
     rows: list[Row],
+    replicated: list[Row],
     durable_s: float | None,
     restore: dict[str, float],
 ) -> None:
@@ -214,9 +267,30 @@ def _write_json(
         "durable_write_s": durable_s,
         "restore_s": restore,
         "rows": [dataclasses.asdict(row) for row in rows],
+        "replicated_rows": [dataclasses.asdict(row) for row in replicated],
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"\ncheckpoint-bench.json: {path}")
+
+
+def _print_replicated(rows: list[Row], *, floor: float, goal_eff: float) -> None:
+    print(
+        "\nwith the peer replica (2 one-rank nodes over gloo, device model): each memory snapshot also "
+        "copied to the partner's RAM, on the replica's thread"
+    )
+    print(
+        "interval  stall ms  stall/floor  eff      goal  replica GB  replica s  of interval  "
+        "replicated/skipped"
+    )
+    for row in rows:
+        gb = (row.peer_bytes or 0) / 1e9
+        seconds = row.peer_s if row.peer_s is not None else float("nan")
+        counts = f"{row.persisted.get('peer', 0)}/{row.skipped.get('peer', 0)}"
+        print(
+            f"{row.interval_s:5.1f} s  {row.stall_s * 1e3:8.1f}  {row.stall_s / floor:11.3f}  "
+            f"{row.efficiency:7.2%}  {_verdict(row.efficiency >= goal_eff):4}  {gb:10.2f}  "
+            f"{seconds:9.2f}  {seconds / row.interval_s:11.0%}  {counts}"
+        )
 
 
 def _verdict(ok: bool) -> str:
@@ -287,6 +361,20 @@ def bench(
             for kind in ("device", "cpu")
             for every in intervals
         ]
+        # The same device-bound loop on two "nodes" with the peer replica on (one row per interval).
+        replicated = [
+            run_replicated_loop(
+                root=shm / f"replicated-{every}",
+                disk=base / f"replicated-{every}",
+                state_bytes=int(state_gb * (1 << 30)),
+                kind="device",
+                step_s=step_s,
+                every=every,
+                durable_every=every * durable_factor,
+                checkpoints=checkpoints,
+            )
+            for every in intervals
+        ]
         durable = [row.durable_s for row in rows if row.durable_s is not None]
         durable_s = statistics.median(durable) if durable else float("nan")
         print(f"durable persist (writer clock, median): {durable_s:.2f} s")
@@ -312,6 +400,7 @@ def bench(
                 f"                    {row.skipped.get('memory', 0)}/{row.skipped.get('local', 0)}"
                 f"/{row.skipped.get('durable', 0)}"
             )
+        _print_replicated(replicated, floor=floor, goal_eff=goal_eff)
         print(
             "goals: stall <= 1.25 x floor + 50 ms; efficiency >= 99.5% at every interval -- judged on "
             "the device model, the cpu model shown beside.\n"
@@ -347,6 +436,7 @@ def bench(
             bandwidth=bandwidth,
             step_s=step_s,
             rows=rows,
+            replicated=replicated,
             durable_s=durable_s if durable else None,
             restore=times,
         )

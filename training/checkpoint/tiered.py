@@ -284,8 +284,10 @@ class Agreement:
     which every rank sees alike (the loop's gradient collectives have completed it long before). That
     is sound because the flags can only get better in between: a tier idle on every rank when sampled
     stays idle, and a slot no persist reads stays unheld, until the next launch -- and launches happen
-    only at due steps, decided from these same results. The price is one memory interval of latency
-    before a freed tier is used again (with coalescing, it then writes the newest snapshot anyway).
+    only at due steps, decided from these same results. A second publish one step before each due step
+    (`refresh`) makes the flags one step old rather than one memory interval: a tier freed during the
+    interval is used at the next snapshot (the peer replica, launched at every snapshot, was otherwise
+    skipped on every other one).
     Only the first due step of a process group (start, restore, in-process restart) runs one blocking
     all_reduce of the current flags. The result is read only after `Work.wait()`; on NCCL jobs the
     flags go over a gloo side group, so reading them never synchronizes the GPU stream.
@@ -366,6 +368,19 @@ class Agreement:
         tensor = self._encode(flags)
         self._pending = (dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True), tensor)
 
+    def refresh(self, flags: Flags) -> None:
+        """Publish again, one step before a due step, replacing the result the last due step published
+        (issued an interval ago: long complete, so the wait is free). The next decision then sees
+        flags one step old instead of one interval old. Still sound: launches happen only at due
+        steps, so between this sample and the decision the flags can only get better."""
+        group = self._world()
+        if group is None:
+            return
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+        self.publish(flags)
+
 
 class TieredCheckpointer(Checkpointer):
     def __init__(
@@ -438,6 +453,11 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
+        elif every > 1 and (step + 1) % every == 0:
+            # A tier that runs every snapshot (the peer replica; a disk tier whose persist outlasts
+            # an interval) was busy when the last due step published: without this refresh it would
+            # be skipped on every other snapshot.
+            self.agreement.refresh(self._local_flags())
         self._count_stall(time.perf_counter() - started)
 
     def _fence(self) -> None:
@@ -655,6 +675,9 @@ class TieredCheckpointer(Checkpointer):
             if isinstance(worker, ReplicaWorker):
                 worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s)
         self._poll()
+        # Only while waiting: a save after `wait()` (the checkpoint benchmark warms up this way)
+        # replicates again. It once stayed set, and that benchmark's replica never ran.
+        self._closing = False
 
     def _close(self) -> None:
         with contextlib.suppress(Exception):
