@@ -161,8 +161,10 @@ def test_two_ranks_agree_and_skip_a_busy_tier_together(tmp_path):
     assert first["persisted"] == second["persisted"] > 0
     assert first["committed"] == second["committed"]
     assert first["memory_skipped"] == second["memory_skipped"] == 0
-    # One blocking all_reduce (the process group's first due step); every other round was async.
-    assert first["blocking_rounds"] == second["blocking_rounds"] == 1
+    # Blocking all_reduces: the process group's first due step, and each due step whose async answer
+    # (an interval old) said the tier was busy -- every skip was confirmed by one, with the current flags.
+    assert first["blocking_rounds"] == second["blocking_rounds"]
+    assert 1 + first["skipped"] <= first["blocking_rounds"] <= first["persisted"] + first["skipped"]
     assert first["restored"] == second["restored"] == [15, "memory"]
 
 

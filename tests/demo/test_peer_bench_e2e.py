@@ -35,3 +35,13 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     assert "31.0%" in result.stdout
     assert "published figures" in result.stdout
     assert "kit goals" in result.stdout
+
+    # `nvrx-eks plan --from` this run (issue 17): the plan built from peer.json's scenario and the
+    # costs the run measured projects each mode's training goodput within 5 points of the measurement.
+    planned = nvrx_eks("plan", "--from", str(tmp_path), "--json", timeout=120)
+    assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
+    projection = json.loads(planned.stdout[planned.stdout.index("{") :])
+    for name, row in document["modes"].items():
+        projected = projection["modes"][name]
+        assert projected["measured_goodput"] == pytest.approx(row["training_goodput"]), name
+        assert abs(projected["training_goodput"] - row["training_goodput"]) <= 0.05, (name, projected, row)

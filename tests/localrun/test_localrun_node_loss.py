@@ -3,8 +3,9 @@ one peer replica) run by the executor, which plays the Job controller and replac
 
 The replacement pod starts with an empty memory tier and no node-local disk; its ranks must take their
 shards from the surviving node's RAM (tier `peer_memory`), lose no more than two memory snapshot
-intervals (the replica runs one interval behind the snapshot: the ranks agree on launching it one
-snapshot late, training/checkpoint/tiered.py `Agreement`), and end bit-identical to a fault-free run.
+intervals (every snapshot is replicated, but its exchange starts once its copy is done and takes about
+a step here: a loss one step after a snapshot may find only the one before), and end bit-identical to a
+fault-free run.
 With both nodes lost at once (a node and its only partner), the job falls back to the durable tier.
 """
 

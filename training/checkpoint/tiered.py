@@ -274,7 +274,7 @@ class Flags:
 
 
 class Agreement:
-    """All ranks take the same checkpoint decisions, without a blocking collective per due step.
+    """All ranks take the same checkpoint decisions, blocking only where the last async answer says no.
 
     Why agreement at all: a step only some ranks persisted can never be restored, and retention
     (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
@@ -284,12 +284,13 @@ class Agreement:
     which every rank sees alike (the loop's gradient collectives have completed it long before). That
     is sound because the flags can only get better in between: a tier idle on every rank when sampled
     stays idle, and a slot no persist reads stays unheld, until the next launch -- and launches happen
-    only at due steps, decided from these same results. A second publish one step before each due step
-    (`refresh`) makes the flags one step old rather than one memory interval: a tier freed during the
-    interval is used at the next snapshot (the peer replica, launched at every snapshot, was otherwise
-    skipped on every other one).
-    Only the first due step of a process group (start, restore, in-process restart) runs one blocking
-    all_reduce of the current flags. The result is read only after `Work.wait()`; on NCCL jobs the
+    only at due steps, decided from these same results. When that result would skip something (a due
+    tier busy, no slot to spare), the decision asks again with one blocking all_reduce of the current
+    flags: a tier freed during the interval is used at once. The peer replica, launched at every
+    snapshot and so busy whenever the last due step published, takes this path at each snapshot:
+    one small gloo all_reduce, against an exchange that was otherwise skipped on every other snapshot.
+    The first due step of a process group (start, restore, in-process restart) runs the blocking
+    all_reduce too. The result is read only after `Work.wait()`; on NCCL jobs the
     flags go over a gloo side group, so reading them never synchronizes the GPU stream.
 
     A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
@@ -341,11 +342,13 @@ class Agreement:
             self._pending = None
             work.wait()
             agreed = self._decode(tensor)
+            if any(agreed.busy[tier] for tier in due) or agreed.unheld < 1:
+                # Stale by an interval, and it would skip a tier or the snapshot: ask again, now. A
+                # tier launched at every snapshot (the peer replica) is always busy when the last due
+                # step published, just after launching it, and was skipped on every other snapshot.
+                agreed = self._blocking(local, group)
         else:
-            tensor = self._encode(local)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-            self.blocking_rounds += 1
-            agreed = self._decode(tensor)
+            agreed = self._blocking(local, group)
         can_stage = agreed.unheld >= 1
         self.last = agreed
         launch = {
@@ -353,6 +356,12 @@ class Agreement:
             for tier in due
         }
         return can_stage, launch
+
+    def _blocking(self, local: Flags, group: Any) -> Flags:  # noqa: ANN401
+        tensor = self._encode(local)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        self.blocking_rounds += 1
+        return self._decode(tensor)
 
     @staticmethod
     def keep_free(tier: str, num_slots: int) -> int:
@@ -367,19 +376,6 @@ class Agreement:
             return
         tensor = self._encode(flags)
         self._pending = (dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True), tensor)
-
-    def refresh(self, flags: Flags) -> None:
-        """Publish again, one step before a due step, replacing the result the last due step published
-        (issued an interval ago: long complete, so the wait is free). The next decision then sees
-        flags one step old instead of one interval old. Still sound: launches happen only at due
-        steps, so between this sample and the decision the flags can only get better."""
-        group = self._world()
-        if group is None:
-            return
-        if self._pending is not None:
-            self._pending[0].wait()
-            self._pending = None
-        self.publish(flags)
 
 
 class TieredCheckpointer(Checkpointer):
@@ -453,11 +449,6 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
-        elif every > 1 and (step + 1) % every == 0:
-            # A tier that runs every snapshot (the peer replica; a disk tier whose persist outlasts
-            # an interval) was busy when the last due step published: without this refresh it would
-            # be skipped on every other snapshot.
-            self.agreement.refresh(self._local_flags())
         self._count_stall(time.perf_counter() - started)
 
     def _fence(self) -> None:
