@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -12,6 +13,8 @@ from nvrx_eks.node import use_pinned_node
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from localrun.executor import JobResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,3 +57,51 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+class LocalJobRunner:
+    """The rendered local job (k8s/values/local-cpu.yaml plus overrides) run by the local executor, as
+    `nvrx-eks local run` runs it: the fault tests of tests/training and tests/localrun share it."""
+
+    values = REPO / "k8s" / "values" / "local-cpu.yaml"
+
+    def run(
+        self,
+        run_dir: Path,
+        overrides: list[str],
+        *,
+        timeout_s: float,
+        node_provision_s: float = 0.0,
+        must_succeed: bool = True,
+    ) -> tuple[JobResult, Path]:
+        """(the executor's result, the trainer's events folder); never leaves a process behind."""
+        from k8s.job_chart import render  # noqa: PLC0415 - heavy imports, only in the tests that run jobs
+        from k8s.load import load_values  # noqa: PLC0415
+        from localrun.chaos import trainer_run_dir  # noqa: PLC0415
+        from localrun.executor import marked_processes, run_local  # noqa: PLC0415
+
+        values = load_values(self.values, overrides)
+        render(values, str(run_dir / "dist"))
+        result = run_local(
+            run_dir / "dist", run_dir=run_dir, timeout_s=timeout_s, node_provision_s=node_provision_s
+        )
+        left = marked_processes(result.run_key)
+        assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+        if must_succeed:
+            assert result.succeeded, f"{result.reason}; pod logs in {run_dir}"
+        return result, trainer_run_dir(values, run_dir)
+
+    @staticmethod
+    def events(events_dir: Path, kind: str) -> list[dict[str, Any]]:
+        """Every rank's events of one kind (training/events.py), in no particular order."""
+        lines = (line for path in events_dir.rglob("rank-*.jsonl") for line in path.read_text().splitlines())
+        return [event for event in map(json.loads, lines) if event["kind"] == kind]
+
+    @staticmethod
+    def final_hash(events_dir: Path) -> str:
+        return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
+
+
+@pytest.fixture(scope="session")
+def local_job() -> LocalJobRunner:
+    return LocalJobRunner()

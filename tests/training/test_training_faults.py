@@ -11,31 +11,27 @@ checkpointer writes the durable tier every 2 steps, so the hard faults lose at m
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from localrun.chaos import trainer_run_dir
-from localrun.executor import marked_processes, run_local
 from training.metrics import summarize
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conftest import LocalJobRunner
+
     from localrun.executor import JobResult
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL = "k8s/values/local-cpu.yaml"
 STEPS = 20
 SOFT_PLAN = "exception@3:1,hang@6:0,skip_collective@9:3,oom@12:2"
 HARD_PLAN = "sigkill@4:1,deadlock@9:2,node_loss@14:3"
 
 
-def _run(run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
+def _run(local_job: LocalJobRunner, run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
     overrides = [
         f"trainer.steps={STEPS}",
         "trainer.log_every=10",
@@ -45,34 +41,18 @@ def _run(run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path
     ]
     if plan:
         overrides.append(f"trainer.faults.plan={plan}")
-    values = load_values(REPO / LOCAL, overrides)
-    dist = run_dir / "dist"
-    render(values, str(dist))
-    result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s)
-    assert result.succeeded, f"{result.reason}; pod logs in {run_dir}"
-    left = marked_processes(result.run_key)
-    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
-    return result, trainer_run_dir(values, run_dir)
-
-
-def _events(events_dir: Path, kind: str) -> list[dict]:
-    lines = (line for path in events_dir.rglob("rank-*.jsonl") for line in path.read_text().splitlines())
-    return [event for event in map(json.loads, lines) if event["kind"] == kind]
-
-
-def _final_hash(events_dir: Path) -> str:
-    return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
+    return local_job.run(run_dir, overrides, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="module")
-def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
-    _, events = _run(tmp_path_factory.mktemp("reference"), plan="", timeout_s=120)
-    return _final_hash(events)
+def fault_free_hash(tmp_path_factory: pytest.TempPathFactory, local_job: LocalJobRunner) -> str:
+    _, events = _run(local_job, tmp_path_factory.mktemp("reference"), plan="", timeout_s=120)
+    return local_job.final_hash(events)
 
 
 @pytest.mark.timeout(200)
-def test_soft_faults_recover_in_process_losing_at_most_one_step(tmp_path, fault_free_hash):
-    _, events = _run(tmp_path, plan=SOFT_PLAN, timeout_s=150)
+def test_soft_faults_recover_in_process_losing_at_most_one_step(tmp_path, local_job, fault_free_hash):
+    _, events = _run(local_job, tmp_path, plan=SOFT_PLAN, timeout_s=150)
 
     summary = summarize(events)
     assert summary.completed, summary
@@ -81,12 +61,12 @@ def test_soft_faults_recover_in_process_losing_at_most_one_step(tmp_path, fault_
         assert fault.layer == fault.expected_layer == "inprocess", fault
         assert fault.steps_lost is not None, fault
         assert fault.steps_lost <= 1, fault
-    assert _final_hash(events) == fault_free_hash
+    assert local_job.final_hash(events) == fault_free_hash
 
 
 @pytest.mark.timeout(260)
-def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, fault_free_hash):
-    result, events = _run(tmp_path, plan=HARD_PLAN, timeout_s=210)
+def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, local_job, fault_free_hash):
+    result, events = _run(local_job, tmp_path, plan=HARD_PLAN, timeout_s=210)
 
     summary = summarize(events)
     assert summary.completed, summary
@@ -102,10 +82,10 @@ def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, fault
         assert fault.steps_lost <= 2, fault
     # Rank 3 lives on node 1: the executor, as the Job controller, replaced that pod once.
     assert [d["index"] for d in result.deletions] == [1]
-    assert _final_hash(events) == fault_free_hash
+    assert local_job.final_hash(events) == fault_free_hash
     # Every worker, the restarted ones included, was a fork of its pod's warm forkserver
     # (training/launch.py): ready on a fraction of the CPU seconds a fresh interpreter spends importing
     # torch and torch._dynamo (~3 s here). CPU time, unlike wall time, does not grow with load.
-    ready = _events(events, "process_ready")
+    ready = local_job.events(events, "process_ready")
     assert any(e["restart"] >= 1 for e in ready), ready
     assert all(e["cpu_s"] < 1.0 for e in ready), [(e["rank"], e["restart"], e["cpu_s"]) for e in ready]

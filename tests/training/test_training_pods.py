@@ -20,24 +20,18 @@ does, and the test raced (one CI run in a few resumed on the replacement).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from localrun.chaos import trainer_run_dir
-from localrun.executor import marked_processes, run_local
-
 if TYPE_CHECKING:
+    from conftest import LocalJobRunner
+
     from localrun.executor import JobResult
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL = "k8s/values/local-cpu.yaml"
 STEPS = 20
 BUDGETS = [
     "budgets.inprocess_max_iterations=1",
@@ -51,6 +45,7 @@ def _sigkills(*steps: int) -> str:
 
 
 def _run(
+    local_job: LocalJobRunner,
     run_dir: Path,
     *,
     plan: str,
@@ -69,39 +64,23 @@ def _run(
     ]
     if plan:
         overrides.append(f"trainer.faults.plan={plan}")
-    values = load_values(REPO / LOCAL, overrides)
-    dist = run_dir / "dist"
-    render(values, str(dist))
-    result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s, node_provision_s=node_provision_s)
-    left = marked_processes(result.run_key)
-    assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
-    return result, trainer_run_dir(values, run_dir)
-
-
-def _events(events_dir: Path, kind: str) -> list[dict]:
-    found = []
-    for path in events_dir.rglob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("kind") == kind:
-                found.append(event)
-    return found
-
-
-def _final_hash(events_dir: Path) -> str:
-    return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
+    return local_job.run(
+        run_dir, overrides, timeout_s=timeout_s, node_provision_s=node_provision_s, must_succeed=False
+    )
 
 
 @pytest.fixture(scope="module")
-def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
-    result, events = _run(tmp_path_factory.mktemp("reference"), plan="", timeout_s=240)
+def fault_free_hash(tmp_path_factory: pytest.TempPathFactory, local_job: LocalJobRunner) -> str:
+    result, events = _run(local_job, tmp_path_factory.mktemp("reference"), plan="", timeout_s=240)
     assert result.succeeded, result.reason
-    return _final_hash(events)
+    return local_job.final_hash(events)
 
 
 @pytest.mark.timeout(600)
-def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(tmp_path, fault_free_hash):
-    result, events = _run(tmp_path, plan=_sigkills(3, 6, 9), timeout_s=540)
+def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(
+    tmp_path, local_job, fault_free_hash
+):
+    result, events = _run(local_job, tmp_path, plan=_sigkills(3, 6, 9), timeout_s=540)
 
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
     # The launchers ran out after the third SIGKILL: the Job replaced the pods (a failure each, within
@@ -112,16 +91,17 @@ def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(tmp
     assert replacements
     assert any("reopened rendezvous" in Path(p.log).read_text() for p in replacements)
     # Training went on in the replacements' run, to the end, with nothing lost.
-    assert len(_events(events, "fault_injected")) == 3
-    assert _final_hash(events) == fault_free_hash
+    assert len(local_job.events(events, "fault_injected")) == 3
+    assert local_job.final_hash(events) == fault_free_hash
 
 
 @pytest.mark.timeout(600)
-def test_storm_exhausting_the_job_fails_naming_the_faulty_index_and_its_cause(tmp_path):
+def test_storm_exhausting_the_job_fails_naming_the_faulty_index_and_its_cause(tmp_path, local_job):
     # Mode ft_launcher with no launcher restarts and one pod failure per index: the first SIGKILL of
     # rank 3 ends both launchers (the Job charges both indexes), the replacements rejoin the reopened
     # rendezvous and train on, and the second SIGKILL is one failure more than the budget.
     result, _ = _run(
+        local_job,
         tmp_path,
         plan=_sigkills(3, 6),
         timeout_s=540,
@@ -139,10 +119,10 @@ def test_storm_exhausting_the_job_fails_naming_the_faulty_index_and_its_cause(tm
 
 
 @pytest.mark.timeout(600)
-def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, fault_free_hash):
+def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, local_job, fault_free_hash):
     # A new node in 90 s: on a cluster a p5 takes minutes; here the round without it forms in ~15 s.
     result, events = _run(
-        tmp_path, plan="node_loss@8:3", timeout_s=540, extra=("spares=1",), node_provision_s=90
+        local_job, tmp_path, plan="node_loss@8:3", timeout_s=540, extra=("spares=1",), node_provision_s=90
     )
 
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
@@ -150,7 +130,7 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, fault_free_h
     lost = deletion["index"]
     # The spare: the pod that trained nothing before the loss. Training resumed on it, not on the
     # replacement pod of the lost index (which became the next spare and trained nothing).
-    steps = _events(events, "step")
+    steps = local_job.events(events, "step")
     before = {int(e["node"]) for e in steps if e["t"] < deletion["time"]}
     after = {int(e["node"]) for e in steps if e["t"] > deletion["time"]}
     (spare,) = {0, 1, 2} - before
@@ -161,4 +141,4 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, fault_free_h
     # Training went on without waiting for the lost node's replacement (still Pending, or started after).
     resumed = min(e["t"] for e in steps if e["t"] > deletion["time"])
     assert deletion.get("replacement_started") is None or deletion["replacement_started"] > resumed
-    assert _final_hash(events) == fault_free_hash
+    assert local_job.final_hash(events) == fault_free_hash
