@@ -27,6 +27,7 @@ environment or opens files at import (tests/training/test_training_launch.py che
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def launcher_argv(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    # Defence in depth for GPU nodes: should anything in the forkserver ask torch for the device count,
+    # PyTorch answers from NVML instead of initialising the CUDA driver, which a fork cannot inherit
+    # (tests/training/test_training_launch.py checks that nothing asks).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     multiprocessing.set_forkserver_preload(list(WARM_MODULES))
     mend_multiprocess_workers()  # NVRx 0.4.1's launcher with multiprocessing workers (see there)
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415

@@ -104,3 +104,41 @@ def test_nothing_the_forkserver_imports_reads_a_per_worker_variable():
     assert read, "the probe saw no reads at all: it does not watch the environment"
     assert not (read & PER_WORKER), sorted(read & PER_WORKER)
     assert not {k for k in read if k.startswith(("FT_", "TORCHELASTIC_"))}, sorted(read)
+
+
+_CUDA_PROBE = r"""
+import json, sys, torch
+calls = []
+for name in ("is_available", "device_count", "_lazy_init", "init", "current_device", "set_device"):
+    original = getattr(torch.cuda, name)
+    def watch(*args, _original=original, _name=name, **kwargs):
+        calls.append(_name)
+        return _original(*args, **kwargs)
+    setattr(torch.cuda, name, watch)
+for name in sys.argv[1].split(","):
+    __import__(name)
+print(json.dumps(calls))
+"""
+
+
+def _cuda_calls(modules: tuple[str, ...], cwd: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CUDA_PROBE, ",".join(modules)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=cwd,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_cuda_probe_sees_a_module_that_counts_devices_at_import(tmp_path):
+    (tmp_path / "counts_gpus.py").write_text("import torch\nGPUS = torch.cuda.device_count()\n")
+    assert "device_count" in _cuda_calls(("counts_gpus",), tmp_path)
+
+
+def test_nothing_the_forkserver_imports_touches_cuda():
+    # A process that initialised CUDA (even only to count devices, without PyTorch's NVML-based
+    # check) forks children that cannot use it: the forkserver must never ask.
+    assert _cuda_calls(WARM_MODULES, REPO) == []
