@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from localrun.peer_bench import DEFAULT_DEVICE_STEP_S, FAULT_SEED
+from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 
 
 def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: typer.Typer) -> None:
@@ -52,8 +52,12 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             ),
         ] = DEFAULT_DEVICE_STEP_S,
         fault_seed: Annotated[
-            int, typer.Option(help="Seed of the fault draw (42 draws no hang; 40 draws three).")
-        ] = FAULT_SEED,
+            int | None,
+            typer.Option(
+                help="Seed of the fault draw (default: 42 for the peer mix, which draws no hang; 50 for "
+                "the hardware mix, which draws 4 hardware faults of 5)."
+            ),
+        ] = None,
         modes: Annotated[
             list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
         ] = None,

@@ -1,0 +1,43 @@
+"""`bench peer --mix hardware`: the faults its default seed draws, through the job values it renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k8s.load import load_values
+from k8s.trainer_args import check_trainer_args
+from kitcore.configio import UserError
+from localrun.peer_bench import DEFAULT_SEEDS, mode_setups, run_peer_bench
+from training.faults import build_schedule
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "k8s" / "values" / "local-cpu.yaml"
+
+
+def _drawn(mix: str, steps: int = 400) -> list[tuple[str, int]]:
+    (kit,) = (s for s in mode_setups(steps=steps, fault_seed=DEFAULT_SEEDS[mix], mix=mix) if s.name == "kit")
+    values = load_values(LOCAL, [f"mode={kit.mode}", *kit.overrides])
+    config = check_trainer_args(values)  # the trainer's config as the rendered job passes it
+    schedule = build_schedule(config.faults, steps=steps, world_size=values.world_size, seed=config.seed)
+    ranks_per_node = values.profile.workers_per_node
+    return [(f.cls, f.rank // ranks_per_node) for f in schedule]
+
+
+def test_the_hardware_mix_draws_mostly_hardware_and_loses_each_node_once():
+    drawn = _drawn("hardware")
+    classes = [cls for cls, _ in drawn]
+    assert len(drawn) == 5
+    assert classes.count("node_loss") + classes.count("sigkill") == 4, drawn
+    assert sorted(node for cls, node in drawn if cls == "node_loss") == [0, 1], drawn
+
+
+def test_the_peer_mix_is_the_samples_software_faults():
+    assert {cls for cls, _ in _drawn("peer")} <= {"exception", "hang"}
+
+
+def test_an_unknown_mix_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match="choose one of peer, hardware"):
+        run_peer_bench(values_path=LOCAL, steps=40, runs_root=tmp_path, mix="software")
+    assert not list(tmp_path.iterdir())
