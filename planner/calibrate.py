@@ -43,6 +43,8 @@ LAYER_FIELDS = {
 PEER_MODES = ("baseline", "inprocess", "ft_launcher", "kit")
 # The local executor's topology (k8s/values/local-cpu.yaml): two "nodes" of two CPU ranks.
 LOCAL_NODES = 2
+LOCAL_REPAIR_S = 1.0
+"""A lost local node is back as soon as its replacement pod starts (inside the node-loss recovery)."""
 
 
 @dataclass
@@ -137,12 +139,21 @@ def _peer_scenario(
         raise UserError(
             f"{path}: scenario.num_faults is {scenario['num_faults']} but {len(schedule)} faults are listed"
         )
+    tiers = {f.get("tier") for row in modes.values() for f in row.get("faults") or []}
+    replicated = "peer_memory" in tiers or not any(f["class"] == "node_loss" for f in drawn)
     kit_overrides = modes.get("kit", {}).get("overrides", [])
     kit_memory, kit_local = _cadence(kit_overrides, "memory"), _cadence(kit_overrides, "local")
     every = int(scenario["durable_every"])
     cal.scenario = {
         "name": f"bench-peer-{path.parent.name}",
-        "fleet": {"instance_profile": "local-cpu", "nodes": LOCAL_NODES, "spares": 0},
+        # The local executor replaces a lost node's pod at once (localrun/executor.py; no new node to
+        # wait for): its start is inside the measured node-loss recovery, so no capacity wait on top.
+        "fleet": {
+            "instance_profile": "local-cpu",
+            "nodes": LOCAL_NODES,
+            "spares": 0,
+            "repair_hours": LOCAL_REPAIR_S / 3600.0,
+        },
         "workload": {"step_s": step_s, "steps": steps, "model": "tiny"},
         # The run's own faults, fault for fault: the same draw for every mode (localrun/peer_bench.py).
         "faults": {
@@ -152,6 +163,9 @@ def _peer_scenario(
         # The kit persists in the background; a tiny model's writes take milliseconds (their stall
         # is inside the derived startup figure). Restores are inside the measured recoveries.
         "checkpoint": {
+            # The local values replicate each memory snapshot to the other node (storage.peer_replicas
+            # defaults to 1 with two nodes): a node loss may restore from the partner's RAM.
+            "peer_replica": replicated,
             "memory": {"stall_s": 0.0},
             "local": {"write_s": 0.0},
             "durable": {"write_s": 0.0},
@@ -168,7 +182,15 @@ def _peer_scenario(
         scenario_labels["modes.kit.tiers"] = (
             "assumed: localrun/peer_bench.py kit tiering (RAM every 2, disk every 10)"
         )
+    scenario_labels["checkpoint.peer_replica"] = (
+        f"{label} (a node loss restored from a partner's RAM)"
+        if "peer_memory" in tiers
+        else "assumed: the local values' default (one peer replica with two nodes)"
+    )
     scenario_labels["faults.schedule"] = label
+    scenario_labels["fleet.repair_hours"] = (
+        f"{label} (the local executor replaces a lost node's pod at once; its start is in the recovery)"
+    )
     scenario_labels["workload.steps"] = f"{label} (scenario)"
     tiny = "assumed: the tiny model's persists take milliseconds (their stall is in the derived startup)"
     for dotted in ("checkpoint.memory.stall_s", "checkpoint.local.write_s", "checkpoint.durable.write_s"):

@@ -6,16 +6,20 @@ planner/calibrate.py), or from a default below whose source is named beside it. 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from functools import cached_property
-from typing import Literal, Self, get_args
+from typing import TYPE_CHECKING, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
 from training.config import FaultClass
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 from training.shapes import PRESETS, ModelShape
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "kit"]
@@ -398,13 +402,20 @@ class Plan(_Section):
         return None if self.workload.steps is None else self.workload.steps * self.workload.step_s
 
 
+def poisson_tails(mean: float) -> Iterator[float]:
+    """P(X >= 0), P(X >= 1), ... for X ~ Poisson(mean), one pass, each term in log space: exp(-mean)
+    underflows to 0 past mean ~745 (a fleet of thousands of nodes down for days), and the tail then
+    read 1 for every k, so sizing spares never ended."""
+    cdf = 0.0
+    k = 0
+    while True:
+        yield max(0.0, 1.0 - cdf)
+        cdf += math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1)) if mean > 0 else float(k == 0)
+        k += 1
+
+
 def poisson_tail(mean: float, k: int) -> float:
     """P(X >= k) for X ~ Poisson(mean)."""
     if k <= 0:
         return 1.0
-    term = math.exp(-mean)
-    cdf = term
-    for i in range(1, k):
-        term *= mean / i
-        cdf += term
-    return max(0.0, 1.0 - cdf)
+    return next(itertools.islice(poisson_tails(mean), k, None))

@@ -59,6 +59,7 @@ from planner.config import (
     TierName,
     fault_kind,
     poisson_tail,
+    poisson_tails,
 )
 
 if TYPE_CHECKING:
@@ -193,9 +194,12 @@ def size_spares(plan: Plan, *, node_rate_per_node_s: float, wall_s: float) -> Sp
     def never_wait(spares: int) -> float:
         return math.exp(-losses * poisson_tail(mean_out, spares))
 
-    recommended = 0
-    while never_wait(recommended) < fleet.spare_target and recommended < MAX_SPARES:
-        recommended += 1
+    # One pass over the tails (never_wait grows with the spares): the first count that meets the target.
+    recommended = MAX_SPARES
+    for count, tail in enumerate(poisson_tails(mean_out)):
+        if math.exp(-losses * tail) >= fleet.spare_target or count >= MAX_SPARES:
+            recommended = count
+            break
     spares = fleet.spares if fleet.spares is not None else recommended
     tail = poisson_tail(mean_out, spares)
     return Spares(
