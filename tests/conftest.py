@@ -64,6 +64,13 @@ class LocalJobRunner:
     `nvrx-eks local run` runs it: the fault tests of tests/training and tests/localrun share it."""
 
     values = REPO / "k8s" / "values" / "local-cpu.yaml"
+    sync_durable_every_2 = (
+        "trainer.log_every=10",
+        "trainer.checkpoint.implementation=sync",
+        "trainer.checkpoint.durable_every=2",
+        "trainer.checkpoint.local_every=0",
+    )
+    """The fault tests' checkpointing: the synchronous reference checkpointer, durable every 2 steps."""
 
     def run(
         self,

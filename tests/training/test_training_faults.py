@@ -34,10 +34,7 @@ HARD_PLAN = "sigkill@4:1,deadlock@9:2,node_loss@14:3"
 def _run(local_job: LocalJobRunner, run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
     overrides = [
         f"trainer.steps={STEPS}",
-        "trainer.log_every=10",
-        "trainer.checkpoint.implementation=sync",
-        "trainer.checkpoint.durable_every=2",
-        "trainer.checkpoint.local_every=0",
+        *local_job.sync_durable_every_2,
     ]
     if plan:
         overrides.append(f"trainer.faults.plan={plan}")

@@ -82,16 +82,21 @@ PER_WORKER = {
 }
 
 
-def _read_at_import(modules: tuple[str, ...], cwd: Path) -> set[str]:
+def _probe(script: str, modules: tuple[str, ...], cwd: Path) -> list[str]:
+    """What `script` (a probe above) saw while a fresh interpreter imported `modules`: its last line."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, ",".join(modules)],
+        [sys.executable, "-c", script, ",".join(modules)],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
         cwd=cwd,
     )
-    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _read_at_import(modules: tuple[str, ...], cwd: Path) -> set[str]:
+    return set(_probe(_PROBE, modules, cwd))
 
 
 def test_the_probe_sees_a_module_that_reads_the_rank_at_import(tmp_path):
@@ -122,15 +127,7 @@ print(json.dumps(calls))
 
 
 def _cuda_calls(modules: tuple[str, ...], cwd: Path) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", _CUDA_PROBE, ",".join(modules)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=cwd,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _probe(_CUDA_PROBE, modules, cwd)
 
 
 def test_the_cuda_probe_sees_a_module_that_counts_devices_at_import(tmp_path):

@@ -55,10 +55,7 @@ def _run(
 ) -> tuple[JobResult, Path]:
     overrides = [
         f"trainer.steps={STEPS}",
-        "trainer.log_every=10",
-        "trainer.checkpoint.implementation=sync",
-        "trainer.checkpoint.durable_every=2",
-        "trainer.checkpoint.local_every=0",
+        *local_job.sync_durable_every_2,
         *BUDGETS,
         *extra,
     ]
