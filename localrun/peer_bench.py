@@ -187,6 +187,12 @@ def run_peer_bench(
             "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
             "faults": [f.to_dict() for f in summary.faults],
             "wall_s": summary.wall_s,
+            # The run's own costs beside its goodput, for `nvrx-eks plan --from`: one step, the job's
+            # first start, the loop's time in checkpoint calls and how many it made.
+            "mean_step_s": summary.mean_step_s,
+            "startup_s": summary.startup_s,
+            "checkpoint_stall_s": summary.checkpoint_stall_s,
+            "checkpoints": summary.checkpoints,
             # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
             "overrides": list(setup.overrides),
         }

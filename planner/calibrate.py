@@ -9,13 +9,16 @@ It reads, anywhere below RUN_DIR:
   loop stall per snapshot, the durable write time and the restore time per tier.
 
 What each number becomes in the plan:
-- step time: training goodput x wall / productive steps of each completed mode (the formula of
-  training/metrics.py read backwards), the median over the modes.
+- step time: each mode's mean step (peer.json rows carry it, with the job's first start, the loop's
+  time in checkpoint calls and their count); the median over the modes for a plan file.
 - recovery per layer: the mean recovery of the faults that layer recovered (recovery in the kit's
   events ends when every rank has finished its startup, checkpoint load included, so restore_s is 0).
-- startup (peer.json): what is left of a mode's wall time after training, recovery and replayed
-  steps -- the first start and the checkpoint stall together -- the median over the modes. Derived,
-  not measured on its own, and labelled so.
+- startup: each mode's first start (first process start -> every rank's first `startup_done`); the
+  median over the modes for a plan file.
+- checkpoint stall: the loop's time in checkpoint calls per checkpoint, the kit's per RAM snapshot and
+  the single-tier modes' per durable checkpoint.
+An older peer.json without those figures: the step from the goodput formula read backwards, and the
+first start (checkpoint stall included) as what is left of the wall time -- derived, and labelled so.
 Without a plan file, peer.json's own scenario becomes the plan (this machine's two CPU "nodes"), so
 the projection can be set beside the goodput that run measured.
 """
@@ -95,6 +98,16 @@ def _cadence(overrides: list[str], tier: str) -> int | None:
     return None
 
 
+def _completed(modes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: r for n, r in modes.items() if r.get("completed") and "training_goodput" in r}
+
+
+def _itemized(rows: dict[str, dict[str, Any]]) -> bool:
+    """Rows that carry their own step, first-start and checkpoint figures (peer.json since 2026-12)."""
+    keys = ("mean_step_s", "startup_s", "checkpoint_stall_s", "checkpoints")
+    return bool(rows) and all(row.get(k) is not None for row in rows.values() for k in keys)
+
+
 def _from_peer(path: Path, cal: Calibration) -> None:
     doc = _read(path)
     scenario, modes = doc.get("scenario"), doc.get("modes")
@@ -102,33 +115,81 @@ def _from_peer(path: Path, cal: Calibration) -> None:
         raise UserError(f"{path}: expected `scenario` and `modes` (the output of `nvrx-eks bench peer`)")
     label = f"measured: {path}"
     steps = int(scenario["steps"])
-    step_times, recoveries, residuals = [], {}, []
-    for name, row in modes.items():
-        if not row.get("completed") or "training_goodput" not in row:
-            continue
-        cal.measured_goodput[name] = float(row["training_goodput"])
-        step_times.append(row["training_goodput"] * row["wall_s"] / steps)
-        _recoveries(row.get("faults", []), recoveries)
-    if not step_times:
+    rows = _completed(modes)
+    if not rows:
         raise UserError(f"{path}: no mode completed; rerun `nvrx-eks bench peer`")
-    step_s = statistics.median(step_times)
-    cal.set("workload.step_s", round(step_s, 4), f"{label} (training goodput x wall / steps, median)")
+    recoveries: dict[str, list[float]] = {}
+    for name, row in rows.items():
+        cal.measured_goodput[name] = float(row["training_goodput"])
+        _recoveries(row.get("faults", []), recoveries)
     for layer, seconds in recoveries.items():
         cal.set(f"recovery.{LAYER_FIELDS[layer]}", round(statistics.fmean(seconds), 3), f"{label} ({layer})")
-    for row in modes.values():
-        if row.get("completed") and "training_goodput" in row:
-            recovered = sum(f.get("recovery_s") or 0.0 for f in row.get("faults", []))
-            residuals.append(row["wall_s"] - steps * step_s - recovered - row.get("steps_lost", 0) * step_s)
-    cal.set(
-        "workload.startup_s",
-        round(max(0.0, statistics.median(residuals)), 3),
-        f"derived: {path} (wall - training - recovery - replayed steps, median: first start + stall)",
+    if _itemized(rows):
+        costs = _measured_costs(rows)
+        step_s = statistics.median(costs.step_s.values())
+        cal.set("workload.step_s", round(step_s, 4), f"{label} (mean step, median over the modes)")
+        cal.set(
+            "workload.startup_s",
+            round(statistics.median(costs.startup_s.values()), 3),
+            f"{label} (first process start -> every rank's first startup done, median over the modes)",
+        )
+    else:
+        # An older peer.json: the step from the goodput formula read backwards, the first start as the
+        # remainder of the wall time (checkpoint stall included), one figure for every mode.
+        costs = None
+        step_s = statistics.median(r["training_goodput"] * r["wall_s"] / steps for r in rows.values())
+        cal.set("workload.step_s", round(step_s, 4), f"{label} (training goodput x wall / steps, median)")
+        residuals = [
+            row["wall_s"]
+            - steps * step_s
+            - sum(f.get("recovery_s") or 0.0 for f in row.get("faults", []))
+            - row.get("steps_lost", 0) * step_s
+            for row in rows.values()
+        ]
+        cal.set(
+            "workload.startup_s",
+            round(max(0.0, statistics.median(residuals)), 3),
+            f"derived: {path} (wall - training - recovery - replayed steps, median: first start + stall)",
+        )
+    _peer_scenario(path, scenario, modes, step_s=step_s, costs=costs, cal=cal)
+
+
+@dataclass(frozen=True)
+class _PeerCosts:
+    """What each mode of an itemized peer.json paid besides its recoveries, measured in its own run."""
+
+    step_s: dict[str, float]
+    """Each mode's mean step: on two shared CPU cores the kit's background persists and RAM replica
+    slow its steps a little, and the measured goodput counts those steps as they ran."""
+    startup_s: dict[str, float]
+    durable_stall_s: float
+    """Loop time per checkpoint of the modes that snapshot only at their durable cadence."""
+    memory_stall_s: float | None
+    """Loop time per RAM snapshot of the kit's mode (None without it)."""
+
+
+def _stall_per_checkpoint(row: dict[str, Any]) -> float:
+    return float(row["checkpoint_stall_s"]) / max(1, int(row["checkpoints"]))
+
+
+def _measured_costs(rows: dict[str, dict[str, Any]]) -> _PeerCosts:
+    single_tier = [_stall_per_checkpoint(r) for n, r in rows.items() if n != "kit"]
+    return _PeerCosts(
+        step_s={n: float(r["mean_step_s"]) for n, r in rows.items()},
+        startup_s={n: float(r["startup_s"]) for n, r in rows.items()},
+        durable_stall_s=statistics.median(single_tier) if single_tier else 0.0,
+        memory_stall_s=_stall_per_checkpoint(rows["kit"]) if "kit" in rows else None,
     )
-    _peer_scenario(path, scenario, modes, step_s=step_s, cal=cal)
 
 
 def _peer_scenario(
-    path: Path, scenario: dict[str, Any], modes: dict[str, Any], *, step_s: float, cal: Calibration
+    path: Path,
+    scenario: dict[str, Any],
+    modes: dict[str, Any],
+    *,
+    step_s: float,
+    costs: _PeerCosts | None,
+    cal: Calibration,
 ) -> None:
     """peer.json's own scenario as a whole plan: this machine, the run's faults, each mode's cadences."""
     label = f"measured: {path}"
@@ -160,15 +221,15 @@ def _peer_scenario(
             "schedule": schedule,
             "source": f"{path} (seed {scenario.get('fault_seed')}, the faults that run drew)",
         },
-        # The kit persists in the background; a tiny model's writes take milliseconds (their stall
-        # is inside the derived startup figure). Restores are inside the measured recoveries.
+        # The kit persists in the background: what the loop pays is its stall per checkpoint.
+        # Restores are inside the measured recoveries.
         "checkpoint": {
             # The local values replicate each memory snapshot to the other node (storage.peer_replicas
             # defaults to 1 with two nodes): a node loss may restore from the partner's RAM.
             "peer_replica": replicated,
-            "memory": {"stall_s": 0.0},
+            "memory": {"stall_s": 0.0 if costs is None else costs.memory_stall_s or 0.0},
             "local": {"write_s": 0.0},
-            "durable": {"write_s": 0.0},
+            "durable": {"write_s": 0.0} | ({} if costs is None else {"stall_s": costs.durable_stall_s}),
         },
         "modes": {
             "baseline": {"tiers": {"durable": every}},
@@ -177,6 +238,15 @@ def _peer_scenario(
             "kit": {"tiers": {"memory": kit_memory or 2, "local": kit_local or 10, "durable": every}},
         },
     }
+    if costs is not None:
+        # Each mode's own first start and step: on two shared cores the pods' starts differ by a second
+        # from run to run, which in a run this short is several points of goodput.
+        for name, setup in cal.scenario["modes"].items():
+            if name in costs.startup_s:
+                setup["startup_s"] = costs.startup_s[name]
+                setup["step_s"] = costs.step_s[name]
+        cal.scenario_labels["modes.*.startup_s"] = f"{label} (each mode's first start)"
+        cal.scenario_labels["modes.*.step_s"] = f"{label} (each mode's mean step)"
     scenario_labels = cal.scenario_labels
     if kit_memory is None:
         scenario_labels["modes.kit.tiers"] = (
@@ -195,6 +265,10 @@ def _peer_scenario(
     tiny = "assumed: the tiny model's persists take milliseconds (their stall is in the derived startup)"
     for dotted in ("checkpoint.memory.stall_s", "checkpoint.local.write_s", "checkpoint.durable.write_s"):
         scenario_labels[dotted] = tiny
+    if costs is not None:
+        stall = "(loop time in checkpoint calls per checkpoint)"
+        scenario_labels["checkpoint.memory.stall_s"] = f"{label}: kit {stall}"
+        scenario_labels["checkpoint.durable.stall_s"] = f"{label}: single-tier modes {stall}"
     scenario_labels["checkpoint.durable.restore_s"] = (
         "measured: inside each recovery (events end at startup_done)"
     )

@@ -227,6 +227,11 @@ Cadence = int | Literal["auto"]
 class ModeSetup(_Section):
     tiers: dict[TierName, Cadence]
     """Tiers this mode writes, each every N steps or `auto` (the plan recommends)."""
+    step_s: float | None = Field(None, gt=0)
+    """This mode's step when it is not workload.step_s: a measured run's own (its background
+    checkpoint work shares the cores with the step), or a step the mode's replication slows."""
+    startup_s: float | None = Field(None, ge=0)
+    """This mode's first start when it is not workload.startup_s (a measured run's own start)."""
 
     @field_validator("tiers")
     @classmethod
@@ -367,6 +372,15 @@ class Plan(_Section):
     @property
     def state_per_gpu(self) -> float:
         return self.workload.total_state_bytes() / self.fleet.gpus
+
+    def for_mode(self, mode: Mode) -> Plan:
+        """This plan as `mode` runs it: the mode's own step and first start where it gives them."""
+        setup = self.modes.get(mode)
+        own = {} if setup is None else {"step_s": setup.step_s, "startup_s": setup.startup_s}
+        update = {k: v for k, v in own.items() if v is not None}
+        if not update:
+            return self
+        return self.model_copy(update={"workload": self.workload.model_copy(update=update)})
 
     def stall_s(self, name: TierName) -> float:
         """Loop time per checkpoint when `name` takes its own snapshot."""

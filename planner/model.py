@@ -381,6 +381,7 @@ def evaluate(
     intervals: dict[TierName, Interval] | None = None,
 ) -> ModeResult:
     """Expected goodput of `mode` writing each tier every `cadences[tier]` steps."""
+    plan = plan.for_mode(mode)
     costs = tier_costs(plan, mode, cadences)
     rates = _rates(plan)
     useful = plan.useful_s
@@ -493,6 +494,7 @@ def _first_guess_wall(plan: Plan) -> float:
 
 def project(plan: Plan, mode: Mode) -> ModeResult:
     """Recommended intervals for `mode`, then its expected goodput at them."""
+    plan = plan.for_mode(mode)
     wall = _first_guess_wall(plan)
     intervals: dict[TierName, Interval] = {}
     result: ModeResult | None = None

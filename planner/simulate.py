@@ -202,6 +202,7 @@ def simulate(
     plan: Plan, mode: Mode, cadences: Mapping[TierName, int], *, spares: int, runs: int = 200, seed: int = 0
 ) -> SimResult:
     """Mean training goodput (and badput split) over `runs` seeded runs with `spares` warm spares."""
+    plan = plan.for_mode(mode)
     rng = random.Random(seed)  # noqa: S311 - a seeded simulation, not cryptography
     goodputs: list[float] = []
     parts = {"checkpoint_stall": 0.0, "lost_work": 0.0, "recovery": 0.0, "capacity_wait": 0.0, "startup": 0.0}

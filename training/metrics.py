@@ -104,6 +104,12 @@ class RunSummary:
     large while the stall itself stays a few milliseconds, so both are reported."""
     final_params_sha256: str | None
     faults: list[FaultSummary] = field(default_factory=list)
+    startup_s: float | None = None
+    """The job's first start: the first process start -> the last rank's first `startup_done`."""
+    checkpoint_stall_s: float = 0.0
+    """Loop time spent in checkpoint calls over the run, on the rank that spent the most."""
+    checkpoints: int = 0
+    """Steps at which the loop took a checkpoint (every tier's calls at one step count once)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -249,6 +255,12 @@ def summarize(run_dir: Path) -> RunSummary:
         stall_per_checkpoint = sum(e.get("ckpt_s", 0.0) for e in rank0) / len(calls)
         stall_ratio = stall_per_checkpoint / max(floor, 1e-12)
     final = next((e.get("final_params_sha256") for e in reversed(ends) if e["rank"] == 0), None)
+    first_ready: dict[int, float] = {}
+    for event in events:
+        if event["kind"] == "startup_done":
+            first_ready.setdefault(event["rank"], event["t"])
+    world = int(starts[0].get("world_size", 0)) or len(first_ready)
+    startup = max(first_ready.values()) - t_begin if len(first_ready) >= world and first_ready else None
     return RunSummary(
         mode=mode,
         steps=steps_target,
@@ -265,6 +277,9 @@ def summarize(run_dir: Path) -> RunSummary:
         stall_floor_s=floor,
         final_params_sha256=final,
         faults=faults,
+        startup_s=None if startup is None else round(startup, 3),
+        checkpoint_stall_s=round(ckpt_s, 4),
+        checkpoints=len(calls),
     )
 
 
