@@ -15,10 +15,11 @@ setting is what it is:
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
-- Init containers: `python -m training.selfcheck` (can this node train?), then
-  `python -m training.rendezvous evict`: for NVRx versions with the keep-alive rendezvous the eviction
-  of a dead predecessor, and for every version the reopening of a rendezvous closed by a launcher out
-  of restarts (budgets that nest: the Job's backoffLimitPerIndex stays usable).
+- Init container: `python -m training.selfcheck` (can this node train?). Then the trainer container's
+  launcher hands the rendezvous over (training/launch.py `--evict-predecessor`): for NVRx versions
+  with the keep-alive rendezvous the eviction of a dead predecessor, and for every version the
+  reopening of a rendezvous closed by a launcher out of restarts (budgets that nest: the Job's
+  backoffLimitPerIndex stays usable).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
   behind it), on the system nodes with a priority class above training pods.
@@ -37,7 +38,7 @@ from constructs import Construct
 from k8s import names
 from k8s.env import container_env
 from k8s.launcher import launcher_command
-from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
+from k8s.nvrx_versions import LOCAL_IMAGE
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
@@ -53,7 +54,6 @@ STORE_CONTAINER = "store"
 NODE_RANK_ENV = "NODE_RANK"
 GPU_TAINT = "nvidia.com/gpu"
 SELFCHECK_CONTAINER = "selfcheck"
-EVICT_CONTAINER = "evict-predecessor"
 STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
 
@@ -91,7 +91,7 @@ def _node_rank_env() -> k8s.EnvVar:
     )
 
 
-# Unprivileged user for the containers that need no root (the store, the eviction step): `nobody`.
+# Unprivileged user for the containers that need no root (the rendezvous store): `nobody`.
 NONROOT_UID = 65534
 RUNTIME_DEFAULT_SECCOMP = k8s.SeccompProfile(type="RuntimeDefault")
 
@@ -454,41 +454,10 @@ class TrainingJob(Construct):
                 security_context=security,
             )
         ]
-        features = nvrx_features(values.resolved_nvrx_version)
-        if values.mode != "baseline":
-            # A replacement drops its dead predecessor from the rendezvous instead of making the
-            # survivors wait out NVRx's keep-alive expiry (keep-alive rendezvous only), and reopens a
-            # rendezvous that a launcher out of restarts closed: the Job starts this pod only while it
-            # has budget, so the close was not the job's end (training/rendezvous.py).
-            rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
-            init_containers.append(
-                k8s.Container(
-                    name=EVICT_CONTAINER,
-                    image=image,
-                    image_pull_policy=pull,
-                    command=[
-                        "python",
-                        "-m",
-                        "training.rendezvous",
-                        "evict",
-                        f"--endpoint={store_endpoint(values)}",
-                        f"--run-id={values.name}",
-                        f"--node-addr={node_address(values)}",
-                        f"--timeout={values.timeouts.pod_reschedule_s:g}",
-                        f"--rendezvous={rendezvous}",
-                    ],
-                    env=[_node_rank_env()],
-                    resources=k8s.ResourceRequirements(
-                        requests={
-                            "cpu": k8s.Quantity.from_string("100m"),
-                            "memory": k8s.Quantity.from_string("256Mi"),
-                        },
-                        limits={"memory": k8s.Quantity.from_string("1Gi")},
-                    ),
-                    # A store client only: no root, no writes.
-                    security_context=nonroot_security(),
-                )
-            )
+        # A replacement's rendezvous hand-over (evict its dead predecessor, reopen a rendezvous that a
+        # launcher out of restarts closed) runs in the trainer container's launcher before its agent
+        # joins (k8s/launcher.py `--evict-predecessor`): an init container of its own was a second
+        # interpreter importing torch on the node-loss critical path.
         pod = k8s.PodSpec(
             restart_policy="Never",
             subdomain=headless_service_name(values),

@@ -15,7 +15,8 @@ What differs between versions (shared README section 6, NVRx release notes):
   when a rank does exit: the documented 0.7 behaviour, not a silent downgrade.
 - 0.7's rendezvous is the barrier implementation only (`--ft-rdzv-impl legacy` is rejected); 0.4.1's
   is the keep-alive based one that `training.rendezvous evict` understands, so the replacement pod's
-  eviction step is rendered only for versions with the keep-alive rendezvous.
+  hand-over (`--evict-predecessor`, training/launch.py) evicts only with the keep-alive rendezvous;
+  with either it reopens a rendezvous that a launcher out of restarts closed.
 """
 
 from __future__ import annotations
@@ -76,4 +77,9 @@ def launcher_command(
     ]
     if values.mode == "both" and features.has_min_healthy:
         ft.append("--ft-restart-policy=min-healthy")
-    return [*FT_LAUNCHER, *common, *ft, "-m", "training", *trainer_args]
+    # The replacement's rendezvous hand-over (training/launch.py, training/rendezvous.py): evict the
+    # dead predecessor (keep-alive rendezvous only), reopen a rendezvous a launcher out of restarts
+    # closed. Every pod runs it; on a first start there is nothing to evict or reopen.
+    rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
+    handover = [f"--evict-predecessor={rendezvous}", f"--evict-timeout={t.pod_reschedule_s:g}"]
+    return [*FT_LAUNCHER, *handover, *common, *ft, "-m", "training", *trainer_args]

@@ -22,14 +22,27 @@ A worker is still a separate process with its own rendezvous, process group and 
 an OOM kill, a watchdog's SIGKILL reach it as before, and ft_launcher sees the same exit codes. What it
 inherits from the forkserver is only imported modules: nothing in kitcore/ or training/ reads the
 environment or opens files at import (tests/training/test_training_launch.py checks both).
+
+A pod's first start overlaps what used to run one after another (the node-loss path: a replacement
+pod's trainer container took 6.8 s to its first step after two init containers of 2.5 s each):
+- the forkserver starts at once, so its imports run while this process imports NVRx, hands the
+  rendezvous over and its agent waits in the rendezvous round;
+- `--evict-predecessor=keep-alive|barrier` (this wrapper's own flag, ahead of ft_launcher's) runs the
+  replacement's rendezvous hand-over (training/rendezvous.py: evict the dead predecessor, reopen a
+  rendezvous a launcher out of restarts closed) in this process before its agent joins. It was an init
+  container of its own: a second interpreter importing torch, on the critical path of every
+  replacement. It needs nothing the trainer container lacks: it is a client of the same store.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from training.nvrx_compat import mend_multiprocess_workers
 
@@ -43,9 +56,62 @@ def trainer_script() -> str:
     return str(Path(__file__).resolve().with_name("__main__.py"))
 
 
+EVICT_FLAG = "--evict-predecessor"
+EVICT_TIMEOUT_FLAG = "--evict-timeout"
+REOPEN_TIMEOUT_S = 10.0
+"""How long the hand-over lets the members of a closed rendezvous leave before it reopens it."""
+
+
+@dataclass(frozen=True)
+class Handover:
+    """The replacement pod's rendezvous hand-over, from this wrapper's own flags."""
+
+    rendezvous: Literal["keep-alive", "barrier"]
+    store_timeout_s: float
+
+
+def _own_flag(argv: list[str], name: str) -> str | None:
+    return next((a.partition("=")[2] for a in argv if a.startswith(f"{name}=")), None)
+
+
+def handover_of(argv: list[str]) -> Handover | None:
+    """`--evict-predecessor=keep-alive|barrier [--evict-timeout=S]`, or None without them."""
+    rendezvous = _own_flag(argv, EVICT_FLAG)
+    if rendezvous is None:
+        return None
+    if rendezvous not in ("keep-alive", "barrier"):
+        raise SystemExit(f"training.launch: {EVICT_FLAG} takes keep-alive or barrier, not {rendezvous!r}")
+    return Handover(rendezvous, float(_own_flag(argv, EVICT_TIMEOUT_FLAG) or 60.0))  # type: ignore[arg-type]
+
+
+def _launcher_flag(argv: list[str], name: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"{name}="):
+            return arg.partition("=")[2]
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+    raise SystemExit(f"training.launch: {EVICT_FLAG} needs ft_launcher's {name}")
+
+
+def hand_over(handover: Handover, argv: list[str]) -> None:
+    """Evict this node's dead predecessor from the rendezvous (keep-alive rendezvous) and reopen one a
+    launcher out of restarts closed: training/rendezvous.py, with ft_launcher's own flags."""
+    from training.rendezvous import evict, reopen  # noqa: PLC0415
+
+    endpoint, run_id = _launcher_flag(argv, "--rdzv-endpoint"), _launcher_flag(argv, "--rdzv-id")
+    if handover.rendezvous == "keep-alive":
+        node = _launcher_flag(argv, "--local-addr")
+        count = evict(endpoint=endpoint, run_id=run_id, node_addr=node, timeout_s=handover.store_timeout_s)
+        print(f"evicted {count} stale rendezvous node(s) of {node}", flush=True)
+    if reopen(endpoint=endpoint, run_id=run_id, rendezvous=handover.rendezvous, timeout_s=REOPEN_TIMEOUT_S):
+        print(f"reopened rendezvous {run_id}: a launcher out of restarts had closed it", flush=True)
+
+
 def launcher_argv(argv: list[str]) -> list[str]:
-    """ft_launcher's arguments with `-m training` (the trainer as a module, a fresh interpreter each)
-    replaced by `--run-path <training/__main__.py>` (the trainer as a callable in a forked worker)."""
+    """ft_launcher's arguments: this wrapper's own flags dropped, and `-m training` (the trainer as a
+    module, a fresh interpreter each) replaced by `--run-path <training/__main__.py>` (the trainer as a
+    callable in a forked worker)."""
+    argv = [a for a in argv if not a.startswith((f"{EVICT_FLAG}=", f"{EVICT_TIMEOUT_FLAG}="))]
     try:
         at = next(i for i in range(len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == "training")
     except StopIteration:
@@ -59,11 +125,19 @@ def main() -> None:
     # PyTorch answers from NVML instead of initialising the CUDA driver, which a fork cannot inherit
     # (tests/training/test_training_launch.py checks that nothing asks).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    multiprocessing.set_forkserver_preload(list(WARM_MODULES))
+    argv = sys.argv[1:]
+    ft_argv = launcher_argv(argv)
+    if "--start-method=forkserver" in ft_argv:
+        multiprocessing.set_forkserver_preload(list(WARM_MODULES))
+        # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
+        multiprocessing.forkserver.ensure_running()
+    handover = handover_of(argv)
+    if handover is not None:
+        hand_over(handover, ft_argv)
     mend_multiprocess_workers()  # NVRx 0.4.1's launcher with multiprocessing workers (see there)
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 
-    ft_launcher(launcher_argv(sys.argv[1:]))
+    ft_launcher(ft_argv)
 
 
 if __name__ == "__main__":

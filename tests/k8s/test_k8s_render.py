@@ -85,12 +85,11 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    # Pinned NVRx 0.7.0: barrier rendezvous only, so the init step after the self-check only reopens a
-    # rendezvous closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
-    check, reopen = pod["initContainers"]
+    # Pinned NVRx 0.7.0: barrier rendezvous only, so the launcher's hand-over only reopens a rendezvous
+    # closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
+    (check,) = pod["initContainers"]
     assert check["name"] == "selfcheck"
-    assert reopen["command"][:4] == ["python", "-m", "training.rendezvous", "evict"]
-    assert "--rendezvous=barrier" in reopen["command"]
+    assert "--evict-predecessor=barrier" in c["command"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert not any("min-healthy" in a for a in c["command"])
     # The self-check sees what the ranks will: the same devices, env and mounts.
@@ -121,7 +120,7 @@ def test_memory_tier_is_a_pod_emptydir_at_the_trainers_memory_dir(rendered):
 def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     (job,) = _by_kind(rendered["local-cpu"], "Job")
     pod = job["spec"]["template"]["spec"]
-    assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "evict-predecessor"]
+    assert [i["name"] for i in pod["initContainers"]] == ["selfcheck"]
     check = pod["initContainers"][0]
     _, trainer = _split(pod["containers"][0]["command"])
     tiers = parse_args(trainer).checkpoint

@@ -127,19 +127,9 @@ def recovery(
     }
 
 
-def run_with_deletions(
-    tmp_path: Path, indexes: list[int], *overrides: str, evict: bool = True
-) -> dict[str, Any]:
+def run_with_deletions(tmp_path: Path, indexes: list[int], *overrides: str) -> dict[str, Any]:
     """Run the tiny job, delete `indexes` in turn mid-run; return the result and per-deletion figures."""
     dist = _render(tmp_path, *overrides)
-    if not evict:  # the same job without the replacement's rendezvous eviction step (for comparison)
-        manifest = next(dist.glob("*.yaml"))
-        docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
-        for doc in docs:
-            if doc["kind"] == "Job":
-                pod = doc["spec"]["template"]["spec"]
-                pod["initContainers"] = [c for c in pod["initContainers"] if c["name"] != "evict-predecessor"]
-        manifest.write_text(yaml.safe_dump_all(docs))
     job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=230)
     deleter = _DeleteOnProgress(job, indexes)
     deleter.start()

@@ -7,8 +7,8 @@ policy) with small budgets, run by the local executor playing the Job controller
 test_training_faults.py. Every fault is a SIGKILL of rank 3 (node index 1: ranks follow the sorted node
 addresses). With `launcher_max_restarts=2` the third SIGKILL exhausts the launchers; min-healthy counts
 restarts by the global rendezvous round, so every launcher of the group leaves with ChildFailedError
-and closes the rendezvous. The Job still has budget and replaces the pods; their init step
-(`python -m training.rendezvous evict`) reopens the rendezvous, so training goes on from the newest
+and closes the rendezvous. The Job still has budget and replaces the pods; their launcher's hand-over
+(`--evict-predecessor`, training/launch.py) reopens the rendezvous, so training goes on from the newest
 checkpoint. Before that, each replacement died at once with RendezvousClosedError.
 
 Warm spares: with `spares=1` a third pod runs the launcher, which waits in NVRx 0.4.1's redundancy list
