@@ -180,10 +180,10 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10
     if mode != "baseline":
-        assert args.ft_rank_heartbeat_timeout == 6
+        assert args.ft_rank_heartbeat_timeout == 5
         # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default (issue 15).
         assert args.ft_workload_check_interval == 0.2
-        assert config.ft.heartbeat_timeout_floor_s == 6
+        assert config.ft.heartbeat_timeout_floor_s == 5
         assert args.ft_restart_policy == ("min-healthy" if mode == "both" else "any-failed")
 
 

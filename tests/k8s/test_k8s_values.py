@@ -46,8 +46,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         (
             LOCAL,
-            ["timeouts.launcher_initial_heartbeat_s=5"],
-            "launcher_initial_heartbeat_s (5) must be at least launcher_heartbeat_s (6)",
+            ["timeouts.launcher_initial_heartbeat_s=4"],
+            "launcher_initial_heartbeat_s (4) must be at least launcher_heartbeat_s (5)",
         ),
         (LOCAL, ["nvrx_version=0.1.0", "mode=inprocess"], "NVRx 0.1.0 lacks it"),
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),
@@ -153,5 +153,5 @@ def test_values_without_a_collective_timeout_use_the_trainers_default():
     """dist.timeout_s unset: the heartbeat check uses the trainer's default for the mode (was a TypeError)."""
     values = load_values(LOCAL, ["trainer.dist.timeout_s=null"])
     assert values.mode == "both"
-    with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\.5\)"):
-        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=4.5"])
+    with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\)"):
+        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=3.5"])
