@@ -43,7 +43,8 @@ def test_an_explicit_start_method_is_kept():
 def test_the_hand_over_flags_are_the_wrappers_own_and_never_reach_ft_launcher():
     argv = ["--evict-predecessor=keep-alive", "--evict-timeout=45", "--nnodes=2:2", "-m", "training"]
     assert handover_of(argv) == Handover("keep-alive", 45.0)
-    assert launcher_argv(argv) == ["--nnodes=2:2", "--start-method=forkserver", "--run-path", trainer_script()]
+    ft_argv = ["--nnodes=2:2", "--start-method=forkserver", "--run-path", trainer_script()]
+    assert launcher_argv(argv) == ft_argv
     assert handover_of(["--nnodes=2:2", "-m", "training"]) is None
     with pytest.raises(SystemExit, match="keep-alive or barrier"):
         handover_of(["--evict-predecessor=legacy", "-m", "training"])
