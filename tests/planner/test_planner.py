@@ -161,21 +161,28 @@ def _mode_row(mode: str, recoveries: list[float], layer: str, lost_each: list[in
     lost = sum(lost_each)
     wall = STEPS * STEP_S + startup + sum(recoveries) + lost * STEP_S
     every = 2 if mode == "both" else DURABLE_EVERY
+    overrides = [
+        f"trainer.steps={STEPS}",
+        f"trainer.checkpoint.memory_every={every}",
+        f"trainer.checkpoint.local_every={10 if mode == 'both' else 0}",
+        f"trainer.checkpoint.durable_every={DURABLE_EVERY}",
+    ]
+    return _peer_row(mode, faults, useful_s=STEPS * STEP_S, wall_s=wall, overrides=overrides)
+
+
+def _peer_row(mode: str, faults: list[dict], *, useful_s: float, wall_s: float, **rest: object) -> dict:
+    """A peer.json mode row: the goodput figures follow training/metrics.py from useful time and wall."""
+    recovered = sum(f["recovery_s"] for f in faults)
     return {
         "mode": mode,
         "completed": True,
-        "training_goodput": STEPS * STEP_S / wall,
-        "infra_goodput": (wall - sum(recoveries)) / wall,
-        "mean_recovery_s": sum(recoveries) / len(recoveries),
-        "steps_lost": lost,
+        "training_goodput": useful_s / wall_s,
+        "infra_goodput": (wall_s - recovered) / wall_s,
+        "mean_recovery_s": recovered / len(faults),
+        "steps_lost": sum(f["steps_lost"] for f in faults),
         "faults": faults,
-        "wall_s": wall,
-        "overrides": [
-            f"trainer.steps={STEPS}",
-            f"trainer.checkpoint.memory_every={every}",
-            f"trainer.checkpoint.local_every={10 if mode == 'both' else 0}",
-            f"trainer.checkpoint.durable_every={DURABLE_EVERY}",
-        ],
+        "wall_s": wall_s,
+        **rest,
     }
 
 
@@ -234,21 +241,18 @@ def _itemized_row(mode: str, *, step_s: float, startup_s: float, stall_s: float,
     # The interrupted step of each fault is trained again: half a step each on average.
     wall = steps * step_s + startup_s + stall_s + sum(recoveries) + len(faults) * step_s / 2
     every = 2 if mode == "both" else 10
-    return {
-        "mode": mode,
-        "completed": True,
-        "training_goodput": steps * step_s / wall,
-        "infra_goodput": (wall - sum(recoveries)) / wall,
-        "mean_recovery_s": sum(recoveries) / len(recoveries),
-        "steps_lost": 0,
-        "faults": faults,
-        "wall_s": wall,
-        "mean_step_s": step_s,
-        "startup_s": startup_s,
-        "checkpoint_stall_s": stall_s,
-        "checkpoints": checkpoints,
-        "overrides": [f"trainer.checkpoint.memory_every={every}", "trainer.checkpoint.durable_every=10"],
-    }
+    overrides = [f"trainer.checkpoint.memory_every={every}", "trainer.checkpoint.durable_every=10"]
+    return _peer_row(
+        mode,
+        faults,
+        useful_s=steps * step_s,
+        wall_s=wall,
+        mean_step_s=step_s,
+        startup_s=startup_s,
+        checkpoint_stall_s=stall_s,
+        checkpoints=checkpoints,
+        overrides=overrides,
+    )
 
 
 def test_a_short_runs_projection_takes_each_modes_own_start_step_and_stall(tmp_path):
