@@ -14,7 +14,7 @@ What differs between versions (shared README section 6, NVRx release notes):
   end a worker process, so ft_launcher does not see them) and lets ft_launcher restart the node's workers
   when a rank does exit: the documented 0.7 behaviour, not a silent downgrade.
 - 0.7's rendezvous is the barrier implementation only (`--ft-rdzv-impl legacy` is rejected); 0.4.1's
-  is the keep-alive based one that `training.rendezvous evict` understands, so the replacement pod's
+  is the keep-alive based one that `training.rendezvous.evict` understands, so the replacement pod's
   hand-over (`--evict-predecessor`, training/launch.py) evicts only with the keep-alive rendezvous;
   with either it reopens a rendezvous that a launcher out of restarts closed.
 """
@@ -61,7 +61,7 @@ def launcher_command(
         f"--rdzv-id={values.name}",
         f"--rdzv-conf={rdzv_conf(values)}",
         # The address this node joins with: its stable DNS name (also the workers' MASTER_ADDR when it
-        # hosts rank 0, and how `training.rendezvous evict` recognizes its predecessor).
+        # hosts rank 0, and how `training.rendezvous.evict` recognizes its predecessor).
         f"--local-addr={node_address}",
         f"--max-restarts={b.launcher_max_restarts}",
         f"--monitor-interval={t.monitor_interval_s:g}",

@@ -40,7 +40,7 @@ class NvrxFeatures:
 
     @property
     def keep_alive_rendezvous(self) -> bool:
-        """The rendezvous tracks nodes by keep-alive heartbeats that `training.rendezvous evict` edits."""
+        """The rendezvous tracks nodes by keep-alive heartbeats that `training.rendezvous.evict` edits."""
         return self.version < _BARRIER_ONLY_SINCE
 
     @property

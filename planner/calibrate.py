@@ -262,7 +262,9 @@ def _peer_scenario(
         f"{label} (the local executor replaces a lost node's pod at once; its start is in the recovery)"
     )
     scenario_labels["workload.steps"] = f"{label} (scenario)"
-    tiny = "assumed: the tiny model's persists take milliseconds (their stall is in the derived startup)"
+    tiny = "assumed: the tiny model's persists take milliseconds in the background" + (
+        " (their stall is in the derived startup)" if costs is None else ""
+    )
     for dotted in ("checkpoint.memory.stall_s", "checkpoint.local.write_s", "checkpoint.durable.write_s"):
         scenario_labels[dotted] = tiny
     if costs is not None:

@@ -17,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
 from training.config import FaultClass
+from training.shapes import PRESETS, ModelShape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-from training.shapes import PRESETS, ModelShape
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "kit"]
 MODES: tuple[Mode, ...] = ("baseline", "inprocess", "ft_launcher", "kit")

@@ -58,53 +58,51 @@ def trainer_script() -> str:
 
 EVICT_FLAG = "--evict-predecessor"
 EVICT_TIMEOUT_FLAG = "--evict-timeout"
-REOPEN_TIMEOUT_S = 10.0
-"""How long the hand-over lets the members of a closed rendezvous leave before it reopens it."""
 
 
 @dataclass(frozen=True)
 class Handover:
-    """The replacement pod's rendezvous hand-over, from this wrapper's own flags."""
+    """The pod's rendezvous hand-over (training/rendezvous.py `hand_over`), from this wrapper's flags."""
 
     rendezvous: Literal["keep-alive", "barrier"]
     store_timeout_s: float
 
 
-def _own_flag(argv: list[str], name: str) -> str | None:
-    return next((a.partition("=")[2] for a in argv if a.startswith(f"{name}=")), None)
-
-
-def handover_of(argv: list[str]) -> Handover | None:
-    """`--evict-predecessor=keep-alive|barrier [--evict-timeout=S]`, or None without them."""
-    rendezvous = _own_flag(argv, EVICT_FLAG)
-    if rendezvous is None:
-        return None
-    if rendezvous not in ("keep-alive", "barrier"):
-        raise SystemExit(f"training.launch: {EVICT_FLAG} takes keep-alive or barrier, not {rendezvous!r}")
-    return Handover(rendezvous, float(_own_flag(argv, EVICT_TIMEOUT_FLAG) or 60.0))  # type: ignore[arg-type]
-
-
-def _launcher_flag(argv: list[str], name: str) -> str:
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of `name=V` or `name V` in `argv`, or None."""
     for i, arg in enumerate(argv):
         if arg.startswith(f"{name}="):
             return arg.partition("=")[2]
         if arg == name and i + 1 < len(argv):
             return argv[i + 1]
-    raise SystemExit(f"training.launch: {EVICT_FLAG} needs ft_launcher's {name}")
+    return None
 
 
-def hand_over(handover: Handover, argv: list[str]) -> None:
-    """Evict this node's dead predecessor from the rendezvous (keep-alive rendezvous) and reopen one a
-    launcher out of restarts closed: training/rendezvous.py, with ft_launcher's own flags."""
-    from training.rendezvous import evict, reopen  # noqa: PLC0415
+def handover_of(argv: list[str]) -> Handover | None:
+    """`--evict-predecessor=keep-alive|barrier [--evict-timeout=S]`, or None without them."""
+    rendezvous = _flag(argv, EVICT_FLAG)
+    if rendezvous is None:
+        return None
+    if rendezvous not in ("keep-alive", "barrier"):
+        raise SystemExit(f"training.launch: {EVICT_FLAG} takes keep-alive or barrier, not {rendezvous!r}")
+    return Handover(rendezvous, float(_flag(argv, EVICT_TIMEOUT_FLAG) or 60.0))  # type: ignore[arg-type]
 
-    endpoint, run_id = _launcher_flag(argv, "--rdzv-endpoint"), _launcher_flag(argv, "--rdzv-id")
-    if handover.rendezvous == "keep-alive":
-        node = _launcher_flag(argv, "--local-addr")
-        count = evict(endpoint=endpoint, run_id=run_id, node_addr=node, timeout_s=handover.store_timeout_s)
-        print(f"evicted {count} stale rendezvous node(s) of {node}", flush=True)
-    if reopen(endpoint=endpoint, run_id=run_id, rendezvous=handover.rendezvous, timeout_s=REOPEN_TIMEOUT_S):
-        print(f"reopened rendezvous {run_id}: a launcher out of restarts had closed it", flush=True)
+
+def hand_over(handover: Handover, ft_argv: list[str]) -> None:
+    """training/rendezvous.py `hand_over`, with the endpoint, run id and address of ft_launcher's flags."""
+    from training.rendezvous import hand_over as rendezvous_hand_over  # noqa: PLC0415
+
+    wanted = ("--rdzv-endpoint", "--rdzv-id", "--local-addr")
+    endpoint, run_id, node_addr = (_flag(ft_argv, name) for name in wanted)
+    if endpoint is None or run_id is None or node_addr is None:
+        raise SystemExit(f"training.launch: {EVICT_FLAG} needs ft_launcher's {', '.join(wanted)}")
+    rendezvous_hand_over(
+        endpoint=endpoint,
+        run_id=run_id,
+        node_addr=node_addr,
+        rendezvous=handover.rendezvous,
+        store_timeout_s=handover.store_timeout_s,
+    )
 
 
 def launcher_argv(argv: list[str]) -> list[str]:

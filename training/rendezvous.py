@@ -6,8 +6,9 @@ ft_launcher 0.4.1, losing the agent that hosted the store stopped every other ag
 while with the store in its own process losing any node left the survivors running (shared README
 section 6). The job chart runs this as a one-replica Deployment on the system nodes.
 
-`python -m training.rendezvous evict --endpoint HOST:PORT --run-id ID --node-addr ADDR` runs in a
-replacement pod's init container. A node that dies without leaving stays in the rendezvous state until
+`hand_over()` runs in every training pod's launcher before its agent joins (training/launch.py
+`--evict-predecessor`; it was an init container of its own until the node-loss path was measured). A
+node that dies without leaving stays in the rendezvous state until
 its keep-alive expires (NVRx 0.4.1 hard-codes 5 s x 3), and the survivors cannot complete the next round
 with the replacement until it does. The replacement knows its predecessor is gone (the Job controller
 replaces a pod only once the old one has terminated, podReplacementPolicy: Failed), so it back-dates
@@ -23,7 +24,7 @@ rendezvous closed for good: with 0.4.1 `closed=True` in the pickled state (torch
 does the same), with 0.7's barrier rendezvous a `ft_rendezvous_barrier:<run id>:shutdown` key. Every
 replacement pod the Job controller starts would then die at once with RendezvousClosedError, and the
 Job's backoffLimitPerIndex would be dead weight. A replacement pod exists only while the Job has budget
-left, so the pod's own init step is the place that knows the close was not the job's end: it waits
+left, so the pod's own start is the place that knows the close was not the job's end: it waits
 until the closing agents have left (a closed rendezvous's remaining members are all on their way out),
 then clears the close. NVRx offers no flag for this (0.4.1 and 0.7 close on every exit but a signal or
 an unhealthy node), and patching the launcher in-process would tie us to its private call order.
@@ -151,42 +152,28 @@ def reopen(*, endpoint: str, run_id: str, rendezvous: Rendezvous, timeout_s: flo
             return True
 
 
+REOPEN_TIMEOUT_S = 10.0
+"""How long the hand-over lets the members of a closed rendezvous leave before it reopens it."""
+
+
+def hand_over(
+    *, endpoint: str, run_id: str, node_addr: str, rendezvous: Rendezvous, store_timeout_s: float = 60.0
+) -> None:
+    """A (replacement) pod's start: evict its dead predecessor (keep-alive rendezvous only), then reopen
+    a rendezvous that a launcher out of restarts closed. On a first start there is nothing to do."""
+    if rendezvous == "keep-alive":
+        count = evict(endpoint=endpoint, run_id=run_id, node_addr=node_addr, timeout_s=store_timeout_s)
+        print(f"evicted {count} stale rendezvous node(s) of {node_addr}", flush=True)
+    if reopen(endpoint=endpoint, run_id=run_id, rendezvous=rendezvous, timeout_s=REOPEN_TIMEOUT_S):
+        print(f"reopened rendezvous {run_id}: a launcher out of restarts had closed it", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.rendezvous", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (all interfaces)")  # noqa: S104
     parser.add_argument("--port", type=int, default=29400)
-    sub = parser.add_subparsers(dest="command")
-    ev = sub.add_parser("evict", help="drop this node's predecessor from the rendezvous state")
-    ev.add_argument("--endpoint", required=True, help="HOST:PORT of the store")
-    ev.add_argument("--run-id", required=True, help="the launcher's --rdzv-id")
-    ev.add_argument("--node-addr", required=True, help="the address the predecessor joined with")
-    ev.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the store")
-    ev.add_argument(
-        "--rendezvous",
-        choices=["keep-alive", "barrier"],
-        default="keep-alive",
-        help="the launcher's rendezvous: NVRx <= 0.6 keep-alive state (evict + reopen), 0.7 barrier (reopen)",
-    )
-    ev.add_argument(
-        "--reopen-timeout", type=float, default=10.0, help="seconds to let closing members leave first"
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "evict":
-        if args.rendezvous == "keep-alive":
-            count = evict(
-                endpoint=args.endpoint, run_id=args.run_id, node_addr=args.node_addr, timeout_s=args.timeout
-            )
-            print(f"evicted {count} stale rendezvous node(s) of {args.node_addr}", flush=True)
-        reopened = reopen(
-            endpoint=args.endpoint,
-            run_id=args.run_id,
-            rendezvous=args.rendezvous,
-            timeout_s=args.reopen_timeout,
-        )
-        if reopened:
-            print(f"reopened rendezvous {args.run_id}: a launcher out of restarts had closed it", flush=True)
-        return 0
     serve(host=args.host, port=args.port)
     return 0
 
