@@ -1,8 +1,9 @@
 """The memory tier's peer replica, and the restore that takes each shard from wherever it is.
 
-Save side (`ReplicaWorker`): after a memory snapshot's copy has finished, each rank sends that staging
-slot to the same local rank on the next R nodes and receives, from the R nodes before it, their slots
-into its pod's memory folder (`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
+Save side (`ReplicaWorker`): handed each memory snapshot as it is staged, its thread waits for the
+snapshot's copy into the staging slot, then each rank sends that slot to the same local rank on the
+next R nodes and receives, from the R nodes before it, their slots into its pod's memory folder
+(`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
 It runs on a thread of its own over a gloo group of its own, so it never blocks the loop: the snapshot
 copy stays the only stall, and a replication still running when the next snapshot is due is skipped
 and counted like any busy tier (the agreement in tiered.py decides it alike on every rank).
@@ -175,8 +176,18 @@ class ReplicaWorker:
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
 
     def submit(
-        self, *, step: int, slot: int, slot_path: str, header: bytes, data_bytes: int, **_: object
+        self,
+        *,
+        step: int,
+        slot: int,
+        slot_path: str,
+        header: bytes,
+        data_bytes: int,
+        ready: Callable[[], None] | None = None,
+        **_: object,
     ) -> None:
+        """Start the exchange of `slot` on a thread; `ready()` (if given) returns once the slot's
+        snapshot copy has finished: the thread calls it first, so the slot may still be copying."""
         if self._world is not dist.group.WORLD:
             # Staged before a restart, copied after it: the partners' attempt is another one.
             raise RuntimeError("the replication group belongs to an earlier process group")
@@ -195,6 +206,7 @@ class ReplicaWorker:
                 "header": header,
                 "data_bytes": data_bytes,
                 "target_slot": target_slot,
+                "ready": ready,
             },
             name=f"peer-replica-{step}",
             daemon=True,  # a replica is never worth holding the process at exit
@@ -241,10 +253,14 @@ class ReplicaWorker:
         header: bytes,
         data_bytes: int,
         target_slot: int,
+        ready: Callable[[], None] | None,
     ) -> None:
-        started = time.monotonic()
         outcome: dict[str, Any] = {"ok": True, "step": step, "slot": slot}
+        started = time.monotonic()
         try:
+            if ready is not None:
+                ready()  # the snapshot's copy into the slot (raises if it failed)
+                started = time.monotonic()  # the exchange's own seconds, as the bench reports them
             with (
                 Path(slot_path).open("rb") as source,
                 mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mm,

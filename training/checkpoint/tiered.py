@@ -65,6 +65,8 @@ class _Slot:
     pending_copy: Future[None] | None = None
     """CPU: the background copy (and commit) of this slot."""
     pending_header: bytes = b""
+    submitted: set[str] = field(default_factory=set)
+    """Holders handed this slot before its copy finished (the peer replica waits for the copy itself)."""
 
     @property
     def pending(self) -> bool:
@@ -176,6 +178,7 @@ class MemoryTier:
         slot.manifest_path.unlink(missing_ok=True)  # uncommit before overwriting
         slot.step = step
         slot.pending_header = header
+        slot.submitted.clear()
         targets = views(slot.buffer, layout)
         sources = [tensor.detach() for tensor in tensors]
         if self.device.type == "cuda":
@@ -206,6 +209,15 @@ class MemoryTier:
             for target, source in zip(targets, sources, strict=True):
                 target.copy_(source)
         self._commit(slot, step, header)
+
+    def copy_waiter(self, slot: _Slot) -> Callable[[], None]:
+        """A call that returns once `slot`'s copy has finished (raises if it failed), from any thread."""
+        copy, event = slot.pending_copy, slot.pending_event
+        if copy is not None:
+            return copy.result
+        if event is not None:
+            return event.synchronize
+        return lambda: None
 
     def fence(self, *, block: bool = True) -> None:
         """Wait (CPU) or order the update stream (GPU) after every copy started so far."""
@@ -279,19 +291,22 @@ class Agreement:
     Why agreement at all: a step only some ranks persisted can never be restored, and retention
     (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
 
-    Why it costs nothing in steady state: each due step *publishes* this rank's flags, sampled after
-    its own decisions, with an async all_reduce, and the *next* due step decides from that result,
-    which every rank sees alike (the loop's gradient collectives have completed it long before). That
-    is sound because the flags can only get better in between: a tier idle on every rank when sampled
-    stays idle, and a slot no persist reads stays unheld, until the next launch -- and launches happen
-    only at due steps, decided from these same results. When that result would skip something (a due
-    tier busy, no slot to spare), the decision asks again with one blocking all_reduce of the current
-    flags: a tier freed during the interval is used at once. The peer replica, launched at every
-    snapshot and so busy whenever the last due step published, takes this path at each snapshot:
-    one small gloo all_reduce, against an exchange that was otherwise skipped on every other snapshot.
-    The first due step of a process group (start, restore, in-process restart) runs the blocking
-    all_reduce too. The result is read only after `Work.wait()`; on NCCL jobs the
-    flags go over a gloo side group, so reading them never synchronizes the GPU stream.
+    Why it costs nothing in steady state: the fence right before a due step's update *publishes*
+    this rank's flags with an async all_reduce, and that step's decision (in the save after the
+    update) reads the result, which the update's time has let complete. That is sound because the
+    flags can only get better in between: a tier idle on every rank when sampled stays idle, and a
+    slot no persist reads stays unheld, until the next launch -- and launches happen only at due
+    steps, decided from these same results. When that result would skip something (a due tier busy,
+    no slot to spare), the decision asks again with one blocking all_reduce of the current flags: a
+    tier freed meanwhile is used at once. The flags are sampled that late for the peer replica, which
+    is launched at every snapshot: it starts the moment its snapshot's copy ends (during the next
+    forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the next due fence
+    whenever an exchange takes less than a step. Sampled right after the launch, as they once were,
+    it was always busy, and every snapshot paid the blocking round: 15 ms of a 24 ms stall per
+    snapshot in the hardware-mix bench (4 ranks, 2 cores). The first due step of a process group
+    (start, restore, in-process restart) runs the blocking all_reduce too. The result is read only
+    after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so reading them never
+    synchronizes the GPU stream.
 
     A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
     snapshots -- what most faults restore from -- come before a second concurrent disk persist
@@ -438,6 +453,8 @@ class TieredCheckpointer(Checkpointer):
         snapshot that finds it free, not only at its next due step -- no tier silently falls behind.
         The same on every rank: it follows from the agreed decisions."""
         self._persist_delay_s = persist_delay_s
+        self._publish_at_fence = False
+        """The next step is due: its update's fence publishes the flags its decision reads."""
         for worker in self.workers.values():
             worker.start()
 
@@ -449,14 +466,22 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
+        # A function of the step alone: every rank publishes at the same fence (a collective).
+        self._publish_at_fence = bool(every) and (step + 1) % every == 0
         self._count_stall(time.perf_counter() - started)
 
     def _fence(self) -> None:
-        if not any(slot.pending for slot in self.memory.slots):
+        publish, self._publish_at_fence = self._publish_at_fence, False
+        copying = any(slot.pending for slot in self.memory.slots)
+        if not (copying or publish):
             return
         started = time.perf_counter()
-        self.memory.fence(block=True)
-        self._harvest_copies()
+        if copying:
+            self.memory.fence(block=True)
+            self._harvest_copies()
+        if publish:
+            self._poll()  # finished persists and exchanges release their slots: the freshest flags
+            self.agreement.publish(self._local_flags())
         elapsed = time.perf_counter() - started
         self.stats.fence_s += elapsed
         self._count_stall(elapsed)
@@ -500,11 +525,15 @@ class TieredCheckpointer(Checkpointer):
             self.emit("checkpoint_staged", {"tier": "memory", "step": step})
         for tier in due:
             if slot is not None and launch[tier]:
-                slot.holders.add(tier)  # submitted to the worker once the copy has finished
+                slot.holders.add(tier)
                 self._owed.discard(tier)
                 worker = self.workers[tier]
                 if isinstance(worker, ReplicaWorker):
                     worker.prepare()  # every rank launches at this step alike: a collective is safe
+                    # Handed over now: its thread starts the exchange the moment the copy ends, so
+                    # it runs during the next forward/backward (see Agreement).
+                    self._submit_to(slot, tier, ready=self.memory.copy_waiter(slot))
+                # A disk tier is handed the slot once its copy has finished (`_harvest_copies`).
                 continue
             self._owed.add(tier)
             self.stats.skipped[tier] += 1
@@ -523,7 +552,6 @@ class TieredCheckpointer(Checkpointer):
                     "newest state)",
                 },
             )
-        self.agreement.publish(self._local_flags())
 
     def _local_flags(self) -> Flags:
         busy = {
@@ -533,32 +561,40 @@ class TieredCheckpointer(Checkpointer):
         return Flags(unheld=self.memory.unheld(), busy=busy)
 
     def _submit(self, slot: _Slot) -> None:
-        for tier in sorted(slot.holders - {PEER_PIN}):
-            worker = self.workers[tier]
-            if self._closing and isinstance(worker, ReplicaWorker):
-                slot.holders.discard(tier)
-                continue
-            if worker.busy:
-                continue
-            try:
-                worker.submit(
-                    step=slot.step,
-                    slot=slot.index,
-                    tier=tier,
-                    location=self._locations[tier],
-                    fsync=self.config.fsync,
-                    slot_path=str(slot.data_path),
-                    header=slot.pending_header or slot.header_path.read_bytes(),
-                    data_bytes=self.memory.data_bytes,
-                    rank=self.rank,
-                    world_size=self.world_size,
-                    keep=self.config.keep,
-                    delay_s=self._persist_delay_s,
-                )
-            except Exception as exc:  # noqa: BLE001 - a broken worker must not stop training
-                slot.holders.discard(tier)
-                self._failed(tier, slot.step, f"could not start the persist: {exc}", kind="failed")
+        """Hand a copied slot to each of its holders not handed it yet."""
+        for tier in sorted(slot.holders - {PEER_PIN} - slot.submitted):
+            self._submit_to(slot, tier)
         slot.pending_header = b""
+
+    def _submit_to(self, slot: _Slot, tier: str, *, ready: Callable[[], None] | None = None) -> None:
+        worker = self.workers[tier]
+        if self._closing and isinstance(worker, ReplicaWorker):
+            slot.holders.discard(tier)
+            return
+        if worker.busy:
+            return
+        # Only the replica is handed a slot whose copy may still run: it waits for `ready` itself.
+        early = {"ready": ready} if ready is not None else {}
+        try:
+            worker.submit(
+                step=slot.step,
+                slot=slot.index,
+                tier=tier,
+                location=self._locations[tier],
+                fsync=self.config.fsync,
+                slot_path=str(slot.data_path),
+                header=slot.pending_header or slot.header_path.read_bytes(),
+                data_bytes=self.memory.data_bytes,
+                rank=self.rank,
+                world_size=self.world_size,
+                keep=self.config.keep,
+                delay_s=self._persist_delay_s,
+                **early,
+            )
+            slot.submitted.add(tier)
+        except Exception as exc:  # noqa: BLE001 - a broken worker must not stop training
+            slot.holders.discard(tier)
+            self._failed(tier, slot.step, f"could not start the persist: {exc}", kind="failed")
 
     def _harvest_copies(self) -> None:
         for slot in self.memory.complete_pending():
@@ -625,6 +661,7 @@ class TieredCheckpointer(Checkpointer):
         # Restoring writes into the live parameters: no copy may still be reading them.
         self._settle()
         self.agreement.reset()  # a restore starts a new agreement history (new process group)
+        self._publish_at_fence = False
         self._owed.clear()
         stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
