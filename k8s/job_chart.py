@@ -38,7 +38,7 @@ from constructs import Construct
 from k8s import names
 from k8s.env import container_env
 from k8s.launcher import launcher_command
-from k8s.nvrx_versions import LOCAL_IMAGE
+from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
@@ -384,9 +384,18 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable."""
+    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable; with NVRx
+    0.4.1's keep-alive rendezvous it first evicts the pod's dead predecessor (training/selfcheck.py
+    `evict_predecessor`: the survivors' restart and a spare's takeover overlap this pod's start)."""
     dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
-    return ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    command = ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    if values.mode != "baseline" and nvrx_features(values.resolved_nvrx_version).keep_alive_rendezvous:
+        command += [
+            f"--rdzv-endpoint={store_endpoint(values)}",
+            f"--rdzv-id={values.name}",
+            f"--local-addr={node_address(values)}",
+        ]
+    return command
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:

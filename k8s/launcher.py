@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 
 FT_LAUNCHER = ("python", "-m", "training.launch")
+NVRX_RDZV_POLL_S = 1.0
+"""NVRx 0.4.1's own wait between rendezvous polls: rendered only when the values change it."""
 """ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
 
 
@@ -82,4 +84,10 @@ def launcher_command(
     # closed. Every pod runs it; on a first start there is nothing to evict or reopen.
     rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
     handover = [f"--evict-predecessor={rendezvous}", f"--evict-timeout={t.pod_reschedule_s:g}"]
+    if features.keep_alive_rendezvous and t.rdzv_poll_s != NVRX_RDZV_POLL_S:
+        handover.append(f"--rdzv-poll={t.rdzv_poll_s:g}")
+    if values.spares and features.keep_alive_rendezvous:
+        # Warm spares stand by outside 0.4.1's rendezvous until a node is lost (training/rendezvous.py
+        # `Standby`); 0.7's barrier takes them in max_nodes and prefers previous actives itself.
+        handover.append(f"--warm-spares={values.spares}")
     return [*FT_LAUNCHER, *handover, *common, *ft, "-m", "training", *trainer_args]

@@ -190,6 +190,11 @@ class Timeouts(_Section):
     """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
     (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
     default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
+    rdzv_poll_s: float = Field(1.0, gt=0, le=5)
+    """How often an agent waiting in NVRx 0.4.1's rendezvous reads its state from the store (hard-coded
+    1 s there; training/nvrx_compat.py `set_rendezvous_poll`): every launcher restart waits up to one
+    poll for the new round to open and one more for it to fill. Each waiting agent reads the whole state
+    (a few hundred bytes per node) per poll: keep 1 s beyond tens of nodes. Ignored with NVRx >= 0.7."""
 
 
 class Storage(_Section):
@@ -304,10 +309,11 @@ class JobValues(_Section):
     num_nodes: int = Field(ge=1)
     spares: int = Field(0, ge=0)
     """Warm spare pods beyond num_nodes (issue 16 part 3): scheduled, self-checked, their launcher
-    started and waiting in the rendezvous's redundancy list (`--nnodes=N:N` admits N; agents beyond
-    wait there without restarting the group). A lost node's place goes to a spare at the next round;
-    the Job's replacement pod becomes the next spare. The GPU node group must have room for
-    num_nodes + spares nodes (`nvrx-eks preflight` checks it against the cluster config)."""
+    started, its agent standing by outside the rendezvous (NVRx 0.4.1, training/rendezvous.py
+    `Standby`; 0.7: ft_launcher's hot spares, counted in `--nnodes` max). A spare takes a lost node's
+    place once that place is free for good -- the lost pod's replacement evicted it, or its keep-alive
+    went silent -- never a restart round's; the Job's replacement pod becomes the next spare. The GPU
+    node group must have room for num_nodes + spares nodes (`nvrx-eks preflight` checks it)."""
     instance_profile: str = "local-cpu"
     mode: Mode = "both"
     budgets: Budgets = Budgets()

@@ -32,6 +32,10 @@ pod's trainer container took 6.8 s to its first step after two init containers o
   rendezvous a launcher out of restarts closed) in this process before its agent joins. It was an init
   container of its own: a second interpreter importing torch, on the critical path of every
   replacement. It needs nothing the trainer container lacks: it is a client of the same store.
+- `--warm-spares=S` (NVRx 0.4.1's keep-alive rendezvous only): the launcher starts as usual and its
+  agent's first join waits until the pod has a place (training/rendezvous.py `Standby`), so a spare's
+  whole start is behind it when a node is lost.
+- `--rdzv-poll=S` (NVRx 0.4.1): how often a waiting agent reads the rendezvous state (hard-coded 1 s).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from training.nvrx_compat import mend_multiprocess_workers
+from training.nvrx_compat import mend_multiprocess_workers, set_rendezvous_poll
 
 WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
 """What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
@@ -58,6 +62,9 @@ def trainer_script() -> str:
 
 EVICT_FLAG = "--evict-predecessor"
 EVICT_TIMEOUT_FLAG = "--evict-timeout"
+WARM_SPARES_FLAG = "--warm-spares"
+RDZV_POLL_FLAG = "--rdzv-poll"
+OWN_FLAGS = (EVICT_FLAG, EVICT_TIMEOUT_FLAG, WARM_SPARES_FLAG, RDZV_POLL_FLAG)
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,34 @@ def hand_over(handover: Handover, ft_argv: list[str]) -> None:
     )
 
 
+def stand_by_first(argv: list[str], ft_argv: list[str]) -> None:
+    """`--warm-spares=S` (S >= 1, NVRx 0.4.1): this pod's agent first joins only once it has a place
+    (training/rendezvous.py `Standby`). Active nodes: `--nnodes=N:...`; the pod's index: the Job's."""
+    spares = int(_flag(argv, WARM_SPARES_FLAG) or 0)
+    if spares < 1:
+        return
+    endpoint, run_id, node_addr, nnodes = (
+        _flag(ft_argv, name) for name in ("--rdzv-endpoint", "--rdzv-id", "--local-addr", "--nnodes")
+    )
+    if endpoint is None or run_id is None or node_addr is None or nnodes is None:
+        raise SystemExit(f"training.launch: {WARM_SPARES_FLAG} needs ft_launcher's rendezvous flags")
+    from training.nvrx_compat import gate_first_join  # noqa: PLC0415
+    from training.rendezvous import stand_by  # noqa: PLC0415
+
+    active_nodes = int(nnodes.partition(":")[0])
+    index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    gate_first_join(
+        lambda: stand_by(
+            endpoint=endpoint, run_id=run_id, node_addr=node_addr, active_nodes=active_nodes, index=index
+        )
+    )
+
+
 def launcher_argv(argv: list[str]) -> list[str]:
     """ft_launcher's arguments: this wrapper's own flags dropped, and `-m training` (the trainer as a
     module, a fresh interpreter each) replaced by `--run-path <training/__main__.py>` (the trainer as a
     callable in a forked worker)."""
-    argv = [a for a in argv if not a.startswith((f"{EVICT_FLAG}=", f"{EVICT_TIMEOUT_FLAG}="))]
+    argv = [a for a in argv if not a.startswith(tuple(f"{flag}=" for flag in OWN_FLAGS))]
     try:
         at = next(i for i in range(len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == "training")
     except StopIteration:
@@ -133,6 +163,10 @@ def main() -> None:
     if handover is not None:
         hand_over(handover, ft_argv)
     mend_multiprocess_workers()  # NVRx 0.4.1's launcher with multiprocessing workers (see there)
+    poll = _flag(argv, RDZV_POLL_FLAG)
+    if poll is not None:
+        set_rendezvous_poll(float(poll))
+    stand_by_first(argv, ft_argv)
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 
     ft_launcher(ft_argv)

@@ -11,13 +11,19 @@ Read against both wheels' sources:
   guide; k8s/launcher.py emits it) and `any-failed` on 0.7, where min-healthy is gone. The trainer works
   under either: with --nnodes N:N and the in-process layer never shrinking the world, both restart every
   node's workers once a rank's process is gone (training/resilience.py).
+- Warm spares: 0.4.1 parks agents beyond `--nnodes` max in a redundancy list that every restart round
+  draws from, so a spare stands by before its agent's first join (`gate_first_join`); 0.7's barrier
+  rendezvous has hot spares of its own (max nodes = active + standby, previous actives first).
 """
 
 from __future__ import annotations
 
 import inspect
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NVRX_VERSION = version("nvidia-resiliency-ext")
 
@@ -116,3 +122,44 @@ def _every_failure(agent: Any, failures: dict[int, Any]) -> dict[int, Any]:  # n
             ),
         )
     return dict(sorted(every.items()))
+
+
+def gate_first_join(gate: Callable[[], str]) -> None:
+    """Run `gate()` (training/rendezvous.py `Standby.wait`) once, right before this launcher's agent
+    first joins NVRx 0.4.1's keep-alive rendezvous: the pod is then warm (NVRx imported, the agent and
+    the forkserver up) yet outside the rendezvous. The hook is torch's public `RendezvousHandler`
+    call, `next_rendezvous`, on NVRx's handler class; later calls (restart rounds) are not gated."""
+    from nvidia_resiliency_ext.fault_tolerance._ft_rendezvous import FtRendezvousHandler  # noqa: PLC0415
+
+    original = FtRendezvousHandler.next_rendezvous
+    gated = False
+
+    def next_rendezvous(self: Any) -> Any:  # noqa: ANN401
+        nonlocal gated
+        if not gated:
+            gated = True
+            print(f"standby: joining the rendezvous: {gate()}", flush=True)
+        return original(self)
+
+    FtRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+
+def set_rendezvous_poll(seconds: float) -> None:
+    """NVRx 0.4.1's rendezvous op executor sleeps a hard-coded `_delay(seconds=1)` each time it finds
+    nothing to do but wait for other agents; every launcher restart waits up to one such poll for the
+    new round to open and one more for it to fill (`make demo`: a SIGKILL's rendezvous phase 0.5-0.8 s,
+    a node loss's 1.2 s). This replaces that one delay; the random start-up skew (`_delay` with a
+    range) is kept. 0.7's barrier rendezvous polls on its own schedule: nothing to change there."""
+    if version_tuple() >= (0, 6):
+        return
+    from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous  # noqa: PLC0415
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.rendezvous.utils import (  # noqa: PLC0415
+        _delay,
+    )
+
+    poll = seconds
+
+    def delay(seconds: float | tuple[float, float]) -> None:  # called as `_delay(seconds=...)`
+        _delay(seconds=poll if seconds == 1 else seconds)
+
+    _ft_rendezvous._delay = delay  # noqa: SLF001

@@ -37,11 +37,14 @@ launcher restart; with `any-failed` each new launcher starts with its whole budg
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import pickle
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -69,16 +72,26 @@ def serve(*, host: str, port: int, stop: threading.Event | None = None) -> None:
     print("rendezvous store stopping", flush=True)
 
 
-def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0) -> int:
-    """Mark every node that joined from `node_addr` as dead in the rendezvous state; return how many."""
-    from torch.distributed import TCPStore  # noqa: PLC0415
+def _connect(endpoint: str, run_id: str, timeout_s: float) -> tuple[Any, Any]:
+    """(a client of the job's store, torch's c10d rendezvous backend of run `run_id` on it)."""
+    from torch.distributed import TCPStore  # noqa: PLC0415 - torch import is slow; keep --help fast
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
         C10dRendezvousBackend,
     )
 
     host, _, port = endpoint.rpartition(":")
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-    backend = C10dRendezvousBackend(store, run_id)
+    return store, C10dRendezvousBackend(store, run_id)
+
+
+def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0) -> int:
+    """Mark every node that joined from `node_addr` as dead in the rendezvous state; return how many.
+    An eviction also posts a vacancy (`post_vacancy`): a warm spare may take the place at once."""
+    store, backend = _connect(endpoint, run_id, timeout_s)
+    return _evict(store, backend, run_id=run_id, node_addr=node_addr)
+
+
+def _evict(store: Any, backend: Any, *, run_id: str, node_addr: str) -> int:  # noqa: ANN401
     for _attempt in range(10):  # compare-and-set: retry when an agent wrote in between
         current = backend.get_state()
         if current is None:
@@ -87,7 +100,11 @@ def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0
         try:
             # The store is this job's own; its content was written by this job's agents.
             state: Any = pickle.loads(raw)  # noqa: S301
-            stale = [node for node in state.last_heartbeats if getattr(node, "addr", None) == node_addr]
+            stale = [  # not yet evicted: a second eviction would post a second vacancy
+                node
+                for node, last in state.last_heartbeats.items()
+                if getattr(node, "addr", None) == node_addr and last != STALE
+            ]
         except (pickle.UnpicklingError, AttributeError, ImportError) as exc:
             LOG.warning("rendezvous state not understood (%s); leaving it to the keep-alive expiry", exc)
             return 0
@@ -97,6 +114,7 @@ def evict(*, endpoint: str, run_id: str, node_addr: str, timeout_s: float = 30.0
             state.last_heartbeats[node] = STALE
         _, _, written = backend.set_state(pickle.dumps(state), token)
         if written:
+            post_vacancy(store, run_id=run_id, node_addr=node_addr)
             return len(stale)
     LOG.warning("could not write the rendezvous state (busy); leaving it to the keep-alive expiry")
     return 0
@@ -114,19 +132,10 @@ def reopen(*, endpoint: str, run_id: str, rendezvous: Rendezvous, timeout_s: flo
     Returns whether it was closed. Called only from a pod the Job controller started, i.e. while the
     Job still has budget (see the module docstring).
     """
-    import time  # noqa: PLC0415
-
-    from torch.distributed import TCPStore  # noqa: PLC0415
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
-        C10dRendezvousBackend,
-    )
-
-    host, _, port = endpoint.rpartition(":")
-    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    store, backend = _connect(endpoint, run_id, timeout_s)
     if rendezvous == "barrier":
         key = BARRIER_SHUTDOWN_KEY.format(run_id=run_id)
         return bool(store.check([key]) and store.delete_key(key))
-    backend = C10dRendezvousBackend(store, run_id)
     deadline = time.monotonic() + timeout_s
     while True:
         current = backend.get_state()
@@ -150,6 +159,202 @@ def reopen(*, endpoint: str, run_id: str, rendezvous: Rendezvous, timeout_s: flo
         _, _, written = backend.set_state(pickle.dumps(state), token)
         if written:
             return True
+
+
+# --- warm spares (NVRx 0.4.1's keep-alive rendezvous) ------------------------------------------------
+VACANCY_COUNT_KEY = "nvrx-eks:{run_id}:vacancies"
+VACANCY_KEY = "nvrx-eks:{run_id}:vacancy:{n}"
+CLAIM_KEY = "nvrx-eks:{run_id}:claim:{n}"
+CLAIMED_BY_KEY = "nvrx-eks:{run_id}:claimed-by:{n}"
+"""This kit's own keys in the job's store: vacancies 1..count, each JSON {addr, t}; a claim counter each,
+and the winner's JSON {addr, t}."""
+CLAIM_JOIN_S = 60.0
+"""A claimed place counts as taken this long before its claimer shows up in the rendezvous (it joins
+within a second or two; one that died on the way frees the place after this)."""
+SILENT_AFTER = timedelta(seconds=10)
+"""A member whose keep-alive is older than this is dead: live ones write every 5 s (hard-coded in 0.4.1),
+so twice that leaves a starved heartbeat thread 5 s of slack; NVRx's own expiry waits 15 s."""
+OWN_VACANCY_GRACE_S = 2.0
+"""A replacement pod posts its dead predecessor's vacancy and lets a warm spare take it first; it takes
+the place itself only if no standby has after this long."""
+ROOM_GRACE_S = 5.0
+"""Fewer live members than active nodes, with no vacancy posted (an active pod that never started, a
+Job's replacements after every launcher left): a standby joins once that has lasted this long. A restart
+round empties briefly too (each agent leaves and rejoins within a second): that must not take a spare."""
+POLL_S = 0.1
+
+
+def post_vacancy(store: Any, *, run_id: str, node_addr: str) -> int:  # noqa: ANN401
+    """Record that the node of `node_addr` is gone for good (it was evicted); returns the vacancy's number."""
+    n = int(store.add(VACANCY_COUNT_KEY.format(run_id=run_id), 1))
+    record = {"addr": node_addr, "t": time.time()}
+    store.set(VACANCY_KEY.format(run_id=run_id, n=n), json.dumps(record))
+    return n
+
+
+@dataclass(frozen=True)
+class Member:
+    addr: str
+    silent_s: float
+    """Seconds since its last keep-alive (infinite when none is recorded)."""
+    place: Literal["participant", "waiting", "redundant"]
+    evicted: bool = False
+    """Its keep-alive was back-dated (`evict`): the agents' next sync drops it."""
+
+
+@dataclass(frozen=True)
+class View:
+    """What a standby reads of NVRx 0.4.1's rendezvous state."""
+
+    round: int
+    complete: bool
+    closed: bool
+    members: tuple[Member, ...]
+
+    def live(self) -> set[str]:
+        """The live nodes' addresses (an address listed twice, an old pid's leftover, counts once)."""
+        return {m.addr for m in self.members if m.silent_s <= SILENT_AFTER.total_seconds()}
+
+    def silent_participants(self) -> list[str]:
+        limit = SILENT_AFTER.total_seconds()
+        silent = {m.addr for m in self.members if m.place == "participant" and m.silent_s > limit}
+        return sorted(silent - {m.addr for m in self.members if m.evicted})
+
+
+def view_of(state: Any, now: datetime) -> View:  # noqa: ANN401 - NVRx's private state
+    def silent(node: Any) -> float:  # noqa: ANN401
+        last = state.last_heartbeats.get(node)
+        return float("inf") if last is None else (now - last).total_seconds()
+
+    places: list[tuple[Any, Literal["participant", "waiting", "redundant"]]] = [
+        *((n, "participant") for n in state.participants),
+        *((n, "waiting") for n in state.wait_list),
+        *((n, "redundant") for n in state.redundancy_list),
+    ]
+    members = tuple(
+        Member(
+            addr=node.addr,
+            silent_s=silent(node),
+            place=place,
+            evicted=state.last_heartbeats.get(node) == STALE,
+        )
+        for node, place in places
+    )
+    return View(round=state.round, complete=state.complete, closed=state.closed, members=members)
+
+
+def _read_view(backend: Any) -> View | None:  # noqa: ANN401
+    current = backend.get_state()
+    if current is None:
+        return None
+    try:
+        state = pickle.loads(current[0])  # noqa: S301 - this job's own store, written by its agents
+        return view_of(state, datetime.utcnow())  # noqa: DTZ003 - NVRx keeps naive UTC
+    except (pickle.UnpicklingError, AttributeError, ImportError, TypeError) as exc:
+        raise RuntimeError(f"rendezvous state not understood ({exc}): cannot stand by") from exc
+
+
+class Standby:
+    """A warm spare's wait outside the rendezvous, until a place is free for it.
+
+    Why outside: NVRx 0.4.1 keeps agents beyond `--nnodes` max in a redundancy list, and every restart
+    round admits whoever joins first. A spare waiting there took a place at each SIGKILL's restart (the
+    ranks then moved to it and restored from a partner's RAM, 2-3 steps lost where 0-1 were). Standing
+    by before its agent's first join, a spare takes only a place that is free for good:
+    - a posted vacancy (`post_vacancy`): a replacement pod evicted its dead predecessor, or this
+      standby evicted a participant silent beyond SILENT_AFTER (a node lost with no replacement yet: on
+      a cluster the Job controller replaces a pod only once Kubernetes has given up on its node, minutes);
+      one standby claims each vacancy (an atomic counter in the store);
+    - room that lasts ROOM_GRACE_S with no vacancy (the fallback: a pod that never started).
+    A pod of an active index (< nodes) joins at once while the first round forms. Everything here reads
+    NVRx's private state format: anything unexpected raises, and the launcher then joins as before.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Any,  # noqa: ANN401
+        backend: Any,  # noqa: ANN401
+        run_id: str,
+        node_addr: str,
+        active_nodes: int,
+        index: int,
+    ) -> None:
+        self.store, self.backend = store, backend
+        self.run_id, self.node_addr = run_id, node_addr
+        self.active_nodes, self.index = active_nodes, index
+        self._taken: set[int] = set()
+        """Vacancies another standby claimed: never looked at again."""
+
+    def wait(self, *, poll_s: float = POLL_S, deadline_s: float | None = None) -> str:
+        """Block until this pod has a place; returns why it has one."""
+        view = _read_view(self.backend)
+        if self.index < self.active_nodes and (view is None or (view.round == 0 and not view.complete)):
+            return "an active index while the first round forms"
+        room_since: float | None = None
+        until = None if deadline_s is None else time.monotonic() + deadline_s
+        while until is None or time.monotonic() < until:
+            if view is not None and not view.closed:
+                for addr in view.silent_participants():
+                    if _evict(self.store, self.backend, run_id=self.run_id, node_addr=addr):
+                        print(f"standby: evicted {addr}, silent over {SILENT_AFTER.seconds} s", flush=True)
+                claimed = self._claim()
+                if claimed:
+                    return claimed
+                taken = view.live() | self._joining()
+                if len(taken) < self.active_nodes:
+                    room_since = room_since or time.monotonic()
+                    if time.monotonic() - room_since >= ROOM_GRACE_S:
+                        return f"{len(taken)} live nodes of {self.active_nodes} for {ROOM_GRACE_S:g} s"
+                else:
+                    room_since = None
+            time.sleep(poll_s)
+            view = _read_view(self.backend)
+        raise TimeoutError("standby: no place within the deadline")
+
+    def _claim(self) -> str | None:
+        count = int(self.store.add(VACANCY_COUNT_KEY.format(run_id=self.run_id), 0))
+        for n in range(1, count + 1):
+            if n in self._taken:
+                continue
+            claim_key = CLAIM_KEY.format(run_id=self.run_id, n=n)
+            if int(self.store.add(claim_key, 0)) > 0:
+                self._taken.add(n)
+                continue
+            record = json.loads(self.store.get(VACANCY_KEY.format(run_id=self.run_id, n=n)))
+            if record["addr"] == self.node_addr and time.time() - record["t"] < OWN_VACANCY_GRACE_S:
+                continue  # our own predecessor's place: a warm spare first
+            if int(self.store.add(claim_key, 1)) == 1:
+                winner = {"addr": self.node_addr, "t": time.time()}
+                self.store.set(CLAIMED_BY_KEY.format(run_id=self.run_id, n=n), json.dumps(winner))
+                return f"took the place of {record['addr']} (vacancy {n})"
+            self._taken.add(n)
+        return None
+
+    def _joining(self) -> set[str]:
+        """Addresses that claimed a place recently: on their way into the rendezvous."""
+        joining = set()
+        for n in self._taken:
+            key = CLAIMED_BY_KEY.format(run_id=self.run_id, n=n)
+            if not self.store.check([key]):
+                continue  # claimed a moment ago, the winner's record not written yet: next poll
+            winner = json.loads(self.store.get(key))
+            if time.time() - winner["t"] < CLAIM_JOIN_S:
+                joining.add(winner["addr"])
+        return joining
+
+
+def stand_by(*, endpoint: str, run_id: str, node_addr: str, active_nodes: int, index: int) -> str:
+    """`Standby.wait` on a fresh client of the job's store (training/launch.py `--warm-spares`)."""
+    store, backend = _connect(endpoint, run_id, timeout_s=60.0)
+    return Standby(
+        store=store,
+        backend=backend,
+        run_id=run_id,
+        node_addr=node_addr,
+        active_nodes=active_nodes,
+        index=index,
+    ).wait()
 
 
 REOPEN_TIMEOUT_S = 10.0

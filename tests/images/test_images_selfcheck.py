@@ -231,3 +231,57 @@ def test_the_chart_sets_what_the_selfcheck_requires():
 
     for key, want in selfcheck.REQUIRED_EFA_ENV.items():
         assert EFA_NCCL_ENV.get(key) == want, key
+
+
+def test_a_replacement_evicts_its_dead_predecessor_before_its_checks(tmp_path):
+    """The rendezvous hand-over's first step runs in the self-check (the survivors' restart overlaps
+    the pod's start); the launcher repeats it and finds nothing left."""
+    import pickle  # noqa: PLC0415
+    from datetime import datetime, timedelta  # noqa: PLC0415
+
+    from nvidia_resiliency_ext.fault_tolerance._ft_rendezvous import (  # noqa: PLC0415
+        _NodeDesc,
+        _RendezvousState,
+    )
+    from torch.distributed import TCPStore  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
+        C10dRendezvousBackend,
+    )
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    state = _RendezvousState()
+    state.complete = True
+    for rank, addr in enumerate(["job-0.svc", "job-1.svc"]):
+        node = _NodeDesc(addr=addr, pid=7, local_id=0)
+        state.participants[node] = rank
+        state.last_heartbeats[node] = datetime.utcnow()  # noqa: DTZ003 - NVRx keeps naive UTC
+    C10dRendezvousBackend(store, "job").set_state(pickle.dumps(state))
+    flags = [f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-id=job", "--local-addr=job-1.svc"]
+    done = subprocess.run(
+        [sys.executable, "-m", "training.selfcheck", "--checkpoint-dir", str(tmp_path / "ckpt"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")} | {"COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "evicted 1 rendezvous node(s) of the dead predecessor job-1.svc" in done.stdout
+    after = pickle.loads(C10dRendezvousBackend(store, "job").get_state()[0])  # noqa: S301
+    evicted = {node.addr for node, last in after.last_heartbeats.items() if last.year == 2000}
+    assert evicted == {"job-1.svc"}
+
+
+def test_the_hand_over_flags_go_together():
+    done = subprocess.run(
+        [sys.executable, "-m", "training.selfcheck", "--rdzv-id=job"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    assert "--rdzv-endpoint, --rdzv-id and --local-addr go together" in done.stderr
+    assert "Traceback" not in done.stderr

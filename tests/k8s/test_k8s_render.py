@@ -124,6 +124,7 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     check = pod["initContainers"][0]
     _, trainer = _split(pod["containers"][0]["command"])
     tiers = parse_args(trainer).checkpoint
+    launcher = pod["containers"][0]["command"]
     assert check["command"] == [
         "python",
         "-m",
@@ -131,7 +132,10 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
         f"--checkpoint-dir={tiers.memory_dir}",
         f"--checkpoint-dir={tiers.local_dir}",
         f"--checkpoint-dir={tiers.durable_dir}",
+        # NVRx 0.4.1: first, evict a dead predecessor from the very rendezvous the launcher joins.
+        *(arg for arg in launcher if arg.startswith(("--rdzv-endpoint=", "--rdzv-id=", "--local-addr="))),
     ]
+    assert len(check["command"]) == 9
     env = {e["name"]: e.get("value") for e in check["env"]}
     assert env["NVRX_EKS_INSTANCE_PROFILE"] == "local-cpu"
 
@@ -210,14 +214,26 @@ def test_warm_spares_are_pods_of_the_job_and_it_succeeds_with_num_nodes(tmp_path
     (job,) = _by_kind(docs, "Job")
     spec = job["spec"]
     assert spec["completions"] == spec["parallelism"] == 3
-    # The launcher still admits num_nodes; the third agent waits in the redundancy list.
-    assert "--nnodes=2:2" in spec["template"]["spec"]["containers"][0]["command"]
+    # The launcher still admits num_nodes (NVRx 0.4.1); the third agent stands by outside the
+    # rendezvous until a node is lost (training/rendezvous.py `Standby`).
+    command = spec["template"]["spec"]["containers"][0]["command"]
+    assert "--nnodes=2:2" in command
+    assert "--warm-spares=1" in command
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 2}]}
+    # Every pod's self-check first evicts a dead predecessor: a spare takes the place meanwhile.
+    (selfcheck,) = spec["template"]["spec"]["initContainers"]
+    hand_over = {"--rdzv-id=nvrx-local", "--local-addr=nvrx-local-$(NODE_RANK).nvrx-local"}
+    assert hand_over <= set(selfcheck["command"])
 
 
 def test_warm_spares_count_in_max_nodes_with_the_barrier_rendezvous(tmp_path):
     docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "spares=1")
     (job,) = _by_kind(docs, "Job")
     assert job["spec"]["completions"] == 3
-    # NVRx 0.7 (the image's pin): max = active + standby; a node beyond max would be refused.
-    assert "--nnodes=2:3" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # NVRx 0.7 (the image's pin): max = active + standby; a node beyond max would be refused. Its
+    # barrier rendezvous keeps standbys out of a restart round itself: no standby gate, no eviction.
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--nnodes=2:3" in command
+    assert not any(arg.startswith(("--warm-spares", "--rdzv-poll")) for arg in command)
+    (selfcheck,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert not any(arg.startswith("--rdzv-") for arg in selfcheck["command"])

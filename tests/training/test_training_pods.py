@@ -11,11 +11,13 @@ and closes the rendezvous. The Job still has budget and replaces the pods; their
 (`--evict-predecessor`, training/launch.py) reopens the rendezvous, so training goes on from the newest
 checkpoint. Before that, each replacement died at once with RendezvousClosedError.
 
-Warm spares: with `spares=1` a third pod runs the launcher, which waits in NVRx 0.4.1's redundancy list
-(`--nnodes=2:2` admits two); a node loss gives its place to the spare at the next round, and the Job's
-replacement pod becomes the next spare. The replacement waits for its new node (the executor's
-`node_provision_s`), as on a cluster: with none, it can start and join the next round before the spare
-does, and the test raced (one CI run in a few resumed on the replacement).
+Warm spares: with `spares=1` a third pod runs the launcher, whose agent stands by outside NVRx 0.4.1's
+rendezvous (training/rendezvous.py `Standby`) until a place is free for good. A node loss frees one:
+its replacement pod evicts the dead predecessor (its self-check's first step) and posts a vacancy,
+or, with no replacement yet (on a cluster the Job controller replaces a pod only once Kubernetes gave
+up on its node), the standby evicts the participant whose keep-alive went silent. The spare takes the
+place; the replacement becomes the next spare. A restart round (a SIGKILL) frees none: the spare stays
+out, where in the redundancy list it joined every such round and the ranks moved to it.
 """
 
 from __future__ import annotations
@@ -116,10 +118,24 @@ def test_storm_exhausting_the_job_fails_naming_the_faulty_index_and_its_cause(tm
 
 
 @pytest.mark.timeout(600)
-def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, local_job, fault_free_hash):
-    # A new node in 90 s: on a cluster a p5 takes minutes; here the round without it forms in ~15 s.
+@pytest.mark.parametrize(
+    "node_provision_s",
+    [
+        pytest.param(0, id="the-replacement-evicts"),
+        # A new node in 90 s (on a cluster a p5 takes minutes): the standby sees the silent keep-alive.
+        pytest.param(90, id="the-keep-alive-goes-silent"),
+    ],
+)
+def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
+    tmp_path, local_job, fault_free_hash, node_provision_s
+):
     result, events = _run(
-        local_job, tmp_path, plan="node_loss@8:3", timeout_s=540, extra=("spares=1",), node_provision_s=90
+        local_job,
+        tmp_path,
+        plan="node_loss@8:3",
+        timeout_s=540,
+        extra=("spares=1",),
+        node_provision_s=node_provision_s,
     )
 
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
@@ -135,7 +151,25 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(tmp_path, local_job, f
     assert after == (before - {lost}) | {spare}, (before, after)
     spare_pod = next(p for p in result.pods if p.index == spare)
     assert spare_pod.started < deletion["time"]
-    # Training went on without waiting for the lost node's replacement (still Pending, or started after).
-    resumed = min(e["t"] for e in steps if e["t"] > deletion["time"])
-    assert deletion.get("replacement_started") is None or deletion["replacement_started"] > resumed
+    spare_log = Path(spare_pod.log).read_text()
+    assert f"standby: joining the rendezvous: took the place of 127.0.0.{2 + lost}" in spare_log
+    if node_provision_s:
+        # Training went on without waiting for the lost node's replacement (Pending, or started after).
+        resumed = min(e["t"] for e in steps if e["t"] > deletion["time"])
+        assert deletion.get("replacement_started") is None or deletion["replacement_started"] > resumed
+        assert "silent over" in spare_log
+    assert local_job.final_hash(events) == fault_free_hash
+
+
+@pytest.mark.timeout(600)
+def test_a_sigkill_restart_round_leaves_the_warm_spare_standing_by(tmp_path, local_job, fault_free_hash):
+    result, events = _run(local_job, tmp_path, plan=_sigkills(6), timeout_s=540, extra=("spares=1",))
+
+    assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
+    assert len(local_job.events(events, "fault_injected")) == 1
+    # The spare (index 2) trained nothing: the restart round re-formed with the same two nodes.
+    assert {int(e["node"]) for e in local_job.events(events, "step")} == {0, 1}
+    restored = local_job.events(events, "checkpoint_restored")
+    assert restored, "the SIGKILL restarted no worker"
+    assert {int(e["node"]) for e in restored} == {0, 1}
     assert local_job.final_hash(events) == fault_free_hash
