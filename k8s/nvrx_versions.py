@@ -46,8 +46,8 @@ class NvrxFeatures:
     @property
     def spares_in_max_nodes(self) -> bool:
         """Warm spares count in `--nnodes=min:max` (0.7's barrier: max = active + standby, a node
-        beyond max is refused); with the keep-alive rendezvous `--nnodes=N:N` admits N and agents
-        beyond wait in its redundancy list without restarting the group."""
+        beyond max is refused); with the keep-alive rendezvous `--nnodes=N:N` admits N and a spare
+        stands by outside it (`--warm-spares`, training/rendezvous.py `Standby`)."""
         return not self.keep_alive_rendezvous
 
     def check_mode(self, mode: str) -> None:

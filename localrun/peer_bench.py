@@ -105,11 +105,15 @@ def mode_setups(
         "trainer.checkpoint.local_every=10",
         f"trainer.checkpoint.durable_every={every}",
     )
+    # A warm spare (k8s/values.py `spares`): a lost node's place is taken by a pod already started,
+    # where the other modes wait for the replacement's start. The other modes get none: the peer
+    # sample has no spare, and without the kit's standby a spare joins every restart round.
+    kit_spares = ("spares=1",)
     return [
         ModeSetup("baseline", "baseline", scenario + peer_ckpt + no_inprocess),
         ModeSetup("inprocess", "inprocess", scenario + peer_ckpt),
         ModeSetup("ft_launcher", "ft_launcher", scenario + peer_ckpt + no_inprocess),
-        ModeSetup("kit", "both", scenario + kit_ckpt),
+        ModeSetup("kit", "both", scenario + kit_ckpt + kit_spares),
     ]
 
 

@@ -110,7 +110,7 @@ def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
     skeleton, tensors, layout = flatten(state_at(1))
     tier.ensure(layout)
     slot = tier.free_slot()
-    tier.stage(slot, 1, tensors, layout, encode_header(skeleton, layout))
+    tier.stage(slot, 1, tensors, encode_header(skeleton, layout))
     tier.synchronize()
     tier.complete_pending()
     assert tier.candidate_steps(rank=0, world_size=1, collective=False) == {1}

@@ -57,6 +57,8 @@ class _Slot:
     manifest_path: Path
     header_path: Path
     buffer: torch.Tensor | None = None
+    targets: list[torch.Tensor] = field(default_factory=list)
+    """Typed views of `buffer`, one per tensor of the layout (made once per layout, not per save)."""
     step: int = -1
     holders: set[str] = field(default_factory=set)
     """Tiers whose worker is reading this slot: it must not be overwritten."""
@@ -141,6 +143,7 @@ class MemoryTier:
                 out.truncate(nbytes)
             slot.buffer = torch.from_file(str(slot.data_path), shared=True, size=nbytes, dtype=torch.uint8)
             slot.buffer.zero_()  # touch every page now, not inside the first save
+            slot.targets = views(slot.buffer, layout)  # equal signatures, equal offsets
             if self.device.type == "cuda":
                 # Pinned staging: page-locked memory is what lets the D2H copy run at full PCIe speed
                 # asynchronously. Registering the mapping keeps the file shareable with the writer thread.
@@ -161,6 +164,7 @@ class MemoryTier:
             if slot.buffer is not None and self.device.type == "cuda":
                 torch.cuda.cudart().cudaHostUnregister(slot.buffer.data_ptr())
             slot.buffer = None
+            slot.targets = []
 
     def free_slot(self) -> _Slot | None:
         """An unheld slot, the oldest first (the newest snapshot stays valid while the next is copied)."""
@@ -171,15 +175,14 @@ class MemoryTier:
         """Slots no persist reads (a slot still being copied counts: its copy ends by the fence)."""
         return sum(1 for slot in self.slots if not slot.holders)
 
-    def stage(
-        self, slot: _Slot, step: int, tensors: list[torch.Tensor], layout: Layout, header: bytes
-    ) -> None:
-        """Start copying `tensors` into `slot`; returns at once. The slot commits when the copy ends."""
+    def stage(self, slot: _Slot, step: int, tensors: list[torch.Tensor], header: bytes) -> None:
+        """Start copying `tensors` (of the layout `ensure` allocated for) into `slot`; returns at once.
+        The slot commits when the copy ends."""
         slot.manifest_path.unlink(missing_ok=True)  # uncommit before overwriting
         slot.step = step
         slot.pending_header = header
         slot.submitted.clear()
-        targets = views(slot.buffer, layout)
+        targets = slot.targets
         sources = [tensor.detach() for tensor in tensors]
         if self.device.type == "cuda":
             if self._stream is None:
@@ -291,22 +294,22 @@ class Agreement:
     Why agreement at all: a step only some ranks persisted can never be restored, and retention
     (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
 
-    Why it costs nothing in steady state: the fence right before a due step's update *publishes*
-    this rank's flags with an async all_reduce, and that step's decision (in the save after the
-    update) reads the result, which the update's time has let complete. That is sound because the
-    flags can only get better in between: a tier idle on every rank when sampled stays idle, and a
-    slot no persist reads stays unheld, until the next launch -- and launches happen only at due
-    steps, decided from these same results. When that result would skip something (a due tier busy,
-    no slot to spare), the decision asks again with one blocking all_reduce of the current flags: a
-    tier freed meanwhile is used at once. The flags are sampled that late for the peer replica, which
-    is launched at every snapshot: it starts the moment its snapshot's copy ends (during the next
-    forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the next due fence
-    whenever an exchange takes less than a step. Sampled right after the launch, as they once were,
-    it was always busy, and every snapshot paid the blocking round: 15 ms of a 24 ms stall per
-    snapshot in the hardware-mix bench (4 ranks, 2 cores). The first due step of a process group
-    (start, restore, in-process restart) runs the blocking all_reduce too. The result is read only
-    after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so reading them never
-    synchronizes the GPU stream.
+    Why it costs nothing in steady state: the flags the next due step decides on are *published*
+    with an async all_reduce a step before it (the save of the step before a due step; with a
+    snapshot every step, the fence before the due step's update), and the decision reads the result,
+    which that time has let complete. That is sound because the flags can only get better in between:
+    a tier idle on every rank when sampled stays idle, and a slot no persist reads stays unheld, until
+    the next launch -- and launches happen only at due steps, decided from these same results. When
+    that result would skip something (a due tier busy, no slot to spare), the decision asks again with
+    one blocking all_reduce of the current flags: a tier freed meanwhile is used at once. The flags are
+    sampled that late for the peer replica, which is launched at every snapshot: it starts the moment
+    its snapshot's copy ends (during the next forward/backward, `ReplicaWorker` waits for the copy
+    itself) and is done by the time they are sampled whenever an exchange takes less than a step.
+    Sampled right after the launch, as they once were, it was always busy, and every snapshot paid
+    the blocking round; published at the due step's fence, the answer still took 5-7 ms to come (4
+    ranks on 2 cores). The first due step of a process group (start, restore, in-process restart)
+    runs the blocking all_reduce too. The result is read only after `Work.wait()`; on NCCL jobs the
+    flags go over a gloo side group, so reading them never synchronizes the GPU stream.
 
     A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
     snapshots -- what most faults restore from -- come before a second concurrent disk persist
@@ -454,7 +457,7 @@ class TieredCheckpointer(Checkpointer):
         The same on every rank: it follows from the agreed decisions."""
         self._persist_delay_s = persist_delay_s
         self._publish_at_fence = False
-        """The next step is due: its update's fence publishes the flags its decision reads."""
+        """A snapshot every step: the next update's fence publishes the flags its save decides on."""
         for worker in self.workers.values():
             worker.start()
 
@@ -466,8 +469,14 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
-        # A function of the step alone: every rank publishes at the same fence (a collective).
-        self._publish_at_fence = bool(every) and (step + 1) % every == 0
+        # The flags for the next due step's decision (a collective: a function of the step alone, the
+        # same on every rank): published here, a step before it, when this step is not due itself;
+        # with a snapshot every step, at the fence before the next update, the last moment before it.
+        if every and (step + 1) % every == 0:
+            if step % every:
+                self.agreement.publish(self._local_flags())  # after `_poll` above: the freshest flags
+            else:
+                self._publish_at_fence = True
         self._count_stall(time.perf_counter() - started)
 
     def _fence(self) -> None:
@@ -491,6 +500,7 @@ class TieredCheckpointer(Checkpointer):
         self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
     def _snapshot(self, step: int, state: dict[str, Any]) -> None:
+        snapshot_started = time.perf_counter()
         due = [tier for tier, every in self._cadences if step % every == 0 or tier in self._owed]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
@@ -501,7 +511,13 @@ class TieredCheckpointer(Checkpointer):
             for slot in self.memory.slots:  # a copy of another layout is no restore point now
                 slot.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
+        deciding, blocking = time.perf_counter(), self.agreement.blocking_rounds
         can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
+        # What the snapshot's stall is made of (the checkpoint_staged event).
+        timing = {
+            "decide_s": round(time.perf_counter() - deciding, 5),
+            "blocking": self.agreement.blocking_rounds > blocking,
+        }
         slot = None
         if can_stage and layout.signature == self.memory.signature:
             slot = self.memory.free_slot()
@@ -519,10 +535,11 @@ class TieredCheckpointer(Checkpointer):
             self.emit("checkpoint_skipped", {"tier": "memory", "step": step, "reason": reason})
             launch = dict.fromkeys(due, False)
         else:
-            self.memory.stage(slot, step, tensors, layout, encode_header(skeleton, layout))
+            self.memory.stage(slot, step, tensors, encode_header(skeleton, layout))
             self.stats.staged += 1
             # One line per snapshot: the run's stall per checkpoint is counted against these.
-            self.emit("checkpoint_staged", {"tier": "memory", "step": step})
+            timing["stage_s"] = round(time.perf_counter() - snapshot_started, 5)
+            self.emit("checkpoint_staged", {"tier": "memory", "step": step, **timing})
         for tier in due:
             if slot is not None and launch[tier]:
                 slot.holders.add(tier)
