@@ -40,9 +40,9 @@ def rdzv_conf(values: JobValues) -> str:
     t = values.timeouts
     items = {
         "is_host": "0",
-        "join_timeout": str(int(t.rdzv_join_s)),
-        "last_call_timeout": str(int(t.rdzv_last_call_s)),
-        "close_timeout": str(int(t.rdzv_close_s)),
+        "join_timeout": str(t.rdzv_join_s),
+        "last_call_timeout": str(t.rdzv_last_call_s),
+        "close_timeout": str(t.rdzv_close_s),
     }
     return ",".join(f"{k}={v}" for k, v in items.items())
 

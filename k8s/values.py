@@ -179,10 +179,14 @@ class Timeouts(_Section):
     """The same before a rank's first heartbeat (imports, model build, checkpoint load)."""
     pod_reschedule_s: float = Field(600.0, gt=0)
     """How long a replacement pod may take to be scheduled and started (new node included)."""
-    rdzv_join_s: float = Field(900.0, gt=0)
+    # The three rendezvous timeouts reach NVRx as `--rdzv-conf` integers (`get_as_int`), and it refuses
+    # a zero last call only once the agent starts ("must be positive"): every pod then failed in turn
+    # until the Job's budget was gone. Whole seconds, at least 1, are checked here instead.
+    rdzv_join_s: int = Field(900, ge=1)
     """Rendezvous join timeout: survivors wait this long for a replacement node."""
-    rdzv_last_call_s: float = Field(5.0, ge=0)
-    rdzv_close_s: float = Field(60.0, gt=0)
+    rdzv_last_call_s: int = Field(5, ge=1)
+    """How long a round that has its minimum of nodes waits for more (with min = max nodes, unused)."""
+    rdzv_close_s: int = Field(60, ge=1)
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
     monitor_interval_s: float = Field(0.5, gt=0)

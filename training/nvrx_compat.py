@@ -145,11 +145,13 @@ def gate_first_join(gate: Callable[[], str]) -> None:
 
 
 def set_rendezvous_poll(seconds: float) -> None:
-    """NVRx 0.4.1's rendezvous op executor sleeps a hard-coded `_delay(seconds=1)` each time it finds
-    nothing to do but wait for other agents; every launcher restart waits up to one such poll for the
-    new round to open and one more for it to fill (`make demo`: a SIGKILL's rendezvous phase 0.5-0.8 s,
-    a node loss's 1.2 s). This replaces that one delay; the random start-up skew (`_delay` with a
-    range) is kept. 0.7's barrier rendezvous polls on its own schedule: nothing to change there."""
+    """How often an agent waiting in NVRx 0.4.1's rendezvous reads its state. Two hard-coded seconds
+    set it there: the op executor sleeps `_delay(seconds=1)` whenever it can only wait for other agents,
+    and the state holder serves its cached copy of the state for `cache_duration=1` s after each read.
+    Every launcher restart waits up to one such period for the new round to open and one more to learn
+    it is complete (`make demo`: 1.2-1.4 s from an agent's "attempts to join" to "has joined"). This
+    sets both to `seconds`; the random start-up skew (`_delay` with a range) is kept. 0.7's barrier
+    rendezvous polls on its own schedule: nothing to change there."""
     if version_tuple() >= (0, 6):
         return
     from nvidia_resiliency_ext.fault_tolerance import _ft_rendezvous  # noqa: PLC0415
@@ -163,3 +165,11 @@ def set_rendezvous_poll(seconds: float) -> None:
         _delay(seconds=poll if seconds == 1 else seconds)
 
     _ft_rendezvous._delay = delay  # noqa: SLF001
+    holder = _ft_rendezvous._BackendRendezvousStateHolder  # noqa: SLF001
+    init = getattr(holder.__init__, "nvrx_eks_original", holder.__init__)
+
+    def __init__(self: Any, backend: Any, settings: Any, cache_duration: float = 1) -> None:  # noqa: ANN401, N807
+        init(self, backend, settings, cache_duration=min(cache_duration, poll))
+
+    __init__.nvrx_eks_original = init  # type: ignore[attr-defined]
+    holder.__init__ = __init__  # type: ignore[method-assign]

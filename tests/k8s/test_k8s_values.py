@@ -44,6 +44,14 @@ P5 = LOCAL.with_name("p5-2.yaml")
         ),
         (LOCAL, ["trainer.checkpoint.memory_dir=/dev/shm/x"], "checkpoint.memory_dir is set by the chart"),
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
+        # NVRx refuses these only once every pod's agent starts (a zero last call), or truncates them.
+        (
+            LOCAL,
+            ["timeouts.rdzv_last_call_s=0"],
+            "rdzv_last_call_s: Input should be greater than or equal to 1",
+        ),
+        (LOCAL, ["timeouts.rdzv_close_s=0.5"], "rdzv_close_s: Input should be a valid integer"),
+        (LOCAL, ["timeouts.rdzv_poll_s=0"], "rdzv_poll_s: Input should be greater than 0"),
         (
             LOCAL,
             ["timeouts.launcher_initial_heartbeat_s=4"],
