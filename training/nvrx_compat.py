@@ -138,7 +138,11 @@ def gate_first_join(gate: Callable[[], str]) -> None:
         nonlocal gated
         if not gated:
             gated = True
-            print(f"standby: joining the rendezvous: {gate()}", flush=True)
+            try:
+                reason = gate()
+            except RuntimeError as exc:  # the state not understood: join as without the gate
+                reason = f"without standing by ({exc})"
+            print(f"standby: joining the rendezvous: {reason}", flush=True)
         return original(self)
 
     FtRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]

@@ -20,17 +20,22 @@ P5 = get_profile("p5.48xlarge")
 INSTALLED_NVRX = metadata.version("nvidia-resiliency-ext")
 
 
-def test_cpu_mode_on_this_machine(tmp_path):
+def _selfcheck(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m training.selfcheck ARGS` in a fresh interpreter, without this shell's NVRX_EKS_* env."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "training.selfcheck", "--checkpoint-dir", str(tmp_path / "ckpt")],
+    return subprocess.run(
+        [sys.executable, "-m", "training.selfcheck", *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         cwd=REPO,
-        env=env | {"COLUMNS": "160"},
+        env=env | {"COLUMNS": "200"},
     )
+
+
+def test_cpu_mode_on_this_machine(tmp_path):
+    done = _selfcheck("--checkpoint-dir", str(tmp_path / "ckpt"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CPU mode: local-cpu" in done.stdout
     assert "node can train" in done.stdout
@@ -39,14 +44,7 @@ def test_cpu_mode_on_this_machine(tmp_path):
 
 
 def test_unknown_profile_is_a_configuration_error():
-    done = subprocess.run(
-        [sys.executable, "-m", "training.selfcheck", "--profile", "p9.huge"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-    )
+    done = _selfcheck("--profile", "p9.huge")
     assert done.returncode == 2
     assert "unknown instance type 'p9.huge'" in done.stderr
     assert "Traceback" not in done.stderr
@@ -257,15 +255,7 @@ def test_a_replacement_evicts_its_dead_predecessor_before_its_checks(tmp_path):
         state.last_heartbeats[node] = datetime.utcnow()  # noqa: DTZ003 - NVRx keeps naive UTC
     C10dRendezvousBackend(store, "job").set_state(pickle.dumps(state))
     flags = [f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-id=job", "--local-addr=job-1.svc"]
-    done = subprocess.run(
-        [sys.executable, "-m", "training.selfcheck", "--checkpoint-dir", str(tmp_path / "ckpt"), *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")} | {"COLUMNS": "200"},
-    )
+    done = _selfcheck("--checkpoint-dir", str(tmp_path / "ckpt"), *flags)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "evicted 1 rendezvous node(s) of the dead predecessor job-1.svc" in done.stdout
     after = pickle.loads(C10dRendezvousBackend(store, "job").get_state()[0])  # noqa: S301
@@ -274,14 +264,7 @@ def test_a_replacement_evicts_its_dead_predecessor_before_its_checks(tmp_path):
 
 
 def test_the_hand_over_flags_go_together():
-    done = subprocess.run(
-        [sys.executable, "-m", "training.selfcheck", "--rdzv-id=job"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=REPO,
-    )
+    done = _selfcheck("--rdzv-id=job")
     assert done.returncode == 2
     assert "--rdzv-endpoint, --rdzv-id and --local-addr go together" in done.stderr
     assert "Traceback" not in done.stderr
