@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 
 FT_LAUNCHER = ("python", "-m", "training.launch")
+"""ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
 NVRX_RDZV_POLL_S = 1.0
 """NVRx 0.4.1's own wait between rendezvous polls: rendered only when the values change it."""
-"""ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
 
 
 def rdzv_conf(values: JobValues) -> str:

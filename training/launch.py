@@ -95,14 +95,20 @@ def handover_of(argv: list[str]) -> Handover | None:
     return Handover(rendezvous, float(_flag(argv, EVICT_TIMEOUT_FLAG) or 60.0))  # type: ignore[arg-type]
 
 
+def _rendezvous_flags(ft_argv: list[str], *, needed_by: str) -> tuple[str, str, str]:
+    """(endpoint, run id, this node's address) from ft_launcher's own flags, which `needed_by` reads."""
+    wanted = ("--rdzv-endpoint", "--rdzv-id", "--local-addr")
+    endpoint, run_id, node_addr = (_flag(ft_argv, name) for name in wanted)
+    if endpoint is None or run_id is None or node_addr is None:
+        raise SystemExit(f"training.launch: {needed_by} needs ft_launcher's {', '.join(wanted)}")
+    return endpoint, run_id, node_addr
+
+
 def hand_over(handover: Handover, ft_argv: list[str]) -> None:
     """training/rendezvous.py `hand_over`, with the endpoint, run id and address of ft_launcher's flags."""
     from training.rendezvous import hand_over as rendezvous_hand_over  # noqa: PLC0415
 
-    wanted = ("--rdzv-endpoint", "--rdzv-id", "--local-addr")
-    endpoint, run_id, node_addr = (_flag(ft_argv, name) for name in wanted)
-    if endpoint is None or run_id is None or node_addr is None:
-        raise SystemExit(f"training.launch: {EVICT_FLAG} needs ft_launcher's {', '.join(wanted)}")
+    endpoint, run_id, node_addr = _rendezvous_flags(ft_argv, needed_by=EVICT_FLAG)
     rendezvous_hand_over(
         endpoint=endpoint,
         run_id=run_id,
@@ -118,11 +124,10 @@ def stand_by_first(argv: list[str], ft_argv: list[str]) -> None:
     spares = int(_flag(argv, WARM_SPARES_FLAG) or 0)
     if spares < 1:
         return
-    endpoint, run_id, node_addr, nnodes = (
-        _flag(ft_argv, name) for name in ("--rdzv-endpoint", "--rdzv-id", "--local-addr", "--nnodes")
-    )
-    if endpoint is None or run_id is None or node_addr is None or nnodes is None:
-        raise SystemExit(f"training.launch: {WARM_SPARES_FLAG} needs ft_launcher's rendezvous flags")
+    endpoint, run_id, node_addr = _rendezvous_flags(ft_argv, needed_by=WARM_SPARES_FLAG)
+    nnodes = _flag(ft_argv, "--nnodes")
+    if nnodes is None:
+        raise SystemExit(f"training.launch: {WARM_SPARES_FLAG} needs ft_launcher's --nnodes")
     from training.nvrx_compat import gate_first_join  # noqa: PLC0415
     from training.rendezvous import stand_by  # noqa: PLC0415
 
