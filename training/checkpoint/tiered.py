@@ -289,7 +289,7 @@ class Flags:
 
 
 class Agreement:
-    """All ranks take the same checkpoint decisions, blocking only where the last async answer says no.
+    """All ranks take the same checkpoint decisions, on an answer that was published a step ahead.
 
     Why agreement at all: a step only some ranks persisted can never be restored, and retention
     (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
@@ -299,17 +299,27 @@ class Agreement:
     snapshot every step, the fence before the due step's update), and the decision reads the result,
     which that time has let complete. That is sound because the flags can only get better in between:
     a tier idle on every rank when sampled stays idle, and a slot no persist reads stays unheld, until
-    the next launch -- and launches happen only at due steps, decided from these same results. When
-    that result would skip something (a due tier busy, no slot to spare), the decision asks again with
-    one blocking all_reduce of the current flags: a tier freed meanwhile is used at once. The flags are
-    sampled that late for the peer replica, which is launched at every snapshot: it starts the moment
-    its snapshot's copy ends (during the next forward/backward, `ReplicaWorker` waits for the copy
-    itself) and is done by the time they are sampled whenever an exchange takes less than a step.
-    Sampled right after the launch, as they once were, it was always busy, and every snapshot paid
-    the blocking round; published at the due step's fence, the answer still took 5-7 ms to come (4
-    ranks on 2 cores). The first due step of a process group (start, restore, in-process restart)
-    runs the blocking all_reduce too. The result is read only after `Work.wait()`; on NCCL jobs the
-    flags go over a gloo side group, so reading them never synchronizes the GPU stream.
+    the next launch -- and launches happen only at due steps, decided from these same results.
+
+    A tier the answer shows busy is skipped on it, without asking again: it is owed, and the next
+    snapshot that finds it free writes the newest state, so a persist or exchange that ended in the
+    step since the flags were sampled costs that tier one memory interval at most. Asking again, with
+    a blocking all_reduce of the current flags at every such skip, once bought that interval back:
+    the tiers behind a snapshot are busy at most snapshots whenever they take longer than the interval
+    (the peer replica's exchange at 1-2 s intervals, a durable write), and each blocking round then
+    waited for the collective through cores the exchange and the writers kept busy -- 1-13 ms of loop
+    stall at each snapshot, 4 ranks' of them on 2 cores (`bench checkpoint`'s replicated rows), and a
+    global synchronization point on a large job. Only a snapshot that the answer would give up for
+    want of a slot (on some rank) asks again, now: the memory snapshot is what most faults restore from.
+
+    The peer replica is launched at every snapshot: it starts the moment its snapshot's copy ends
+    (during the next forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the
+    time the flags are sampled whenever an exchange takes less than the interval less a step. Sampled
+    right after the launch, as they once were, it was always busy; published at the due step's fence,
+    the answer still took 5-7 ms to come (4 ranks on 2 cores). The first due step of a process group
+    (start, restore, in-process restart) runs a blocking all_reduce: nothing was published in it. The
+    result is read only after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so
+    reading them never synchronizes the GPU stream.
 
     A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
     snapshots -- what most faults restore from -- come before a second concurrent disk persist
@@ -325,7 +335,8 @@ class Agreement:
         self.last: Flags | None = None
         """The flags the newest decision was taken on (the reason a due tier was not launched)."""
         self.blocking_rounds = 0
-        """Blocking all_reduces run (one per process group); the rest were published async."""
+        """Blocking all_reduces run: one per process group, and one per snapshot some rank had no
+        slot for a step before; the rest were published async."""
 
     def reset(self) -> None:
         self._pending = None
@@ -360,10 +371,9 @@ class Agreement:
             self._pending = None
             work.wait()
             agreed = self._decode(tensor)
-            if any(agreed.busy[tier] for tier in due) or agreed.unheld < 1:
-                # Stale by an interval, and it would skip a tier or the snapshot: ask again, now. A
-                # tier launched at every snapshot (the peer replica) is always busy when the last due
-                # step published, just after launching it, and was skipped on every other snapshot.
+            if agreed.unheld < 1:
+                # A step old, and it would give up the snapshot itself: ask again, now (a busy tier
+                # is skipped on the old answer and owed: see the class's docstring).
                 agreed = self._blocking(local, group)
         else:
             agreed = self._blocking(local, group)
@@ -630,27 +640,31 @@ class TieredCheckpointer(Checkpointer):
     def _poll(self) -> None:
         self._harvest_copies()
         for tier, worker in self.workers.items():
-            outcome = worker.poll()
-            if outcome is None:
-                continue
-            self.memory.slots[outcome["slot"]].holders.discard(tier)
-            if outcome["ok"] and tier == "peer":
-                self._pin_replicated(outcome["slot"])
-            if outcome["ok"]:
-                self.stats.persisted[tier] += 1
-                extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
-                self.emit(
-                    "checkpoint_committed",
-                    {
-                        "tier": tier,
-                        "step": outcome["step"],
-                        "rank": self.rank,
-                        "seconds": outcome["seconds"],
-                        **extra,
-                    },
-                )
-            else:
-                self._failed(tier, outcome["step"], outcome["error"], kind=outcome.get("kind", "failed"))
+            self._record(tier, worker.poll())
+
+    def _record(self, tier: str, outcome: dict[str, Any] | None) -> None:
+        """A finished persist or exchange: its slot released, counted, reported (each outcome once:
+        a worker hands it out a single time, from `poll` or `wait`)."""
+        if outcome is None:
+            return
+        self.memory.slots[outcome["slot"]].holders.discard(tier)
+        if outcome["ok"] and tier == "peer":
+            self._pin_replicated(outcome["slot"])
+        if outcome["ok"]:
+            self.stats.persisted[tier] += 1
+            extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
+            self.emit(
+                "checkpoint_committed",
+                {
+                    "tier": tier,
+                    "step": outcome["step"],
+                    "rank": self.rank,
+                    "seconds": outcome["seconds"],
+                    **extra,
+                },
+            )
+        else:
+            self._failed(tier, outcome["step"], outcome["error"], kind=outcome.get("kind", "failed"))
 
     def _pin_replicated(self, index: int) -> None:
         """Keep the snapshot the partners now hold a copy of until a newer one is replicated.
@@ -716,9 +730,11 @@ class TieredCheckpointer(Checkpointer):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        for worker in self.workers.values():
+        for tier, worker in self.workers.items():
             if isinstance(worker, ReplicaWorker):
-                worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s)
+                # Its outcome is recorded like any: dropped, as it once was, the slot stayed held
+                # for "peer" and every later snapshot found the replica busy (after a warm-up `wait`).
+                self._record(tier, worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s))
         self._poll()
         # Only while waiting: a save after `wait()` (the checkpoint benchmark warms up this way)
         # replicates again. It once stayed set, and that benchmark's replica never ran.
