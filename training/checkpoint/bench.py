@@ -108,9 +108,9 @@ def run_loop(
 
     With more than one rank, each step's forward/backward ends in the gradient all_reduce, as in
     data-parallel training: it keeps the ranks in step. Without it they drifted apart between the
-    snapshot agreement's blocking rounds, and each blocking round took the whole drift (8-12 ms at a
-    1 s interval here) into the checkpoint's stall, where a training loop pays it once per step anyway,
-    in the gradient collective."""
+    snapshot agreement's collectives, and a blocking one took the whole drift into the checkpoint's
+    stall (about half of its 17-20 ms per snapshot at a 1 s interval here), where a training loop
+    pays it in the gradient collective, every step."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415

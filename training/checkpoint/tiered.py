@@ -13,8 +13,9 @@ one background thread (`Tensor.copy_` releases the GIL); on GPU it is a side CUD
 pinned slot, and fence makes the update's stream wait on the copy's event (the host does not wait).
 
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
-running (on any rank) is skipped and counted, never waited for -- coalescing: the tier's next due
-step persists the newest snapshot, so nothing is queued behind a slow writer. A failed or hung persist
+running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
+the next snapshot that finds it free persists the newest state, so nothing is queued behind a slow
+writer. A failed or hung persist
 is reported and retried at the tier's next due step.
 """
 
