@@ -201,8 +201,8 @@ def _replica_wait_rank_main(rank: int, world_size: int, root: Path) -> None:
 
 
 def _run_ranks(tmp_path: Path, world_size: int, *extra: str) -> list[dict[str, object]]:
-    """Each rank's report, once every rank has exited 0 (a rank that exits otherwise fails the test:
-    an abort at interpreter exit included)."""
+    """Each rank's report and its stderr, once every rank has exited 0 (a rank that exits otherwise
+    fails the test: an abort at interpreter exit included)."""
     with contextlib.ExitStack() as stack:  # every pipe closed and every rank reaped, whatever fails
         procs = [
             stack.enter_context(
@@ -225,7 +225,7 @@ def _run_ranks(tmp_path: Path, world_size: int, *extra: str) -> list[dict[str, o
                     os.killpg(proc.pid, signal.SIGKILL)
     for proc, (_, err) in zip(procs, finished, strict=True):
         assert proc.returncode == 0, err[-3000:]
-    return [json.loads(out.strip().splitlines()[-1]) for out, _ in finished]
+    return [json.loads(out.strip().splitlines()[-1]) | {"stderr": err} for out, err in finished]
 
 
 @pytest.mark.slow
@@ -242,6 +242,8 @@ def test_the_peer_replica_at_every_snapshot_takes_no_blocking_round_in_steady_st
         # Nothing of the replica outlives close: its thread once held the replication group, which
         # aborted the process at interpreter exit in 4 runs of 10 (exit 134, after a clean report).
         assert report["threads_after_close"] == [], report
+        # The exchange's read-only mapping once warned in every trainer's log.
+        assert "Warning" not in report["stderr"], report["stderr"]
 
 
 @pytest.mark.slow
@@ -249,7 +251,8 @@ def test_an_exchange_still_running_at_wait_is_recorded_and_frees_its_slot(tmp_pa
     """`wait()` once dropped the outcome of the exchange it waited for: the slot stayed held for the
     replica, and every later snapshot found it busy and skipped it."""
     for report in _run_ranks(tmp_path, 2, "replica-wait"):
-        assert report == {"replicated_at_wait": 1, "replicated": 2, "skipped": 0}, report
+        counts = {key: report[key] for key in ("replicated_at_wait", "replicated", "skipped")}
+        assert counts == {"replicated_at_wait": 1, "replicated": 2, "skipped": 0}, report
 
 
 @pytest.mark.slow

@@ -271,7 +271,9 @@ class ReplicaWorker:
                 started = time.monotonic()  # the exchange's own seconds, as the bench reports them
             with (
                 Path(slot_path).open("rb") as source,
-                mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+                # Copy-on-write, never written: torch.frombuffer of a read-only mapping warned in
+                # every trainer's log ("PyTorch does not support non-writable tensors").
+                mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_COPY) as mm,
             ):
                 data = torch.frombuffer(mm, dtype=torch.uint8, count=data_bytes) if data_bytes else None
                 meta = torch.tensor([step, len(header), data_bytes], dtype=torch.int64)
