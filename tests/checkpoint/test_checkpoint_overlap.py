@@ -200,6 +200,60 @@ def _replica_wait_rank_main(rank: int, world_size: int, root: Path) -> None:
     print(json.dumps(report), flush=True)
 
 
+def _catch_up_rank_main(rank: int, world_size: int, root: Path) -> None:
+    """One gloo rank, the trainer's loop shape, a snapshot every 3 steps of 0.2 s, each exchange 0.5 s
+    (slowed down here): longer than the two steps before the flags for a due step are sampled, shorter
+    than the interval. The partner's copy then must not wait for the next due step."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
+
+    exchange = ReplicaWorker._exchange
+
+    def slow(self: ReplicaWorker, **kwargs: object) -> None:
+        time.sleep(0.5)
+        exchange(self, **kwargs)
+
+    ReplicaWorker._exchange = slow  # type: ignore[method-assign]
+    dist.init_process_group("gloo", init_method=f"file://{root / 'pg'}", rank=rank, world_size=world_size)
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=3,
+        local_every=0,  # no disk tier: the replica alone
+        durable_every=0,
+        peer_replicas=1,
+        num_staging_slots=3,
+        fsync=False,
+    )
+    events: list[tuple[str, dict[str, object]]] = []
+    ckpt = TieredCheckpointer(
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        node_index=rank,
+        device=CPU,
+        emit=lambda kind, fields: events.append((kind, fields)),
+    )
+    weights, grad = torch.zeros(64), torch.zeros(4)
+    for step in range(24):
+        time.sleep(0.2)
+        dist.all_reduce(grad)
+        ckpt.fence()
+        weights += 1.0
+        ckpt.save(step, {"w": weights, "data": {"step": step}})
+    ckpt.wait()
+    report = {
+        "replicated_steps": [
+            f["step"] for k, f in events if k == "checkpoint_committed" and f["tier"] == "peer"
+        ],
+        "catch_up_steps": [f["step"] for k, f in events if k == "checkpoint_staged" and f.get("catch_up")],
+        "blocking_rounds": ckpt.agreement.blocking_rounds,
+    }
+    ckpt.close()
+    dist.destroy_process_group()
+    print(json.dumps(report), flush=True)
+
+
 def _run_ranks(tmp_path: Path, world_size: int, *extra: str) -> list[dict[str, object]]:
     """Each rank's report and its stderr, once every rank has exited 0 (a rank that exits otherwise
     fails the test: an abort at interpreter exit included)."""
@@ -256,6 +310,21 @@ def test_an_exchange_still_running_at_wait_is_recorded_and_frees_its_slot(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_replica_that_ends_after_the_flags_were_sampled_catches_up_before_the_next_due_step(tmp_path):
+    """Skipped on the answer sampled a step before its due step (no blocking round confirms it), the
+    owed replica is launched at the first step whose answer shows it free: a catch-up snapshot of
+    that step's state. It once waited for the next due step, a whole interval."""
+    first, second = _run_ranks(tmp_path, 2, "catch-up")
+    assert first["replicated_steps"] == second["replicated_steps"]  # agreed, step by step
+    assert first["catch_up_steps"] == second["catch_up_steps"]
+    catch_ups = first["catch_up_steps"]
+    assert catch_ups, first
+    assert all(step % 3 for step in catch_ups), first  # between due steps
+    assert set(catch_ups) <= set(first["replicated_steps"]), first  # each one for the replica
+    assert first["blocking_rounds"] == 1, first
+
+
+@pytest.mark.slow
 def test_two_ranks_agree_and_skip_a_busy_tier_together(tmp_path):
     first, second = _run_ranks(tmp_path, 2)
     # Rank 0's own writer is fast, yet it skipped exactly the steps slow rank 1 had to skip.
@@ -270,7 +339,9 @@ def test_two_ranks_agree_and_skip_a_busy_tier_together(tmp_path):
 
 
 if __name__ == "__main__":
-    main = {"replica": _replica_rank_main, "replica-wait": _replica_wait_rank_main}.get(
-        (sys.argv[4:] or [""])[0], _rank_main
-    )
+    main = {
+        "replica": _replica_rank_main,
+        "replica-wait": _replica_wait_rank_main,
+        "catch-up": _catch_up_rank_main,
+    }.get((sys.argv[4:] or [""])[0], _rank_main)
     main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))

@@ -14,8 +14,8 @@ pinned slot, and fence makes the update's stream wait on the copy's event (the h
 
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
 running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
-the next snapshot that finds it free persists the newest state, so nothing is queued behind a slow
-writer. A failed or hung persist
+the first step that finds it free takes a catch-up snapshot of the newest state for it, so nothing is
+queued behind a slow writer. A failed or hung persist
 is reported and retried at the tier's next due step.
 """
 
@@ -302,16 +302,18 @@ class Agreement:
     a tier idle on every rank when sampled stays idle, and a slot no persist reads stays unheld, until
     the next launch -- and launches happen only at due steps, decided from these same results.
 
-    A tier the answer shows busy is skipped on it, without asking again: it is owed, and the next
-    snapshot that finds it free writes the newest state, so a persist or exchange that ended in the
-    step since the flags were sampled costs that tier one memory interval at most. Asking again, with
-    a blocking all_reduce of the current flags at every such skip, once bought that interval back:
-    the tiers behind a snapshot are busy at most snapshots whenever they take longer than the interval
-    (the peer replica's exchange at 1-2 s intervals, a durable write), and each blocking round then
-    waited for the collective through cores the exchange and the writers kept busy -- 1-13 ms of loop
-    stall at each snapshot, 4 ranks' of them on 2 cores (`bench checkpoint`'s replicated rows), and a
-    global synchronization point on a large job. Only a snapshot that the answer would give up for
-    want of a slot (on some rank) asks again, now: the memory snapshot is what most faults restore from.
+    A tier the answer shows busy is skipped on it, without asking again, and owed: the flags are
+    published again at once, and at each step after it until the tier is launched; the first step
+    whose answer shows it free takes a catch-up snapshot for it (the newest state), or the next due
+    step does. So a persist or exchange that ended in the step since the flags were sampled costs
+    its tier about a step, not an interval. Asking again at the due step, with a blocking all_reduce
+    of the current flags, once bought that step back: the tiers behind a snapshot are busy at most
+    snapshots whenever they take longer than the interval (the peer replica's exchange at 1-2 s
+    intervals, a durable write), and each blocking round then waited for the collective through
+    cores the exchange and the writers kept busy -- 1-13 ms of loop stall at each snapshot, 4 ranks'
+    of them on 2 cores (`bench checkpoint`'s replicated rows), and a global synchronization point on
+    a large job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
+    again, now: the memory snapshot is what most faults restore from.
 
     The peer replica is launched at every snapshot: it starts the moment its snapshot's copy ends
     (during the next forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the
@@ -341,6 +343,18 @@ class Agreement:
 
     def reset(self) -> None:
         self._pending = None
+
+    def answer(self, local: Flags) -> Flags | None:
+        """The flags the next `decide` reads, waited for and left in place: the answer published a
+        step ago (None when none was, in this process group), or `local` without a group."""
+        group = self._world()
+        if group is None:
+            return local
+        if self._pending is None:
+            return None
+        work, tensor = self._pending
+        work.wait()
+        return self._decode(tensor)
 
     def _world(self) -> Any:  # noqa: ANN401
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -463,9 +477,10 @@ class TieredCheckpointer(Checkpointer):
         self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
         self._closing = False
         self._owed: set[str] = set()
-        """Tiers whose due persist was skipped (busy): each writes the newest snapshot at the next
-        snapshot that finds it free, not only at its next due step -- no tier silently falls behind.
-        The same on every rank: it follows from the agreed decisions."""
+        """Tiers whose due persist was skipped (busy): each writes the newest state at the first step
+        whose answer finds it free (a catch-up snapshot between due steps, see Agreement), not only
+        at its next due step -- no tier silently falls behind. The same on every rank: it follows
+        from the agreed decisions."""
         self._persist_delay_s = persist_delay_s
         self._publish_at_fence = False
         """A snapshot every step: the next update's fence publishes the flags its save decides on."""
@@ -480,15 +495,29 @@ class TieredCheckpointer(Checkpointer):
         every = self.config.memory_every
         if every and step % every == 0:
             self._snapshot(step, state)
-        # The flags for the next due step's decision (a collective: a function of the step alone, the
-        # same on every rank): published here, a step before it, when this step is not due itself;
-        # with a snapshot every step, at the fence before the next update, the last moment before it.
-        if every and (step + 1) % every == 0:
-            if step % every:
-                self.agreement.publish(self._local_flags())  # after `_poll` above: the freshest flags
-            else:
-                self._publish_at_fence = True
+        elif every and self._owed and self._owed_tier_free():
+            self._snapshot(step, state, catch_up=True)
+        # The flags for the next step's decision (a collective: a function of the step and of agreed
+        # decisions alone, the same on every rank): published here, a step before a due step, and
+        # after each step that left a tier owed (for a catch-up snapshot); with a snapshot every step,
+        # at the fence before the next update, the last moment before it.
+        if every == 1:
+            self._publish_at_fence = True
+        elif every and ((step + 1) % every == 0 or self._owed):
+            self.agreement.publish(self._local_flags())  # after `_poll` above: the freshest flags
         self._count_stall(time.perf_counter() - started)
+
+    def _owed_tier_free(self) -> bool:
+        """Between due steps: does the answer published at the last save free a tier that is owed?
+        Then this step takes a catch-up snapshot for it, the newest state (see Agreement)."""
+        agreed = self.agreement.answer(self._local_flags())
+        if agreed is None or agreed.unheld < 1:
+            return False
+        slots = len(self.memory.slots)
+        return any(
+            not agreed.busy[tier] and agreed.unheld >= self.agreement.keep_free(tier, slots)
+            for tier in self._owed
+        )
 
     def _fence(self) -> None:
         publish, self._publish_at_fence = self._publish_at_fence, False
@@ -510,9 +539,14 @@ class TieredCheckpointer(Checkpointer):
         self.stats.stall_s += seconds
         self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
-    def _snapshot(self, step: int, state: dict[str, Any]) -> None:
+    def _snapshot(self, step: int, state: dict[str, Any], *, catch_up: bool = False) -> None:
+        """Stage this step's state and launch the tiers due at it (`catch_up`: the owed ones only)."""
         snapshot_started = time.perf_counter()
-        due = [tier for tier, every in self._cadences if step % every == 0 or tier in self._owed]
+        due = [
+            tier
+            for tier, every in self._cadences
+            if tier in self._owed or (not catch_up and step % every == 0)
+        ]
         skeleton, tensors, layout = flatten(state)
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
@@ -538,6 +572,8 @@ class TieredCheckpointer(Checkpointer):
                 self.memory.fence(block=True)
                 self._harvest_copies()
                 slot = self.memory.free_slot()
+        if slot is None and catch_up:
+            return  # nothing was due at this step: the owed tiers stay owed
         if slot is None:
             reason = "no free staging slot" if can_stage else "no free staging slot on some rank"
             if layout.signature != self.memory.signature:
@@ -550,9 +586,15 @@ class TieredCheckpointer(Checkpointer):
             self.stats.staged += 1
             # One line per snapshot: the run's stall per checkpoint is counted against these.
             timing["stage_s"] = round(time.perf_counter() - snapshot_started, 5)
+            if catch_up:
+                timing["catch_up"] = True
             self.emit("checkpoint_staged", {"tier": "memory", "step": step, **timing})
-        for tier in due:
-            if slot is not None and launch[tier]:
+        self._launch(step, slot, {tier: launch[tier] and slot is not None for tier in due}, catch_up=catch_up)
+
+    def _launch(self, step: int, slot: _Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
+        """Hand `slot` to each due tier agreed to launch; the others are skipped and owed."""
+        for tier, go in launch.items():
+            if go and slot is not None:
                 slot.holders.add(tier)
                 self._owed.discard(tier)
                 worker = self.workers[tier]
@@ -563,6 +605,8 @@ class TieredCheckpointer(Checkpointer):
                     self._submit_to(slot, tier, ready=self.memory.copy_waiter(slot))
                 # A disk tier is handed the slot once its copy has finished (`_harvest_copies`).
                 continue
+            if catch_up:
+                continue  # still busy: owed, and already counted as skipped at its due step
             self._owed.add(tier)
             self.stats.skipped[tier] += 1
             agreed = self.agreement.last
@@ -576,7 +620,7 @@ class TieredCheckpointer(Checkpointer):
                 {
                     "tier": tier,
                     "step": step,
-                    "reason": f"{why} (owed: the next snapshot that finds the tier free writes the "
+                    "reason": f"{why} (owed: the first step that finds the tier free writes the "
                     "newest state)",
                 },
             )
