@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -83,6 +84,35 @@ def test_save_returns_before_the_copy_and_fence_waits_for_it(tmp_path, monkeypat
         ckpt.close()
 
 
+def _rank_checkpointer(
+    config: CheckpointConfig, rank: int, world_size: int, **extra: Any
+) -> TieredCheckpointer:
+    """A gloo rank's checkpointer, one rank a node."""
+    return TieredCheckpointer(
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        node_index=rank,
+        device=CPU,
+        **{"emit": make_emitter(None), **extra},
+    )
+
+
+def _train(ckpt: TieredCheckpointer, *, steps: int, step_s: float) -> None:
+    """The trainer's loop shape: forward/backward (a sleep), the gradient all_reduce, fence, the
+    in-place update, save; then wait for what runs behind."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    weights, grad = torch.zeros(64), torch.zeros(4)
+    for step in range(steps):
+        time.sleep(step_s)
+        dist.all_reduce(grad)
+        ckpt.fence()
+        weights += 1.0
+        ckpt.save(step, {"w": weights, "data": {"step": step}})
+    ckpt.wait()
+
+
 def _rank_main(rank: int, world_size: int, root: Path) -> None:
     """One gloo rank: every step a save, fence, a gradient-like all_reduce; rank 1 persists slowly."""
     import torch.distributed as dist  # noqa: PLC0415
@@ -97,15 +127,7 @@ def _rank_main(rank: int, world_size: int, root: Path) -> None:
         fsync=False,
         persist_timeout_s=60,
     )
-    ckpt = TieredCheckpointer(
-        config=config,
-        rank=rank,
-        world_size=world_size,
-        node_index=rank,
-        device=CPU,
-        emit=make_emitter(None),
-        persist_delay_s=0.8 if rank == 1 else 0.0,
-    )
+    ckpt = _rank_checkpointer(config, rank, world_size, persist_delay_s=0.8 if rank == 1 else 0.0)
     deadline = time.monotonic() + 60
     while not ckpt.workers["local"].warm() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -143,17 +165,8 @@ def _replica_rank_main(rank: int, world_size: int, root: Path) -> None:
     config = CheckpointConfig(
         memory_dir=root / f"shm-{rank}", memory_every=2, peer_replicas=1, num_staging_slots=3, fsync=False
     )
-    ckpt = TieredCheckpointer(
-        config=config, rank=rank, world_size=world_size, node_index=rank, device=CPU, emit=make_emitter(None)
-    )
-    weights, grad = torch.zeros(64), torch.zeros(4)
-    for step in range(12):
-        time.sleep(0.15)  # forward/backward: far longer than one exchange of 512 bytes
-        dist.all_reduce(grad)
-        ckpt.fence()
-        weights += 1.0
-        ckpt.save(step, {"w": weights, "data": {"step": step}})
-    ckpt.wait()
+    ckpt = _rank_checkpointer(config, rank, world_size)
+    _train(ckpt, steps=12, step_s=0.15)  # a step far longer than one exchange of 512 bytes
     report = {
         "blocking_rounds": ckpt.agreement.blocking_rounds,
         "replicated": ckpt.stats.persisted.get("peer", 0),
@@ -166,27 +179,30 @@ def _replica_rank_main(rank: int, world_size: int, root: Path) -> None:
     print(json.dumps(report), flush=True)
 
 
-def _replica_wait_rank_main(rank: int, world_size: int, root: Path) -> None:
-    """One gloo rank whose replica exchange is still running when `wait()` is called (each exchange
-    starts 0.5 s late here), as after the bench's warm-up save, then one more snapshot."""
-    import torch.distributed as dist  # noqa: PLC0415
-
+def _start_exchanges_late(seconds: float) -> None:
+    """In this rank's process: every replica exchange starts `seconds` late (a slow network)."""
     from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
 
     exchange = ReplicaWorker._exchange
 
     def late(self: ReplicaWorker, **kwargs: object) -> None:
-        time.sleep(0.5)
+        time.sleep(seconds)
         exchange(self, **kwargs)
 
     ReplicaWorker._exchange = late  # type: ignore[method-assign]
+
+
+def _replica_wait_rank_main(rank: int, world_size: int, root: Path) -> None:
+    """One gloo rank whose replica exchange is still running when `wait()` is called (each exchange
+    starts 0.5 s late here), as after the bench's warm-up save, then one more snapshot."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    _start_exchanges_late(0.5)
     dist.init_process_group("gloo", init_method=f"file://{root / 'pg'}", rank=rank, world_size=world_size)
     config = CheckpointConfig(
         memory_dir=root / f"shm-{rank}", memory_every=1, peer_replicas=1, num_staging_slots=3, fsync=False
     )
-    ckpt = TieredCheckpointer(
-        config=config, rank=rank, world_size=world_size, node_index=rank, device=CPU, emit=make_emitter(None)
-    )
+    ckpt = _rank_checkpointer(config, rank, world_size)
     weights = torch.zeros(64)
     ckpt.save(0, {"w": weights})
     ckpt.wait()
@@ -206,15 +222,7 @@ def _catch_up_rank_main(rank: int, world_size: int, root: Path) -> None:
     than the interval. The partner's copy then must not wait for the next due step."""
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
-
-    exchange = ReplicaWorker._exchange
-
-    def slow(self: ReplicaWorker, **kwargs: object) -> None:
-        time.sleep(0.5)
-        exchange(self, **kwargs)
-
-    ReplicaWorker._exchange = slow  # type: ignore[method-assign]
+    _start_exchanges_late(0.5)
     dist.init_process_group("gloo", init_method=f"file://{root / 'pg'}", rank=rank, world_size=world_size)
     config = CheckpointConfig(
         memory_dir=root / f"shm-{rank}",
@@ -226,22 +234,10 @@ def _catch_up_rank_main(rank: int, world_size: int, root: Path) -> None:
         fsync=False,
     )
     events: list[tuple[str, dict[str, object]]] = []
-    ckpt = TieredCheckpointer(
-        config=config,
-        rank=rank,
-        world_size=world_size,
-        node_index=rank,
-        device=CPU,
-        emit=lambda kind, fields: events.append((kind, fields)),
+    ckpt = _rank_checkpointer(
+        config, rank, world_size, emit=lambda kind, fields: events.append((kind, fields))
     )
-    weights, grad = torch.zeros(64), torch.zeros(4)
-    for step in range(24):
-        time.sleep(0.2)
-        dist.all_reduce(grad)
-        ckpt.fence()
-        weights += 1.0
-        ckpt.save(step, {"w": weights, "data": {"step": step}})
-    ckpt.wait()
+    _train(ckpt, steps=24, step_s=0.2)
     report = {
         "replicated_steps": [
             f["step"] for k, f in events if k == "checkpoint_committed" and f["tier"] == "peer"
