@@ -347,11 +347,10 @@ class _Runner:
         self._calls.put((call, kwargs, done))
         return done
 
-    def stop(self, *, timeout_s: float = 0.0) -> bool:
-        """End the thread once the exchanges handed to it have run; True if it has ended."""
+    def stop(self, *, timeout_s: float = 0.0) -> None:
+        """End the thread once the exchanges handed to it have run (waiting up to `timeout_s`)."""
         self._calls.put(None)
         self._thread.join(timeout=timeout_s)
-        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:

@@ -14,9 +14,9 @@ pinned slot, and fence makes the update's stream wait on the copy's event (the h
 
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
 running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
-the next snapshot that finds it free writes the newest state (the peer replica's: the first step that
-finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer. A failed or hung persist
-is reported and retried at the tier's next due step.
+the next snapshot that finds it free writes the newest state (the peer replica's: the first step
+that finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer. A failed or
+hung persist is reported and retried at the tier's next due step.
 """
 
 from __future__ import annotations
@@ -314,13 +314,13 @@ class Agreement:
     published again at once, and at each step after it until it is launched, and the first step whose
     answer shows it free takes a catch-up snapshot for it. So an exchange that ended in the step since
     the flags were sampled costs the partner's copy about a step, not an interval (a disk tier, an
-    interval at most). Asking again at the due step, with a blocking all_reduce
-    of the current flags, once bought that step back: the tiers behind a snapshot are busy at most
-    snapshots whenever they take longer than the interval (the peer replica's exchange at 1-2 s
-    intervals, a durable write), and each blocking round then waited for the collective through
-    cores the exchange and the writers kept busy -- 1-13 ms of loop stall at each snapshot, 4 ranks'
-    of them on 2 cores (`bench checkpoint`'s replicated rows), and a global synchronization point on
-    a large job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
+    interval at most). Asking again at the due step, with a blocking all_reduce of the current
+    flags, once bought that step back: the tiers behind a snapshot are busy at most snapshots
+    whenever they take longer than the interval (the peer replica's exchange at 1-2 s intervals, a
+    durable write), and each blocking round then waited for the collective through cores the
+    exchange and the writers kept busy -- 1-13 ms of loop stall at each snapshot, 4 ranks' of them on
+    2 cores (`bench checkpoint`'s replicated rows), and a global synchronization point on a large
+    job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
     again, now: the memory snapshot is what most faults restore from.
 
     The peer replica is launched at every snapshot: it starts the moment its snapshot's copy ends
@@ -400,13 +400,14 @@ class Agreement:
                 agreed = self._blocking(local, group)
         else:
             agreed = self._blocking(local, group)
-        can_stage = agreed.unheld >= 1
         self.last = agreed
-        launch = {
-            tier: can_stage and agreed.unheld >= self.keep_free(tier, num_slots) and not agreed.busy[tier]
-            for tier in due
-        }
-        return can_stage, launch
+        return agreed.unheld >= 1, {tier: self.may_launch(agreed, tier, num_slots) for tier in due}
+
+    @classmethod
+    def may_launch(cls, agreed: Flags, tier: str, num_slots: int) -> bool:
+        """On `agreed`: the tier is idle on every rank, and every rank has the snapshot's slot and
+        keeps the slots free that a launch needs (`keep_free`, at least the snapshot's own)."""
+        return not agreed.busy[tier] and agreed.unheld >= cls.keep_free(tier, num_slots)
 
     def _blocking(self, local: Flags, group: Any) -> Flags:  # noqa: ANN401
         tensor = self._encode(local)
@@ -519,12 +520,9 @@ class TieredCheckpointer(Checkpointer):
         """Between due steps: does the answer published at the last save free the owed replica?
         Then this step takes a catch-up snapshot for it, the newest state (see Agreement)."""
         agreed = self.agreement.answer(self._local_flags())
-        if agreed is None or agreed.unheld < 1:
-            return False
         slots = len(self.memory.slots)
-        return any(
-            not agreed.busy[tier] and agreed.unheld >= self.agreement.keep_free(tier, slots)
-            for tier in self._owed & CATCH_UP_TIERS
+        return agreed is not None and any(
+            self.agreement.may_launch(agreed, tier, slots) for tier in self._owed & CATCH_UP_TIERS
         )
 
     def _fence(self) -> None:
@@ -597,7 +595,7 @@ class TieredCheckpointer(Checkpointer):
             if catch_up:
                 timing["catch_up"] = True
             self.emit("checkpoint_staged", {"tier": "memory", "step": step, **timing})
-        self._launch(step, slot, {tier: launch[tier] and slot is not None for tier in due}, catch_up=catch_up)
+        self._launch(step, slot, launch, catch_up=catch_up)  # no slot: every launch is False
 
     def _launch(self, step: int, slot: _Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
         """Hand `slot` to each due tier agreed to launch; the others are skipped and owed."""
