@@ -11,12 +11,19 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: demo test lint format bench bench-checkpoint gpu-check synth render setup clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# NVRx at the image's pin (constraints.txt agrees with kitcore/pins.py): its only published wheel is cp312,
+# tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
+NVRX_VERSION := $(shell sed -n 's/^nvidia-resiliency-ext==//p' constraints.txt)
+NVRX_WHEEL := build/wheels/nvidia_resiliency_ext-$(NVRX_VERSION)-py3-none-any.whl
+
+$(VENV)/.installed: pyproject.toml constraints.txt tools/nvrx-wheel.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip wheel
 	# The CPU build of torch from this machine's disk, first, so nothing later pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	test -f $(NVRX_WHEEL) || tools/nvrx-wheel.sh $(PY) $(NVRX_VERSION) build/wheels
+	$(PY) -m pip install --quiet --find-links build/wheels -c constraints.txt -e '.[dev]'
+	$(PY) -m pip check
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -10,19 +10,18 @@ setting is what it is:
 - restartPolicy Never + backoffLimitPerIndex: a failed pod is replaced by the Job controller, per index,
   up to the budget; maxFailedIndexes 0 fails the job as soon as one index is out of budget.
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
-  two pods of one index never rendezvous at once (and the replacement may evict its predecessor).
+  two pods of one index never rendezvous at once.
 - podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values, the self-check's
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
-- Init container: `python -m training.selfcheck` (can this node train?). Then the trainer container's
-  launcher hands the rendezvous over (training/launch.py `--evict-predecessor`): for NVRx versions
-  with the keep-alive rendezvous the eviction of a dead predecessor, and for every version the
-  reopening of a rendezvous closed by a launcher out of restarts (budgets that nest: the Job's
-  backoffLimitPerIndex stays usable).
+- Init container: `python -m training.selfcheck` (can this node train?).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
-- The rendezvous store is its own Deployment + Service (see training/rendezvous.py for the measurement
-  behind it), on the system nodes with a priority class above training pods.
+- The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
+  on the system nodes with a priority class above training pods: no training pod hosts the store, so
+  losing any node leaves the others running. When the launchers close the rendezvous for good (the
+  job's restart budget spent, or training done), the control process exits and the Deployment restarts
+  it with an empty store: the Job's replacement pods then start a fresh rendezvous.
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from constructs import Construct
 
 from k8s import names
 from k8s.env import container_env
-from k8s.launcher import launcher_command
-from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features
+from k8s.launcher import control_command, launcher_command
+from k8s.nvrx_versions import LOCAL_IMAGE
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
@@ -79,16 +78,22 @@ def _image(values: JobValues) -> tuple[str, str]:
     return values.image, "Never" if values.image == LOCAL_IMAGE else "IfNotPresent"
 
 
-def _node_rank_env() -> k8s.EnvVar:
-    # The Job controller also sets JOB_COMPLETION_INDEX; this names it for $(VAR) expansion in args.
-    return k8s.EnvVar(
-        name=NODE_RANK_ENV,
-        value_from=k8s.EnvVarSource(
-            field_ref=k8s.ObjectFieldSelector(
-                field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"
-            )
-        ),
-    )
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+INFRA_RANK_ENV = "GROUP_RANK"
+"""NVRx's per-node identity in the barrier rendezvous (its `get_infrastructure_rank`: SLURM variables,
+else GROUP_RANK). A restart round with hot spares waits `rdzv_last_call_s` for the previous active nodes
+by this identity; with none set NVRx disables that wait, and a spare could take the place of a node whose
+launcher is only restarting its workers. The pod's index is stable across those restarts, and a lost
+node's replacement pod keeps it. ft_launcher sets the workers' own GROUP_RANK (their node rank)."""
+
+
+def _index_env() -> list[k8s.EnvVar]:
+    # The Job controller also sets JOB_COMPLETION_INDEX; NODE_RANK names it for $(VAR) expansion in args.
+    index = k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=COMPLETION_INDEX_FIELD))
+    return [
+        k8s.EnvVar(name=NODE_RANK_ENV, value_from=index),
+        k8s.EnvVar(name=INFRA_RANK_ENV, value_from=index),
+    ]
 
 
 # Unprivileged user for the containers that need no root (the rendezvous store): `nobody`.
@@ -131,7 +136,8 @@ def trainer_security(values: JobValues) -> k8s.SecurityContext:
 
 
 class RendezvousStore(Construct):
-    """One-replica Deployment serving torch's TCPStore, and the Service agents reach it by."""
+    """One-replica Deployment running NVRx's control process (the job's TCPStore and rendezvous
+    coordinator), and the Service the launchers reach it by."""
 
     def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
         super().__init__(scope, id)
@@ -161,7 +167,7 @@ class RendezvousStore(Construct):
                                 name=STORE_CONTAINER,
                                 image=image,
                                 image_pull_policy=pull,
-                                command=["python", "-m", "training.rendezvous", f"--port={port}"],
+                                command=control_command(values, port=port),
                                 ports=[k8s.ContainerPort(container_port=port, name="rdzv")],
                                 readiness_probe=k8s.Probe(
                                     tcp_socket=k8s.TcpSocketAction(port=k8s.IntOrString.from_number(port)),
@@ -384,18 +390,9 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable; with NVRx
-    0.4.1's keep-alive rendezvous it first evicts the pod's dead predecessor (training/selfcheck.py
-    `evict_predecessor`: the survivors' restart and a spare's takeover overlap this pod's start)."""
+    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable."""
     dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
-    command = ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
-    if values.mode != "baseline" and nvrx_features(values.resolved_nvrx_version).keep_alive_rendezvous:
-        command += [
-            f"--rdzv-endpoint={store_endpoint(values)}",
-            f"--rdzv-id={values.name}",
-            f"--local-addr={node_address(values)}",
-        ]
-    return command
+    return ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:
@@ -403,7 +400,7 @@ def _failure_policy() -> k8s.PodFailurePolicy:
     return k8s.PodFailurePolicy(
         rules=[
             # A configuration error from any of our containers (the self-check's verdict, the
-            # launcher's or the eviction step's argument parser): every pod would fail alike.
+            # launcher's argument parser): every pod would fail alike.
             k8s.PodFailurePolicyRule(
                 action="FailJob",
                 on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
@@ -438,7 +435,7 @@ class TrainingJob(Construct):
             labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
-        env = [_node_rank_env(), *container_env(values)]
+        env = [*_index_env(), *container_env(values)]
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
@@ -463,10 +460,6 @@ class TrainingJob(Construct):
                 security_context=security,
             )
         ]
-        # A replacement's rendezvous hand-over (evict its dead predecessor, reopen a rendezvous that a
-        # launcher out of restarts closed) runs in the trainer container's launcher before its agent
-        # joins (k8s/launcher.py `--evict-predecessor`): an init container of its own was a second
-        # interpreter importing torch on the node-loss critical path.
         pod = k8s.PodSpec(
             restart_policy="Never",
             subdomain=headless_service_name(values),

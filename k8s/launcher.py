@@ -1,29 +1,22 @@
-"""Launcher command lines derived from one NVRx version.
+"""The training container's launcher command and the store's control command, from the job's values.
 
-The job chart never types a launcher flag by hand: `launcher_command(values)` builds the container
-command from the NVRx version the image carries (kitcore/pins.py `IMAGE.nvrx_version`, or the version
-installed in this virtualenv when `image: local`).
+The job chart never types a launcher flag by hand. Both commands come from NVRx (k8s/nvrx_versions.py: the
+pin's minor and newer), the same for a p5 job and the local job: only sizes and timeouts differ.
 
-What differs between versions (shared README section 6, NVRx release notes):
-- `--ft-<dash-name>` and `--ft-cfg-path` are accepted by 0.4.1 and 0.7; the `--ft-param-*` spellings and
-  `--ignore-missing-fault-tol-cfg` are gone in 0.7. We only emit `--ft-<dash-name>` flags, and since the
-  command always sets some `--ft-*` values, no "ignore missing config" flag is ever needed.
-- The `min-healthy` restart policy (NVRx's recipe for combining in-process restart with ft_launcher:
-  restart a node's workers only when too few healthy nodes remain) exists from 0.3 until 0.6; 0.7 has
-  only `any-failed`. Mode `both` on 0.7 therefore keeps the in-process layer for soft faults (they never
-  end a worker process, so ft_launcher does not see them) and lets ft_launcher restart the node's workers
-  when a rank does exit: the documented 0.7 behaviour, not a silent downgrade.
-- 0.7's rendezvous is the barrier implementation only (`--ft-rdzv-impl legacy` is rejected); 0.4.1's
-  is the keep-alive based one that `training.rendezvous.evict` understands, so the replacement pod's
-  hand-over (`--evict-predecessor`, training/launch.py) evicts only with the keep-alive rendezvous;
-  with either it reopens a rendezvous that a launcher out of restarts closed.
+- The rendezvous is NVRx's barrier rendezvous, coordinated by NVRx's own external control process
+  (`nvrx-control`, the store Deployment): it hosts the TCPStore and closes every round, and every
+  launcher connects as a client (`--rdzv-conf is_host=0`). No training pod hosts the store, so losing
+  any node leaves the others and the rendezvous running.
+- Hot spares count in `--nnodes=N:N+S`: each round selects N active nodes, previous actives first
+  (for `rdzv_last_call_s`), and keeps the others standing by in the rendezvous.
+- Restarts: ft_launcher restarts a node's workers on any failure (0.7 has only `any-failed`), and counts
+  restarts per rendezvous round, job-wide: `--max-restarts` is the job's budget of restart rounds
+  before the launchers give up and the Job's own budget (backoffLimitPerIndex) takes over.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-from k8s.nvrx_versions import nvrx_features
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -31,15 +24,20 @@ if TYPE_CHECKING:
 
 FT_LAUNCHER = ("python", "-m", "training.launch")
 """ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
-NVRX_RDZV_POLL_S = 1.0
-"""NVRx 0.4.1's own wait between rendezvous polls: rendered only when the values change it."""
+NVRX_CONTROL = "nvrx-control"
+"""NVRx's external control process (its console script), run by the rendezvous store's Deployment."""
 
 
-def rdzv_conf(values: JobValues) -> str:
-    """`--rdzv-conf`: the store lives in its own pod (is_host=0); join waits longer than a reschedule."""
+def _nnodes(values: JobValues) -> str:
+    return f"--nnodes={values.num_nodes}:{values.num_nodes + values.spares}"
+
+
+def rdzv_conf(values: JobValues, *, client: bool) -> str:
+    """`--rdzv-conf`: the store lives in its own pod (launchers: is_host=0); join waits longer than a
+    reschedule; the last call is how long a restart round waits for a previous active node."""
     t = values.timeouts
-    items = {
-        "is_host": "0",
+    items = {"is_host": "0"} if client else {}
+    items |= {
         "join_timeout": str(t.rdzv_join_s),
         "last_call_timeout": str(t.rdzv_last_call_s),
         "close_timeout": str(t.rdzv_close_s),
@@ -47,23 +45,35 @@ def rdzv_conf(values: JobValues) -> str:
     return ",".join(f"{k}={v}" for k, v in items.items())
 
 
+def control_command(values: JobValues, *, port: int) -> list[str]:
+    """The store pod's command: `nvrx-control` serving the TCPStore on `port` for the job's rendezvous."""
+    return [
+        NVRX_CONTROL,
+        _nnodes(values),
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=0.0.0.0:{port}",
+        f"--rdzv-id={values.name}",
+        f"--rdzv-conf={rdzv_conf(values, client=False)}",
+        # NVRx's log funnel (a gRPC server collecting the launchers' logs) is for shared-filesystem
+        # logs; pods log to stdout, so it stays off and the store pod serves only the TCPStore.
+        "--ft-enable-log-server=false",
+    ]
+
+
 def launcher_command(
     values: JobValues, *, store_endpoint: str, node_address: str, trainer_args: list[str]
 ) -> list[str]:
     """The training container's command: ft_launcher (torchrun for the baseline) and the trainer."""
-    features = nvrx_features(values.resolved_nvrx_version)
     b, t = values.budgets, values.timeouts
-    # Warm spares (k8s/values.py `spares`): counted in max with 0.7's barrier, beyond it with 0.4.1.
-    max_nodes = values.num_nodes + (values.spares if features.spares_in_max_nodes else 0)
     common = [
-        f"--nnodes={values.num_nodes}:{max_nodes}",
+        _nnodes(values),
         f"--nproc-per-node={values.profile.workers_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={store_endpoint}",
         f"--rdzv-id={values.name}",
-        f"--rdzv-conf={rdzv_conf(values)}",
+        f"--rdzv-conf={rdzv_conf(values, client=True)}",
         # The address this node joins with: its stable DNS name (also the workers' MASTER_ADDR when it
-        # hosts rank 0, and how `training.rendezvous.evict` recognizes its predecessor).
+        # holds group rank 0).
         f"--local-addr={node_address}",
         f"--max-restarts={b.launcher_max_restarts}",
         f"--monitor-interval={t.monitor_interval_s:g}",
@@ -77,17 +87,4 @@ def launcher_command(
         f"--ft-rank-heartbeat-timeout={t.launcher_heartbeat_s:g}",
         f"--ft-workload-check-interval={t.heartbeat_check_s:g}",
     ]
-    if values.mode == "both" and features.has_min_healthy:
-        ft.append("--ft-restart-policy=min-healthy")
-    # The replacement's rendezvous hand-over (training/launch.py, training/rendezvous.py): evict the
-    # dead predecessor (keep-alive rendezvous only), reopen a rendezvous a launcher out of restarts
-    # closed. Every pod runs it; on a first start there is nothing to evict or reopen.
-    rendezvous = "keep-alive" if features.keep_alive_rendezvous else "barrier"
-    handover = [f"--evict-predecessor={rendezvous}", f"--evict-timeout={t.pod_reschedule_s:g}"]
-    if features.keep_alive_rendezvous and t.rdzv_poll_s != NVRX_RDZV_POLL_S:
-        handover.append(f"--rdzv-poll={t.rdzv_poll_s:g}")
-    if values.spares and features.keep_alive_rendezvous:
-        # Warm spares stand by outside 0.4.1's rendezvous until a node is lost (training/rendezvous.py
-        # `Standby`); 0.7's barrier takes them in max_nodes and prefers previous actives itself.
-        handover.append(f"--warm-spares={values.spares}")
-    return [*FT_LAUNCHER, *handover, *common, *ft, "-m", "training", *trainer_args]
+    return [*FT_LAUNCHER, *common, *ft, "-m", "training", *trainer_args]

@@ -1,61 +1,26 @@
-"""Which NVRx a job runs, and what that version can do.
+"""Which NVRx a job runs, and whether the kit supports it.
 
 The job's NVRx comes from the image it runs (kitcore/pins.py `IMAGE.nvrx_version`), or from this
-virtualenv when `image: local`, or from `nvrx_version` in the values (a custom image). Everything that
-differs between NVRx releases is a property of `NvrxFeatures`, so the values' checks and the launcher's
-flags (k8s/launcher.py) read one table.
+virtualenv when `image: local` (`make setup` installs the same pin), or from `nvrx_version` in the values
+(a custom image). The kit supports one range: the pin's minor and newer. Older releases differ in what
+the launcher and the job rely on (0.7's barrier rendezvous with NVRx's own control process, hot spares
+counted in `--nnodes` max, restarts counted per rendezvous round), so a value asking for one is refused
+at render rather than deployed with flags it would reject or misread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE
+from kitcore.pins import IMAGE, NVRX_SUPPORTED_SINCE
 
 LOCAL_IMAGE = "local"
-"""`image: local` means: no container image, run with this machine's virtualenv (local executor)."""
+"""`image: local` means: no container image, run with this virtualenv (local executor)."""
 
-# In-process restart (nvidia_resiliency_ext.inprocess.Wrapper) first shipped in NVRx 0.2.0;
-# ft_launcher's --ft-restart-policy min-healthy in 0.3.0 and removed in 0.7.0.
-_INPROCESS_SINCE = Version("0.2.0")
-_MIN_HEALTHY_SINCE = Version("0.3.0")
-_BARRIER_ONLY_SINCE = Version("0.7.0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class NvrxFeatures:
-    version: Version
-
-    @property
-    def has_inprocess(self) -> bool:
-        return self.version >= _INPROCESS_SINCE
-
-    @property
-    def has_min_healthy(self) -> bool:
-        return _MIN_HEALTHY_SINCE <= self.version < _BARRIER_ONLY_SINCE
-
-    @property
-    def keep_alive_rendezvous(self) -> bool:
-        """The rendezvous tracks nodes by keep-alive heartbeats that `training.rendezvous.evict` edits."""
-        return self.version < _BARRIER_ONLY_SINCE
-
-    @property
-    def spares_in_max_nodes(self) -> bool:
-        """Warm spares count in `--nnodes=min:max` (0.7's barrier: max = active + standby, a node
-        beyond max is refused); with the keep-alive rendezvous `--nnodes=N:N` admits N and a spare
-        stands by outside it (`--warm-spares`, training/rendezvous.py `Standby`)."""
-        return not self.keep_alive_rendezvous
-
-    def check_mode(self, mode: str) -> None:
-        if mode in {"inprocess", "both"} and not self.has_inprocess:
-            raise UserError(
-                f"mode {mode!r} needs NVRx in-process restart (since {_INPROCESS_SINCE}); "
-                f"NVRx {self.version} lacks it: use mode ft_launcher or baseline, or a newer image"
-            )
+SUPPORTED_SINCE = Version(NVRX_SUPPORTED_SINCE)
 
 
 def installed_nvrx_version() -> str:
@@ -63,19 +28,26 @@ def installed_nvrx_version() -> str:
         return metadata.version("nvidia-resiliency-ext")
     except metadata.PackageNotFoundError:
         raise UserError(
-            "image: local runs with this virtualenv, but nvidia-resiliency-ext is not installed in it"
+            "image: local runs with this virtualenv, but nvidia-resiliency-ext is not installed in it: "
+            "run `make setup`"
         ) from None
 
 
 def resolve_nvrx_version(*, image: str, nvrx_version: str | None) -> str:
-    """The NVRx version the job's launcher comes from: explicit, else the venv (local) or the pin."""
-    if nvrx_version:
-        return nvrx_version
-    return installed_nvrx_version() if image == LOCAL_IMAGE else IMAGE.nvrx_version
+    """The NVRx version the job runs: explicit, else the venv (local) or the pin; refused if unsupported."""
+    version = nvrx_version or (installed_nvrx_version() if image == LOCAL_IMAGE else IMAGE.nvrx_version)
+    field = "nvrx_version" if nvrx_version else "the installed nvidia-resiliency-ext"
+    check_supported(version, field=field)
+    return version
 
 
-def nvrx_features(version: str) -> NvrxFeatures:
+def check_supported(version: str, *, field: str = "nvrx_version") -> None:
     try:
-        return NvrxFeatures(version=Version(version))
+        parsed = Version(version)
     except InvalidVersion:
-        raise UserError(f"nvrx_version {version!r} is not a version number (e.g. 0.7.0)") from None
+        raise UserError(f"{field} {version!r} is not a version number (e.g. {IMAGE.nvrx_version})") from None
+    if parsed < SUPPORTED_SINCE:
+        raise UserError(
+            f"{field} {version}: the kit supports NVRx {SUPPORTED_SINCE} and newer (the image pins "
+            f"{IMAGE.nvrx_version}); use an image with a supported NVRx, or `make setup` for local runs"
+        )

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
-from k8s.nvrx_versions import LOCAL_IMAGE, nvrx_features, resolve_nvrx_version
+from k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
 
@@ -185,7 +185,9 @@ class Timeouts(_Section):
     rdzv_join_s: int = Field(900, ge=1)
     """Rendezvous join timeout: survivors wait this long for a replacement node."""
     rdzv_last_call_s: int = Field(5, ge=1)
-    """How long a round that has its minimum of nodes waits for more (with min = max nodes, unused)."""
+    """With hot spares (`spares` >= 1): how long a restart round waits for a missing previous active node
+    once enough nodes are present, before a spare takes its place. Longer than an agent's rejoin after a
+    worker restart (a SIGKILL, a deadlock), so such a round never takes a spare; unused without spares."""
     rdzv_close_s: int = Field(60, ge=1)
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
@@ -194,11 +196,6 @@ class Timeouts(_Section):
     """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
     (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
     default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
-    rdzv_poll_s: float = Field(1.0, gt=0, le=5)
-    """How often an agent waiting in NVRx 0.4.1's rendezvous reads its state from the store (hard-coded
-    1 s there; training/nvrx_compat.py `set_rendezvous_poll`): every launcher restart waits up to one
-    poll for the new round to open and one more for it to fill. Each waiting agent reads the whole state
-    (a few hundred bytes per node) per poll: keep 1 s beyond tens of nodes. Ignored with NVRx >= 0.7."""
 
 
 class Storage(_Section):
@@ -300,7 +297,7 @@ class SecretRef(_Section):
 
 
 class JobValues(_Section):
-    """One training job. Top-level names are a contract with the ops/demo tooling (COMMON.md 6)."""
+    """One training job. Top-level names are a contract with the ops and demo tooling."""
 
     name: str
     namespace: str = "training"
@@ -312,11 +309,11 @@ class JobValues(_Section):
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
     spares: int = Field(0, ge=0)
-    """Warm spare pods beyond num_nodes (issue 16 part 3): scheduled, self-checked, their launcher
-    started, its agent standing by outside the rendezvous (NVRx 0.4.1, training/rendezvous.py
-    `Standby`; 0.7: ft_launcher's hot spares, counted in `--nnodes` max). A spare takes a lost node's
-    place once that place is free for good -- the lost pod's replacement evicted it, or its keep-alive
-    went silent -- never a restart round's; the Job's replacement pod becomes the next spare. The GPU
+    """Hot spare pods beyond num_nodes: scheduled, self-checked, their launcher started and its agent
+    waiting in NVRx's rendezvous (`--nnodes=N:N+S`: 0.7's barrier rendezvous selects N active nodes per
+    round, previous actives first, and keeps the rest standing by). A restart round (a SIGKILL, a
+    deadlock) waits `timeouts.rdzv_last_call_s` for every previous active node before it takes a spare, so
+    a spare takes only a lost node's place; the Job's replacement pod becomes the next spare. The GPU
     node group must have room for num_nodes + spares nodes (`nvrx-eks preflight` checks it)."""
     instance_profile: str = "local-cpu"
     mode: Mode = "both"
@@ -489,7 +486,7 @@ class JobValues(_Section):
             )
         self._check_devices()
         try:
-            nvrx_features(self.resolved_nvrx_version).check_mode(self.mode)
+            _ = self.resolved_nvrx_version
         except UserError as exc:
             raise ValueError(str(exc)) from None
         return self

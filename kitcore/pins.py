@@ -64,6 +64,10 @@ IMAGE = ImagePins(
     aws_ofi_nccl="1.17.2",
 )
 
+NVRX_SUPPORTED_SINCE = ".".join(IMAGE.nvrx_version.split(".")[:2])
+"""The oldest NVRx the kit runs with: the pin's minor release (the launcher, the job chart and the trainer
+rely on its barrier rendezvous, control process and hot spares)."""
+
 # ---------------------------------------------------------------------------------------------
 # Cluster side (owned by infra/): Kubernetes versions, EKS managed add-ons, Helm charts.
 #

@@ -13,12 +13,11 @@ checkpoint. Each layer implements what it needs:
   timeouts are calculated from observed intervals, raised to configured floors (a tiny model's calculated
   timeout is milliseconds) and persisted with the checkpoint, so a restarted rank is watched at once.
 
-How the two combine (mode `both`): NVRx's integration guide (docs fault_tolerance/integration/inprocess)
-runs ft_launcher with `--ft-restart-policy min-healthy` (0.3-0.6; 0.7 has only `any-failed`) and asks that
-the launcher's minimum node count match the in-process layer's minimum world: here both are "all of
-them" (--nnodes N:N, min_world_size = world size), so in-process restart never shrinks the job and the
-launcher restarts every node's workers as soon as one rank's process is gone (SIGKILL, deadlock killed by
-the heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
+How the two combine (mode `both`): the launcher's minimum node count matches the in-process layer's
+minimum world: both are "all of them" (--nnodes N:N+spares, min_world_size = world size), so in-process
+restart never shrinks the job, and ft_launcher (restart policy `any-failed`, the only one NVRx >= 0.7 has)
+restarts every node's workers as soon as one rank's process is gone (SIGKILL, a deadlock killed by the
+heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
 The launcher's heartbeat timeout must exceed the in-process soft timeout + one collective timeout
 (checked in training/config.py) so that a Python-visible hang is the in-process layer's.
 """
@@ -106,7 +105,7 @@ class InProcessLayer(Layer):
             health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
         else:
             abort = _KeepGlooGroups()
-        return nvrx_compat.make_wrapper(
+        return inprocess.Wrapper(
             store_kwargs={"port": self.port},
             initialize=inprocess.initialize.RetryController(
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
@@ -156,7 +155,7 @@ class FtLauncherLayer(Layer):
         self.cfg = cfg.ft
         self.events = events
         self.client = RankMonitorClient()
-        nvrx_compat.init_monitoring(self.client, num_warmup_iters=cfg.ft.calc_timeouts_after)
+        self.client.init_workload_monitoring(num_warmup_iters=cfg.ft.calc_timeouts_after)
         self.steps_this_attempt = 0
         self.restored = False
 

@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
+from kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
 from kitcore.pins import IMAGE
 from kitcore.profiles import InstanceProfile, get_profile
 
@@ -298,7 +298,12 @@ def _nvrx(node: Node) -> Check:
         return Check(
             "NVRx", Status.WARN, f"{installed} (this virtualenv; the image pins {IMAGE.nvrx_version})"
         )
-    return Check("NVRx", Status.OK, installed)
+    # The straggler detector's compiled CUPTI extension ships in the cp312 wheel only (the image);
+    # nothing in the kit uses it (training/nvrx_compat.py), so its absence is a note, not a problem.
+    from training.nvrx_compat import straggler_extension_available  # noqa: PLC0415
+
+    extension = "" if straggler_extension_available() else " (no CUPTI straggler extension: GPU images only)"
+    return Check("NVRx", Status.OK, f"{installed}{extension}")
 
 
 def _shm(node: Node, profile: InstanceProfile) -> Check:
@@ -388,40 +393,7 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         default=None,
         help=f"a checkpoint tier directory to prove writable (repeatable); default ${CHECKPOINT_DIRS_ENV}",
     )
-    # ft_launcher's own flag names: the rendezvous this pod joins, and the address it joins with.
-    parser.add_argument("--rdzv-endpoint", help="evict this pod's dead predecessor first (NVRx 0.4.1)")
-    parser.add_argument("--rdzv-id", help="the rendezvous (run id) of --rdzv-endpoint")
-    parser.add_argument("--local-addr", help="this pod's stable address, as its launcher joins with it")
     return parser.parse_args(argv)
-
-
-HAND_OVER_STORE_TIMEOUT_S = 5.0
-"""Short: on a first start the store may still be starting, and the launcher's hand-over runs anyway."""
-
-
-def evict_predecessor(*, endpoint: str, run_id: str, node_addr: str) -> Check:
-    """A replacement pod's first act, before any check: evict its dead predecessor from NVRx 0.4.1's
-    rendezvous (training/rendezvous.py `evict`). The predecessor is gone for certain (the Job controller
-    starts a replacement only once the old pod has failed), whatever this node's checks find, and the
-    survivors restart (or a warm spare takes the place) only once it is evicted. Here, it overlaps this
-    pod's checks and its launcher's start: measured in `make demo` with a spare, the launcher's own
-    hand-over came 4.3 s after the loss. The launcher's hand-over repeats it (a no-op once done)."""
-    from training.rendezvous import evict  # noqa: PLC0415 - imports torch
-
-    name = "rendezvous hand-over"
-    try:
-        count = evict(
-            endpoint=endpoint, run_id=run_id, node_addr=node_addr, timeout_s=HAND_OVER_STORE_TIMEOUT_S
-        )
-    except Exception as exc:  # noqa: BLE001 - the launcher's hand-over tries again; not a node problem
-        return Check(
-            name, Status.WARN, f"store {endpoint} not reached ({type(exc).__name__}); left to the launcher"
-        )
-    if count:
-        return Check(
-            name, Status.OK, f"evicted {count} rendezvous node(s) of the dead predecessor {node_addr}"
-        )
-    return Check(name, Status.OK, f"no predecessor of {node_addr} to evict")
 
 
 def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
@@ -431,17 +403,7 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     dirs = args.checkpoint_dir or [
         Path(p) for p in node.env.get(CHECKPOINT_DIRS_ENV, "").split(os.pathsep) if p
     ]
-    hand_over = [args.rdzv_endpoint, args.rdzv_id, args.local_addr]
-    early = []
-    if all(hand_over):
-        early.append(
-            evict_predecessor(endpoint=args.rdzv_endpoint, run_id=args.rdzv_id, node_addr=args.local_addr)
-        )
-    elif any(hand_over):
-        raise UserError(
-            "--rdzv-endpoint, --rdzv-id and --local-addr go together (the predecessor's eviction)"
-        )
-    checks = early + run_checks(node, profile=profile, checkpoint_dirs=dirs)
+    checks = run_checks(node, profile=profile, checkpoint_dirs=dirs)
     render(checks, profile=profile)
     return exit_code(checks)
 
