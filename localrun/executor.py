@@ -3,7 +3,8 @@
 A test harness for this kit's manifests, not a scheduler: the manifest's own command line is what runs.
 
 What it does, the way Kubernetes would:
-- Starts the rendezvous store's Deployment pod, waits for its readiness probe (TCP port), then one pod
+- Starts the rendezvous store's Deployment pod, waits for its readiness probe (TCP port) and restarts
+  its container whenever it exits (restartPolicy Always, same address and port), then one pod
   per Job index: init containers in order, then the main container, with the container's env, plus
   `JOB_COMPLETION_INDEX`, `HOSTNAME=<job>-<index>` and the completion-index annotation for fieldRefs.
 - `$(VAR)` references in command/args are expanded from the container's env (Kubernetes semantics).
@@ -43,7 +44,7 @@ What it does, the way Kubernetes would:
 - successPolicy `succeededCount` (the chart sets it with warm spares): the job is complete once that
   many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
-  COMMON.md contract 7): the pod's processes are killed as above, the pod gets DisruptionTarget, and
+  the chaos contract): the pod's processes are killed as above, the pod gets DisruptionTarget, and
   the replacement runs on a "new node" (fresh hostPath folder, fresh memory emptyDir). That new node
   takes `node_provision_s` to come (default 0): on a cluster the replacement of a lost node's pod is
   Pending until a node joins (Karpenter or the node group: minutes for a p5), and what the job does
@@ -332,6 +333,10 @@ def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+STORE_RESTART_LIMIT = 5
+"""Restarts of the store's container before the local run gives up on it."""
+
+
 class _Pod:
     """One pod: init containers, then the main container, as local processes."""
 
@@ -478,7 +483,7 @@ class LocalJob:
         self._out_of_budget: dict[int, PodOutcome] = {}
         self.deletions: list[dict[str, Any]] = []
         self._store: _Pod | None = None
-        self._failed_stores: list[PodOutcome] = []
+        self._ended_stores: list[PodOutcome] = []
         self._delete_requests: list[int] = []
         self._lock = threading.Lock()
         self._t0 = 0.0
@@ -542,8 +547,9 @@ class LocalJob:
             verdict = self._reconcile()
             if verdict is not None:
                 return self._result(succeeded=verdict[0], reason=verdict[1])
-            if self._store is not None and self._store.done.is_set():
-                return self._result(succeeded=False, reason="rendezvous store exited")
+            failure = self._restart_store() if self._store is not None and self._store.done.is_set() else None
+            if failure is not None:
+                return self._result(succeeded=False, reason=failure)
             if now > deadline:
                 return self._result(succeeded=False, reason="DeadlineExceeded")
             time.sleep(0.1)
@@ -670,7 +676,7 @@ class LocalJob:
             if probe_port is None or self._wait_listening(self.local_ports.get(probe_port, probe_port)):
                 break
             self._store.kill(deleted=False)
-            self._failed_stores.append(self._store.outcome)
+            self._ended_stores.append(self._store.outcome)
         else:
             raise UserError(
                 f"rendezvous store did not listen on port {self.local_ports.get(probe_port, probe_port)}; "
@@ -680,6 +686,29 @@ class LocalJob:
         self._emit("store_ready", pod=name, ports=ports)
         for svc, port in ports.items():
             self._echo(f"rendezvous store {svc} -> 127.0.0.1:{port}")
+
+    def _restart_store(self) -> str | None:
+        """The store Deployment's pod has restartPolicy Always: the kubelet restarts its container in
+        the same pod (same address, same port) whenever it exits. NVRx's control process exits once the
+        launchers closed the rendezvous for good; the restarted one serves an empty store, where the
+        Job's replacement pods start a fresh rendezvous. Returns a failure once it keeps exiting
+        (the kubelet's CrashLoopBackOff, where a cluster would retry with growing waits)."""
+        assert self._store is not None  # noqa: S101 - called only with a store
+        exited = self._store
+        self._ended_stores.append(exited.outcome)
+        restarts = len(self._ended_stores)
+        self._emit("store_restart", pod=exited.name, exit_code=exited.outcome.exit_code, restarts=restarts)
+        if restarts > STORE_RESTART_LIMIT:
+            return f"rendezvous store exited {restarts} times; see {exited.outcome.log}"
+        deploy = self.rendered.store
+        assert deploy is not None  # noqa: S101 - a store pod ran, so the rendering has one
+        pod_spec = deploy["spec"]["template"]["spec"]
+        name = f"{deploy['metadata']['name']}-r{restarts}"
+        self._store = self._make_pod(
+            name=name, index=None, pod_spec=pod_spec, annotations={}, ports=self.local_ports
+        )
+        self._store.start()
+        return None
 
     def _wait_listening(self, port: int, *, timeout_s: float = 60) -> bool:
         """The readinessProbe: True once the store pod's own process listens on `port` (a connection
@@ -864,7 +893,7 @@ class LocalJob:
                 self._store.proc.wait(timeout=10)
             self._store.kill(deleted=False)
             self.history.insert(0, self._store.outcome)
-        self.history[:0] = self._failed_stores
+        self.history[:0] = self._ended_stores
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # only when no other run uses it

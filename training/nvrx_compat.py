@@ -56,13 +56,25 @@ def require_internal(owner: Any, name: str, parameters: tuple[str, ...]) -> Any:
     return target
 
 
+SET_TIMEOUTS = ("_set_calculated_timeouts", ("self", "new_hb_timeouts", "new_section_timeouts"))
+"""RankMonitorClient's private setter of calculated heartbeat/section timeouts."""
+ORPHAN_CLEANUP = ("terminate_mp_processes", ("allowed_pgids",))
+"""ft_launcher's module-level orphan cleanup (imported there from fault_tolerance.utils)."""
+
+
+def check_internals() -> None:
+    """Every private NVRx name this module uses has the expected shape (tests call it; so may tools)."""
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, launcher  # noqa: PLC0415
+
+    require_internal(RankMonitorClient, *SET_TIMEOUTS)
+    require_internal(launcher, *ORPHAN_CLEANUP)
+
+
 def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:  # noqa: ANN401
     """Install heartbeat timeouts as if calculated (so `state_dict` persists them)."""
     from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts  # noqa: PLC0415
 
-    setter = require_internal(
-        type(client), "_set_calculated_timeouts", ("self", "new_hb_timeouts", "new_section_timeouts")
-    )
+    setter = require_internal(type(client), *SET_TIMEOUTS)
     timeouts = HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
     setter(client, new_hb_timeouts=timeouts, new_section_timeouts=None)
 
@@ -71,7 +83,7 @@ def keep_launcher_process_group() -> None:
     """ft_launcher's orphan cleanup without the launcher's own process group (see the module docstring)."""
     from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
 
-    cleanup = require_internal(launcher, "terminate_mp_processes", ("allowed_pgids",))
+    cleanup = require_internal(launcher, *ORPHAN_CLEANUP)
     if getattr(cleanup, "nvrx_eks_keeps_launcher", False):
         return
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kitcore.profiles import get_profile
-from training import selfcheck
+from training import nvrx_compat, selfcheck
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,9 @@ def test_cpu_mode_on_this_machine(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CPU mode: local-cpu" in done.stdout
     assert "node can train" in done.stdout
+    # The local NVRx lacks the compiled straggler extension (tools/nvrx-wheel.sh): said, not failed.
+    extension = nvrx_compat.straggler_extension_available()
+    assert ("no CUPTI straggler extension" in done.stdout) is not extension
     assert (tmp_path / "ckpt").is_dir()
     assert not list((tmp_path / "ckpt").iterdir())  # the probe file is gone
 
@@ -229,42 +232,3 @@ def test_the_chart_sets_what_the_selfcheck_requires():
 
     for key, want in selfcheck.REQUIRED_EFA_ENV.items():
         assert EFA_NCCL_ENV.get(key) == want, key
-
-
-def test_a_replacement_evicts_its_dead_predecessor_before_its_checks(tmp_path):
-    """The rendezvous hand-over's first step runs in the self-check (the survivors' restart overlaps
-    the pod's start); the launcher repeats it and finds nothing left."""
-    import pickle  # noqa: PLC0415
-    from datetime import datetime, timedelta  # noqa: PLC0415
-
-    from nvidia_resiliency_ext.fault_tolerance._ft_rendezvous import (  # noqa: PLC0415
-        _NodeDesc,
-        _RendezvousState,
-    )
-    from torch.distributed import TCPStore  # noqa: PLC0415
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415
-        C10dRendezvousBackend,
-    )
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    state = _RendezvousState()
-    state.complete = True
-    for rank, addr in enumerate(["job-0.svc", "job-1.svc"]):
-        node = _NodeDesc(addr=addr, pid=7, local_id=0)
-        state.participants[node] = rank
-        state.last_heartbeats[node] = datetime.utcnow()  # noqa: DTZ003 - NVRx keeps naive UTC
-    C10dRendezvousBackend(store, "job").set_state(pickle.dumps(state))
-    flags = [f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-id=job", "--local-addr=job-1.svc"]
-    done = _selfcheck("--checkpoint-dir", str(tmp_path / "ckpt"), *flags)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "evicted 1 rendezvous node(s) of the dead predecessor job-1.svc" in done.stdout
-    after = pickle.loads(C10dRendezvousBackend(store, "job").get_state()[0])  # noqa: S301
-    evicted = {node.addr for node, last in after.last_heartbeats.items() if last.year == 2000}
-    assert evicted == {"job-1.svc"}
-
-
-def test_the_hand_over_flags_go_together():
-    done = _selfcheck("--rdzv-id=job")
-    assert done.returncode == 2
-    assert "--rdzv-endpoint, --rdzv-id and --local-addr go together" in done.stderr
-    assert "Traceback" not in done.stderr

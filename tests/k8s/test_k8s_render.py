@@ -8,6 +8,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from nvidia_resiliency_ext.fault_tolerance.control_plane import get_args_parser as control_parser
 from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
 from k8s.job_chart import render
@@ -85,13 +86,13 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    # Pinned NVRx 0.7.0: barrier rendezvous only, so the launcher's hand-over only reopens a rendezvous
-    # closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
     (check,) = pod["initContainers"]
     assert check["name"] == "selfcheck"
-    assert "--evict-predecessor=barrier" in c["command"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert not any("min-healthy" in a for a in c["command"])
+    # NVRx's per-node identity in its rendezvous: the pod's index, stable across worker restarts.
+    indexes = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
+    assert indexes["GROUP_RANK"] == indexes["NODE_RANK"]
+    assert "job-completion-index" in indexes["GROUP_RANK"]
     # The self-check sees what the ranks will: the same devices, env and mounts.
     assert check["resources"] == c["resources"]
     assert check["env"] == c["env"]
@@ -124,7 +125,6 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     check = pod["initContainers"][0]
     _, trainer = _split(pod["containers"][0]["command"])
     tiers = parse_args(trainer).checkpoint
-    launcher = pod["containers"][0]["command"]
     assert check["command"] == [
         "python",
         "-m",
@@ -132,10 +132,7 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
         f"--checkpoint-dir={tiers.memory_dir}",
         f"--checkpoint-dir={tiers.local_dir}",
         f"--checkpoint-dir={tiers.durable_dir}",
-        # NVRx 0.4.1: first, evict a dead predecessor from the very rendezvous the launcher joins.
-        *(arg for arg in launcher if arg.startswith(("--rdzv-endpoint=", "--rdzv-id=", "--local-addr="))),
     ]
-    assert len(check["command"]) == 9
     env = {e["name"]: e.get("value") for e in check["env"]}
     assert env["NVRX_EKS_INSTANCE_PROFILE"] == "local-cpu"
 
@@ -145,7 +142,14 @@ def test_store_is_separate_and_prioritized(rendered):
     pod = deploy["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "nvrx-rendezvous-store"
     assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
-    assert pod["containers"][0]["command"][:3] == ["python", "-m", "training.rendezvous"]
+    (store,) = pod["containers"]
+    # NVRx's own control process hosts the store and closes the rounds: parsed by its real parser.
+    assert store["command"][0] == "nvrx-control"
+    control = control_parser().parse_args(store["command"][1:])
+    assert control.rdzv_endpoint == "0.0.0.0:29400"
+    assert control.rdzv_id == "llama-8b-p5-2"
+    assert control.nnodes == "2:2"
+    assert store["ports"][0]["containerPort"] == 29400
     (job,) = _by_kind(rendered["p5-2"], "Job")
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--rdzv-endpoint=llama-8b-p5-2-rdzv:29400" in cmd
@@ -188,7 +192,7 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
         # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default (issue 15).
         assert args.ft_workload_check_interval == 0.2
         assert config.ft.heartbeat_timeout_floor_s == 5
-        assert args.ft_restart_policy == ("min-healthy" if mode == "both" else "any-failed")
+        assert args.ft_restart_policy == "any-failed"
 
 
 def test_p5_args_parse_with_trainer(rendered):
@@ -209,31 +213,41 @@ def test_golden_local_cpu(rendered, request):
     assert golden.read_text() == text, "rendered manifests changed; review and rerun with UPDATE_GOLDEN=1"
 
 
-def test_warm_spares_are_pods_of_the_job_and_it_succeeds_with_num_nodes(tmp_path):
-    docs = _render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path, "spares=1")
+@pytest.mark.parametrize("values_name", ["local-cpu", "p5-2"])
+def test_hot_spares_are_pods_of_the_job_counted_in_max_nodes(tmp_path, values_name):
+    docs = _render(ROOT / "k8s" / "values" / f"{values_name}.yaml", tmp_path, "spares=1")
     (job,) = _by_kind(docs, "Job")
     spec = job["spec"]
     assert spec["completions"] == spec["parallelism"] == 3
-    # The launcher still admits num_nodes (NVRx 0.4.1); the third agent stands by outside the
-    # rendezvous until a node is lost (training/rendezvous.py `Standby`).
-    command = spec["template"]["spec"]["containers"][0]["command"]
-    assert "--nnodes=2:2" in command
-    assert "--warm-spares=1" in command
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 2}]}
-    # Every pod's self-check first evicts a dead predecessor: a spare takes the place meanwhile.
-    (selfcheck,) = spec["template"]["spec"]["initContainers"]
-    hand_over = {"--rdzv-id=nvrx-local", "--local-addr=nvrx-local-$(NODE_RANK).nvrx-local"}
-    assert hand_over <= set(selfcheck["command"])
-
-
-def test_warm_spares_count_in_max_nodes_with_the_barrier_rendezvous(tmp_path):
-    docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "spares=1")
-    (job,) = _by_kind(docs, "Job")
-    assert job["spec"]["completions"] == 3
-    # NVRx 0.7 (the image's pin): max = active + standby; a node beyond max would be refused. Its
-    # barrier rendezvous keeps standbys out of a restart round itself: no standby gate, no eviction.
-    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # NVRx's barrier rendezvous: max = active + standby, and the control process selects the actives.
+    command = spec["template"]["spec"]["containers"][0]["command"]
     assert "--nnodes=2:3" in command
-    assert not any(arg.startswith(("--warm-spares", "--rdzv-poll")) for arg in command)
-    (selfcheck,) = job["spec"]["template"]["spec"]["initContainers"]
-    assert not any(arg.startswith("--rdzv-") for arg in selfcheck["command"])
+    (deploy,) = _by_kind(docs, "Deployment")
+    assert "--nnodes=2:3" in deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:
+    """Each container's command with values reduced to their flag names (sizes and timeouts dropped)."""
+    shape = {}
+    for kind in ("Job", "Deployment"):
+        (obj,) = _by_kind(docs, kind)
+        pod = obj["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            launcher = c["command"][: c["command"].index("training") + 1] if kind == "Job" else c["command"]
+            flags = [arg.split("=")[0] for arg in launcher]
+            conf = next((a for a in launcher if a.startswith("--rdzv-conf=")), "")
+            conf_keys = [item.split("=")[0] for item in conf.removeprefix("--rdzv-conf=").split(",")]
+            shape[c["name"]] = [*flags, *conf_keys]
+    return shape
+
+
+def test_the_local_job_runs_the_p5_jobs_launcher_flags(tmp_path):
+    """The local job is the p5 job with only sizes and timeouts changed: the same NVRx (the image's pin
+    is installed here), the same flags for the store, the self-check and the launcher."""
+    local = load_values(ROOT / "k8s" / "values" / "local-cpu.yaml")
+    p5 = load_values(ROOT / "k8s" / "values" / "p5-2.yaml")
+    assert local.resolved_nvrx_version == p5.resolved_nvrx_version
+    local_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path / "l"))
+    p5_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path / "p"))
+    assert local_shape == p5_shape

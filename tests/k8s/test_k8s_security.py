@@ -109,18 +109,16 @@ def test_ipc_lock_only_where_efa_needs_it(tmp_path):
 
 
 @pytest.mark.parametrize("values_file", [LOCAL, P5], ids=["local-cpu", "p5"])
-def test_the_store_meets_restricted_and_the_rendezvous_hand_over_adds_no_container(values_file, tmp_path):
+def test_the_store_meets_restricted_and_the_only_init_container_is_the_selfcheck(values_file, tmp_path):
     docs = _docs(values_file, tmp_path)
     store = _pod(docs, "Deployment")
     assert _restricted_violations(store) == set()
     (store_container,) = store["containers"]
     assert store_container["securityContext"]["readOnlyRootFilesystem"] is True
-    # The replacement's rendezvous hand-over runs in the trainer's launcher (training/launch.py): the
-    # only init container is the self-check, with the trainer's own security context.
+    # The only init container is the self-check, with the trainer's own security context.
     job = _pod(docs, "Job")
     assert [c["name"] for c in job["initContainers"]] == ["selfcheck"]
     assert job["initContainers"][0]["securityContext"] == job["containers"][0]["securityContext"]
-    assert any(a.startswith("--evict-predecessor=") for a in job["containers"][0]["command"])
 
 
 def test_training_pods_go_beyond_baseline_only_for_the_local_tier_and_efa(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from k8s.load import load_values
 from kitcore.configio import UserError
 from kitcore.pins import IMAGE
 
-LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "k8s" / "values" / "local-cpu.yaml"
 P5 = LOCAL.with_name("p5-2.yaml")
 
 
@@ -51,13 +53,15 @@ P5 = LOCAL.with_name("p5-2.yaml")
             "rdzv_last_call_s: Input should be greater than or equal to 1",
         ),
         (LOCAL, ["timeouts.rdzv_close_s=0.5"], "rdzv_close_s: Input should be a valid integer"),
-        (LOCAL, ["timeouts.rdzv_poll_s=0"], "rdzv_poll_s: Input should be greater than 0"),
+        (LOCAL, ["timeouts.rdzv_poll_s=0"], "timeouts.rdzv_poll_s: Extra inputs are not permitted"),
         (
             LOCAL,
             ["timeouts.launcher_initial_heartbeat_s=4"],
             "launcher_initial_heartbeat_s (4) must be at least launcher_heartbeat_s (5)",
         ),
-        (LOCAL, ["nvrx_version=0.1.0", "mode=inprocess"], "NVRx 0.1.0 lacks it"),
+        # One supported range: the pin's minor and newer (older launchers take other flags).
+        (P5, ["nvrx_version=0.6.0"], "nvrx_version 0.6.0: the kit supports NVRx 0.7 and newer"),
+        (LOCAL, ["nvrx_version=0.4.1"], "nvrx_version 0.4.1: the kit supports NVRx 0.7 and newer"),
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),
         (LOCAL, ["instance_profile=p5.48xlarge"], "image: local runs on this machine's CPUs"),
         (LOCAL, ["env.AWS_SECRET_ACCESS_KEY=x"], "AWS_SECRET_ACCESS_KEY looks like a secret"),
@@ -133,8 +137,18 @@ def test_all_example_values_load():
 
 
 def test_local_image_uses_installed_nvrx_and_p5_uses_pin():
-    assert load_values(LOCAL).resolved_nvrx_version == "0.4.1"
+    installed = metadata.version("nvidia-resiliency-ext")
+    assert load_values(LOCAL).resolved_nvrx_version == installed
     assert load_values(P5).resolved_nvrx_version == IMAGE.nvrx_version
+
+
+def test_the_local_install_is_the_images_nvrx_pin():
+    """`make setup` installs constraints.txt's NVRx: it must be the image's (one pin, run where tested)."""
+    pins = dict(
+        line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line
+    )
+    assert pins["nvidia-resiliency-ext"] == IMAGE.nvrx_version
+    assert metadata.version("nvidia-resiliency-ext") == IMAGE.nvrx_version
 
 
 def test_cli_bad_values_exit_2_without_traceback(tmp_path, nvrx_eks):

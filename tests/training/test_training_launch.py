@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch import WARM_MODULES, Handover, handover_of, launcher_argv, trainer_script
+from training.launch import WARM_MODULES, launcher_argv, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,16 +38,6 @@ def test_the_trainer_module_becomes_the_run_path_of_its_main_in_a_forkserver():
 def test_an_explicit_start_method_is_kept():
     argv = ["--start-method=spawn", "-m", "training", "--steps", "3"]
     assert launcher_argv(argv)[:3] == ["--start-method=spawn", "--run-path", trainer_script()]
-
-
-def test_the_hand_over_flags_are_the_wrappers_own_and_never_reach_ft_launcher():
-    argv = ["--evict-predecessor=keep-alive", "--evict-timeout=45", "--nnodes=2:2", "-m", "training"]
-    assert handover_of(argv) == Handover("keep-alive", 45.0)
-    ft_argv = ["--nnodes=2:2", "--start-method=forkserver", "--run-path", trainer_script()]
-    assert launcher_argv(argv) == ft_argv
-    assert handover_of(["--nnodes=2:2", "-m", "training"]) is None
-    with pytest.raises(SystemExit, match="keep-alive or barrier"):
-        handover_of(["--evict-predecessor=legacy", "-m", "training"])
 
 
 def test_a_command_without_the_trainer_module_is_refused():

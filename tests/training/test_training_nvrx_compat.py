@@ -1,0 +1,69 @@
+"""training/nvrx_compat.py: the installed NVRx's internals still have the shape the kit patches or reads.
+
+Each test fails when an NVRx release changes what the kit relies on, before a job meets it.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kitcore.pins import NVRX_SUPPORTED_SINCE
+from training import nvrx_compat
+
+
+def test_every_internal_the_kit_uses_has_the_expected_shape():
+    nvrx_compat.check_internals()
+
+
+def test_a_changed_internal_is_a_clear_error_not_a_silent_no_op():
+    class Changed:
+        def _set_calculated_timeouts(self, timeouts):  # one parameter where NVRx has two
+            pass
+
+    with pytest.raises(RuntimeError, match="is not the expected _set_calculated_timeouts"):
+        nvrx_compat.require_internal(Changed, *nvrx_compat.SET_TIMEOUTS)
+    with pytest.raises(RuntimeError, match=r"check training/nvrx_compat\.py"):
+        nvrx_compat.require_internal(Changed, "gone", ())
+
+
+def test_an_nvrx_older_than_the_supported_minor_is_refused_with_one_message():
+    with pytest.raises(SystemExit, match=f"the kit needs {NVRX_SUPPORTED_SINCE} or newer"):
+        nvrx_compat.check_supported_nvrx("0.6.0")
+    nvrx_compat.check_supported_nvrx(NVRX_SUPPORTED_SINCE)
+
+
+_CLEANUP = """
+import os, sys
+from nvidia_resiliency_ext.fault_tolerance import launcher
+if sys.argv[1] == "kept":
+    from training.nvrx_compat import keep_launcher_process_group
+    keep_launcher_process_group()
+# A forkserver worker is in the launcher's process group: ft_launcher passes that group to its cleanup.
+launcher.terminate_mp_processes(allowed_pgids={os.getpgrp()})
+print("launcher alive", flush=True)
+"""
+
+
+@pytest.mark.parametrize("variant", ["nvrx", "kept"])
+def test_the_orphan_cleanup_spares_the_launchers_own_process_group(variant):
+    """NVRx's cleanup kills the process group of each worker; for workers forked from the forkserver
+    that is the launcher's own. Unpatched, the launcher dies (SIGTERM); patched, it lives."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CLEANUP), variant],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,  # its own process group, as the launcher is in its pod
+        check=False,
+    )
+    if variant == "nvrx":
+        assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+        assert "launcher alive" not in done.stdout
+    else:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "launcher alive" in done.stdout
