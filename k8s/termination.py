@@ -3,11 +3,11 @@
 The trainer container sets `terminationMessagePolicy: FallbackToLogsOnError`, so a failed pod's
 status carries the tail of its log (the kubelet keeps the last 80 lines, at most 2,048 bytes:
 https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/). That tail
-holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks (NVRx
-0.4.1 logs "Some rank(s) exited with non-zero exit code: {rank: ProcessFailure(...)}"; torch elastic's
-ChildFailedError table has a "Root Cause (first observed failure)" entry); for a launcher turned away by
-a closed rendezvous, RendezvousClosedError. A rank that exited 143 (SIGTERM) was stopped by its own
-launcher because a peer failed: that pod is not where the fault was, and the cause says so. The local
+holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks (torch
+elastic's ChildFailedError table, raised by ft_launcher, has a "Root Cause (first observed failure)"
+entry; some launcher versions log "Some rank(s) exited with non-zero exit code: {rank:
+ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous,
+RendezvousClosedError. A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not where the fault was, and the cause says so. The local
 executor (localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails
 names the index and this cause in both places.
 """
@@ -23,7 +23,7 @@ TAIL_BYTES = 2048
 
 _ROOT = re.compile(r"Root Cause \(first observed failure\):\s*\n(?P<body>(?:.*\n?){1,8})")
 _FIELD = re.compile(r"^\s*(?P<key>rank|exitcode|traceback)\s*:\s*(?P<value>.*?)\s*$", re.MULTILINE)
-# NVRx 0.4.1's launcher logs its failed ranks as one line of torch's ProcessFailure reprs.
+# Some launcher versions log their failed ranks as one line of torch's ProcessFailure reprs.
 _PROCESS_FAILURE = re.compile(
     r"(?P<rank>\d+): ProcessFailure\(local_rank=\d+, pid=\d+, exitcode=(?P<exitcode>-?\d+),"
     r".*?message='(?P<message>[^']*)'"

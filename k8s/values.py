@@ -2,11 +2,12 @@
 
 Loaded with `k8s.load.load_values(path, overrides)`; every bad value ends as one
 message naming the field and the fix. Cross-field rules (restart budgets that agree across layers,
-timeouts in order, a mode the NVRx version lacks) are checked here, before anything is rendered.
+timeouts in order, an NVRx release the kit does not support) are checked here, before anything is
+rendered.
 
 `image: local` means "no container image: the local executor runs the command with this machine's
-virtualenv", and the launcher flags then derive from the NVRx version installed here (0.4.1) instead of
-the image's pin (kitcore/pins.py, 0.7.0). `nvrx_version` overrides both (a custom image).
+virtualenv", whose NVRx is the image's pin (`make setup`); `nvrx_version` names another one (a custom
+image), refused below the pin's minor release (k8s/nvrx_versions.py).
 """
 
 from __future__ import annotations

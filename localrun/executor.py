@@ -595,8 +595,8 @@ class LocalJob:
     def _budget_verdict(self) -> tuple[bool, str] | None:
         """The job fails (maxFailedIndexes 0); the reason names the index where the fault was.
 
-        When a launcher runs out of restarts every launcher of the group may leave with it (NVRx's
-        min-healthy policy counts restarts globally; a peer's death fails the others' collectives), and
+        When a launcher runs out of restarts every launcher of the group leaves with it (NVRx counts
+        restarts by the rendezvous round, job-wide, and closes the rendezvous for all), and
         the Job charges every index alike. The index to name is the one where the fault was: the pods
         of one failed group end within a moment of each other, so the verdict waits 3 s for them, then
         names the index whose cause is the most telling (k8s/termination.py `Cause.severity`: a rank

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kitcore.runtime import runtime_versions
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -246,7 +248,12 @@ def run_peer_bench(
             f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}); "
             f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
         )
-    document = {"scenario": scenario, "modes": results, "peer_published": PEER_PUBLISHED}
+    document = {
+        "scenario": scenario,
+        "modes": results,
+        "peer_published": PEER_PUBLISHED,
+        "versions": runtime_versions(),
+    }
     bench_dir.mkdir(parents=True, exist_ok=True)
     out = bench_dir / "peer.json"
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

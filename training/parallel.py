@@ -72,7 +72,7 @@ def base_store(world: World, timeout_s: float) -> dist.Store:
         print(f"process group store on {os.environ['MASTER_ADDR']}:{store.port} (a free port)", flush=True)
     if agent_store:
         # The agent's store outlives a restart of the workers: scope keys to this round, as torch's
-        # own env:// rendezvous does. (ft_launcher 0.4.1: rank 0 hosts a fresh store each round.)
+        # own env:// rendezvous does.
         return dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     return store
 

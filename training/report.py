@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kitcore.configio import UserError
+from kitcore.runtime import runtime_versions
 from training.events import read_events
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> d
     document["bit_identical"] = (
         fault_free_sha256 is not None and document["final_params_sha256"] == fault_free_sha256
     )
+    document["versions"] = runtime_versions()
     return document | full
 
 

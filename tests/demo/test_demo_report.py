@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
 import struct
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,12 @@ def test_summary_json_has_the_keys_other_tools_read(tmp_path):
     assert fault["recovery_s"] == pytest.approx(1.0)
     assert document["bit_identical"] is True
     assert document["stall_floor_s"] == pytest.approx(0.001)
+    # What the figures were measured with, so runs of different releases are never compared unknowingly.
+    assert document["versions"] == {
+        "nvrx": metadata.version("nvidia-resiliency-ext"),
+        "torch": metadata.version("torch"),
+        "python": platform.python_version(),
+    }
     # In process: the new attempt starts 0.4 s after detection, the group and barrier take the rest
     # of the time to the restored state, the first step ends 0.5 s later; they add up to 5.0 - 3.5.
     assert fault["tier"] == "memory"

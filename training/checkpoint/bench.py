@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kitcore.runtime import runtime_versions
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -284,6 +286,7 @@ def _write_json(
         "restore_s": restore,
         "rows": [dataclasses.asdict(row) for row in rows],
         "replicated_rows": [dataclasses.asdict(row) for row in replicated],
+        "versions": runtime_versions(),
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"\ncheckpoint-bench.json: {path}")
