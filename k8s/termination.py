@@ -2,14 +2,13 @@
 
 The trainer container sets `terminationMessagePolicy: FallbackToLogsOnError`, so a failed pod's
 status carries the tail of its log (the kubelet keeps the last 80 lines, at most 2,048 bytes:
-https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/). That tail
-holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks (torch
-elastic's ChildFailedError table, raised by ft_launcher, has a "Root Cause (first observed failure)"
-entry; some launcher versions log "Some rank(s) exited with non-zero exit code: {rank:
-ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous,
-RendezvousClosedError. A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not where the fault was, and the cause says so. The local
-executor (localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails
-names the index and this cause in both places.
+https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/). That tail holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks
+(torch elastic's ChildFailedError table, raised by ft_launcher, has a "Root Cause (first observed
+failure)" entry; some launcher versions log "Some rank(s) exited with non-zero exit code: {rank:
+ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous, RendezvousClosedError.
+A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not
+where the fault was, and the cause says so. The local executor (localrun/executor.py) keeps the same tail
+of each failed pod, so a job that finally fails names the index and this cause in both places.
 """
 
 from __future__ import annotations
