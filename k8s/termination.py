@@ -2,8 +2,9 @@
 
 The trainer container sets `terminationMessagePolicy: FallbackToLogsOnError`, so a failed pod's
 status carries the tail of its log (the kubelet keeps the last 80 lines, at most 2,048 bytes:
-https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/). That tail holds what the launcher printed on the way out: for a launcher out of restarts, its failed ranks
-(torch elastic's ChildFailedError table, raised by ft_launcher, has a "Root Cause (first observed
+https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/).
+That tail holds what the launcher printed on the way out: for a launcher out of restarts, its failed
+ranks (torch elastic's ChildFailedError table, raised by ft_launcher, has a "Root Cause (first observed
 failure)" entry; some launcher versions log "Some rank(s) exited with non-zero exit code: {rank:
 ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous, RendezvousClosedError.
 A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not
