@@ -188,9 +188,9 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10
     if mode != "baseline":
-        assert args.ft_rank_heartbeat_timeout == 5
-        # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default (issue 15).
-        assert args.ft_workload_check_interval == 0.2
+        assert float(args.ft_rank_heartbeat_timeout) == 5
+        # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default.
+        assert float(args.ft_workload_check_interval) == 0.2
         assert config.ft.heartbeat_timeout_floor_s == 5
         assert args.ft_restart_policy == "any-failed"
 
@@ -234,7 +234,8 @@ def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:
         (obj,) = _by_kind(docs, kind)
         pod = obj["spec"]["template"]["spec"]
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
-            launcher = c["command"][: c["command"].index("training") + 1] if kind == "Job" else c["command"]
+            cut = c["command"].index("training") + 1 if "training" in c["command"] else None
+            launcher = c["command"][:cut]
             flags = [arg.split("=")[0] for arg in launcher]
             conf = next((a for a in launcher if a.startswith("--rdzv-conf=")), "")
             conf_keys = [item.split("=")[0] for item in conf.removeprefix("--rdzv-conf=").split(",")]

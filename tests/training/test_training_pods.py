@@ -83,7 +83,7 @@ def test_storm_exhausting_the_launchers_is_survived_through_replacement_pods(
     # The launchers ran out after the third SIGKILL: the Job replaced the pods (a failure each, within
     # backoffLimitPerIndex), the store's control process was restarted after the closure, and the
     # replacements formed a fresh rendezvous there.
-    failed = [p for p in result.pods if p.reason == "Failed"]
+    failed = [p for p in result.pods if p.reason == "Failed" and p.index is not None]
     assert {p.index for p in failed} == {0, 1}, [(p.pod, p.reason) for p in result.pods]
     replacements = [p for p in result.pods if p.index is not None and not p.pod.endswith("-a0")]
     assert replacements
