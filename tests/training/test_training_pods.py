@@ -40,6 +40,14 @@ BUDGETS = [
 ]
 
 
+def _no_pod_succeeded_before_training_ended(result: JobResult, steps: list[dict]) -> None:
+    """A launcher exits 0 only once training is done: a pod that succeeded earlier (a spare whose agent
+    left the rendezvous) would count its index complete, and enough of them would complete the Job."""
+    last_step = max(e["t"] for e in steps)
+    early = [p.pod for p in result.pods if p.reason == "Succeeded" and (p.ended or 0) < last_step]
+    assert not early, f"pods exited 0 before the last step: {early}"
+
+
 def _sigkills(*steps: int) -> str:
     return ",".join(f"sigkill@{s}:3" for s in steps)
 
@@ -153,6 +161,7 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
     assert after == (before - {lost}) | {spare}, (before, after)
     spare_pod = next(p for p in result.pods if p.index == spare)
     assert spare_pod.started < deletion["time"]
+    _no_pod_succeeded_before_training_ended(result, steps)
     if node_provision_s:
         # Training went on without waiting for the lost node's replacement (Pending, or started after).
         resumed = min(e["t"] for e in steps if e["pid"] in started_after)
@@ -167,7 +176,9 @@ def test_a_sigkill_restart_round_leaves_the_warm_spare_standing_by(tmp_path, loc
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
     assert len(local_job.events(events, "fault_injected")) == 1
     # The spare (index 2) trained nothing: the restart round re-formed with the same two nodes.
-    assert {int(e["node"]) for e in local_job.events(events, "step")} == {0, 1}
+    steps = local_job.events(events, "step")
+    assert {int(e["node"]) for e in steps} == {0, 1}
+    _no_pod_succeeded_before_training_ended(result, steps)
     restored = local_job.events(events, "checkpoint_restored")
     assert restored, "the SIGKILL restarted no worker"
     assert {int(e["node"]) for e in restored} == {0, 1}
