@@ -4,9 +4,9 @@ The job chart never types a launcher flag by hand. Both commands come from NVRx 
 pin's minor and newer), the same for a p5 job and the local job: only sizes and timeouts differ.
 
 - The rendezvous is NVRx's barrier rendezvous, coordinated by NVRx's own external control process
-  (`nvrx-control`, the store Deployment): it hosts the TCPStore and closes every round, and every
-  launcher connects as a client (`--rdzv-conf is_host=0`). No training pod hosts the store, so losing
-  any node leaves the others and the rendezvous running.
+  (`nvrx-control` through training/control.py, the store Deployment): it hosts the TCPStore and closes
+  every round, and every launcher connects as a client (`--rdzv-conf is_host=0`). No training pod
+  hosts the store, so losing any node leaves the others and the rendezvous running.
 - Hot spares count in `--nnodes=N:N+S`: each round selects N active nodes, previous actives first
   (for `rdzv_last_call_s`), and keeps the others standing by in the rendezvous.
 - Restarts: ft_launcher restarts a node's workers on any failure (0.7 has only `any-failed`), and counts
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 FT_LAUNCHER = ("python", "-m", "training.launch")
 """ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
-NVRX_CONTROL = "nvrx-control"
-"""NVRx's external control process (its console script), run by the rendezvous store's Deployment."""
+NVRX_CONTROL = ("python", "-m", "training.control")
+"""NVRx's external control process (`nvrx-control`, the same flags) through training/control.py, run by
+the rendezvous store's Deployment."""
 
 
 def _nnodes(values: JobValues) -> str:
@@ -48,7 +49,7 @@ def rdzv_conf(values: JobValues, *, client: bool) -> str:
 def control_command(values: JobValues, *, port: int) -> list[str]:
     """The store pod's command: `nvrx-control` serving the TCPStore on `port` for the job's rendezvous."""
     return [
-        NVRX_CONTROL,
+        *NVRX_CONTROL,
         _nnodes(values),
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=0.0.0.0:{port}",

@@ -15,6 +15,14 @@ fails when the installed NVRx's internals change.
   so the cleanup killed the launcher itself at the end of every run (observed: `Failed to send SIGTERM
   to process group`, SignalException in the agent, the pod lost). `keep_launcher_process_group` leaves
   the launcher's group out; the workers themselves are still stopped by ft_launcher's process context.
+- Which nodes a restart round makes active: NVRx's barrier rendezvous waits `last_call_timeout` for the
+  previous round's active nodes, but then ranks every node present by its infrastructure rank alone
+  (`_sort_rankable_participants`, then `_assign_group_ranks` sorts by it again). A hot spare with a lower
+  pod index than an active node therefore took that node's place at every restart round, a SIGKILL's
+  included, and the displaced node's ranks restored from a partner (tests/training/test_training_pods.py
+  shows it). `keep_previous_actives_first` ranks the previous round's active nodes before all others
+  (each group still in infrastructure order), so a spare takes only a place no previous active node
+  came back for. It runs in the control process (training/control.py), the only one that assigns ranks.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -62,12 +70,54 @@ ORPHAN_CLEANUP = ("terminate_mp_processes", ("allowed_pgids",))
 """ft_launcher's module-level orphan cleanup (imported there from fault_tolerance.utils)."""
 
 
+RANK_ORDER = (
+    "_sort_rankable_participants",
+    ("self", "active_candidate_participants", "standby_only_participants"),
+)
+"""The barrier rendezvous state's ordering of a round's participants, (node, infra rank, domain, group)."""
+PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
+"""The state's record of the previous round's active nodes: {infra rank: replacement group} or None."""
+_NOT_PREVIOUSLY_ACTIVE = 10**12
+"""Added to the infra rank of a node that was not active in the previous round: beyond any pod index."""
+
+
 def check_internals() -> None:
     """Every private NVRx name this module uses has the expected shape (tests call it; so may tools)."""
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, launcher  # noqa: PLC0415
 
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(launcher, *ORPHAN_CLEANUP)
+    require_internal(_barrier_state(), *RANK_ORDER)
+
+
+def _barrier_state() -> type:
+    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
+        _RendezvousBarrierState,
+    )
+
+    return _RendezvousBarrierState
+
+
+def keep_previous_actives_first() -> None:
+    """Rank the previous round's active nodes before every other node (see the module docstring)."""
+    state = _barrier_state()
+    order = require_internal(state, *RANK_ORDER)
+    if getattr(order, "nvrx_eks_previous_first", False):
+        return
+
+    def _sort_rankable_participants(self: Any, active: list[Any], standby: list[Any]) -> Any:  # noqa: ANN401
+        active, standby = order(self, active, standby)
+        previous = getattr(self, PREVIOUS_ACTIVES, None)
+        if not previous:  # the first round, or NVRx found the identities unstable: its own order
+            return active, standby
+        # Only the ordering key changes; NVRx records membership from its own, unchanged lists.
+        return [
+            (node, infra if infra in previous else infra + _NOT_PREVIOUSLY_ACTIVE, *rest)
+            for node, infra, *rest in active
+        ], standby
+
+    _sort_rankable_participants.nvrx_eks_previous_first = True  # type: ignore[attr-defined]
+    state._sort_rankable_participants = _sort_rankable_participants  # noqa: SLF001
 
 
 def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:  # noqa: ANN401

@@ -144,8 +144,8 @@ def test_store_is_separate_and_prioritized(rendered):
     assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
     (store,) = pod["containers"]
     # NVRx's own control process hosts the store and closes the rounds: parsed by its real parser.
-    assert store["command"][0] == "nvrx-control"
-    control = control_parser().parse_args(store["command"][1:])
+    assert store["command"][:3] == ["python", "-m", "training.control"]
+    control = control_parser().parse_args(store["command"][3:])
     assert control.rdzv_endpoint == "0.0.0.0:29400"
     assert control.rdzv_id == "llama-8b-p5-2"
     assert control.nnodes == "2:2"

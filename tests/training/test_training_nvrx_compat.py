@@ -67,3 +67,32 @@ def test_the_orphan_cleanup_spares_the_launchers_own_process_group(variant):
     else:
         assert done.returncode == 0, done.stderr[-2000:]
         assert "launcher alive" in done.stdout
+
+
+def _rank_three_nodes(previous_active: set[int], *, mended: bool) -> set[int]:
+    """Which infra ranks NVRx's barrier rendezvous makes active among nodes 0, 1, 2 (world of 2)."""
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
+
+    state = object.__new__(barrier._RendezvousBarrierState)
+    state.segment = None
+    setattr(state, nvrx_compat.PREVIOUS_ACTIVES, dict.fromkeys(previous_active))
+    nodes = {rank: barrier._NodeDesc(addr=f"node-{rank}", pid=rank, local_id=0) for rank in (0, 1, 2)}
+    participants = [(nodes[rank], rank, "none", None) for rank in (0, 1, 2)]
+    original = barrier._RendezvousBarrierState._sort_rankable_participants
+    try:
+        if mended:
+            nvrx_compat.keep_previous_actives_first()
+        ranks = state._assign_group_ranks(participants, 2)
+    finally:
+        barrier._RendezvousBarrierState._sort_rankable_participants = original
+    return {infra for infra, node in nodes.items() if ranks[node] < 2}
+
+
+def test_a_restart_round_keeps_its_previous_active_nodes_before_a_spare():
+    """Nodes 1 and 2 trained; node 0 is the spare (it joined the first round last). NVRx ranks by infra
+    rank alone, so the spare displaced node 2 at the next restart round; mended, nodes 1 and 2 stay."""
+    assert _rank_three_nodes({1, 2}, mended=False) == {0, 1}
+    assert _rank_three_nodes({1, 2}, mended=True) == {1, 2}
+    # A lost node's place: the spare fills it; the first round (no previous actives): NVRx's own order.
+    assert _rank_three_nodes({2}, mended=True) == {0, 2}
+    assert _rank_three_nodes(set(), mended=True) == {0, 1}

@@ -175,11 +175,17 @@ def test_a_sigkill_restart_round_leaves_the_warm_spare_standing_by(tmp_path, loc
 
     assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
     assert len(local_job.events(events, "fault_injected")) == 1
-    # The spare (index 2) trained nothing: the restart round re-formed with the same two nodes.
+    # The first round takes the first two pods to join: the spare is the one that trained nothing
+    # before the SIGKILL. The restart round re-formed with the same two nodes: the spare stayed out.
+    (fault,) = local_job.events(events, "fault_injected")
     steps = local_job.events(events, "step")
-    assert {int(e["node"]) for e in steps} == {0, 1}
+    started_after = {e["pid"] for e in local_job.events(events, "process_start") if e["t"] > fault["t"]}
+    before = {int(e["node"]) for e in steps if e["pid"] not in started_after}
+    after = {int(e["node"]) for e in steps if e["pid"] in started_after}
+    assert len(before) == 2, before
+    assert after == before, (before, after)
     _no_pod_succeeded_before_training_ended(result, steps)
     restored = local_job.events(events, "checkpoint_restored")
     assert restored, "the SIGKILL restarted no worker"
-    assert {int(e["node"]) for e in restored} == {0, 1}
+    assert {int(e["node"]) for e in restored} == before
     assert local_job.final_hash(events) == fault_free_hash
