@@ -155,14 +155,18 @@ class _Section(BaseModel):
 
 
 class Budgets(_Section):
-    """Restart budgets per layer. They must nest: in-process < launcher < Job (shared README section 2)."""
+    """Restart budgets per layer. They must nest: in-process < launcher < Job, so each layer gives up
+    only after the one below it did."""
 
     inprocess_max_iterations: int = Field(3, ge=1)
     """In-process restarts of the wrapped training function per process (modes inprocess/both). NVRx
     counts every in-process restart of the process's life, not a window: size it for all soft faults a
     process may see before a launcher restart gives it a fresh count."""
     launcher_max_restarts: int = Field(6, ge=0)
-    """Worker-group restarts per ft_launcher/torchrun agent; every node loss costs one on each survivor."""
+    """Worker-group restart rounds of the job (`--max-restarts`). ft_launcher counts them by rendezvous
+    round, job-wide: every restart of any node's workers (a SIGKILL, a deadlock, a node loss) is one
+    round for all, and a replacement pod's launcher starts with what is left. Once spent, every launcher
+    leaves and closes the rendezvous; the Job's budget replaces the pods, which start a fresh one."""
     job_backoff_limit_per_index: int = Field(8, ge=0)
     """Failed pods tolerated per Job index (a node loss is a DisruptionTarget and costs none)."""
     expected_node_losses: int = Field(2, ge=0)
