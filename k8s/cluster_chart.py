@@ -53,7 +53,7 @@ def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
     (libfabric pins RDMA buffers). PSA has no per-pod exemption an EKS user can configure (exemptions
     live in the API server's admission configuration), so the namespace level is the pods' level;
     everything else the pod spec can restrict it does (k8s/job_chart.py: no privilege escalation,
-    all other capabilities dropped, RuntimeDefault seccomp, the store and the eviction step non-root
+    all other capabilities dropped, RuntimeDefault seccomp, the rendezvous store non-root
     with read-only root filesystems, which is `restricted`). A cluster without the local tier and
     without EFA can enforce `baseline`.
     `warn` and `audit` stay at `baseline`, so whatever a pod here does beyond it is reported on every
@@ -193,7 +193,7 @@ class ClusterObjectsChart(cdk8s.Chart):
             metadata=k8s.ObjectMeta(name=names.TRAINING_PRIORITY_CLASS),
             value=names.TRAINING_PRIORITY_VALUE,
             global_default=False,
-            # A replacement pod must not evict a running rank of the same or another job.
+            # A replacement pod must not preempt a running rank of the same or another job.
             preemption_policy="Never",
             description="Training pods of nvrx-eks jobs.",
         )
