@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aws_cdk import Duration, Stack
+from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
@@ -65,19 +65,25 @@ def _gpu_scheduling(label: str) -> dict[str, Any]:
     }
 
 
-def pod_identity_principal(cluster: eks.ICluster) -> iam.IPrincipal:
-    """EKS Pod Identity as the trusted principal, for this account's cluster only.
+def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
+    """EKS Pod Identity as the trusted principal, for one service account of this cluster only.
 
-    The agent assumes the role and tags the session with the pod's identity; aws:SourceAccount and
-    aws:SourceArn keep another account's (or another cluster's) Pod Identity from assuming it (the
-    confused-deputy conditions of https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html).
+    EKS Pod Identity assumes the role with sts:AssumeRole and sts:TagSession, and tags the session with
+    the pod's cluster, namespace and service account; the trust policy restricts the role with those
+    request tags (https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html, the tag names in
+    https://docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html#pod-id-abac-tags). The guide
+    names no aws:SourceArn / aws:SourceAccount condition for this principal: a SourceArn of the cluster
+    would not match what Pod Identity sends, and every pod's AssumeRole would be denied.
     """
     return (
         iam.ServicePrincipal("pods.eks.amazonaws.com")
         .with_conditions(
             {
-                "StringEquals": {"aws:SourceAccount": Stack.of(cluster).account},
-                "ArnEquals": {"aws:SourceArn": cluster.cluster_arn},
+                "StringEquals": {
+                    "aws:RequestTag/eks-cluster-arn": cluster.cluster_arn,
+                    "aws:RequestTag/kubernetes-namespace": namespace,
+                    "aws:RequestTag/kubernetes-service-account": service_account,
+                }
             }
         )
         .with_session_tags()
@@ -89,9 +95,15 @@ def _pod_identity_role(
     id: str,  # noqa: A002
     *,
     cluster: eks.ICluster,
+    namespace: str,
+    service_account: str,
     statements: Sequence[iam.PolicyStatement],
 ) -> iam.Role:
-    role = iam.Role(scope, id, assumed_by=pod_identity_principal(cluster))
+    role = iam.Role(
+        scope,
+        id,
+        assumed_by=pod_identity_principal(cluster, namespace=namespace, service_account=service_account),
+    )
     for statement in statements:
         role.add_to_policy(statement)
     return role
@@ -106,6 +118,8 @@ class ManagedAddon:
     needs_nodes: bool = False
     configuration: dict[str, Any] | None = None
     service_account: str | None = None
+    namespace: str = "kube-system"
+    """Where the add-on runs its service account (the Pod Identity association and the role's trust)."""
     policy: tuple[iam.PolicyStatement, ...] = ()
     managed_policies: tuple[str, ...] = ()
     wildcard_reason: str = ""
@@ -116,7 +130,12 @@ class ManagedAddon:
         associations = None
         if self.service_account is not None:
             role = _pod_identity_role(
-                ctx.scope, f"{_camel(self.name)}Role", cluster=ctx.cluster, statements=self.policy
+                ctx.scope,
+                f"{_camel(self.name)}Role",
+                cluster=ctx.cluster,
+                namespace=self.namespace,
+                service_account=self.service_account,
+                statements=self.policy,
             )
             for managed in self.managed_policies:
                 role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(managed))
@@ -211,6 +230,14 @@ DCGM_EXPORTER_REMOTE_ENGINE = {
     ],
     "extraEnv": [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
 }
+# - the agent's DCGM host engine (the dcgm-server DaemonSet) tolerates no taint by default (chart value
+#   dcgmAgent.tolerations: []), so on the kit's tainted GPU nodes it would never run and dcgm-exporter
+#   and the node check's `dcgmi diag` would find no engine. One host engine per GPU node is node
+#   infrastructure like the agent itself (nodeAgent.tolerations: [operator: Exists]): it tolerates every
+#   taint, the kit's GPU taint, the node check's unverified taint and any taint a config adds.
+#   https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml
+#   https://docs.aws.amazon.com/eks/latest/userguide/node-monitoring-agent-configure.html
+NODE_MONITORING_CONFIGURATION = {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}}
 # - the CloudWatch add-on collects no accelerated-compute metrics, so its operator deploys no DCGM
 #   exporter (amazon-cloudwatch-agent-operator builds it only when accelerated_compute_metrics is on;
 #   the opt-out is in the add-on's documented configuration). Giving agent.config replaces the
@@ -269,7 +296,9 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
         ),
         # Reports GPU (XID, NVLink), kernel and network faults as node conditions; node auto-repair
         # on the GPU node groups acts on them.
-        ManagedAddon("eks-node-monitoring-agent", needs_nodes=True),
+        ManagedAddon(
+            "eks-node-monitoring-agent", needs_nodes=True, configuration=NODE_MONITORING_CONFIGURATION
+        ),
         HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL)),
         HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL)),
         HelmAddon(
@@ -289,6 +318,7 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
                 depends_on=("eks-pod-identity-agent",),
                 needs_nodes=True,
                 service_account="cloudwatch-agent",
+                namespace="amazon-cloudwatch",
                 configuration=CLOUDWATCH_CONFIGURATION,
                 managed_policies=("CloudWatchAgentServerPolicy",),
             )

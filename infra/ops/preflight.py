@@ -5,7 +5,9 @@ EFA, its capacity reservation or Capacity Block exists, is active or scheduled a
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
 maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
-offers. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
+offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Each check
+yields a row (pass / warn / fail) with the fix when it does not pass. A run where every check passes is
+recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent one.
 """
 
 from __future__ import annotations
@@ -113,9 +115,13 @@ class Preflight:
         self._session = session
         self._target = target
         self._vcpus: dict[str, int] = {}
+        self.account: str | None = None
+        """The account the credentials belong to (set by the first check)."""
 
     def run(self) -> list[CheckResult]:
         results = [self._identity()]
+        if self._target.kubernetes_version is not None:
+            results.append(self._guarded_kubernetes(self._target.kubernetes_version))
         for group in self._target.node_groups:
             results.append(self._guarded("instance type offered", group, self._offered))
             results.append(self._guarded("EFA supported", group, self._efa))
@@ -131,6 +137,7 @@ class Preflight:
         # Fails fast (UserError) when there are no usable credentials: every other check would too.
         with aws_errors("sts:GetCallerIdentity"):
             who = self._session.client("sts").get_caller_identity()
+        self.account = str(who["Account"])
         return CheckResult(
             check="credentials",
             subject=self._target.region,
@@ -277,6 +284,12 @@ class Preflight:
             ),
         )
 
+    def _guarded_kubernetes(self, version: str) -> CheckResult:
+        try:
+            return kubernetes_support(self._session.client("eks"), version=version)
+        except (UserError, ServiceError) as exc:
+            return CheckResult(check=KUBERNETES_CHECK, subject=version, status=Status.FAIL, detail=str(exc))
+
     def _guarded_addon(self, addon: AddonTarget) -> CheckResult:
         try:
             return self._addon(addon)
@@ -321,6 +334,47 @@ class Preflight:
 
 
 ADDON_CHECK = "add-on version"
+KUBERNETES_CHECK = "Kubernetes standard support"
+STANDARD_SUPPORT = "STANDARD_SUPPORT"
+
+
+def kubernetes_support(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    *,
+    version: str,
+) -> CheckResult:
+    """EKS's own answer: is `version` in standard support today (extended support costs more per
+    cluster-hour; an unsupported version cannot be created)?
+    https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeClusterVersions.html"""
+    with aws_errors("eks:DescribeClusterVersions"):
+        found = eks.describe_cluster_versions(clusterVersions=[version], includeAll=True)["clusterVersions"]
+    entry = next((v for v in found if v.get("clusterVersion") == version), None)
+    offered = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
+    fix = f"use a version in standard support that kitcore/pins.py covers ({offered}), or raise the pins"
+    if entry is None:
+        return CheckResult(
+            check=KUBERNETES_CHECK,
+            subject=version,
+            status=Status.FAIL,
+            detail=f"EKS lists no Kubernetes {version}",
+            fix=fix,
+        )
+    status = str(entry.get("versionStatus", "?"))
+    end = entry.get("endOfStandardSupportDate")
+    until = f" (standard support ends {end:%Y-%m-%d})" if end else ""
+    if status == STANDARD_SUPPORT:
+        return CheckResult(
+            check=KUBERNETES_CHECK, subject=version, status=Status.PASS, detail=f"{status}{until}"
+        )
+    return CheckResult(
+        check=KUBERNETES_CHECK,
+        subject=version,
+        status=Status.FAIL,
+        detail=f"Kubernetes {version} is {status}{until}",
+        fix=fix,
+    )
+
+
 ADDON_VERSIONS_SHOWN = 8
 
 
