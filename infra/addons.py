@@ -49,10 +49,18 @@ class Addon(Protocol):
     def deploy(self, ctx: AddonContext) -> IConstruct: ...
 
 
-def _gpu_scheduling(label: str) -> dict[str, Any]:
-    """Values that put a DaemonSet on (tainted) GPU nodes of this kit, and nowhere else."""
+def _gpu_scheduling(label: str, taints: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Values that put a DaemonSet on (tainted) GPU nodes of this kit, and nowhere else.
+
+    `taints`: (key, effect) of the taints a config adds to its GPU groups beside the kit's own; a
+    device plugin kept off a node by one of them leaves that node's GPUs or EFA devices unadvertised,
+    and every pod that requests them Pending.
+    """
+    tolerations = [
+        {"key": key, "operator": "Exists", "effect": effect} for key, effect in _gpu_taints(taints)
+    ]
     return {
-        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": tolerations,
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -63,6 +71,11 @@ def _gpu_scheduling(label: str) -> dict[str, Any]:
             }
         },
     }
+
+
+def _gpu_taints(taints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The kit's GPU taint and the config's own, each (key, effect) once, in order."""
+    return list(dict.fromkeys([(GPU_TAINT_KEY, "NoSchedule"), *taints]))
 
 
 def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
@@ -277,8 +290,10 @@ KUEUE_VALUES = {
 KUEUE_WAIT_TIMEOUT = Duration.minutes(10)
 
 
-def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addon]:
-    """The kit's add-on set for GPU training."""
+def standard_addons(
+    *, cloudwatch_observability: bool, kueue: bool, gpu_taints: Sequence[tuple[str, str]] = ()
+) -> list[Addon]:
+    """The kit's add-on set for GPU training; `gpu_taints`: (key, effect) the config's GPU groups add."""
     addons: list[Addon] = [
         ManagedAddon("vpc-cni", configuration=VPC_CNI_CONFIGURATION),
         ManagedAddon("kube-proxy"),
@@ -299,13 +314,13 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
         ManagedAddon(
             "eks-node-monitoring-agent", needs_nodes=True, configuration=NODE_MONITORING_CONFIGURATION
         ),
-        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL)),
-        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL)),
+        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL, gpu_taints)),
+        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL, gpu_taints)),
         HelmAddon(
             "dcgm-exporter",
             depends_on=("nvidia-device-plugin", "eks-node-monitoring-agent"),
             values={
-                **_gpu_scheduling(GPU_LABEL),
+                **_gpu_scheduling(GPU_LABEL, gpu_taints),
                 **DCGM_EXPORTER_REMOTE_ENGINE,
                 "serviceMonitor": {"enabled": False},
             },

@@ -131,12 +131,20 @@ class ClusterStack(Stack):
                 node_dependencies=[training.system_nodegroup],
             ),
             standard_addons(
-                cloudwatch_observability=config.addons.cloudwatch_observability, kueue=config.addons.kueue
+                cloudwatch_observability=config.addons.cloudwatch_observability,
+                kueue=config.addons.kueue,
+                gpu_taints=self._config_gpu_taints(),
             ),
         )
         self._training_identity(cluster)
         self._cluster_objects(cluster, addons)
         self._outputs()
+
+    def _config_gpu_taints(self) -> tuple[tuple[str, str], ...]:
+        """(key, effect) of every taint the config adds to a GPU group: the kit's GPU DaemonSets
+        (device plugins, DCGM exporter, node check) tolerate them, or the nodes never advertise GPUs."""
+        taints = ((t.key, t.effect) for g in self.config.gpu_node_groups for t in g.taints)
+        return tuple(dict.fromkeys(taints))
 
     def _training_identity(self, cluster: eks.ICluster) -> None:
         """The training service account's Pod Identity: the checkpoint prefix of the bucket, nothing else."""
@@ -177,6 +185,7 @@ class ClusterStack(Stack):
             interval_s=check.interval_s,
             local_nvme_path=LOCAL_NVME_MOUNT,
             dcgm_host=check.dcgm_host,
+            extra_tolerations=self._config_gpu_taints(),
         )
         if self.config.addons.kueue:
             groups = self.config.gpu_node_groups

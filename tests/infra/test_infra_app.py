@@ -774,3 +774,34 @@ def test_npx_cdk_deploy_without_a_preflight_pass_exits_2_before_any_aws_call(tmp
     assert result.returncode == 2, result.stderr
     assert "cdk deploy refused: no passing preflight is recorded for nvrx-eks-p5" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
+    """A config's own GPU taint must not keep the device plugins (the GPUs and EFA devices would never
+    be advertised), the DCGM exporter or the node check off its nodes."""
+    config_file = tmp_path / "tainted.yaml"
+    config_file.write_text(
+        (CONFIGS / "p5-capacity-block.yaml")
+        .read_text()
+        .replace(
+            "    labels: {nvrx-eks/pool: training}",
+            "    labels: {nvrx-eks/pool: training}\n"
+            "    taints: [{key: team.example.com/llm, effect: NoExecute}]",
+        )
+    )
+    config = infra_app.load_config(config_file)
+    app = App(outdir=str(tmp_path / "out"))
+    stack = infra_app.build(app, config, account="111111111111")
+    template = app.synth().get_stack_by_name(stack.stack_name).template
+    wanted = {"key": "team.example.com/llm", "operator": "Exists", "effect": "NoExecute"}
+    for chart in _resources(template, "Custom::AWSCDK-EKS-HelmChart").values():
+        name = chart["Properties"]["Chart"]
+        if name in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter"):
+            tolerations = json.loads(chart["Properties"]["Values"])["tolerations"]
+            assert wanted in tolerations, name
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations, (
+                name
+            )
+    (manifest,) = _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
+    (daemon_set,) = [o for o in _manifest_objects(manifest) if o["kind"] == "DaemonSet"]
+    assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]
