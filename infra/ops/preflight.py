@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.ops.aws import ServiceError, aws_errors, error_code
 from kitcore import pins
 from kitcore.configio import UserError
@@ -78,6 +79,9 @@ class AddonTarget:
 
     name: str
     version: str
+    configuration: dict[str, Any] | None = None
+    """The configuration values the stack gives it (infra/addon_values.py), checked against the
+    add-on version's published schema."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,8 +302,21 @@ class Preflight:
 
     def _addon(self, addon: AddonTarget) -> CheckResult:
         kubernetes = str(self._target.kubernetes_version)
-        offered = addon_versions(self._session.client("eks"), name=addon.name, kubernetes_version=kubernetes)
+        eks = self._session.client("eks")
+        offered = addon_versions(eks, name=addon.name, kubernetes_version=kubernetes)
         if addon.version in offered:
+            if addon.configuration is not None:
+                problem = configuration_problem(eks, addon)
+                if problem is not None:
+                    return CheckResult(
+                        check=ADDON_CHECK,
+                        subject=addon.name,
+                        status=Status.FAIL,
+                        detail=f"{addon.version} refuses the kit's configuration values: {problem}",
+                        fix=f"change {addon.name}'s configuration in infra/addon_values.py to fit the schema "
+                        f"(aws eks describe-addon-configuration --addon-name {addon.name} "
+                        f"--addon-version {addon.version})",
+                    )
             return CheckResult(
                 check=ADDON_CHECK,
                 subject=addon.name,
@@ -376,6 +393,29 @@ def kubernetes_support(
 
 
 ADDON_VERSIONS_SHOWN = 8
+
+
+def configuration_problem(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    addon: AddonTarget,
+) -> str | None:
+    """Why EKS would refuse `addon.configuration` for `addon.version` (its published JSON schema), or
+    None. CreateAddon validates configuration values against this schema.
+    https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddonConfiguration.html"""
+    import json  # noqa: PLC0415
+
+    import jsonschema  # noqa: PLC0415
+
+    with aws_errors("eks:DescribeAddonConfiguration"):
+        answer = eks.describe_addon_configuration(addonName=addon.name, addonVersion=addon.version)
+    schema = json.loads(answer.get("configurationSchema") or "{}")
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft7Validator(schema).iter_errors(addon.configuration)
+    )
+    if error is None:
+        return None
+    where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+    return f"{where}: {error.message}"
 
 
 def addon_versions(
@@ -504,7 +544,11 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(
-            AddonTarget(name=pin.name, version=pin.version_for(config.kubernetes_version))
+            AddonTarget(
+                name=pin.name,
+                version=pin.version_for(config.kubernetes_version),
+                configuration=MANAGED_ADDON_CONFIGURATION.get(pin.name),
+            )
             for pin in pins.EKS_ADDONS.values()
         ),
         node_groups=tuple(

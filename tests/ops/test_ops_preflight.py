@@ -4,11 +4,13 @@ implementation (capacity reservations, service quotas)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
+from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
@@ -416,6 +418,39 @@ def test_a_kubernetes_version_out_of_standard_support_fails_naming_the_fix(plain
     assert "kitcore/pins.py" in row.fix
 
 
+def test_configuration_values_the_addon_schema_refuses_fail_naming_the_field(plain_session):
+    """CreateAddon validates configuration values against the version's schema: preflight does first."""
+    _quietly_identified(plain_session)
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35")
+    name, version = "eks-node-monitoring-agent", "v1.7.0-eksbuild.1"
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page(name, [version], "1.35"),
+        {"kubernetesVersion": "1.35", "addonName": name},
+    )
+    # A schema with nodeAgent only: the kit's dcgmAgent.tolerations would be refused.
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"nodeAgent": {"type": "object"}},
+        "additionalProperties": False,
+    }
+    _configuration_schema(stubber, name, version, schema)
+    stubber.activate()
+    target = _addon_target(
+        AddonTarget(name=name, version=version, configuration=MANAGED_ADDON_CONFIGURATION[name])
+    )
+    results = Preflight(session=plain_session, target=target).run()
+    stubber.assert_no_pending_responses()
+    row = _by_check(results, "add-on version", name)
+    assert row.status is Status.FAIL
+    assert "v1.7.0-eksbuild.1 refuses the kit's configuration values: (top level): Additional properties" in (
+        row.detail
+    )
+    assert "'dcgmAgent' was unexpected" in row.detail
+    assert "infra/addon_values.py" in row.fix
+
+
 def test_preflight_cli_bad_config_exits_2(preflight_cli):
     result = preflight_cli("gpu_node_groups=[]")
     assert result.exit_code == 2
@@ -500,6 +535,14 @@ def _standard_support(stubber: Stubber, version: str, status: str = "STANDARD_SU
     return stubber
 
 
+def _configuration_schema(stubber: Stubber, name: str, version: str, schema: dict) -> None:
+    stubber.add_response(
+        "describe_addon_configuration",
+        {"addonName": name, "addonVersion": version, "configurationSchema": json.dumps(schema)},
+        {"addonName": name, "addonVersion": version},
+    )
+
+
 def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
     """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
     `offered` says otherwise."""
@@ -511,6 +554,8 @@ def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] 
             _addon_page(pin.name, versions, kubernetes),
             {"kubernetesVersion": kubernetes, "addonName": pin.name},
         )
+        if pin.name in MANAGED_ADDON_CONFIGURATION and pin.version_for(kubernetes) in versions:
+            _configuration_schema(stubber, pin.name, pin.version_for(kubernetes), {"type": "object"})
     stubber.activate()
     return stubber
 
