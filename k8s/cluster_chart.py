@@ -44,8 +44,10 @@ FSX_CSI_DRIVER = "fsx.csi.aws.com"
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 # Kueue 0.19+ evicts and requeues an admitted workload whose pods are not all ready within
 # WaitForPodsReady's timeout, and one that stays not-ready longer than its recoveryTimeout after a
-# pod fails (both 30 minutes by default, kept here: kubernetes-sigs/kueue#11855). A job's
-# `timeouts.pod_reschedule_s` (a lost node's replacement) must stay below it (tests check the values).
+# pod fails (both 30 minutes by default, kept here):
+# https://github.com/kubernetes-sigs/kueue/pull/11855
+# A job's `timeouts.pod_reschedule_s` (a lost node's replacement) must stay below it (tests check the
+# shipped values).
 KUEUE_PODS_READY_TIMEOUT_S = 1800
 
 

@@ -184,9 +184,10 @@ HELM_CHARTS: dict[str, ChartPin] = {
         namespace="kube-system",
     ),
     # Optional gang admission for multi-node jobs. https://kueue.sigs.k8s.io/docs/installation/
-    # 0.19.3: the newest release line with a public source here (NVIDIA/aicr#2598 installs chart 0.19.3).
-    # Its objects are kueue.x-k8s.io/v1beta2 (k8s/cluster_chart.py): 0.15 introduced v1beta2 and
-    # announced the end of v1beta1 (kubernetes-sigs/kueue#7626). From 0.19, WaitForPodsReady is on by
+    # 0.19.3: the newest release with a public source here, a project that installs this chart version
+    # (https://github.com/NVIDIA/aicr/pull/2598). Its objects are kueue.x-k8s.io/v1beta2
+    # (k8s/cluster_chart.py): 0.15 introduced v1beta2 and announced the end of v1beta1
+    # (https://github.com/kubernetes-sigs/kueue/issues/7626). From 0.19, WaitForPodsReady is on by
     # default (30 min timeout and recovery timeout): a job whose pods are not all ready within 30 minutes
     # is evicted and requeued (k8s/cluster_chart.py KUEUE_PODS_READY_TIMEOUT_S says what that bounds).
     "kueue": ChartPin(
