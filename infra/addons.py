@@ -12,11 +12,17 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aws_cdk import Duration, Stack
+from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
 from infra import nag
+from infra.addon_values import (
+    CLOUDWATCH_CONFIGURATION,
+    DCGM_EXPORTER_REMOTE_ENGINE,
+    NODE_MONITORING_CONFIGURATION,
+    VPC_CNI_CONFIGURATION,
+)
 from infra.constructs.gpu_nodegroup import EFA_LABEL, GPU_LABEL, GPU_TAINT_KEY
 from kitcore import pins
 
@@ -49,10 +55,18 @@ class Addon(Protocol):
     def deploy(self, ctx: AddonContext) -> IConstruct: ...
 
 
-def _gpu_scheduling(label: str) -> dict[str, Any]:
-    """Values that put a DaemonSet on (tainted) GPU nodes of this kit, and nowhere else."""
+def _gpu_scheduling(label: str, taints: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Values that put a DaemonSet on (tainted) GPU nodes of this kit, and nowhere else.
+
+    `taints`: (key, effect) of the taints a config adds to its GPU groups beside the kit's own; a
+    device plugin kept off a node by one of them leaves that node's GPUs or EFA devices unadvertised,
+    and every pod that requests them Pending.
+    """
+    tolerations = [
+        {"key": key, "operator": "Exists", "effect": effect} for key, effect in _gpu_taints(taints)
+    ]
     return {
-        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": tolerations,
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -65,19 +79,30 @@ def _gpu_scheduling(label: str) -> dict[str, Any]:
     }
 
 
-def pod_identity_principal(cluster: eks.ICluster) -> iam.IPrincipal:
-    """EKS Pod Identity as the trusted principal, for this account's cluster only.
+def _gpu_taints(taints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The kit's GPU taint and the config's own, each (key, effect) once, in order."""
+    return list(dict.fromkeys([(GPU_TAINT_KEY, "NoSchedule"), *taints]))
 
-    The agent assumes the role and tags the session with the pod's identity; aws:SourceAccount and
-    aws:SourceArn keep another account's (or another cluster's) Pod Identity from assuming it (the
-    confused-deputy conditions of https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html).
+
+def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
+    """EKS Pod Identity as the trusted principal, for one service account of this cluster only.
+
+    EKS Pod Identity assumes the role with sts:AssumeRole and sts:TagSession, and tags the session with
+    the pod's cluster, namespace and service account; the trust policy restricts the role with those
+    request tags (https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html, the tag names in
+    https://docs.aws.amazon.com/eks/latest/userguide/pod-id-abac.html#pod-id-abac-tags). The guide
+    names no aws:SourceArn / aws:SourceAccount condition for this principal: a SourceArn of the cluster
+    would not match what Pod Identity sends, and every pod's AssumeRole would be denied.
     """
     return (
         iam.ServicePrincipal("pods.eks.amazonaws.com")
         .with_conditions(
             {
-                "StringEquals": {"aws:SourceAccount": Stack.of(cluster).account},
-                "ArnEquals": {"aws:SourceArn": cluster.cluster_arn},
+                "StringEquals": {
+                    "aws:RequestTag/eks-cluster-arn": cluster.cluster_arn,
+                    "aws:RequestTag/kubernetes-namespace": namespace,
+                    "aws:RequestTag/kubernetes-service-account": service_account,
+                }
             }
         )
         .with_session_tags()
@@ -89,9 +114,15 @@ def _pod_identity_role(
     id: str,  # noqa: A002
     *,
     cluster: eks.ICluster,
+    namespace: str,
+    service_account: str,
     statements: Sequence[iam.PolicyStatement],
 ) -> iam.Role:
-    role = iam.Role(scope, id, assumed_by=pod_identity_principal(cluster))
+    role = iam.Role(
+        scope,
+        id,
+        assumed_by=pod_identity_principal(cluster, namespace=namespace, service_account=service_account),
+    )
     for statement in statements:
         role.add_to_policy(statement)
     return role
@@ -106,6 +137,8 @@ class ManagedAddon:
     needs_nodes: bool = False
     configuration: dict[str, Any] | None = None
     service_account: str | None = None
+    namespace: str = "kube-system"
+    """Where the add-on runs its service account (the Pod Identity association and the role's trust)."""
     policy: tuple[iam.PolicyStatement, ...] = ()
     managed_policies: tuple[str, ...] = ()
     wildcard_reason: str = ""
@@ -116,7 +149,12 @@ class ManagedAddon:
         associations = None
         if self.service_account is not None:
             role = _pod_identity_role(
-                ctx.scope, f"{_camel(self.name)}Role", cluster=ctx.cluster, statements=self.policy
+                ctx.scope,
+                f"{_camel(self.name)}Role",
+                cluster=ctx.cluster,
+                namespace=self.namespace,
+                service_account=self.service_account,
+                statements=self.policy,
             )
             for managed in self.managed_policies:
                 role.add_managed_policy(iam.ManagedPolicy.from_aws_managed_policy_name(managed))
@@ -190,45 +228,6 @@ _FSX_CSI_POLICY = (
 )
 
 
-# The VPC CNI's network policy agent enforces the job's NetworkPolicy objects (k8s/): without it
-# they are accepted and ignored. https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html
-VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
-
-# One DCGM host engine per GPU node. The DCGM profiling module (DCGM_FI_PROF_*) can be held by one
-# engine per GPU, and three would start: the node monitoring agent's dcgm-server, the dcgm-exporter
-# chart's embedded engine and the CloudWatch add-on's exporter. The engine kept is the node monitoring
-# agent's: its GPU health checks drive node auto-repair, and the add-on cannot switch it off. So:
-# - dcgm-exporter runs no engine of its own: `-r` connects it to that engine, which listens on the
-#   node's port 5555 (nv-hostengine -b ALL; aws/eks-node-monitoring-agent#205 and #255 describe it);
-#   https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/dcgm-exporter.html
-DCGM_HOSTENGINE_PORT = 5555
-DCGM_EXPORTER_REMOTE_ENGINE = {
-    "arguments": [
-        "-r",
-        f"$(NODE_IP):{DCGM_HOSTENGINE_PORT}",
-        "-f",
-        "/etc/dcgm-exporter/dcp-metrics-included.csv",
-    ],
-    "extraEnv": [{"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
-}
-# - the CloudWatch add-on collects no accelerated-compute metrics, so its operator deploys no DCGM
-#   exporter (amazon-cloudwatch-agent-operator builds it only when accelerated_compute_metrics is on;
-#   the opt-out is in the add-on's documented configuration). Giving agent.config replaces the
-#   default one, which also turns Application Signals (and its X-Ray traces) off: the role needs
-#   CloudWatchAgentServerPolicy only, not AWSXrayWriteOnlyAccess.
-#   https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/install-CloudWatch-Observability-EKS-addon.html
-CLOUDWATCH_CONFIGURATION = {
-    "agent": {
-        "config": {
-            "logs": {
-                "metrics_collected": {
-                    "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": False}
-                }
-            }
-        }
-    }
-}
-
 # Kueue's webhooks fail closed: its ResourceFlavor / ClusterQueue / LocalQueue can be applied only
 # once the controller serves (kubernetes-sigs/kueue#3794). Two replicas (leader election) and a PDB
 # keep it serving through a system-node drain; wait=True makes the Helm custom resource complete only
@@ -250,8 +249,10 @@ KUEUE_VALUES = {
 KUEUE_WAIT_TIMEOUT = Duration.minutes(10)
 
 
-def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addon]:
-    """The kit's add-on set for GPU training."""
+def standard_addons(
+    *, cloudwatch_observability: bool, kueue: bool, gpu_taints: Sequence[tuple[str, str]] = ()
+) -> list[Addon]:
+    """The kit's add-on set for GPU training; `gpu_taints`: (key, effect) the config's GPU groups add."""
     addons: list[Addon] = [
         ManagedAddon("vpc-cni", configuration=VPC_CNI_CONFIGURATION),
         ManagedAddon("kube-proxy"),
@@ -269,14 +270,16 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
         ),
         # Reports GPU (XID, NVLink), kernel and network faults as node conditions; node auto-repair
         # on the GPU node groups acts on them.
-        ManagedAddon("eks-node-monitoring-agent", needs_nodes=True),
-        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL)),
-        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL)),
+        ManagedAddon(
+            "eks-node-monitoring-agent", needs_nodes=True, configuration=NODE_MONITORING_CONFIGURATION
+        ),
+        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL, gpu_taints)),
+        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL, gpu_taints)),
         HelmAddon(
             "dcgm-exporter",
             depends_on=("nvidia-device-plugin", "eks-node-monitoring-agent"),
             values={
-                **_gpu_scheduling(GPU_LABEL),
+                **_gpu_scheduling(GPU_LABEL, gpu_taints),
                 **DCGM_EXPORTER_REMOTE_ENGINE,
                 "serviceMonitor": {"enabled": False},
             },
@@ -289,6 +292,7 @@ def standard_addons(*, cloudwatch_observability: bool, kueue: bool) -> list[Addo
                 depends_on=("eks-pod-identity-agent",),
                 needs_nodes=True,
                 service_account="cloudwatch-agent",
+                namespace="amazon-cloudwatch",
                 configuration=CLOUDWATCH_CONFIGURATION,
                 managed_policies=("CloudWatchAgentServerPolicy",),
             )

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from infra import deploy_gate
 from infra.config import ClusterConfig
+from infra.deploy_gate import SKIP_CONTEXT_KEY
+from infra.revision import source_revision
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
@@ -49,7 +54,7 @@ def overrides_from_context(context: Mapping[str, object]) -> tuple[Path, list[st
     path = Path(str(context.get("config", DEFAULT_CONFIG)))
     overrides = []
     for key, value in sorted(context.items()):
-        if key == "config" or ":" in key or key.startswith("@"):
+        if key in ("config", SKIP_CONTEXT_KEY) or ":" in key or key.startswith("@"):
             continue
         if key.split(".")[0] not in ClusterConfig.model_fields:
             raise UserError(f"context key {key!r} is not a cluster config field; fields: {_field_names()}")
@@ -80,10 +85,26 @@ def build(app: App, config: ClusterConfig, *, account: str, nag: bool = True) ->
     app.node.set_context(
         f"availability-zones:account={account}:region={config.region}", list(config.availability_zones)
     )
+    config = with_node_check_tag(config)
     stack = ClusterStack(app, config=config, env=Environment(account=account, region=config.region))
     if nag:
         add_checks(app)
     return stack
+
+
+def with_node_check_tag(config: ClusterConfig) -> ClusterConfig:
+    """The config with node_check.image_tag set: the given tag, else this checkout's revision (the
+    tag `nvrx-eks image build/push` gives the image built from it)."""
+    if config.node_check.image_tag is not None:
+        return config
+    tag = source_revision()
+    if tag is None:
+        raise UserError(
+            "node_check.image_tag: this is not a git checkout, so the image tag `nvrx-eks image push` "
+            "will use is unknown; pass -c node_check.image_tag=TAG (the tag you push)"
+        )
+    node_check = config.node_check.model_copy(update={"image_tag": tag})
+    return config.model_copy(update={"node_check": node_check})
 
 
 def synth_summary(config_path: str | Path = DEFAULT_CONFIG, overrides: Iterable[str] = ()) -> str:
@@ -159,6 +180,24 @@ def _field_names() -> str:
     return ", ".join(ClusterConfig.model_fields)
 
 
+def _gate_deploy(
+    config: ClusterConfig, context: Mapping[str, object], *, config_path: str, account: str
+) -> None:
+    """Refuse a deploy without a recent passing preflight of this config (infra/deploy_gate.py)."""
+    reason = deploy_gate.skip_reason(context)
+    if reason is not None:
+        print(f"warning: deploying {config.name} without a passing preflight: {reason}", file=sys.stderr)
+        return
+    found = deploy_gate.require_recent_pass(
+        config,
+        config_path=config_path,
+        account=account,
+        now=datetime.now(UTC),
+        directory=deploy_gate.state_dir(),
+    )
+    print(f"preflight passed for {config.name} at {found.passed_at:%Y-%m-%d %H:%M} UTC", file=sys.stderr)
+
+
 def main(context: Mapping[str, object] | None = None) -> None:
     """Entry for `cdk synth/deploy`.
 
@@ -168,9 +207,12 @@ def main(context: Mapping[str, object] | None = None) -> None:
 
     with _tell_the_cdk_wrapper(), exit_on_user_error():
         app = App(context=dict(context)) if context is not None else App()
-        path, overrides = overrides_from_context(app.node.get_all_context())
+        context = app.node.get_all_context()
+        path, overrides = overrides_from_context(context)
         config = load_config(path, overrides)
         account, _ = environment_for(config, os.environ)
+        if deploy_gate.is_deploy():
+            _gate_deploy(config, context, config_path=str(path), account=account)
         build(app, config, account=account)
         app.synth()
 

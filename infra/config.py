@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra import service_rules as rules
+from k8s import names
 from kitcore import pins
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
@@ -93,6 +94,14 @@ class TaintConfig(_Model):
         return value
 
 
+def scale_command(nodegroup: str, nodes: int, *, cluster: str = "CLUSTER") -> str:
+    """The AWS CLI call that sets a GPU node group's size (there is no autoscaler in the kit)."""
+    return (
+        f"aws eks update-nodegroup-config --cluster-name {cluster} --nodegroup-name {nodegroup} "
+        f"--scaling-config minSize=0,maxSize={nodes},desiredSize={nodes}"
+    )
+
+
 class GpuNodeGroupConfig(_Model):
     """One managed node group of GPU instances (all in the GPU availability zone)."""
 
@@ -152,6 +161,16 @@ class GpuNodeGroupConfig(_Model):
                 f"sizes must satisfy min_size <= desired_size <= max_size "
                 f"(got {self.min_size} / {self.desired_size} / {self.max_size})"
             )
+        if self.capacity.type == "capacity_block" and (self.desired_size or self.min_size):
+            # A Capacity Block launches nothing before its start time: a group created at N > 0 waits
+            # for instances that cannot exist yet, the create fails and the stack rolls back. AWS's
+            # guide creates the group at 0 and scales it once the block is active.
+            # https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html
+            raise ValueError(
+                f"a capacity_block group is created with min_size 0 and desired_size 0 (got "
+                f"{self.min_size} / {self.desired_size}); when the block is active, scale it: "
+                f"{scale_command(self.name, self.max_size)}"
+            )
         if self.placement_group and self.capacity.type != "on_demand":
             raise ValueError(
                 f"placement_group: true cannot be combined with capacity type {self.capacity.type}; "
@@ -166,12 +185,18 @@ class GpuNodeGroupConfig(_Model):
 
 
 class SystemNodeGroupConfig(_Model):
-    """A small on-demand node group for add-ons (coredns, controllers, Kueue)."""
+    """A small on-demand node group for add-ons (coredns, controllers, Kueue) and the jobs' stores."""
 
     instance_type: str = "m7i.xlarge"
     min_size: int = Field(2, ge=1)
     desired_size: int = Field(2, ge=1)
     max_size: int = Field(4, ge=1)
+    root_volume_gib: int = Field(150, ge=100, le=16384)
+    """Encrypted gp3 root volume. Each job's rendezvous store runs the training image here (the store
+    is torch's TCPStore, from the trainer package): ~10 GB compressed, ~20 GB unpacked on the NGC
+    PyTorch base, and containerd keeps both, so a node holds ~30 GB per image revision beside the
+    add-ons' images. The kubelet evicts pods below 10-15% free disk; 50 GiB fills with one image
+    and its next revision, 150 GiB holds a few."""
 
     @field_validator("instance_type")
     @classmethod
@@ -281,9 +306,9 @@ class NodeCheckConfig(_Model):
     """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/nodecheck.py)."""
 
     image_tag: str | None = None
-    """Tag of the training image in the stack's ECR repository (`nvrx-eks image push` prints it). None:
-    no node check yet: the repository is created by this stack, so deploy once, push the image, then
-    deploy again with `-c node_check.image_tag=TAG`. Jobs that require verified nodes wait for it."""
+    """Tag of the training image in the stack's ECR repository. None: the tag `nvrx-eks image push`
+    gives the image built from this checkout (its git revision), so the check is deployed with the
+    cluster and starts once that image is pushed (the kubelet retries the pull); no second deploy."""
     interval_s: int = Field(600, ge=60)
     """Seconds between checks of a node (DCGM diagnostics level 1 takes about a minute)."""
     dcgm_host: str | None = None
@@ -300,9 +325,10 @@ class NodeCheckConfig(_Model):
 class TrainingConfig(_Model):
     """Cluster-level objects the job tooling uses (k8s/cluster_chart.py renders them)."""
 
-    namespace: str = "training"
-    service_account: str = "trainer"
-    pvc_name: str = "fsx-checkpoints"
+    namespace: str = names.TRAINING_NAMESPACE
+    service_account: str = names.TRAINING_SERVICE_ACCOUNT
+    """The job values' default service_account too: change both, or set it in the job values."""
+    pvc_name: str = names.CHECKPOINT_PVC
 
     @field_validator("namespace", "service_account", "pvc_name")
     @classmethod

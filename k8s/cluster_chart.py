@@ -12,10 +12,10 @@ service account, the FSx volume, the priority classes and the optional Kueue que
   dynamic provisioner claims it. https://github.com/kubernetes-sigs/aws-fsx-csi-driver/tree/master/examples/kubernetes/static_provisioning
 - Kueue objects are plain ApiObjects (CRDs have no bindings in cdk8s_plus_33.k8s); they are only
   emitted when a queue is asked for, because their CRDs exist only where the Kueue chart is installed.
-  With the node check on, the flavor carries the verified label as `nodeLabels`: Kueue (0.13, the pin)
-  adds a flavor's nodeLabels to the node selector of the pods it admits, so admitted pods land only on
-  verified nodes. Admission itself counts quota, not nodes; only Topology-Aware Scheduling (a feature
-  gate in 0.13, beta from 0.14) makes admission wait for enough matching nodes with free capacity.
+  With the node check on, the flavor carries the verified label as `nodeLabels`: Kueue adds a flavor's
+  nodeLabels to the node selector of the pods it admits, so admitted pods land only on verified nodes.
+  Admission itself counts quota, not nodes; only Topology-Aware Scheduling makes admission wait for
+  enough matching nodes with free capacity.
 - The node check (k8s/node_verification.py) and the dashboards and scrape objects
   (k8s/observability.py) are constructs of their own.
 """
@@ -37,7 +37,18 @@ if TYPE_CHECKING:
     from constructs import Construct
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta1"
+# The API version of Kueue's objects, for the chart pinned in kitcore/pins.py (0.19): v1beta2, which
+# 0.15 introduced and later releases serve alone (https://github.com/kubernetes-sigs/kueue/issues/7626).
+# ResourceFlavor.nodeLabels, ClusterQueue.resourceGroups / namespaceSelector and
+# LocalQueue.clusterQueue are unchanged from v1beta1.
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+# Kueue 0.19+ evicts and requeues an admitted workload whose pods are not all ready within
+# WaitForPodsReady's timeout, and one that stays not-ready longer than its recoveryTimeout after a
+# pod fails (both 30 minutes by default, kept here):
+# https://github.com/kubernetes-sigs/kueue/pull/11855
+# A job's `timeouts.pod_reschedule_s` (a lost node's replacement) must stay below it (tests check the
+# shipped values).
+KUEUE_PODS_READY_TIMEOUT_S = 1800
 
 
 PodSecurityLevel = Literal["privileged", "baseline", "restricted"]

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 APP = "nvrx-eks"
 
+# Where jobs run and who they run as: the cluster stack creates these (infra/config.py TrainingConfig
+# defaults, the Pod Identity association, the PVC) and the job values default to them (k8s/values.py),
+# so a default job finds what a default stack made.
+TRAINING_NAMESPACE = "training"
+TRAINING_SERVICE_ACCOUNT = "nvrx-trainer"
+CHECKPOINT_PVC = "fsx-checkpoints"
+
 # Priority classes (cluster chart creates them, job chart uses them). The rendezvous store must
 # outrank training pods: if the store is evicted, every agent loses its rendezvous at once.
 STORE_PRIORITY_CLASS = "nvrx-rendezvous-store"

@@ -60,6 +60,8 @@ class NodeCheckSpec:
     dcgm_host: str | None = None
     """nv-hostengine address for `dcgmi diag` (None: dcgmi's default; the check is skipped, with a
     note, where dcgmi or a host engine is absent)."""
+    extra_tolerations: tuple[tuple[str, str], ...] = ()
+    """(key, effect) of taints the cluster config adds to GPU node groups: the check runs there too."""
 
 
 def _policy_validations() -> list[k8s.Validation]:
@@ -275,6 +277,10 @@ class NodeVerification(Construct):
                             # It must keep running on a node it tainted, to lift the taint again.
                             k8s.Toleration(
                                 key=nodecheck.UNVERIFIED_TAINT, operator="Exists", effect="NoSchedule"
+                            ),
+                            *(
+                                k8s.Toleration(key=key, operator="Exists", effect=effect)
+                                for key, effect in spec.extra_tolerations
                             ),
                         ],
                         containers=[container],

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from k8s import names
 from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
 from kitcore.configio import UserError
@@ -214,7 +215,7 @@ class Storage(_Section):
     """sizeLimit of that emptyDir (counts against the pod's memory limit); default: a quarter of the
     instance profile's memory. Size it above ranks per node x num_staging_slots x state bytes per rank."""
 
-    fsx_pvc: str = "fsx-checkpoints"
+    fsx_pvc: str = names.CHECKPOINT_PVC
     """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""
     fsx_mount_path: str = "/fsx"
     fsx_export_dir: str = "durable"
@@ -305,12 +306,12 @@ class JobValues(_Section):
     """One training job. Top-level names are a contract with the ops and demo tooling."""
 
     name: str
-    namespace: str = "training"
+    namespace: str = names.TRAINING_NAMESPACE
     image: str = LOCAL_IMAGE
     """Container image, or `local` for the local executor (this virtualenv)."""
     nvrx_version: str | None = None
     """NVRx in the image; default: kitcore/pins.py IMAGE.nvrx_version, or the installed one for `local`."""
-    service_account: str = "nvrx-trainer"
+    service_account: str = names.TRAINING_SERVICE_ACCOUNT
     """Bound to the checkpoint-prefix IAM role by EKS Pod Identity (the cluster stack)."""
     num_nodes: int = Field(ge=1)
     spares: int = Field(0, ge=0)

@@ -7,6 +7,7 @@ launcher flags the job chart derives. Change a version here and nowhere else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 
 # What a checksum pin holds until the file's published sha256 has been recorded: the image build
 # refuses it (images/fetch-verified.sh and `nvrx-eks image build`), it never downloads unverified.
@@ -78,27 +79,34 @@ rely on its barrier rendezvous, control process and hot spares)."""
 # A version missing from the maps below is refused at synth (infra/config.py), never guessed.
 # ---------------------------------------------------------------------------------------------
 
-# Kubernetes version(s) the add-on pins below are meant for. The kubectl Lambda layer
-# (KUBECTL_LAYER_MINOR) is within kubectl's +/-1 minor skew of each of them.
-# https://kubernetes.io/releases/version-skew-policy/#kubectl
-# EKS standard support (https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html;
-# dates as listed by endoflife.date/amazon-eks): 1.33 ended 2026-07-29 (dropped here), 1.34 ends
-# 2026-12-02 (kept only so existing clusters can be updated before they move), 1.35 (EKS release
-# 2026-01-28) runs to 2027-03-27: the default. aws-cdk-lib 2.275 knows V1_35 and V1_36; 1.36 is not
-# offered here until its add-on pins are confirmed.
-SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = ("1.34", "1.35")
+# Kubernetes versions offered: only those in EKS standard support, with the day it ends (extended
+# support costs more per cluster-hour and gets no new add-on builds). Dates from the EKS user guide's
+# release calendar, https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html ; as of
+# PINS_REVIEWED: 1.34's standard support ends 2026-12-02 (not offered), 1.35 (EKS release 2026-01-28)
+# runs to 2027-03-27. 1.36 (upstream GA 2026-06) is not offered until its add-on pins have a source.
+# The table is checked offline; `nvrx-eks preflight` asks EKS (DescribeClusterVersions) whether the
+# config's version is still in standard support on the day of the deploy.
+PINS_REVIEWED = date(2026, 12, 2)
+STANDARD_SUPPORT_ENDS: dict[str, date] = {"1.35": date(2027, 3, 27)}
+SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(STANDARD_SUPPORT_ENDS)
 DEFAULT_KUBERNETES_VERSION = "1.35"
 # aws-cdk.lambda-layer-kubectl-v35 (PyPI, 2.2.2): kubectl + helm for the cluster's kubectl provider
-# (add_helm_chart, add_cdk8s_chart). Python package pinned in pyproject.toml / constraints.txt.
+# (add_helm_chart, add_cdk8s_chart), within kubectl's +/-1 minor skew of every version above.
+# https://kubernetes.io/releases/version-skew-policy/#kubectl
 KUBECTL_LAYER_MINOR = "1.35"
 
 
 @dataclass(frozen=True)
 class AddonPin:
-    """One EKS managed add-on: its name and the version per supported Kubernetes minor."""
+    """One EKS managed add-on: its version per supported Kubernetes minor, and where it was seen."""
 
     name: str
     versions: dict[str, str]
+    source: str
+    """The public place the version was read from, or why it is unconfirmed."""
+    confirmed: bool
+    """False: no public source lists this version for these Kubernetes versions; only
+    `nvrx-eks preflight` (DescribeAddonVersions) settles it, and `cdk deploy` needs its pass."""
 
     def version_for(self, kubernetes_version: str) -> str:
         return self.versions[kubernetes_version]
@@ -109,30 +117,38 @@ def _same(version: str) -> dict[str, str]:
 
 
 # EKS managed add-ons (https://docs.aws.amazon.com/eks/latest/userguide/workloads-add-ons-available-eks.html).
-#
-# Sources, checked offline (no AWS access here). `nvrx-eks preflight` checks every pin below against
-# `describe-addon-versions` for the cluster's version before a deploy and lists the valid ones: run it,
-# and correct a pin here, wherever a line says "unconfirmed".
-# - kube-proxy 1.34 v1.34.1-eksbuild.2: the EKS user guide's kube-proxy table (managing-kube-proxy).
-# - For 1.35: vpc-cni v1.21.1-eksbuild.3, kube-proxy v1.35.0-eksbuild.2, coredns v1.13.2-eksbuild.1,
-#   eks-pod-identity-agent v1.3.10-eksbuild.3, amazon-cloudwatch-observability v5.3.0-eksbuild.1:
-#   a public Terraform configuration of an EKS 1.35 cluster (found by code search); not an AWS table.
-# - vpc-cni, eks-pod-identity-agent and amazon-cloudwatch-observability builds are usually published
-#   for every supported minor: their 1.35 versions are used for 1.34 too (unconfirmed for 1.34).
-# - coredns 1.34 v1.12.3-eksbuild.1: unconfirmed (kept from the previous pin).
-# - eks-node-monitoring-agent v1.5.0-eksbuild.1: seen in a public configuration, Kubernetes version
-#   not stated: unconfirmed for 1.34 and 1.35.
-# - aws-fsx-csi-driver v1.6.0-eksbuild.1: unconfirmed (no source found offline).
+# An add-on version must be listed by DescribeAddonVersions for the cluster's Kubernetes version, or
+# CreateAddon fails and the stack rolls back. No AWS access where these were chosen, so each pin names
+# its public source and whether that source ties it to Kubernetes 1.35; `nvrx-eks preflight` checks
+# every pin against EKS for the config's version and lists the valid ones, and `cdk deploy` refuses to
+# start without that preflight's recent pass (infra/deploy_gate.py). List what EKS offers with:
+#   aws eks describe-addon-versions --kubernetes-version 1.35 --addon-name vpc-cni \
+#     --query 'addons[].addonVersions[].addonVersion'
+_TF_135 = "a public Terraform configuration of an EKS 1.35 cluster (found by code search; not an AWS table)"
 EKS_ADDONS: dict[str, AddonPin] = {
     pin.name: pin
     for pin in (
-        AddonPin("vpc-cni", _same("v1.21.1-eksbuild.3")),
-        AddonPin("coredns", {"1.34": "v1.12.3-eksbuild.1", "1.35": "v1.13.2-eksbuild.1"}),
-        AddonPin("kube-proxy", {"1.34": "v1.34.1-eksbuild.2", "1.35": "v1.35.0-eksbuild.2"}),
-        AddonPin("eks-pod-identity-agent", _same("v1.3.10-eksbuild.3")),
-        AddonPin("aws-fsx-csi-driver", _same("v1.6.0-eksbuild.1")),
-        AddonPin("eks-node-monitoring-agent", _same("v1.5.0-eksbuild.1")),
-        AddonPin("amazon-cloudwatch-observability", _same("v5.3.0-eksbuild.1")),
+        AddonPin("vpc-cni", _same("v1.21.1-eksbuild.3"), source=_TF_135, confirmed=True),
+        AddonPin("coredns", _same("v1.13.2-eksbuild.1"), source=_TF_135, confirmed=True),
+        AddonPin("kube-proxy", _same("v1.35.0-eksbuild.2"), source=_TF_135, confirmed=True),
+        AddonPin("eks-pod-identity-agent", _same("v1.3.10-eksbuild.3"), source=_TF_135, confirmed=True),
+        AddonPin(
+            "amazon-cloudwatch-observability", _same("v5.3.0-eksbuild.1"), source=_TF_135, confirmed=True
+        ),
+        AddonPin(
+            "eks-node-monitoring-agent",
+            _same("v1.7.0-eksbuild.1"),
+            # The agent image tag of AWS's own chart for the add-on (nodeAgent.image.tag); the add-on's
+            # versions carry the same name, but no source ties this one to Kubernetes 1.35.
+            source="https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml",
+            confirmed=False,
+        ),
+        AddonPin(
+            "aws-fsx-csi-driver",
+            _same("v1.6.0-eksbuild.1"),
+            source="none found offline: unconfirmed for Kubernetes 1.35",
+            confirmed=False,
+        ),
     )
 }
 
@@ -172,10 +188,16 @@ HELM_CHARTS: dict[str, ChartPin] = {
         namespace="kube-system",
     ),
     # Optional gang admission for multi-node jobs. https://kueue.sigs.k8s.io/docs/installation/
+    # 0.19.3: the newest release with a public source here, a project that installs this chart version
+    # (https://github.com/NVIDIA/aicr/pull/2598). Its objects are kueue.x-k8s.io/v1beta2
+    # (k8s/cluster_chart.py): 0.15 introduced v1beta2 and announced the end of v1beta1
+    # (https://github.com/kubernetes-sigs/kueue/issues/7626). From 0.19, WaitForPodsReady is on by
+    # default (30 min timeout and recovery timeout): a job whose pods are not all ready within 30 minutes
+    # is evicted and requeued (k8s/cluster_chart.py KUEUE_PODS_READY_TIMEOUT_S says what that bounds).
     "kueue": ChartPin(
         chart="kueue",
         repository="oci://registry.k8s.io/kueue/charts/kueue",  # OCI: the full chart path
-        version="0.13.4",
+        version="0.19.3",
         namespace="kueue-system",
     ),
 }

@@ -60,6 +60,7 @@ class TrainingCluster(Construct):
         system_min_size: int,
         system_desired_size: int,
         system_max_size: int,
+        system_root_volume_gib: int,
     ) -> None:
         super().__init__(scope, id)
         self.secrets_key = kms.Key(
@@ -141,7 +142,7 @@ class TrainingCluster(Construct):
             "SystemLaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
                 metadata_options=lt.imds_options(lt.IMDS_HOP_LIMIT),
-                block_device_mappings=[lt.root_volume(50)],
+                block_device_mappings=[lt.root_volume(system_root_volume_gib)],
             ),
         )
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
@@ -159,6 +160,9 @@ class TrainingCluster(Construct):
             ),
             labels={SYSTEM_LABEL: "system"},
             enable_node_auto_repair=True,
+            # Drain through PodDisruptionBudgets (Kueue's, coredns'), never past them.
+            # https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html
+            force_update=False,
         )
 
         self._acknowledge()

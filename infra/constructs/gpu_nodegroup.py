@@ -174,6 +174,11 @@ class GpuNodeGroup(Construct):
             enable_node_auto_repair=True,
             # A training job spans the whole group: update one node at a time.
             max_unavailable=1,
+            # An update drains each node through the Eviction API, which honours PodDisruptionBudgets
+            # (the job's, Kueue's); the CDK default (force) terminates a node whose pods a budget
+            # still protects. Without force, an update that cannot drain fails and the node stays.
+            # https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html
+            force_update=False,
         )
         # The L2 refuses AL2023_X86_64_NVIDIA for instance types its own GPU list lacks (p5, g6),
         # so the instance type goes onto the L1 directly.

@@ -108,8 +108,11 @@ def preflight(
     AZ, count) and the On-Demand vCPU quota for max nodes x vCPUs. Exit codes: 0 all pass (warnings
     allowed); 2 bad config or no credentials; 3 a check failed; 4 AWS unavailable.
     """
+    from datetime import UTC, datetime  # noqa: PLC0415
+
     from rich.console import Console  # noqa: PLC0415
 
+    from infra import deploy_gate  # noqa: PLC0415
     from infra.config import ClusterConfig  # noqa: PLC0415
     from infra.ops import preflight as checks  # noqa: PLC0415
     from infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
@@ -118,7 +121,8 @@ def preflight(
     with _exit_codes():
         cfg = load_model(ClusterConfig, config, overrides or [])
         target = checks.target_from_config(cfg)
-        results = checks.Preflight(session=_session(profile, cfg.region), target=target).run()
+        run = checks.Preflight(session=_session(profile, cfg.region), target=target)
+        results = run.run()
         if job_values is not None:
             from k8s.load import load_values  # noqa: PLC0415
 
@@ -132,6 +136,15 @@ def preflight(
                 file=sys.stderr,
             )
         raise typer.Exit(EXIT_CHECKS_FAILED)
+    with _exit_codes():
+        # `cdk deploy` of this config and account may start now (infra/deploy_gate.py).
+        recorded = deploy_gate.record_pass(
+            cfg, account=str(run.account), now=datetime.now(UTC), directory=deploy_gate.state_dir()
+        )
+    print(
+        f"preflight passed; recorded in {recorded}: `cdk deploy` of this config may start within "
+        f"{deploy_gate.MAX_AGE.total_seconds() / 3600:.0f} h"
+    )
 
 
 def values(

@@ -5,7 +5,9 @@ EFA, its capacity reservation or Capacity Block exists, is active or scheduled a
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
 maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
-offers. Each check yields a row (pass / warn / fail) with the fix when it does not pass.
+offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Each check
+yields a row (pass / warn / fail) with the fix when it does not pass. A run where every check passes is
+recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.ops.aws import ServiceError, aws_errors, error_code
 from kitcore import pins
 from kitcore.configio import UserError
@@ -76,6 +79,9 @@ class AddonTarget:
 
     name: str
     version: str
+    configuration: dict[str, Any] | None = None
+    """The configuration values the stack gives it (infra/addon_values.py), checked against the
+    add-on version's published schema."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,9 +119,13 @@ class Preflight:
         self._session = session
         self._target = target
         self._vcpus: dict[str, int] = {}
+        self.account: str | None = None
+        """The account the credentials belong to (set by the first check)."""
 
     def run(self) -> list[CheckResult]:
         results = [self._identity()]
+        if self._target.kubernetes_version is not None:
+            results.append(self._guarded_kubernetes(self._target.kubernetes_version))
         for group in self._target.node_groups:
             results.append(self._guarded("instance type offered", group, self._offered))
             results.append(self._guarded("EFA supported", group, self._efa))
@@ -131,6 +141,7 @@ class Preflight:
         # Fails fast (UserError) when there are no usable credentials: every other check would too.
         with aws_errors("sts:GetCallerIdentity"):
             who = self._session.client("sts").get_caller_identity()
+        self.account = str(who["Account"])
         return CheckResult(
             check="credentials",
             subject=self._target.region,
@@ -277,6 +288,12 @@ class Preflight:
             ),
         )
 
+    def _guarded_kubernetes(self, version: str) -> CheckResult:
+        try:
+            return kubernetes_support(self._session.client("eks"), version=version)
+        except (UserError, ServiceError) as exc:
+            return CheckResult(check=KUBERNETES_CHECK, subject=version, status=Status.FAIL, detail=str(exc))
+
     def _guarded_addon(self, addon: AddonTarget) -> CheckResult:
         try:
             return self._addon(addon)
@@ -285,8 +302,21 @@ class Preflight:
 
     def _addon(self, addon: AddonTarget) -> CheckResult:
         kubernetes = str(self._target.kubernetes_version)
-        offered = addon_versions(self._session.client("eks"), name=addon.name, kubernetes_version=kubernetes)
+        eks = self._session.client("eks")
+        offered = addon_versions(eks, name=addon.name, kubernetes_version=kubernetes)
         if addon.version in offered:
+            if addon.configuration is not None:
+                problem = configuration_problem(eks, addon)
+                if problem is not None:
+                    return CheckResult(
+                        check=ADDON_CHECK,
+                        subject=addon.name,
+                        status=Status.FAIL,
+                        detail=f"{addon.version} refuses the kit's configuration values: {problem}",
+                        fix=f"change {addon.name}'s configuration in infra/addon_values.py to fit the schema "
+                        f"(aws eks describe-addon-configuration --addon-name {addon.name} "
+                        f"--addon-version {addon.version})",
+                    )
             return CheckResult(
                 check=ADDON_CHECK,
                 subject=addon.name,
@@ -321,7 +351,71 @@ class Preflight:
 
 
 ADDON_CHECK = "add-on version"
+KUBERNETES_CHECK = "Kubernetes standard support"
+STANDARD_SUPPORT = "STANDARD_SUPPORT"
+
+
+def kubernetes_support(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    *,
+    version: str,
+) -> CheckResult:
+    """EKS's own answer: is `version` in standard support today (extended support costs more per
+    cluster-hour; an unsupported version cannot be created)?
+    https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeClusterVersions.html"""
+    with aws_errors("eks:DescribeClusterVersions"):
+        found = eks.describe_cluster_versions(clusterVersions=[version], includeAll=True)["clusterVersions"]
+    entry = next((v for v in found if v.get("clusterVersion") == version), None)
+    offered = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
+    fix = f"use a version in standard support that kitcore/pins.py covers ({offered}), or raise the pins"
+    if entry is None:
+        return CheckResult(
+            check=KUBERNETES_CHECK,
+            subject=version,
+            status=Status.FAIL,
+            detail=f"EKS lists no Kubernetes {version}",
+            fix=fix,
+        )
+    status = str(entry.get("versionStatus", "?"))
+    end = entry.get("endOfStandardSupportDate")
+    until = f" (standard support ends {end:%Y-%m-%d})" if end else ""
+    if status == STANDARD_SUPPORT:
+        return CheckResult(
+            check=KUBERNETES_CHECK, subject=version, status=Status.PASS, detail=f"{status}{until}"
+        )
+    return CheckResult(
+        check=KUBERNETES_CHECK,
+        subject=version,
+        status=Status.FAIL,
+        detail=f"Kubernetes {version} is {status}{until}",
+        fix=fix,
+    )
+
+
 ADDON_VERSIONS_SHOWN = 8
+
+
+def configuration_problem(
+    eks: Any,  # noqa: ANN401 - a boto3 EKS client
+    addon: AddonTarget,
+) -> str | None:
+    """Why EKS would refuse `addon.configuration` for `addon.version` (its published JSON schema), or
+    None. CreateAddon validates configuration values against this schema.
+    https://docs.aws.amazon.com/eks/latest/APIReference/API_DescribeAddonConfiguration.html"""
+    import json  # noqa: PLC0415
+
+    import jsonschema  # noqa: PLC0415
+
+    with aws_errors("eks:DescribeAddonConfiguration"):
+        answer = eks.describe_addon_configuration(addonName=addon.name, addonVersion=addon.version)
+    schema = json.loads(answer.get("configurationSchema") or "{}")
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft7Validator(schema).iter_errors(addon.configuration)
+    )
+    if error is None:
+        return None
+    where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+    return f"{where}: {error.message}"
 
 
 def addon_versions(
@@ -450,7 +544,11 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(
-            AddonTarget(name=pin.name, version=pin.version_for(config.kubernetes_version))
+            AddonTarget(
+                name=pin.name,
+                version=pin.version_for(config.kubernetes_version),
+                configuration=MANAGED_ADDON_CONFIGURATION.get(pin.name),
+            )
             for pin in pins.EKS_ADDONS.values()
         ),
         node_groups=tuple(

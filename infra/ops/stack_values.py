@@ -28,6 +28,9 @@ FIELD_SOURCES: dict[tuple[str, ...], str] = {
     ("storage", "fsx_pvc"): "CheckpointPvcName",
     ("storage", "s3_bucket"): "CheckpointBucketName",
     ("storage", "s3_prefix"): "CheckpointPrefix",
+    # The trainer's AWS SDK needs a region for S3 and STS; pods cannot reach the node's instance
+    # metadata (hop limit 1, and the job's NetworkPolicy), where the SDK would otherwise look it up.
+    ("env", "AWS_REGION"): "Region",
 }
 _SETTLED = ("_COMPLETE",)
 

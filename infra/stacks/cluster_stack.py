@@ -25,6 +25,7 @@ from infra.constructs.storage import DurableStorage, LustreClientSecurityGroup
 from infra.outputs import OUTPUT_KEYS
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 from k8s.node_verification import NodeCheckSpec
+from kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from constructs import Construct
@@ -69,6 +70,7 @@ class ClusterStack(Stack):
             system_min_size=config.system_nodes.min_size,
             system_desired_size=config.system_nodes.desired_size,
             system_max_size=config.system_nodes.max_size,
+            system_root_volume_gib=config.system_nodes.root_volume_gib,
         )
         self.training_cluster = training
         cluster = training.cluster
@@ -129,17 +131,31 @@ class ClusterStack(Stack):
                 node_dependencies=[training.system_nodegroup],
             ),
             standard_addons(
-                cloudwatch_observability=config.addons.cloudwatch_observability, kueue=config.addons.kueue
+                cloudwatch_observability=config.addons.cloudwatch_observability,
+                kueue=config.addons.kueue,
+                gpu_taints=self._config_gpu_taints(),
             ),
         )
         self._training_identity(cluster)
         self._cluster_objects(cluster, addons)
         self._outputs()
 
+    def _config_gpu_taints(self) -> tuple[tuple[str, str], ...]:
+        """(key, effect) of every taint the config adds to a GPU group: the kit's GPU DaemonSets
+        (device plugins, DCGM exporter, node check) tolerate them, or the nodes never advertise GPUs."""
+        taints = ((t.key, t.effect) for g in self.config.gpu_node_groups for t in g.taints)
+        return tuple(dict.fromkeys(taints))
+
     def _training_identity(self, cluster: eks.ICluster) -> None:
         """The training service account's Pod Identity: the checkpoint prefix of the bucket, nothing else."""
         training = self.config.training
-        self.training_role = eks_pod_identity_role(self, "TrainingRole", cluster=cluster)
+        self.training_role = eks_pod_identity_role(
+            self,
+            "TrainingRole",
+            cluster=cluster,
+            namespace=training.namespace,
+            service_account=training.service_account,
+        )
         self.storage.grant_checkpoint_prefix(self.training_role)
         nag.acknowledge(
             self.training_role,
@@ -158,15 +174,19 @@ class ClusterStack(Stack):
 
     def _cluster_objects(self, cluster: eks.Cluster, addons: dict[str, object]) -> None:
         training = self.config.training
-        kueue = node_check = None
+        kueue = None
         check = self.config.node_check
-        if check.image_tag is not None:
-            node_check = NodeCheckSpec(
-                image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
-                interval_s=check.interval_s,
-                local_nvme_path=LOCAL_NVME_MOUNT,
-                dcgm_host=check.dcgm_host,
-            )
+        if check.image_tag is None:  # infra/app.py build() resolves it; kept for type checkers
+            raise UserError("node_check.image_tag is missing; set the tag `nvrx-eks image push` printed")
+        # From the first deploy: the DaemonSet names the image `nvrx-eks image push` will push (the tag
+        # of this checkout), and the kubelet keeps retrying the pull until it is there.
+        node_check = NodeCheckSpec(
+            image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
+            interval_s=check.interval_s,
+            local_nvme_path=LOCAL_NVME_MOUNT,
+            dcgm_host=check.dcgm_host,
+            extra_tolerations=self._config_gpu_taints(),
+        )
         if self.config.addons.kueue:
             groups = self.config.gpu_node_groups
             kueue = KueueQuota(
@@ -174,7 +194,7 @@ class ClusterStack(Stack):
                 efa_devices=sum(g.max_size * g.profile.efa_devices for g in groups),
                 cpu=sum(g.max_size * g.profile.vcpus for g in groups),
                 memory_gib=sum(g.max_size * g.profile.memory_gib for g in groups),
-                verified_nodes_only=node_check is not None,
+                verified_nodes_only=True,
             )
         chart = ClusterObjectsChart(
             cdk8s.App(),
@@ -218,10 +238,17 @@ class ClusterStack(Stack):
             CfnOutput(self, key, value=values[key])
 
 
-def eks_pod_identity_role(scope: Construct, id: str, *, cluster: eks.ICluster) -> iam.Role:  # noqa: A002
+def eks_pod_identity_role(
+    scope: Construct,
+    id: str,  # noqa: A002
+    *,
+    cluster: eks.ICluster,
+    namespace: str,
+    service_account: str,
+) -> iam.Role:
     return iam.Role(
         scope,
         id,
-        assumed_by=pod_identity_principal(cluster),
+        assumed_by=pod_identity_principal(cluster, namespace=namespace, service_account=service_account),
         description="nvrx-eks training pods: the checkpoint prefix of the checkpoint bucket",
     )

@@ -17,6 +17,7 @@ from cfnlint.api import lint
 from infra import app as infra_app
 from infra.nag import acknowledge, add_checks
 from infra.stacks.cluster_stack import OUTPUT_KEYS
+from k8s import names
 from kitcore import pins
 from kitcore.configio import UserError
 
@@ -146,8 +147,8 @@ def test_training_pod_identity_is_scoped_to_the_prefix(synthesized):
     template.has_resource_properties(
         "AWS::EKS::PodIdentityAssociation",
         {
-            "Namespace": "training",
-            "ServiceAccount": "trainer",
+            "Namespace": names.TRAINING_NAMESPACE,
+            "ServiceAccount": names.TRAINING_SERVICE_ACCOUNT,
             "RoleArn": {"Fn::GetAtt": [Match.string_like_regexp("^TrainingRole"), "Arn"]},
         },
     )
@@ -341,19 +342,50 @@ def test_logs_are_encrypted_and_the_control_plane_group_is_declared(synthesized)
 
 
 @pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
-def test_pod_identity_trust_names_this_account_and_cluster(synthesized, name):
-    roles = [
-        r
-        for r in _resources(synthesized[name], "AWS::IAM::Role").values()
+def test_pod_identity_trust_is_the_documented_one_for_one_service_account(synthesized, name):
+    """The EKS guide's trust policy (pod-id-role): sts:AssumeRole + sts:TagSession for
+    pods.eks.amazonaws.com, restricted by the session tags Pod Identity sets, never by aws:SourceArn."""
+    template = synthesized[name]
+    roles = {
+        k: r
+        for k, r in _resources(template, "AWS::IAM::Role").items()
         if "pods.eks.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
-    ]
+    }
     assert len(roles) == (3 if name == "p5-capacity-block" else 2)  # training, FSx CSI (+ CloudWatch)
-    (cluster_id,) = _resources(synthesized[name], "AWS::EKS::Cluster")
-    for role in roles:
+    (cluster_id,) = _resources(template, "AWS::EKS::Cluster")
+    # Which (namespace, service account) each role is associated with, read from the template.
+    associated = {
+        a["Properties"]["RoleArn"]["Fn::GetAtt"][0]: (
+            a["Properties"]["Namespace"],
+            a["Properties"]["ServiceAccount"],
+        )
+        for a in _resources(template, "AWS::EKS::PodIdentityAssociation").values()
+    }
+    addon_namespaces = {
+        "aws-fsx-csi-driver": "kube-system",
+        "amazon-cloudwatch-observability": "amazon-cloudwatch",
+    }
+    for addon in _resources(template, "AWS::EKS::Addon").values():
+        for association in addon["Properties"].get("PodIdentityAssociations", []):
+            role = association["RoleArn"]["Fn::GetAtt"][0]
+            associated[role] = (
+                addon_namespaces[addon["Properties"]["AddonName"]],
+                association["ServiceAccount"],
+            )
+    assert sorted(associated) == sorted(roles)
+    for role_id, role in roles.items():
         (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
         assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-        assert statement["Condition"]["StringEquals"]["aws:SourceAccount"] == "111111111111"
-        assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [cluster_id, "Arn"]}
+        namespace, service_account = associated[role_id]
+        assert statement["Condition"] == {
+            "StringEquals": {
+                "aws:RequestTag/eks-cluster-arn": {"Fn::GetAtt": [cluster_id, "Arn"]},
+                "aws:RequestTag/kubernetes-namespace": namespace,
+                "aws:RequestTag/kubernetes-service-account": service_account,
+            }
+        }
+        assert "aws:Source" not in json.dumps(statement)
 
 
 def _addon_configuration(template: dict, addon: str) -> dict | None:
@@ -371,8 +403,11 @@ def test_vpc_cni_enforces_network_policies(synthesized):
 
 def test_one_dcgm_engine_per_gpu_node(synthesized):
     template = synthesized["p5-capacity-block"]
-    # The node monitoring agent's dcgm-server is the engine (it feeds node auto-repair) ...
-    assert _addon_configuration(template, "eks-node-monitoring-agent") is None
+    # The node monitoring agent's dcgm-server is the engine (it feeds node auto-repair), and it runs on
+    # the tainted GPU nodes: it tolerates every taint (its chart tolerates none by default) ...
+    assert _addon_configuration(template, "eks-node-monitoring-agent") == {
+        "dcgmAgent": {"tolerations": [{"operator": "Exists"}]}
+    }
     # ... the CloudWatch add-on deploys no DCGM exporter (and no Application Signals) ...
     cloudwatch = _addon_configuration(template, "amazon-cloudwatch-observability")
     assert cloudwatch is not None
@@ -455,13 +490,23 @@ def test_the_one_nat_gateway_is_in_the_gpu_zone(synthesized):
     assert subnet["Properties"]["AvailabilityZone"] == "us-east-2b"
 
 
-def test_addon_pins_cover_every_supported_kubernetes_version():
+def test_only_kubernetes_versions_in_standard_support_are_offered():
     assert pins.DEFAULT_KUBERNETES_VERSION in pins.SUPPORTED_KUBERNETES_VERSIONS
-    # In EKS standard support on 2026-12-01: 1.34 until 2026-12-02, 1.35 until 2027-03-27.
-    assert pins.DEFAULT_KUBERNETES_VERSION == "1.35"
-    assert "1.33" not in pins.SUPPORTED_KUBERNETES_VERSIONS
+    # Each offered version is in EKS standard support past the day the pins were reviewed
+    # (1.34's ended that day, 2026-12-02: not offered).
+    for version in pins.SUPPORTED_KUBERNETES_VERSIONS:
+        assert pins.STANDARD_SUPPORT_ENDS[version] > pins.PINS_REVIEWED, version
+    assert "1.34" not in pins.SUPPORTED_KUBERNETES_VERSIONS
+    with pytest.raises(UserError, match=r"kubernetes_version: 1\.34 is not supported"):
+        infra_app.load_config(CONFIGS / "default.yaml", ['kubernetes_version="1.34"'])
+
+
+def test_every_addon_pin_names_its_source():
     for pin in pins.EKS_ADDONS.values():
         assert sorted(pin.versions) == sorted(pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
+        assert pin.source, pin.name
+        # An unconfirmed pin says so in its source, and only preflight's DescribeAddonVersions settles it.
+        assert pin.confirmed or pin.source.startswith(("https://", "none found")), pin.name
     for minor in pins.SUPPORTED_KUBERNETES_VERSIONS:
         assert pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
 
@@ -503,3 +548,260 @@ def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
     assert "ecr.repository_name: 'Bad//Repo' is not an ECR repository name" in result.stderr
     assert "Traceback" not in result.stderr
     assert "jsii" not in result.stderr.lower()
+
+
+# -- A first deploy and a first p5 job that work. -------------------------------------------------------
+
+
+def test_the_node_check_runs_from_the_first_deploy(synthesized):
+    """No node_check.image_tag: the DaemonSet names the tag `nvrx-eks image push` gives this checkout,
+    so the first deploy already has it (it starts once the image is pushed; no second deploy), and
+    Kueue admits to verified nodes only."""
+    from infra.revision import source_revision  # noqa: PLC0415
+
+    template = Template.from_json(synthesized["p5-capacity-block"])
+    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
+    text = json.dumps(manifest["Properties"]["Manifest"])
+    assert '\\"kind\\":\\"DaemonSet\\"' in text
+    assert f":{source_revision()}" in text
+    assert '\\"nodeLabels\\":{\\"nvrx-eks/verified\\":\\"true\\"}' in text
+
+
+def test_node_check_tag_outside_a_git_checkout_is_one_message(monkeypatch):
+    monkeypatch.setattr(infra_app, "source_revision", lambda: None)
+    config = infra_app.load_config(CONFIGS / "default.yaml")
+    with pytest.raises(UserError, match=r"node_check\.image_tag: this is not a git checkout"):
+        infra_app.with_node_check_tag(config)
+    tagged = infra_app.load_config(CONFIGS / "default.yaml", ["node_check.image_tag=v1"])
+    assert infra_app.with_node_check_tag(tagged).node_check.image_tag == "v1"
+
+
+def test_the_capacity_block_group_is_created_at_zero(synthesized):
+    (group,) = [
+        r
+        for r in _resources(synthesized["p5-capacity-block"], "AWS::EKS::Nodegroup").values()
+        if r["Properties"].get("CapacityType") == "CAPACITY_BLOCK"
+    ]
+    scaling = group["Properties"]["ScalingConfig"]
+    assert (scaling["MinSize"], scaling["DesiredSize"], scaling["MaxSize"]) == (0, 0, 2)
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_node_group_updates_respect_disruption_budgets(synthesized, name):
+    groups = _resources(synthesized[name], "AWS::EKS::Nodegroup")
+    assert groups
+    for logical_id, group in groups.items():
+        assert group["Properties"]["ForceUpdateEnabled"] is False, logical_id
+        if group["Properties"]["NodegroupName"] != "system":
+            assert group["Properties"]["UpdateConfig"] == {"MaxUnavailable": 1}, logical_id
+
+
+def test_system_nodes_have_room_for_the_training_image_the_store_runs(synthesized):
+    template = synthesized["default"]
+    (system,) = [
+        r
+        for r in _resources(template, "AWS::EKS::Nodegroup").values()
+        if r["Properties"]["NodegroupName"] == "system"
+    ]
+    launch_template = template["Resources"][system["Properties"]["LaunchTemplate"]["Id"]["Ref"]]
+    (root,) = launch_template["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]
+    assert root["Ebs"]["VolumeSize"] >= 100
+
+
+def test_the_default_job_finds_what_the_default_stack_made(synthesized, tmp_path):
+    """The p5 job values, rendered as shipped, against the default stack's template: every name the
+    job uses is one the stack creates or outputs."""
+    from k8s.job_chart import render  # noqa: PLC0415
+    from k8s.load import load_values  # noqa: PLC0415
+
+    template = synthesized["default"]
+    outputs = {key: output["Value"] for key, output in template["Outputs"].items()}
+    values = load_values(ROOT / "k8s" / "values" / "p5-2.yaml", [])
+    docs = [doc for doc in _render_docs(render, values, tmp_path) if doc]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    (store,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = job["spec"]["template"]["spec"]
+
+    # Namespace, service account (bound to the training role by the stack's Pod Identity association)
+    assert {d["metadata"]["namespace"] for d in docs if "namespace" in d["metadata"]} == {
+        outputs["TrainingNamespace"]
+    }
+    assert pod["serviceAccountName"] == outputs["TrainingServiceAccount"]
+    (association,) = _resources(template, "AWS::EKS::PodIdentityAssociation").values()
+    assert (association["Properties"]["Namespace"], association["Properties"]["ServiceAccount"]) == (
+        outputs["TrainingNamespace"],
+        outputs["TrainingServiceAccount"],
+    )
+    # ... which the cluster chart creates, with the PVC and the priority classes the job names.
+    (manifest,) = _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
+    created = {(o["kind"], o["metadata"]["name"]) for o in _manifest_objects(manifest)}
+    for kind, name in (
+        ("ServiceAccount", pod["serviceAccountName"]),
+        ("PersistentVolumeClaim", outputs["CheckpointPvcName"]),
+        ("PriorityClass", pod["priorityClassName"]),
+        ("PriorityClass", store["spec"]["template"]["spec"]["priorityClassName"]),
+    ):
+        assert (kind, name) in created
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {outputs["CheckpointPvcName"]}
+    # The GPU node group of the job's instance type, and the system node group the store selects.
+    assert values.instance_profile in json.loads(outputs["GpuNodeGroups"]).values()
+    nodegroups = {
+        r["Properties"]["NodegroupName"] for r in _resources(template, "AWS::EKS::Nodegroup").values()
+    }
+    store_selector = store["spec"]["template"]["spec"]["nodeSelector"]
+    assert store_selector == {"eks.amazonaws.com/nodegroup": "system"}
+    assert store_selector["eks.amazonaws.com/nodegroup"] in nodegroups
+    # The trainer's AWS SDK gets the stack's region (IMDS is out of the pod's reach).
+    (trainer,) = [c for c in pod["containers"] if c["name"] == "trainer"]
+    assert {"name": "AWS_REGION", "value": outputs["Region"]} in trainer["env"]
+
+
+def _manifest_objects(manifest: dict) -> list[dict]:
+    """The Kubernetes objects of a cdk8s chart deployed by the stack: its Fn::Join of JSON text and
+    tokens (the FSx ids), with each token read as a placeholder string."""
+    joined = manifest["Properties"]["Manifest"]
+    parts = joined["Fn::Join"][1] if isinstance(joined, dict) else [joined]
+    return json.loads("".join(part if isinstance(part, str) else "TOKEN" for part in parts))
+
+
+def _render_docs(render, values, out: Path) -> list[dict]:
+    import yaml  # noqa: PLC0415
+
+    return [doc for path in render(values, str(out)) for doc in yaml.safe_load_all(Path(path).read_text())]
+
+
+# -- cdk deploy waits for a recent passing preflight of the same config. --------------------------------
+
+
+def _gate_config(*overrides: str):
+    return infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", list(overrides))
+
+
+def test_deploy_without_a_passing_preflight_is_refused_before_anything_is_built(
+    monkeypatch, tmp_path, capsys
+):
+    from infra import deploy_gate  # noqa: PLC0415
+
+    monkeypatch.setenv(deploy_gate.CDK_COMMAND_ENV, "deploy")
+    monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "111111111111")
+    monkeypatch.setattr(infra_app, "build", lambda *a, **k: pytest.fail("built without a preflight pass"))
+    with pytest.raises(SystemExit) as info:
+        infra_app.main({"config": str(CONFIGS / "p5-capacity-block.yaml")})
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cdk deploy refused: no passing preflight is recorded for nvrx-eks-p5" in err
+    assert f"run `nvrx-eks preflight -c {CONFIGS / 'p5-capacity-block.yaml'}`" in err
+    assert '-c skip_preflight="<why>"' in err
+    assert "Traceback" not in err
+    # A bare flag is not a reason.
+    with pytest.raises(SystemExit):
+        infra_app.main({"config": str(CONFIGS / "p5-capacity-block.yaml"), "skip_preflight": "true"})
+    assert "-c skip_preflight needs the reason, not a flag" in capsys.readouterr().err
+
+
+def test_deploy_with_a_reason_to_skip_says_so_and_builds(monkeypatch, tmp_path, capsys):
+    from infra import deploy_gate  # noqa: PLC0415
+
+    monkeypatch.setenv(deploy_gate.CDK_COMMAND_ENV, "deploy")
+    monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path))
+    built = []
+    monkeypatch.setattr(infra_app, "build", lambda app, config, **kw: built.append(config.name))
+    infra_app.main(
+        {"config": str(CONFIGS / "p5-capacity-block.yaml"), "skip_preflight": "block checked by hand"}
+    )
+    assert built == ["nvrx-eks-p5"]
+    assert (
+        "deploying nvrx-eks-p5 without a passing preflight: block checked by hand" in capsys.readouterr().err
+    )
+
+
+def test_a_recent_pass_of_the_same_config_and_account_lets_the_deploy_start(tmp_path):
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from infra import deploy_gate  # noqa: PLC0415
+
+    passed = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+    deploy_gate.record_pass(_gate_config(), account="111111111111", now=passed, directory=tmp_path)
+
+    def gate(config, *, account="111111111111", hours=1.0):
+        return deploy_gate.require_recent_pass(
+            config,
+            config_path="p5.yaml",
+            account=account,
+            now=passed + timedelta(hours=hours),
+            directory=tmp_path,
+        )
+
+    assert gate(_gate_config()).passed_at == passed
+    # The account is compared on its own: `-c account=...` at deploy is the same config.
+    assert gate(_gate_config('account="111111111111"')).account == "111111111111"
+    with pytest.raises(UserError, match=r"the last passing preflight is 25 h old \(at most 24 h\)"):
+        gate(_gate_config(), hours=25)
+    with pytest.raises(UserError, match=r"the config changed since preflight passed"):
+        gate(_gate_config("fsx.throughput_per_tib=1000"))
+    with pytest.raises(
+        UserError, match=r"preflight passed for account 111111111111, this deploy targets 2222"
+    ):
+        gate(_gate_config(), account="222222222222")
+
+
+@pytest.mark.slow
+def test_npx_cdk_deploy_without_a_preflight_pass_exits_2_before_any_aws_call(tmp_path):
+    """As a user runs it: infra/cdk-cli.js tells the app it deploys; refused without credentials."""
+    env = {
+        **os.environ,
+        "NVRX_EKS_STATE_DIR": str(tmp_path / "state"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    config = CONFIGS / "p5-capacity-block.yaml"
+    result = subprocess.run(
+        ["npx", "--no-install", "cdk", "deploy", "-c", f"config={config}", "--output", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "cdk deploy refused: no passing preflight is recorded for nvrx-eks-p5" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
+    """A config's own GPU taint must not keep the device plugins (the GPUs and EFA devices would never
+    be advertised), the DCGM exporter or the node check off its nodes."""
+    config_file = tmp_path / "tainted.yaml"
+    config_file.write_text(
+        (CONFIGS / "p5-capacity-block.yaml")
+        .read_text()
+        .replace(
+            "    labels: {nvrx-eks/pool: training}",
+            "    labels: {nvrx-eks/pool: training}\n"
+            "    taints: [{key: team.example.com/llm, effect: NoExecute}]",
+        )
+    )
+    config = infra_app.load_config(config_file)
+    app = App(outdir=str(tmp_path / "out"))
+    stack = infra_app.build(app, config, account="111111111111")
+    template = app.synth().get_stack_by_name(stack.stack_name).template
+    wanted = {"key": "team.example.com/llm", "operator": "Exists", "effect": "NoExecute"}
+    for chart in _resources(template, "Custom::AWSCDK-EKS-HelmChart").values():
+        name = chart["Properties"]["Chart"]
+        if name in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter"):
+            tolerations = json.loads(chart["Properties"]["Values"])["tolerations"]
+            assert wanted in tolerations, name
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations, (
+                name
+            )
+    (manifest,) = _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
+    (daemon_set,) = [o for o in _manifest_objects(manifest) if o["kind"] == "DaemonSet"]
+    assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]

@@ -76,6 +76,7 @@ def test_capacity_block_config_targets_its_block():
                 "gpu_node_groups": [
                     _group(
                         placement_group=True,
+                        desired_size=0,
                         capacity={"type": "capacity_block", "reservation_id": "cr-0123456789abcdef0"},
                     )
                 ]
@@ -119,7 +120,24 @@ def test_capacity_block_config_targets_its_block():
             {"kubernetes_version": "1.29"},
             (
                 r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
-                r"use one of 1\.34, 1\.35"
+                r"use one of 1\.35"
+            ),
+        ),
+        (
+            {
+                "gpu_node_groups": [
+                    _group(
+                        desired_size=2,
+                        max_size=2,
+                        capacity={"type": "capacity_block", "reservation_id": "cr-0123456789abcdef0"},
+                    )
+                ]
+            },
+            (
+                r"gpu_node_groups\.0: a capacity_block group is created with min_size 0 and desired_size 0 "
+                r"\(got 0 / 2\); when the block is active, scale it: aws eks update-nodegroup-config "
+                r"--cluster-name CLUSTER --nodegroup-name gpu "
+                r"--scaling-config minSize=0,maxSize=2,desiredSize=2"
             ),
         ),
         (
@@ -140,6 +158,7 @@ def test_capacity_block_config_targets_its_block():
         "missing-az",
         "az-not-in-vpc",
         "k8s-version",
+        "capacity-block-created-above-zero",
         "block-without-id",
         "unknown-field",
     ],

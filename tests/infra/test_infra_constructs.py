@@ -364,7 +364,7 @@ def test_prefix_grant_touches_only_the_checkpoint_prefix(storage):
 def test_addon_with_missing_dependency_fails_at_synth():
     stack = Stack(App(), "Addons", env=ENV)
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="test")
-    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.34", node_dependencies=[])  # type: ignore[arg-type]
+    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.35", node_dependencies=[])  # type: ignore[arg-type]
     with pytest.raises(AddonError, match="add-on 'aws-fsx-csi-driver' needs eks-pod-identity-agent"):
         deploy_addons(ctx, [ManagedAddon("aws-fsx-csi-driver", depends_on=("eks-pod-identity-agent",))])
     with pytest.raises(AddonError, match="listed twice"):
@@ -374,14 +374,14 @@ def test_addon_with_missing_dependency_fails_at_synth():
 def test_managed_addons_are_pinned_per_kubernetes_version():
     stack = Stack(App(), "Pinned", env=ENV)
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="test")
-    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.34", node_dependencies=[])  # type: ignore[arg-type]
+    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.35", node_dependencies=[])  # type: ignore[arg-type]
     deploy_addons(ctx, [ManagedAddon("kube-proxy"), ManagedAddon("vpc-cni")])
     template = Template.from_stack(stack)
     template.has_resource_properties(
         "AWS::EKS::Addon",
         {
             "AddonName": "kube-proxy",
-            "AddonVersion": Match.string_like_regexp(r"^v1\.34\."),
+            "AddonVersion": Match.string_like_regexp(r"^v1\.35\."),
             "ResolveConflicts": "OVERWRITE",
         },
     )

@@ -165,6 +165,27 @@ def test_kueue_flavor_admits_to_verified_nodes_only(docs):
     assert "spec" not in _one(_chart(node_check=False), "ResourceFlavor")
 
 
+def test_kueue_objects_are_on_the_api_version_the_pinned_release_serves(docs):
+    from k8s.cluster_chart import KUEUE_API_VERSION  # noqa: PLC0415
+    from kitcore import pins  # noqa: PLC0415
+
+    kueue = [d for d in docs if d["kind"] in {"ResourceFlavor", "ClusterQueue", "LocalQueue"}]
+    assert len(kueue) == 3
+    assert {d["apiVersion"] for d in kueue} == {KUEUE_API_VERSION} == {"kueue.x-k8s.io/v1beta2"}
+    minor = tuple(int(x) for x in pins.HELM_CHARTS["kueue"].version.split(".")[:2])
+    assert minor >= (0, 19)  # serves v1beta2 only; WaitForPodsReady on by default
+
+
+@pytest.mark.parametrize("values_file", sorted((ROOT / "k8s" / "values").glob("p5-*.yaml")))
+def test_a_lost_node_is_replaced_before_kueue_evicts_the_job(values_file):
+    """Kueue 0.19+ evicts a workload whose pods stay not-ready past WaitForPodsReady's recovery timeout;
+    the job's own wait for a replacement pod must end first."""
+    from k8s.cluster_chart import KUEUE_PODS_READY_TIMEOUT_S  # noqa: PLC0415
+
+    values = load_values(values_file)
+    assert values.timeouts.pod_reschedule_s < KUEUE_PODS_READY_TIMEOUT_S
+
+
 def test_dashboard_config_map_for_the_grafana_sidecar(docs):
     cm = _one(docs, "ConfigMap", "nvrx-eks-dashboards")
     assert cm["metadata"]["labels"][GRAFANA_DASHBOARD_LABEL] == "1"

@@ -4,11 +4,13 @@ implementation (capacity reservations, service quotas)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
+from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
@@ -348,6 +350,7 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
     from infra.ops import commands  # noqa: PLC0415
 
     monkeypatch.setattr(commands, "_session", lambda profile, region: moto_session)
+    monkeypatch.setenv("NVRX_EKS_STATE_DIR", str(tmp_path / "state"))
     app = typer.Typer()
     job = typer.Typer()
     app.add_typer(job, name="job")
@@ -367,17 +370,85 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
-    # credentials + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on
-    assert result.output.count("pass") == 7 + len(pins.EKS_ADDONS)
+    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on,
+    # and the line saying the pass was recorded for `cdk deploy`
+    table, recorded = result.output.split("preflight passed; recorded in")
+    assert table.count("pass") == 8 + len(pins.EKS_ADDONS)
+    assert "state/preflight/nvrx-eks.json: `cdk deploy` of this config may start within 24 h" in recorded
 
 
-def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session):
+def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session, tmp_path):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
     _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 3
     assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
     assert "--desired-value 1536" in result.output
+    # A failed preflight records nothing: `cdk deploy` stays refused.
+    assert "recorded in" not in result.output
+    assert not (tmp_path / "state").exists()
+
+
+def test_preflight_cli_records_its_pass_for_cdk_deploy(preflight_cli, moto_session, tmp_path):
+    import json  # noqa: PLC0415
+
+    from infra import deploy_gate  # noqa: PLC0415
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
+
+    record = tmp_path / "state" / "preflight" / "nvrx-eks.json"
+    _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    assert preflight_cli().exit_code == 0
+    data = json.loads(record.read_text())
+    config = load_model(ClusterConfig, tmp_path / "cluster.yaml")
+    assert data["config_digest"] == deploy_gate.config_digest(config)
+    assert data["account"] == "123456789012"  # moto's account: the credentials' own, from STS
+
+
+def test_a_kubernetes_version_out_of_standard_support_fails_naming_the_fix(plain_session):
+    _quietly_identified(plain_session)
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35", status="EXTENDED_SUPPORT")
+    stubber.activate()
+    results = Preflight(session=plain_session, target=_addon_target()).run()
+    stubber.assert_no_pending_responses()
+    row = _by_check(results, "Kubernetes standard support", "1.35")
+    assert row.status is Status.FAIL
+    assert row.detail == "Kubernetes 1.35 is EXTENDED_SUPPORT (standard support ends 2027-03-27)"
+    assert "kitcore/pins.py" in row.fix
+
+
+def test_configuration_values_the_addon_schema_refuses_fail_naming_the_field(plain_session):
+    """CreateAddon validates configuration values against the version's schema: preflight does first."""
+    _quietly_identified(plain_session)
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35")
+    name, version = "eks-node-monitoring-agent", "v1.7.0-eksbuild.1"
+    stubber.add_response(
+        "describe_addon_versions",
+        _addon_page(name, [version], "1.35"),
+        {"kubernetesVersion": "1.35", "addonName": name},
+    )
+    # A schema with nodeAgent only: the kit's dcgmAgent.tolerations would be refused.
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"nodeAgent": {"type": "object"}},
+        "additionalProperties": False,
+    }
+    _configuration_schema(stubber, name, version, schema)
+    stubber.activate()
+    target = _addon_target(
+        AddonTarget(name=name, version=version, configuration=MANAGED_ADDON_CONFIGURATION[name])
+    )
+    results = Preflight(session=plain_session, target=target).run()
+    stubber.assert_no_pending_responses()
+    row = _by_check(results, "add-on version", name)
+    assert row.status is Status.FAIL
+    assert "v1.7.0-eksbuild.1 refuses the kit's configuration values: (top level): Additional properties" in (
+        row.detail
+    )
+    assert "'dcgmAgent' was unexpected" in row.detail
+    assert "infra/addon_values.py" in row.fix
 
 
 def test_preflight_cli_bad_config_exits_2(preflight_cli):
@@ -446,10 +517,36 @@ def _addon_page(name: str, versions: list[str], kubernetes: str, then: str | Non
     return page
 
 
+def _standard_support(stubber: Stubber, version: str, status: str = "STANDARD_SUPPORT") -> Stubber:
+    """DescribeClusterVersions' answer for `version` (the first EKS call of a run)."""
+    stubber.add_response(
+        "describe_cluster_versions",
+        {
+            "clusterVersions": [
+                {
+                    "clusterVersion": version,
+                    "versionStatus": status,
+                    "endOfStandardSupportDate": dt.datetime(2027, 3, 27, tzinfo=dt.UTC),
+                }
+            ]
+        },
+        {"clusterVersions": [version], "includeAll": True},
+    )
+    return stubber
+
+
+def _configuration_schema(stubber: Stubber, name: str, version: str, schema: dict) -> None:
+    stubber.add_response(
+        "describe_addon_configuration",
+        {"addonName": name, "addonVersion": version, "configurationSchema": json.dumps(schema)},
+        {"addonName": name, "addonVersion": version},
+    )
+
+
 def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
     """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
     `offered` says otherwise."""
-    stubber = Stubber(session.client("eks"))
+    stubber = _standard_support(Stubber(session.client("eks")), kubernetes)
     for pin in pins.EKS_ADDONS.values():
         versions = (offered or {}).get(pin.name, [pin.version_for(kubernetes)])
         stubber.add_response(
@@ -457,6 +554,8 @@ def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] 
             _addon_page(pin.name, versions, kubernetes),
             {"kubernetesVersion": kubernetes, "addonName": pin.name},
         )
+        if pin.name in MANAGED_ADDON_CONFIGURATION and pin.version_for(kubernetes) in versions:
+            _configuration_schema(stubber, pin.name, pin.version_for(kubernetes), {"type": "object"})
     stubber.activate()
     return stubber
 
@@ -485,17 +584,17 @@ def test_target_checks_every_pinned_addon_at_the_clusters_version(tmp_path):
     from kitcore.configio import load_model  # noqa: PLC0415
 
     config_file = tmp_path / "cluster.yaml"
-    config_file.write_text(CONFIG + 'kubernetes_version: "1.34"\n')
+    config_file.write_text(CONFIG + 'kubernetes_version: "1.35"\n')
     target = target_from_config(load_model(ClusterConfig, config_file))
-    assert target.kubernetes_version == "1.34"
+    assert target.kubernetes_version == "1.35"
     assert {(a.name, a.version) for a in target.addons} == {
-        (pin.name, pin.version_for("1.34")) for pin in pins.EKS_ADDONS.values()
+        (pin.name, pin.version_for("1.35")) for pin in pins.EKS_ADDONS.values()
     }
 
 
 def test_an_addon_version_eks_does_not_offer_fails_listing_the_valid_ones(plain_session):
     _quietly_identified(plain_session)
-    stubber = Stubber(plain_session.client("eks"))
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35")
     # Two pages: the paginator follows nextToken, and every version of both pages is listed.
     stubber.add_response(
         "describe_addon_versions",
@@ -521,7 +620,7 @@ def test_an_addon_version_eks_does_not_offer_fails_listing_the_valid_ones(plain_
 
 def test_an_offered_pin_passes_and_an_unknown_addon_fails(plain_session):
     _quietly_identified(plain_session)
-    stubber = Stubber(plain_session.client("eks"))
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35")
     stubber.add_response(
         "describe_addon_versions",
         _addon_page("coredns", ["v1.13.2-eksbuild.1"], "1.35"),
@@ -547,7 +646,7 @@ def test_an_offered_pin_passes_and_an_unknown_addon_fails(plain_session):
 
 def test_addon_access_denied_is_that_rows_failure(plain_session):
     _quietly_identified(plain_session)
-    stubber = Stubber(plain_session.client("eks"))
+    stubber = _standard_support(Stubber(plain_session.client("eks")), "1.35")
     stubber.add_client_error(
         "describe_addon_versions", service_error_code="AccessDeniedException", http_status_code=403
     )

@@ -94,6 +94,8 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
         "s3_bucket": "nvrx-eks-checkpoints-123456789012",
         "s3_prefix": "ckpt/",
     }
+    # The trainer's SDK reads the region from its env: pods cannot reach the node's instance metadata.
+    assert data["env"] == {"AWS_REGION": OUTPUTS["Region"]}
     JobValues.model_validate(data)
     # Running it again changes nothing.
     again = cli("values", "--stack", "nvrx-eks", "-o", str(path))

@@ -1,0 +1,144 @@
+"""`cdk deploy` starts only after a recent passing `nvrx-eks preflight` of the same config.
+
+Some facts a deploy depends on can be settled only by asking AWS: that EKS offers each pinned add-on
+version for the config's Kubernetes version (several pins in kitcore/pins.py have no public source),
+that the version is still in standard support, that the Capacity Block or reservation exists and
+matches, that the quota holds the node groups. `nvrx-eks preflight` asks; when every check passes it
+records the pass here, and the app refuses a deploy (exit 2, before anything is created) unless such
+a record exists for the same config and account, younger than `MAX_AGE`. `-c skip_preflight="WHY"`
+deploys without one and says so.
+
+The CDK CLI runs the app the same way for synth and deploy; infra/cdk-cli.js (what `npx cdk` runs)
+tells the app which command it runs through `CDK_COMMAND_ENV`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kitcore.configio import UserError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from infra.config import ClusterConfig
+
+# Where passes are recorded (relative to the working directory, where `npx cdk` and `nvrx-eks` run).
+STATE_DIR_ENV = "NVRX_EKS_STATE_DIR"
+DEFAULT_STATE_DIR = Path(".nvrx-eks")
+# Set by infra/cdk-cli.js to the CDK command that deploys (deploy, watch), absent for synth.
+CDK_COMMAND_ENV = "NVRX_EKS_CDK_COMMAND"
+DEPLOY_COMMANDS = frozenset({"deploy", "watch"})
+SKIP_CONTEXT_KEY = "skip_preflight"
+# A Capacity Block's state, the quota and the add-on versions EKS offers change over days; a pass
+# older than this says little about the account at deploy time.
+MAX_AGE = timedelta(hours=24)
+_NOT_A_REASON = frozenset({"", "1", "true", "yes", "y", "on"})
+
+
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    return Path(environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def config_digest(config: ClusterConfig) -> str:
+    """sha256 of the validated config, overrides applied; the account is compared on its own."""
+    text = config.model_dump_json(exclude={"account"})
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightPass:
+    config_name: str
+    config_digest: str
+    account: str
+    region: str
+    passed_at: datetime
+
+
+def record_path(config_name: str, directory: Path) -> Path:
+    return directory / "preflight" / f"{config_name}.json"
+
+
+def record_pass(config: ClusterConfig, *, account: str, now: datetime, directory: Path) -> Path:
+    """Write the pass of `nvrx-eks preflight` for this config and account; returns the file."""
+    path = record_path(config.name, directory)
+    record = {
+        "config_name": config.name,
+        "config_digest": config_digest(config),
+        "account": account,
+        "region": config.region,
+        "passed_at": now.astimezone(UTC).isoformat(),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        raise UserError(
+            f"cannot record the preflight pass in {path} ({exc.strerror}); make {directory} writable "
+            f"or point {STATE_DIR_ENV} at a writable folder"
+        ) from None
+    return path
+
+
+def read_pass(config_name: str, directory: Path) -> PreflightPass | None:
+    path = record_path(config_name, directory)
+    try:
+        data = json.loads(path.read_text())
+        return PreflightPass(
+            config_name=str(data["config_name"]),
+            config_digest=str(data["config_digest"]),
+            account=str(data["account"]),
+            region=str(data["region"]),
+            passed_at=datetime.fromisoformat(str(data["passed_at"])),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        # Unreadable or hand-edited: as good as none; the message says to run preflight again.
+        return None
+
+
+def require_recent_pass(
+    config: ClusterConfig, *, config_path: str, account: str, now: datetime, directory: Path
+) -> PreflightPass:
+    """The recorded pass for this config and account, younger than MAX_AGE; else a UserError saying
+    what to run (or how to deploy without it)."""
+    run = f"run `nvrx-eks preflight -c {config_path}` (with the same -c overrides) first"
+    skip = f'or deploy without it: -c {SKIP_CONTEXT_KEY}="<why>"'
+    found = read_pass(config.name, directory)
+    if found is None:
+        problem = f"no passing preflight is recorded for {config.name} in {directory}"
+    elif found.config_digest != config_digest(config):
+        problem = f"the config changed since preflight passed ({found.passed_at:%Y-%m-%d %H:%M} UTC)"
+    elif found.account != account:
+        problem = f"preflight passed for account {found.account}, this deploy targets {account}"
+    elif now - found.passed_at > MAX_AGE:
+        hours = (now - found.passed_at).total_seconds() / 3600
+        limit = MAX_AGE.total_seconds() / 3600
+        problem = f"the last passing preflight is {hours:.0f} h old (at most {limit:.0f} h)"
+    else:
+        return found
+    raise UserError(f"cdk deploy refused: {problem}; {run}, {skip}")
+
+
+def skip_reason(context: Mapping[str, object]) -> str | None:
+    """The reason given with -c skip_preflight=..., None when not given; a bare flag is refused."""
+    if SKIP_CONTEXT_KEY not in context:
+        return None
+    reason = str(context[SKIP_CONTEXT_KEY]).strip()
+    if reason.lower() in _NOT_A_REASON:
+        raise UserError(
+            f'-c {SKIP_CONTEXT_KEY} needs the reason, not a flag: -c {SKIP_CONTEXT_KEY}="Capacity Block '
+            'checked by hand in the console"'
+        )
+    return reason
+
+
+def is_deploy(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(CDK_COMMAND_ENV, "") in DEPLOY_COMMANDS
