@@ -77,7 +77,8 @@ def test_p5_pod_resources_from_profile(rendered):
     (c,) = pod["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
-    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    # Non-root, no capability: an added one would not reach a non-root process (k8s/job_chart.py).
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FI_PROVIDER"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
@@ -87,8 +88,8 @@ def test_p5_pod_resources_from_profile(rendered):
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     # Pinned NVRx 0.7.0: barrier rendezvous only, so the launcher's hand-over only reopens a rendezvous
     # closed by a launcher out of restarts (its barrier shutdown key); no min-healthy policy.
-    (check,) = pod["initContainers"]
-    assert check["name"] == "selfcheck"
+    owner, check = pod["initContainers"]
+    assert (owner["name"], check["name"]) == ("own-dirs", "selfcheck")
     assert "--evict-predecessor=barrier" in c["command"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert not any("min-healthy" in a for a in c["command"])
@@ -235,5 +236,6 @@ def test_warm_spares_count_in_max_nodes_with_the_barrier_rendezvous(tmp_path):
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--nnodes=2:3" in command
     assert not any(arg.startswith(("--warm-spares", "--rdzv-poll")) for arg in command)
-    (selfcheck,) = job["spec"]["template"]["spec"]["initContainers"]
+    selfcheck = job["spec"]["template"]["spec"]["initContainers"][-1]
+    assert selfcheck["name"] == "selfcheck"
     assert not any(arg.startswith("--rdzv-") for arg in selfcheck["command"])
