@@ -121,12 +121,16 @@ def nonroot_security() -> k8s.SecurityContext:
 def trainer_security() -> k8s.SecurityContext:
     """The trainer's and the self-check's container: Pod Security `restricted`, as the trainer's uid.
 
-    Non-root with no capability at all. The EFA profiles once added IPC_LOCK for RDMA memory
-    registration; a capability added for a non-root process never reaches its effective set (Kubernetes
-    sets no ambient capabilities: https://github.com/kubernetes/kubernetes/issues/56374), so what bounds
-    the registered memory is the container's RLIMIT_MEMLOCK, which the node's container runtime sets
-    and a capability could not raise. The root filesystem is read-only: the trainer writes only to its
-    mounts (the scratch /tmp, which is also $HOME, /dev/shm, the checkpoint tiers, the run folder).
+    Non-root with no capability at all, EFA profiles included. RDMA memory registration (libfabric's EFA
+    provider, NCCL) is bounded by RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK, and adding
+    IPC_LOCK could not help here: a capability added for a non-root process never reaches its
+    effective set (Kubernetes sets no ambient capabilities:
+    https://github.com/kubernetes/kubernetes/issues/56374). The limit is the container runtime's, and
+    on EKS it allows the registration without the capability: AWS's EFA NCCL test on p5.48xlarge runs
+    with the runtime's default capabilities, which exclude IPC_LOCK
+    (https://github.com/aws-samples/awsome-distributed-training/blob/main/micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml).
+    The root filesystem is read-only: the trainer writes only to its mounts (the scratch /tmp, which
+    is also $HOME, /dev/shm, the checkpoint tiers, the run folder).
     """
     return k8s.SecurityContext(
         run_as_non_root=True,
@@ -405,17 +409,23 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
         # Tier 1 (host RAM) is the pod's own tmpfs: launcher restarts inside the pod restore from it;
         # a replacement pod starts empty, as a new node would (the node's /dev/shm is never shared).
         in_ram(MEMORY_TIER_VOLUME, values.memory_tier_gib),
-        k8s.Volume(
-            name=SCRATCH_VOLUME,
-            empty_dir=k8s.EmptyDirVolumeSource(size_limit=k8s.Quantity.from_string(SCRATCH_LIMIT)),
-        ),
     ]
     mounts = [
         k8s.VolumeMount(name="fsx", mount_path=s.fsx_mount_path),
         k8s.VolumeMount(name="shm", mount_path="/dev/shm"),  # noqa: S108 - the pod's shared memory, not a temp file
         k8s.VolumeMount(name=MEMORY_TIER_VOLUME, mount_path=s.memory_mount_path),
-        k8s.VolumeMount(name=SCRATCH_VOLUME, mount_path=SCRATCH_PATH),
     ]
+    if values.image != LOCAL_IMAGE:
+        # The container's /tmp on its read-only root filesystem. `image: local` has none to replace: the
+        # local executor gives each pod a temporary folder of its own (TMPDIR) and runs it as this
+        # machine's user, with that user's home.
+        volumes.append(
+            k8s.Volume(
+                name=SCRATCH_VOLUME,
+                empty_dir=k8s.EmptyDirVolumeSource(size_limit=k8s.Quantity.from_string(SCRATCH_LIMIT)),
+            )
+        )
+        mounts.append(k8s.VolumeMount(name=SCRATCH_VOLUME, mount_path=SCRATCH_PATH))
     if s.local_nvme_path:
         # A folder of our own below the NVMe array (never its root, which holds the kubelet's and
         # containerd's state: k8s/values.py refuses it), created on first use.
@@ -498,9 +508,11 @@ class TrainingJob(Construct):
             labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
-        # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR stays
-        # unset, so /tmp (the same volume) is the temporary folder.
-        env = [_node_rank_env(), *container_env(values), k8s.EnvVar(name="HOME", value=SCRATCH_PATH)]
+        env = [_node_rank_env(), *container_env(values)]
+        if values.image != LOCAL_IMAGE:
+            # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
+            # stays unset, so /tmp (the same volume) is the temporary folder.
+            env.append(k8s.EnvVar(name="HOME", value=SCRATCH_PATH))
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,

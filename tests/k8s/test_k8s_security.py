@@ -173,12 +173,12 @@ def test_every_shipped_job_runs_images_by_digest_and_the_trainer_non_root_on_a_r
         assert sc["capabilities"] == {"drop": ["ALL"]}
     trainer = by_name["trainer"]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
-    # What the trainer writes outside the image is on a volume: $HOME, /tmp, /dev/shm, its folders.
-    writes = [env["HOME"], "/tmp", "/dev/shm", *trainer_owned_folders(load_values(values_file))]
-    assert [w for w in writes if not _mounted(trainer, w)] == []
-    scratch = next(v for v in job["volumes"] if v["name"] == "scratch")
-    assert "medium" not in scratch["emptyDir"]  # the node's disk, not its RAM
-    if not local:
+    if not local:  # `image: local`: the executor gives each pod its own TMPDIR, as this machine's user
+        # What the trainer writes outside the image is on a volume: $HOME, /tmp, /dev/shm, its folders.
+        writes = [env["HOME"], "/tmp", "/dev/shm", *trainer_owned_folders(load_values(values_file))]
+        assert [w for w in writes if not _mounted(trainer, w)] == []
+        scratch = next(v for v in job["volumes"] if v["name"] == "scratch")
+        assert "medium" not in scratch["emptyDir"]  # the node's disk, not its RAM
         # The folders on root-owned volumes (hostPath, FSx) are handed to the trainer's uid first.
         owner = by_name[OWNER_SETUP_CONTAINER]
         folders = trainer_owned_folders(load_values(values_file))
