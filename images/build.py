@@ -31,7 +31,9 @@ DEFAULT_NAME = "nvrx-eks-training"
 # The GPU instance types in kitcore/profiles.py are all x86_64.
 PLATFORM = "linux/amd64"
 
-# ImagePins field -> Dockerfile ARG. A new pin without an ARG fails tests/images.
+# ImagePins attribute -> Dockerfile ARG. A new pin without an ARG fails tests/images. The base's
+# repository, tag and digest reach the Dockerfile as one reference, `base_image`.
+BASE_PARTS = frozenset({"base_repository", "base_tag", "base_digest"})
 BUILD_ARG_NAMES: dict[str, str] = {
     "base_image": "BASE_IMAGE",
     "nvrx_version": "NVRX_VERSION",
@@ -41,6 +43,7 @@ BUILD_ARG_NAMES: dict[str, str] = {
     "aws_ofi_nccl_sha256": "AWS_OFI_NCCL_SHA256",
     "python_abi": "PYTHON_ABI",
     "min_glibc": "MIN_GLIBC",
+    "trainer_uid": "TRAINER_UID",
 }
 # What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
 # ranges pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
@@ -58,7 +61,7 @@ _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
     """Every Dockerfile ARG the build sets: all pins, and the source revision for the labels."""
-    missing = {f.name for f in fields(pins)} - BUILD_ARG_NAMES.keys()
+    missing = {f.name for f in fields(pins)} - BASE_PARTS - BUILD_ARG_NAMES.keys()
     if missing:
         raise RuntimeError(f"pins without a Dockerfile ARG: {sorted(missing)}")
     args = {arg: str(getattr(pins, name)) for name, arg in BUILD_ARG_NAMES.items()}
@@ -67,23 +70,25 @@ def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_DIGEST_REFERENCE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def check_verifiable(pins: ImagePins = IMAGE) -> None:
     """Refuse a build whose base is not pinned by digest or whose tarballs have no checksum."""
     problems = []
-    if not _DIGEST_REFERENCE.match(pins.base_image):
-        problems.append(f"base_image {pins.base_image!r} is not pinned by digest (NAME@sha256:...)")
+    if not _DIGEST.match(pins.base_digest):
+        problems.append(f"base_digest is {pins.base_digest!r}, not sha256:<64 hex digits>")
     for name in ("efa_installer_sha256", "aws_ofi_nccl_sha256"):
         value = getattr(pins, name)
         if not _SHA256.match(value):
             problems.append(f"{name} is {value!r}, not a sha256")
     if problems:
         raise UserError(
-            "the image would install unverified downloads: "
+            "the image would install unverified downloads ("
             + "; ".join(problems)
-            + ". Record the published checksums in kitcore/pins.py IMAGE (its comment says where from)"
+            + "). Run `nvrx-eks image pin` once on a machine with internet: it downloads the EFA "
+            "installer and aws-ofi-nccl tarballs, asks the registry for the base image's digest and "
+            "records all three in kitcore/pins.py; then commit it and build again"
         )
 
 
@@ -150,6 +155,17 @@ def push_argvs(*, engine: str, local_image: str, repository_uri: str, tag: str) 
     parse_repository_uri(repository_uri)
     remote = f"{repository_uri}:{tag}"
     return [[engine, "tag", local_image, remote], [engine, "push", remote]]
+
+
+def pushed_digest(ecr_client: Any, repository_uri: str, tag: str) -> str:  # noqa: ANN401 - boto3 clients are dynamic
+    """The digest the repository's `tag` names (ecr:DescribeImages), e.g. right after the push."""
+    registry, repository = parse_repository_uri(repository_uri)
+    details = ecr_client.describe_images(
+        registryId=registry.split(".", 1)[0], repositoryName=repository, imageIds=[{"imageTag": tag}]
+    )["imageDetails"]
+    if not details:
+        raise UserError(f"{repository_uri}:{tag} is not in the repository after the push")
+    return details[0]["imageDigest"]
 
 
 def login_argv(*, engine: str, registry: str) -> list[str]:

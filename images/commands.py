@@ -1,4 +1,4 @@
-"""`nvrx-eks image build | push | lock`: the training image, with docker or finch.
+"""`nvrx-eks image build | push | lock | pin`: the training image, with docker or finch.
 
 Docker is not needed to read this: every command prints the exact command lines it runs, and
 `--dry-run` prints them without running anything (images/README.md shows the build end to end).
@@ -49,8 +49,32 @@ def _tag(tag: str | None) -> str:
     return check_tag(tag or git_revision())
 
 
+def pin(dry_run: DryRun = False) -> None:
+    """Record the base image's digest and the EFA installer / aws-ofi-nccl checksums in kitcore/pins.py
+    (downloads both tarballs and asks the registry: run once on a machine with internet)."""
+    from images import pin as pinning  # noqa: PLC0415
+    from images.build import DOCKERFILE  # noqa: PLC0415
+    from kitcore import pins  # noqa: PLC0415
+
+    before = pins.IMAGE
+    values = pinning.resolve(before)
+    for name, value in values.items():
+        was = getattr(before, name)
+        print(f"{name}: {value}" + ("" if was == value else f" (was {was})"))
+    if dry_run:
+        return
+    pinning.record(values, pins=before, dockerfile=DOCKERFILE)
+    print(f"recorded in {pinning.PINS_FILE} and {DOCKERFILE}; commit both", file=sys.stderr)
+    if values["base_digest"] != before.base_digest:
+        print(
+            "the base image changed: run `nvrx-eks image lock` to resolve images/requirements.lock in it",
+            file=sys.stderr,
+        )
+
+
 def register(*, image: typer.Typer, **_: typer.Typer) -> None:
-    """Attach `image build`, `image push` and `image lock`."""
+    """Attach `image build`, `image push`, `image lock` and `image pin`."""
+    image.command("pin")(pin)
 
     @image.command("build")
     def build(
@@ -87,8 +111,14 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         tag: Tag = None,
         dry_run: DryRun = False,
     ) -> None:
-        """Push a built image to the cluster's ECR repository; prints the pushed image URI."""
-        from images.build import ecr_password, login_argv, parse_repository_uri, push_argvs  # noqa: PLC0415
+        """Push a built image to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST (job values)."""
+        from images.build import (  # noqa: PLC0415
+            ecr_password,
+            login_argv,
+            parse_repository_uri,
+            push_argvs,
+            pushed_digest,
+        )
         from infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
         from infra.ops.stack_values import read_stack  # noqa: PLC0415
         from kitcore.configio import UserError  # noqa: PLC0415
@@ -107,7 +137,12 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
         for argv in push_argvs(engine=engine, local_image=f"{name}:{tag}", repository_uri=uri, tag=tag):
             _run(argv, dry_run=dry_run)
-        print(f"{uri}:{tag}")
+        if dry_run:
+            print(f"{uri}:{tag}")
+            return
+        # Jobs take the image by digest (k8s/values.py): the registry says which one the tag now names.
+        with aws_errors("ecr:DescribeImages"):
+            print(f"{uri}:{tag}@{pushed_digest(session.client('ecr'), uri, tag)}")
 
     @image.command("lock")
     def lock(engine: Engine = None, dry_run: DryRun = False) -> None:

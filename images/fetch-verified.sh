@@ -2,8 +2,8 @@
 # fetch-verified URL SHA256 DEST: download URL to DEST and check it against SHA256, or fail.
 #
 # The image build runs every third-party tarball through this (images/Dockerfile mounts it for
-# the RUN steps that need it). It fails closed: a checksum that is not 64 hex digits (the pins in
-# infra/pins.py carry a placeholder until a published checksum is recorded) stops the build before
+# the RUN steps that need it). It fails closed: a checksum that is not 64 hex digits (kitcore/pins.py
+# holds a placeholder until `nvrx-eks image pin` records the checksum) stops the build before
 # anything is downloaded, and a mismatch stops it before anything is unpacked.
 set -euo pipefail
 
@@ -16,8 +16,8 @@ sha256=$2
 dest=$3
 
 if [[ ! ${sha256} =~ ^[0-9a-f]{64}$ ]]; then
-    echo "refusing ${url}: its pinned sha256 is '${sha256}', not a checksum; record the published" \
-        "sha256 of this file in infra/pins.py (see the comment there)" >&2
+    echo "refusing ${url}: its pinned sha256 is '${sha256}', not a checksum; run 'nvrx-eks image pin'" \
+        "once on a machine with internet (it records the checksum in kitcore/pins.py), then build again" >&2
     exit 1
 fi
 curl -fsSL --proto '=https,file' -o "${dest}" "${url}"

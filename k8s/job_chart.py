@@ -39,9 +39,10 @@ from k8s.env import container_env
 from k8s.launcher import control_command, launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from k8s.trainer_args import durable_dir, local_dir, trainer_args
+from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from kitcore.pins import TRAINER_UID
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
@@ -99,6 +100,13 @@ def _index_env() -> list[k8s.EnvVar]:
 # Unprivileged user for the containers that need no root (the rendezvous store): `nobody`.
 NONROOT_UID = 65534
 RUNTIME_DEFAULT_SECCOMP = k8s.SeccompProfile(type="RuntimeDefault")
+OWNER_SETUP_CONTAINER = "own-dirs"
+SCRATCH_VOLUME = "scratch"
+SCRATCH_PATH = "/tmp"  # noqa: S108 - the pod's own emptyDir, mounted there
+# The trainer's /tmp and $HOME: ft_launcher's and NVRx's sockets and files, Triton/TorchInductor kernel
+# caches, CUDA's JIT cache (~/.nv). On the node's disk, bounded so a runaway cache evicts the pod rather
+# than filling the disk kubelet and containerd share.
+SCRATCH_LIMIT = "16Gi"
 
 
 def nonroot_security() -> k8s.SecurityContext:
@@ -115,24 +123,75 @@ def nonroot_security() -> k8s.SecurityContext:
     )
 
 
-def trainer_security(values: JobValues) -> k8s.SecurityContext:
-    """The trainer's and the self-check's container: every capability dropped, IPC_LOCK added back
-    only where the profile has EFA devices.
+def trainer_security() -> k8s.SecurityContext:
+    """The trainer's and the self-check's container: Pod Security `restricted`, as the trainer's uid.
 
-    Root, because the image's NGC base runs as root and the hostPath folder of the local tier is
-    created root-owned by the kubelet (fsGroup does not apply to hostPath volumes); with every
-    capability dropped that root cannot override file permissions, change owners or load anything
-    into the kernel. The root filesystem stays writable: Python, NCCL and Triton write caches below
-    $HOME and /tmp.
+    Non-root with no capability at all, EFA profiles included. RDMA memory registration (libfabric's EFA
+    provider, NCCL) is bounded by RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK, and adding
+    IPC_LOCK could not help here: a capability added for a non-root process never reaches its
+    effective set (Kubernetes sets no ambient capabilities:
+    https://github.com/kubernetes/kubernetes/issues/56374). The limit is the container runtime's, and
+    on EKS it allows the registration without the capability: AWS's EFA NCCL test on p5.48xlarge runs
+    with the runtime's default capabilities, which exclude IPC_LOCK
+    (https://github.com/aws-samples/awsome-distributed-training/blob/main/micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml).
+    The root filesystem is read-only: the trainer writes only to its mounts (the scratch /tmp, which
+    is also $HOME, /dev/shm, the checkpoint tiers, the run folder).
     """
-    add = ["IPC_LOCK"] if values.profile.efa_devices else None
-    # IPC_LOCK: libfabric's EFA provider and NCCL register (mlock) host buffers for RDMA; without it the
-    # pinned-memory registration fails above the container's small default RLIMIT_MEMLOCK.
     return k8s.SecurityContext(
+        run_as_non_root=True,
+        run_as_user=TRAINER_UID,
+        run_as_group=TRAINER_UID,
         allow_privilege_escalation=False,
-        capabilities=k8s.Capabilities(drop=["ALL"], add=add),
+        read_only_root_filesystem=True,
+        capabilities=k8s.Capabilities(drop=["ALL"]),
         seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
     )
+
+
+def owner_setup_security() -> k8s.SecurityContext:
+    """The one container that runs as root: it hands root-owned folders to the trainer's uid.
+
+    uid 0 because the folders' owner is root: the kubelet creates a hostPath folder root-owned (fsGroup
+    does not apply to hostPath volumes) and the FSx file system's root belongs to root. CHOWN is the
+    only capability it keeps: `chown` to another uid needs it; creating the folders does not (uid 0 owns
+    their parents). Without DAC_OVERRIDE or FOWNER it cannot read, write or change the mode of anything
+    it does not own. No privilege escalation, a read-only root filesystem, the default seccomp filter.
+    """
+    return k8s.SecurityContext(
+        run_as_non_root=False,
+        run_as_user=0,
+        run_as_group=0,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.Capabilities(drop=["ALL"], add=["CHOWN"]),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
+    )
+
+
+def owner_setup_container(
+    *, image: str, pull: str, folders: list[str], mounts: list[k8s.VolumeMount]
+) -> k8s.Container:
+    """Create `folders` and give them (not what is inside: that is the trainer's already) to TRAINER_UID."""
+    owner = f"{TRAINER_UID}:{TRAINER_UID}"
+    return k8s.Container(
+        name=OWNER_SETUP_CONTAINER,
+        image=image,
+        image_pull_policy=pull,
+        command=["sh", "-c", f'mkdir -p -- "$@" && chown -- {owner} "$@"', OWNER_SETUP_CONTAINER, *folders],
+        volume_mounts=mounts,
+        resources=k8s.ResourceRequirements(
+            requests={"cpu": k8s.Quantity.from_string("100m"), "memory": k8s.Quantity.from_string("64Mi")},
+            limits={"memory": k8s.Quantity.from_string("64Mi")},
+        ),
+        security_context=owner_setup_security(),
+    )
+
+
+def trainer_owned_folders(values: JobValues) -> list[str]:
+    """The folders the trainer writes on volumes whose root belongs to root: the node-local tier on the
+    NVMe hostPath, the durable tier and the run folder on FSx (the emptyDirs are world-writable)."""
+    run_dir = chart_owned_fields(values)["run_dir"]
+    return [d for d in (local_dir(values), durable_dir(values), run_dir) if d]
 
 
 class RendezvousStore(Construct):
@@ -249,6 +308,14 @@ DNS_PORT = 53
 HTTPS_PORT = 443
 
 
+def kube_dns_peer() -> k8s.NetworkPolicyPeer:
+    """The cluster's DNS pods (CoreDNS in kube-system, labelled k8s-app=kube-dns on EKS)."""
+    return k8s.NetworkPolicyPeer(
+        namespace_selector=k8s.LabelSelector(match_labels={"kubernetes.io/metadata.name": "kube-system"}),
+        pod_selector=k8s.LabelSelector(match_labels={"k8s-app": "kube-dns"}),
+    )
+
+
 class JobNetworkPolicies(Construct):
     """Only the job's own pods reach the job's pods; they reach each other, DNS, and AWS over HTTPS.
 
@@ -294,15 +361,7 @@ class JobNetworkPolicies(Construct):
                 egress=[
                     k8s.NetworkPolicyEgressRule(to=[from_job]),
                     k8s.NetworkPolicyEgressRule(
-                        to=[
-                            k8s.NetworkPolicyPeer(
-                                namespace_selector=k8s.LabelSelector(
-                                    match_labels={"kubernetes.io/metadata.name": "kube-system"}
-                                ),
-                                pod_selector=k8s.LabelSelector(match_labels={"k8s-app": "kube-dns"}),
-                            )
-                        ],
-                        ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)],
+                        to=[kube_dns_peer()], ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)]
                     ),
                     k8s.NetworkPolicyEgressRule(
                         to=[
@@ -362,6 +421,17 @@ def _volumes(values: JobValues) -> tuple[list[k8s.Volume], list[k8s.VolumeMount]
         k8s.VolumeMount(name="shm", mount_path="/dev/shm"),  # noqa: S108 - the pod's shared memory, not a temp file
         k8s.VolumeMount(name=MEMORY_TIER_VOLUME, mount_path=s.memory_mount_path),
     ]
+    if values.image != LOCAL_IMAGE:
+        # The container's /tmp on its read-only root filesystem. `image: local` has none to replace: the
+        # local executor gives each pod a temporary folder of its own (TMPDIR) and runs it as this
+        # machine's user, with that user's home.
+        volumes.append(
+            k8s.Volume(
+                name=SCRATCH_VOLUME,
+                empty_dir=k8s.EmptyDirVolumeSource(size_limit=k8s.Quantity.from_string(SCRATCH_LIMIT)),
+            )
+        )
+        mounts.append(k8s.VolumeMount(name=SCRATCH_VOLUME, mount_path=SCRATCH_PATH))
     if s.local_nvme_path:
         # A folder of our own below the NVMe array (never its root, which holds the kubelet's and
         # containerd's state: k8s/values.py refuses it), created on first use.
@@ -436,6 +506,10 @@ class TrainingJob(Construct):
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
         env = [*_index_env(), *container_env(values)]
+        if values.image != LOCAL_IMAGE:
+            # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
+            # stays unset, so /tmp (the same volume) is the temporary folder.
+            env.append(k8s.EnvVar(name="HOME", value=SCRATCH_PATH))
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
@@ -443,12 +517,20 @@ class TrainingJob(Construct):
             node_address=node_address(values),
             trainer_args=trainer_args(values),
         )
-        security = trainer_security(values)
-        # The self-check runs first in every pod (images/README.md): exit 2 fails the Job, 75 (node
+        security = trainer_security()
+        # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs
+        # as this machine's user, who owns them already.
+        folders = trainer_owned_folders(values)
+        init_containers = (
+            []
+            if values.image == LOCAL_IMAGE
+            else [owner_setup_container(image=image, pull=pull, folders=folders, mounts=mounts)]
+        )
+        # Then the self-check, in every pod (images/README.md): exit 2 fails the Job, 75 (node
         # problem) replaces the pod without consuming the budget (_failure_policy). It gets the trainer's
         # resources, env and mounts: the kubelet hands an init container's GPUs/EFA devices on to the
         # main container, so the check sees the devices the ranks will use, at no extra request.
-        init_containers = [
+        init_containers += [
             k8s.Container(
                 name=SELFCHECK_CONTAINER,
                 image=image,

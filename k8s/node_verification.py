@@ -25,7 +25,11 @@ Least privilege, and how "its own node only" is enforced:
 - The pod: no GPU or EFA request (it must not take devices from training; NVIDIA_VISIBLE_DEVICES=all
   lets the NVIDIA runtime show it every GPU, as dcgm-exporter does), the host's /sys and
   /dev/infiniband read-only, a subdirectory of the NVMe array (its root holds kubelet state),
-  all capabilities dropped, no privilege escalation, a read-only root filesystem.
+  the training image's non-root uid with no capability, no privilege escalation, a read-only root
+  filesystem and the runtime's default seccomp filter. The probe folder on the array is created
+  root-owned by the kubelet: the job chart's CHOWN-only init container hands it to that uid first.
+- Its network: a NetworkPolicy admits nothing in (it serves nothing) and lets out only DNS, HTTPS
+  (the API server) and the DCGM host engine's port, so it cannot reach the instance metadata service.
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ from cdk8s_plus_33 import k8s
 from constructs import Construct
 
 from k8s import names
+from k8s.job_chart import (
+    DNS_PORT,
+    HTTPS_PORT,
+    RUNTIME_DEFAULT_SECCOMP,
+    kube_dns_peer,
+    owner_setup_container,
+    trainer_security,
+)
+from kitcore.pins import TRAINER_UID
 from training import nodecheck
 
 NODE_CHECK = "nvrx-nodecheck"
@@ -46,6 +59,9 @@ _SA_USER = "system:serviceaccount:{namespace}:{name}"
 HOST_SYS = "/host/sys"
 HOST_DEV = "/host/dev"
 HOST_NVME = "/host/local-nvme"
+# nv-hostengine's TCP port when started without --port
+# (https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/nv-hostengine.html).
+DCGM_PORT = 5555
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +223,34 @@ class NodeVerification(Construct):
             ),
         )
         self._daemon_set(namespace=namespace, labels=labels, spec=spec)
+        self._network_policy(namespace=namespace, labels=labels, spec=spec)
+
+    def _network_policy(self, *, namespace: str, labels: dict[str, str], spec: NodeCheckSpec) -> None:
+        """Nothing in; out only what the check calls: DNS, the API server (HTTPS, through the
+        `kubernetes` Service to the control plane's addresses, which the chart does not know) and the
+        DCGM host engine (its address is a setting, so by port)."""
+        _, colon, port = (spec.dcgm_host or "").rpartition(":")
+        dcgm_port = int(port) if colon and port.isdigit() else DCGM_PORT
+
+        def tcp(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
+            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
+
+        k8s.KubeNetworkPolicy(
+            self,
+            "network-policy",
+            metadata=k8s.ObjectMeta(name=NODE_CHECK, namespace=namespace, labels=labels),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=k8s.LabelSelector(match_labels=labels),
+                policy_types=["Ingress", "Egress"],
+                ingress=[],
+                egress=[
+                    k8s.NetworkPolicyEgressRule(
+                        to=[kube_dns_peer()], ports=[tcp(DNS_PORT, "UDP"), tcp(DNS_PORT)]
+                    ),
+                    k8s.NetworkPolicyEgressRule(ports=[tcp(HTTPS_PORT), tcp(dcgm_port)]),
+                ],
+            ),
+        )
 
     def _daemon_set(self, *, namespace: str, labels: dict[str, str], spec: NodeCheckSpec) -> None:
         def host_path(name: str, path: str, kind: str) -> k8s.Volume:
@@ -215,6 +259,7 @@ class NodeVerification(Construct):
         command = ["python", "-m", "training.nodecheck", f"--interval-s={spec.interval_s}"]
         if spec.dcgm_host:
             command.append(f"--dcgm-host={spec.dcgm_host}")
+        nvme_mount = k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME)
         field = lambda path: k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path))  # noqa: E731
         container = k8s.Container(
             name="nodecheck",
@@ -240,19 +285,10 @@ class NodeVerification(Construct):
             volume_mounts=[
                 k8s.VolumeMount(name="host-sys", mount_path=HOST_SYS, read_only=True),
                 k8s.VolumeMount(name="host-infiniband", mount_path=f"{HOST_DEV}/infiniband", read_only=True),
-                k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME),
+                nvme_mount,
             ],
-            security_context=k8s.SecurityContext(
-                # uid 0 without capabilities: the owner of the root-owned probe directory on the
-                # array, able to write there and nowhere else on the host.
-                run_as_user=0,
-                run_as_non_root=False,
-                allow_privilege_escalation=False,
-                privileged=False,
-                read_only_root_filesystem=True,
-                capabilities=k8s.Capabilities(drop=["ALL"]),
-                seccomp_profile=k8s.SeccompProfile(type="RuntimeDefault"),
-            ),
+            # The training image's uid, no capability, read-only root filesystem (job_chart.trainer_security).
+            security_context=trainer_security(),
         )
         k8s.KubeDaemonSet(
             self,
@@ -282,6 +318,19 @@ class NodeVerification(Construct):
                                 k8s.Toleration(key=key, operator="Exists", effect=effect)
                                 for key, effect in spec.extra_tolerations
                             ),
+                        ],
+                        # The runtime's default seccomp filter for both containers; the pod's fsGroup
+                        # makes the projected service account token readable by the non-root uid.
+                        security_context=k8s.PodSecurityContext(
+                            seccomp_profile=RUNTIME_DEFAULT_SECCOMP, fs_group=TRAINER_UID
+                        ),
+                        init_containers=[
+                            owner_setup_container(
+                                image=spec.image,
+                                pull="IfNotPresent",
+                                folders=[HOST_NVME],
+                                mounts=[nvme_mount],
+                            )
                         ],
                         containers=[container],
                         volumes=[

@@ -103,6 +103,21 @@ def check_image_reference(value: str) -> str:
     return value
 
 
+_DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def check_image_digest(value: str) -> str:
+    """A container image by digest: a tag can be moved to other contents after the job was rendered,
+    so every node (and every replacement pod) would not be certain to run the same trainer."""
+    if not _DIGEST_SUFFIX.search(value):
+        raise ValueError(
+            f"{value!r} has no digest: pin the image as REPOSITORY:TAG@sha256:DIGEST, the reference "
+            "`nvrx-eks image push` prints (for an image already pushed: `aws ecr describe-images "
+            "--repository-name NAME --image-ids imageTag=TAG --query 'imageDetails[0].imageDigest'`)"
+        )
+    return value
+
+
 def check_s3_bucket(value: str) -> str:
     problem = None
     if not _S3_BUCKET.match(value):
@@ -362,7 +377,7 @@ class JobValues(_Section):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
-        return value if value == LOCAL_IMAGE else check_image_reference(value)
+        return value if value == LOCAL_IMAGE else check_image_digest(check_image_reference(value))
 
     @field_validator("service_account", "priority_class", "store_priority_class")
     @classmethod

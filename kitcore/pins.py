@@ -9,18 +9,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 
-# What a checksum pin holds until the file's published sha256 has been recorded: the image build
+# What a digest or checksum pin holds until `nvrx-eks image pin` has recorded it: the image build
 # refuses it (images/fetch-verified.sh and `nvrx-eks image build`), it never downloads unverified.
 UNPUBLISHED_SHA256 = "unpublished"
+
+# The user the training image runs as (images/Dockerfile creates it; the job chart's pods and the node
+# check run as it whatever the image says). Above 10000: no clash with a host account's uid.
+TRAINER_UID = 10001
 
 
 @dataclass(frozen=True)
 class ImagePins:
-    base_image: str
-    """By digest (repository@sha256:...); the tag it was taken from is in the comment beside it."""
+    base_repository: str
+    base_tag: str
+    """The tag `nvrx-eks image pin` resolves to `base_digest`."""
     nvrx_version: str
     efa_installer: str
     aws_ofi_nccl: str
+    base_digest: str = UNPUBLISHED_SHA256
+    """sha256:... of the tag's manifest (index) as the registry served it to `nvrx-eks image pin`."""
     efa_installer_sha256: str = UNPUBLISHED_SHA256
     """sha256 of aws-efa-installer-<efa_installer>.tar.gz."""
     aws_ofi_nccl_sha256: str = UNPUBLISHED_SHA256
@@ -29,6 +36,26 @@ class ImagePins:
     """The base image's CPython ABI; NVRx 0.5+ publishes cp312 wheels only."""
     min_glibc: str = "2.39"
     """NVRx 0.5+ wheels are manylinux_2_39: the base must be Ubuntu 24.04 (glibc 2.39) or newer."""
+    trainer_uid: int = TRAINER_UID
+    """The image's non-root user and group id."""
+
+    @property
+    def base_image(self) -> str:
+        """REPOSITORY:TAG@DIGEST (the engine pulls by the digest; the tag says which one it was), or
+        REPOSITORY:TAG until the digest is recorded (the build refuses that)."""
+        reference = f"{self.base_repository}:{self.base_tag}"
+        return reference if self.base_digest == UNPUBLISHED_SHA256 else f"{reference}@{self.base_digest}"
+
+    @property
+    def efa_installer_url(self) -> str:
+        return f"https://efa-installer.amazonaws.com/aws-efa-installer-{self.efa_installer}.tar.gz"
+
+    @property
+    def aws_ofi_nccl_url(self) -> str:
+        return (
+            f"https://github.com/aws/aws-ofi-nccl/releases/download/v{self.aws_ofi_nccl}/"
+            f"aws-ofi-nccl-{self.aws_ofi_nccl}.tar.gz"
+        )
 
 
 # The training image (images/Dockerfile receives these as build args; `nvrx-eks image build` passes
@@ -48,21 +75,22 @@ class ImagePins:
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html
 # https://github.com/aws/aws-ofi-nccl/releases/tag/v1.17.2
 #
-# Digest and checksums (supply chain). None of them could be read from NGC, AWS or GitHub here (no
-# internet on the build machine of this change):
-# - base_image: tag 25.09-py3. The digest is the one a public x86_64 build pins for that tag (found
-#   by code search), not read from NGC: confirm it with `docker buildx imagetools inspect
-#   nvcr.io/nvidia/pytorch:25.09-py3` before relying on it. A wrong digest fails the pull (closed).
-# - efa_installer_sha256 / aws_ofi_nccl_sha256: no published checksum for 1.46.0 / 1.17.2 was found
-#   offline, so they hold UNPUBLISHED_SHA256 and the build refuses to run until they are recorded.
-#   Take the EFA installer's from AWS (the EFA user guide's installer verification steps give the
-#   checksum and GPG signature per release); aws-ofi-nccl's release page lists no checksum, so
-#   record the sha256 of the v1.17.2 release asset downloaded over TLS from github.com/aws/aws-ofi-nccl.
+# Digest and checksums (supply chain): `nvrx-eks image pin`, run once on a machine with internet,
+# downloads both tarballs over TLS, asks the registry for the tag's digest, and writes the three
+# values below (and the Dockerfile's ARG defaults). Until then the checksums hold UNPUBLISHED_SHA256
+# and `nvrx-eks image build` refuses to start, naming that command. The base digest below is the one
+# a public x86_64 build pins for 25.09-py3 (found by code search, not read from NGC); `image pin`
+# replaces it with the registry's answer. After a version change here, run it again. A wrong digest
+# fails the pull and a wrong checksum fails the build (closed).
 IMAGE = ImagePins(
-    base_image="nvcr.io/nvidia/pytorch@sha256:f3b4a33fd60d5e0358287bb44d57e91eda45e8f1681fef1bfd6c969371417130",
+    base_repository="nvcr.io/nvidia/pytorch",
+    base_tag="25.09-py3",
     nvrx_version="0.7.0",
     efa_installer="1.46.0",
     aws_ofi_nccl="1.17.2",
+    base_digest="sha256:f3b4a33fd60d5e0358287bb44d57e91eda45e8f1681fef1bfd6c969371417130",
+    efa_installer_sha256=UNPUBLISHED_SHA256,
+    aws_ofi_nccl_sha256=UNPUBLISHED_SHA256,
 )
 
 NVRX_SUPPORTED_SINCE = ".".join(IMAGE.nvrx_version.split(".")[:2])

@@ -158,8 +158,9 @@ def values(
 ) -> None:
     """Write the job values the deployed stack decides into a values file, keeping everything else.
 
-    Sets image (ECR repository, your tag kept), namespace, service_account, instance_profile,
-    storage.fsx_pvc, storage.s3_bucket and storage.s3_prefix; comments and other values stay.
+    Sets image (ECR repository, your tag kept, the digest ECR gives that tag), namespace,
+    service_account, instance_profile, storage.fsx_pvc, storage.s3_bucket and storage.s3_prefix;
+    comments and other values stay.
     Exit codes: 0 ok; 2 missing stack/outputs, bad values file, no credentials; 4 AWS unavailable.
     """
     from pydantic import ValidationError  # noqa: PLC0415
@@ -170,15 +171,22 @@ def values(
 
     with _exit_codes():
         doc = stack_values.load_roundtrip(output)  # a bad file is reported before any AWS call
-        info = stack_values.read_stack(_session(profile, region), stack)
+        session = _session(profile, region)
+        info = stack_values.read_stack(session, stack)
         updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
+        pinned = stack_values.with_digest(session, updates["image"])
+        unpushed = None if pinned else updates["image"]
+        updates["image"] = pinned or updates["image"]
         changed = stack_values.apply_updates(doc, updates)
         missing: list[str] = []
         try:
             JobValues.model_validate(stack_values.plain(doc))
         except ValidationError as exc:
-            # Fields only the user can choose (name, num_nodes) may still be missing in a new file.
+            # Fields only the user can choose (name, num_nodes) may still be missing in a new file, and
+            # the image's digest until its tag is pushed.
             missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
+            if unpushed:
+                missing += [f"image (push {unpushed}, then run this again for its digest)"]
             if len(missing) != exc.error_count():
                 raise UserError(
                     describe_validation_error(exc, source=f"{output} after the stack values")

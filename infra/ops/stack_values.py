@@ -8,6 +8,7 @@ order included, is kept (ruamel.yaml round-trip).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +121,12 @@ def image_for(repository_uri: str, current: str | None, *, default_tag: str | No
     """
     if current:
         name, at, digest = current.partition("@")
-        if at:
-            return f"{repository_uri}@{digest}"
         last = name.rsplit("/", 1)[-1]
-        if ":" in last and last.rsplit(":", 1)[1] != "latest":
-            return f"{repository_uri}:{last.rsplit(':', 1)[1]}"
+        tag = last.rsplit(":", 1)[1] if ":" in last else ""
+        if at:
+            return f"{repository_uri}{f':{tag}' if tag else ''}@{digest}"
+        if tag and tag != "latest":
+            return f"{repository_uri}:{tag}"
     tag = default_tag or source_revision()
     if tag is None:
         raise UserError(
@@ -132,6 +134,31 @@ def image_for(repository_uri: str, current: str | None, *, default_tag: str | No
             "`nvrx-eks image push` printed"
         )
     return f"{repository_uri}:{tag}"
+
+
+_BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+_NOT_PUSHED = frozenset({"ImageNotFoundException", "RepositoryNotFoundException"})
+
+
+def with_digest(session: AwsSession, image: str) -> str | None:
+    """`image` (REPOSITORY:TAG in the stack's ECR repository) pinned to the digest ECR gives its tag
+    (job values take images by digest only), or None while the tag is not pushed."""
+    if _BY_DIGEST.search(image):
+        return image
+    from botocore.exceptions import ClientError  # noqa: PLC0415
+
+    name, _, tag = image.rpartition(":")
+    registry, _, repository = name.partition("/")
+    with aws_errors("ecr:DescribeImages"):
+        try:
+            details = session.client("ecr").describe_images(
+                registryId=registry.split(".", 1)[0], repositoryName=repository, imageIds=[{"imageTag": tag}]
+            )["imageDetails"]
+        except ClientError as exc:
+            if error_code(exc) in _NOT_PUSHED:
+                return None
+            raise
+    return f"{image}@{details[0]['imageDigest']}" if details else None
 
 
 def stack_updates(info: StackInfo, current: dict[str, Any], *, node_group: str | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -57,22 +58,34 @@ def fake_engine(tmp_path, monkeypatch):
 VERIFIED = dataclasses.replace(IMAGE, efa_installer_sha256="a" * 64, aws_ofi_nccl_sha256="b" * 64)
 
 
-def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engine):
-    # The shipped pins carry placeholders until the published checksums are recorded.
-    assert IMAGE.efa_installer_sha256 == pins.UNPUBLISHED_SHA256
+UNPINNED = dataclasses.replace(
+    IMAGE,
+    base_digest=pins.UNPUBLISHED_SHA256,
+    efa_installer_sha256=pins.UNPUBLISHED_SHA256,
+    aws_ofi_nccl_sha256=pins.UNPUBLISHED_SHA256,
+)
+
+
+def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engine, monkeypatch):
+    # Until `nvrx-eks image pin` has run, the pins hold placeholders.
+    monkeypatch.setattr(pins, "IMAGE", UNPINNED)
     result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t0"])
     assert isinstance(result.exception, UserError)
     message = str(result.exception)
     assert "efa_installer_sha256 is 'unpublished', not a sha256" in message
     assert "aws_ofi_nccl_sha256" in message
-    assert "kitcore/pins.py" in message
+    assert "base_digest is 'unpublished'" in message
+    # It says what to run, and names no file that does not exist.
+    assert "Run `nvrx-eks image pin` once on a machine with internet" in message
+    for path in re.findall(r"[\w/.-]+\.(?:py|sh|md)\b", message):
+        assert (build.REPO_ROOT / path).exists(), f"the message names {path}, which does not exist"
     assert fake_engine() == []
 
 
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        ({"base_image": "nvcr.io/nvidia/pytorch:25.09-py3"}, "is not pinned by digest"),
+        ({"base_digest": "25.09-py3"}, "base_digest is '25.09-py3', not sha256:"),
         ({"aws_ofi_nccl_sha256": "A" * 64}, "aws_ofi_nccl_sha256 is 'AAAA"),
     ],
 )
@@ -134,8 +147,19 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
+        # What the engine's push leaves in the registry (the fake engine pushes nothing).
+        ecr = boto3.client("ecr")
+        ecr.create_repository(repositoryName=URI.split("/", 1)[1])
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "layers": [],
+        }
+        pushed = ecr.put_image(
+            repositoryName=URI.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="t3"
+        )["image"]["imageId"]["imageDigest"]
         result = CliRunner().invoke(_app(), ["image", "push", "--repository", URI, "--tag", "t3"])
-        token = boto3.client("ecr").get_authorization_token()["authorizationData"][0]["authorizationToken"]
+        token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
     assert result.exit_code == 0, result.output
     login, tag, push = fake_engine()
     registry = URI.split("/", 1)[0]
@@ -145,7 +169,9 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
     assert password not in " ".join(login["argv"])
     assert tag["argv"] == ["tag", "nvrx-eks-training:t3", f"{URI}:t3"]
     assert push["argv"] == ["push", f"{URI}:t3"]
-    assert result.stdout.strip().endswith(f"{URI}:t3")
+    # The job values' image: tag and the digest the registry gave the pushed tag.
+    assert result.stdout.strip().endswith(f"{URI}:t3@{pushed}")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", pushed)
 
 
 def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypatch):

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from images.build import BUILD_ARG_NAMES, DOCKERFILE, LOCK_FILE, build_args, locked_versions
+from images.build import (
+    BASE_PARTS,
+    BUILD_ARG_NAMES,
+    DOCKERFILE,
+    LOCK_FILE,
+    REPO_ROOT,
+    build_args,
+    locked_versions,
+)
+from kitcore import pins
 from kitcore.pins import IMAGE
 
 TEXT = DOCKERFILE.read_text()
@@ -46,7 +55,7 @@ def test_hadolint_reports_nothing_and_every_ignore_has_a_reason():
 def test_arg_defaults_equal_the_pins_and_the_build_passes_every_pin():
     defaults = _arg_defaults(TEXT)
     args = build_args(git_revision="abc123")
-    assert {f.name for f in fields(IMAGE)} == BUILD_ARG_NAMES.keys()
+    assert {f.name for f in fields(IMAGE)} - BASE_PARTS | {"base_image"} == BUILD_ARG_NAMES.keys()
     for name, arg in BUILD_ARG_NAMES.items():
         assert args[arg] == str(getattr(IMAGE, name))
         assert defaults[arg] == args[arg], f"Dockerfile ARG {arg} default != kitcore/pins.py IMAGE.{name}"
@@ -145,9 +154,16 @@ def test_every_download_goes_through_the_checksum_script():
         assert "source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified" in body
         assert '"${EFA_INSTALLER_SHA256}" /tmp/efa.tar.gz' in body
     assert '"${AWS_OFI_NCCL_SHA256}" /tmp/ofi.tar.gz' in _stages()["ofi"]
-    # The base is pinned by digest in the pins and in the Dockerfile's default.
-    assert re.fullmatch(r"[^@]+@sha256:[0-9a-f]{64}", IMAGE.base_image)
+    # The base is pinned by tag and digest in the pins and in the Dockerfile's default.
+    assert IMAGE.base_image == f"{IMAGE.base_repository}:{IMAGE.base_tag}@{IMAGE.base_digest}"
+    assert re.fullmatch(r"[^@]+:[^@/]+@sha256:[0-9a-f]{64}", IMAGE.base_image)
     assert _arg_defaults(TEXT)["BASE_IMAGE"] == IMAGE.base_image
+    # Each tarball from the URL the pins name (what `nvrx-eks image pin` hashes).
+    for url in (IMAGE.efa_installer_url, IMAGE.aws_ofi_nccl_url):
+        templated = url.replace(IMAGE.efa_installer, "${EFA_INSTALLER_VERSION}").replace(
+            IMAGE.aws_ofi_nccl, "${AWS_OFI_NCCL_VERSION}"
+        )
+        assert f'"{templated}"' in TEXT
 
 
 def _fetch(tmp_path: Path, sha256: str) -> subprocess.CompletedProcess[str]:
@@ -178,10 +194,24 @@ def test_fetch_verified_accepts_the_right_checksum_and_refuses_others(tmp_path):
 
 
 def test_fetch_verified_refuses_the_placeholder_without_downloading(tmp_path):
-    done = _fetch(tmp_path, IMAGE.efa_installer_sha256)
+    done = _fetch(tmp_path, pins.UNPUBLISHED_SHA256)
     assert done.returncode == 1
     assert "its pinned sha256 is 'unpublished', not a checksum" in done.stderr
+    # It names the command that records the checksum, and only files that exist.
+    assert "run 'nvrx-eks image pin'" in done.stderr
+    for path in re.findall(r"[\w/.-]+\.(?:py|sh|md)\b", done.stderr):
+        assert (REPO_ROOT / path).exists(), f"the message names {path}, which does not exist"
     assert not (tmp_path / "out.tar.gz").exists()
+
+
+def test_the_image_runs_as_the_pinned_non_root_user():
+    runtime = _stages()["runtime"]
+    assert _arg_defaults(runtime)["TRAINER_UID"] == str(pins.TRAINER_UID) == str(IMAGE.trainer_uid)
+    assert '--uid "${TRAINER_UID}"' in runtime
+    # The last USER is the trainer's, and it comes after every RUN (nothing after it needs root).
+    users = re.findall(r"^USER (\S+)$", runtime, flags=re.MULTILINE)
+    assert users == ["${TRAINER_UID}:${TRAINER_UID}"]
+    assert runtime.rindex("\nRUN ") < runtime.index("\nUSER ")
 
 
 def test_the_image_carries_only_the_trainer_and_the_core_below_it():

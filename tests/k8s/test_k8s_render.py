@@ -78,7 +78,8 @@ def test_p5_pod_resources_from_profile(rendered):
     (c,) = pod["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == 32
-    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    # Non-root, no capability: an added one would not reach a non-root process (k8s/job_chart.py).
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FI_PROVIDER"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
@@ -86,8 +87,8 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    (check,) = pod["initContainers"]
-    assert check["name"] == "selfcheck"
+    owner, check = pod["initContainers"]
+    assert (owner["name"], check["name"]) == ("own-dirs", "selfcheck")
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # NVRx's per-node identity in its rendezvous: the pod's index, stable across worker restarts.
     indexes = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
@@ -233,7 +234,10 @@ def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:
     for kind in ("Job", "Deployment"):
         (obj,) = _by_kind(docs, kind)
         pod = obj["spec"]["template"]["spec"]
+        # The launchers' containers (the folder owner exists for container images only).
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            if c["name"] not in {"selfcheck", "trainer", "store"}:
+                continue
             cut = c["command"].index("training") + 1 if "training" in c["command"] else None
             launcher = c["command"][:cut]
             flags = [arg.split("=")[0] for arg in launcher]

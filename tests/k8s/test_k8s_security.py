@@ -6,6 +6,9 @@ https://kubernetes.io/docs/concepts/security/pod-security-standards/ for the fie
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import cdk8s
@@ -13,13 +16,18 @@ import pytest
 import yaml
 
 from k8s.cluster_chart import ClusterObjectsChart
-from k8s.job_chart import render
+from k8s.job_chart import OWNER_SETUP_CONTAINER, render, trainer_owned_folders
 from k8s.load import load_values
+from k8s.node_verification import DCGM_PORT, HOST_NVME, NODE_CHECK, NodeCheckSpec, NodeVerification
+from k8s.nvrx_versions import LOCAL_IMAGE
 from k8s.values import NVME_RAID_ROOT
 from kitcore.configio import UserError
+from kitcore.pins import TRAINER_UID
 
 VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values"
 LOCAL, P5 = VALUES / "local-cpu.yaml", VALUES / "p5-2.yaml"
+DIGEST_REFERENCE = re.compile(r"^[^@\s]+:[^@/\s]+@sha256:[0-9a-f]{64}$")
+NODE_CHECK_IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx:abc123@sha256:{'ab' * 32}"
 # Capabilities `baseline` allows a container to add (the container runtime's defaults).
 BASELINE_CAPS = {
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
@@ -100,12 +108,12 @@ def test_every_container_drops_privileges(values_file, tmp_path):
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, c["name"]
 
 
-def test_ipc_lock_only_where_efa_needs_it(tmp_path):
-    for values_file, expected in ((LOCAL, set()), (P5, {"IPC_LOCK"})):
+def test_only_the_folder_owner_adds_a_capability_and_only_chown(tmp_path):
+    for values_file in (LOCAL, P5):
         pod = _pod(_docs(values_file, tmp_path / values_file.stem), "Job")
         for c in _containers(pod):
             added = set(c["securityContext"]["capabilities"].get("add", []))
-            assert added == (expected if c["name"] in {"trainer", "selfcheck"} else set()), c["name"]
+            assert added == ({"CHOWN"} if c["name"] == OWNER_SETUP_CONTAINER else set()), c["name"]
 
 
 @pytest.mark.parametrize("values_file", [LOCAL, P5], ids=["local-cpu", "p5"])
@@ -115,20 +123,142 @@ def test_the_store_meets_restricted_and_the_only_init_container_is_the_selfcheck
     assert _restricted_violations(store) == set()
     (store_container,) = store["containers"]
     assert store_container["securityContext"]["readOnlyRootFilesystem"] is True
-    # The only init container is the self-check, with the trainer's own security context.
+    # The init containers are the folder owner (container images only) and the self-check, with the
+    # trainer's own security context.
     job = _pod(docs, "Job")
-    assert [c["name"] for c in job["initContainers"]] == ["selfcheck"]
-    assert job["initContainers"][0]["securityContext"] == job["containers"][0]["securityContext"]
+    owner = [OWNER_SETUP_CONTAINER] if values_file == P5 else []
+    assert [c["name"] for c in job["initContainers"]] == [*owner, "selfcheck"]
+    assert job["initContainers"][-1]["securityContext"] == job["containers"][0]["securityContext"]
 
 
-def test_training_pods_go_beyond_baseline_only_for_the_local_tier_and_efa(tmp_path):
-    """The namespace enforces `privileged` because of exactly these; without them, baseline holds."""
+def test_training_pods_go_beyond_baseline_only_for_the_local_tier(tmp_path):
+    """The namespace enforces `privileged` because of exactly this; without it, baseline holds."""
     raid = f"hostPath {NVME_RAID_ROOT}/nvrx-checkpoints"
-    p5 = _baseline_violations(_pod(_docs(P5, tmp_path / "p5"), "Job"))
-    assert p5 == {raid, "selfcheck adds IPC_LOCK", "trainer adds IPC_LOCK"}
+    assert _baseline_violations(_pod(_docs(P5, tmp_path / "p5"), "Job")) == {raid}
     assert _baseline_violations(_pod(_docs(LOCAL, tmp_path / "local"), "Job")) == {raid}
     no_tier = _docs(LOCAL, tmp_path / "no-tier", "storage.local_nvme_path=null")
     assert _baseline_violations(_pod(no_tier, "Job")) == set()
+
+
+def _mounted(container: dict, path: str) -> bool:
+    return any(
+        path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+        for m in container["volumeMounts"]
+    )
+
+
+@pytest.mark.parametrize("values_file", sorted(VALUES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_job_runs_images_by_digest_and_the_trainer_non_root_on_a_read_only_root(
+    values_file, tmp_path
+):
+    docs = _docs(values_file, tmp_path)
+    local = load_values(values_file).image == LOCAL_IMAGE
+    for kind in ("Deployment", "Job"):
+        for c in _containers(_pod(docs, kind)):
+            assert c["image"] == LOCAL_IMAGE if local else DIGEST_REFERENCE.match(c["image"]), c["image"]
+    job = _pod(docs, "Job")
+    # Beyond the local tier's hostPath, only the folder owner leaves `restricted`: root (with CHOWN
+    # alone, below), and only on a container image.
+    assert _restricted_violations(job) - {f"hostPath {NVME_RAID_ROOT}/nvrx-checkpoints"} == (
+        set() if local else {f"{OWNER_SETUP_CONTAINER} may run as root"}
+    )
+    by_name = {c["name"]: c for c in _containers(job)}
+    for name in ("selfcheck", "trainer"):
+        sc = by_name[name]["securityContext"]
+        assert sc["runAsNonRoot"] is True
+        assert sc["runAsUser"] == sc["runAsGroup"] == TRAINER_UID
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    trainer = by_name["trainer"]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    if not local:  # `image: local`: the executor gives each pod its own TMPDIR, as this machine's user
+        # What the trainer writes outside the image is on a volume: $HOME, /tmp, /dev/shm, its folders.
+        writes = [env["HOME"], "/tmp", "/dev/shm", *trainer_owned_folders(load_values(values_file))]
+        assert [w for w in writes if not _mounted(trainer, w)] == []
+        scratch = next(v for v in job["volumes"] if v["name"] == "scratch")
+        assert "medium" not in scratch["emptyDir"]  # the node's disk, not its RAM
+        # The folders on root-owned volumes (hostPath, FSx) are handed to the trainer's uid first.
+        owner = by_name[OWNER_SETUP_CONTAINER]
+        folders = trainer_owned_folders(load_values(values_file))
+        assert owner["command"][-len(folders) :] == folders
+        assert f"chown -- {TRAINER_UID}:{TRAINER_UID}" in owner["command"][2]
+        assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert owner["securityContext"]["readOnlyRootFilesystem"] is True
+        assert owner["securityContext"]["allowPrivilegeEscalation"] is False
+        assert all(_mounted(owner, f) for f in folders)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks-training:0123abcd",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks-training",
+        "nvcr.io/nvidia/pytorch:25.09-py3",
+    ],
+)
+def test_an_image_without_a_digest_is_one_message_naming_the_field_and_the_fix(image, tmp_path):
+    with pytest.raises(
+        UserError, match=r"image: .* has no digest: pin the image as REPOSITORY:TAG@sha256:DIGEST"
+    ) as info:
+        load_values(P5, [f"image={image}"])
+    assert "nvrx-eks image push" in str(info.value)
+    # The command line: exit 2, the message, no traceback, nothing written.
+    values = tmp_path / "job.yaml"
+    values.write_text(P5.read_text())
+    out = tmp_path / "dist"
+    done = subprocess.run(
+        [sys.executable, "-c", "from nvrx_eks.cli import main; main()", "job", "render", "-f", str(values),
+         "--set", f"image={image}", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "has no digest" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def _node_check(**spec: object) -> list[dict]:
+    chart = cdk8s.Chart(cdk8s.App(), "c")
+    NodeVerification(chart, "n", namespace="training", spec=NodeCheckSpec(image=NODE_CHECK_IMAGE, **spec))
+    return chart.to_json()
+
+
+def test_the_node_check_pod_is_non_root_read_only_and_its_network_is_policed():
+    docs = _node_check()
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Root only to hand the probe folder to the image's uid, with CHOWN alone; the check itself as
+    # the trainer's uid, read-only, no capability.
+    assert _restricted_violations(pod) - {"hostPath /sys", "hostPath /dev/infiniband"} == {
+        f"hostPath {NVME_RAID_ROOT}/{NODE_CHECK}",
+        f"{OWNER_SETUP_CONTAINER} may run as root",
+    }
+    (check,) = pod["containers"]
+    assert check["securityContext"]["runAsUser"] == TRAINER_UID
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+    (owner,) = pod["initContainers"]
+    assert owner["command"][-1] == HOST_NVME
+    assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    # Its NetworkPolicy selects exactly its pods: nothing in, out only DNS, HTTPS (API server), DCGM.
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    spec = policy["spec"]
+    assert spec["podSelector"] == ds["spec"]["selector"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    assert spec.get("ingress", []) == []
+    ports = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 443), ("TCP", DCGM_PORT)}
+    # Port 80 (the instance metadata service, the node role's credentials) is not among them.
+    assert not any(p["port"] == 80 for rule in spec["egress"] for p in rule["ports"])
+
+
+def test_the_node_check_policy_follows_a_dcgm_port_setting():
+    (policy,) = [
+        d for d in _node_check(dcgm_host="dcgm.kube-system.svc:5566") if d["kind"] == "NetworkPolicy"
+    ]
+    ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert 5566 in ports
+    assert DCGM_PORT not in ports
 
 
 def _policies(docs: list[dict]) -> dict[str, dict]:

@@ -19,7 +19,7 @@ from infra.ops.kube import APPLY_CONTENT_TYPE, CLUSTER_ID_HEADER, FIELD_MANAGER,
 from k8s.values import JobValues
 from kitcore.configio import UserError
 
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1"
+IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1@sha256:{'ab' * 32}"
 
 
 @pytest.fixture(scope="module")

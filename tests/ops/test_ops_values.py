@@ -69,8 +69,20 @@ storage:
 """
 
 
+def _push(session, tag: str) -> str:
+    """What `nvrx-eks image push` leaves in the stack's repository; returns the digest ECR gives it."""
+    ecr = session.client("ecr")
+    repository = REPO.split("/", 1)[1]
+    ecr.create_repository(repositoryName=repository)
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
+    return ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=tag)[
+        "image"
+    ]["imageId"]["imageDigest"]
+
+
 def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
+    digest = _push(moto_session, source_revision())
     path = tmp_path / "values.yaml"
     path.write_text(USER_FILE)
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
@@ -83,8 +95,9 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     assert data["name"] == "llama-ft"
     assert data["trainer"] == {"model": "small", "steps": 5000}
     assert data["mode"] == "ft_launcher"
-    # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image.
-    assert data["image"] == f"{REPO}:{source_revision()}"
+    # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image, with
+    # the digest ECR gives that tag (job values take images by digest only).
+    assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
     assert data["namespace"] == "train"
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
@@ -108,7 +121,9 @@ def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_sessi
     path = tmp_path / "new.yaml"
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert result.exit_code == 0, result.output
-    assert "still to fill in before `nvrx-eks job submit`: name, num_nodes" in result.output
+    # The tag is not pushed yet: no digest to pin, so the image is left to complete, with the way.
+    assert "still to fill in before `nvrx-eks job submit`: name, num_nodes, image (push " in result.output
+    assert "then run this again for its digest" in result.output
     assert yaml.safe_load(path.read_text())["storage"]["fsx_pvc"] == "fsx-ckpt"
 
 
@@ -161,6 +176,7 @@ def test_values_that_stop_validating_are_refused(cli, moto_session, tmp_path):
         ("old.example.com/team/trainer:latest", f"{REPO}:0123abcd4567"),
         ("localhost:5000/trainer", f"{REPO}:0123abcd4567"),
         ("x/trainer@sha256:abc", f"{REPO}@sha256:abc"),
+        ("x/trainer:v3@sha256:abc", f"{REPO}:v3@sha256:abc"),
     ],
 )
 def test_image_keeps_the_users_tag_or_digest(current, expected):

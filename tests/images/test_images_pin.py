@@ -1,0 +1,243 @@
+"""`nvrx-eks image pin` against a registry and download hosts served on loopback.
+
+The server plays the three hosts the command talks to (the EFA installer's, GitHub's release
+downloads, the base image's registry with its anonymous bearer token service); the command's real
+URLs are routed to it by the opener, so what is exercised is the command's own HTTP code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import threading
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+from urllib.error import URLError
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from images import build
+from images import pin as pinning
+from images.commands import register
+from kitcore.configio import UserError
+from kitcore.pins import IMAGE, UNPUBLISHED_SHA256
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+EFA_BYTES = b"efa installer tarball " * 100_000  # > one read chunk
+OFI_BYTES = b"aws-ofi-nccl release tarball\n"
+MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json"}).encode()
+MANIFEST_DIGEST = f"sha256:{hashlib.sha256(MANIFEST).hexdigest()}"
+TOKEN = "anonymous-pull-token"  # noqa: S105 - the fake registry's token
+
+
+class _Registry(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, str | None]]
+    send_digest_header = True
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes = b"", **headers: str) -> None:
+        self.send_response(status)
+        for key, value in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        host = self.headers["X-Original-Host"]
+        self.seen.append((host, url.path, self.headers.get("Authorization")))
+        tarballs = {
+            ("efa-installer.amazonaws.com", f"/aws-efa-installer-{IMAGE.efa_installer}.tar.gz"): EFA_BYTES,
+            (
+                "github.com",
+                f"/aws/aws-ofi-nccl/releases/download/v{IMAGE.aws_ofi_nccl}/aws-ofi-nccl-{IMAGE.aws_ofi_nccl}.tar.gz",
+            ): OFI_BYTES,
+        }
+        if (host, url.path) in tarballs:
+            self._send(200, tarballs[host, url.path])
+        elif host == "nvcr.io" and url.path == f"/v2/nvidia/pytorch/manifests/{IMAGE.base_tag}":
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                challenge = 'Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/pytorch:pull"'
+                self._send(401, b"{}", **{"WWW-Authenticate": challenge})
+            elif "application/vnd.oci.image.index.v1+json" not in self.headers.get("Accept", ""):
+                self._send(406)
+            else:
+                digest = {"Docker-Content-Digest": MANIFEST_DIGEST} if self.send_digest_header else {}
+                self._send(200, MANIFEST, **digest)
+        elif host == "nvcr.io" and url.path == "/proxy_auth":
+            query = urllib.parse.parse_qs(url.query)
+            assert query == {"scope": ["repository:nvidia/pytorch:pull"]}
+            self._send(200, json.dumps({"token": TOKEN}).encode())
+        else:
+            self._send(404)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[pinning.Opener, list[tuple[str, str, str | None]]]]:
+    seen: list[tuple[str, str, str | None]] = []
+    handler = type("Handler", (_Registry,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+
+    def opener(request: urllib.request.Request, *, timeout: float) -> pinning.Response:
+        # Every https URL the command builds goes to the loopback server, its host in a header.
+        url = urllib.parse.urlsplit(request.full_url)
+        assert url.scheme == "https", request.full_url
+        local = urllib.parse.urlunsplit(("http", f"127.0.0.1:{port}", url.path, url.query, ""))
+        # http to loopback only
+        routed = urllib.request.Request(local, headers={**request.headers, "X-Original-Host": url.netloc})  # noqa: S310
+        return urllib.request.urlopen(routed, timeout=timeout)  # noqa: S310
+
+    yield opener, seen
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_resolve_hashes_both_tarballs_and_asks_the_registry_with_its_token(served):
+    opener, seen = served
+    values = pinning.resolve(IMAGE, opener=opener)
+    assert values == {
+        "base_digest": MANIFEST_DIGEST,
+        "efa_installer_sha256": hashlib.sha256(EFA_BYTES).hexdigest(),
+        "aws_ofi_nccl_sha256": hashlib.sha256(OFI_BYTES).hexdigest(),
+    }
+    manifest = f"/v2/nvidia/pytorch/manifests/{IMAGE.base_tag}"
+    # First anonymous, refused; then the token; then the manifest with it.
+    assert [s for s in seen if s[0] == "nvcr.io"] == [
+        ("nvcr.io", manifest, None),
+        ("nvcr.io", "/proxy_auth", None),
+        ("nvcr.io", manifest, f"Bearer {TOKEN}"),
+    ]
+
+
+def test_without_the_digest_header_the_manifest_bytes_are_hashed(served, monkeypatch):
+    opener, _ = served
+    monkeypatch.setattr(_Registry, "send_digest_header", False)
+    assert pinning.registry_digest("nvcr.io/nvidia/pytorch", IMAGE.base_tag, opener=opener) == MANIFEST_DIGEST
+
+
+def _load(path: Path) -> object:
+    spec = importlib.util.spec_from_file_location("recorded_pins", path)
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+REAL_PINS, REAL_DOCKERFILE = pinning.PINS_FILE, build.DOCKERFILE
+
+
+@pytest.fixture
+def copies(tmp_path, monkeypatch) -> Iterator[tuple[Path, Path]]:
+    pins_file, dockerfile = tmp_path / "pins.py", tmp_path / "Dockerfile"
+    pins_file.write_text(pinning.PINS_FILE.read_text())
+    dockerfile.write_text(build.DOCKERFILE.read_text())
+    monkeypatch.setattr(pinning, "PINS_FILE", pins_file)
+    monkeypatch.setattr(build, "DOCKERFILE", dockerfile)
+    real = pinning.PINS_FILE.read_text(), build.DOCKERFILE.read_text()
+    yield pins_file, dockerfile
+    assert (REAL_PINS.read_text(), REAL_DOCKERFILE.read_text()) == real, "the test wrote the real files"
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    image = typer.Typer()
+    app.add_typer(image, name="image")
+    register(image=image)
+    return app
+
+
+def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
+    old, new = before.splitlines(), after.splitlines()
+    assert len(old) == len(new)
+    return [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+
+
+def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing_else(
+    served, copies, monkeypatch
+):
+    opener, _ = served
+    pins_file, dockerfile = copies
+    pins_before, docker_before = pins_file.read_text(), dockerfile.read_text()
+    monkeypatch.setattr(pinning, "_open", opener)
+    result = CliRunner().invoke(_app(), ["image", "pin"])
+    assert result.exit_code == 0, result.output
+    efa = hashlib.sha256(EFA_BYTES).hexdigest()
+    assert f"efa_installer_sha256: {efa}" in result.stdout
+    # The recorded module: the three values, every other pin as it was.
+    recorded = _load(pins_file).IMAGE
+    assert recorded.base_digest == MANIFEST_DIGEST
+    assert recorded.efa_installer_sha256 == efa
+    assert recorded.aws_ofi_nccl_sha256 == hashlib.sha256(OFI_BYTES).hexdigest()
+    for field in (
+        "base_repository",
+        "base_tag",
+        "nvrx_version",
+        "efa_installer",
+        "aws_ofi_nccl",
+        "trainer_uid",
+    ):
+        assert getattr(recorded, field) == getattr(IMAGE, field), field
+    assert len(_changed_lines(pins_before, pins_file.read_text())) == 3
+    # The Dockerfile's defaults follow (tests/images/test_images_dockerfile.py checks them equal).
+    changed = _changed_lines(docker_before, dockerfile.read_text())
+    assert {new for _, new in changed} == {
+        f"ARG BASE_IMAGE={IMAGE.base_repository}:{IMAGE.base_tag}@{MANIFEST_DIGEST}",
+        f"ARG EFA_INSTALLER_SHA256={efa}",
+        f"ARG AWS_OFI_NCCL_SHA256={recorded.aws_ofi_nccl_sha256}",
+    }
+    # Recorded, the build no longer refuses.
+    build.check_verifiable(recorded)
+    # The base changed: the lock must be resolved in it again.
+    assert "nvrx-eks image lock" in result.stderr
+
+
+def test_pin_dry_run_prints_and_writes_nothing(served, copies, monkeypatch):
+    opener, _ = served
+    pins_file, dockerfile = copies
+    before = pins_file.read_text(), dockerfile.read_text()
+    monkeypatch.setattr(pinning, "_open", opener)
+    result = CliRunner().invoke(_app(), ["image", "pin", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f"base_digest: {MANIFEST_DIGEST}" in result.stdout
+    assert (pins_file.read_text(), dockerfile.read_text()) == before
+
+
+def test_pin_placeholders_are_overwritten_too():
+    source = pinning.PINS_FILE.read_text()
+    unpinned = pinning.rewrite_pins(source, {"base_digest": UNPUBLISHED_SHA256})
+    assert 'base_digest="unpublished"' in unpinned
+    assert pinning.rewrite_pins(unpinned, {"base_digest": MANIFEST_DIGEST}).count(MANIFEST_DIGEST) == 1
+
+
+def test_without_internet_pin_is_one_message(copies, monkeypatch):
+    def offline(request: urllib.request.Request, *, timeout: float) -> pinning.Response:
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    pins_file, _ = copies
+    before = pins_file.read_text()
+    monkeypatch.setattr(pinning, "_open", offline)
+    result = CliRunner().invoke(_app(), ["image", "pin"])
+    assert isinstance(result.exception, UserError)
+    assert "needs internet" in str(result.exception)
+    assert "cannot reach https://" in str(result.exception)
+    assert pins_file.read_text() == before
