@@ -43,6 +43,7 @@ from k8s.observability import metrics_port, metrics_ports, scrape_annotations
 from k8s.trainer_args import durable_dir, local_dir, trainer_args
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from training.metrics import METRICS_HOST_ENV
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
@@ -58,7 +59,7 @@ STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
 
 def store_service_name(values: JobValues) -> str:
-    return f"{values.name}-rdzv"
+    return f"{values.name}{names.STORE_SUFFIX}"
 
 
 def headless_service_name(values: JobValues) -> str:
@@ -88,6 +89,15 @@ def _node_rank_env() -> k8s.EnvVar:
                 field_path="metadata.annotations['batch.kubernetes.io/job-completion-index']"
             )
         ),
+    )
+
+
+def _pod_ip_env() -> k8s.EnvVar:
+    # The ranks serve /metrics on the pod's own address (the address a PodMonitor scrapes), which also
+    # keeps two local pods' ranks apart (the local executor gives each "node" its loopback address).
+    return k8s.EnvVar(
+        name=METRICS_HOST_ENV,
+        value_from=k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path="status.podIP")),
     )
 
 
@@ -438,8 +448,8 @@ class TrainingJob(Construct):
             labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
-        env = [_node_rank_env(), *container_env(values)]
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
+        env = [_node_rank_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
         command = launcher_command(
             values,
             store_endpoint=store_endpoint(values),
