@@ -169,7 +169,6 @@ class PodDiscovery:
         self.run_dir = run_dir
         self.targets_file = targets_file
         self.pods: dict[str, dict[str, Any]] = {}
-        self.seen_targets = 0
         self._generation: dict[int, int] = {}
         self._offset = 0
         self._template: dict[str, Any] | None = None
@@ -256,7 +255,6 @@ class PodDiscovery:
 
     def _write(self) -> None:
         groups = self._targets()
-        self.seen_targets += len(groups) if groups else 0
         tmp = self.targets_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups, indent=1), encoding="utf-8")
         tmp.replace(self.targets_file)  # one rename: Prometheus never reads half a file
