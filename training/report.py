@@ -374,6 +374,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .verdict { display: inline-block; padding: 6px 12px; border-radius: 4px; font-weight: 600; }
 .ok { background: #e3f5e1; color: #1b5e20; } .bad { background: #fde2e1; color: #b71c1c; }
 .wrong { color: #b71c1c; font-weight: 600; }
+.legend { white-space: nowrap; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 12px; }
 """
 
@@ -424,7 +425,7 @@ PHASE_NAMES = {
     "first_step_s": ("first step", "#1f77b4"),
 }
 """The recovery phases in order (training.metrics.FaultPhases), with their names and bar colours."""
-PHASE_BAR_PX = 360
+PHASE_BAR_PX = 300
 """The longest recovery's bar; the others are to scale."""
 
 
@@ -469,7 +470,7 @@ def _phase_headers() -> str:
 
 def _phase_legend() -> str:
     return " ".join(
-        f'<span class="swatch" style="background:{colour}"></span>{_esc(name)}'
+        f'<span class="legend"><span class="swatch" style="background:{colour}"></span>{_esc(name)}</span>'
         for name, colour in PHASE_NAMES.values()
     )
 
