@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test lint format bench bench-checkpoint gpu-check synth render setup clean
+.PHONY: demo test lint format bench bench-checkpoint gpu-check observe-check synth render setup clean
 
 # NVRx at the image's pin (constraints.txt agrees with kitcore/pins.py): its only published wheel is cp312,
 # tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
@@ -50,6 +50,12 @@ bench-checkpoint: setup
 # prints "no CUDA: skipped" and exits 0.
 gpu-check: setup
 	$(PY) -m localrun.gpu_check
+
+# The dashboard and the alert rules against a real Prometheus (Debian's `prometheus`, which .ci/run
+# installs): the local job with faults scraped through the PodMonitor's relabeling, every dashboard
+# query evaluated, promtool's unit tests of the rules (localrun/observe.py). Under 5 minutes.
+observe-check: setup
+	$(PY) -m localrun.observe
 
 synth: setup
 	npx cdk synth --quiet

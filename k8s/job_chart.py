@@ -43,6 +43,7 @@ from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
+from training.metrics import METRICS_HOST_ENV
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
 
@@ -58,7 +59,7 @@ STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
 
 def store_service_name(values: JobValues) -> str:
-    return f"{values.name}-rdzv"
+    return f"{values.name}{names.STORE_SUFFIX}"
 
 
 def headless_service_name(values: JobValues) -> str:
@@ -95,6 +96,15 @@ def _index_env() -> list[k8s.EnvVar]:
         k8s.EnvVar(name=NODE_RANK_ENV, value_from=index),
         k8s.EnvVar(name=INFRA_RANK_ENV, value_from=index),
     ]
+
+
+def _pod_ip_env() -> k8s.EnvVar:
+    # The ranks serve /metrics on the pod's own address (the address a PodMonitor scrapes), which also
+    # keeps two local pods' ranks apart (the local executor gives each "node" its loopback address).
+    return k8s.EnvVar(
+        name=METRICS_HOST_ENV,
+        value_from=k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path="status.podIP")),
+    )
 
 
 # Unprivileged user for the containers that need no root (the rendezvous store): `nobody`.
@@ -505,12 +515,12 @@ class TrainingJob(Construct):
             labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
         image, pull = _image(values)
         volumes, mounts = _volumes(values)
-        env = [*_index_env(), *container_env(values)]
+        port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
+        env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
         if values.image != LOCAL_IMAGE:
             # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
             # stays unset, so /tmp (the same volume) is the temporary folder.
             env.append(k8s.EnvVar(name="HOME", value=SCRATCH_PATH))
-        port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         command = launcher_command(
             values,
             store_endpoint=store_endpoint(values),

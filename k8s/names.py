@@ -25,6 +25,8 @@ TRAINING_PRIORITY_VALUE = 1_000_000
 # Container port of the rendezvous store (torch TCPStore) and the label that tells the executor
 # which rendered objects belong to one job.
 STORE_PORT = 29400
+STORE_SUFFIX = "-rdzv"
+"""The rendezvous store's Deployment and Service: `<job>-rdzv` (the store alert matches the suffix)."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_LABEL = "nvrx-eks/job"
 

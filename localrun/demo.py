@@ -40,9 +40,8 @@ def demo(
     timeout_s: float = 600.0,
 ) -> int:
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
-    from rich.console import Console  # noqa: PLC0415
-
     from k8s.load import load_values  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
     from training.report import (  # noqa: PLC0415
@@ -53,7 +52,7 @@ def demo(
         write_summary,
     )
 
-    console = Console()
+    console = make_console()
     started = time.monotonic()
     run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)

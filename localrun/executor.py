@@ -830,7 +830,7 @@ class LocalJob:
                 declared[var["name"]] = _expand(var["value"], declared | env)
             elif "fieldRef" in var.get("valueFrom", {}):
                 declared[var["name"]] = self._field_ref(
-                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations
+                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations, index
                 )
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
@@ -858,7 +858,9 @@ class LocalJob:
         return _Container(name=spec["name"], argv=argv, env=env)
 
     @staticmethod
-    def _field_ref(path: str, annotations: dict[str, str]) -> str:
+    def _field_ref(path: str, annotations: dict[str, str], index: int | None) -> str:
+        if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
+            return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
         match = re.fullmatch(r"metadata\.(?:annotations|labels)\['([^']+)'\]", path)
         if match and match.group(1) in annotations:
             return annotations[match.group(1)]

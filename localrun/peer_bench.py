@@ -32,6 +32,8 @@ from kitcore.runtime import runtime_versions
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from rich.table import Table
+
 NUM_FAULTS = 5
 FAULT_SEED = 42
 FAULT_WEIGHTS = {"exception": 0.6, "hang": 0.4}
@@ -152,15 +154,13 @@ def run_peer_bench(
     timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """Run each mode one after another; print the comparison; write and return peer.json."""
-    from rich.console import Console  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-
     from k8s.load import load_values  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
     from training.report import print_phases  # noqa: PLC0415
 
-    console = Console()
+    console = make_console()
     fault_seed = _seed_of(mix, fault_seed)
     bench_dir = (runs_root / time.strftime("peer-%Y%m%d-%H%M%S")).resolve()
     scenario = _scenario(steps, device_step_s, fault_seed, mix)
@@ -204,6 +204,38 @@ def run_peer_bench(
         }
         print_phases(console, results[setup.name]["faults"])
 
+    console.print(
+        comparison_table(results, steps=steps, device_step_s=device_step_s, fault_seed=fault_seed, mix=mix)
+    )
+    console.print("* the AWS sample's published figures on 16 H100, not measured here.")
+    kit = results.get("kit")
+    if kit is not None and "faults" in kit:
+        soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
+        goodput_ok = kit["training_goodput"] >= KIT_GOODPUT_GOAL
+        console.print(
+            f"kit goals: training goodput >= {KIT_GOODPUT_GOAL:.0%}: "
+            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}); "
+            f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
+        )
+    document = {
+        "scenario": scenario,
+        "modes": results,
+        "peer_published": PEER_PUBLISHED,
+        "versions": runtime_versions(),
+    }
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    out = bench_dir / "peer.json"
+    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    console.print(f"peer.json: {out}")
+    return document
+
+
+def comparison_table(
+    results: dict[str, Any], *, steps: int, device_step_s: float, fault_seed: int, mix: str
+) -> Table:
+    """Each mode's figures beside the AWS sample's published ones (peer.json's `modes`)."""
+    from rich.table import Table  # noqa: PLC0415
+
     drawn = "/".join(FAULT_MIXES[mix]) + " " + "/".join(f"{w:g}" for w in FAULT_MIXES[mix].values())
     table = Table(
         title=f"Peer scenario{' (hardware-heavy mix)' if mix == 'hardware' else ''}: {steps} steps "
@@ -237,25 +269,4 @@ def run_peer_bench(
             f"{peer['training_goodput']:.1%}" if peer else "-",
             f"{peer['mean_recovery_s']:.0f} s" if peer else "-",
         )
-    console.print(table)
-    console.print("* the AWS sample's published figures on 16 H100, not measured here.")
-    kit = results.get("kit")
-    if kit is not None and "faults" in kit:
-        soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
-        goodput_ok = kit["training_goodput"] >= KIT_GOODPUT_GOAL
-        console.print(
-            f"kit goals: training goodput >= {KIT_GOODPUT_GOAL:.0%}: "
-            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}); "
-            f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
-        )
-    document = {
-        "scenario": scenario,
-        "modes": results,
-        "peer_published": PEER_PUBLISHED,
-        "versions": runtime_versions(),
-    }
-    bench_dir.mkdir(parents=True, exist_ok=True)
-    out = bench_dir / "peer.json"
-    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    console.print(f"peer.json: {out}")
-    return document
+    return table

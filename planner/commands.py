@@ -179,8 +179,7 @@ def register(*, app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
-        from rich.console import Console  # noqa: PLC0415
-
+        from kitcore.console import make_console  # noqa: PLC0415
         from planner import report  # noqa: PLC0415
         from planner.model import project_all  # noqa: PLC0415
         from planner.simulate import simulate as run_sim  # noqa: PLC0415
@@ -214,7 +213,7 @@ def register(*, app: typer.Typer) -> None:
                 doc["written"] = {"values": str(write), "fields": changed}
             print(json.dumps(doc, indent=2, default=str))
             return
-        console = Console()
+        console = make_console()
         report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs)
         for path in written:
             console.print(f"plot: {path}")

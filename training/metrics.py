@@ -21,14 +21,20 @@ phase ends when its slowest rank is through it, so the phases add up to the crit
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.events import read_events
 from training.faults import launcher_layer
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from training.checkpoint.config import CheckpointConfig
 
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
@@ -318,6 +324,25 @@ def high_water_step(run_dir: Path, rank: int, *, tail_bytes: int = 1 << 18) -> i
     return newest
 
 
+def checkpoint_intervals(config: CheckpointConfig) -> dict[str, int]:
+    """Each checkpoint tier this configuration turns on -> its interval in steps (the peer replica
+    follows every memory snapshot). The metrics publish them, so an alert can tell a tier that fell
+    behind from one with a long interval."""
+    tiered = config.implementation == "tiered"
+    found = {
+        "memory": config.memory_every if tiered else 0,
+        "peer": config.memory_every if tiered and config.peer_replicas else 0,
+        "local": config.local_every if config.local_dir is not None else 0,
+        "durable": config.durable_every if config.durable_dir else 0,
+    }
+    return {tier: every for tier, every in found.items() if every}
+
+
+METRICS_HOST_ENV = "POD_IP"
+"""The address a rank serves /metrics on: the job chart sets it to the pod's IP (downward API
+`status.podIP`), the local executor to the "node's" loopback address; unset: every interface."""
+
+
 class Metrics:
     """Prometheus exposition for one rank: `<run_dir>/metrics/rank-<R>.prom`, optionally served.
 
@@ -335,6 +360,7 @@ class Metrics:
         local_rank: int,
         tokens_per_step: int = 0,
         restart_count: int = 0,
+        checkpoint_intervals: Mapping[str, int] | None = None,
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: PLC0415
 
@@ -347,14 +373,28 @@ class Metrics:
         self.high_water = high_water_step(run_dir, rank)
         self._rank = str(rank)
 
+        self._labels: dict[str, tuple[str, ...]] = {}
+        """Each series name this registry can expose -> its label names."""
+
+        def declare(name: str, labels: tuple[str, ...], *suffixes: tuple[str, tuple[str, ...]]) -> list[str]:
+            # The family's name (a counter's without `_total`) with its type's suffixes, as exposed.
+            family = METRIC_PREFIX + name.removesuffix("_total")
+            for suffix, extra in suffixes:
+                self._labels[family + suffix] = ("rank", *labels, *extra)
+            return ["rank", *labels]
+
         def counter(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401 - a prometheus metric
-            return Counter(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r)
+            names = declare(name, labels, ("_total", ()), ("_created", ()))
+            return Counter(METRIC_PREFIX + name, doc, names, registry=r)
 
         def gauge(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401
-            return Gauge(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r)
+            return Gauge(METRIC_PREFIX + name, doc, declare(name, labels, ("", ())), registry=r)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Any:  # noqa: ANN401
-            return Histogram(METRIC_PREFIX + name, doc, ["rank", *labels], registry=r, buckets=buckets)
+            series = (("_bucket", ("le",)), ("_sum", ()), ("_count", ()), ("_created", ()))
+            return Histogram(
+                METRIC_PREFIX + name, doc, declare(name, labels, *series), registry=r, buckets=buckets
+            )
 
         self.steps = counter("steps_total", "Optimizer steps completed (replays included)")
         self.productive_steps = counter("productive_steps_total", "Steps completed for the first time")
@@ -405,6 +445,10 @@ class Metrics:
             "tier",
         )
         self.ckpt_failures = counter("checkpoint_failures_total", "Checkpoints failed or timed out", "tier")
+        self.ckpt_interval = gauge(
+            "checkpoint_interval_steps", "Steps between two checkpoints of the tier (its *_every)", "tier"
+        )
+        self._tiers(checkpoint_intervals or {})
         self.start_time.labels(self._rank).set_to_current_time()
         self.launcher_restarts.labels(self._rank).set(restart_count)
         self._process_start_s: float | None = None
@@ -414,7 +458,16 @@ class Metrics:
         if port is not None:
             from prometheus_client import start_http_server  # noqa: PLC0415
 
-            start_http_server(port + local_rank, registry=self.registry)
+            host = os.environ.get(METRICS_HOST_ENV) or "0.0.0.0"  # noqa: S104 - a pod's own address
+            start_http_server(port + local_rank, addr=host, registry=self.registry)
+
+    def _tiers(self, intervals: Mapping[str, int]) -> None:
+        for tier, interval in intervals.items():
+            self.ckpt_interval.labels(self._rank, tier).set(interval)
+            # Counted from 0, not from the first skip or failure: a rate or an increase over them
+            # then reads 0 from the start instead of no data.
+            self.ckpt_skipped.labels(self._rank, tier)
+            self.ckpt_failures.labels(self._rank, tier)
 
     def step(self, *, step: int, step_s: float, ckpt_s: float, loss: float) -> None:
         rank = self._rank
@@ -499,6 +552,11 @@ class Metrics:
             for family in self.registry.collect()
             for suffix in suffixes.get(family.type, ("",))
         }
+
+    def series_labels(self) -> dict[str, tuple[str, ...]]:
+        """Every series name this registry can expose -> the label names its samples carry (the
+        alert rules' unit tests are checked against it)."""
+        return dict(self._labels)
 
     def write(self) -> None:
         from prometheus_client import write_to_textfile  # noqa: PLC0415

@@ -213,7 +213,8 @@ def plot_timeline(run_dir: Path, document: dict[str, Any], *, out: Path | None =
 
 # ----- report.html ------------------------------------------------------------------------------
 # One self-contained page (inline CSS and SVG, no script, nothing fetched): the fault table, the
-# totals, the timeline and the bit-identity verdict. Written by the demo and `nvrx-eks report`.
+# recovery phases (a stacked bar per fault), the totals, the timeline and the bit-identity verdict.
+# Written by the demo and `nvrx-eks report`.
 
 REPORT_FILE = "report.html"
 SVG_WIDTH = 1100
@@ -375,6 +376,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .verdict { display: inline-block; padding: 6px 12px; border-radius: 4px; font-weight: 600; }
 .ok { background: #e3f5e1; color: #1b5e20; } .bad { background: #fde2e1; color: #b71c1c; }
 .wrong { color: #b71c1c; font-weight: 600; }
+.legend { white-space: nowrap; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 12px; }
 """
 
 
@@ -415,6 +418,65 @@ def _totals_rows(document: dict[str, Any]) -> str:
     return "\n".join(f"<tr><th>{_esc(k)}</th><td class='num'>{_esc(v)}</td></tr>" for k, v in rows)
 
 
+PHASE_NAMES = {
+    "detect_s": ("detect", "#d62728"),
+    "teardown_s": ("teardown", "#ff7f0e"),
+    "rendezvous_s": ("rendezvous", "#9467bd"),
+    "start_s": ("worker start", "#8c564b"),
+    "restore_s": ("restore", "#2ca02c"),
+    "first_step_s": ("first step", "#1f77b4"),
+}
+"""The recovery phases in order (training.metrics.FaultPhases), with their names and bar colours."""
+PHASE_BAR_PX = 300
+"""The longest recovery's bar; the others are to scale."""
+
+
+def _phase_bar(phases: dict[str, float], scale: float) -> str:
+    """One recovery as a stacked bar: a segment per phase, in order, `scale` pixels per second."""
+    parts, x = [], 0.0
+    for key, (name, colour) in PHASE_NAMES.items():
+        width = phases[key] * scale
+        parts.append(
+            f'<rect class="phase" data-phase="{key}" x="{x:.2f}" y="2" width="{width:.2f}" height="14" '
+            f'fill="{colour}"><title>{name} {phases[key]:.2f} s</title></rect>'
+        )
+        x += width
+    return (
+        f'<svg class="phase-bar" xmlns="http://www.w3.org/2000/svg" width="{PHASE_BAR_PX}" height="18" '
+        f'viewBox="0 0 {PHASE_BAR_PX} 18" role="img" aria-label="recovery phases">{"".join(parts)}</svg>'
+    )
+
+
+def _phase_rows(document: dict[str, Any]) -> str:
+    totals = [sum(f["phases"][k] for k in PHASE_NAMES) for f in document["faults"] if f.get("phases")]
+    scale = PHASE_BAR_PX / max(max(totals, default=0.0), 1e-9)
+    rows = []
+    for fault in document["faults"]:
+        phases = fault.get("phases")
+        if phases:
+            cells = "".join(f"<td class='num'>{phases[key]:.2f}</td>" for key in PHASE_NAMES)
+            total = f"{sum(phases[key] for key in PHASE_NAMES):.2f}"
+            bar = _phase_bar(phases, scale)
+        else:  # the run ended before every rank trained again
+            cells, total, bar = "<td class='num'>-</td>" * len(PHASE_NAMES), "-", ""
+        rows.append(
+            f"<tr class='phase-row'><td>{_esc(fault['class'])}</td><td>{_esc(fault.get('tier', '-'))}</td>"
+            f"{cells}<td class='num total'>{total}</td><td>{bar}</td></tr>"
+        )
+    return "\n".join(rows)
+
+
+def _phase_headers() -> str:
+    return "".join(f"<th>{_esc(name)}</th>" for name, _ in PHASE_NAMES.values())
+
+
+def _phase_legend() -> str:
+    return " ".join(
+        f'<span class="legend"><span class="swatch" style="background:{colour}"></span>{_esc(name)}</span>'
+        for name, colour in PHASE_NAMES.values()
+    )
+
+
 def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str) -> str:
     identical = document["bit_identical"]
     verdict = (
@@ -435,6 +497,14 @@ def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, t
 <th>recovery</th><th>steps lost</th></tr></thead>
 <tbody>
 {_fault_rows(document)}
+</tbody></table>
+<h2>Recovery phases</h2>
+<p>Seconds from each fault to the next productive step, phase by phase (they add up to the total;
+bars to scale): {_phase_legend()}</p>
+<table id="phases"><thead><tr><th>class</th><th>state from</th>{_phase_headers()}<th>total</th>
+<th>breakdown</th></tr></thead>
+<tbody>
+{_phase_rows(document)}
 </tbody></table>
 <h2>Totals</h2>
 <table id="totals"><tbody>

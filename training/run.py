@@ -13,7 +13,7 @@ import psutil
 from training import parallel
 from training.events import EventLog
 from training.faults import FaultInjector, build_schedule
-from training.metrics import Metrics
+from training.metrics import Metrics, checkpoint_intervals
 from training.resilience import for_mode, install_termination_handler
 from training.shapes import PRESETS
 from training.trainer import Trainer
@@ -86,6 +86,7 @@ def run(cfg: TrainConfig) -> str | None:
             local_rank=world.local_rank,
             tokens_per_step=cfg.data.batch_size * PRESETS[cfg.model].seq_len,
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            checkpoint_intervals=checkpoint_intervals(cfg.effective_checkpoint()),
         )
         events.subscribe(metrics.observe)
         schedule = build_schedule(cfg.faults, steps=cfg.steps, world_size=world.world_size, seed=cfg.seed)

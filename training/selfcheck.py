@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
+from kitcore.console import make_console
 from kitcore.pins import IMAGE
 from kitcore.profiles import InstanceProfile, get_profile
 
@@ -348,7 +349,6 @@ def exit_code(checks: Sequence[Check]) -> int:
 
 
 def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
-    from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     colour = {
@@ -363,7 +363,7 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
         table.add_column(column, overflow="fold")
     for c in checks:
         table.add_row(c.name, f"[{colour[c.status]}]{c.status.value}[/]", c.detail)
-    console = Console(width=max(100, shutil.get_terminal_size().columns))
+    console = make_console()
     console.print(table)
     code = exit_code(checks)
     failed = [c for c in checks if c.status in {Status.CONFIG, Status.NODE}]

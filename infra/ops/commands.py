@@ -110,13 +110,12 @@ def preflight(
     """
     from datetime import UTC, datetime  # noqa: PLC0415
 
-    from rich.console import Console  # noqa: PLC0415
-
     from infra import deploy_gate  # noqa: PLC0415
     from infra.config import ClusterConfig  # noqa: PLC0415
     from infra.ops import preflight as checks  # noqa: PLC0415
     from infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
     from kitcore.configio import load_model  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
         cfg = load_model(ClusterConfig, config, overrides or [])
@@ -127,7 +126,7 @@ def preflight(
             from k8s.load import load_values  # noqa: PLC0415
 
             results.append(checks.job_capacity(cfg, load_values(job_values, [])))
-    Console(width=160).print(checks.render_table(results))
+    make_console().print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:
         for r in failures:
@@ -216,15 +215,15 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     Exit codes: 0 all pods running; 2 bad values, no credentials, forbidden, Job exists; 4 cluster
     unreachable; 5 a pod cannot start (image pull, crash loop) or not all started within --timeout.
     """
-    from rich.console import Console  # noqa: PLC0415
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from infra.ops import jobs  # noqa: PLC0415
     from k8s.load import load_values  # noqa: PLC0415
     from k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
     from kitcore.configio import UserError  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     with _exit_codes():
         # The full check `job render` runs (the values' model, then the trainer's own parser on the
         # rendered command line), before any cluster access: a bad field is named here, not in a pod.
@@ -291,10 +290,10 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     -f VALUES; read with your AWS credentials). Exit codes: 0 ok; 2 no such job / credentials /
     forbidden; 4 cluster unreachable.
     """
-    from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     from infra.ops import jobs  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
         api_client = _api_client(
@@ -312,7 +311,7 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
         status = jobs.job_status(
             api_client, namespace=namespace or "training", name=name, session=session, checkpoints_at=located
         )
-    console = Console(width=160)
+    console = make_console()
     console.print(
         f"[bold]{status.namespace}/{status.name}[/]: {status.active} active, {status.succeeded} succeeded, "
         f"{status.failed} failed of {status.parallelism} nodes"

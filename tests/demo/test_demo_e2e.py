@@ -12,7 +12,8 @@ from localrun.demo import DEMO_FAULTS
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
-    result = nvrx_eks("demo", "--skip-synth", "--runs", str(tmp_path), timeout=560)
+    # Into a pipe, as a user saving the output would: every table cell whole (tests/test_console.py).
+    result = nvrx_eks("demo", "--skip-synth", "--runs", str(tmp_path), timeout=560, piped=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -25,3 +26,6 @@ def test_demo_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
             assert fault["steps_lost"] <= 1, fault
     assert (summary_path.parent / "timeline.png").stat().st_size > 10_000
     assert "Run totals" in result.stdout
+    assert "…" not in result.stdout
+    page = (summary_path.parent / "report.html").read_text()
+    assert page.count("<tr class='phase-row'>") == len(summary["faults"])

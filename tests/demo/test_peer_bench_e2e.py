@@ -15,6 +15,7 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
         *("bench", "peer", "--steps", "40", "--device-step-s", "0", "--runs", str(tmp_path)),
         *("--mode", "inprocess", "--mode", "kit"),
         timeout=400,
+        piped=True,  # as into a file: every table cell whole (tests/test_console.py)
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (peer_path,) = tmp_path.glob("peer-*/peer.json")
@@ -35,6 +36,8 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     assert "31.0%" in result.stdout
     assert "published figures" in result.stdout
     assert "kit goals" in result.stdout
+    assert "…" not in result.stdout
+    assert "peer goodput*" in result.stdout
 
     # `nvrx-eks plan --from` this run (issue 17): the plan built from peer.json's scenario and the
     # costs the run measured projects each mode's training goodput within 5 points of the measurement.

@@ -6,6 +6,7 @@ the browser tests skip with that reason, the layout and HTML tests still run.
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
@@ -25,6 +26,7 @@ from training.report import (
     LABEL_FONT_PX,
     LABEL_GAP_PX,
     LANE_HEIGHT_PX,
+    PHASE_BAR_PX,
     REPORT_FILE,
     place_labels,
     render_html,
@@ -258,3 +260,70 @@ def test_chromium_renders_the_table_and_the_timeline_without_overlapping_labels(
     header = shot.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", header[16:24]) == (1200, 1400)
+
+
+def _phases_of(page: str) -> list[tuple[str, list[float], float, list[tuple[float, float]]]]:
+    """(class, phase seconds, total, [(x, width) of each bar segment]) per row of the phases table."""
+    table = re.search(r'<table id="phases">.*?</table>', page, re.DOTALL).group(0)
+    rows = []
+    for row in re.findall(r"<tr class='phase-row'>(.*?)</tr>", table, re.DOTALL):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)
+        segments = [
+            (float(x), float(w))
+            for x, w in re.findall(r'<rect class="phase"[^>]* x="([\d.]+)"[^>]* width="([\d.]+)"', row)
+        ]
+        rows.append((cells[0], [float(c) for c in cells[2:8]], float(cells[8]), segments))
+    return rows
+
+
+def test_report_page_breaks_each_recovery_into_its_phases(storm):
+    run, document = storm
+    page = write_html_report(run, document, run).read_text()
+    rows = _phases_of(page)
+    assert [r[0] for r in rows] == [f["class"] for f in document["faults"]]
+    longest = max(total for _, _, total, _ in rows)
+    for (_, seconds, total, segments), fault in zip(rows, document["faults"], strict=True):
+        expected = [
+            fault["phases"][k]
+            for k in ("detect_s", "teardown_s", "rendezvous_s", "start_s", "restore_s", "first_step_s")
+        ]
+        assert seconds == pytest.approx(expected, abs=0.005)
+        assert total == pytest.approx(sum(expected), abs=0.01)
+        # One segment per phase, in order, end to end; the bar's length is the total, to scale.
+        assert len(segments) == 6
+        for (x, w), (next_x, _) in itertools.pairwise(segments):
+            assert next_x == pytest.approx(x + w, abs=0.02)
+        assert sum(w for _, w in segments) / PHASE_BAR_PX == pytest.approx(total / longest, abs=0.01)
+    assert "<script" not in page
+
+
+_MEASURE_PHASES = """<script>
+const bars = [...document.querySelectorAll('#phases .phase-bar')].map(bar => {
+  const rects = [...bar.querySelectorAll('rect')].map(r => r.getBoundingClientRect());
+  return rects.map(r => [r.left, r.width]);
+});
+const totals = [...document.querySelectorAll('#phases td.total')].map(td => td.textContent);
+document.body.setAttribute('data-bars', JSON.stringify(bars));
+document.body.setAttribute('data-totals', JSON.stringify(totals));
+</script></body>"""
+
+
+@needs_chromium
+def test_chromium_draws_each_recovery_as_a_stacked_bar_to_scale(storm, tmp_path):
+    run, document = storm
+    page = write_html_report(run, document, run)
+    probe = tmp_path / "phases.html"
+    probe.write_text(page.read_text().replace("</body>", _MEASURE_PHASES))
+    dom = _chromium("--dump-dom", probe.as_uri(), profile=tmp_path / "profile-phases")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", dom.stdout).group(1)
+    measured = {k: json.loads(html.unescape(v)) for k, v in re.findall(r'data-(\w+)="([^"]*)"', body)}
+    bars, totals = measured["bars"], [float(t) for t in measured["totals"]]
+    assert len(bars) == len(totals) == len(document["faults"])
+    longest = max(totals)
+    for bar, total in zip(bars, totals, strict=True):
+        assert len(bar) == 6
+        for (left, width), (next_left, _) in itertools.pairwise(bar):
+            assert next_left == pytest.approx(left + width, abs=0.5)  # laid end to end by the browser
+        drawn = bar[-1][0] + bar[-1][1] - bar[0][0]
+        assert drawn == pytest.approx(total / longest * PHASE_BAR_PX, abs=1.0)

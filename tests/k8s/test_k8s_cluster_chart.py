@@ -21,7 +21,7 @@ from training import nodecheck
 K8S_VERSION = "1.33"
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "training"
-CRD_KINDS = {"PodMonitor", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
+CRD_KINDS = {"PodMonitor", "PrometheusRule", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
 
 
 def _chart(*, node_check: bool = True, pod_monitors: bool = True, kueue: bool = True) -> list[dict]:

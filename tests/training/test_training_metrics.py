@@ -143,3 +143,52 @@ def test_a_failing_listener_never_stops_the_event_stream(tmp_path):
     events.emit("step", step=0)
     events.close()
     assert '"step"' in (tmp_path / "events" / "rank-0.jsonl").read_text()
+
+
+def test_each_tier_publishes_its_interval_and_counts_from_zero(tmp_path):
+    """The stale-checkpoint alert divides by the interval; the dashboard's increase() over skips and
+    failures reads 0 before the first one, not no data."""
+    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from training.metrics import checkpoint_intervals  # noqa: PLC0415
+
+    config = CheckpointConfig(
+        memory_every=2, local_dir=tmp_path, local_every=10, durable_dir=None, peer_replicas=1
+    )
+    assert checkpoint_intervals(config) == {"memory": 2, "peer": 2, "local": 10}
+    assert checkpoint_intervals(config.model_copy(update={"implementation": "sync", "peer_replicas": 0})) == {
+        "local": 10
+    }
+    metrics = Metrics(
+        run_dir=tmp_path,
+        rank=3,
+        every=1,
+        port=None,
+        local_rank=1,
+        checkpoint_intervals={"memory": 2, "local": 10},
+    )
+    metrics.write()
+    text = (tmp_path / "metrics" / "rank-3.prom").read_text()
+    assert 'trainer_checkpoint_interval_steps{rank="3",tier="memory"} 2.0' in text
+    assert 'trainer_checkpoint_interval_steps{rank="3",tier="local"} 10.0' in text
+    for name in ("trainer_checkpoint_skipped_total", "trainer_checkpoint_failures_total"):
+        assert f'{name}{{rank="3",tier="local"}} 0.0' in text
+
+
+def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch):
+    """Two local pods' ranks with the same local rank share a port, each on its own loopback address."""
+    import socket  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    from localrun.executor import free_port  # noqa: PLC0415
+    from training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
+
+    port = free_port()
+    monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.3")
+    Metrics(run_dir=tmp_path / "a", rank=0, every=1, port=port, local_rank=0)
+    monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.4")
+    Metrics(run_dir=tmp_path / "b", rank=2, every=1, port=port, local_rank=0)
+    for address, rank in (("127.0.0.3", "0"), ("127.0.0.4", "2")):
+        with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=10) as answer:
+            assert f'trainer_process_start_time_seconds{{rank="{rank}"}}' in answer.read().decode()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # not on every interface
