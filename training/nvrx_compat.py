@@ -23,6 +23,12 @@ fails when the installed NVRx's internals change.
   shows it). `keep_previous_actives_first` ranks the previous round's active nodes before all others
   (each group still in infrastructure order), so a spare takes only a place no previous active node
   came back for. It runs in the control process (training/control.py), the only one that assigns ranks.
+- In-process restart on a node without GPUs: the Wrapper adds NVML-based GPU, NVLink and NIC health
+  checks to every restart whenever LOCAL_RANK is set when it is built (`_construct_restart_health_check`,
+  called from `__init__`). Without NVML the GPU check fails, so every soft fault became a process exit
+  and a launcher restart (the demo's exception, hang, OOM and skipped collective were all recovered by
+  ft_launcher). `inprocess_wrapper(gpu=False)` builds the Wrapper with LOCAL_RANK hidden, so a CPU run
+  keeps only the kit's own health checks; on GPU nodes NVRx's checks stay.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -88,6 +94,28 @@ def check_internals() -> None:
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(launcher, *ORPHAN_CLEANUP)
     require_internal(_barrier_state(), *RANK_ORDER)
+    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
+
+    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+
+
+RESTART_HEALTH_CHECKS = ("_construct_restart_health_check", ("self",))
+"""inprocess.Wrapper's own restart health checks, chained from LOCAL_RANK when it is built."""
+
+
+def inprocess_wrapper(*, gpu: bool, **kwargs: Any) -> Any:  # noqa: ANN401
+    """`inprocess.Wrapper(**kwargs)`; without GPUs, built with LOCAL_RANK hidden (see the docstring)."""
+    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415 - heavy import, only in NVRx modes
+
+    if gpu:
+        return inprocess.Wrapper(**kwargs)
+    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+    local_rank = os.environ.pop("LOCAL_RANK", None)
+    try:
+        return inprocess.Wrapper(**kwargs)
+    finally:
+        if local_rank is not None:
+            os.environ["LOCAL_RANK"] = local_rank
 
 
 def _barrier_state() -> type:

@@ -101,11 +101,13 @@ class InProcessLayer(Layer):
         import torch  # noqa: PLC0415
 
         abort: Any = None  # NVRx's default, AbortTorchDistributed: NCCL aborts in-flight collectives
-        if torch.cuda.is_available():
+        gpu = torch.cuda.is_available()
+        if gpu:
             health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
         else:
             abort = _KeepGlooGroups()
-        return inprocess.Wrapper(
+        return nvrx_compat.inprocess_wrapper(
+            gpu=gpu,
             store_kwargs={"port": self.port},
             initialize=inprocess.initialize.RetryController(
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size

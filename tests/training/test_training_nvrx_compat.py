@@ -5,6 +5,7 @@ Each test fails when an NVRx release changes what the kit relies on, before a jo
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -96,3 +97,21 @@ def test_a_restart_round_keeps_its_previous_active_nodes_before_a_spare():
     # A lost node's place: the spare fills it; the first round (no previous actives): NVRx's own order.
     assert _rank_three_nodes({2}, mended=True) == {0, 2}
     assert _rank_three_nodes(set(), mended=True) == {0, 1}
+
+
+def _restart_checks(wrapper) -> set[str]:
+    checks = wrapper.restart_health_check
+    return {type(c).__name__ for c in getattr(checks, "instances", [])} if checks else set()
+
+
+def test_without_gpus_the_wrapper_keeps_only_the_kits_health_checks(monkeypatch):
+    """NVRx chains NVML GPU/NVLink/NIC checks to every in-process restart when LOCAL_RANK is set; on a
+    node without GPUs the GPU check fails and every soft fault became a launcher restart."""
+    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    own = inprocess.health_check.FaultCounter(max_rank_faults=3)
+    assert "ChainedGPUHealthCheck" in _restart_checks(inprocess.Wrapper(health_check=inprocess.Compose(own)))
+    wrapper = nvrx_compat.inprocess_wrapper(gpu=False, health_check=inprocess.Compose(own))
+    assert _restart_checks(wrapper) == {"FaultCounter"}
+    assert os.environ["LOCAL_RANK"] == "1"  # the worker's own variable is back
