@@ -39,6 +39,7 @@ def bench_synth(
     configs: Annotated[
         list[Path] | None,
         typer.Argument(
+            metavar="CONFIGS...",
             parser=paths.read_file("cluster config YAML file", "infra/configs/default.yaml"),
             help="Configs to synthesize.",
         ),

@@ -100,6 +100,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         dist_dir: Annotated[
             Path,
             typer.Argument(
+                metavar="DIST_DIR",
                 parser=paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/"),
                 help="Folder with one rendered job (nvrx-eks job render).",
             ),
@@ -137,15 +138,9 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         ] = 0.0,
     ) -> None:
         """Run a rendered job as local processes (the executor plays the Job controller)."""
-        from kitcore.configio import UserError  # noqa: PLC0415
         from localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
 
-        deletions = []
-        for item in delete_node or []:
-            index, sep, after = item.partition("@")
-            if not sep or not index.isdigit():
-                raise UserError(f"--delete-node {item!r} is not INDEX@SECONDS (e.g. 1@20)")
-            deletions.append(NodeDeletion(index=int(index), after_s=float(after)))
+        deletions = [NodeDeletion.parse(item) for item in delete_node or []]
         # --store-port N: the store's declared port(s) map to N, as `kubectl port-forward` would.
         ports = dict.fromkeys(store_ports(load_rendered(dist_dir)), store_port) if store_port else None
         result = run_local(

@@ -150,6 +150,7 @@ def register(*, app: typer.Typer) -> None:
         plan_file: Annotated[
             Path | None,
             typer.Argument(
+                metavar="PLAN_FILE",
                 parser=paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml"),
                 help="Plan YAML (planner/examples/*.yaml); optional with --from.",
             ),

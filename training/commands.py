@@ -26,6 +26,7 @@ def _register_report(app: typer.Typer) -> None:
         run_dir: Annotated[
             Path,
             typer.Argument(
+                metavar="RUN_DIR",
                 parser=paths.update_folder("run folder", "runs/demo-YYYYMMDD-HHMMSS"),
                 help="A run folder (make demo's, a bench mode's, a trainer run).",
             ),
