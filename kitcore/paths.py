@@ -14,8 +14,6 @@ import os
 from pathlib import Path
 from typing import Literal
 
-import typer
-
 # The Linux limits (linux/limits.h): a name of at most 255 bytes, a path of at most 4096.
 NAME_MAX_BYTES = 255
 PATH_MAX_BYTES = 4096
@@ -137,6 +135,8 @@ class PathType:
         path = value if isinstance(value, Path) else Path(value)
         problem = path_problem(path, self.kind, what=self.what, example=self.example)
         if problem:
+            import typer  # noqa: PLC0415 - the trainer uses path_problem without the CLI's libraries
+
             raise typer.BadParameter(f"{path}: {problem}")
         return path
 
