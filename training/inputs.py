@@ -198,18 +198,27 @@ def _device(cfg: TrainConfig) -> list[str]:
 def _launcher(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
     """Modes ft_launcher and both send heartbeats to ft_launcher's rank monitor, whose socket the
     launcher passes each worker; without it NVRx failed at the first heartbeat with a RuntimeError."""
+    problems = []
+    if cfg.mode in {"inprocess", "both"} and "WORLD_SIZE" not in env:
+        # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).
+        problems.append(
+            f"mode {cfg.mode} needs a launcher's RANK and WORLD_SIZE (NVRx's in-process restart reads "
+            "them); start it with torchrun or `python -m training.launch`, or for one rank set RANK=0 "
+            "WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; or use mode baseline to run alone"
+        )
     if cfg.mode not in {"ft_launcher", "both"}:
-        return []
+        return problems
     from nvidia_resiliency_ext.fault_tolerance.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR  # noqa: PLC0415
 
     if env.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR):
-        return []
+        return problems
     return [
+        *problems,
         (
             f"mode {cfg.mode} runs under ft_launcher, and this process was not started by it "
             f"({FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is unset); start it with `python -m training.launch` "
             "(k8s/launcher.py renders the command), or use mode inprocess or baseline to run alone"
-        )
+        ),
     ]
 
 

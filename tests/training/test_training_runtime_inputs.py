@@ -58,6 +58,11 @@ CASES = {
         "checkpoint.durable_dir s3://nvrx-eks-test/ckpt: no AWS credentials",
         "set AWS_PROFILE",
     ),
+    "inprocess mode without a launcher's variables": (
+        lambda t: ["--mode", "inprocess"],
+        "mode inprocess needs a launcher's RANK and WORLD_SIZE",
+        "or use mode baseline to run alone",
+    ),
     "ft_launcher mode without the launcher": (
         lambda t: ["--mode", "ft_launcher"],
         "mode ft_launcher runs under ft_launcher",
@@ -108,3 +113,53 @@ def test_runtime_input_is_refused_before_the_first_step(case, tmp_path):
     assert "step 1/4" not in out
     if case == "durable dir is a file":
         assert (tmp_path / "afile").read_text() == "keep me\n"
+
+
+ONE_RANK = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+}
+# In-process timeouts far above a loaded 2-core machine's step of the small preset.
+SLOW_STEPS = [
+    *("--inprocess-soft-timeout-s", "60", "--inprocess-hard-timeout-s", "90"),
+    *("--inprocess-heartbeat-timeout-s", "70", "--inprocess-barrier-timeout-s", "120"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["baseline", "inprocess"])
+def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpoints(mode, tmp_path):
+    """The second run's preset cannot load the first's checkpoint: exit 2 naming --model, not a
+    load_state_dict traceback (or, in process, a restart per attempt until the budget is spent)."""
+    from localrun.executor import free_port  # noqa: PLC0415
+
+    env = _env(tmp_path) | (ONE_RANK | {"MASTER_PORT": str(free_port())} if mode == "inprocess" else {})
+    args = [*BASE, "--mode", mode, "--run-dir", str(tmp_path / "run"), "--checkpoint-durable-every", "2"]
+    args += ["--checkpoint-local-every", "0", *(SLOW_STEPS if mode == "inprocess" else [])]
+
+    def train(model: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args, "--model", model],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+
+    first = train("tiny")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    kept = {p: p.read_bytes() for p in checkpoints.rglob("*") if p.is_file()}
+    assert kept
+    second = train("small")
+    out = second.stdout + second.stderr
+    assert second.returncode == 2, out[-3000:]
+    assert "Traceback" not in out
+    assert "model: the newest checkpoint was written by model preset 'tiny', this run is 'small'" in out
+    assert "pass --model tiny to resume it" in out
+    assert {p: p.read_bytes() for p in kept} == kept
