@@ -82,12 +82,19 @@ class _Read(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-class _Fault(_Read):
-    fault_class: str = Field(alias="class")
-    step: int = Field(ge=0)
+class _Recovery(_Read):
+    """A fault row as far as its recovery goes (summary.json's rows)."""
+
     layer: str | None = None
     recovery_s: float | None = None
     tier: str | None = None
+
+
+class _Fault(_Recovery):
+    """A peer.json fault row: its class and step also rebuild the run's fault schedule."""
+
+    fault_class: str = Field(alias="class")
+    step: int = Field(ge=0)
 
 
 class _PeerMode(_Read):
@@ -123,7 +130,7 @@ class _PeerFile(_Read):
 
 class _SummaryFile(_Read):
     training_goodput: float
-    faults: list[_Fault]
+    faults: list[_Recovery]
     mode: str = "run"
     mean_step_s: float | None = None
     stall_per_checkpoint_s: float | None = None
