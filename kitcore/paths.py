@@ -4,8 +4,8 @@ Each command declares what a path must be (a file it reads, a folder it reads, a
 file it writes) with `typer.Option(..., parser=...)`. click checks it while parsing, before the
 command does any work, and reports a bad one as one message that names the option and the fix, exit
 code 2: a folder where a file is read, a file where a folder is written, a read-only target, a name
-longer than the file system allows. Without it each command found out on its own, deep inside, with
-a traceback or a message that named the file but not the flag.
+longer than the file system allows. One type, so no command finds out on its own, deep inside, with a
+traceback or a message that names the file but not the flag.
 """
 
 from __future__ import annotations

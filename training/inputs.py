@@ -158,7 +158,7 @@ def _s3_credentials(cfg: TrainConfig) -> list[str]:
 
 def _peer_nodes(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
     """Peer replicas live on other nodes: at least replicas + 1 nodes (the launcher's WORLD_SIZE over
-    LOCAL_WORLD_SIZE; one node without a launcher). Fewer used to be ignored without a word."""
+    LOCAL_WORLD_SIZE; one node without a launcher). With fewer the tier would not run at all."""
     replicas = cfg.checkpoint.peer_replicas
     if not replicas:
         return []
@@ -197,7 +197,7 @@ def _device(cfg: TrainConfig) -> list[str]:
 
 def _launcher(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
     """Modes ft_launcher and both send heartbeats to ft_launcher's rank monitor, whose socket the
-    launcher passes each worker; without it NVRx failed at the first heartbeat with a RuntimeError."""
+    launcher passes each worker; without it NVRx fails at the first heartbeat with a RuntimeError."""
     problems = []
     if cfg.mode in {"inprocess", "both"} and "WORLD_SIZE" not in env:
         # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).

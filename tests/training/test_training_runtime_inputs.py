@@ -1,8 +1,8 @@
 """Trainer input that only fails once the run is under way, checked before anything starts.
 
 Each case is `python -m training` as a user starts it (no launcher unless the case says so): exit 2,
-the field and the fix, no traceback, and no step trained. Before, each was a traceback at the first
-persist or heartbeat, a checkpoint_failed warning every due step, or silently ignored.
+the field and the fix, no traceback, and no step trained; never a traceback at the first persist or
+heartbeat, a checkpoint_failed warning every due step, or an input silently ignored.
 """
 
 from __future__ import annotations
