@@ -21,6 +21,7 @@ from infra import deploy_gate
 from infra.config import ClusterConfig
 from infra.deploy_gate import SKIP_CONTEXT_KEY
 from infra.revision import source_revision
+from kitcore import paths
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ def overrides_from_context(context: Mapping[str, object]) -> tuple[Path, list[st
     any other key must name a config field, so a typo fails instead of being ignored.
     """
     path = Path(str(context.get("config", DEFAULT_CONFIG)))
+    # The same path check as every `nvrx-eks` path option, named as the CDK user typed it.
+    problem = paths.path_problem(
+        path, "read_file", what="cluster config YAML file", example=str(DEFAULT_CONFIG)
+    )
+    if problem:
+        raise UserError(f"-c config={path}: {problem}")
     overrides = []
     for key, value in sorted(context.items()):
         if key in ("config", SKIP_CONTEXT_KEY) or ":" in key or key.startswith("@"):

@@ -7,10 +7,18 @@ from typing import Annotated
 
 import typer
 
+from kitcore import paths
+
 DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 
 ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="Cluster config YAML (infra/configs/*.yaml).")
+    Path,
+    typer.Option(
+        "--config",
+        "-c",
+        parser=paths.read_file("cluster config YAML file", "infra/configs/default.yaml"),
+        help="Cluster config YAML (infra/configs/*.yaml).",
+    ),
 ]
 SetOption = Annotated[
     list[str] | None,
@@ -28,7 +36,14 @@ def synth(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None
 
 
 def bench_synth(
-    configs: Annotated[list[Path] | None, typer.Argument(help="Configs to synthesize.")] = None,
+    configs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="CONFIGS...",
+            parser=paths.read_file("cluster config YAML file", "infra/configs/default.yaml"),
+            help="Configs to synthesize.",
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, max=5, help="Synths per config in this process.")] = 2,
 ) -> None:
     """Time in-process synthesis of the whole app per config; the first synth pays jsii start-up."""

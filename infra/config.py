@@ -7,6 +7,7 @@ and the fix (kitcore/configio.py turns them into exit code 2 without a traceback
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import Literal
@@ -39,6 +40,40 @@ PRIVATE_SUBNET_MASK = 19
 # a config may not redefine them (EKS would keep one of two values silently, or refuse the group).
 RESERVED_LABEL_PREFIX = "nvrx-eks/"
 RESERVED_TAINT_KEY = "nvidia.com/gpu"
+# The managed node group infra/constructs/cluster.py creates for add-ons (tests/infra check the
+# synthesized template names it so). EKS node group names are unique per cluster: a GPU group of
+# the same name fails CreateNodegroup with ResourceInUseException halfway through the deploy.
+SYSTEM_NODEGROUP_NAME = "system"
+# "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28 netmask (16 IP
+# addresses)." https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html
+VPC_PREFIX_RANGE = (16, 28)
+
+
+@functools.cache
+def ec2_instance_types() -> frozenset[str]:
+    """Every instance type the EC2 API accepts, from the API model botocore ships (its InstanceType
+    enum): offline, and as current as the installed boto3."""
+    import botocore.session  # noqa: PLC0415 - half a second; only when a config names a type
+
+    model = botocore.session.get_session().get_service_model("ec2")
+    return frozenset(model.shape_for("InstanceType").enum)
+
+
+def instance_type_known(value: str) -> str | None:
+    """None when EC2 knows the type, else the message with the nearest names."""
+    import difflib  # noqa: PLC0415
+
+    import botocore  # noqa: PLC0415
+
+    known = ec2_instance_types()
+    if value in known:
+        return None
+    near = difflib.get_close_matches(value, sorted(known), n=3)
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    return (
+        f"{value!r} is not an EC2 instance type ({hint}checked against the {len(known)} types of "
+        f"botocore {botocore.__version__}; a type newer than that needs a newer boto3)"
+    )
 
 
 def _problem(message: str | None) -> None:
@@ -129,6 +164,11 @@ class GpuNodeGroupConfig(_Model):
     def _name(cls, value: str) -> str:
         if not _NODEGROUP_NAME.match(value):
             raise ValueError(f"{value!r} is not a node group name; use lowercase letters, digits and '-'")
+        if value == SYSTEM_NODEGROUP_NAME:
+            raise ValueError(
+                f"{value!r} is the name of the kit's own node group for add-ons (EKS refuses a second "
+                "node group of that name); use another, e.g. gpu-system"
+            )
         return value
 
     @field_validator("instance_type")
@@ -202,6 +242,7 @@ class SystemNodeGroupConfig(_Model):
     @classmethod
     def _instance_type(cls, value: str) -> str:
         _problem(rules.instance_type_problem(value, x86_only=True))
+        _problem(instance_type_known(value))
         return value
 
     @model_validator(mode="after")
@@ -495,6 +536,12 @@ class ClusterConfig(_Model):
 
     def _check_network(self) -> None:
         vpc = ipaddress.IPv4Network(self.vpc_cidr)
+        low, high = VPC_PREFIX_RANGE
+        if not low <= vpc.prefixlen <= high:
+            raise ValueError(
+                f"vpc_cidr: {vpc} is a /{vpc.prefixlen}; a VPC block is a /{low} to a /{high} (EC2 refuses "
+                f"CreateVpc otherwise); use e.g. 10.0.0.0/{low}"
+            )
         problem = rules.vpc_block_problem(
             vpc,
             zones=len(self.availability_zones),

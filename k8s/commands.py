@@ -8,16 +8,32 @@ from typing import Annotated
 
 import typer
 
+from kitcore import paths
+
 
 def register(*, job: typer.Typer, **_: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
 
     @job.command("render")
     def render_cmd(
-        values_file: Annotated[Path, typer.Option("-f", "--values", help="Job values YAML file.")],
-        out: Annotated[Path, typer.Option("-o", "--out", help="Output folder for the manifests.")] = Path(
-            "dist"
-        ),
+        values_file: Annotated[
+            Path,
+            typer.Option(
+                "-f",
+                "--values",
+                parser=paths.read_file("job values YAML file", "k8s/values/p5-2.yaml"),
+                help="Job values YAML file.",
+            ),
+        ],
+        out: Annotated[
+            Path,
+            typer.Option(
+                "-o",
+                "--out",
+                parser=paths.write_folder("rendered manifests", "dist/"),
+                help="Output folder for the manifests.",
+            ),
+        ] = Path("dist"),
         overrides: Annotated[
             list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
         ] = None,

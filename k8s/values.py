@@ -531,6 +531,16 @@ class JobValues(_Section):
                 f"env: {', '.join(efa_vars)} ask for EFA, but instance_profile {p.name} has 0 EFA devices; "
                 "remove them or use an EFA profile (the chart sets the EFA variables for those itself)"
             )
+        nvme = self.storage.local_nvme_path
+        if p.is_ec2 and nvme is not None and not PurePosixPath(nvme).is_relative_to(NVME_RAID_ROOT):
+            # Off the array, the hostPath lands on the node's root EBS volume (200 GiB by default,
+            # shared with the images): the local tier fills it, and the kubelet evicts pods under
+            # disk pressure.
+            raise ValueError(
+                f"storage.local_nvme_path {nvme} is not on the NVMe array of {p.name} "
+                f"({p.nvme_count} x {p.nvme_gib_each} GiB RAID0 at {NVME_RAID_ROOT}); use a folder below "
+                f"it, e.g. {NVME_RAID_ROOT}/nvrx-checkpoints, or null for no local tier"
+            )
 
     @cached_property
     def profile(self) -> InstanceProfile:

@@ -6,6 +6,7 @@ way: one message that names each bad field and how to fix it, exit code 2, no tr
 
 from __future__ import annotations
 
+import json
 import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -144,6 +145,46 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of fields at the top level")
     return data
+
+
+def read_yaml_documents(path: Path, *, what: str) -> list[dict[str, Any]]:
+    """Every document of a multi-document YAML file, each a mapping; anything else is one UserError."""
+    text = read_text(path, what=what)
+    try:
+        docs = list(yaml.load_all(text, Loader=_UniqueKeyLoader))
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({_yaml_problem(exc)}); pass a {what}") from None
+    for number, doc in enumerate(docs, start=1):
+        if doc is not None and not isinstance(doc, dict):
+            raise UserError(
+                f"{path}: document {number} is a {type(doc).__name__}, not a mapping; pass a {what}"
+            )
+    return [doc for doc in docs if doc]
+
+
+def read_json(path: Path, *, what: str) -> dict[str, Any]:
+    """A JSON file's top-level object; missing, unreadable, truncated or not an object: one UserError."""
+    text = read_text(path, what=what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}; "
+            f"pass a complete {what}"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at the top level; pass a {what}")
+    return data
+
+
+def validate_file(model: type[ModelT], data: object, path: Path, *, what: str) -> ModelT:
+    """`data` read from `path` checked against `model`: a missing or mistyped field is one UserError
+    naming the file and the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message = describe_validation_error(exc, source=str(path))
+        raise UserError(f"{message}\n  (expected a {what})") from None
 
 
 def load_model(

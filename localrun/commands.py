@@ -8,7 +8,22 @@ from typing import Annotated
 
 import typer
 
+from kitcore import paths
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+
+LocalValues = Annotated[
+    Path,
+    typer.Option(
+        "-f",
+        "--values",
+        parser=paths.read_file("job values YAML file", "k8s/values/local-cpu.yaml"),
+        help="Local job values.",
+    ),
+]
+RunsRoot = Annotated[
+    Path,
+    typer.Option("--runs", parser=paths.write_folder("run folders", "runs/"), help="Folder for run folders."),
+]
 
 
 def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: typer.Typer) -> None:
@@ -16,13 +31,11 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
 
     @app.command("demo")
     def demo_cmd(
-        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
-            "k8s/values/local-cpu.yaml"
-        ),
+        values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
         overrides: Annotated[
             list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
         ] = None,
-        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+        runs_root: RunsRoot = Path("runs"),
         skip_synth: Annotated[
             bool, typer.Option("--skip-synth", help="Do not synthesize the CDK app.")
         ] = False,
@@ -40,9 +53,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
 
     @bench.command("peer")
     def bench_peer_cmd(
-        values_file: Annotated[Path, typer.Option("-f", "--values", help="Local job values.")] = Path(
-            "k8s/values/local-cpu.yaml"
-        ),
+        values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
         steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
         device_step_s: Annotated[
             float,
@@ -68,7 +79,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
                 "(node loss/SIGKILL/exception, Llama 3's mostly-hardware mix)."
             ),
         ] = "peer",
-        runs_root: Annotated[Path, typer.Option("--runs", help="Folder for run folders.")] = Path("runs"),
+        runs_root: RunsRoot = Path("runs"),
     ) -> None:
         """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
         from localrun.peer_bench import run_peer_bench  # noqa: PLC0415
@@ -86,10 +97,22 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
 
     @local.command("run")
     def run_cmd(
-        dist_dir: Annotated[Path, typer.Argument(help="Folder with one rendered job (nvrx-eks job render).")],
-        run_dir: Annotated[Path, typer.Option("--run-dir", help="Folder for logs, volumes, results.")] = Path(
-            "runs/local"
-        ),
+        dist_dir: Annotated[
+            Path,
+            typer.Argument(
+                metavar="DIST_DIR",
+                parser=paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/"),
+                help="Folder with one rendered job (nvrx-eks job render).",
+            ),
+        ],
+        run_dir: Annotated[
+            Path,
+            typer.Option(
+                "--run-dir",
+                parser=paths.write_folder("run's logs, volumes and results", "runs/local"),
+                help="Folder for logs, volumes, results.",
+            ),
+        ] = Path("runs/local"),
         delete_node: Annotated[
             list[str] | None,
             typer.Option(
@@ -115,15 +138,9 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         ] = 0.0,
     ) -> None:
         """Run a rendered job as local processes (the executor plays the Job controller)."""
-        from kitcore.configio import UserError  # noqa: PLC0415
         from localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
 
-        deletions = []
-        for item in delete_node or []:
-            index, sep, after = item.partition("@")
-            if not sep or not index.isdigit():
-                raise UserError(f"--delete-node {item!r} is not INDEX@SECONDS (e.g. 1@20)")
-            deletions.append(NodeDeletion(index=int(index), after_s=float(after)))
+        deletions = [NodeDeletion.parse(item) for item in delete_node or []]
         # --store-port N: the store's declared port(s) map to N, as `kubectl port-forward` would.
         ports = dict.fromkeys(store_ports(load_rendered(dist_dir)), store_port) if store_port else None
         result = run_local(

@@ -73,10 +73,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-import yaml
 
 from k8s.termination import failure_cause, log_tail
-from kitcore.configio import UserError
+from kitcore.configio import UserError, read_yaml_documents
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,6 +112,21 @@ class NodeDeletion:
     index: int
     after_s: float
     """Seconds after the Job's pods started."""
+
+    @classmethod
+    def parse(cls, item: str) -> NodeDeletion:
+        """`INDEX@SECONDS` (`--delete-node`): a whole index >= 0 and a finite number of seconds >= 0."""
+        index, sep, after = item.partition("@")
+        try:
+            seconds = float(after)
+        except ValueError:
+            seconds = float("nan")
+        if not sep or not index.strip().isdigit() or not 0 <= seconds < float("inf"):
+            raise UserError(
+                f"--delete-node {item!r} is not INDEX@SECONDS: a Job index (0, 1, ...) and the seconds "
+                "after the pods start, e.g. 1@20"
+            )
+        return cls(index=int(index), after_s=seconds)
 
 
 @dataclass
@@ -152,15 +166,51 @@ class _Rendered:
         return self.job["metadata"].get("namespace", "default")
 
 
+# What a local "node" offers: the kubelet's own resources. A container that asks for a device
+# plugin's (nvidia.com/gpu, vpc.amazonaws.com/efa) would stay Pending on a cluster without such a
+# node; here its command would start without them and fail minutes later.
+LOCAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+LOCAL_IMAGE = "local"
+"""`image: local` (k8s/values.py): the command runs in this virtualenv; any other image is a cluster's."""
+
+
+def _pod_templates(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kinds = {"Job", "Deployment"}
+    return [d.get("spec", {}).get("template", {}).get("spec", {}) for d in docs if d.get("kind") in kinds]
+
+
+def _cluster_only(docs: list[dict[str, Any]]) -> list[str]:
+    """What in these manifests only a cluster node has: extended resources, a registry image."""
+    found: list[str] = []
+    for spec in _pod_templates(docs):
+        for container in spec.get("containers", []) + spec.get("initContainers", []):
+            resources = container.get("resources") or {}
+            names = {*(resources.get("requests") or {}), *(resources.get("limits") or {})}
+            found += [f"{container.get('name')} requests {n}" for n in sorted(names - LOCAL_RESOURCES)]
+            if container.get("image", LOCAL_IMAGE) != LOCAL_IMAGE:
+                found.append(f"{container.get('name')} runs image {container['image']}")
+    return list(dict.fromkeys(found))
+
+
 def load_rendered(dist_dir: Path) -> _Rendered:
-    """The Job, the store Deployment and the Services of one rendered job folder."""
+    """The Job, the store Deployment and the Services of one rendered job folder (UserError when it
+    is not a folder of one job rendered for this machine)."""
+    if not Path(dist_dir).is_dir():
+        raise UserError(f"{dist_dir}: no such folder; render a job there first (nvrx-eks job render -o)")
     docs = []
     for path in sorted(Path(dist_dir).glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+        docs += read_yaml_documents(path, what="rendered manifest (nvrx-eks job render)")
     jobs = [d for d in docs if d.get("kind") == "Job"]
     if len(jobs) != 1:
         raise UserError(
             f"{dist_dir}: expected exactly one rendered Job, found {len(jobs)}; render one job there"
+        )
+    cluster_only = _cluster_only(docs)
+    if cluster_only:
+        raise UserError(
+            f"{dist_dir}: rendered for a cluster ({'; '.join(cluster_only[:4])}): the local executor runs "
+            "a job rendered from local values (instance_profile: local-cpu, image: local), e.g. "
+            "`nvrx-eks job render -f k8s/values/local-cpu.yaml -o dist/`"
         )
     deployments = [d for d in docs if d.get("kind") == "Deployment"]
     return _Rendered(

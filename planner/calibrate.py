@@ -25,12 +25,14 @@ the projection can be set beside the goodput that run measured.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kitcore.configio import UserError, read_json, validate_file
+from planner.config import PLAN_NAME_MAX
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -73,13 +75,90 @@ class Calibration:
         self.labels[dotted] = label
 
 
+# The fields this module reads from each file, checked before any is used: a file from another tool,
+# an older kit or a run stopped mid-write is one message naming the file and the field, never a
+# KeyError. Other fields are kept as they are (extra="allow").
+class _Read(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class _Recovery(_Read):
+    """A fault row as far as its recovery goes (summary.json's rows)."""
+
+    layer: str | None = None
+    recovery_s: float | None = None
+    tier: str | None = None
+
+
+class _Fault(_Recovery):
+    """A peer.json fault row: its class and step also rebuild the run's fault schedule."""
+
+    fault_class: str = Field(alias="class")
+    step: int = Field(ge=0)
+
+
+class _PeerMode(_Read):
+    completed: bool = False
+    training_goodput: float | None = None
+    wall_s: float | None = None
+    steps_lost: int = 0
+    faults: list[_Fault] = []
+    overrides: list[str] = []
+    mean_step_s: float | None = None
+    startup_s: float | None = None
+    checkpoint_stall_s: float | None = None
+    checkpoints: int | None = None
+
+    @model_validator(mode="after")
+    def _finished(self) -> _PeerMode:
+        if self.completed and (self.training_goodput is None or self.wall_s is None):
+            raise ValueError("a completed mode needs training_goodput and wall_s")
+        return self
+
+
+class _PeerScenario(_Read):
+    steps: int = Field(ge=1)
+    num_faults: int = Field(ge=0)
+    durable_every: int = Field(ge=1)
+    fault_seed: int | None = None
+
+
+class _PeerFile(_Read):
+    scenario: _PeerScenario
+    modes: dict[str, _PeerMode]
+
+
+class _SummaryFile(_Read):
+    training_goodput: float
+    faults: list[_Recovery]
+    mode: str = "run"
+    mean_step_s: float | None = None
+    stall_per_checkpoint_s: float | None = None
+
+
+class _BenchRow(_Read):
+    kind: str
+    stall_s: float
+
+
+class _CheckpointBenchFile(_Read):
+    rows: list[_BenchRow] = []
+    state_bytes: int = 0
+    durable_write_s: float | None = None
+    restore_s: dict[str, float] = {}
+
+
+_SHAPES: dict[str, tuple[type[_Read], str]] = {
+    "peer.json": (_PeerFile, "`nvrx-eks bench peer` peer.json (rerun it to write a complete one)"),
+    "summary.json": (_SummaryFile, "run's summary.json (`nvrx-eks demo`, `nvrx-eks report`)"),
+    "checkpoint-bench.json": (_CheckpointBenchFile, "`nvrx-eks bench checkpoint --json-out` file"),
+}
+
+
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
+    shape, what = _SHAPES[path.name]
+    data = read_json(path, what=what)
+    validate_file(shape, data, path, what=what)
     return data
 
 
@@ -110,9 +189,7 @@ def _itemized(rows: dict[str, dict[str, Any]]) -> bool:
 
 def _from_peer(path: Path, cal: Calibration) -> None:
     doc = _read(path)
-    scenario, modes = doc.get("scenario"), doc.get("modes")
-    if not isinstance(scenario, dict) or not isinstance(modes, dict):
-        raise UserError(f"{path}: expected `scenario` and `modes` (the output of `nvrx-eks bench peer`)")
+    scenario, modes = doc["scenario"], doc["modes"]
     label = f"measured: {path}"
     steps = int(scenario["steps"])
     rows = _completed(modes)
@@ -206,7 +283,7 @@ def _peer_scenario(
     kit_memory, kit_local = _cadence(kit_overrides, "memory"), _cadence(kit_overrides, "local")
     every = int(scenario["durable_every"])
     cal.scenario = {
-        "name": f"bench-peer-{path.parent.name}",
+        "name": f"bench-peer-{path.parent.name}"[:PLAN_NAME_MAX],
         # The local executor replaces a lost node's pod at once (localrun/executor.py; no new node to
         # wait for): its start is inside the measured node-loss recovery, so no capacity wait on top.
         "fleet": {
@@ -280,8 +357,6 @@ def _peer_scenario(
 def _from_summary(path: Path, cal: Calibration) -> None:
     doc = _read(path)
     label = f"measured: {path}"
-    if "training_goodput" not in doc or "faults" not in doc:
-        raise UserError(f"{path}: expected the keys of training/report.py SUMMARY_KEYS")
     if "workload.step_s" not in cal.labels and doc.get("mean_step_s"):
         cal.set("workload.step_s", round(float(doc["mean_step_s"]), 4), f"{label} (mean step)")
     if doc.get("stall_per_checkpoint_s") is not None:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kitcore import paths
+
 if TYPE_CHECKING:
     from planner.calibrate import Calibration
     from planner.config import Mode, Plan
@@ -146,7 +148,12 @@ def register(*, app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         plan_file: Annotated[
-            Path | None, typer.Argument(help="Plan YAML (planner/examples/*.yaml); optional with --from.")
+            Path | None,
+            typer.Argument(
+                metavar="PLAN_FILE",
+                parser=paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml"),
+                help="Plan YAML (planner/examples/*.yaml); optional with --from.",
+            ),
         ] = None,
         overrides: Annotated[
             list[str] | None, typer.Option("--set", help="Override a plan field: key.sub=value (repeatable).")
@@ -154,14 +161,21 @@ def register(*, app: typer.Typer) -> None:
         run_dir: Annotated[
             Path | None,
             typer.Option(
-                "--from", help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json)."
+                "--from",
+                parser=paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS"),
+                help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json).",
             ),
         ] = None,
         as_json: Annotated[
             bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")
         ] = False,
         out: Annotated[
-            Path | None, typer.Option("--out", help="Folder for the PNG plots (default runs/plan-<name>).")
+            Path | None,
+            typer.Option(
+                "--out",
+                parser=paths.write_folder("PNG plots", "runs/plan-mine"),
+                help="Folder for the PNG plots (default runs/plan-<name>).",
+            ),
         ] = None,
         plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
         simulate: Annotated[
@@ -174,7 +188,9 @@ def register(*, app: typer.Typer) -> None:
         write: Annotated[
             Path | None,
             typer.Option(
-                "--write", help="Write the chosen intervals into this job values file (comments kept)."
+                "--write",
+                parser=paths.update_file("job values YAML file", "my-job.yaml"),
+                help="Write the chosen intervals into this job values file (comments kept).",
             ),
         ] = None,
     ) -> None:

@@ -331,18 +331,45 @@ class Faults(_Section):
         return shares
 
 
+# The plan's name is the folder of its plots, runs/plan-<name>: one file system name (at most 255
+# bytes, the Linux NAME_MAX) with room for the prefix, and no path separator.
+PLAN_NAME_MAX = 200
+
+
 class Plan(_Section):
     name: str = "plan"
+    """Names the plan in the report and its plot folder runs/plan-<name>."""
     fleet: Fleet
     workload: Workload
     checkpoint: Checkpoint = Checkpoint()
     recovery: Recovery = Recovery()
     faults: Faults
     modes: dict[Mode, ModeSetup] = Field(default_factory=_default_modes)
-    """Modes to project and the tiers each writes (default: all four)."""
+    """Modes to project and the tiers each writes (default: all four; at least one)."""
     max_interval_s: float = Field(3600.0, gt=0)
     """The longest interval recommended for a tier no fault restores from (the checkpoint an operator's
     restart or a fault storm falls back to)."""
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        if not value or "/" in value or "\0" in value or value in {".", ".."}:
+            raise ValueError(f"{value!r} names the plot folder runs/plan-<name>: use no '/', e.g. my-plan")
+        if len(value.encode()) > PLAN_NAME_MAX:
+            raise ValueError(
+                f"{len(value.encode())} bytes is too long for the plot folder runs/plan-<name> (a file "
+                f"system name holds 255 bytes); shorten it to at most {PLAN_NAME_MAX}"
+            )
+        return value
+
+    @field_validator("modes")
+    @classmethod
+    def _some_mode(cls, value: dict[Mode, ModeSetup]) -> dict[Mode, ModeSetup]:
+        if not value:
+            raise ValueError(
+                f"lists no mode; name at least one of {', '.join(MODES)}, or leave modes out for all four"
+            )
+        return value
 
     @model_validator(mode="after")
     def _length_for_counts(self) -> Self:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kitcore import paths
+
 
 def register(**groups: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
@@ -22,7 +24,12 @@ def _register_report(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         run_dir: Annotated[
-            Path, typer.Argument(help="A run folder (make demo's, a bench mode's, a trainer run).")
+            Path,
+            typer.Argument(
+                metavar="RUN_DIR",
+                parser=paths.update_folder("run folder", "runs/demo-YYYYMMDD-HHMMSS"),
+                help="A run folder (make demo's, a bench mode's, a trainer run).",
+            ),
         ],
     ) -> None:
         """Write RUN_DIR/report.html: fault table, totals, timeline and bit-identity verdict, one page."""

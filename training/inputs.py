@@ -14,13 +14,14 @@ and the process never exited (training/run.py now closes what it built on every 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kitcore.configio import UserError
+from kitcore.paths import name_problem, path_problem
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from pathlib import Path
 
     from training.config import TrainConfig
 
@@ -31,9 +32,14 @@ TOKEN_BYTES = 2  # uint16 token ids (training/data.py TokenFile)
 def check_runtime_inputs(cfg: TrainConfig, env: Mapping[str, str] | None = None) -> None:
     """Raise one UserError naming every bad runtime input (file, folder, variable) and its fix."""
     env = os.environ if env is None else env
+    long_name = name_problem(cfg.run_dir)
+    if long_name:  # every later check (and the default checkpoint folders) resolves below it
+        raise UserError(f"trainer runtime input:\n  - run_dir {long_name}")
     problems = [*_environment(cfg, env), *_run_dir(cfg.run_dir)]
     if cfg.data.token_file is not None:
         problems += _token_file(cfg.data.token_file, seq_len=_seq_len(cfg))
+    problems += [*_checkpoint_tiers(cfg), *_s3_credentials(cfg), *_peer_nodes(cfg, env)]
+    problems += [*_device(cfg), *_launcher(cfg, env)]
     if problems:
         raise UserError("trainer runtime input:\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -93,6 +99,127 @@ def _run_dir(run_dir: Path) -> list[str]:
                 return [f"run_dir {run_dir}: {folder} is not writable; pass a folder this user can write"]
             return []
     return []
+
+
+def _tier_folders(cfg: TrainConfig) -> dict[str, Path]:
+    """The folders the checkpoint tiers in use write (an s3:// durable tier has none)."""
+    ckpt = cfg.effective_checkpoint()
+    folders = {"checkpoint.memory_dir": Path(ckpt.memory_dir)} if ckpt.memory_every else {}
+    if ckpt.local_dir is not None and ckpt.local_every:
+        folders["checkpoint.local_dir"] = Path(ckpt.local_dir)
+    if ckpt.durable_dir and ckpt.durable_every and not ckpt.durable_dir.startswith("s3://"):
+        folders["checkpoint.durable_dir"] = Path(ckpt.durable_dir)
+    return folders
+
+
+def _checkpoint_tiers(cfg: TrainConfig) -> list[str]:
+    """Each tier's folder can be created and written, and no two tiers share one: every tier keeps
+    its own newest steps and deletes older ones, so a shared folder loses the other tier's."""
+    folders = _tier_folders(cfg)
+    problems = []
+    for field, folder in folders.items():
+        tier = field.split(".")[1].removesuffix("_dir")
+        problem = path_problem(folder, "write_folder", what=f"{tier} tier")
+        if problem:
+            problems.append(f"{field} {folder} {problem}")
+    if problems:
+        return problems
+    resolved = {field: folder.resolve() for field, folder in folders.items()}
+    fields = list(resolved)
+    for i, first in enumerate(fields):
+        for second in fields[i + 1 :]:
+            a, b = resolved[first], resolved[second]
+            if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+                where = f"both {a}" if a == b else f"{a} and {b}, one inside the other"
+                problems.append(
+                    f"{first} and {second} are {where}: each tier prunes its own old steps there and "
+                    "would delete the other's; give each tier its own folder"
+                )
+    return problems
+
+
+def _s3_credentials(cfg: TrainConfig) -> list[str]:
+    """An s3:// durable tier needs credentials before the first persist, not at it."""
+    ckpt = cfg.effective_checkpoint()
+    if not (ckpt.durable_dir and ckpt.durable_every and ckpt.durable_dir.startswith("s3://")):
+        return []
+    import boto3  # noqa: PLC0415 - only for an S3 durable tier
+
+    if boto3.Session().get_credentials() is not None:
+        return []
+    return [
+        (
+            f"checkpoint.durable_dir {ckpt.durable_dir}: no AWS credentials in this process (none from the "
+            "environment, a profile, EKS Pod Identity or instance metadata); run the pod with the stack's "
+            "training service account, set AWS_PROFILE, or use a file-system durable_dir"
+        )
+    ]
+
+
+def _peer_nodes(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
+    """Peer replicas live on other nodes: at least replicas + 1 nodes (the launcher's WORLD_SIZE over
+    LOCAL_WORLD_SIZE; one node without a launcher). With fewer the tier would not run at all."""
+    replicas = cfg.checkpoint.peer_replicas
+    if not replicas:
+        return []
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+        per_node = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return []  # reported by _environment
+    nodes = max(1, world // per_node)
+    if replicas < nodes:
+        return []
+    return [
+        (
+            f"checkpoint.peer_replicas={replicas} keeps copies on other nodes, and this run has {nodes} "
+            f"node(s) (WORLD_SIZE {world} / LOCAL_WORLD_SIZE {per_node}); set it to "
+            f"{'0' if nodes == 1 else f'at most {nodes - 1}'}, or run on {replicas + 1} or more nodes"
+        )
+    ]
+
+
+def _device(cfg: TrainConfig) -> list[str]:
+    if cfg.dist.device != "cuda":
+        return []
+    import torch  # noqa: PLC0415 - imported by the run right after; only for an explicit cuda
+
+    if torch.cuda.is_available():
+        return []
+    why = "a CPU-only build" if torch.version.cuda is None else "no GPU visible to this process"
+    return [
+        (
+            f"dist.device is cuda, but torch {torch.__version__} finds no CUDA device ({why}); use "
+            "dist.device auto (CPU + gloo here) or run on a GPU node"
+        )
+    ]
+
+
+def _launcher(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
+    """Modes ft_launcher and both send heartbeats to ft_launcher's rank monitor, whose socket the
+    launcher passes each worker; without it NVRx fails at the first heartbeat with a RuntimeError."""
+    problems = []
+    if cfg.mode in {"inprocess", "both"} and "WORLD_SIZE" not in env:
+        # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).
+        problems.append(
+            f"mode {cfg.mode} needs a launcher's RANK and WORLD_SIZE (NVRx's in-process restart reads "
+            "them); start it with torchrun or `python -m training.launch`, or for one rank set RANK=0 "
+            "WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; or use mode baseline to run alone"
+        )
+    if cfg.mode not in {"ft_launcher", "both"}:
+        return problems
+    from nvidia_resiliency_ext.fault_tolerance.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR  # noqa: PLC0415
+
+    if env.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR):
+        return problems
+    return [
+        *problems,
+        (
+            f"mode {cfg.mode} runs under ft_launcher, and this process was not started by it "
+            f"({FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is unset); start it with `python -m training.launch` "
+            "(k8s/launcher.py renders the command), or use mode inprocess or baseline to run alone"
+        ),
+    ]
 
 
 def _token_file(path: Path, *, seq_len: int) -> list[str]:

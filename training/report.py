@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
+from pydantic import BaseModel, ConfigDict, Field
+
+from kitcore.configio import UserError, read_json, validate_file
 from kitcore.runtime import runtime_versions
 from training.events import read_events
 
@@ -40,6 +42,35 @@ FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps
 durable, none; the slowest rank's), `phases` the seconds from the fault to the next productive step as
 {detect_s, teardown_s, rendezvous_s, start_s, restore_s, first_step_s} (training.metrics.FaultPhases),
 or null when the run ended before every rank trained again."""
+
+
+class _FaultRow(BaseModel):
+    """The fields of a summary.json fault row the page shows (FAULT_KEYS)."""
+
+    model_config = ConfigDict(extra="allow")
+    fault_class: str = Field(alias="class")
+    step: int
+    rank: int | None
+    layer: str | None
+    detect_s: float | None
+    recovery_s: float | None
+    steps_lost: int | None
+
+
+class _SummaryShape(BaseModel):
+    """What report.html reads from summary.json (SUMMARY_KEYS), checked before it is read."""
+
+    model_config = ConfigDict(extra="allow")
+    mode: str
+    steps: int
+    faults: list[_FaultRow]
+    training_goodput: float
+    infra_goodput: float
+    checkpoint_efficiency: float
+    stall_ratio: float | None
+    final_params_sha256: str | None
+    fault_free_params_sha256: str | None
+    bit_identical: bool
 
 
 def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> dict[str, Any]:
@@ -552,9 +583,16 @@ def report_run(run_dir: Path) -> Path:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run folder")
     trainer_dir = trainer_run_dir(run_dir)
+    if not any(event["kind"] == "process_start" for event in read_events(trainer_dir)):
+        raise UserError(
+            f"{trainer_dir}/events: the rank-*.jsonl files hold no trainer events (empty, or the run was "
+            "stopped before its first process started); pass a run folder of a run that trained"
+        )
     summary = run_dir / "summary.json"
     if summary.is_file():
-        document = json.loads(summary.read_text(encoding="utf-8"))
+        what = "summary.json as `nvrx-eks demo` writes it (delete it to report from the events alone)"
+        document = read_json(summary, what=what)
+        validate_file(_SummaryShape, document, summary, what=what)
     else:
         from training.metrics import summarize  # noqa: PLC0415
 

@@ -31,6 +31,7 @@ import signal
 import typing
 from typing import TYPE_CHECKING, Any
 
+from kitcore.configio import UserError
 from training import nvrx_compat, parallel
 
 if TYPE_CHECKING:
@@ -94,10 +95,22 @@ class InProcessLayer(Layer):
                 events.emit("detected", layer="inprocess", cause=repr(state.fn_exception)[:300])
                 return state
 
+        class _InputIsFinal(inprocess.health_check.HealthCheck):
+            # Input the user must fix (kitcore UserError: resuming another model's checkpoint, ...)
+            # fails the same way on every attempt: end the wrapper (a failed health check) instead of
+            # restarting until the budget is spent; wrap() hands the UserError on (exit 2).
+            def __call__(self, state: Any) -> Any:  # noqa: ANN401
+                if isinstance(state.fn_exception, UserError):
+                    raise state.fn_exception
+                return state
+
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         seconds = dt.timedelta
         c = self.cfg
-        health_checks: list[Any] = [inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults)]
+        health_checks: list[Any] = [
+            _InputIsFinal(),
+            inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults),
+        ]
         import torch  # noqa: PLC0415
 
         abort: Any = None  # NVRx's default, AbortTorchDistributed: NCCL aborts in-flight collectives
@@ -138,7 +151,20 @@ class InProcessLayer(Layer):
         # The wrapper injects itself by the parameter's annotation, which must be a real type here
         # (this module uses postponed annotations).
         attempt.__annotations__["call_wrapper"] = typing.Optional[CallWrapper]  # noqa: UP045
-        return self._wrapper()(attempt)
+        wrapped = self._wrapper()(attempt)
+
+        def call() -> Any:  # noqa: ANN401
+            try:
+                return wrapped()
+            except Exception as exc:
+                cause = exc.__cause__
+                while cause is not None and not isinstance(cause, UserError):
+                    cause = cause.__cause__
+                if cause is not None:
+                    raise cause from None
+                raise
+
+        return call
 
     def step_done(self, step: int) -> None:  # noqa: ARG002
         self.call_wrapper.ping()

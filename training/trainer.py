@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 
+from kitcore.configio import UserError
 from training import parallel
 from training.data import DataSource, SyntheticTokens, TokenFile
 from training.model import PRESETS, build_model
@@ -132,18 +133,18 @@ class Trainer:
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng,
-            "data": {"next_step": self.last_done + 1, "world_size": self.world.world_size},
+            "data": {
+                "next_step": self.last_done + 1,
+                "world_size": self.world.world_size,
+                "model": self.cfg.model,
+            },
             "resilience": self.resilience.state_dict(),
         }
 
     def _load(self, state: dict[str, Any]) -> None:
         assert self.module is not None  # noqa: S101
         assert self.optimizer is not None  # noqa: S101
-        if state["data"]["world_size"] != self.world.world_size:
-            raise RuntimeError(
-                f"checkpoint was written by {state['data']['world_size']} ranks, this run has "
-                f"{self.world.world_size}: the data order would differ"
-            )
+        self._check_resumable(state)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         # clone(): restored tensors are views into the shard's one buffer, and torch (2.13) reads a
@@ -156,6 +157,31 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng"]["cuda"].clone())
         self.last_done = state["data"]["next_step"] - 1
         self.resilience.load_state_dict(state["resilience"])
+
+    def _check_resumable(self, state: dict[str, Any]) -> None:
+        """The checkpoint was written by a run of this shape; else one message, and it stays on disk."""
+        data = state["data"]
+        keep = "the checkpoints are kept; point checkpoint.*_dir at a new folder to start afresh"
+        written = data.get("model")
+        if written is not None and written != self.cfg.model:
+            raise UserError(
+                f"model: the newest checkpoint was written by model preset {written!r}, this run is "
+                f"{self.cfg.model!r}; pass --model {written} to resume it ({keep})"
+            )
+        if data["world_size"] != self.world.world_size:
+            raise UserError(
+                f"checkpoint was written by {data['world_size']} ranks, this run has "
+                f"{self.world.world_size}: the data order would differ; run with {data['world_size']} "
+                f"ranks to resume ({keep})"
+            )
+        if written is None:  # a checkpoint from before the preset was recorded: compare the shapes
+            own = self.module.state_dict()  # type: ignore[union-attr]
+            theirs = state["model"]
+            if set(own) != set(theirs) or any(own[k].shape != theirs[k].shape for k in own):
+                raise UserError(
+                    f"model: the newest checkpoint holds parameters of another shape than preset "
+                    f"{self.cfg.model!r}; pass the --model it was written with ({keep})"
+                )
 
     def _in_memory_source(self) -> tuple[int, int] | None:
         """After an in-process restart: can the ranks go on from the state in their memory?

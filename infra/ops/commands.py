@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from kitcore import paths
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -41,6 +43,7 @@ Kubeconfig = Annotated[
     str | None, typer.Option("--kubeconfig", help="kubeconfig file (default: ~/.kube/config).")
 ]
 Context = Annotated[str | None, typer.Option("--context", help="kubeconfig context (default: current).")]
+_JOB_VALUES = paths.read_file("job values YAML file", "k8s/values/p5-2.yaml")
 
 
 @contextmanager
@@ -91,14 +94,22 @@ def _api_client(
 
 def preflight(
     config: Annotated[
-        Path, typer.Option("-c", "--config", help="Cluster config YAML (infra/configs/*.yaml).")
+        Path,
+        typer.Option(
+            "-c",
+            "--config",
+            parser=paths.read_file("cluster config YAML file", "infra/configs/default.yaml"),
+            help="Cluster config YAML (infra/configs/*.yaml).",
+        ),
     ],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the config.")] = None,
     profile: Profile = None,
     job_values: Annotated[
         Path | None,
         typer.Option(
-            "--job-values", help="Job values YAML: also check its nodes + spares fit the GPU node group."
+            "--job-values",
+            parser=_JOB_VALUES,
+            help="Job values YAML: also check its nodes + spares fit the GPU node group.",
         ),
     ] = None,
 ) -> None:
@@ -119,13 +130,18 @@ def preflight(
 
     with _exit_codes():
         cfg = load_model(ClusterConfig, config, overrides or [])
-        target = checks.target_from_config(cfg)
-        run = checks.Preflight(session=_session(profile, cfg.region), target=target)
-        results = run.run()
+        # Every input file is read and validated before the first AWS call: a bad values file is
+        # reported as itself, not as whatever the credentials chain says first.
+        job = None
         if job_values is not None:
             from k8s.load import load_values  # noqa: PLC0415
 
-            results.append(checks.job_capacity(cfg, load_values(job_values, [])))
+            job = load_values(job_values, [])
+        target = checks.target_from_config(cfg)
+        run = checks.Preflight(session=_session(profile, cfg.region), target=target)
+        results = run.run()
+        if job is not None:
+            results.append(checks.job_capacity(cfg, job))
     make_console().print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:
@@ -148,7 +164,15 @@ def preflight(
 
 def values(
     stack: Annotated[str, typer.Option("--stack", help="Deployed stack name (the cluster config's `name`).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Job values YAML to create or update.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "-o",
+            "--output",
+            parser=paths.write_file("job values YAML file", "my-job.yaml"),
+            help="Job values YAML to create or update.",
+        ),
+    ],
     node_group: Annotated[
         str | None, typer.Option("--node-group", help="GPU node group the job runs on (when several).")
     ] = None,
@@ -197,7 +221,7 @@ def values(
 
 
 def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
-    values_file: Annotated[Path, typer.Option("-f", "--values", help="Job values YAML.")],
+    values_file: Annotated[Path, typer.Option("-f", "--values", parser=_JOB_VALUES, help="Job values YAML.")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the values.")] = None,
     cluster: Cluster = None,
     kubeconfig: Kubeconfig = None,
@@ -278,7 +302,12 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     region: Region = None,
     values_file: Annotated[
         Path | None,
-        typer.Option("-f", "--values", help="The job's values file: locates its checkpoints in S3."),
+        typer.Option(
+            "-f",
+            "--values",
+            parser=_JOB_VALUES,
+            help="The job's values file: locates its checkpoints in S3.",
+        ),
     ] = None,
     checkpoints: Annotated[
         bool, typer.Option("--checkpoints/--no-checkpoints", help="Read the latest checkpoint step from S3.")
@@ -296,17 +325,17 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     from kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
-        api_client = _api_client(
-            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
-        )
         located = None
-        if values_file is not None:
+        if values_file is not None:  # read before any cluster or AWS call (see preflight)
             from k8s.values import JobValues  # noqa: PLC0415
             from kitcore.configio import load_model  # noqa: PLC0415
 
             job_values = load_model(JobValues, values_file)
             located = jobs.checkpoint_url(job_values)
             namespace = namespace or job_values.namespace
+        api_client = _api_client(
+            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
+        )
         session = _session(profile, region) if checkpoints else None
         status = jobs.job_status(
             api_client, namespace=namespace or "training", name=name, session=session, checkpoints_at=located

@@ -196,7 +196,10 @@ def test_report_command_finds_the_faulty_run_in_a_demo_folder(storm, tmp_path, n
     assert (demo / REPORT_FILE).is_file()
     missing = nvrx_eks("report", str(tmp_path / "nope"), timeout=120)
     assert missing.returncode == 2
-    assert "no such run folder" in missing.stderr
+    # Refused while parsing, naming the argument (typer's error box; its line wrapping removed).
+    message = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", missing.stderr))
+    assert "Invalid value for 'RUN_DIR'" in message
+    assert "no such folder; pass an existing run folder" in message
     assert "Traceback" not in missing.stderr
 
 

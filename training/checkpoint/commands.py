@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kitcore import paths
+
 
 def register(bench: typer.Typer) -> None:
     @bench.command("checkpoint")
@@ -25,12 +27,18 @@ def register(bench: typer.Typer) -> None:
         checkpoints: Annotated[int, typer.Option(min=2, help="Snapshots measured per row.")] = 6,
         torture_trials: Annotated[int, typer.Option(min=0, help="kill -9 trials (0 skips).")] = 100,
         workdir: Annotated[
-            Path | None, typer.Option(help="Folder for the disk tiers (default: system temp).")
+            Path | None,
+            typer.Option(
+                parser=paths.write_folder("disk tiers"),
+                help="Folder for the disk tiers (default: system temp).",
+            ),
         ] = None,
         json_out: Annotated[
             Path | None,
             typer.Option(
-                "--json-out", help="Also write the figures as JSON (read by `nvrx-eks plan --from`)."
+                "--json-out",
+                parser=paths.write_file("figures as JSON", "runs/checkpoint-bench.json"),
+                help="Also write the figures as JSON (read by `nvrx-eks plan --from`).",
             ),
         ] = None,
     ) -> None:
