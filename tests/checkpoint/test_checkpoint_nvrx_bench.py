@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from training.checkpoint.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
@@ -52,3 +53,23 @@ def test_bench_checkpoint_prints_nvrx_rows_beside_the_kits_and_records_them(nvrx
     assert document["nvrx_not_measurable"] == CPU_ONLY_REASONS
     # The kit's rows keep their columns, and gain the first save beside NVRx's.
     assert all(row["first_save_s"] > 0 for row in document["rows"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these paths run (localrun/gpu_check.py)")
+def test_the_rows_printed_not_measurable_fail_on_cpu_where_their_reason_says(tmp_path):
+    """Each reason is what NVRx does on this CPU: when NVRx makes a path CPU-capable, this fails and
+    the path gets a measured row instead."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.torch_ckpt import TorchAsyncCheckpoint  # noqa: PLC0415
+    from nvidia_resiliency_ext.checkpointing.local.basic_state_dict import (  # noqa: PLC0415
+        BasicTensorAwareStateDict,
+    )
+
+    state = {"model": {"w": torch.zeros(4)}}
+    saver = TorchAsyncCheckpoint()
+    with pytest.raises(AssertionError, match="not compiled with CUDA"):
+        saver.async_save(state, tmp_path / "torch.pt")
+    assert saver._get_async_calls_queue().get_num_unfinalized_calls() == 0
+    with pytest.raises(AssertionError):
+        BasicTensorAwareStateDict(state)
+    assert "torch.cuda.synchronize()" in CPU_ONLY_REASONS["nvrx TorchAsyncCheckpoint"]
+    assert "assert state_dict_value.is_cuda" in CPU_ONLY_REASONS["nvrx local + replication"]
