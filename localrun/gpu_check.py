@@ -1,6 +1,6 @@
 """`make gpu-check`: the kit's GPU-only paths on one machine with a GPU, in under 5 minutes.
 
-Three checks, each printing its numbers, then `gpu-check.json` in the run folder:
+Four checks, each printing its numbers, then `gpu-check.json` in the run folder:
 
 1. the `gpu`-marked tests (FSDP2 over NCCL, save and resume through the checkpointer);
 2. the snapshot stall on the GPU path: the trainer's checkpointer copies the state into pinned host
@@ -10,12 +10,12 @@ Three checks, each printing its numbers, then `gpu-check.json` in the run folder
 3. an in-process restart that aborts NCCL: one GPU, mode `inprocess`, an exception and a real CUDA
    allocation failure injected; NVRx's default abort (AbortTorchDistributed) tears the NCCL communicator
    down and the same process goes on from memory. Each fault's layer, recovery and steps lost come
-   from the run's own events (training.metrics.summarize).
-
+   from the run's own events (training.metrics.summarize);
 4. NVRx's GPU-only checkpointing rows, which `bench checkpoint` prints as "not measurable on CPU"
-   (training/checkpoint/nvrx_bench.py): TorchAsyncCheckpoint and LocalCheckpointManager (async,
-   BasicTensorAwareStateDict) on check 2's loop shape, each with its stall over the device-to-host
-   floor of its own (smaller) state, its first save and its restore; stopped past NVRX_TIMEOUT_S.
+   (training/checkpoint/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
+   BasicTensorAwareStateDict) and the async queue with DCP over CUDA IPC, on check 2's loop shape,
+   each with its stall over the device-to-host floor of its own (smaller) state, its first save and
+   its restore; stopped past NVRX_TIMEOUT_S.
    Local checkpointing's replication needs two ranks on two GPUs; one GPU measures the local save
    and restore it replicates.
 
@@ -168,6 +168,8 @@ def _nvrx_rows(workdir: Path) -> dict[str, Any]:
         LocalCheckpointManager,
     )
 
+    from training.checkpoint.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
+
     state, nbytes = _gpu_state(NVRX_STATE_GB)
     floor_s = nbytes / _d2h_bandwidth(nbytes)
     rows: dict[str, Any] = {"floor_s": round(floor_s, 4)}
@@ -206,6 +208,15 @@ def _nvrx_rows(workdir: Path) -> dict[str, Any]:
         rows["local_checkpoint_manager"] = row | {
             "stall_over_floor": round(row["stall_median_s"] / floor_s, 3)
         }
+
+        ipc = NvrxAsyncDcp(workdir / "dcp", cpu_shm=False)
+        try:
+            row = _nvrx_loop(lambda step: ipc.save(step, state), ipc.fence, state)
+            ipc.fence(blocking=True)
+            row["restore_s"] = round(ipc.restore(state), 4)
+        finally:
+            ipc.close()
+        rows["async_dcp_cuda_ipc"] = row | {"stall_over_floor": round(row["stall_median_s"] / floor_s, 3)}
     finally:
         dist.destroy_process_group()
     rows["ok"] = True  # figures to compare with check 2's kit row, not a pass/fail of their own

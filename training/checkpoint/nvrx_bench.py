@@ -40,6 +40,10 @@ ROW_TIMEOUT_S = 600
 (`PersistentAsyncCaller.is_current_async_call_done` polls its completion queue with no deadline)."""
 
 CPU_ONLY_REASONS = {
+    "nvrx async DCP (CUDA IPC)": (
+        "async_ckpt/core.py PersistentAsyncCaller.async_process_target: `device_id = rank % "
+        "torch.cuda.device_count()` unless cpu_shm_mode (ZeroDivisionError with no GPU)"
+    ),
     "nvrx TorchAsyncCheckpoint": (
         "async_ckpt/torch_ckpt.py TorchAsyncCheckpoint.async_save calls torch.cuda.synchronize() "
         "after preload_tensors (AssertionError: Torch not compiled with CUDA enabled)"
@@ -80,10 +84,12 @@ def _timed(fn: Any) -> float:  # noqa: ANN401 - any callable
     return time.perf_counter() - started
 
 
-class _AsyncDcp:
-    """NVRx's async DCP save of one rank, in CPU shared-memory mode (see the module docstring)."""
+class NvrxAsyncDcp:
+    """NVRx's async DCP save of one rank (see the module docstring). `cpu_shm`: the CPU shared-memory
+    mode this machine runs; without it (a GPU), the worker receives CUDA IPC handles and copies the
+    tensors to host itself while the caller waits."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, cpu_shm: bool = True) -> None:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue  # noqa: PLC0415
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import (  # noqa: PLC0415
             CheckpointMetadataCache,
@@ -91,8 +97,9 @@ class _AsyncDcp:
 
         self.root = root
         # Started now, as a trainer starts it at launch, not inside the first save.
-        AsyncCallsQueue.warmup_persistent_caller(rank=0, cpu_shm_mode=True)
-        self.queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=True)
+        AsyncCallsQueue.warmup_persistent_caller(rank=0, cpu_shm_mode=cpu_shm)
+        self.queue = AsyncCallsQueue(persistent=True, cpu_shm_mode=cpu_shm)
+        self.cpu_shm = cpu_shm
         self.cache = CheckpointMetadataCache()
         self.scheduled: dict[int, float] = {}
         self.persist_s: list[float] = []
@@ -111,7 +118,9 @@ class _AsyncDcp:
         from torch.distributed.checkpoint.utils import _get_failure_dict  # noqa: PLC0415
 
         writer = FileSystemWriterAsync(
-            self.root / f"step-{step:07d}", use_cached_data_structure=True, use_cpu_shm_for_gpu_tensors=True
+            self.root / f"step-{step:07d}",
+            use_cached_data_structure=True,
+            use_cpu_shm_for_gpu_tensors=self.cpu_shm,
         )
         writer, metadata, _ = save_state_dict_async_plan(
             state, writer, None, 0, planner=DefaultSavePlanner(), enable_cache=True, metadata_cache=self.cache
@@ -164,7 +173,7 @@ def _async_dcp_row(kwargs: dict[str, Any], out: str) -> None:
         kwargs["checkpoints"],
     )
     state = make_state(kwargs["state_bytes"])
-    ckpt = _AsyncDcp(root)
+    ckpt = NvrxAsyncDcp(root)
     try:
         work = torch.randn(256, 256)
         update = state["model"]["layer0.weight"][:4096]
