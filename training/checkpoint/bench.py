@@ -5,6 +5,29 @@ not absolute times). Two step models (shared notes section 5): `device` emulates
 forward/backward wait holding no core), `cpu` computes on the cores the copy and the writers also
 need. The loop has the trainer's shape: forward/backward, `fence`, update, `save`, so the snapshot
 copy overlaps the next forward/backward exactly as in training/trainer.py.
+
+NVRx's own checkpointing runs on the same loop (nvrx_bench.py), and the kit keeps its tiered
+checkpointer. One run, NVRx 0.7.0, 0.5 GB of state, device model, 0.5 s step, floor 236 ms, on a
+2-core machine at load 14 (`--state-gb 0.5 --interval 2 --interval 4 --checkpoints 4`):
+
+    implementation    interval  stall ms  stall/floor  eff     first save  persist  restore
+    kit tiered        1.0 s        113.1        0.479  92.62%      4.22 s   5.87 s  1.33 s mem / 2.83 s disk
+    nvrx async DCP    1.0 s       5023.5       21.292  18.57%     14.62 s   6.04 s  2.38 s disk
+    kit tiered        2.0 s        537.9        2.280  87.53%      2.33 s  17.71 s  (same)
+    nvrx async DCP    2.0 s       7749.6       32.847  23.40%     14.36 s  10.97 s  1.41 s disk
+
+Why the kit's stays: NVRx's save copies the whole state into its shared-memory snapshots on the
+caller's thread before it returns (on a GPU, its worker copies device to host while the caller waits
+on the preload queue), so its stall starts at the floor, where the kit's copy overlaps the next
+forward/backward and the loop pays only the fence. And a save that finds the previous write still
+running waits for it (the writer's shm drain is a blocking `maybe_finalize_async_calls`), where the
+kit skips the busy tier and writes the newest snapshot when it frees: once a persist outlasts the
+interval, NVRx's stall is the persist. Its first save after a restart (shared-memory snapshots
+allocated and sent to the worker, planning uncached) cost 3-6x the kit's. Restore is the one column
+where NVRx is as good (its DCP load 1.4-2.4 s against the kit's 2.8 s from local disk, noisy here),
+but it reads only what its writer wrote; the kit's memory tier restores faster still. NVRx's local
+checkpointing with replication, TorchAsyncCheckpoint and its CUDA-IPC async DCP are GPU-only
+(nvrx_bench.CPU_ONLY_REASONS); `make gpu-check` measures them on a GPU beside the kit's staging stall.
 """
 
 from __future__ import annotations
@@ -23,51 +46,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kitcore.runtime import runtime_versions
+from training.checkpoint.benchstate import forward_backward, make_state, memcpy_bandwidth, state_bytes
+from training.checkpoint.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from training.checkpoint.config import CheckpointConfig
-
-
-def make_state(total_bytes: int) -> dict[str, Any]:
-    """A model-like state: several large float32 tensors plus optimizer moments and small values."""
-    per = total_bytes // 4 // 12
-    return {
-        "model": {f"layer{i}.weight": torch.randn(per) for i in range(4)},
-        "optim": {
-            "exp_avg": [torch.randn(per) for _ in range(4)],
-            "exp_avg_sq": [torch.rand(per) for _ in range(4)],
-        },
-        "data": {"step": 0, "epoch": 0},
-    }
-
-
-def state_bytes(state: dict[str, Any]) -> int:
-    from training.checkpoint.shard import flatten  # noqa: PLC0415
-
-    return flatten(state)[2].data_bytes
-
-
-def memcpy_bandwidth(nbytes: int) -> float:
-    """Bytes/s of one contiguous copy into a reused, pre-faulted buffer (best of 3): the floor's rate."""
-    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
-    dst = torch.zeros(nbytes, dtype=torch.uint8)
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - started)
-    return nbytes / best
-
-
-def _forward_backward(kind: str, seconds: float, work: torch.Tensor) -> None:
-    if kind == "device":
-        time.sleep(seconds)  # a GPU host's step: the cores are idle while the device computes
-        return
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        work @ work
 
 
 @dataclass(frozen=True)
@@ -87,6 +72,9 @@ class Row:
     """Median seconds of one peer replication (send this rank's slot, receive the partner's)."""
     peer_bytes: int | None = None
     """Bytes this rank sent per replication."""
+    first_save_s: float | None = None
+    """The first snapshot's stall of a fresh checkpointer (a restarted rank's): its save plus fence,
+    the slots allocated and pre-faulted inside it."""
 
 
 def run_loop(
@@ -149,7 +137,10 @@ def run_loop(
     update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
     # Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the
     # writer threads start.
+    started = time.perf_counter()
     ckpt.save(0, state)
+    ckpt.fence()
+    first_save_s = time.perf_counter() - started
     ckpt.wait()
     deadline = time.monotonic() + 120
     while not all(worker.warm() for worker in ckpt.workers.values()) and time.monotonic() < deadline:
@@ -161,7 +152,7 @@ def run_loop(
     pending = 0.0
     started = time.perf_counter()
     for step in range(1, every * checkpoints + 1):
-        _forward_backward(kind, step_s, work)
+        forward_backward(kind, step_s, work)
         if gradient is not None:
             dist.all_reduce(gradient)
         before = time.perf_counter()
@@ -195,6 +186,7 @@ def run_loop(
         durable_s=statistics.median(durable_s) if durable_s else None,
         peer_s=statistics.median(p[0] for p in peer) if peer else None,
         peer_bytes=peer[-1][1] if peer else None,
+        first_save_s=first_save_s,
     )
 
 
@@ -273,8 +265,10 @@ def _write_json(
     replicated: list[Row],
     durable_s: float | None,
     restore: dict[str, float],
+    nvrx: list[NvrxRow],
 ) -> None:
-    """The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run."""
+    """The figures `nvrx-eks plan --from` reads (planner/calibrate.py), as measured in this run, and
+    NVRx's rows beside them (with the reason for each NVRx path this machine cannot run)."""
     if path is None:
         return
     document = {
@@ -286,6 +280,8 @@ def _write_json(
         "restore_s": restore,
         "rows": [dataclasses.asdict(row) for row in rows],
         "replicated_rows": [dataclasses.asdict(row) for row in replicated],
+        "nvrx_rows": [dataclasses.asdict(row) for row in nvrx],
+        "nvrx_not_measurable": CPU_ONLY_REASONS,
         "versions": runtime_versions(),
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -311,6 +307,53 @@ def _print_replicated(rows: list[Row], *, floor: float, goal_eff: float) -> None
             f"{row.efficiency:7.2%}  {_verdict(row.efficiency >= goal_eff):4}  {gb:10.2f}  "
             f"{seconds:9.2f}  {seconds / row.interval_s:11.0%}  {counts}"
         )
+
+
+def _print_side_by_side(
+    kit: list[Row], nvrx: list[NvrxRow], *, floor: float, restore: dict[str, float]
+) -> None:
+    """The kit's device rows and NVRx's, interval by interval, in the same columns. Restore: the
+    kit's from its memory slots (a restarted rank on the same node) and its local disk tier, NVRx's
+    DCP load from its disk checkpoint."""
+    print(
+        "\nthe kit beside NVRx's own checkpointing (device model, same state, same intervals); "
+        "persist s: the writer's clock (kit: durable tier, NVRx: its one disk checkpoint)"
+    )
+    print(
+        "implementation             interval  stall ms  stall/floor  eff      first save ms  "
+        "persist s  restore s"
+    )
+    kit_restore = (
+        f"{restore.get('memory', float('nan')):.2f} mem / {restore.get('local', float('nan')):.2f} disk"
+    )
+    for every in sorted({row.every for row in kit} | {row.every for row in nvrx}):
+        cells: list[tuple[str, float, float, float, float | None, float | None, str]] = [
+            ("kit tiered", r.interval_s, r.stall_s, r.efficiency, r.first_save_s, r.durable_s, kit_restore)
+            for r in kit
+            if r.every == every
+        ]
+        cells += [
+            (
+                r.implementation,
+                r.interval_s,
+                r.stall_s,
+                r.efficiency,
+                r.first_save_s,
+                r.persist_s,
+                f"{r.restore_s:.2f} disk",
+            )
+            for r in nvrx
+            if r.every == every
+        ]
+        for name, interval, stall, eff, first, persist, restored in cells:
+            first_ms = (first if first is not None else float("nan")) * 1e3
+            persist_s = persist if persist is not None else float("nan")
+            print(
+                f"{name:26} {interval:5.1f} s  {stall * 1e3:8.1f}  {stall / floor:11.3f}  {eff:7.2%}  "
+                f"{first_ms:13.1f}  {persist_s:9.2f}  {restored}"
+            )
+    for name, reason in CPU_ONLY_REASONS.items():
+        print(f"{name:26} not measurable on CPU: {reason}")
 
 
 def _verdict(ok: bool) -> str:
@@ -340,6 +383,7 @@ def bench(
     torture_trials: int,
     workdir: Path | None,
     json_out: Path | None = None,
+    nvrx: bool = True,
 ) -> None:
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
@@ -452,6 +496,25 @@ def bench(
             + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
         )
 
+        # NVRx's async queue with DCP on the same device-bound loop, the same state size and
+        # intervals, one row per interval; its GPU-only paths printed with NVRx's reason.
+        nvrx_rows = [
+            run_async_dcp_row(
+                root=base / f"nvrx-{every}",
+                state_bytes=int(state_gb * (1 << 30)),
+                kind="device",
+                step_s=step_s,
+                every=every,
+                checkpoints=checkpoints,
+            )
+            for every in intervals
+            if nvrx
+        ]
+        if nvrx:
+            _print_side_by_side(
+                [row for row in rows if row.kind == "device"], nvrx_rows, floor=floor, restore=times
+            )
+
         _write_json(
             json_out,
             nbytes=nbytes,
@@ -461,6 +524,7 @@ def bench(
             replicated=replicated,
             durable_s=durable_s if durable else None,
             restore=times,
+            nvrx=nvrx_rows,
         )
 
         if torture_trials:

@@ -12,7 +12,7 @@ from kitcore import paths
 
 def register(bench: typer.Typer) -> None:
     @bench.command("checkpoint")
-    def checkpoint(
+    def checkpoint(  # noqa: PLR0917 - typer maps each option to a parameter
         state_gb: Annotated[
             float, typer.Option(help="Model state per rank (>= 1 for the reported figures).")
         ] = 1.0,
@@ -41,8 +41,15 @@ def register(bench: typer.Typer) -> None:
                 help="Also write the figures as JSON (read by `nvrx-eks plan --from`).",
             ),
         ] = None,
+        nvrx: Annotated[
+            bool,
+            typer.Option(
+                help="Also run NVRx's own checkpointing on the same loop, printed beside the kit's rows."
+            ),
+        ] = True,
     ) -> None:
-        """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP, restore per tier, kill -9."""
+        """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP and NVRx's own
+        checkpointing, restore per tier, kill -9."""
         from training.checkpoint.bench import bench as run  # noqa: PLC0415
 
         run(
@@ -54,4 +61,5 @@ def register(bench: typer.Typer) -> None:
             torture_trials=torture_trials,
             workdir=workdir,
             json_out=json_out,
+            nvrx=nvrx,
         )
