@@ -29,6 +29,12 @@ fails when the installed NVRx's internals change.
   and a launcher restart (the demo's exception, hang, OOM and skipped collective were all recovered by
   ft_launcher). `inprocess_wrapper(gpu=False)` builds the Wrapper with LOCAL_RANK hidden, so a CPU run
   keeps only the kit's own health checks; on GPU nodes NVRx's checks stay.
+- The in-process progress watchdog: a non-daemon thread each call of the Wrapper starts and stops in
+  its shutdown, after a termination barrier. When the ranks of a lost node never reach that barrier,
+  the barrier raises first, the thread is never stopped, and the interpreter waits for it at exit for
+  ever: after a node loss the surviving ranks left the wrapper (RestartAbort) but their processes never
+  ended, so their launcher never restarted them and the job hung. `stop_progress_watchdog` stops the
+  thread once the Wrapper has returned or raised (a no-op when NVRx stopped it itself).
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -116,6 +122,13 @@ def inprocess_wrapper(*, gpu: bool, **kwargs: Any) -> Any:  # noqa: ANN401
     finally:
         if local_rank is not None:
             os.environ["LOCAL_RANK"] = local_rank
+
+
+def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
+    """Stop the Wrapper's progress watchdog thread if NVRx left it running (see the module docstring)."""
+    watchdog = getattr(call_wrapper, "progress_watchdog", None)
+    if watchdog is not None and watchdog.is_alive():
+        watchdog.shutdown()
 
 
 def _barrier_state() -> type:

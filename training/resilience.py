@@ -163,6 +163,8 @@ class InProcessLayer(Layer):
                 if cause is not None:
                     raise cause from None
                 raise
+            finally:
+                nvrx_compat.stop_progress_watchdog(getattr(self, "call_wrapper", None))
 
         return call
 
