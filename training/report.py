@@ -115,6 +115,8 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"
     totals.add_row("bit-identical to fault-free", verdict)
     console.print(totals)
+    for line in document.get("checkpoint_warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {line}", markup=True, highlight=False)
 
 
 PHASE_COLUMNS = (
@@ -413,6 +415,14 @@ def _totals_rows(document: dict[str, Any]) -> str:
     return "\n".join(f"<tr><th>{_esc(k)}</th><td class='num'>{_esc(v)}</td></tr>" for k, v in rows)
 
 
+def _warnings(document: dict[str, Any]) -> str:
+    lines = document.get("checkpoint_warnings") or []
+    if not lines:
+        return ""
+    items = "\n".join(f"<li>{_esc(line)}</li>" for line in lines)
+    return f'<h2>Warnings</h2>\n<ul id="warnings" class="bad">\n{items}\n</ul>\n'
+
+
 def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str) -> str:
     identical = document["bit_identical"]
     verdict = (
@@ -438,7 +448,7 @@ def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, t
 <table id="totals"><tbody>
 {_totals_rows(document)}
 </tbody></table>
-</body></html>
+{_warnings(document)}</body></html>
 """
 
 

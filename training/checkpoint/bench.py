@@ -125,10 +125,7 @@ def run_loop(
         durable_every=durable_every,
         keep=2,
         persist_timeout_s=600,
-        peer_replicas=peer_replicas,
-        # With the replica: one slot a disk persist holds, one the replica in flight, one pinned while
-        # the partner holds its copy, one for the next snapshot (k8s/values/local-cpu.yaml says the same).
-        num_staging_slots=4 if peer_replicas else 2,
+        peer_replicas=peer_replicas,  # the staging slots follow from the tiers (slots_needed)
     )
     durable_s: list[float] = []
     peer: list[tuple[float, int]] = []

@@ -287,6 +287,19 @@ class Flags:
     """Staging slots no persist reads."""
     busy: dict[str, bool]
     """Per disk tier: a persist is running or waits for its slot's copy."""
+    committed: dict[str, int] = field(default_factory=dict)
+    """Per disk tier: the newest step this rank committed (agreed: the least over ranks)."""
+    failed: dict[str, int] = field(default_factory=dict)
+    """Per disk tier: the newest step whose persist failed on this rank (agreed: on any rank)."""
+
+    def complete(self, tier: str) -> int | None:
+        """On agreed flags: the newest step of `tier` committed on every rank, or None if unknown.
+
+        Each rank persists a tier's launches one at a time in the agreed order, so every rank has
+        finished every launch up to the least newest-committed step; that step is complete unless
+        some rank's persist of it failed (then a failure at it or later is the newest failed)."""
+        least = self.committed.get(tier, -1)
+        return least if least >= 0 and self.failed.get(tier, -1) < least else None
 
 
 CATCH_UP_TIERS = frozenset({"peer"})
@@ -332,13 +345,17 @@ class Agreement:
     result is read only after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so
     reading them never synchronizes the GPU stream.
 
-    A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
-    snapshots -- what most faults restore from -- come before a second concurrent disk persist
-    (raise num_staging_slots to run local and durable persists from different snapshots at once).
+    A disk tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
+    snapshots -- what most faults restore from -- come before a disk persist. With the slots the
+    tiers need (`CheckpointConfig.slots_needed`: one per disk tier, two for the peer replica, one for
+    the next snapshot; fewer is refused) an idle tier always finds them, so a due tier is skipped
+    only while its own previous persist runs.
     """
 
-    def __init__(self, *, tiers: list[str], device: torch.device) -> None:
+    def __init__(self, *, tiers: list[str], device: torch.device, disk_tiers: tuple[str, ...] = ()) -> None:
         self.tiers = tiers
+        self.disk_tiers = disk_tiers
+        """Tiers whose committed and failed steps travel with the flags (job-wide retention)."""
         self.device = device
         self._group: Any = None
         self._side_group: Any = None
@@ -375,13 +392,27 @@ class Agreement:
         return self._side_group or world
 
     def _encode(self, flags: Flags) -> torch.Tensor:
-        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value.
-        return torch.tensor([-flags.unheld, *(int(flags.busy[t]) for t in self.tiers)], dtype=torch.int64)
+        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value; -committed
+        # the least newest-committed step, failed the newest failure on any rank.
+        return torch.tensor(
+            [
+                -flags.unheld,
+                *(int(flags.busy[t]) for t in self.tiers),
+                *(-flags.committed.get(t, -1) for t in self.disk_tiers),
+                *(flags.failed.get(t, -1) for t in self.disk_tiers),
+            ],
+            dtype=torch.int64,
+        )
 
     def _decode(self, tensor: torch.Tensor) -> Flags:
         values = tensor.tolist()
+        busy, rest = values[1 : 1 + len(self.tiers)], values[1 + len(self.tiers) :]
+        n = len(self.disk_tiers)
         return Flags(
-            unheld=-values[0], busy={t: bool(v) for t, v in zip(self.tiers, values[1:], strict=True)}
+            unheld=-values[0],
+            busy={t: bool(v) for t, v in zip(self.tiers, busy, strict=True)},
+            committed={t: -v for t, v in zip(self.disk_tiers, rest[:n], strict=True)},
+            failed=dict(zip(self.disk_tiers, rest[n:], strict=True)),
         )
 
     def decide(self, local: Flags, due: list[str], *, num_slots: int) -> tuple[bool, dict[str, bool]]:
@@ -455,7 +486,7 @@ class TieredCheckpointer(Checkpointer):
             root=config.memory_dir,
             rank=rank,
             world_size=world_size,
-            num_slots=config.num_staging_slots,
+            num_slots=config.staging_slots,
             device=device,
         )
         self.workers: dict[str, PersistWorker | ReplicaWorker] = {
@@ -483,7 +514,10 @@ class TieredCheckpointer(Checkpointer):
             )
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
-        self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
+        self._disk = tuple(store.tier for store, _, _ in stores)
+        self.agreement = Agreement(
+            tiers=[tier for tier, _ in self._cadences], device=device, disk_tiers=self._disk
+        )
         self._closing = False
         self._owed: set[str] = set()
         """Tiers whose due persist was skipped (busy): each writes the newest state at the next
@@ -493,6 +527,29 @@ class TieredCheckpointer(Checkpointer):
         self._persist_delay_s = persist_delay_s
         self._publish_at_fence = False
         """A snapshot every step: the next update's fence publishes the flags its save decides on."""
+        self._committed = dict.fromkeys(self._disk, -1)
+        """Per disk tier: the newest step this rank committed, in this process or (after a restore)
+        on every rank."""
+        self._failed_step = dict.fromkeys(self._disk, -1)
+        self._complete = dict.fromkeys(self._disk, -1)
+        """Per disk tier: the newest step known committed on every rank (-1: none known); retention
+        never deletes it (`ShardStore.prune`)."""
+        self._launched: dict[str, int] = {}
+        """Per tier: the step of its newest launch."""
+        self._write_steps = dict.fromkeys(self._disk, 0)
+        """Per disk tier: steps the newest finished persist took, launch to outcome."""
+        self._behind: set[str] = set()
+        """Disk tiers reported behind (`checkpoint_behind`) and not caught up since."""
+        self._step = -1
+        """The step of the newest `save`."""
+        self._first_step = -1
+        """The step of this process's first `save`."""
+        self._after_restore = False
+        """The first save after a restore snapshots at once for the owed tiers (see `_load_latest`)."""
+        for store, _, _ in stores:
+            # A killed predecessor's writer left them: this rank runs one process at a time.
+            for path in store.remove_temporaries(rank):
+                self.emit("checkpoint_cleaned", {"tier": store.tier, "rank": rank, "path": path})
         for worker in self.workers.values():
             worker.start()
 
@@ -500,12 +557,19 @@ class TieredCheckpointer(Checkpointer):
     def _save(self, step: int, state: dict[str, Any]) -> None:
         started = time.perf_counter()
         self.stats.save_calls += 1
+        self._step = step
         self._poll()
         every = self.config.memory_every
+        after_restore, self._after_restore = self._after_restore, False
         if every and step % every == 0:
             self._snapshot(step, state)
+        elif every and after_restore and self._owed:
+            # The restored state, at once: partners lost their copies with the node that held them,
+            # and a persist a restart cut is redone from here (every rank owes the same: `_restored`).
+            self._snapshot(step, state, catch_up=True)
         elif every and self._owed & CATCH_UP_TIERS and self._owed_tier_free():
             self._snapshot(step, state, catch_up=True)
+        self._check_lag(step)
         # The flags for the next step's decision (a collective: a function of the step and of agreed
         # decisions alone, the same on every rank): published here, a step before a due step, and
         # after each step that left the replica owed (for a catch-up snapshot); with a snapshot every
@@ -516,11 +580,68 @@ class TieredCheckpointer(Checkpointer):
             self.agreement.publish(self._local_flags())  # after `_poll` above: the freshest flags
         self._count_stall(time.perf_counter() - started)
 
+    def _learn(self, agreed: Flags) -> None:
+        """Agreed flags tell the newest step each disk tier holds on every rank (`Flags.complete`)."""
+        for tier in self._disk:
+            complete = agreed.complete(tier)
+            if complete is not None and complete > self._complete[tier]:
+                self._complete[tier] = complete
+
+    def _check_lag(self, step: int) -> None:
+        """A disk tier more than one cadence plus one write behind is reported, never silent.
+
+        Its age: steps since this rank's newest committed step of the tier. With the staging slots
+        the tiers need (`CheckpointConfig.slots_needed`), a tier launched at every due step is at
+        most one cadence plus one write (the steps its newest persist took, one at least: outcomes
+        are read at a save) behind; more means its writes outlast the cadence, a persist failed, or a
+        restart cut one and it is not redone yet. Reported once when it falls behind (an event, the
+        metric `checkpoint_age_steps`, the run report's warning) and once when it catches up."""
+        for tier, every in self._cadences:
+            if tier not in self._committed:
+                continue
+            committed = self._committed[tier]
+            if self._first_step < 0:
+                self._first_step = step
+            # Nothing committed yet: counted from this process's first step (its first persist due).
+            age = step - (committed if committed >= 0 else self._first_step - 1)
+            allowed = every + max(1, self._write_steps[tier])
+            if age > allowed and tier not in self._behind:
+                self._behind.add(tier)
+                self.stats.behind[tier] += 1
+                self.emit(
+                    "checkpoint_behind",
+                    {
+                        "tier": tier,
+                        "step": step,
+                        "rank": self.rank,
+                        "newest_step": committed,
+                        "age_steps": age,
+                        "allowed_steps": allowed,
+                        "every": every,
+                        "reason": self._lag_reason(tier),
+                    },
+                )
+            elif age <= allowed and tier in self._behind:
+                self._behind.discard(tier)
+                self.emit(
+                    "checkpoint_caught_up",
+                    {"tier": tier, "step": step, "rank": self.rank, "newest_step": committed},
+                )
+
+    def _lag_reason(self, tier: str) -> str:
+        if self.stats.last_error.get(tier) and self._failed_step[tier] >= self._committed[tier]:
+            return f"its newest persist failed: {self.stats.last_error[tier]}"
+        if tier in self._owed:
+            return "its due persist was skipped while the previous one ran: writes outlast the cadence"
+        return "its persist in flight outlasts one cadence plus the previous write"
+
     def _owed_tier_free(self) -> bool:
         """Between due steps: does the answer published at the last save free the owed replica?
         Then this step takes a catch-up snapshot for it, the newest state (see Agreement)."""
         agreed = self.agreement.answer(self._local_flags())
         slots = len(self.memory.slots)
+        if agreed is not None:
+            self._learn(agreed)
         return agreed is not None and any(
             self.agreement.may_launch(agreed, tier, slots) for tier in self._owed & CATCH_UP_TIERS
         )
@@ -564,6 +685,8 @@ class TieredCheckpointer(Checkpointer):
             self.memory.ensure(layout)
         deciding, blocking = time.perf_counter(), self.agreement.blocking_rounds
         can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
+        if self.agreement.last is not None:
+            self._learn(self.agreement.last)
         # What the snapshot's stall is made of (the checkpoint_staged event).
         timing = {
             "decide_s": round(time.perf_counter() - deciding, 5),
@@ -603,6 +726,7 @@ class TieredCheckpointer(Checkpointer):
             if go and slot is not None:
                 slot.holders.add(tier)
                 self._owed.discard(tier)
+                self._launched[tier] = step
                 worker = self.workers[tier]
                 if isinstance(worker, ReplicaWorker):
                     worker.prepare()  # every rank launches at this step alike: a collective is safe
@@ -636,7 +760,12 @@ class TieredCheckpointer(Checkpointer):
             tier: worker.busy or any(tier in slot.holders for slot in self.memory.slots)
             for tier, worker in self.workers.items()
         }
-        return Flags(unheld=self.memory.unheld(), busy=busy)
+        return Flags(
+            unheld=self.memory.unheld(),
+            busy=busy,
+            committed=dict(self._committed),
+            failed=dict(self._failed_step),
+        )
 
     def _submit(self, slot: _Slot) -> None:
         """Hand a copied slot to each of its holders not handed it yet."""
@@ -666,6 +795,7 @@ class TieredCheckpointer(Checkpointer):
                 rank=self.rank,
                 world_size=self.world_size,
                 keep=self.config.keep,
+                complete=self._complete.get(tier),
                 delay_s=self._persist_delay_s,
                 **early,
             )
@@ -701,6 +831,10 @@ class TieredCheckpointer(Checkpointer):
         self.memory.slots[outcome["slot"]].holders.discard(tier)
         if outcome["ok"] and tier == "peer":
             self._pin_replicated(outcome["slot"])
+        if tier in self._committed:
+            self._write_steps[tier] = max(0, self._step - outcome["step"])
+        if outcome["ok"] and tier in self._committed:
+            self._committed[tier] = max(self._committed[tier], outcome["step"])
         if outcome["ok"]:
             self.stats.persisted[tier] += 1
             extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
@@ -728,6 +862,8 @@ class TieredCheckpointer(Checkpointer):
         self.memory.slots[index].holders.add(PEER_PIN)
 
     def _failed(self, tier: str, step: int, error: str, *, kind: str) -> None:
+        if tier in self._failed_step:
+            self._failed_step[tier] = max(self._failed_step[tier], step)
         if kind == "timeout":
             self.stats.timed_out[tier] += 1
         else:
@@ -746,9 +882,10 @@ class TieredCheckpointer(Checkpointer):
         self._publish_at_fence = False
         self._owed.clear()
         stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        collective = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if collective:
             # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
-            return restore_from_anywhere(
+            restored = restore_from_anywhere(
                 memory_dir=self.config.memory_dir,
                 stores=stores,
                 rank=self.rank,
@@ -756,10 +893,54 @@ class TieredCheckpointer(Checkpointer):
                 device=self.device,
                 emit=self.emit,
             )
-        sources = [self.memory, *stores]
-        return load_newest(
-            sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
-        )
+        else:
+            restored = load_newest(
+                [self.memory, *stores],
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                emit=self.emit,
+            )
+        self._restored(restored, collective=collective)
+        return restored
+
+    def _restored(self, restored: Restored | None, *, collective: bool) -> None:
+        """What each tier owes after a restore (a collective: every rank owes the same).
+
+        Each disk tier's newest step committed on every rank, exactly (the ranks' committed steps,
+        gathered): retention keeps it, and a tier whose newest complete step is older than the
+        restored state's last due step owes a persist -- one a restart or a fault cut on some rank,
+        redone from the restored state at the first step, not left to the next due step. The peer
+        replica owes one too: a lost node took its partners' copies with it, and a second loss
+        before the next due snapshot found no copy in RAM."""
+        mine = {store.tier: sorted(store.manifests(self.rank)) for store, _, _ in self.stores}
+        if collective:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        else:
+            gathered = [mine]
+        for store, every, _ in self.stores:
+            tier = store.tier
+            common = set.intersection(*(set(ranks[tier]) for ranks in gathered))
+            complete = max(common, default=-1)
+            self._complete[tier] = self._committed[tier] = complete
+            self._failed_step[tier] = -1
+            if restored is not None and complete < restored.step // every * every:
+                self._owed.add(tier)
+        if restored is not None and "peer" in self.workers:
+            self._owed.add("peer")
+        self._after_restore = bool(self._owed)
+        if self._owed:
+            self.emit(
+                "checkpoint_owed",
+                {
+                    "step": -1 if restored is None else restored.step,
+                    "rank": self.rank,
+                    "tiers": sorted(self._owed),
+                    "complete": dict(self._complete),
+                    "reason": "after the restore: written from the restored state at the next step",
+                },
+            )
 
     def _wait(self) -> None:
         # The end of training: no new replication round (a copy of the final state on a partner is
@@ -796,6 +977,10 @@ class TieredCheckpointer(Checkpointer):
             self._wait()
         for worker in self.workers.values():
             worker.close()
+        for store, _, _ in self.stores:
+            # A writer abandoned at close (hung or timed out) may still hold a temporary file: none
+            # outlives this process (a write that passes its cancel check after this fails its rename).
+            store.remove_temporaries(self.rank, pid=os.getpid())
         self.memory.release()
 
     def describe(self) -> dict[str, Any]:
