@@ -328,7 +328,38 @@ def _loss_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, 
     return report
 
 
-MAINS = {"keep-up": _keep_up_main, "cut": _cut_main, "loss": _loss_main}
+def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]:
+    """Two ranks; rank 1's durable persist of step 8 fails; snapshots every 2 steps, durable every 8."""
+    if rank == 1:
+        from training.checkpoint import persist  # noqa: PLC0415
+
+        original = persist.persist_slot
+
+        def fails_at_step_4(**kwargs: Any) -> dict[str, Any]:
+            if kwargs["step"] == 8:
+                return {"ok": False, "error": "OSError: injected", "seconds": 0.0}
+            return original(**kwargs)
+
+        persist.persist_slot = fails_at_step_4
+    _init(rank, world_size, root, "fail")
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=2,
+        durable_dir=str(root / "durable"),
+        durable_every=8,
+        keep=100,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    ckpt = _checkpointer(config, rank, world_size, events)
+    _train(ckpt, range(14), step_s=0.1, weights=torch.zeros(64))
+    ckpt.wait()
+    report = {"durable": sorted(ckpt.stores[0][0].manifests(rank))}
+    ckpt.close()
+    return report
+
+
+MAINS = {"keep-up": _keep_up_main, "cut": _cut_main, "loss": _loss_main, "fail": _fail_main}
 
 
 def _run_ranks(root: Path, scenario: str, phase: str, *, world_size: int = 2) -> list[dict[str, Any]]:
@@ -414,6 +445,43 @@ def test_two_node_losses_within_one_interval_restore_from_ram(tmp_path):
     shutil.rmtree(tmp_path / "shm-1")
     third = _run_ranks(tmp_path, "loss", "third")
     assert [r["restored"] for r in third] == [[9, "memory"], [9, "peer_memory"]], third
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_persist_that_failed_on_one_rank_is_redone_at_the_next_snapshot(tmp_path):
+    """Step 8's durable shard failed on rank 1 (rank 0's committed): every rank writes the newest state
+    at a snapshot once the agreement reports the failure (10, or 12 when the failure came after the
+    flags were published), not at the next due step (16): no complete step from 0 to 16 on disk."""
+    first, second = _run_ranks(tmp_path, "fail", "run")
+    assert first["durable"][:2] == [0, 8], first
+    assert second["durable"][:1] == [0], second
+    redone = second["durable"][1:]
+    assert redone in ([10], [12]), second
+    assert first["durable"][2:] == redone, first
+
+
+def test_an_exchange_finished_before_an_in_process_restart_is_reported_as_it_ended(tmp_path):
+    """The process group was replaced (an in-process restart) after the exchange had finished: its
+    outcome is reported as it ended, not as abandoned (the partners' copy then stays pinned)."""
+    import threading  # noqa: PLC0415
+
+    from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
+
+    worker = ReplicaWorker(
+        rank=0, world_size=2, ranks_per_node=1, replicas=1, memory_dir=tmp_path, timeout_s=5
+    )
+    worker._world = object()  # the group the exchange ran on, since replaced
+    worker._done = threading.Event()
+    worker._rounds = 1
+    worker._inflight = (6, 1)
+    worker._outcomes[1] = {"ok": True, "step": 6, "slot": 1, "seconds": 0.1}
+    worker._done.set()
+    outcome = worker.poll()
+    assert outcome is not None
+    assert outcome["ok"], outcome
+    assert outcome["step"] == 6
+    assert not worker.busy
 
 
 if __name__ == "__main__":

@@ -149,11 +149,12 @@ class ReplicaWorker:
     # The PersistWorker interface -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        if self._done is not None and self._world is not dist.group.WORLD:
+        if self._done is not None and not self._done.is_set() and self._world is not dist.group.WORLD:
             # A new process group (in-process restart): the exchange in flight belongs to the old
             # attempt, whose peers may never answer; it ends at its group's timeout, unwaited for,
             # on its runner's thread (the next exchange gets a new runner), and its slot is released
-            # (`poll` reports it failed).
+            # (`poll` reports it failed). One that finished before the restart is reported as it
+            # ended (`poll`): counted failed, a copy the partners hold was never pinned.
             self.kill()
             self._abandoned = {
                 "ok": False,

@@ -581,11 +581,28 @@ class TieredCheckpointer(Checkpointer):
         self._count_stall(time.perf_counter() - started)
 
     def _learn(self, agreed: Flags) -> None:
-        """Agreed flags tell the newest step each disk tier holds on every rank (`Flags.complete`)."""
+        """Agreed flags tell the newest step each disk tier holds on every rank (`Flags.complete`),
+        and whether its newest launch failed on some rank: then the tier is owed, and the next
+        snapshot writes the newest state (it once waited for the tier's next due step). The same on
+        every rank: the answer and the launches are agreed."""
         for tier in self._disk:
             complete = agreed.complete(tier)
             if complete is not None and complete > self._complete[tier]:
                 self._complete[tier] = complete
+            launched = self._launched.get(tier, -1)
+            if launched >= 0 and agreed.failed.get(tier, -1) >= launched and tier not in self._owed:
+                self._owed.add(tier)
+                self.emit(
+                    "checkpoint_owed",
+                    {
+                        "step": self._step,
+                        "rank": self.rank,
+                        "tiers": [tier],
+                        "complete": dict(self._complete),
+                        "reason": f"its persist of step {launched} failed on some rank: written "
+                        "from the newest state at the next snapshot",
+                    },
+                )
 
     def _check_lag(self, step: int) -> None:
         """A disk tier more than one cadence plus one write behind is reported, never silent.
@@ -684,9 +701,9 @@ class TieredCheckpointer(Checkpointer):
                 slot.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
         deciding, blocking = time.perf_counter(), self.agreement.blocking_rounds
-        can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
-        if self.agreement.last is not None:
-            self._learn(self.agreement.last)
+        slots = len(self.memory.slots)
+        can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=slots)
+        launch = self._with_owed(launch, slots)
         # What the snapshot's stall is made of (the checkpoint_staged event).
         timing = {
             "decide_s": round(time.perf_counter() - deciding, 5),
@@ -719,6 +736,15 @@ class TieredCheckpointer(Checkpointer):
                 timing["catch_up"] = True
             self.emit("checkpoint_staged", {"tier": "memory", "step": step, **timing})
         self._launch(step, slot, launch, catch_up=catch_up)  # no slot: every launch is False
+
+    def _with_owed(self, launch: dict[str, bool], slots: int) -> dict[str, bool]:
+        """`launch` and the tiers owed on the very answer it was decided on (a failed persist)."""
+        agreed = self.agreement.last
+        if agreed is None:
+            return launch
+        self._learn(agreed)
+        owed = self._owed - launch.keys()
+        return launch | {tier: Agreement.may_launch(agreed, tier, slots) for tier in owed}
 
     def _launch(self, step: int, slot: _Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
         """Hand `slot` to each due tier agreed to launch; the others are skipped and owed."""
