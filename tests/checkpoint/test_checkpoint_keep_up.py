@@ -44,15 +44,15 @@ def test_slots_follow_from_the_tiers_and_fewer_are_refused(tmp_path):
     disks = {"local_dir": tmp_path / "l", "local_every": 4, "durable_dir": str(tmp_path / "d")}
     assert CheckpointConfig(**base).staging_slots == 1
     assert CheckpointConfig(**base, **disks, durable_every=4).staging_slots == 3
-    assert CheckpointConfig(**base, **disks, durable_every=4, peer_replicas=1).staging_slots == 5
-    assert CheckpointConfig(**base, peer_replicas=1).staging_slots == 3
-    with pytest.raises(ValueError, match=r"num_staging_slots=4 is below the 5 staging slots"):
+    assert CheckpointConfig(**base, **disks, durable_every=4, peer_replicas=1).staging_slots == 6
+    assert CheckpointConfig(**base, peer_replicas=1).staging_slots == 4
+    with pytest.raises(ValueError, match=r"num_staging_slots=4 is below the 6 staging slots"):
         CheckpointConfig(**base, **disks, durable_every=4, peer_replicas=1, num_staging_slots=4)
     assert CheckpointConfig(**base, **disks, durable_every=4, num_staging_slots=6).staging_slots == 6
 
 
 def test_render_refuses_too_few_staging_slots_with_the_fix(tmp_path, nvrx_eks):
-    """The p5 values' tiers (local, durable, the peer replica) need 5 slots; 2 rendered silently and
+    """The p5 values' tiers (local, durable, the peer replica) need 6 slots; 2 rendered silently and
     the disk tiers then wrote step 0 only."""
     proc = nvrx_eks(
         *("job", "render", "-f", str(VALUES / "p5-2.yaml"), "-o", str(tmp_path)),
@@ -60,7 +60,7 @@ def test_render_refuses_too_few_staging_slots_with_the_fix(tmp_path, nvrx_eks):
         timeout=180,
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "num_staging_slots=2 is below the 5 staging slots" in proc.stderr
+    assert "num_staging_slots=2 is below the 6 staging slots" in proc.stderr
     assert "leave num_staging_slots unset" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -78,7 +78,7 @@ def test_every_example_runs_the_same_derived_slots():
         config = check_trainer_args(values).checkpoint
         tiers = [tier for tier, _ in config.tiers()] + (["peer"] if config.peer_replicas else [])
         assert tiers == ["memory", "local", "durable", "peer"], path
-        assert config.staging_slots == config.slots_needed() == 5, path
+        assert config.staging_slots == config.slots_needed() == 6, path
 
 
 # --- job-wide retention -----------------------------------------------------------------------------
@@ -184,6 +184,15 @@ def _init(rank: int, world_size: int, root: Path, phase: str) -> None:
     )
 
 
+def _finish(ckpt: TieredCheckpointer) -> None:
+    """Close, then end the process group: a gloo group alive at interpreter exit aborts the process
+    ("terminate called without an active exception")."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    ckpt.close()
+    dist.destroy_process_group()
+
+
 def _train(ckpt: TieredCheckpointer, steps: range, *, step_s: float, weights: torch.Tensor) -> None:
     """The trainer's loop shape: forward/backward (a sleep), the gradient all_reduce, fence, the
     in-place update, save."""
@@ -222,7 +231,7 @@ def _keep_up_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, A
         "durable": sorted(ckpt.stores[1][0].manifests(rank)),
         "replicated": ckpt.stats.persisted.get("peer", 0),
     }
-    ckpt.close()
+    _finish(ckpt)
     return report
 
 
@@ -293,7 +302,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
         "cleaned": [e["path"] for e in events if e["kind"] == "checkpoint_cleaned"],
         "owed": [e["tiers"] for e in events if e["kind"] == "checkpoint_owed"],
     }
-    ckpt.close()
+    _finish(ckpt)
     return report
 
 
@@ -324,7 +333,7 @@ def _loss_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, 
     report["replicated"] = [
         e["step"] for e in events if e["kind"] == "checkpoint_committed" and e["tier"] == "peer"
     ]
-    ckpt.close()
+    _finish(ckpt)
     return report
 
 
@@ -355,7 +364,7 @@ def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]
     _train(ckpt, range(14), step_s=0.1, weights=torch.zeros(64))
     ckpt.wait()
     report = {"durable": sorted(ckpt.stores[0][0].manifests(rank))}
-    ckpt.close()
+    _finish(ckpt)
     return report
 
 
@@ -409,7 +418,7 @@ def test_default_slots_keep_every_disk_tier_within_a_cadence(tmp_path):
             # Cadence 4: each tier's newest step is never more than a cadence and a write behind.
             assert _max_gap(report[tier], 23) <= 4 + 2, (rank, tier, report)
         assert report["replicated"] >= 10, report
-        assert report["slots"] == 5, report
+        assert report["slots"] == 6, report
 
 
 @pytest.mark.slow
@@ -462,25 +471,24 @@ def test_a_persist_that_failed_on_one_rank_is_redone_at_the_next_snapshot(tmp_pa
 
 
 def test_an_exchange_finished_before_an_in_process_restart_is_reported_as_it_ended(tmp_path):
-    """The process group was replaced (an in-process restart) after the exchange had finished: its
-    outcome is reported as it ended, not as abandoned (the partners' copy then stays pinned)."""
+    """The process group was replaced (an in-process restart) after one exchange had finished and
+    while the next still ran: the first is reported as it ended (it was reported abandoned, the
+    partners' copy never pinned), the second as abandoned; neither is left unreported."""
     import threading  # noqa: PLC0415
 
-    from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
+    from training.checkpoint.replica import ReplicaWorker, _Exchange  # noqa: PLC0415
 
     worker = ReplicaWorker(
         rank=0, world_size=2, ranks_per_node=1, replicas=1, memory_dir=tmp_path, timeout_s=5
     )
-    worker._world = object()  # the group the exchange ran on, since replaced
-    worker._done = threading.Event()
-    worker._rounds = 1
-    worker._inflight = (6, 1)
+    worker._world = object()  # the group the exchanges ran on, since replaced
+    finished, running = threading.Event(), threading.Event()
+    finished.set()
+    worker._pending.extend([_Exchange(1, 6, 1, finished), _Exchange(2, 8, 2, running)])
     worker._outcomes[1] = {"ok": True, "step": 6, "slot": 1, "seconds": 0.1}
-    worker._done.set()
-    outcome = worker.poll()
-    assert outcome is not None
-    assert outcome["ok"], outcome
-    assert outcome["step"] == 6
+    outcomes = [worker.poll(), worker.poll(), worker.poll()]
+    assert [(o["step"], o["ok"]) for o in outcomes if o] == [(8, False), (6, True)], outcomes
+    assert "abandoned" in outcomes[0]["error"]
     assert not worker.busy
 
 

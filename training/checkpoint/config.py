@@ -113,9 +113,10 @@ class CheckpointConfig(BaseModel):
         """Staging slots each reader may hold at once, with the snapshot in the making (`next`).
 
         Each disk tier holds the slot it persists (one persist per tier at a time); the peer replica
-        holds the slot of the exchange in flight and the one whose copy the partners hold (kept until a
-        newer copy lands: a lost node's partner copy and the survivors' own shards must be of one
-        step); one slot stays free for the next snapshot. With fewer, a due tier finds no slot to
+        holds the slot of the exchange in flight, one queued behind it (a due snapshot the previous
+        exchange still runs at) and the one whose copy the partners hold (kept until a newer copy
+        lands: a lost node's partner copy and the survivors' own shards must be of one step); one
+        slot stays free for the next snapshot. With fewer, a due tier finds no slot to
         spare while the others hold theirs, and is skipped (training/checkpoint/tiered.py
         `Agreement.may_launch`)."""
         if self.implementation != "tiered" or not self.memory_every:
@@ -123,7 +124,7 @@ class CheckpointConfig(BaseModel):
         users = {"next": 1}
         users.update({tier: 1 for tier, _ in self.tiers() if tier != "memory"})
         if self.peer_replicas:
-            users["peer"] = 2
+            users["peer"] = 3
         return users
 
     def slots_needed(self) -> int:
@@ -132,7 +133,10 @@ class CheckpointConfig(BaseModel):
 
     def describe_slots(self) -> str:
         """`slot_users` in words: "1 for the next snapshot + 1 for local + ..."."""
-        labels = {"next": "the next snapshot", "peer": "the peer replica (exchange + partners' copy)"}
+        labels = {
+            "next": "the next snapshot",
+            "peer": "the peer replica (exchange in flight, one queued, the partners' copy)",
+        }
         return " + ".join(f"{n} for {labels.get(user, user)}" for user, n in self.slot_users().items())
 
     @property

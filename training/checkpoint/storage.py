@@ -93,19 +93,15 @@ class ShardStore(ABC):
         """Delete this rank's shards beyond the newest `keep` steps; returns the steps deleted.
 
         Retention is job-wide when `complete` is given: the newest step every rank has committed (-1:
-        none known). Then no step from `complete` on is deleted -- the newest complete step, and newer
-        ones other ranks may still be committing -- and `keep` counts the steps up to it: a rank that
-        pruned by its own steps alone once deleted the last step in common while another rank's shard
-        of its newest step was still being written (no complete step on disk for that while), and an
-        incomplete step older than a complete one is deleted like any older step."""
+        none known). Then only steps older than it are deleted, so the newest complete step stays
+        while other ranks may still be committing newer ones: a rank that pruned by its own steps
+        alone once deleted the last step in common while another rank's shard of its newest step was
+        still being written (no complete step on disk for that while). An incomplete step older than
+        the newest complete one goes like any older step."""
         steps = sorted(self.manifests(rank))
-        if complete is None:
-            doomed = steps[:-keep] if keep else steps
-        elif complete < 0:
-            doomed = []  # nothing known complete on every rank yet: nothing is safe to delete
-        else:
-            older = [step for step in steps if step <= complete]
-            doomed = older[:-keep] if keep else older
+        doomed = steps[:-keep] if keep else steps
+        if complete is not None:
+            doomed = [step for step in doomed if step < complete]
         for step in doomed:
             self.delete(step, rank)
         return doomed

@@ -285,8 +285,9 @@ class Flags:
 
     unheld: int
     """Staging slots no persist reads."""
-    busy: dict[str, bool]
-    """Per disk tier: a persist is running or waits for its slot's copy."""
+    busy: dict[str, int]
+    """Per tier: persists running or waiting for their slot's copy (the peer replica: exchanges in
+    flight or queued; a disk tier: 0 or 1)."""
     committed: dict[str, int] = field(default_factory=dict)
     """Per disk tier: the newest step this rank committed (agreed: the least over ranks)."""
     failed: dict[str, int] = field(default_factory=dict)
@@ -410,7 +411,7 @@ class Agreement:
         n = len(self.disk_tiers)
         return Flags(
             unheld=-values[0],
-            busy={t: bool(v) for t, v in zip(self.tiers, busy, strict=True)},
+            busy=dict(zip(self.tiers, busy, strict=True)),
             committed={t: -v for t, v in zip(self.disk_tiers, rest[:n], strict=True)},
             failed=dict(zip(self.disk_tiers, rest[n:], strict=True)),
         )
@@ -438,7 +439,8 @@ class Agreement:
     def may_launch(cls, agreed: Flags, tier: str, num_slots: int) -> bool:
         """On `agreed`: the tier is idle on every rank, and every rank has the snapshot's slot and
         keeps the slots free that a launch needs (`keep_free`, at least the snapshot's own)."""
-        return not agreed.busy[tier] and agreed.unheld >= cls.keep_free(tier, num_slots)
+        queue = ReplicaWorker.QUEUE if tier == "peer" else 1
+        return agreed.busy[tier] < queue and agreed.unheld >= cls.keep_free(tier, num_slots)
 
     def _blocking(self, local: Flags, group: Any) -> Flags:  # noqa: ANN401
         tensor = self._encode(local)
@@ -783,7 +785,10 @@ class TieredCheckpointer(Checkpointer):
 
     def _local_flags(self) -> Flags:
         busy = {
-            tier: worker.busy or any(tier in slot.holders for slot in self.memory.slots)
+            tier: max(
+                worker.depth if isinstance(worker, ReplicaWorker) else int(worker.busy),
+                sum(1 for slot in self.memory.slots if tier in slot.holders),
+            )
             for tier, worker in self.workers.items()
         }
         return Flags(
@@ -804,7 +809,7 @@ class TieredCheckpointer(Checkpointer):
         if self._closing and isinstance(worker, ReplicaWorker):
             slot.holders.discard(tier)
             return
-        if worker.busy:
+        if worker.depth >= worker.QUEUE if isinstance(worker, ReplicaWorker) else worker.busy:
             return
         # Only the replica is handed a slot whose copy may still run: it waits for `ready` itself.
         early = {"ready": ready} if ready is not None else {}
@@ -847,7 +852,8 @@ class TieredCheckpointer(Checkpointer):
     def _poll(self) -> None:
         self._harvest_copies()
         for tier, worker in self.workers.items():
-            self._record(tier, worker.poll())
+            while (outcome := worker.poll()) is not None:  # the replica may have two to report
+                self._record(tier, outcome)
 
     def _record(self, tier: str, outcome: dict[str, Any] | None) -> None:
         """A finished persist or exchange: its slot released, counted, reported (each outcome once:
@@ -990,9 +996,11 @@ class TieredCheckpointer(Checkpointer):
             time.sleep(0.01)
         for tier, worker in self.workers.items():
             if isinstance(worker, ReplicaWorker):
-                # Its outcome is recorded like any: dropped, as it once was, the slot stayed held
+                # Its outcomes are recorded like any: dropped, as one once was, the slot stayed held
                 # for "peer" and every later snapshot found the replica busy (after a warm-up `wait`).
-                self._record(tier, worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s))
+                until = time.monotonic() + self.config.peer_timeout_s
+                while worker.busy and (outcome := worker.wait(deadline=until)) is not None:
+                    self._record(tier, outcome)
         self._poll()
         # Only while waiting: a save after `wait()` (the checkpoint benchmark warms up this way)
         # replicates again. It once stayed set, and that benchmark's replica never ran.
