@@ -423,7 +423,7 @@ def bench(
             "stall = save + the next update's fence, median per checkpoint; efficiency = 1 - (time in "
             "save and fence) / wall. Sync efficiencies: 1 - t / (interval + t), t measured above (a "
             "synchronous save adds t to every interval). A persist due while the tier's previous one "
-            "runs is skipped (coalesced): the next due step writes the newest snapshot."
+            "runs is skipped (coalesced): the next snapshot that finds it free writes the newest state."
         )
 
         # Restore time per tier: memory slots, local folder, durable folder (FSx emulated by a folder).

@@ -54,7 +54,7 @@ class CheckpointConfig(BaseModel):
 
     persist_timeout_s: float = Field(default=900.0, gt=0)
     """A background persist running longer than this is declared hung: its worker is killed, the
-    failure reported, and the tier retried at its next due step. Size it above state bytes / the
+    failure reported, and the tier retried at the next snapshot. Size it above state bytes / the
     tier's write bandwidth."""
 
     peer_replicas: int = Field(default=0, ge=0)

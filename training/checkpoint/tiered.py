@@ -15,8 +15,10 @@ pinned slot, and fence makes the update's stream wait on the copy's event (the h
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
 running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
 the next snapshot that finds it free writes the newest state (the peer replica's: the first step
-that finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer. A failed or
-hung persist is reported and retried at the tier's next due step.
+that finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer (the
+replica queues one exchange: see `ReplicaWorker`). A failed or hung persist is reported, and once the
+agreement shows it failed on some rank the tier is owed alike; after a restore, a tier whose newest
+complete step is behind the restored state owes one too (`_restored`).
 """
 
 from __future__ import annotations
@@ -324,7 +326,9 @@ class Agreement:
     the next launch -- and launches happen only at due steps, decided from these same results.
 
     A tier the answer shows busy is skipped on it, without asking again, and owed: the next snapshot
-    that finds it free writes the newest state. For the peer replica (`CATCH_UP_TIERS`) the flags are
+    that finds it free writes the newest state. The peer replica is busy only once an exchange is
+    queued behind the one in flight (`ReplicaWorker.QUEUE`): a due snapshot the previous exchange
+    still runs at is queued, not skipped. For the peer replica (`CATCH_UP_TIERS`) the flags are
     published again at once, and at each step after it until it is launched, and the first step whose
     answer shows it free takes a catch-up snapshot for it. So an exchange that ended in the step since
     the flags were sampled costs the partner's copy about a step, not an interval (a disk tier, an
@@ -903,7 +907,7 @@ class TieredCheckpointer(Checkpointer):
         self.stats.last_error[tier] = error
         self.emit(
             f"checkpoint_{'timeout' if kind == 'timeout' else 'failed'}",
-            {"tier": tier, "step": step, "rank": self.rank, "error": error, "retry": "next due step"},
+            {"tier": tier, "step": step, "rank": self.rank, "error": error, "retry": "next snapshot"},
         )
 
     # --- restore / lifecycle --------------------------------------------------------------------
