@@ -8,6 +8,7 @@ at step 0 only; the local values' own 4 slots hid it.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,14 @@ def test_the_local_example_writes_every_disk_tier_at_every_cadence(tmp_path):
     assert len(world) == 4
     for tier in ("local", "durable"):
         for rank in sorted(world):
-            # Writes of a tiny state take milliseconds: every due step of the tier, on every rank.
-            assert committed.get((tier, rank)) == set(range(0, STEPS, EVERY)), (tier, rank, committed)
-    assert not [e for e in events if e["kind"] == "checkpoint_behind"]
-    assert summarize(run_dir).checkpoint_warnings == []
+            # A due persist is skipped only while the tier's previous write runs (an fsync on a busy
+            # disk can outlast the cadence's 0.4 s here); then the next snapshot writes the newest
+            # state: never more than a cadence and a write (at most a cadence) apart, from step 0.
+            steps = sorted(committed.get((tier, rank), ()))
+            assert steps[:1] == [0], (tier, rank, committed)
+            gaps = [b - a for a, b in itertools.pairwise([*steps, STEPS - 1])]
+            assert max(gaps) <= 2 * EVERY, (tier, rank, committed)
+    # A tier that fell behind all the same (a slow disk) is in the run's report, never silent.
+    behind = {e["tier"] for e in events if e["kind"] == "checkpoint_behind"}
+    warned = summarize(run_dir).checkpoint_warnings
+    assert sorted(line.split()[2] for line in warned) == sorted(behind), warned
