@@ -156,6 +156,6 @@ def memory_budget(values: JobValues, config: TrainConfig) -> MemoryBudget:
     per_node = per_rank * values.profile.workers_per_node
     gib = 1024**3
     return MemoryBudget(
-        own_gib=per_node * config.checkpoint.num_staging_slots / gib,
+        own_gib=per_node * config.checkpoint.staging_slots / gib,
         partners_gib=per_node * 2 * values.peer_replicas / gib,
     )

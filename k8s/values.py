@@ -228,7 +228,8 @@ class Storage(_Section):
     from it, a replacement pod (node loss) starts with an empty one."""
     memory_tier_gib: int | None = Field(None, ge=1)
     """sizeLimit of that emptyDir (counts against the pod's memory limit); default: a quarter of the
-    instance profile's memory. Size it above ranks per node x num_staging_slots x state bytes per rank."""
+    instance profile's memory. Size it above ranks per node x staging slots (derived from the tiers,
+    training/checkpoint/config.py `slots_needed`) x state bytes per rank; `job render` checks it."""
 
     fsx_pvc: str = names.CHECKPOINT_PVC
     """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""

@@ -116,6 +116,9 @@ class RunSummary:
     """Loop time spent in checkpoint calls over the run, on the rank that spent the most."""
     checkpoints: int = 0
     """Steps at which the loop took a checkpoint (every tier's calls at one step count once)."""
+    checkpoint_warnings: list[str] = field(default_factory=list)
+    """One line per checkpoint tier that fell more than one cadence plus one write behind
+    (`checkpoint_behind` events), saying when, how far and why: a tier behind is never silent."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -223,6 +226,33 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     )
 
 
+def checkpoint_warnings(events: list[dict[str, Any]]) -> list[str]:
+    """Per tier that fell behind on some rank: when, how far, why, and whether it caught up."""
+    lines = []
+    behind = [e for e in events if e["kind"] == "checkpoint_behind"]
+    for tier in sorted({e["tier"] for e in behind}):
+        mine = [e for e in behind if e["tier"] == tier]
+        first = min(mine, key=lambda e: e["t"])
+        ranks = sorted({e["rank"] for e in mine})
+        caught = [
+            e
+            for e in events
+            if e["kind"] == "checkpoint_caught_up" and e["tier"] == tier and e["t"] > first["t"]
+        ]
+        ending = (
+            f"caught up at step {min(e['step'] for e in caught)}"
+            if len(caught) >= len(mine)
+            else "still behind when the run ended"
+        )
+        lines.append(
+            f"checkpoint tier {tier} fell behind {len(mine)} time(s) on rank(s) "
+            f"{', '.join(map(str, ranks))}: first at step {first['step']}, newest step on disk "
+            f"{first['newest_step']} ({first['age_steps']} steps old, more than one cadence of "
+            f"{first['every']} plus one write: {first['allowed_steps']}); {first['reason']}; {ending}"
+        )
+    return lines
+
+
 def summarize(run_dir: Path) -> RunSummary:
     """The run's goodput figures and per-fault table, from `<run_dir>/events/*.jsonl` alone."""
     events = read_events(Path(run_dir))
@@ -286,6 +316,7 @@ def summarize(run_dir: Path) -> RunSummary:
         startup_s=None if startup is None else round(startup, 3),
         checkpoint_stall_s=round(ckpt_s, 4),
         checkpoints=len(calls),
+        checkpoint_warnings=checkpoint_warnings(events),
     )
 
 
@@ -350,7 +381,7 @@ class Metrics:
     (`EventLog.subscribe(metrics.observe)`), so the metrics and `summarize` read the same facts.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - the catalogue of series: one declaration each, in one place
         self,
         *,
         run_dir: Path,
@@ -445,6 +476,19 @@ class Metrics:
             "tier",
         )
         self.ckpt_failures = counter("checkpoint_failures_total", "Checkpoints failed or timed out", "tier")
+        self.ckpt_age = gauge(
+            "checkpoint_age_steps",
+            "Steps since the newest checkpoint of the tier this rank committed (alert above the "
+            "tier's cadence plus one write: the checkpoint_behind event's allowed_steps)",
+            "tier",
+        )
+        self.ckpt_behind = counter(
+            "checkpoint_behind_total",
+            "Times the tier fell more than one cadence plus one write behind",
+            "tier",
+        )
+        self._ckpt_steps: dict[str, int] = {}
+        """Per tier: the step of its newest checkpoint on this rank."""
         self.ckpt_interval = gauge(
             "checkpoint_interval_steps", "Steps between two checkpoints of the tier (its *_every)", "tier"
         )
@@ -483,6 +527,8 @@ class Metrics:
         self.stall_seconds.labels(rank).inc(ckpt_s)
         self.loss.labels(rank).set(loss)
         self.last_step.labels(rank).set(step)
+        for tier, newest in self._ckpt_steps.items():
+            self.ckpt_age.labels(rank, tier).set(step - newest)
         if self._layer is not None and self._ready_t is not None:
             self._phase("first_step", time.time() - self._ready_t)
             self._layer = self._ready_t = None
@@ -517,12 +563,15 @@ class Metrics:
         if kind in {"checkpoint_committed", "checkpoint_staged"}:
             self.ckpt_time.labels(rank, tier).set(event["t"])
             self.ckpt_step.labels(rank, tier).set(event.get("step", -1))
+            self._ckpt_steps[tier] = max(self._ckpt_steps.get(tier, -1), int(event.get("step", -1)))
             if "seconds" in event:
                 self.ckpt_persist.labels(rank, tier).observe(event["seconds"])
         elif kind == "checkpoint_skipped":
             self.ckpt_skipped.labels(rank, tier).inc()
         elif kind in {"checkpoint_failed", "checkpoint_timeout"}:
             self.ckpt_failures.labels(rank, tier).inc()
+        elif kind == "checkpoint_behind":
+            self.ckpt_behind.labels(rank, tier).inc()
 
     def _startup_done(self, event: dict[str, Any]) -> None:
         attempt = int(event.get("attempt", 0))

@@ -148,6 +148,8 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"
     totals.add_row("bit-identical to fault-free", verdict)
     console.print(totals)
+    for line in document.get("checkpoint_warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {line}", markup=True, highlight=False)
 
 
 PHASE_COLUMNS = (
@@ -508,6 +510,14 @@ def _phase_legend() -> str:
     )
 
 
+def _warnings(document: dict[str, Any]) -> str:
+    lines = document.get("checkpoint_warnings") or []
+    if not lines:
+        return ""
+    items = "\n".join(f"<li>{_esc(line)}</li>" for line in lines)
+    return f'<h2>Warnings</h2>\n<ul id="warnings" class="bad">\n{items}\n</ul>\n'
+
+
 def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str) -> str:
     identical = document["bit_identical"]
     verdict = (
@@ -541,7 +551,7 @@ bars to scale): {_phase_legend()}</p>
 <table id="totals"><tbody>
 {_totals_rows(document)}
 </tbody></table>
-</body></html>
+{_warnings(document)}</body></html>
 """
 
 

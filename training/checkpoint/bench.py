@@ -115,10 +115,7 @@ def run_loop(
         durable_every=durable_every,
         keep=2,
         persist_timeout_s=600,
-        peer_replicas=peer_replicas,
-        # With the replica: one slot a disk persist holds, one the replica in flight, one pinned while
-        # the partner holds its copy, one for the next snapshot (k8s/values/local-cpu.yaml says the same).
-        num_staging_slots=4 if peer_replicas else 2,
+        peer_replicas=peer_replicas,  # the staging slots follow from the tiers (slots_needed)
     )
     durable_s: list[float] = []
     peer: list[tuple[float, int]] = []
@@ -473,7 +470,7 @@ def bench(
             "stall = save + the next update's fence, median per checkpoint; efficiency = 1 - (time in "
             "save and fence) / wall. Sync efficiencies: 1 - t / (interval + t), t measured above (a "
             "synchronous save adds t to every interval). A persist due while the tier's previous one "
-            "runs is skipped (coalesced): the next due step writes the newest snapshot."
+            "runs is skipped (coalesced): the next snapshot that finds it free writes the newest state."
         )
 
         # Restore time per tier: memory slots, local folder, durable folder (FSx emulated by a folder).

@@ -45,13 +45,16 @@ class CheckpointConfig(BaseModel):
     keep: int = Field(default=2, ge=1)
     """Retention: the newest k committed checkpoints kept per tier (and per rank)."""
 
-    num_staging_slots: int = Field(default=2, ge=1, le=8)
-    """Tier 1 buffers per rank. A slot being persisted is never overwritten; with 2 the loop stages
-    the next snapshot while the previous one is written. Costs this many copies of the state in RAM."""
+    num_staging_slots: int | None = Field(default=None, ge=1, le=8)
+    """Tier 1 buffers per rank; unset: `slots_needed()`, derived from the tiers switched on. A slot
+    being read by a disk persist or the peer replica is never overwritten, so each tier that reads
+    slots needs its own, or its due persists are skipped while another tier holds the slots (with 2
+    slots and the peer replica, the disk tiers once wrote step 0 only). Set it only to raise it: a value
+    below `slots_needed()` is refused. Costs this many copies of the state in RAM."""
 
     persist_timeout_s: float = Field(default=900.0, gt=0)
     """A background persist running longer than this is declared hung: its worker is killed, the
-    failure reported, and the tier retried at its next due step. Size it above state bytes / the
+    failure reported, and the tier retried at the next snapshot. Size it above state bytes / the
     tier's write bandwidth."""
 
     peer_replicas: int = Field(default=0, ge=0)
@@ -87,6 +90,14 @@ class CheckpointConfig(BaseModel):
                     f"{tier}_every={every} must be a multiple of memory_every={self.memory_every} "
                     "(each disk persist writes a memory snapshot)"
                 )
+        needed = self.slots_needed()
+        if self.num_staging_slots is not None and self.num_staging_slots < needed:
+            raise ValueError(
+                f"num_staging_slots={self.num_staging_slots} is below the {needed} staging slots these "
+                f"tiers need ({self.describe_slots()}): with fewer, a tier that finds the slots held "
+                f"by the others skips its due persists and falls behind; leave num_staging_slots unset "
+                f"(derived) or set it to at least {needed}"
+            )
         if self.durable_dir is not None and self.durable_dir.startswith("s3://"):
             bucket = self.durable_dir.removeprefix("s3://").split("/", 1)[0]
             if not bucket:
@@ -97,6 +108,41 @@ class CheckpointConfig(BaseModel):
         return bool(
             (self.local_dir is not None and self.local_every) or (self.durable_dir and self.durable_every)
         )
+
+    def slot_users(self) -> dict[str, int]:
+        """Staging slots each reader may hold at once, with the snapshot in the making (`next`).
+
+        Each disk tier holds the slot it persists (one persist per tier at a time); the peer replica
+        holds the slot of the exchange in flight, one queued behind it (a due snapshot the previous
+        exchange still runs at) and the one whose copy the partners hold (kept until a newer copy
+        lands: a lost node's partner copy and the survivors' own shards must be of one step); one
+        slot stays free for the next snapshot. With fewer, a due tier finds no slot to
+        spare while the others hold theirs, and is skipped (training/checkpoint/tiered.py
+        `Agreement.may_launch`)."""
+        if self.implementation != "tiered" or not self.memory_every:
+            return {}
+        users = {"next": 1}
+        users.update({tier: 1 for tier, _ in self.tiers() if tier != "memory"})
+        if self.peer_replicas:
+            users["peer"] = 3
+        return users
+
+    def slots_needed(self) -> int:
+        """The fewest staging slots with which no tier waits for another's slot (`slot_users`)."""
+        return max(1, sum(self.slot_users().values()))
+
+    def describe_slots(self) -> str:
+        """`slot_users` in words: "1 for the next snapshot + 1 for local + ..."."""
+        labels = {
+            "next": "the next snapshot",
+            "peer": "the peer replica (exchange in flight, one queued, the partners' copy)",
+        }
+        return " + ".join(f"{n} for {labels.get(user, user)}" for user, n in self.slot_users().items())
+
+    @property
+    def staging_slots(self) -> int:
+        """Staging slots per rank: `num_staging_slots`, or `slots_needed()` when unset."""
+        return self.num_staging_slots or self.slots_needed()
 
     def tiers(self) -> list[tuple[str, int]]:
         """(tier name, cadence) of the tiers switched on, fastest first."""

@@ -66,8 +66,10 @@ def persist_slot(
     keep: int,
     cancelled: threading.Event,
     delay_s: float = 0.0,
+    complete: int | None = None,
 ) -> dict[str, Any]:
-    """Write one staged slot to a tier, commit, prune; returns the outcome (never raises)."""
+    """Write one staged slot to a tier, commit, prune (job-wide when `complete`, the newest step
+    every rank has committed, is given: `ShardStore.prune`); returns the outcome (never raises)."""
     outcome: dict[str, Any] = {"ok": True}
     started = time.monotonic()
     if delay_s and cancelled.wait(delay_s):  # test hook: widen the window a kill or timeout lands in
@@ -88,7 +90,7 @@ def persist_slot(
                     view.release()
                     if mapped is not None:
                         mapped.close()
-        outcome["pruned"] = store.prune(rank=rank, keep=keep)
+        outcome["pruned"] = store.prune(rank=rank, keep=keep, complete=complete)
         outcome["nbytes"] = manifest.nbytes
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the trainer, none kills the writer
         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}

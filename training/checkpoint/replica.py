@@ -25,6 +25,7 @@ partners' RAM. A shard that fails to verify drops that step for everyone and the
 
 from __future__ import annotations
 
+import collections
 import json
 import mmap
 import os
@@ -106,12 +107,28 @@ def node_memory(memory_dir: Path, *, world_size: int) -> dict[tuple[int, int], t
     return held
 
 
+@dataclass
+class _Exchange:
+    round_id: int
+    step: int
+    slot: int
+    done: threading.Event
+
+
 class ReplicaWorker:
     """Sends this rank's staged slot to its partners and stores what its sources send, on a thread.
 
     The same interface as a disk tier's PersistWorker (submit / poll / busy), so the checkpointer's
-    agreement, coalescing and slot holding treat replication as one more background tier.
+    agreement, coalescing and slot holding treat replication as one more background tier. Unlike a
+    disk writer it takes one exchange queued behind the one in flight (`QUEUE`): every rank launches
+    at the same steps, so the exchanges run in the same order everywhere, and a due snapshot the
+    previous exchange still runs at is sent the moment it ends. Skipped instead, and caught up a step
+    later with a snapshot of its own, an exchange a little longer than the interval less a step put
+    the replica in a pattern where every due step was skipped and caught up a step later.
     """
+
+    QUEUE = 2
+    """Exchanges in flight or queued at most; a launch needs fewer on every rank."""
 
     tier = "peer"
 
@@ -139,29 +156,39 @@ class ReplicaWorker:
         self.group: Any = None
         self._world: Any = None
         self._runner: _Runner | None = None
-        self._done: threading.Event | None = None
-        """Set when the exchange in flight has finished (None: none in flight)."""
+        self._pending: collections.deque[_Exchange] = collections.deque()
+        """Exchanges handed to the runner and not reported yet, oldest first (it runs them in order)."""
         self._outcomes: dict[int, dict[str, Any]] = {}
         self._rounds = 0
-        self._inflight = (-1, -1)
-        self._abandoned: dict[str, Any] | None = None
+        self._abandoned: collections.deque[dict[str, Any]] = collections.deque()
 
     # The PersistWorker interface -------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        if self._done is not None and self._world is not dist.group.WORLD:
-            # A new process group (in-process restart): the exchange in flight belongs to the old
-            # attempt, whose peers may never answer; it ends at its group's timeout, unwaited for,
-            # on its runner's thread (the next exchange gets a new runner), and its slot is released
-            # (`poll` reports it failed).
-            self.kill()
-            self._abandoned = {
-                "ok": False,
-                "step": self._inflight[0],
-                "slot": self._inflight[1],
-                "error": "abandoned: the process group it ran on was replaced (restart)",
-            }
-        return self._done is not None
+        return self.depth > 0
+
+    @property
+    def depth(self) -> int:
+        """Exchanges in flight or queued, not reported yet."""
+        unfinished = [x for x in self._pending if not x.done.is_set()]
+        if unfinished and self._world is not dist.group.WORLD:
+            # A new process group (in-process restart): the exchanges still running belong to the
+            # old attempt, whose peers may never answer; they end at their group's timeout, unwaited
+            # for, on their runner's thread (the next exchange gets a new runner), and their slots
+            # are released (`poll` reports them failed). One that had finished is reported as it
+            # ended: abandoned too, it was counted failed and its copy on the partners never pinned.
+            for exchange in unfinished:
+                self._pending.remove(exchange)
+                self._abandoned.append(
+                    {
+                        "ok": False,
+                        "step": exchange.step,
+                        "slot": exchange.slot,
+                        "error": "abandoned: the process group it ran on was replaced (restart)",
+                    }
+                )
+            self._stop_runner()
+        return len(self._pending)
 
     def warm(self) -> bool:
         return True  # a thread of the trainer: nothing to start, nothing to import
@@ -195,13 +222,14 @@ class ReplicaWorker:
         if self._world is not dist.group.WORLD:
             # Staged before a restart, copied after it: the partners' attempt is another one.
             raise RuntimeError("the replication group belongs to an earlier process group")
+        if self.depth >= self.QUEUE:
+            raise RuntimeError("peer replica: an exchange is already queued")
         group = self.group
-        self._inflight = (step, slot)
         self._rounds += 1
         target_slot = self._rounds % self.keep
         if self._runner is None:
             self._runner = _Runner(name=f"peer-replica-{self.rank}")
-        self._done = self._runner.submit(
+        done = self._runner.submit(
             self._exchange,
             round_id=self._rounds,
             group=group,
@@ -213,30 +241,36 @@ class ReplicaWorker:
             target_slot=target_slot,
             ready=ready,
         )
+        self._pending.append(_Exchange(self._rounds, step, slot, done))
 
     def poll(self, *, now: float | None = None) -> dict[str, Any] | None:  # noqa: ARG002
-        running = self.busy  # first: it notices an exchange of an earlier process group
-        if self._abandoned is not None:
-            outcome, self._abandoned = self._abandoned, None
-            return outcome
-        if not running:
+        """The oldest outcome not reported yet (abandoned ones first), or None."""
+        self.depth  # noqa: B018 - first: it notices exchanges of an earlier process group
+        if self._abandoned:
+            return self._abandoned.popleft()
+        if not self._pending or not self._pending[0].done.is_set():
             return None
-        if self._done is None or not self._done.is_set():
-            return None
-        self._done = None
-        outcome = self._outcomes.pop(self._rounds, None)
-        self._outcomes.clear()  # late outcomes of abandoned rounds
+        exchange = self._pending.popleft()
+        outcome = self._outcomes.pop(exchange.round_id, None)
+        if outcome is None:  # the runner ended without running it (stopped)
+            outcome = {"ok": False, "step": exchange.step, "slot": exchange.slot, "error": "not run"}
+        if not self._pending:
+            self._outcomes.clear()  # late outcomes of abandoned rounds
         return outcome
 
     def wait(self, *, deadline: float) -> dict[str, Any] | None:
-        if self._done is not None:
-            self._done.wait(timeout=max(0.0, deadline - time.monotonic()))
+        """The oldest outcome, waiting for it until `deadline` (None if it is still running)."""
+        if self._pending:
+            self._pending[0].done.wait(timeout=max(0.0, deadline - time.monotonic()))
         return self.poll()
 
     def kill(self) -> None:
+        self._pending.clear()
+        self._stop_runner()
+
+    def _stop_runner(self) -> None:
         # Its daemon thread may be blocked in an old group's exchange: left to that group's timeout,
         # after which the thread ends (the next exchange gets a runner of its own).
-        self._done = None
         if self._runner is not None:
             self._runner.stop()
         self._runner = None
@@ -244,7 +278,9 @@ class ReplicaWorker:
     def close(self, *, timeout_s: float = 1.0) -> None:
         # Short: a consistent exchange takes milliseconds to seconds; one a gone partner left half done
         # ends at the group's timeout on its daemon thread, and the process need not wait for it.
-        self.wait(deadline=time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._pending and self.wait(deadline=deadline) is not None:
+            pass
         if self._runner is not None:
             self._runner.stop(timeout_s=timeout_s)
         self._runner = None

@@ -30,6 +30,8 @@ class CheckpointStats:
     skipped: Counter[str] = field(default_factory=Counter)
     """Due persists skipped because the tier (on some rank) was still busy: never waited for."""
     failed: Counter[str] = field(default_factory=Counter)
+    behind: Counter[str] = field(default_factory=Counter)
+    """Times a disk tier fell more than one cadence plus one write behind (`checkpoint_behind`)."""
     timed_out: Counter[str] = field(default_factory=Counter)
     last_error: dict[str, str] = field(default_factory=dict)
 
@@ -43,6 +45,7 @@ class CheckpointStats:
             "persisted": dict(self.persisted),
             "skipped": dict(self.skipped),
             "failed": dict(self.failed),
+            "behind": dict(self.behind),
             "timed_out": dict(self.timed_out),
             "last_error": dict(self.last_error),
         }
@@ -50,7 +53,11 @@ class CheckpointStats:
 
 def log_event(kind: str, fields: dict[str, Any]) -> None:
     """Default hook: problems at WARNING, the rest at DEBUG."""
-    level = logging.WARNING if kind.endswith(("failed", "timeout", "rejected", "fallback")) else logging.DEBUG
+    level = (
+        logging.WARNING
+        if kind.endswith(("failed", "timeout", "rejected", "fallback", "behind"))
+        else logging.DEBUG
+    )
     logger.log(level, "%s %s", kind, fields)
 
 

@@ -89,13 +89,27 @@ class ShardStore(ABC):
             raise ShardError(f"CRC32 {crc:08x} != {manifest.crc32:08x} in its manifest (corrupt)")
         return decode(blob)
 
-    def prune(self, *, rank: int, keep: int) -> list[int]:
-        """Delete this rank's shards beyond the newest `keep` committed steps; returns the steps deleted."""
+    def prune(self, *, rank: int, keep: int, complete: int | None = None) -> list[int]:
+        """Delete this rank's shards beyond the newest `keep` steps; returns the steps deleted.
+
+        Retention is job-wide when `complete` is given: the newest step every rank has committed (-1:
+        none known). Then only steps older than it are deleted, so the newest complete step stays
+        while other ranks may still be committing newer ones: a rank that pruned by its own steps
+        alone once deleted the last step in common while another rank's shard of its newest step was
+        still being written (no complete step on disk for that while). An incomplete step older than
+        the newest complete one goes like any older step."""
         steps = sorted(self.manifests(rank))
         doomed = steps[:-keep] if keep else steps
+        if complete is not None:
+            doomed = [step for step in doomed if step < complete]
         for step in doomed:
             self.delete(step, rank)
         return doomed
+
+    def remove_temporaries(self, rank: int, *, pid: int | None = None) -> list[str]:  # noqa: ARG002
+        """Remove `rank`'s temporary files (of writer process `pid`; None: of any process). Nothing
+        to do where an object appears only once complete (S3)."""
+        return []
 
 
 def _fsync_dir(path: Path) -> None:
@@ -203,6 +217,31 @@ class FileStore(ShardStore):
             stale.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()  # only once every rank's files are gone
+
+    def remove_temporaries(self, rank: int, *, pid: int | None = None) -> list[str]:
+        """Remove `rank`'s temporary shard and manifest files (`commit`'s names carry the writer's
+        pid): at a rank's start, those a killed predecessor left (a rank runs one process at a time);
+        at its close, those of its own writers it abandoned."""
+        if not self.root.is_dir():
+            return []
+        patterns = (
+            [f".{shard_name(rank)}.tmp-*", f".{manifest_name(rank)}.tmp-*"]
+            if pid is None
+            else [f".{shard_name(rank)}.tmp-{pid}-*", f".{manifest_name(rank)}.tmp-{pid}"]
+        )
+        removed = []
+        for folder in self.root.iterdir():
+            if not _STEP_DIR.match(folder.name):
+                continue
+            for pattern in patterns:
+                for stale in folder.glob(pattern):
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
+                        removed.append(str(stale))
+            if removed:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # a step no rank committed: only its temporaries were there
+        return removed
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

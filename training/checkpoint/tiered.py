@@ -15,8 +15,10 @@ pinned slot, and fence makes the update's stream wait on the copy's event (the h
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
 running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
 the next snapshot that finds it free writes the newest state (the peer replica's: the first step
-that finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer. A failed or
-hung persist is reported and retried at the tier's next due step.
+that finds it free, with a catch-up snapshot), so nothing is queued behind a slow writer (the
+replica queues one exchange: see `ReplicaWorker`). A failed or hung persist is reported, and once the
+agreement shows it failed on some rank the tier is owed alike; after a restore, a tier whose newest
+complete step is behind the restored state owes one too (`_restored`).
 """
 
 from __future__ import annotations
@@ -285,8 +287,22 @@ class Flags:
 
     unheld: int
     """Staging slots no persist reads."""
-    busy: dict[str, bool]
-    """Per disk tier: a persist is running or waits for its slot's copy."""
+    busy: dict[str, int]
+    """Per tier: persists running or waiting for their slot's copy (the peer replica: exchanges in
+    flight or queued; a disk tier: 0 or 1)."""
+    committed: dict[str, int] = field(default_factory=dict)
+    """Per disk tier: the newest step this rank committed (agreed: the least over ranks)."""
+    failed: dict[str, int] = field(default_factory=dict)
+    """Per disk tier: the newest step whose persist failed on this rank (agreed: on any rank)."""
+
+    def complete(self, tier: str) -> int | None:
+        """On agreed flags: the newest step of `tier` committed on every rank, or None if unknown.
+
+        Each rank persists a tier's launches one at a time in the agreed order, so every rank has
+        finished every launch up to the least newest-committed step; that step is complete unless
+        some rank's persist of it failed (then a failure at it or later is the newest failed)."""
+        least = self.committed.get(tier, -1)
+        return least if least >= 0 and self.failed.get(tier, -1) < least else None
 
 
 CATCH_UP_TIERS = frozenset({"peer"})
@@ -310,7 +326,9 @@ class Agreement:
     the next launch -- and launches happen only at due steps, decided from these same results.
 
     A tier the answer shows busy is skipped on it, without asking again, and owed: the next snapshot
-    that finds it free writes the newest state. For the peer replica (`CATCH_UP_TIERS`) the flags are
+    that finds it free writes the newest state. The peer replica is busy only once an exchange is
+    queued behind the one in flight (`ReplicaWorker.QUEUE`): a due snapshot the previous exchange
+    still runs at is queued, not skipped. For the peer replica (`CATCH_UP_TIERS`) the flags are
     published again at once, and at each step after it until it is launched, and the first step whose
     answer shows it free takes a catch-up snapshot for it. So an exchange that ended in the step since
     the flags were sampled costs the partner's copy about a step, not an interval (a disk tier, an
@@ -332,13 +350,17 @@ class Agreement:
     result is read only after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so
     reading them never synchronizes the GPU stream.
 
-    A tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
-    snapshots -- what most faults restore from -- come before a second concurrent disk persist
-    (raise num_staging_slots to run local and durable persists from different snapshots at once).
+    A disk tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
+    snapshots -- what most faults restore from -- come before a disk persist. With the slots the
+    tiers need (`CheckpointConfig.slots_needed`: one per disk tier, two for the peer replica, one for
+    the next snapshot; fewer is refused) an idle tier always finds them, so a due tier is skipped
+    only while its own previous persist runs.
     """
 
-    def __init__(self, *, tiers: list[str], device: torch.device) -> None:
+    def __init__(self, *, tiers: list[str], device: torch.device, disk_tiers: tuple[str, ...] = ()) -> None:
         self.tiers = tiers
+        self.disk_tiers = disk_tiers
+        """Tiers whose committed and failed steps travel with the flags (job-wide retention)."""
         self.device = device
         self._group: Any = None
         self._side_group: Any = None
@@ -375,13 +397,27 @@ class Agreement:
         return self._side_group or world
 
     def _encode(self, flags: Flags) -> torch.Tensor:
-        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value.
-        return torch.tensor([-flags.unheld, *(int(flags.busy[t]) for t in self.tiers)], dtype=torch.int64)
+        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value; -committed
+        # the least newest-committed step, failed the newest failure on any rank.
+        return torch.tensor(
+            [
+                -flags.unheld,
+                *(int(flags.busy[t]) for t in self.tiers),
+                *(-flags.committed.get(t, -1) for t in self.disk_tiers),
+                *(flags.failed.get(t, -1) for t in self.disk_tiers),
+            ],
+            dtype=torch.int64,
+        )
 
     def _decode(self, tensor: torch.Tensor) -> Flags:
         values = tensor.tolist()
+        busy, rest = values[1 : 1 + len(self.tiers)], values[1 + len(self.tiers) :]
+        n = len(self.disk_tiers)
         return Flags(
-            unheld=-values[0], busy={t: bool(v) for t, v in zip(self.tiers, values[1:], strict=True)}
+            unheld=-values[0],
+            busy=dict(zip(self.tiers, busy, strict=True)),
+            committed={t: -v for t, v in zip(self.disk_tiers, rest[:n], strict=True)},
+            failed=dict(zip(self.disk_tiers, rest[n:], strict=True)),
         )
 
     def decide(self, local: Flags, due: list[str], *, num_slots: int) -> tuple[bool, dict[str, bool]]:
@@ -407,7 +443,8 @@ class Agreement:
     def may_launch(cls, agreed: Flags, tier: str, num_slots: int) -> bool:
         """On `agreed`: the tier is idle on every rank, and every rank has the snapshot's slot and
         keeps the slots free that a launch needs (`keep_free`, at least the snapshot's own)."""
-        return not agreed.busy[tier] and agreed.unheld >= cls.keep_free(tier, num_slots)
+        queue = ReplicaWorker.QUEUE if tier == "peer" else 1
+        return agreed.busy[tier] < queue and agreed.unheld >= cls.keep_free(tier, num_slots)
 
     def _blocking(self, local: Flags, group: Any) -> Flags:  # noqa: ANN401
         tensor = self._encode(local)
@@ -455,7 +492,7 @@ class TieredCheckpointer(Checkpointer):
             root=config.memory_dir,
             rank=rank,
             world_size=world_size,
-            num_slots=config.num_staging_slots,
+            num_slots=config.staging_slots,
             device=device,
         )
         self.workers: dict[str, PersistWorker | ReplicaWorker] = {
@@ -483,7 +520,10 @@ class TieredCheckpointer(Checkpointer):
             )
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
-        self.agreement = Agreement(tiers=[tier for tier, _ in self._cadences], device=device)
+        self._disk = tuple(store.tier for store, _, _ in stores)
+        self.agreement = Agreement(
+            tiers=[tier for tier, _ in self._cadences], device=device, disk_tiers=self._disk
+        )
         self._closing = False
         self._owed: set[str] = set()
         """Tiers whose due persist was skipped (busy): each writes the newest state at the next
@@ -493,6 +533,29 @@ class TieredCheckpointer(Checkpointer):
         self._persist_delay_s = persist_delay_s
         self._publish_at_fence = False
         """A snapshot every step: the next update's fence publishes the flags its save decides on."""
+        self._committed = dict.fromkeys(self._disk, -1)
+        """Per disk tier: the newest step this rank committed, in this process or (after a restore)
+        on every rank."""
+        self._failed_step = dict.fromkeys(self._disk, -1)
+        self._complete = dict.fromkeys(self._disk, -1)
+        """Per disk tier: the newest step known committed on every rank (-1: none known); retention
+        never deletes it (`ShardStore.prune`)."""
+        self._launched: dict[str, int] = {}
+        """Per tier: the step of its newest launch."""
+        self._write_steps = dict.fromkeys(self._disk, 0)
+        """Per disk tier: steps the newest finished persist took, launch to outcome."""
+        self._behind: set[str] = set()
+        """Disk tiers reported behind (`checkpoint_behind`) and not caught up since."""
+        self._step = -1
+        """The step of the newest `save`."""
+        self._first_step = -1
+        """The step of this process's first `save`."""
+        self._after_restore = False
+        """The first save after a restore snapshots at once for the owed tiers (see `_load_latest`)."""
+        for store, _, _ in stores:
+            # A killed predecessor's writer left them: this rank runs one process at a time.
+            for path in store.remove_temporaries(rank):
+                self.emit("checkpoint_cleaned", {"tier": store.tier, "rank": rank, "path": path})
         for worker in self.workers.values():
             worker.start()
 
@@ -500,12 +563,19 @@ class TieredCheckpointer(Checkpointer):
     def _save(self, step: int, state: dict[str, Any]) -> None:
         started = time.perf_counter()
         self.stats.save_calls += 1
+        self._step = step
         self._poll()
         every = self.config.memory_every
+        after_restore, self._after_restore = self._after_restore, False
         if every and step % every == 0:
             self._snapshot(step, state)
+        elif every and after_restore and self._owed:
+            # The restored state, at once: partners lost their copies with the node that held them,
+            # and a persist a restart cut is redone from here (every rank owes the same: `_restored`).
+            self._snapshot(step, state, catch_up=True)
         elif every and self._owed & CATCH_UP_TIERS and self._owed_tier_free():
             self._snapshot(step, state, catch_up=True)
+        self._check_lag(step)
         # The flags for the next step's decision (a collective: a function of the step and of agreed
         # decisions alone, the same on every rank): published here, a step before a due step, and
         # after each step that left the replica owed (for a catch-up snapshot); with a snapshot every
@@ -516,11 +586,85 @@ class TieredCheckpointer(Checkpointer):
             self.agreement.publish(self._local_flags())  # after `_poll` above: the freshest flags
         self._count_stall(time.perf_counter() - started)
 
+    def _learn(self, agreed: Flags) -> None:
+        """Agreed flags tell the newest step each disk tier holds on every rank (`Flags.complete`),
+        and whether its newest launch failed on some rank: then the tier is owed, and the next
+        snapshot writes the newest state (it once waited for the tier's next due step). The same on
+        every rank: the answer and the launches are agreed."""
+        for tier in self._disk:
+            complete = agreed.complete(tier)
+            if complete is not None and complete > self._complete[tier]:
+                self._complete[tier] = complete
+            launched = self._launched.get(tier, -1)
+            if launched >= 0 and agreed.failed.get(tier, -1) >= launched and tier not in self._owed:
+                self._owed.add(tier)
+                self.emit(
+                    "checkpoint_owed",
+                    {
+                        "step": self._step,
+                        "rank": self.rank,
+                        "tiers": [tier],
+                        "complete": dict(self._complete),
+                        "reason": f"its persist of step {launched} failed on some rank: written "
+                        "from the newest state at the next snapshot",
+                    },
+                )
+
+    def _check_lag(self, step: int) -> None:
+        """A disk tier more than one cadence plus one write behind is reported, never silent.
+
+        Its age: steps since this rank's newest committed step of the tier. With the staging slots
+        the tiers need (`CheckpointConfig.slots_needed`), a tier launched at every due step is at
+        most one cadence plus one write (the steps its newest persist took, one at least: outcomes
+        are read at a save) behind; more means its writes outlast the cadence, a persist failed, or a
+        restart cut one and it is not redone yet. Reported once when it falls behind (an event, the
+        metric `checkpoint_age_steps`, the run report's warning) and once when it catches up."""
+        for tier, every in self._cadences:
+            if tier not in self._committed:
+                continue
+            committed = self._committed[tier]
+            if self._first_step < 0:
+                self._first_step = step
+            # Nothing committed yet: counted from this process's first step (its first persist due).
+            age = step - (committed if committed >= 0 else self._first_step - 1)
+            allowed = every + max(1, self._write_steps[tier])
+            if age > allowed and tier not in self._behind:
+                self._behind.add(tier)
+                self.stats.behind[tier] += 1
+                self.emit(
+                    "checkpoint_behind",
+                    {
+                        "tier": tier,
+                        "step": step,
+                        "rank": self.rank,
+                        "newest_step": committed,
+                        "age_steps": age,
+                        "allowed_steps": allowed,
+                        "every": every,
+                        "reason": self._lag_reason(tier),
+                    },
+                )
+            elif age <= allowed and tier in self._behind:
+                self._behind.discard(tier)
+                self.emit(
+                    "checkpoint_caught_up",
+                    {"tier": tier, "step": step, "rank": self.rank, "newest_step": committed},
+                )
+
+    def _lag_reason(self, tier: str) -> str:
+        if self.stats.last_error.get(tier) and self._failed_step[tier] >= self._committed[tier]:
+            return f"its newest persist failed: {self.stats.last_error[tier]}"
+        if tier in self._owed:
+            return "its due persist was skipped while the previous one ran: writes outlast the cadence"
+        return "its persist in flight outlasts one cadence plus the previous write"
+
     def _owed_tier_free(self) -> bool:
         """Between due steps: does the answer published at the last save free the owed replica?
         Then this step takes a catch-up snapshot for it, the newest state (see Agreement)."""
         agreed = self.agreement.answer(self._local_flags())
         slots = len(self.memory.slots)
+        if agreed is not None:
+            self._learn(agreed)
         return agreed is not None and any(
             self.agreement.may_launch(agreed, tier, slots) for tier in self._owed & CATCH_UP_TIERS
         )
@@ -563,7 +707,9 @@ class TieredCheckpointer(Checkpointer):
                 slot.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
         deciding, blocking = time.perf_counter(), self.agreement.blocking_rounds
-        can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=len(self.memory.slots))
+        slots = len(self.memory.slots)
+        can_stage, launch = self.agreement.decide(self._local_flags(), due, num_slots=slots)
+        launch = self._with_owed(launch, slots)
         # What the snapshot's stall is made of (the checkpoint_staged event).
         timing = {
             "decide_s": round(time.perf_counter() - deciding, 5),
@@ -597,12 +743,22 @@ class TieredCheckpointer(Checkpointer):
             self.emit("checkpoint_staged", {"tier": "memory", "step": step, **timing})
         self._launch(step, slot, launch, catch_up=catch_up)  # no slot: every launch is False
 
+    def _with_owed(self, launch: dict[str, bool], slots: int) -> dict[str, bool]:
+        """`launch` and the tiers owed on the very answer it was decided on (a failed persist)."""
+        agreed = self.agreement.last
+        if agreed is None:
+            return launch
+        self._learn(agreed)
+        owed = self._owed - launch.keys()
+        return launch | {tier: Agreement.may_launch(agreed, tier, slots) for tier in owed}
+
     def _launch(self, step: int, slot: _Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
         """Hand `slot` to each due tier agreed to launch; the others are skipped and owed."""
         for tier, go in launch.items():
             if go and slot is not None:
                 slot.holders.add(tier)
                 self._owed.discard(tier)
+                self._launched[tier] = step
                 worker = self.workers[tier]
                 if isinstance(worker, ReplicaWorker):
                     worker.prepare()  # every rank launches at this step alike: a collective is safe
@@ -633,10 +789,18 @@ class TieredCheckpointer(Checkpointer):
 
     def _local_flags(self) -> Flags:
         busy = {
-            tier: worker.busy or any(tier in slot.holders for slot in self.memory.slots)
+            tier: max(
+                worker.depth if isinstance(worker, ReplicaWorker) else int(worker.busy),
+                sum(1 for slot in self.memory.slots if tier in slot.holders),
+            )
             for tier, worker in self.workers.items()
         }
-        return Flags(unheld=self.memory.unheld(), busy=busy)
+        return Flags(
+            unheld=self.memory.unheld(),
+            busy=busy,
+            committed=dict(self._committed),
+            failed=dict(self._failed_step),
+        )
 
     def _submit(self, slot: _Slot) -> None:
         """Hand a copied slot to each of its holders not handed it yet."""
@@ -649,7 +813,7 @@ class TieredCheckpointer(Checkpointer):
         if self._closing and isinstance(worker, ReplicaWorker):
             slot.holders.discard(tier)
             return
-        if worker.busy:
+        if worker.depth >= worker.QUEUE if isinstance(worker, ReplicaWorker) else worker.busy:
             return
         # Only the replica is handed a slot whose copy may still run: it waits for `ready` itself.
         early = {"ready": ready} if ready is not None else {}
@@ -666,6 +830,7 @@ class TieredCheckpointer(Checkpointer):
                 rank=self.rank,
                 world_size=self.world_size,
                 keep=self.config.keep,
+                complete=self._complete.get(tier),
                 delay_s=self._persist_delay_s,
                 **early,
             )
@@ -691,7 +856,8 @@ class TieredCheckpointer(Checkpointer):
     def _poll(self) -> None:
         self._harvest_copies()
         for tier, worker in self.workers.items():
-            self._record(tier, worker.poll())
+            while (outcome := worker.poll()) is not None:  # the replica may have two to report
+                self._record(tier, outcome)
 
     def _record(self, tier: str, outcome: dict[str, Any] | None) -> None:
         """A finished persist or exchange: its slot released, counted, reported (each outcome once:
@@ -701,6 +867,10 @@ class TieredCheckpointer(Checkpointer):
         self.memory.slots[outcome["slot"]].holders.discard(tier)
         if outcome["ok"] and tier == "peer":
             self._pin_replicated(outcome["slot"])
+        if tier in self._committed:
+            self._write_steps[tier] = max(0, self._step - outcome["step"])
+        if outcome["ok"] and tier in self._committed:
+            self._committed[tier] = max(self._committed[tier], outcome["step"])
         if outcome["ok"]:
             self.stats.persisted[tier] += 1
             extra = {k: outcome[k] for k in ("bytes_sent", "bytes_received") if k in outcome}
@@ -728,6 +898,8 @@ class TieredCheckpointer(Checkpointer):
         self.memory.slots[index].holders.add(PEER_PIN)
 
     def _failed(self, tier: str, step: int, error: str, *, kind: str) -> None:
+        if tier in self._failed_step:
+            self._failed_step[tier] = max(self._failed_step[tier], step)
         if kind == "timeout":
             self.stats.timed_out[tier] += 1
         else:
@@ -735,7 +907,7 @@ class TieredCheckpointer(Checkpointer):
         self.stats.last_error[tier] = error
         self.emit(
             f"checkpoint_{'timeout' if kind == 'timeout' else 'failed'}",
-            {"tier": tier, "step": step, "rank": self.rank, "error": error, "retry": "next due step"},
+            {"tier": tier, "step": step, "rank": self.rank, "error": error, "retry": "next snapshot"},
         )
 
     # --- restore / lifecycle --------------------------------------------------------------------
@@ -746,9 +918,10 @@ class TieredCheckpointer(Checkpointer):
         self._publish_at_fence = False
         self._owed.clear()
         stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        collective = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if collective:
             # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
-            return restore_from_anywhere(
+            restored = restore_from_anywhere(
                 memory_dir=self.config.memory_dir,
                 stores=stores,
                 rank=self.rank,
@@ -756,10 +929,54 @@ class TieredCheckpointer(Checkpointer):
                 device=self.device,
                 emit=self.emit,
             )
-        sources = [self.memory, *stores]
-        return load_newest(
-            sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
-        )
+        else:
+            restored = load_newest(
+                [self.memory, *stores],
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                emit=self.emit,
+            )
+        self._restored(restored, collective=collective)
+        return restored
+
+    def _restored(self, restored: Restored | None, *, collective: bool) -> None:
+        """What each tier owes after a restore (a collective: every rank owes the same).
+
+        Each disk tier's newest step committed on every rank, exactly (the ranks' committed steps,
+        gathered): retention keeps it, and a tier whose newest complete step is older than the
+        restored state's last due step owes a persist -- one a restart or a fault cut on some rank,
+        redone from the restored state at the first step, not left to the next due step. The peer
+        replica owes one too: a lost node took its partners' copies with it, and a second loss
+        before the next due snapshot found no copy in RAM."""
+        mine = {store.tier: sorted(store.manifests(self.rank)) for store, _, _ in self.stores}
+        if collective:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        else:
+            gathered = [mine]
+        for store, every, _ in self.stores:
+            tier = store.tier
+            common = set.intersection(*(set(ranks[tier]) for ranks in gathered))
+            complete = max(common, default=-1)
+            self._complete[tier] = self._committed[tier] = complete
+            self._failed_step[tier] = -1
+            if restored is not None and complete < restored.step // every * every:
+                self._owed.add(tier)
+        if restored is not None and "peer" in self.workers:
+            self._owed.add("peer")
+        self._after_restore = bool(self._owed)
+        if self._owed:
+            self.emit(
+                "checkpoint_owed",
+                {
+                    "step": -1 if restored is None else restored.step,
+                    "rank": self.rank,
+                    "tiers": sorted(self._owed),
+                    "complete": dict(self._complete),
+                    "reason": "after the restore: written from the restored state at the next step",
+                },
+            )
 
     def _wait(self) -> None:
         # The end of training: no new replication round (a copy of the final state on a partner is
@@ -783,9 +1000,11 @@ class TieredCheckpointer(Checkpointer):
             time.sleep(0.01)
         for tier, worker in self.workers.items():
             if isinstance(worker, ReplicaWorker):
-                # Its outcome is recorded like any: dropped, as it once was, the slot stayed held
+                # Its outcomes are recorded like any: dropped, as one once was, the slot stayed held
                 # for "peer" and every later snapshot found the replica busy (after a warm-up `wait`).
-                self._record(tier, worker.wait(deadline=time.monotonic() + self.config.peer_timeout_s))
+                until = time.monotonic() + self.config.peer_timeout_s
+                while worker.busy and (outcome := worker.wait(deadline=until)) is not None:
+                    self._record(tier, outcome)
         self._poll()
         # Only while waiting: a save after `wait()` (the checkpoint benchmark warms up this way)
         # replicates again. It once stayed set, and that benchmark's replica never ran.
@@ -796,6 +1015,10 @@ class TieredCheckpointer(Checkpointer):
             self._wait()
         for worker in self.workers.values():
             worker.close()
+        for store, _, _ in self.stores:
+            # A writer abandoned at close (hung or timed out) may still hold a temporary file: none
+            # outlives this process (a write that passes its cancel check after this fails its rename).
+            store.remove_temporaries(self.rank, pid=os.getpid())
         self.memory.release()
 
     def describe(self) -> dict[str, Any]:

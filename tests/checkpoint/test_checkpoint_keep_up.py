@@ -1,0 +1,498 @@
+"""The disk tiers keep up by construction, and a tier that falls behind is never silent.
+
+- The staging slots follow from the tiers that read them; `job render` refuses fewer (exit 2).
+- Real gloo ranks with the default slots and the peer replica: every disk tier stays within one
+  cadence (plus one write) of the newest step. With 2 slots it wrote step 0 only.
+- A persist cut by a kill -9 is redone from the restored state at the next step; the killed writer's
+  temporary file is gone after the restart.
+- After a restore the state is replicated at once: a second node loss before the next due snapshot
+  still restores from RAM.
+- Retention is job-wide: the newest step committed on every rank is never deleted.
+- A tier behind its cadence: a `checkpoint_behind` event, the age metric, a warning in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.storage import FileStore
+from training.checkpoint.tiered import Agreement, Flags, TieredCheckpointer
+
+REPO = Path(__file__).resolve().parents[2]
+VALUES = REPO / "k8s" / "values"
+CPU = torch.device("cpu")
+
+
+# --- slot sizing ------------------------------------------------------------------------------------
+def test_slots_follow_from_the_tiers_and_fewer_are_refused(tmp_path):
+    base = {"memory_dir": tmp_path / "shm", "memory_every": 2}
+    disks = {"local_dir": tmp_path / "l", "local_every": 4, "durable_dir": str(tmp_path / "d")}
+    assert CheckpointConfig(**base).staging_slots == 1
+    assert CheckpointConfig(**base, **disks, durable_every=4).staging_slots == 3
+    assert CheckpointConfig(**base, **disks, durable_every=4, peer_replicas=1).staging_slots == 6
+    assert CheckpointConfig(**base, peer_replicas=1).staging_slots == 4
+    with pytest.raises(ValueError, match=r"num_staging_slots=4 is below the 6 staging slots"):
+        CheckpointConfig(**base, **disks, durable_every=4, peer_replicas=1, num_staging_slots=4)
+    assert CheckpointConfig(**base, **disks, durable_every=4, num_staging_slots=6).staging_slots == 6
+
+
+def test_render_refuses_too_few_staging_slots_with_the_fix(tmp_path, nvrx_eks):
+    """The p5 values' tiers (local, durable, the peer replica) need 6 slots; 2 rendered silently and
+    the disk tiers then wrote step 0 only."""
+    proc = nvrx_eks(
+        *("job", "render", "-f", str(VALUES / "p5-2.yaml"), "-o", str(tmp_path)),
+        *("--set", "trainer.checkpoint.num_staging_slots=2"),
+        timeout=180,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "num_staging_slots=2 is below the 6 staging slots" in proc.stderr
+    assert "leave num_staging_slots unset" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_example_runs_the_same_derived_slots():
+    """The p5 and local examples set no slot count: each gets the slots its tiers need."""
+    from k8s.load import load_values  # noqa: PLC0415
+    from k8s.trainer_args import check_trainer_args, trainer_args  # noqa: PLC0415
+
+    for path in sorted(VALUES.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        assert "num_staging_slots" not in (raw.get("trainer", {}).get("checkpoint") or {}), path
+        values = load_values(path)
+        assert "--checkpoint-num-staging-slots" not in trainer_args(values), path
+        config = check_trainer_args(values).checkpoint
+        tiers = [tier for tier, _ in config.tiers()] + (["peer"] if config.peer_replicas else [])
+        assert tiers == ["memory", "local", "durable", "peer"], path
+        assert config.staging_slots == config.slots_needed() == 6, path
+
+
+# --- job-wide retention -----------------------------------------------------------------------------
+def _commit(store: FileStore, step: int, rank: int) -> None:
+    store.commit(step=step, rank=rank, world_size=2, chunks=[b"x" * 16])
+
+
+def test_retention_never_deletes_the_newest_step_every_rank_committed(tmp_path):
+    """Rank 0 committed 10, 20, 30; rank 1 committed 10 and is still writing 20 (30 failed on it).
+    Pruning rank 0 by its own steps (keep 1) deleted 10 and 20: no step in common was left."""
+    store = FileStore(tier="durable", root=tmp_path, fsync=False)
+    for step in (10, 20, 30):
+        _commit(store, step, 0)
+    _commit(store, 10, 1)
+    assert store.prune(rank=0, keep=1, complete=10) == []
+    assert sorted(store.manifests(0)) == [10, 20, 30]
+    _commit(store, 20, 1)
+    assert store.prune(rank=0, keep=1, complete=20) == [10]  # an older step goes, the newest complete stays
+    assert store.prune(rank=1, keep=1, complete=20) == [10]
+    assert sorted(store.manifests()) == [20, 30]
+    assert store.prune(rank=0, keep=1, complete=-1) == []  # nothing known complete: nothing deleted
+
+
+def test_agreed_flags_name_the_newest_step_every_rank_committed():
+    agreement = Agreement(tiers=["local"], device=CPU, disk_tiers=("local",))
+    ranks = [
+        Flags(unheld=3, busy={"local": False}, committed={"local": 30}, failed={"local": -1}),
+        Flags(unheld=2, busy={"local": True}, committed={"local": 20}, failed={"local": 10}),
+    ]
+    encoded = torch.stack([agreement._encode(flags) for flags in ranks]).max(dim=0).values
+    agreed = agreement._decode(encoded)
+    assert agreed.unheld == 2
+    assert agreed.complete("local") == 20
+    ranks[1] = Flags(unheld=2, busy={"local": True}, committed={"local": 20}, failed={"local": 20})
+    encoded = torch.stack([agreement._encode(flags) for flags in ranks]).max(dim=0).values
+    assert agreement._decode(encoded).complete("local") is None  # step 20 failed on a rank
+
+
+# --- a tier behind: the event, the metric, the report -------------------------------------------------
+def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
+    """One rank, a durable persist that takes far longer than its cadence: the tier falls behind and
+    says so (event), the rank's metric shows its age, the run report warns."""
+    from training.metrics import Metrics, checkpoint_warnings  # noqa: PLC0415
+
+    config = CheckpointConfig(
+        memory_dir=tmp_path / "shm",
+        memory_every=1,
+        durable_dir=str(tmp_path / "durable"),
+        durable_every=2,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    metrics = Metrics(run_dir=tmp_path, rank=0, every=1000, port=None, local_rank=0)
+
+    def emit(kind: str, fields: dict[str, Any]) -> None:
+        event = {"kind": kind, "t": time.time(), **fields}
+        events.append(event)
+        metrics.observe(event)
+
+    ckpt = TieredCheckpointer(
+        config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit, persist_delay_s=1.5
+    )
+    try:
+        weights = torch.zeros(16)
+        for step in range(12):
+            ckpt.fence()
+            weights += 1
+            ckpt.save(step, {"w": weights})
+            metrics.step(step=step, step_s=0.05, ckpt_s=0.0, loss=0.0)
+            time.sleep(0.05)
+    finally:
+        ckpt.close()
+    behind = [e for e in events if e["kind"] == "checkpoint_behind"]
+    assert behind, [e["kind"] for e in events]
+    assert behind[0]["tier"] == "durable"
+    assert behind[0]["age_steps"] > behind[0]["allowed_steps"] >= 3
+    assert ckpt.stats.behind["durable"] == 1
+    metrics.write()
+    text = metrics.path.read_text()
+    assert 'trainer_checkpoint_age_steps{rank="0",tier="memory"} 0.0' in text
+    assert 'trainer_checkpoint_behind_total{rank="0",tier="durable"} 1.0' in text
+    (warning,) = checkpoint_warnings(events)
+    assert warning.startswith("checkpoint tier durable fell behind 1 time(s) on rank(s) 0")
+
+
+# --- real ranks ---------------------------------------------------------------------------------------
+def _checkpointer(config: CheckpointConfig, rank: int, world_size: int, events: list) -> TieredCheckpointer:
+    return TieredCheckpointer(
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        node_index=rank,
+        device=CPU,
+        emit=lambda kind, fields: events.append({"kind": kind, **fields}),
+    )
+
+
+def _init(rank: int, world_size: int, root: Path, phase: str) -> None:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{root / f'pg-{phase}'}", rank=rank, world_size=world_size
+    )
+
+
+def _finish(ckpt: TieredCheckpointer) -> None:
+    """Close, then end the process group: a gloo group alive at interpreter exit aborts the process
+    ("terminate called without an active exception")."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    ckpt.close()
+    dist.destroy_process_group()
+
+
+def _train(ckpt: TieredCheckpointer, steps: range, *, step_s: float, weights: torch.Tensor) -> None:
+    """The trainer's loop shape: forward/backward (a sleep), the gradient all_reduce, fence, the
+    in-place update, save."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    grad = torch.zeros(4)
+    for step in steps:
+        time.sleep(step_s)
+        dist.all_reduce(grad)
+        ckpt.fence()
+        weights += 1.0
+        ckpt.save(step, {"w": weights, "data": {"step": step}})
+
+
+def _keep_up_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]:
+    """Two nodes of one rank, the default slots, disk tiers every 4 steps, the replica every 2."""
+    _init(rank, world_size, root, "keep-up")
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=2,
+        local_dir=root / f"nvme-{rank}",
+        local_every=4,
+        durable_dir=str(root / "durable"),
+        durable_every=4,
+        peer_replicas=1,
+        keep=100,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    ckpt = _checkpointer(config, rank, world_size, events)
+    _train(ckpt, range(24), step_s=0.08, weights=torch.zeros(256))
+    ckpt.wait()
+    report = {
+        "slots": len(ckpt.memory.slots),
+        "local": sorted(ckpt.stores[0][0].manifests(rank)),
+        "durable": sorted(ckpt.stores[1][0].manifests(rank)),
+        "replicated": ckpt.stats.persisted.get("peer", 0),
+    }
+    _finish(ckpt)
+    return report
+
+
+def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, Any]:
+    """One node of two ranks. `first`: rank 1's step-4 persists stall mid-write and it is killed (-9)
+    at step 5. `second`: both restart, restore, train steps 5-6."""
+    if phase == "first" and rank == 1:
+        from training.checkpoint import persist  # noqa: PLC0415
+
+        checked = persist._checked
+
+        def stalls_at_step_4(chunks: list, cancelled: Any) -> Any:
+            if persist_step[0] >= 4:
+                yield chunks[0]  # the header is in the temporary file, then the writer stalls
+                time.sleep(120)
+                yield from checked(chunks[1:], cancelled)
+            else:
+                yield from checked(chunks, cancelled)
+
+        persist_step = [0]
+        original = persist.persist_slot
+
+        def tracking(**kwargs: Any) -> dict[str, Any]:
+            persist_step[0] = kwargs["step"]
+            return original(**kwargs)
+
+        persist._checked = stalls_at_step_4
+        persist.persist_slot = tracking
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    _init(rank, world_size, root, phase)
+    config = CheckpointConfig(
+        memory_dir=root / "shm",
+        memory_every=2,
+        local_dir=root / "nvme",
+        local_every=4,
+        durable_dir=str(root / "durable"),
+        durable_every=4,
+        keep=2,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    ckpt = _checkpointer(config, rank, world_size, events)
+    weights = torch.zeros(256)
+    if phase == "first":
+        _train(ckpt, range(6), step_s=0.05, weights=weights)
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if rank == 1:
+            tmp = root / "nvme" / "step-000000004"
+            deadline = time.monotonic() + 60
+            while not list(tmp.glob(".rank-00001.shard.tmp-*")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            dist.barrier()
+            os.kill(os.getpid(), signal.SIGKILL)
+        ckpt.wait()  # rank 0's own persists of step 4 commit
+        dist.barrier()
+        print(json.dumps({"rank": rank}), flush=True)
+        os._exit(0)  # no teardown with a killed peer
+    restored = ckpt.load_latest()
+    assert restored is not None
+    weights = restored.state["w"].clone()
+    _train(ckpt, range(restored.step + 1, restored.step + 3), step_s=0.05, weights=weights)
+    ckpt.wait()
+    report = {
+        "restored": [restored.step, restored.tier],
+        "local": sorted(ckpt.stores[0][0].manifests(rank)),
+        "durable": sorted(ckpt.stores[1][0].manifests(rank)),
+        "cleaned": [e["path"] for e in events if e["kind"] == "checkpoint_cleaned"],
+        "owed": [e["tiers"] for e in events if e["kind"] == "checkpoint_owed"],
+    }
+    _finish(ckpt)
+    return report
+
+
+def _loss_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, Any]:
+    """Two nodes of one rank, the replica every 4 steps and no disk tier. `first`: steps 0-9. Then
+    node 0 is lost; `second`: restore, step one more. Then node 1 is lost; `third`: restore."""
+    _init(rank, world_size, root, phase)
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=4,
+        local_every=0,
+        durable_every=0,
+        peer_replicas=1,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    ckpt = _checkpointer(config, rank, world_size, events)
+    report: dict[str, Any] = {}
+    if phase == "first":
+        _train(ckpt, range(10), step_s=0.05, weights=torch.zeros(64))
+    else:
+        restored = ckpt.load_latest()
+        report["restored"] = None if restored is None else [restored.step, restored.tier]
+        if phase == "second" and restored is not None:
+            weights = restored.state["w"].clone()
+            _train(ckpt, range(restored.step + 1, restored.step + 2), step_s=0.05, weights=weights)
+    ckpt.wait()
+    report["replicated"] = [
+        e["step"] for e in events if e["kind"] == "checkpoint_committed" and e["tier"] == "peer"
+    ]
+    _finish(ckpt)
+    return report
+
+
+def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]:
+    """Two ranks; rank 1's durable persist of step 8 fails; snapshots every 2 steps, durable every 8."""
+    if rank == 1:
+        from training.checkpoint import persist  # noqa: PLC0415
+
+        original = persist.persist_slot
+
+        def fails_at_step_4(**kwargs: Any) -> dict[str, Any]:
+            if kwargs["step"] == 8:
+                return {"ok": False, "error": "OSError: injected", "seconds": 0.0}
+            return original(**kwargs)
+
+        persist.persist_slot = fails_at_step_4
+    _init(rank, world_size, root, "fail")
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=2,
+        durable_dir=str(root / "durable"),
+        durable_every=8,
+        keep=100,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+    ckpt = _checkpointer(config, rank, world_size, events)
+    _train(ckpt, range(14), step_s=0.1, weights=torch.zeros(64))
+    ckpt.wait()
+    report = {"durable": sorted(ckpt.stores[0][0].manifests(rank))}
+    _finish(ckpt)
+    return report
+
+
+MAINS = {"keep-up": _keep_up_main, "cut": _cut_main, "loss": _loss_main, "fail": _fail_main}
+
+
+def _run_ranks(root: Path, scenario: str, phase: str, *, world_size: int = 2) -> list[dict[str, Any]]:
+    """Each rank's report once every rank has exited (a rank killed on purpose reports nothing)."""
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                subprocess.Popen(
+                    [sys.executable, __file__, scenario, phase, str(rank), str(world_size), str(root)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                    env={**os.environ, "PYTHONPATH": str(REPO)},
+                )
+            )
+            for rank in range(world_size)
+        ]
+        try:
+            finished = [proc.communicate(timeout=120) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    reports = []
+    for proc, (out, err) in zip(procs, finished, strict=True):
+        if proc.returncode == -signal.SIGKILL:
+            reports.append({"killed": True})
+            continue
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    return reports
+
+
+def _max_gap(steps: list[int], last: int) -> int:
+    points = [-1, *steps, last]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_default_slots_keep_every_disk_tier_within_a_cadence(tmp_path):
+    """The p5 defaults in small: the peer replica on, local and durable tiers, no slot count. With the
+    old default of 2 slots, one held for the partners' copy, the disk tiers wrote step 0 only."""
+    for rank, report in enumerate(_run_ranks(tmp_path, "keep-up", "run")):
+        for tier in ("local", "durable"):
+            # Cadence 4: each tier's newest step is never more than a cadence and a write behind.
+            assert _max_gap(report[tier], 23) <= 4 + 2, (rank, tier, report)
+        assert report["replicated"] >= 10, report
+        assert report["slots"] == 6, report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_persist_cut_by_a_kill_is_redone_at_once_and_its_temporary_file_removed(tmp_path):
+    """Rank 1 is killed (-9) in the middle of writing step 4 to both disk tiers; rank 0 committed
+    step 4. After the restart (restored from RAM at step 4), both tiers hold a step newer than 0 on
+    every rank at the first step (5), not at the next due step (8); no temporary file is left."""
+    first = _run_ranks(tmp_path, "cut", "first")
+    assert first[1] == {"killed": True}, first
+    assert list((tmp_path / "nvme").glob("step-*/.rank-00001.shard.tmp-*")), "no write was cut"
+    second = _run_ranks(tmp_path, "cut", "second")
+    for report in second:
+        assert report["restored"] == [4, "memory"], report
+        assert report["local"][-1] == report["durable"][-1] == 5, report
+        assert report["owed"] == [["durable", "local"]], report
+    assert second[1]["cleaned"], second[1]
+    left = [p for tier in ("nvme", "durable") for p in (tmp_path / tier).rglob(".*tmp-*")]
+    assert left == [], left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_two_node_losses_within_one_interval_restore_from_ram(tmp_path):
+    """Node 0 is lost after step 9 (restored from its partner's copy of step 8), node 1 one step
+    later, before the next due snapshot (12). The restored state was replicated at once, so the
+    second loss restores step 9 from RAM; without it node 1's shard had no copy anywhere."""
+    _run_ranks(tmp_path, "loss", "first")
+    shutil.rmtree(tmp_path / "shm-0")
+    second = _run_ranks(tmp_path, "loss", "second")
+    assert [r["restored"] for r in second] == [[8, "peer_memory"], [8, "memory"]], second
+    assert all(9 in r["replicated"] for r in second), second
+    shutil.rmtree(tmp_path / "shm-1")
+    third = _run_ranks(tmp_path, "loss", "third")
+    assert [r["restored"] for r in third] == [[9, "memory"], [9, "peer_memory"]], third
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_persist_that_failed_on_one_rank_is_redone_at_the_next_snapshot(tmp_path):
+    """Step 8's durable shard failed on rank 1 (rank 0's committed): every rank writes the newest state
+    at a snapshot once the agreement reports the failure (10, or 12 when the failure came after the
+    flags were published), not at the next due step (16): no complete step from 0 to 16 on disk."""
+    first, second = _run_ranks(tmp_path, "fail", "run")
+    assert first["durable"][:2] == [0, 8], first
+    assert second["durable"][:1] == [0], second
+    redone = second["durable"][1:]
+    assert redone in ([10], [12]), second
+    assert first["durable"][2:] == redone, first
+
+
+def test_an_exchange_finished_before_an_in_process_restart_is_reported_as_it_ended(tmp_path):
+    """The process group was replaced (an in-process restart) after one exchange had finished and
+    while the next still ran: the first is reported as it ended (it was reported abandoned, the
+    partners' copy never pinned), the second as abandoned; neither is left unreported."""
+    import threading  # noqa: PLC0415
+
+    from training.checkpoint.replica import ReplicaWorker, _Exchange  # noqa: PLC0415
+
+    worker = ReplicaWorker(
+        rank=0, world_size=2, ranks_per_node=1, replicas=1, memory_dir=tmp_path, timeout_s=5
+    )
+    worker._world = object()  # the group the exchanges ran on, since replaced
+    finished, running = threading.Event(), threading.Event()
+    finished.set()
+    worker._pending.extend([_Exchange(1, 6, 1, finished), _Exchange(2, 8, 2, running)])
+    worker._outcomes[1] = {"ok": True, "step": 6, "slot": 1, "seconds": 0.1}
+    outcomes = [worker.poll(), worker.poll(), worker.poll()]
+    assert [(o["step"], o["ok"]) for o in outcomes if o] == [(8, False), (6, True)], outcomes
+    assert "abandoned" in outcomes[0]["error"]
+    assert not worker.busy
+
+
+if __name__ == "__main__":
+    scenario, phase, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    result = MAINS[scenario](rank, world, Path(sys.argv[5]), phase)
+    print(json.dumps(result), flush=True)
