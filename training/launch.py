@@ -59,6 +59,47 @@ def launcher_argv(argv: list[str]) -> list[str]:
     return [*argv[:at], *start, "--run-path", trainer_script(), *argv[at + 2 :]]
 
 
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of `name=V` or `name V` in ft_launcher's arguments, or None."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"{name}="):
+            return arg.partition("=")[2]
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+STORE_CONNECT_S = 30.0
+"""How long the hand-over waits for the store (its pod may be starting with the job)."""
+
+
+def hand_over(ft_argv: list[str]) -> None:
+    """A pod's start: open the next rendezvous round if this pod's predecessor trained in the newest one
+    (training/nvrx_compat.py `open_round_for_lost_predecessor`). Best effort: anything unexpected is
+    reported, and the agent then joins as NVRx alone would."""
+    endpoint, run_id, nnodes = (_flag(ft_argv, f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes"))
+    infra_rank = os.environ.get("GROUP_RANK")
+    if not (endpoint and run_id and nnodes and infra_rank and infra_rank.isdigit()):
+        return
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    from training.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
+
+    host, _, port = endpoint.rpartition(":")
+    try:
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
+        opened = open_round_for_lost_predecessor(
+            store, run_id=run_id, infra_rank=int(infra_rank), active_nodes=int(nnodes.partition(":")[0])
+        )
+    except Exception as exc:  # noqa: BLE001 - the hand-over is an optimisation of NVRx's own path
+        print(f"rendezvous hand-over skipped: {type(exc).__name__}: {exc}", flush=True)
+        return
+    if opened is not None:
+        print(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one", flush=True)
+
+
 def main() -> None:
     check_supported_nvrx()
     # Defence in depth for GPU nodes: should anything in the forkserver ask torch for the device count,
@@ -71,6 +112,7 @@ def main() -> None:
         # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
+    hand_over(ft_argv)
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 
     ft_launcher(ft_argv)

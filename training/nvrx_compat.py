@@ -35,6 +35,15 @@ fails when the installed NVRx's internals change.
   ever: after a node loss the surviving ranks left the wrapper (RestartAbort) but their processes never
   ended, so their launcher never restarted them and the job hung. `stop_progress_watchdog` stops the
   thread once the Wrapper has returned or raised (a no-op when NVRx stopped it itself).
+- A replacement pod whose predecessor trained in the newest round: in NVRx's barrier rendezvous only a
+  launcher that saw its workers fail opens the next round; a new agent waits for it. When every active
+  node was lost at once (a node and its only partner), no launcher is left to open it, the control
+  process keeps the round "closed, training in progress", and the replacement pods waited until their
+  join timeout (tests/localrun/test_localrun_node_loss.py). `open_round_for_lost_predecessor` runs in a
+  pod's launcher before its agent joins: if the newest closed round made this pod's index active, the
+  node that trained there is gone for good (the Job replaces a pod only once the old one has ended),
+  so it opens the next round, as a surviving launcher would. With survivors it is a no-op: they
+  open it themselves, and `open_rendezvous` writes the key once.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -87,6 +96,15 @@ RANK_ORDER = (
     ("self", "active_candidate_participants", "standby_only_participants"),
 )
 """The barrier rendezvous state's ordering of a round's participants, (node, infra rank, domain, group)."""
+BARRIER_STATE_READS = (
+    ("__init__", ("self", "store", "run_id")),
+    ("_sync_from_per_round_state", ("self",)),
+    ("_unpack_participant_value", ("value",)),
+    ("_unpack_rank_value", ("value",)),
+    ("open_rendezvous", ("self",)),
+    ("is_shutdown", ("self",)),
+)
+"""What `open_round_for_lost_predecessor` calls on the barrier rendezvous state (its slot format)."""
 PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
 """The state's record of the previous round's active nodes: {infra rank: replacement group} or None."""
 _NOT_PREVIOUSLY_ACTIVE = 10**12
@@ -100,6 +118,8 @@ def check_internals() -> None:
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(launcher, *ORPHAN_CLEANUP)
     require_internal(_barrier_state(), *RANK_ORDER)
+    for name, parameters in BARRIER_STATE_READS:
+        require_internal(_barrier_state(), name, parameters)
     from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
     require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
@@ -129,6 +149,38 @@ def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
     watchdog = getattr(call_wrapper, "progress_watchdog", None)
     if watchdog is not None and watchdog.is_alive():
         watchdog.shutdown()
+
+
+def open_round_for_lost_predecessor(
+    store: Any,  # noqa: ANN401 - a torch.distributed Store
+    *,
+    run_id: str,
+    infra_rank: int,
+    active_nodes: int,
+) -> int | None:
+    """Open the round after the newest closed one if this pod's index was active in it (see the module
+    docstring); returns the round opened, or None when there was nothing to open."""
+    state_type = _barrier_state()
+    state = state_type(store=store, run_id=run_id)
+    if state.is_shutdown():
+        return None
+    state._sync_from_per_round_state()  # noqa: SLF001 - the first round that is not closed
+    closed = state._round - 1  # noqa: SLF001
+    next_key = f"{state.prefix}:round_done_{closed + 1}"
+    if closed < 0 or store.check([next_key]):
+        return None  # no round closed yet, or the next one is open already
+    slot = 1
+    while store.check([f"{state.prefix}:slot_{slot}"]) and store.check([f"{state.prefix}:slot_{slot}_rank"]):
+        joined_round, _, infra, _, _ = state_type._unpack_participant_value(  # noqa: SLF001
+            store.get(f"{state.prefix}:slot_{slot}")
+        )
+        rank, _, ranked_round = state_type._unpack_rank_value(store.get(f"{state.prefix}:slot_{slot}_rank"))  # noqa: SLF001
+        if joined_round == ranked_round == closed and infra == infra_rank and 0 <= rank < active_nodes:
+            state._round = closed  # noqa: SLF001
+            state.open_rendezvous()
+            return closed + 1
+        slot += 1
+    return None
 
 
 def _barrier_state() -> type:

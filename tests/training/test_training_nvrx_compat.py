@@ -115,3 +115,37 @@ def test_without_gpus_the_wrapper_keeps_only_the_kits_health_checks(monkeypatch)
     wrapper = nvrx_compat.inprocess_wrapper(gpu=False, health_check=inprocess.Compose(own))
     assert _restart_checks(wrapper) == {"FaultCounter"}
     assert os.environ["LOCAL_RANK"] == "1"  # the worker's own variable is back
+
+
+@pytest.fixture
+def barrier_store():
+    """A real TCPStore holding round 0 of a two-node barrier rendezvous, closed with infra ranks 0 and 1
+    active and 2 standing by, written with NVRx's own formats."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    state = barrier._RendezvousBarrierState(store=store, run_id="job")
+    for slot, (infra, rank) in enumerate([(1, 0), (0, 1), (2, 2)], start=1):
+        node = barrier._NodeDesc(addr=f"job-{infra}", pid=100 + infra, local_id=0)
+        store.set(f"{state.prefix}:slot_{slot}", state._pack_participant_value(node, infra, "none", 0))
+        store.set(f"{state.prefix}:slot_{slot}_rank", state._pack_rank_value(rank, 3, 0))
+    store.set(f"{state.prefix}:round_done_0", b"1")
+    return store, state.prefix
+
+
+def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_last(barrier_store):
+    """Every active node lost at once: no launcher is left to open round 1, so the replacement of an
+    active index does; a spare's index, or a round already open, changes nothing."""
+    store, prefix = barrier_store
+    assert (
+        nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=2, active_nodes=2) is None
+    )
+    assert not store.check([f"{prefix}:round_done_1"])
+    assert nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=1, active_nodes=2) == 1
+    assert store.get(f"{prefix}:round_done_1") == b"0"
+    assert (
+        nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=0, active_nodes=2) is None
+    )
