@@ -6,6 +6,6 @@
 - `calibrate`: the costs this kit measured (`--from RUN_DIR`), each labelled measured.
 - `report`: the table, the JSON document and the PNG plots; `commands`: the CLI.
 
-Layering: above k8s (it writes job values); it imports only kitcore.configio/kitcore.profiles (kitcore
-after issue 13), training.* and k8s.*; nothing below imports it.
+Layering: above k8s (it writes job values); it imports only kitcore.configio/kitcore.profiles,
+training.* and k8s.*; nothing below imports it.
 """

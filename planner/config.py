@@ -68,7 +68,7 @@ LLAMA3_PER_NODE_DAY = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * LLAMA3_NODES)  # 3.7
 # Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning Research Clusters", HPCA 2025:
 # about 5e-3 failures per GPU node-day across Meta's research clusters (shown beside Llama 3's rate).
 KOKOLIS_PER_NODE_DAY = 5e-3
-# H100 device-to-host copy, measured at 52.8 GB/s per GPU over PCIe Gen5 (shared README section 6):
+# H100 device-to-host copy, measured at 52.8 GB/s per GPU over PCIe Gen5 on an H200 host:
 # the floor of the loop's stall per memory snapshot.
 H100_D2H_GBPS = 52.8
 # The trainer's state per parameter: fp32 parameters plus AdamW's two fp32 moments (training/trainer.py
@@ -80,7 +80,7 @@ PEER_INPROCESS_S = 10.0
 PEER_LAUNCHER_S = 17.0
 PEER_JOB_RESTART_S = 270.0
 # Node loss onto a warm spare: pod start on the spare, rendezvous, worker start. Assumed 90 s: the
-# frontier figure is SageMaker HyperPod's peer restore in < 90 s at 2,304 GPUs (shared README).
+# frontier figure is SageMaker HyperPod's peer restore in < 90 s at 2,304 GPUs (AWS's published figure).
 NODE_SWAP_S = 90.0
 
 Source = str

@@ -1,6 +1,6 @@
 """The closed form: interval per tier (Young/Daly, bounded), expected goodput per mode, Poisson spares.
 
-What a fault costs depends on who recovers it (shared README section 2) and where the state comes back
+What a fault costs depends on who recovers it (README.md, the fault table) and where the state comes back
 from. Per mode and fault kind (`route`):
 
 | kind    | baseline              | inprocess             | ft_launcher          | kit                   |
@@ -23,8 +23,8 @@ Wall time, for U seconds of useful work, sigma = sum of stall/interval over the 
 fault rate lambda_k per kind with cost c_k:
 - a fixed count n_k of faults per run: W = U (1 + sigma) + S0 + sum n_k c_k
 - a rate: W = (U (1 + sigma) + S0) / (1 - sum lambda_k c_k) (faults also strike during recoveries)
-and training goodput = U / W (shared README section 5), the rest split into checkpoint stall, lost
-work, recovery (with capacity waits) and startup.
+and training goodput = U / W (docs/measurements.md, how we measure), the rest split into checkpoint
+stall, lost work, recovery (with capacity waits) and startup.
 
 Interval (Young, CACM 1974; Daly, FGCS 2006): for a tier whose restores happen at rate 1/M and whose
 checkpoint blocks the loop for C, tau = sqrt(2 M C) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C (tau = M

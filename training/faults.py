@@ -1,6 +1,6 @@
 """Deterministic fault injection: a schedule from the config, fired once each at a fixed point of a step.
 
-Every class of shared README section 2, and the layer that must recover it (`expected_layer`):
+Every fault class of README.md's fault table, and the layer that must recover it (`expected_layer`):
 
 | class            | what the target rank does                                  | recovered by       |
 |------------------|------------------------------------------------------------|--------------------|

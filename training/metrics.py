@@ -1,6 +1,6 @@
 """Prometheus metrics per rank, and the run's figures computed from the event streams.
 
-`summarize(run_dir) -> RunSummary` applies the shared README section 5 formulas (the peer's):
+`summarize(run_dir) -> RunSummary` applies the formulas of docs/measurements.md (the AWS sample's):
 
 - training goodput = productive steps x mean step time / wall time (a replayed step is not productive)
 - infra goodput = (wall time - (shutdown + startup time)) / wall time, where shutdown + startup is the

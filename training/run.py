@@ -44,7 +44,7 @@ def make_checkpointer(cfg: TrainConfig, world: parallel.World, events: EventLog)
     try:
         return build_checkpointer(config, **kwargs)
     except ImportError:
-        # The tiered implementation is still being built (issue 5): the synchronous one meanwhile.
+        # A trainer build without the tiered checkpointer falls back to the synchronous one.
         log.warning("tiered checkpointer unavailable; using the synchronous one")
         return build_checkpointer(config.model_copy(update={"implementation": "sync"}), **kwargs)
 

@@ -584,7 +584,7 @@ def render_table(results: list[CheckResult]) -> object:
 def job_capacity(config: ClusterConfig, values: JobValues) -> CheckResult:
     """The job's nodes + warm spares fit the GPU node groups of its instance type at their max size.
 
-    Spares are real capacity (issue 16 part 3): a spare pod is scheduled on a node of its own before
+    Spares are real capacity: a spare pod is scheduled on a node of its own before
     any fault, so a node group sized for `num_nodes` alone would leave spares Pending and the lost
     node's place empty. Checked offline from the two configs, beside the account checks.
     """

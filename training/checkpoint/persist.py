@@ -1,10 +1,10 @@
 """Background persistence: one writer thread per disk tier, guarded by a timeout.
 
-Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (what this module used
-before, issue 15): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
+Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (an earlier version of
+this module): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
 `fsync` and `zlib.crc32` on large buffers all release the GIL, so a thread costs the loop no more
 than a process does (measured with the bench's loop, training/checkpoint/bench.py `run_loop`, side
-by side: see the issue 15 notes). What the processes cost instead: each was a spawned interpreter
+by side). What the processes cost instead: each was a spawned interpreter
 importing torch again (2.3 CPU-s measured), two per rank (local, durable), started on every launcher
 restart -- 8 interpreters beside 4 ranks (5.1 CPU-s each) on a 2-core host, nearly half the CPU of a
 hard-fault recovery -- plus the multiprocessing semaphores in /dev/shm (76 created per checkpointer
