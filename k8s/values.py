@@ -205,10 +205,12 @@ class Timeouts(_Section):
     # until the Job's budget was gone. Whole seconds, at least 1, are checked here instead.
     rdzv_join_s: int = Field(900, ge=1)
     """Rendezvous join timeout: survivors wait this long for a replacement node."""
-    rdzv_last_call_s: int = Field(5, ge=1)
+    rdzv_last_call_s: int = Field(15, ge=1)
     """With hot spares (`spares` >= 1): how long a restart round waits for a missing previous active node
     once enough nodes are present, before a spare takes its place. Longer than an agent's rejoin after a
-    worker restart (a SIGKILL, a deadlock), so such a round never takes a spare; unused without spares."""
+    worker restart (a SIGKILL, a deadlock), so such a round never takes a spare: with spares it must be at
+    least `workers_stop_s`, the time a node may take to stop its workers before it rejoins. It delays
+    only a round a previous active node never joins (a node loss); unused without spares."""
     rdzv_close_s: int = Field(60, ge=1)
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)
@@ -456,6 +458,17 @@ class JobValues(_Section):
                     "secret_env (AWS access comes from Pod Identity, never from keys)"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _spares_wait_for_restarting_nodes(self) -> JobValues:
+        t = self.timeouts
+        if self.spares and t.rdzv_last_call_s < t.workers_stop_s:
+            raise ValueError(
+                f"timeouts: rdzv_last_call_s ({t.rdzv_last_call_s}) must be at least workers_stop_s "
+                f"({t.workers_stop_s:g}) with spares: a restart round waits that long for every node that "
+                "is only restarting its workers, else a spare takes its place"
+            )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> JobValues:

@@ -157,9 +157,11 @@ class InProcessLayer(Layer):
             try:
                 return wrapped()
             except Exception as exc:
-                cause = exc.__cause__
+                # NVRx re-raises its final exception `from None`: the UserError a health check stopped
+                # on is then its context, not its cause.
+                cause = exc.__cause__ or exc.__context__
                 while cause is not None and not isinstance(cause, UserError):
-                    cause = cause.__cause__
+                    cause = cause.__cause__ or cause.__context__
                 if cause is not None:
                     raise cause from None
                 raise

@@ -54,6 +54,12 @@ P5 = LOCAL.with_name("p5-2.yaml")
             "rdzv_last_call_s: Input should be greater than or equal to 1",
         ),
         (LOCAL, ["timeouts.rdzv_close_s=0.5"], "rdzv_close_s: Input should be a valid integer"),
+        # A restart round must wait for a node that is only stopping its workers, or a spare takes it.
+        (
+            LOCAL,
+            ["spares=1", "timeouts.rdzv_last_call_s=2"],
+            "rdzv_last_call_s (2) must be at least workers_stop_s (5) with spares",
+        ),
         (LOCAL, ["timeouts.rdzv_poll_s=0"], "timeouts.rdzv_poll_s: Extra inputs are not permitted"),
         (
             LOCAL,

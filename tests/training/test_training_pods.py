@@ -158,7 +158,13 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
     after = {int(e["node"]) for e in steps if e["pid"] in started_after}
     (spare,) = {0, 1, 2} - before
     assert lost in before
-    assert after == (before - {lost}) | {spare}, (before, after)
+    if node_provision_s:
+        assert after == (before - {lost}) | {spare}, (before, after)
+    else:
+        # A replacement that starts within the last call carries the lost pod's index, which NVRx knows
+        # as a previous active node: it may take the place back before the spare does. Either way the
+        # lost node's place is filled and the survivor keeps its own.
+        assert after in ({*before}, (before - {lost}) | {spare}), (before, after)
     spare_pod = next(p for p in result.pods if p.index == spare)
     assert spare_pod.started < deletion["time"]
     _no_pod_succeeded_before_training_ended(result, steps)
