@@ -12,8 +12,9 @@ fresh rendezvous and go on from the newest checkpoint.
 
 Hot spares: with `spares=1` a third pod runs the launcher, whose agent waits in NVRx's rendezvous
 (`--nnodes=2:3`). A node loss leaves a place the lost node never takes again: the next round waits
-`rdzv_last_call_s` for it, then the spare takes it; the lost node's replacement becomes the next
-spare. A restart round (a SIGKILL) takes no spare: the previous active nodes, known to NVRx by their
+`rdzv_last_call_s` for it, then the spare takes it (a replacement that starts within that wait
+carries the lost pod's index and may take the place back); the lost node's replacement becomes the
+next spare. A restart round (a SIGKILL) takes no spare: the previous active nodes, known to NVRx by their
 pod index (GROUP_RANK), all rejoin within the last call.
 """
 
