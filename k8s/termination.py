@@ -74,7 +74,9 @@ def failure_cause(message: str) -> Cause:
             failures.append(_rank_failure(fields["rank"].split()[0], code, fields.get("traceback", "")))
     if failures:
         worst = max(f.severity for f in failures)
-        return Cause(text="; ".join(f.text for f in failures if f.severity == worst), severity=worst)
+        # The launcher's own line and the wrapper's summary name the same ranks: each once.
+        texts = dict.fromkeys(f.text for f in failures if f.severity == worst)
+        return Cause(text="; ".join(texts), severity=worst)
     for needle, text in _KNOWN:
         if needle in message:
             return Cause(text=text, severity=0)

@@ -35,8 +35,9 @@ import multiprocessing.forkserver
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from training.nvrx_compat import check_supported_nvrx, keep_launcher_process_group
+from training.nvrx_compat import capture_worker_failures, check_supported_nvrx, keep_launcher_process_group
 
 WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
 """What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
@@ -113,9 +114,29 @@ def main() -> None:
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
     hand_over(ft_argv)
+    failures = capture_worker_failures()
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 
-    ft_launcher(ft_argv)
+    try:
+        ft_launcher(ft_argv)
+    finally:
+        if failures:  # last, short: what the pod's termination message keeps (k8s/termination.py)
+            print(f"worker failures: {failure_summary(failures)}", flush=True)
+
+
+def failure_summary(failures: dict[int, Any]) -> str:
+    """`{rank: ProcessFailure(...)}` with each entry short: the exit code and the message's first line."""
+
+    def first_line(message: object) -> str:
+        text = message.get("message", "") if isinstance(message, dict) else str(message)
+        return str(text).strip().splitlines()[0][:160].replace("'", "") if str(text).strip() else ""
+
+    entries = [
+        f"{rank}: ProcessFailure(local_rank={f.local_rank}, pid={f.pid}, exitcode={f.exitcode}, "
+        f"message='{first_line(f.message)}')"
+        for rank, f in sorted(failures.items())
+    ]
+    return "{" + ", ".join(entries) + "}"
 
 
 if __name__ == "__main__":

@@ -44,6 +44,13 @@ fails when the installed NVRx's internals change.
   node that trained there is gone for good (the Job replaces a pod only once the old one has ended),
   so it opens the next round, as a surviving launcher would. With survivors it is a no-op: they
   open it themselves, and `open_rendezvous` writes the key once.
+- The launcher's last words. ft_launcher out of restarts logs its failed workers as one line holding
+  each ProcessFailure's repr, Python call stacks included; the kubelet keeps only the last 2,048 bytes
+  of a failed pod's log as its termination message, so the rank that was SIGKILLed (a short entry,
+  first) was cut and the job's failure reason named a collateral rank's gloo error.
+  `capture_worker_failures` keeps the failures `launch_agent` raised, and training/launch.py prints
+  them last, one short entry per rank, in the same `rank: ProcessFailure(...)` form k8s/termination.py
+  reads.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -117,6 +124,7 @@ def check_internals() -> None:
 
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(launcher, *ORPHAN_CLEANUP)
+    require_internal(launcher, *LAUNCH_AGENT)
     require_internal(_barrier_state(), *RANK_ORDER)
     for name, parameters in BARRIER_STATE_READS:
         require_internal(_barrier_state(), name, parameters)
@@ -181,6 +189,30 @@ def open_round_for_lost_predecessor(
             return closed + 1
         slot += 1
     return None
+
+
+LAUNCH_AGENT = ("launch_agent", ("config", "entrypoint", "args"))
+"""ft_launcher's module-level call that runs the agent and raises ChildFailedError when workers failed."""
+
+
+def capture_worker_failures() -> dict[int, Any]:
+    """Keep the failures ft_launcher's `launch_agent` raises (global rank -> ProcessFailure) in the returned
+    dict, which fills only when the workers failed (see the module docstring)."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
+
+    launch = require_internal(launcher, *LAUNCH_AGENT)
+    failures: dict[int, Any] = {}
+
+    def launch_agent(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        try:
+            return launch(*args, **kwargs)
+        except ChildFailedError as exc:
+            failures.update(exc.failures)
+            raise
+
+    launcher.launch_agent = launch_agent
+    return failures
 
 
 def _barrier_state() -> type:

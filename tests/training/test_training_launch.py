@@ -139,3 +139,35 @@ def test_nothing_the_forkserver_imports_touches_cuda():
     # A process that initialised CUDA (even only to count devices, without PyTorch's NVML-based
     # check) forks children that cannot use it: the forkserver must never ask.
     assert _cuda_calls(WARM_MODULES, REPO) == []
+
+
+def test_the_launchers_last_line_names_each_failed_rank_within_the_termination_message(tmp_path):
+    """The pod's termination message is the log's last 2,048 bytes: ft_launcher's own line (call stacks
+    included) cut off the SIGKILLed rank. The wrapper's summary is short and comes last."""
+    import json  # noqa: PLC0415
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
+
+    from k8s.termination import failure_cause, log_tail  # noqa: PLC0415
+    from training.launch import failure_summary  # noqa: PLC0415
+
+    error_file = tmp_path / "error.json"
+    stack = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 200
+    error_file.write_text(
+        json.dumps({"message": {"message": "RuntimeError: Connection reset by peer", "extraInfo": {
+            "py_callstack": stack, "timestamp": "0"}}})
+    )  # fmt: skip
+    failures = {
+        2: ProcessFailure(local_rank=0, pid=11, exitcode=1, error_file=str(error_file)),
+        3: ProcessFailure(local_rank=1, pid=12, exitcode=-9, error_file=str(tmp_path / "none.json")),
+    }
+    # As ft_launcher logged it: the SIGKILLed rank first, the collateral one's call stack after it.
+    logged = {3: failures[3], 2: failures[2]}
+    nvrx_line = f"Some rank(s) exited with non-zero exit code: {logged}. Agent's exit code = 1"
+    log = f"{nvrx_line}\nworker failures: {failure_summary(failures)}\n"
+    assert len(log_tail(log)) <= 2048
+    cause = failure_cause(log_tail(log))
+    assert cause.text == "worker rank 3 exit code -9 (Signal 9 (SIGKILL))"
+    assert "Connection reset" in failure_summary(failures)
+    # Without the summary, the kubelet's tail holds only the collateral rank's call stack.
+    assert "rank 3" not in failure_cause(log_tail(f"{nvrx_line}\n")).text
