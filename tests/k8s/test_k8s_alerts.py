@@ -12,13 +12,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import cdk8s
 import promql_parser
 import pytest
 import yaml
 
 from k8s import alerts
-from k8s.cluster_chart import ClusterObjectsChart
 from k8s.observability import TARGET_RELABELINGS, monitoring_objects, scrape_configs
 from localrun.observe import prometheus_config, run_promtool_tests
 from training.metrics import Metrics
@@ -56,24 +54,8 @@ def _target_labels(pod_monitor: dict) -> set[str]:
     return {r["target_label"] for r in config["relabel_configs"] if "target_label" in r} | {"instance"}
 
 
-def _chart(*, pod_monitors: bool) -> list[dict]:
-    chart = ClusterObjectsChart(
-        cdk8s.App(),
-        "cluster-objects",
-        namespace=NAMESPACE,
-        service_account="trainer",
-        fsx_file_system_id="fs-0123456789abcdef0",
-        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
-        fsx_mount_name="abcdefgh",
-        storage_capacity_gib=1200,
-        pvc_name="fsx-checkpoints",
-        pod_monitors=pod_monitors,
-    )
-    return chart.to_json()
-
-
-def test_the_cluster_chart_ships_the_rules_with_the_pod_monitors():
-    docs = _chart(pod_monitors=True)
+def test_the_cluster_chart_ships_the_rules_with_the_pod_monitors(cluster_objects):
+    docs = cluster_objects(pod_monitors=True)
     rule = _one(docs, "PrometheusRule", "nvrx-eks-alerts")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["namespace"] == NAMESPACE
@@ -87,7 +69,7 @@ def test_the_cluster_chart_ships_the_rules_with_the_pod_monitors():
         "TrainingWaitingForCapacity",
         "RendezvousStoreUnavailable",
     }
-    assert "PrometheusRule" not in {d["kind"] for d in _chart(pod_monitors=False)}
+    assert "PrometheusRule" not in {d["kind"] for d in cluster_objects(pod_monitors=False)}
 
 
 def test_every_rule_reads_only_series_that_exist_by_labels_they_carry(objects, trainer_series):

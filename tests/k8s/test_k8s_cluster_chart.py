@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cdk8s
 import kubernetes_validate
 import pytest
 import yaml
 
-from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 from k8s.job_chart import render
 from k8s.load import load_values
-from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec
+from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA
 from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
 from training import nodecheck
 
@@ -24,36 +22,14 @@ NAMESPACE = "training"
 CRD_KINDS = {"PodMonitor", "PrometheusRule", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
 
 
-def _chart(*, node_check: bool = True, pod_monitors: bool = True, kueue: bool = True) -> list[dict]:
-    chart = ClusterObjectsChart(
-        cdk8s.App(),
-        "cluster-objects",
-        namespace=NAMESPACE,
-        service_account="trainer",
-        fsx_file_system_id="fs-0123456789abcdef0",
-        fsx_dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
-        fsx_mount_name="abcdefgh",
-        storage_capacity_gib=1200,
-        pvc_name="fsx-checkpoints",
-        kueue=KueueQuota(gpus=16, efa_devices=64, cpu=384, memory_gib=4096, verified_nodes_only=node_check)
-        if kueue
-        else None,
-        node_check=NodeCheckSpec(image="123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx:abc123")
-        if node_check
-        else None,
-        pod_monitors=pod_monitors,
-    )
-    return chart.to_json()
-
-
 def _one(docs: list[dict], kind: str, name: str | None = None) -> dict:
     (found,) = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
     return found
 
 
 @pytest.fixture(scope="module")
-def docs() -> list[dict]:
-    return _chart()
+def docs(cluster_objects) -> list[dict]:
+    return cluster_objects()
 
 
 def test_every_core_object_validates_against_the_k8s_schema(docs):
@@ -76,8 +52,8 @@ def test_every_core_object_validates_against_the_k8s_schema(docs):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-def test_without_node_check_or_operator_only_the_dashboards_are_added():
-    kinds = [d["kind"] for d in _chart(node_check=False, pod_monitors=False, kueue=False)]
+def test_without_node_check_or_operator_only_the_dashboards_are_added(cluster_objects):
+    kinds = [d["kind"] for d in cluster_objects(node_check=False, pod_monitors=False, kueue=False)]
     assert "DaemonSet" not in kinds
     assert "PodMonitor" not in kinds
     assert kinds.count("ConfigMap") == 1
@@ -160,10 +136,10 @@ def test_daemon_set_runs_the_check_on_gpu_nodes_without_taking_devices(docs):
     )
 
 
-def test_kueue_flavor_admits_to_verified_nodes_only(docs):
+def test_kueue_flavor_admits_to_verified_nodes_only(docs, cluster_objects):
     flavor = _one(docs, "ResourceFlavor")
     assert flavor["spec"] == {"nodeLabels": {nodecheck.VERIFIED_LABEL: "true"}}
-    assert "spec" not in _one(_chart(node_check=False), "ResourceFlavor")
+    assert "spec" not in _one(cluster_objects(node_check=False), "ResourceFlavor")
 
 
 def test_kueue_objects_are_on_the_api_version_the_pinned_release_serves(docs):
