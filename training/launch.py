@@ -37,7 +37,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.nvrx_compat import capture_worker_failures, check_supported_nvrx, keep_launcher_process_group
+from training.nvrx_compat import (
+    capture_worker_failures,
+    check_supported_nvrx,
+    keep_launcher_process_group,
+    report_every_failed_worker,
+)
 
 WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
 """What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
@@ -114,6 +119,7 @@ def main() -> None:
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
     hand_over(ft_argv)
+    report_every_failed_worker()
     failures = capture_worker_failures()
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 

@@ -51,6 +51,14 @@ fails when the installed NVRx's internals change.
   `capture_worker_failures` keeps the failures `launch_agent` raised, and training/launch.py prints
   them last, one short entry per rank, in the same `rank: ProcessFailure(...)` form k8s/termination.py
   reads.
+- Which workers failed. torch's process context for function entrypoints (`MultiprocessContext._poll`,
+  which ft_launcher's monitor calls) reports one failed worker per poll: the first dead one in local
+  rank order. A SIGKILLed rank's node-mates die of their own collective error (exit 1) within a moment,
+  and when both are dead at the poll, local rank 0's error is all the launcher reports: the job's
+  failure reason named a collateral rank (1 run in 2 in the storm test of
+  tests/training/test_training_pods.py). `report_every_failed_worker` adds every other worker of the
+  node that has exited non-zero by then, so the SIGKILL is among the failures the pod reports. Workers
+  torch stopped itself while cleaning up exit by SIGTERM, which k8s/termination.py reads as collateral.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -125,6 +133,7 @@ def check_internals() -> None:
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(launcher, *ORPHAN_CLEANUP)
     require_internal(launcher, *LAUNCH_AGENT)
+    require_internal(_multiprocess_context(), *WORKER_POLL)
     require_internal(_barrier_state(), *RANK_ORDER)
     for name, parameters in BARRIER_STATE_READS:
         require_internal(_barrier_state(), name, parameters)
@@ -213,6 +222,45 @@ def capture_worker_failures() -> dict[int, Any]:
 
     launcher.launch_agent = launch_agent
     return failures
+
+
+WORKER_POLL = ("_poll", ("self",))
+"""torch's MultiprocessContext poll of its worker processes: one failure per call."""
+
+
+def _multiprocess_context() -> type:
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext  # noqa: PLC0415
+
+    return MultiprocessContext
+
+
+def report_every_failed_worker() -> None:
+    """Report every worker of the node that exited non-zero, not only the first (see the module docstring)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
+
+    context = _multiprocess_context()
+    poll = require_internal(context, *WORKER_POLL)
+    if getattr(poll, "nvrx_eks_every_failure", False):
+        return
+
+    def _poll(self: Any) -> Any:  # noqa: ANN401
+        result = poll(self)
+        processes = getattr(getattr(self, "_pc", None), "processes", None)
+        if result is None or not result.failures or not processes:
+            return result
+        for local_rank, process in enumerate(processes):
+            if local_rank in result.failures or process.exitcode in {None, 0}:
+                continue
+            result.failures[local_rank] = ProcessFailure(
+                local_rank=local_rank,
+                pid=process.pid,
+                exitcode=process.exitcode,
+                error_file=self.error_files[local_rank],
+            )
+        return result
+
+    _poll.nvrx_eks_every_failure = True  # type: ignore[attr-defined]
+    context._poll = _poll  # noqa: SLF001
 
 
 def _barrier_state() -> type:

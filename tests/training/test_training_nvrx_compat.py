@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,47 @@ def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_
     assert (
         nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=0, active_nodes=2) is None
     )
+
+
+_FAILED_WORKERS = """
+import os, signal, sys, time
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+
+def worker(local_rank):
+    if local_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the fault
+    time.sleep(0.5)
+    sys.exit(1)  # its node-mate's collective fails after it
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "every":
+        from training.nvrx_compat import report_every_failed_worker
+        report_every_failed_worker()
+    context = start_processes(
+        name="trainer", entrypoint=worker, args={0: (0,), 1: (1,)}, envs={0: {}, 1: {}},
+        logs_specs=DefaultLogsSpecs(log_dir=sys.argv[2]), start_method="fork",
+    )
+    time.sleep(2.0)  # both workers are dead before the launcher's next poll
+    result = context.wait(0)
+    print(sorted((rank, f.exitcode) for rank, f in result.failures.items()), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("variant", "reported"), [("torch", "[(0, 1)]"), ("every", "[(0, 1), (1, -9)]")])
+def test_a_poll_after_a_sigkill_and_its_collateral_exit_reports_both_workers(tmp_path, variant, reported):
+    """torch reports the first dead worker in local-rank order only, which hid the SIGKILLed rank behind
+    its node-mate's collective error; with the patch both are reported."""
+    script = tmp_path / "failed_workers.py"
+    script.write_text(textwrap.dedent(_FAILED_WORKERS))
+    done = subprocess.run(
+        [sys.executable, str(script), variant, str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == reported, done.stdout
