@@ -15,6 +15,8 @@ fails when the installed NVRx's internals change.
   so the cleanup killed the launcher itself at the end of every run (observed: `Failed to send SIGTERM
   to process group`, SignalException in the agent, the pod lost). `keep_launcher_process_group` leaves
   the launcher's group out; the workers themselves are still stopped by ft_launcher's process context.
+  With no other group left it skips the cleanup, whose fixed 1 s grace between SIGTERM and SIGKILL
+  would otherwise add a second to every restart's teardown for nothing to clean.
 - Which nodes a restart round makes active: NVRx's barrier rendezvous waits `last_call_timeout` for the
   previous round's active nodes, but then ranks every node present by its infrastructure rank alone
   (`_sort_rankable_participants`, then `_assign_group_ranks` sorts by it again). A hot spare with a lower
@@ -311,7 +313,9 @@ def keep_launcher_process_group() -> None:
         return
 
     def terminate_mp_processes(allowed_pgids: set[int]) -> None:
-        cleanup(allowed_pgids={pgid for pgid in allowed_pgids if pgid != os.getpgrp()})
+        others = {pgid for pgid in allowed_pgids if pgid != os.getpgrp()}
+        if others:  # NVRx's cleanup sleeps 1 s between its SIGTERM and SIGKILL, with or without a group
+            cleanup(allowed_pgids=others)
 
     terminate_mp_processes.nvrx_eks_keeps_launcher = True  # type: ignore[attr-defined]
     launcher.terminate_mp_processes = terminate_mp_processes

@@ -45,16 +45,20 @@ from nvidia_resiliency_ext.fault_tolerance import launcher
 if sys.argv[1] == "kept":
     from training.nvrx_compat import keep_launcher_process_group
     keep_launcher_process_group()
+from nvidia_resiliency_ext.fault_tolerance import utils
+slept = []
+utils.time.sleep = slept.append  # its grace between SIGTERM and SIGKILL
 # A forkserver worker is in the launcher's process group: ft_launcher passes that group to its cleanup.
 launcher.terminate_mp_processes(allowed_pgids={os.getpgrp()})
-print("launcher alive", flush=True)
+print(f"launcher alive, grace slept: {slept}", flush=True)
 """
 
 
 @pytest.mark.parametrize("variant", ["nvrx", "kept"])
 def test_the_orphan_cleanup_spares_the_launchers_own_process_group(variant):
     """NVRx's cleanup kills the process group of each worker; for workers forked from the forkserver
-    that is the launcher's own. Unpatched, the launcher dies (SIGTERM); patched, it lives."""
+    that is the launcher's own. Unpatched, the launcher dies (SIGTERM); patched, it lives, and with no
+    other group to clean it does not wait the cleanup's grace."""
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_CLEANUP), variant],
         capture_output=True,
@@ -68,7 +72,8 @@ def test_the_orphan_cleanup_spares_the_launchers_own_process_group(variant):
         assert "launcher alive" not in done.stdout
     else:
         assert done.returncode == 0, done.stderr[-2000:]
-        assert "launcher alive" in done.stdout
+        # Nothing else to clean: no 1 s grace added to the restart's teardown.
+        assert "launcher alive, grace slept: []" in done.stdout
 
 
 def _rank_three_nodes(previous_active: set[int], *, mended: bool) -> set[int]:
