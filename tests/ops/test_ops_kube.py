@@ -30,6 +30,7 @@ def values() -> JobValues:
         instance_profile="p5.48xlarge",
         image=IMAGE,
         storage={"s3_bucket": "ckpt-bucket", "s3_prefix": "checkpoints/"},
+        aws_region="us-east-1",
     )
 
 
@@ -295,6 +296,7 @@ name: demo
 num_nodes: 2
 instance_profile: p5.48xlarge
 image: {IMAGE}
+aws_region: us-east-1
 storage:
   s3_bucket: ckpt-bucket
 """

@@ -107,13 +107,28 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
         "s3_bucket": "nvrx-eks-checkpoints-123456789012",
         "s3_prefix": "ckpt/",
     }
-    # The trainer's SDK reads the region from its env: pods cannot reach the node's instance metadata.
-    assert data["env"] == {"AWS_REGION": OUTPUTS["Region"]}
+    # The trainer's SDK reads the region from its env (the chart sets it from aws_region): pods cannot
+    # reach the node's instance metadata.
+    assert data["aws_region"] == OUTPUTS["Region"]
+    assert "env" not in data
     JobValues.model_validate(data)
     # Running it again changes nothing.
     again = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert "nothing (already up to date)" in again.output
     assert path.read_text() == text
+
+
+def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    _push(moto_session, source_revision())
+    path = tmp_path / "values.yaml"
+    path.write_text(USER_FILE + "env:\n  AWS_REGION: us-east-1\n  OMP_NUM_THREADS: 8\n")
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert "env.AWS_REGION (removed: now aws_region)" in result.output
+    data = yaml.safe_load(path.read_text())
+    assert (data["aws_region"], data["env"]) == ("us-east-1", {"OMP_NUM_THREADS": "8"})
+    JobValues.model_validate(data)
 
 
 def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_session, tmp_path):
