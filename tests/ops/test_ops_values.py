@@ -69,15 +69,20 @@ storage:
 """
 
 
-def _push(session, tag: str) -> str:
-    """What `nvrx-eks image push` leaves in the stack's repository; returns the digest ECR gives it."""
+def _push(session, tag: str, *, store: bool = True) -> str:
+    """What `nvrx-eks image push` leaves in the stack's repository: the trainer's tag and the store's
+    `<tag>-store` beside it; returns the digest ECR gives the trainer's."""
     ecr = session.client("ecr")
     repository = REPO.split("/", 1)[1]
     ecr.create_repository(repositoryName=repository)
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
-    return ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=tag)[
-        "image"
-    ]["imageId"]["imageDigest"]
+    digests = [
+        ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=each)["image"][
+            "imageId"
+        ]["imageDigest"]
+        for each in ((tag, f"{tag}-store") if store else (tag,))
+    ]
+    return digests[0]
 
 
 def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_session, tmp_path):
@@ -98,6 +103,8 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image, with
     # the digest ECR gives that tag (job values take images by digest only).
     assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
+    # The store's small image, pushed beside it as `<tag>-store`, by its own digest.
+    assert data["store_image"] == f"{REPO}:{source_revision()}-store@{digest}"
     assert data["namespace"] == "train"
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
@@ -127,7 +134,7 @@ def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, 
     assert result.exit_code == 0, result.output
     assert "env.AWS_REGION (removed: now aws_region)" in result.output
     data = yaml.safe_load(path.read_text())
-    assert (data["aws_region"], data["env"]) == ("us-east-1", {"OMP_NUM_THREADS": "8"})
+    assert (data["aws_region"], data["env"]) == ("us-east-1", {"OMP_NUM_THREADS": 8})
     JobValues.model_validate(data)
 
 
