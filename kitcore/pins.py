@@ -219,10 +219,16 @@ EKS_ADDONS: dict[str, AddonPin] = {
             source="https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml",
             confirmed=False,
         ),
+        # No public source ties an aws-fsx-csi-driver add-on version to Kubernetes 1.35: AWS's add-on
+        # page names the add-on, not its builds; the public configurations found pin the upstream
+        # driver image (v1.2.0 to v1.9.0, https://github.com/kubernetes-sigs/aws-fsx-csi-driver), whose
+        # add-on builds carry an -eksbuild.N suffix, never an add-on version for 1.35. So it stays
+        # unconfirmed: `nvrx-eks preflight` asks DescribeAddonVersions for it with every other pin (and
+        # lists the valid ones when it is not offered), and `cdk deploy` needs that preflight's pass.
         AddonPin(
             "aws-fsx-csi-driver",
             _same("v1.6.0-eksbuild.1"),
-            source="none found offline: unconfirmed for Kubernetes 1.35",
+            source="none found: unconfirmed for Kubernetes 1.35 (nvrx-eks preflight checks it against EKS)",
             confirmed=False,
         ),
     )
