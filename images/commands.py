@@ -51,20 +51,26 @@ def _tag(tag: str | None) -> str:
 
 def pin(dry_run: DryRun = False) -> None:
     """Record the base image's digest and the EFA installer / aws-ofi-nccl checksums in kitcore/pins.py
-    (downloads both tarballs and asks the registry: run once on a machine with internet)."""
+    and the store image's base digest and torch wheel checksum (downloads them and asks the registries:
+    run once on a machine with internet)."""
     from images import pin as pinning  # noqa: PLC0415
-    from images.build import DOCKERFILE  # noqa: PLC0415
+    from images.build import DOCKERFILE, STORE_DOCKERFILE  # noqa: PLC0415
     from kitcore import pins  # noqa: PLC0415
 
     before = pins.IMAGE
     values = pinning.resolve(before)
-    for name, value in values.items():
-        was = getattr(before, name)
-        print(f"{name}: {value}" + ("" if was == value else f" (was {was})"))
+    store = pinning.resolve_store(pins.STORE_IMAGE)
+    for prefix, pinned, resolved in (("", before, values), ("STORE_IMAGE.", pins.STORE_IMAGE, store)):
+        for name, value in resolved.items():
+            was = getattr(pinned, name)
+            print(f"{prefix}{name}: {value}" + ("" if was == value else f" (was {was})"))
     if dry_run:
         return
     pinning.record(values, pins=before, dockerfile=DOCKERFILE)
-    print(f"recorded in {pinning.PINS_FILE} and {DOCKERFILE}; commit both", file=sys.stderr)
+    pinning.record_store(store, pins=pins.STORE_IMAGE, dockerfile=STORE_DOCKERFILE)
+    print(
+        f"recorded in {pinning.PINS_FILE}, {DOCKERFILE} and {STORE_DOCKERFILE}; commit them", file=sys.stderr
+    )
     if values["base_digest"] != before.base_digest:
         print(
             "the base image changed: run `nvrx-eks image lock` to resolve images/requirements.lock in it",
