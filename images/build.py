@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.revision import source_revision
+from k8s.names import STORE_IMAGE_TAG_SUFFIX
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE, ImagePins
+from kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
+STORE_DOCKERFILE = Path(__file__).resolve().parent / "store.Dockerfile"
+STORE_LOCK_FILE = Path(__file__).resolve().parent / "store-requirements.lock"
+STORE_TAG_SUFFIX = STORE_IMAGE_TAG_SUFFIX
 ENGINES = ("docker", "finch")
 DEFAULT_NAME = "nvrx-eks-training"
 # The GPU instance types in kitcore/profiles.py are all x86_64.
@@ -44,6 +48,14 @@ BUILD_ARG_NAMES: dict[str, str] = {
     "python_abi": "PYTHON_ABI",
     "min_glibc": "MIN_GLIBC",
     "trainer_uid": "TRAINER_UID",
+}
+# StoreImagePins attribute -> store.Dockerfile ARG (the base again as one reference).
+STORE_BUILD_ARG_NAMES: dict[str, str] = {
+    "base_image": "BASE_IMAGE",
+    "torch_version": "TORCH_VERSION",
+    "torch_sha256": "TORCH_SHA256",
+    "nvrx_version": "NVRX_VERSION",
+    "python_abi": "PYTHON_ABI",
 }
 # What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
 # ranges pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
@@ -69,26 +81,40 @@ def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
     return args
 
 
+def store_build_args(*, git_revision: str, pins: StoreImagePins = STORE_IMAGE) -> dict[str, str]:
+    """Every store.Dockerfile ARG the build sets."""
+    missing = {f.name for f in fields(pins)} - BASE_PARTS - STORE_BUILD_ARG_NAMES.keys()
+    if missing:
+        raise RuntimeError(f"store pins without a Dockerfile ARG: {sorted(missing)}")
+    args = {arg: str(getattr(pins, name)) for name, arg in STORE_BUILD_ARG_NAMES.items()}
+    args["GIT_REVISION"] = git_revision
+    return args
+
+
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-def check_verifiable(pins: ImagePins = IMAGE) -> None:
-    """Refuse a build whose base is not pinned by digest or whose tarballs have no checksum."""
+def check_verifiable(pins: ImagePins = IMAGE, store: StoreImagePins = STORE_IMAGE) -> None:
+    """Refuse a build whose bases are not pinned by digest or whose downloads have no checksum."""
     problems = []
-    if not _DIGEST.match(pins.base_digest):
-        problems.append(f"base_digest is {pins.base_digest!r}, not sha256:<64 hex digits>")
-    for name in ("efa_installer_sha256", "aws_ofi_nccl_sha256"):
-        value = getattr(pins, name)
-        if not _SHA256.match(value):
-            problems.append(f"{name} is {value!r}, not a sha256")
+    for prefix, pinned, checksums in (
+        ("", pins, ("efa_installer_sha256", "aws_ofi_nccl_sha256")),
+        ("STORE_IMAGE.", store, ("torch_sha256",)),
+    ):
+        if not _DIGEST.match(pinned.base_digest):
+            problems.append(f"{prefix}base_digest is {pinned.base_digest!r}, not sha256:<64 hex digits>")
+        for name in checksums:
+            value = getattr(pinned, name)
+            if not _SHA256.match(value):
+                problems.append(f"{prefix}{name} is {value!r}, not a sha256")
     if problems:
         raise UserError(
-            "the image would install unverified downloads ("
+            "the images would install unverified downloads ("
             + "; ".join(problems)
             + "). Run `nvrx-eks image pin` once on a machine with internet: it downloads the EFA "
-            "installer and aws-ofi-nccl tarballs, asks the registry for the base image's digest and "
-            "records all three in kitcore/pins.py; then commit it and build again"
+            "installer and aws-ofi-nccl tarballs and the store's torch wheel, asks the registries for the "
+            "base images' digests and records them in kitcore/pins.py; then commit it and build again"
         )
 
 
@@ -206,12 +232,19 @@ def lock_argv(
     ]  # fmt: skip
 
 
-def render_lock(report: dict[str, Any], *, header: str = "") -> str:
-    """A `--require-hashes` requirements file from a pip installation report."""
+STORE_PROVIDED = re.compile(r"^torch$")
+"""The store image installs torch from its checksummed CPU wheel, not from the lock."""
+
+
+def render_lock(
+    report: dict[str, Any], *, header: str = "", provided: re.Pattern[str] = BASE_PROVIDED
+) -> str:
+    """A `--require-hashes` requirements file from a pip installation report, without what the image
+    gets otherwise (`provided`)."""
     lines = [header.rstrip()] if header else []
     for item in sorted(report["install"], key=lambda i: i["metadata"]["name"].lower()):
         name = item["metadata"]["name"].lower().replace("_", "-")
-        if BASE_PROVIDED.match(name):
+        if provided.match(name):
             continue
         sha = item["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha:

@@ -51,25 +51,64 @@ def _tag(tag: str | None) -> str:
 
 def pin(dry_run: DryRun = False) -> None:
     """Record the base image's digest and the EFA installer / aws-ofi-nccl checksums in kitcore/pins.py
-    (downloads both tarballs and asks the registry: run once on a machine with internet)."""
+    and the store image's base digest and torch wheel checksum (downloads them and asks the registries:
+    run once on a machine with internet)."""
     from images import pin as pinning  # noqa: PLC0415
-    from images.build import DOCKERFILE  # noqa: PLC0415
+    from images.build import DOCKERFILE, STORE_DOCKERFILE  # noqa: PLC0415
     from kitcore import pins  # noqa: PLC0415
 
     before = pins.IMAGE
     values = pinning.resolve(before)
-    for name, value in values.items():
-        was = getattr(before, name)
-        print(f"{name}: {value}" + ("" if was == value else f" (was {was})"))
+    store = pinning.resolve_store(pins.STORE_IMAGE)
+    for prefix, pinned, resolved in (("", before, values), ("STORE_IMAGE.", pins.STORE_IMAGE, store)):
+        for name, value in resolved.items():
+            was = getattr(pinned, name)
+            print(f"{prefix}{name}: {value}" + ("" if was == value else f" (was {was})"))
     if dry_run:
         return
     pinning.record(values, pins=before, dockerfile=DOCKERFILE)
-    print(f"recorded in {pinning.PINS_FILE} and {DOCKERFILE}; commit both", file=sys.stderr)
+    pinning.record_store(store, pins=pins.STORE_IMAGE, dockerfile=STORE_DOCKERFILE)
+    print(
+        f"recorded in {pinning.PINS_FILE}, {DOCKERFILE} and {STORE_DOCKERFILE}; commit them", file=sys.stderr
+    )
     if values["base_digest"] != before.base_digest:
         print(
             "the base image changed: run `nvrx-eks image lock` to resolve images/requirements.lock in it",
             file=sys.stderr,
         )
+
+
+def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> None:
+    """Build the training image (images/Dockerfile) and the rendezvous store's image
+    (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py."""
+    from images.build import (  # noqa: PLC0415
+        STORE_DOCKERFILE,
+        STORE_TAG_SUFFIX,
+        build_args,
+        build_argv,
+        check_verifiable,
+        store_build_args,
+    )
+    from kitcore import pins  # noqa: PLC0415
+
+    tag = _tag(tag)
+    if not dry_run:
+        # Fail closed here, before the engine pulls the bases: the Dockerfiles would refuse too.
+        check_verifiable(pins.IMAGE, pins.STORE_IMAGE)
+    engine = _engine(engine, dry_run=dry_run)
+    builds = (
+        (f"{name}:{tag}", build_args(git_revision=tag, pins=pins.IMAGE), None),
+        (
+            f"{name}:{tag}{STORE_TAG_SUFFIX}",
+            store_build_args(git_revision=tag, pins=pins.STORE_IMAGE),
+            STORE_DOCKERFILE,
+        ),
+    )
+    for image_name, args, dockerfile in builds:
+        extra = {"dockerfile": dockerfile} if dockerfile else {}
+        _run(build_argv(engine=engine, image=image_name, args=args, **extra), dry_run=dry_run)
+    for image_name, _, _ in builds:
+        print(image_name)
 
 
 def register(*, image: typer.Typer, **_: typer.Typer) -> None:
@@ -80,21 +119,9 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     def build(
         engine: Engine = None, name: Name = "nvrx-eks-training", tag: Tag = None, dry_run: DryRun = False
     ) -> None:
-        """Build the training image from images/Dockerfile with every version from kitcore/pins.py."""
-        from images.build import build_args, build_argv, check_verifiable  # noqa: PLC0415
-        from kitcore import pins  # noqa: PLC0415
-
-        tag = _tag(tag)
-        if not dry_run:
-            # Fail closed here, before the engine pulls the base: the Dockerfile would refuse too.
-            check_verifiable(pins.IMAGE)
-        argv = build_argv(
-            engine=_engine(engine, dry_run=dry_run),
-            image=f"{name}:{tag}",
-            args=build_args(git_revision=tag, pins=pins.IMAGE),
-        )
-        _run(argv, dry_run=dry_run)
-        print(f"{name}:{tag}")
+        """Build the training image (images/Dockerfile) and the rendezvous store's image
+        (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py."""
+        _build(engine=engine, name=name, tag=tag, dry_run=dry_run)
 
     @image.command("push")
     def push(
@@ -111,8 +138,10 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         tag: Tag = None,
         dry_run: DryRun = False,
     ) -> None:
-        """Push a built image to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST (job values)."""
+        """Push the built images to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST for the
+        trainer (job values `image`) and REPOSITORY:TAG-store@DIGEST for the store (`store_image`)."""
         from images.build import (  # noqa: PLC0415
+            STORE_TAG_SUFFIX,
             ecr_password,
             login_argv,
             parse_repository_uri,
@@ -135,14 +164,18 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             with aws_errors("ecr:GetAuthorizationToken"):
                 password = ecr_password(session.client("ecr"), registry)
         _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
-        for argv in push_argvs(engine=engine, local_image=f"{name}:{tag}", repository_uri=uri, tag=tag):
-            _run(argv, dry_run=dry_run)
-        if dry_run:
-            print(f"{uri}:{tag}")
-            return
-        # Jobs take the image by digest (k8s/values.py): the registry says which one the tag now names.
+        tags = (tag, f"{tag}{STORE_TAG_SUFFIX}")
+        for each in tags:
+            for argv in push_argvs(engine=engine, local_image=f"{name}:{each}", repository_uri=uri, tag=each):
+                _run(argv, dry_run=dry_run)
+        # Jobs take images by digest (k8s/values.py): the registry says which one each tag now names.
         with aws_errors("ecr:DescribeImages"):
-            print(f"{uri}:{tag}@{pushed_digest(session.client('ecr'), uri, tag)}")
+            ecr = None if dry_run else session.client("ecr")
+            print(
+                "\n".join(
+                    f"{uri}:{each}" + (f"@{pushed_digest(ecr, uri, each)}" if ecr else "") for each in tags
+                )
+            )
 
     @image.command("lock")
     def lock(engine: Engine = None, dry_run: DryRun = False) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.error import HTTPError, URLError
 
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE, ImagePins
+from kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -31,6 +31,9 @@ PINS_FILE = Path(__file__).resolve().parent.parent / "kitcore" / "pins.py"
 # The fields this command owns, and the Dockerfile ARGs that carry them (images/build.py BUILD_ARG_NAMES).
 PINNED_FIELDS = ("base_digest", "efa_installer_sha256", "aws_ofi_nccl_sha256")
 DOCKERFILE_ARGS = {"BASE_IMAGE": "base_image", **{f.upper(): f for f in PINNED_FIELDS[1:]}}
+# The same for the store's image (kitcore/pins.py STORE_IMAGE, images/store.Dockerfile).
+STORE_PINNED_FIELDS = ("base_digest", "torch_sha256")
+STORE_DOCKERFILE_ARGS = {"BASE_IMAGE": "base_image", "TORCH_SHA256": "torch_sha256"}
 # Both manifest lists (multi-platform tags, like NGC's) and single manifests: the digest recorded is the
 # one `docker buildx imagetools inspect` prints for the tag.
 MANIFEST_TYPES = (
@@ -105,6 +108,8 @@ def registry_digest(repository: str, tag: str, *, opener: Opener = _open, scheme
     host, slash, path = repository.partition("/")
     if not slash or not ("." in host or ":" in host):
         raise UserError(f"base_repository {repository!r} must start with its registry (e.g. nvcr.io/...)")
+    # Docker Hub's images are named docker.io/..., its registry API answers at registry-1.docker.io.
+    host = {"docker.io": "registry-1.docker.io"}.get(host, host)
     url = f"{scheme}://{host}/v2/{path}/manifests/{tag}"
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     try:
@@ -143,25 +148,36 @@ def _offset(lines: list[str], line: int, col: int) -> int:
     return sum(len(text) for text in lines[: line - 1]) + col
 
 
-def rewrite_pins(source: str, values: Mapping[str, str]) -> str:
-    """`source` (kitcore/pins.py) with the keyword arguments `values` names in `IMAGE = ImagePins(...)`
+def resolve_store(
+    pins: StoreImagePins = STORE_IMAGE, *, opener: Opener | None = None, scheme: str = "https"
+) -> dict[str, str]:
+    """The values `pin` records for the store image's versions: field -> value."""
+    opener = opener or _open
+    return {
+        "base_digest": registry_digest(pins.base_repository, pins.base_tag, opener=opener, scheme=scheme),
+        "torch_sha256": sha256_of(pins.torch_wheel_url, opener=opener),
+    }
+
+
+def rewrite_pins(source: str, values: Mapping[str, str], *, target: str = "IMAGE") -> str:
+    """`source` (kitcore/pins.py) with the keyword arguments `values` names in `<target> = ...(...)`
     set to new string literals; every other character unchanged."""
     call = next(
         (
             node.value
             for node in ast.parse(source).body
             if isinstance(node, ast.Assign)
-            and [getattr(t, "id", None) for t in node.targets] == ["IMAGE"]
+            and [getattr(t, "id", None) for t in node.targets] == [target]
             and isinstance(node.value, ast.Call)
         ),
         None,
     )
     if call is None:
-        raise RuntimeError("kitcore/pins.py has no `IMAGE = ImagePins(...)`")
+        raise RuntimeError(f"kitcore/pins.py has no `{target} = ...(...)`")
     keywords = {k.arg: k.value for k in call.keywords}
     missing = [name for name in values if name not in keywords]
     if missing:
-        raise RuntimeError(f"kitcore/pins.py IMAGE does not set {missing}: add them (any value) first")
+        raise RuntimeError(f"kitcore/pins.py {target} does not set {missing}: add them (any value) first")
     lines = source.splitlines(keepends=True)
     spans = sorted(
         (
@@ -178,9 +194,11 @@ def rewrite_pins(source: str, values: Mapping[str, str]) -> str:
     return source
 
 
-def rewrite_dockerfile(text: str, pins: ImagePins) -> str:
+def rewrite_dockerfile(
+    text: str, pins: ImagePins | StoreImagePins, args: Mapping[str, str] = DOCKERFILE_ARGS
+) -> str:
     """Every `ARG NAME=default` line of the pinned ARGs set to the pins' value."""
-    for arg, attribute in DOCKERFILE_ARGS.items():
+    for arg, attribute in args.items():
         value = str(getattr(pins, attribute))
         text = re.sub(rf"^ARG {arg}=\S*[ \t]*$", f"ARG {arg}={value}", text, flags=re.MULTILINE)
     return text
@@ -195,4 +213,19 @@ def record(
     pinned = dataclasses.replace(pins, **values)
     pins_file.write_text(rewrite_pins(pins_file.read_text(), values))
     dockerfile.write_text(rewrite_dockerfile(dockerfile.read_text(), pinned))
+    return pinned
+
+
+def record_store(
+    values: Mapping[str, str],
+    *,
+    pins: StoreImagePins = STORE_IMAGE,
+    pins_file: Path | None = None,
+    dockerfile: Path,
+) -> StoreImagePins:
+    """Write the store image's `values` into kitcore/pins.py STORE_IMAGE and images/store.Dockerfile."""
+    pins_file = pins_file or PINS_FILE
+    pinned = dataclasses.replace(pins, **values)
+    pins_file.write_text(rewrite_pins(pins_file.read_text(), values, target="STORE_IMAGE"))
+    dockerfile.write_text(rewrite_dockerfile(dockerfile.read_text(), pinned, STORE_DOCKERFILE_ARGS))
     return pinned

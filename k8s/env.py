@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from cdk8s_plus_33 import k8s
 
+from k8s.values import REGION_ENV
 from training.selfcheck import PROFILE_ENV
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ def plain_env(values: JobValues) -> dict[str, str]:
     env |= EFA_NCCL_ENV if values.profile.efa_devices else {}
     env |= CPU_ENV if not values.profile.gpus else {}
     env |= BASELINE_ENV if values.mode == "baseline" else {}
+    # The SDKs' Region (k8s/values.py REGION_ENV): the pods cannot reach the instance metadata service.
+    env |= dict.fromkeys(REGION_ENV, values.aws_region) if values.aws_region else {}
     env |= values.env
     return env
 

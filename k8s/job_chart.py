@@ -80,6 +80,13 @@ def _image(values: JobValues) -> tuple[str, str]:
     return values.image, "Never" if values.image == LOCAL_IMAGE else "IfNotPresent"
 
 
+def _store_image(values: JobValues) -> tuple[str, str]:
+    """The store's own small image (k8s/values.py store_image), or `local` with the job's."""
+    if values.image == LOCAL_IMAGE or values.store_image is None:
+        return LOCAL_IMAGE, "Never"
+    return values.store_image, "IfNotPresent"
+
+
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 INFRA_RANK_ENV = "GROUP_RANK"
 """NVRx's per-node identity in the barrier rendezvous (its `get_infrastructure_rank`: SLURM variables,
@@ -206,12 +213,12 @@ def trainer_owned_folders(values: JobValues) -> list[str]:
 
 class RendezvousStore(Construct):
     """One-replica Deployment running NVRx's control process (the job's TCPStore and rendezvous
-    coordinator), and the Service the launchers reach it by."""
+    coordinator), and the headless Service whose name resolves to its pod."""
 
     def __init__(self, scope: Construct, id: str, *, values: JobValues) -> None:  # noqa: A002
         super().__init__(scope, id)
         labels = names.job_labels(values.name, "rendezvous-store")
-        image, pull = _image(values)
+        image, pull = _store_image(values)
         port = names.STORE_PORT
         k8s.KubeDeployment(
             self,
@@ -274,6 +281,15 @@ class RendezvousStore(Construct):
                 ),
             ),
         )
+        # Headless: the launchers reach the store at its pod IP, not through a ClusterIP. The job's
+        # egress rule admits the job's own pods by label (JobNetworkPolicies), and the store carries that
+        # label too, so the rule selects its own source pods; the VPC CNI's policy engine then drops
+        # egress to a ClusterIP Service whose backends that self-referencing rule selects, while it
+        # admits the same backend at its pod IP
+        # (https://github.com/aws/amazon-network-policy-controller-k8s/issues/236). A pod IP is what
+        # every policy engine matches a podSelector against, so the rule holds wherever it is enforced.
+        # Only a ready store is named (no publishNotReadyAddresses): a launcher that resolves the name
+        # reaches a store that listens; the Recreate strategy keeps that one pod.
         k8s.KubeService(
             self,
             "service",
@@ -281,7 +297,9 @@ class RendezvousStore(Construct):
                 name=store_service_name(values), namespace=values.namespace, labels=labels
             ),
             spec=k8s.ServiceSpec(
+                cluster_ip="None",
                 selector=labels,
+                # A headless Service forwards nothing: port = targetPort = the container's port.
                 ports=[
                     k8s.ServicePort(name="rdzv", port=port, target_port=k8s.IntOrString.from_number(port))
                 ],

@@ -27,6 +27,9 @@ TRAINING_PRIORITY_VALUE = 1_000_000
 STORE_PORT = 29400
 STORE_SUFFIX = "-rdzv"
 """The rendezvous store's Deployment and Service: `<job>-rdzv` (the store alert matches the suffix)."""
+STORE_IMAGE_TAG_SUFFIX = "-store"
+"""`nvrx-eks image push` pushes the store's image (images/store.Dockerfile) to the training image's
+repository as `<tag>-store`; `nvrx-eks values` finds it there by that name."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_LABEL = "nvrx-eks/job"
 

@@ -56,6 +56,13 @@ _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
 _S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 _IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+# An AWS Region code: partition prefix, optional qualifier, direction, number (us-east-1, eu-central-2,
+# us-gov-west-1, cn-northwest-1, us-isob-east-1).
+# https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-regions.html
+_AWS_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+"""Where the AWS SDKs look for the region (boto3 reads AWS_DEFAULT_REGION, the other SDKs and the CLI
+AWS_REGION): the chart sets both from `aws_region`."""
 
 
 def check_dns_subdomain(value: str) -> str:
@@ -114,6 +121,15 @@ def check_image_digest(value: str) -> str:
             f"{value!r} has no digest: pin the image as REPOSITORY:TAG@sha256:DIGEST, the reference "
             "`nvrx-eks image push` prints (for an image already pushed: `aws ecr describe-images "
             "--repository-name NAME --image-ids imageTag=TAG --query 'imageDetails[0].imageDigest'`)"
+        )
+    return value
+
+
+def check_aws_region(value: str) -> str:
+    if not _AWS_REGION.match(value):
+        raise ValueError(
+            f"{value!r} is not an AWS Region code (e.g. us-east-1); use the Region the cluster stack is in "
+            "(its output Region; `nvrx-eks values --stack NAME -o VALUES` sets it)"
         )
     return value
 
@@ -327,6 +343,11 @@ class JobValues(_Section):
     namespace: str = names.TRAINING_NAMESPACE
     image: str = LOCAL_IMAGE
     """Container image, or `local` for the local executor (this virtualenv)."""
+    store_image: str | None = None
+    """The rendezvous store's image by digest (images/store.Dockerfile: Python, torch's CPU build, NVRx
+    and the store's module; the training image would put ~20 GB on the system nodes). `nvrx-eks image
+    push` prints it as REPOSITORY:TAG-store@sha256:DIGEST and `nvrx-eks values --stack` sets it. Required
+    with a container `image`; with `image: local` the store runs on this machine too (leave it unset)."""
     nvrx_version: str | None = None
     """NVRx in the image; default: kitcore/pins.py IMAGE.nvrx_version, or the installed one for `local`."""
     service_account: str = names.TRAINING_SERVICE_ACCOUNT
@@ -358,6 +379,11 @@ class JobValues(_Section):
     require_verified_nodes: bool | None = None
     """Schedule only on nodes the node check verified (label nvrx-eks/verified=true; the cluster stack's
     node_check). Default: on for EC2 profiles, off for local runs."""
+    aws_region: str | None = None
+    """The Region of the job's AWS resources (the checkpoint bucket), set as AWS_REGION and
+    AWS_DEFAULT_REGION in the trainer's environment. The pods cannot ask the node's instance metadata,
+    where an SDK would otherwise look it up (hop limit 1, and the job's NetworkPolicy), so a job that
+    writes to S3 needs it; `nvrx-eks values --stack NAME` sets it from the stack's Region output."""
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, SecretRef] = Field(default_factory=dict)
     """Environment variables read from Kubernetes Secrets (never plain values)."""
@@ -381,6 +407,29 @@ class JobValues(_Section):
     @classmethod
     def _image(cls, value: str) -> str:
         return value if value == LOCAL_IMAGE else check_image_digest(check_image_reference(value))
+
+    @field_validator("store_image")
+    @classmethod
+    def _store_image(cls, value: str | None) -> str | None:
+        if value is None or value == LOCAL_IMAGE:
+            return value
+        return check_image_digest(check_image_reference(value))
+
+    @model_validator(mode="after")
+    def _store_image_matches_image(self) -> JobValues:
+        local_store = self.store_image in {None, LOCAL_IMAGE}
+        if self.image == LOCAL_IMAGE and not local_store:
+            raise ValueError(
+                "store_image: image: local runs the whole job on this machine, the store included; remove "
+                "store_image (or set image to the training image)"
+            )
+        if self.image != LOCAL_IMAGE and local_store:
+            raise ValueError(
+                "store_image is missing: the rendezvous store runs its own small image, by digest, "
+                "REPOSITORY:TAG-store@sha256:DIGEST, the second line `nvrx-eks image push` prints "
+                "(`nvrx-eks values --stack NAME -o VALUES` sets it)"
+            )
+        return self
 
     @field_validator("service_account", "priority_class", "store_priority_class")
     @classmethod
@@ -448,6 +497,22 @@ class JobValues(_Section):
                 )
         return value
 
+    @field_validator("aws_region")
+    @classmethod
+    def _region(cls, value: str | None) -> str | None:
+        return check_aws_region(value) if value is not None else None
+
+    @field_validator("env")
+    @classmethod
+    def _region_has_its_own_field(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in REGION_ENV:
+            if key in value:
+                raise ValueError(
+                    f"{key} is set by the chart from aws_region (both AWS_REGION and AWS_DEFAULT_REGION); "
+                    f"move it there: aws_region: {value[key]}"
+                )
+        return value
+
     @field_validator("env")
     @classmethod
     def _no_plain_secrets(cls, value: dict[str, str]) -> dict[str, str]:
@@ -467,6 +532,17 @@ class JobValues(_Section):
                 f"timeouts: rdzv_last_call_s ({t.rdzv_last_call_s}) must be at least workers_stop_s "
                 f"({t.workers_stop_s:g}) with spares: a restart round waits that long for every node that "
                 "is only restarting its workers, else a spare takes its place"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _s3_needs_a_region(self) -> JobValues:
+        if self.storage.s3_bucket is not None and self.aws_region is None:
+            raise ValueError(
+                f"aws_region is missing: the durable tier writes to s3://{self.storage.s3_bucket}, and the "
+                "trainer's AWS SDK has no other way to learn the Region (the node's instance metadata is out "
+                "of the pod's reach); set aws_region: to the bucket's Region (the stack output Region; "
+                "`nvrx-eks values --stack NAME -o VALUES` sets it), or remove storage.s3_bucket"
             )
         return self
 

@@ -93,6 +93,54 @@ IMAGE = ImagePins(
     aws_ofi_nccl_sha256=UNPUBLISHED_SHA256,
 )
 
+
+@dataclass(frozen=True)
+class StoreImagePins:
+    """The rendezvous store's image (images/store.Dockerfile): NVRx's control process and torch's
+    TCPStore on the CPU. The store runs on the system nodes; the training image (CUDA, NCCL, EFA, ~20 GB)
+    would fill their root volumes and take minutes to pull before any launcher can rendezvous."""
+
+    base_repository: str
+    base_tag: str
+    torch_version: str
+    """The CPU build of torch, the release the training image's base carries (one TCPStore protocol)."""
+    nvrx_version: str
+    base_digest: str = UNPUBLISHED_SHA256
+    torch_sha256: str = UNPUBLISHED_SHA256
+    """sha256 of the CPU wheel at `torch_wheel_url`."""
+    python_abi: str = "cp312"
+    """NVRx publishes cp312 wheels only."""
+
+    @property
+    def base_image(self) -> str:
+        reference = f"{self.base_repository}:{self.base_tag}"
+        return reference if self.base_digest == UNPUBLISHED_SHA256 else f"{reference}@{self.base_digest}"
+
+    @property
+    def torch_wheel_url(self) -> str:
+        # PyTorch's own index of CPU-only builds (PyPI's Linux x86_64 wheels are the CUDA ones).
+        return (
+            f"https://download.pytorch.org/whl/cpu/torch-{self.torch_version}%2Bcpu-"
+            f"{self.python_abi}-{self.python_abi}-manylinux_2_28_x86_64.whl"
+        )
+
+
+# The store image. Base: the Python image of Debian 13 "trixie" (glibc 2.41 >= NVRx's manylinux_2_39,
+# CPython 3.12 for its cp312 wheel), https://hub.docker.com/_/python ; its digest is one a public
+# Dockerfile pins for this tag (found by code search, not read from the registry): `nvrx-eks image pin`
+# replaces it with the registry's answer and records the torch wheel's checksum, which holds
+# UNPUBLISHED_SHA256 until then (the build refuses it). torch 2.9.0: the PyTorch of IMAGE's NGC 25.09
+# base (its release notes above), so the launchers' TCPStore clients and the store speak one release.
+# https://download.pytorch.org/whl/cpu/torch/
+STORE_IMAGE = StoreImagePins(
+    base_repository="docker.io/library/python",
+    base_tag="3.12-slim-trixie",
+    torch_version="2.9.0",
+    nvrx_version=IMAGE.nvrx_version,
+    base_digest="sha256:d86b4c74b936c438cd4cc3a9f7256b9a7c27ad68c7caf8c205e18d9845af0164",
+    torch_sha256=UNPUBLISHED_SHA256,
+)
+
 NVRX_SUPPORTED_SINCE = ".".join(IMAGE.nvrx_version.split(".")[:2])
 """The oldest NVRx the kit runs with: the pin's minor release (the launcher, the job chart and the trainer
 rely on its barrier rendezvous, control process and hot spares)."""
@@ -171,10 +219,16 @@ EKS_ADDONS: dict[str, AddonPin] = {
             source="https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml",
             confirmed=False,
         ),
+        # No public source ties an aws-fsx-csi-driver add-on version to Kubernetes 1.35: AWS's add-on
+        # page names the add-on, not its builds; the public configurations found pin the upstream
+        # driver image (v1.2.0 to v1.9.0, https://github.com/kubernetes-sigs/aws-fsx-csi-driver), whose
+        # add-on builds carry an -eksbuild.N suffix, never an add-on version for 1.35. So it stays
+        # unconfirmed: `nvrx-eks preflight` asks DescribeAddonVersions for it with every other pin (and
+        # lists the valid ones when it is not offered), and `cdk deploy` needs that preflight's pass.
         AddonPin(
             "aws-fsx-csi-driver",
             _same("v1.6.0-eksbuild.1"),
-            source="none found offline: unconfirmed for Kubernetes 1.35",
+            source="none found: unconfirmed for Kubernetes 1.35 (nvrx-eks preflight checks it against EKS)",
             confirmed=False,
         ),
     )

@@ -9,8 +9,9 @@ What it does, the way Kubernetes would:
   `JOB_COMPLETION_INDEX`, `HOSTNAME=<job>-<index>` and the completion-index annotation for fieldRefs.
 - `$(VAR)` references in command/args are expanded from the container's env (Kubernetes semantics).
 - Names resolve to loopback by rewriting command-line arguments and env values (documented mapping):
-  a Service `<svc>[.<ns>[.svc[.cluster.local]]]:<port>` -> 127.0.0.1:<local port>; a pod of the headless
-  Service `<job>-<i>.<svc>...` -> 127.0.0.<2+i>. Each "node" gets its own loopback address (all of 127/8
+  a Service `<svc>[.<ns>[.svc[.cluster.local]]]:<port>` -> 127.0.0.1:<local port> (the store's Service,
+  headless or not, names its one pod); a pod of the nodes' headless Service `<job>-<i>.<svc>...` ->
+  127.0.0.<2+i>. Each "node" gets its own loopback address (all of 127/8
   reaches this machine), so nodes stay distinguishable as they are on a cluster.
 - Ports are mapped the same way, so that two jobs run side by side: every containerPort of the store's
   pod gets a local port that is free now (bound to port 0 and released; `ports` sets one explicitly).
@@ -270,10 +271,11 @@ class _Names:
         store_labels = store_template.get("metadata", {}).get("labels", {})
         store_ports = _container_ports(store_template.get("spec", {}))
         for svc in rendered.services:
-            if svc["spec"].get("clusterIP") == "None":
-                continue  # a headless Service is reached through its pods' names
+            selects_store = _selects(svc, store_labels)
+            if svc["spec"].get("clusterIP") == "None" and not selects_store:
+                continue  # the nodes' headless Service is reached through its pods' names (above)
             name = re.escape(svc["metadata"]["name"])
-            if _selects(svc, store_labels):
+            if selects_store:
                 for entry in svc["spec"].get("ports", []):
                     target = store_ports.get(entry.get("targetPort", entry["port"]))
                     if target is None:

@@ -181,9 +181,10 @@ def values(
 ) -> None:
     """Write the job values the deployed stack decides into a values file, keeping everything else.
 
-    Sets image (ECR repository, your tag kept, the digest ECR gives that tag), namespace,
-    service_account, instance_profile, storage.fsx_pvc, storage.s3_bucket and storage.s3_prefix;
-    comments and other values stay.
+    Sets image (ECR repository, your tag kept, the digest ECR gives that tag), store_image (the same
+    tag's store image, with its digest), namespace,
+    service_account, instance_profile, storage.fsx_pvc, storage.s3_bucket, storage.s3_prefix and
+    aws_region; comments and other values stay.
     Exit codes: 0 ok; 2 missing stack/outputs, bad values file, no credentials; 4 AWS unavailable.
     """
     from pydantic import ValidationError  # noqa: PLC0415
@@ -197,10 +198,15 @@ def values(
         session = _session(profile, region)
         info = stack_values.read_stack(session, stack)
         updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
-        pinned = stack_values.with_digest(session, updates["image"])
-        unpushed = None if pinned else updates["image"]
-        updates["image"] = pinned or updates["image"]
+        updates["store_image"] = stack_values.store_image_for(updates["image"])
+        unpushed = []
+        for field in ("image", "store_image"):
+            pinned = stack_values.with_digest(session, updates[field])
+            if pinned is None:
+                unpushed.append(f"{field} (push {updates[field]}, then run this again for its digest)")
+            updates[field] = pinned or updates[field]
         changed = stack_values.apply_updates(doc, updates)
+        changed += [f"{field} (removed: now aws_region)" for field in stack_values.drop_region_env(doc)]
         missing: list[str] = []
         try:
             JobValues.model_validate(stack_values.plain(doc))
@@ -208,8 +214,7 @@ def values(
             # Fields only the user can choose (name, num_nodes) may still be missing in a new file, and
             # the image's digest until its tag is pushed.
             missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
-            if unpushed:
-                missing += [f"image (push {unpushed}, then run this again for its digest)"]
+            missing += unpushed
             if len(missing) != exc.error_count():
                 raise UserError(
                     describe_validation_error(exc, source=f"{output} after the stack values")

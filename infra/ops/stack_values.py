@@ -1,7 +1,7 @@
 """Deployed stack outputs (CloudFormation) -> the job values that depend on them.
 
 Only the fields the stack decides are written (image repository, namespace, service account, PVC,
-bucket and prefix, instance profile); everything else in the user's values file, comments and key
+bucket and prefix, Region, instance profile); everything else in the user's values file, comments and key
 order included, is kept (ruamel.yaml round-trip).
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from infra.ops.aws import aws_errors, error_code
 from infra.outputs import OUTPUT_KEYS
 from infra.revision import source_revision
+from k8s.names import STORE_IMAGE_TAG_SUFFIX
 from kitcore.configio import UserError, read_text
 
 if TYPE_CHECKING:
@@ -31,8 +32,12 @@ FIELD_SOURCES: dict[tuple[str, ...], str] = {
     ("storage", "s3_prefix"): "CheckpointPrefix",
     # The trainer's AWS SDK needs a region for S3 and STS; pods cannot reach the node's instance
     # metadata (hop limit 1, and the job's NetworkPolicy), where the SDK would otherwise look it up.
-    ("env", "AWS_REGION"): "Region",
+    # The chart sets AWS_REGION and AWS_DEFAULT_REGION from it.
+    ("aws_region",): "Region",
 }
+# Where earlier versions of this command wrote the region: the values now refuse it there (the chart
+# owns those variables), so a file written then has it moved to `aws_region`.
+_REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 _SETTLED = ("_COMPLETE",)
 
 
@@ -136,6 +141,14 @@ def image_for(repository_uri: str, current: str | None, *, default_tag: str | No
     return f"{repository_uri}:{tag}"
 
 
+def store_image_for(image: str) -> str:
+    """The store image `nvrx-eks image push` pushes beside the trainer's `image`: the same repository,
+    its tag with the store suffix (no digest: `with_digest` asks ECR for the store tag's own)."""
+    name = image.partition("@")[0]
+    repository, _, tag = name.rpartition(":")
+    return f"{repository}:{tag}{STORE_IMAGE_TAG_SUFFIX}"
+
+
 _BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _NOT_PUSHED = frozenset({"ImageNotFoundException", "RepositoryNotFoundException"})
 
@@ -222,6 +235,20 @@ def apply_updates(doc: Any, updates: dict[str, Any], prefix: str = "") -> list[s
             doc[key] = value
             changed.append(f"{prefix}{key}")
     return changed
+
+
+def drop_region_env(doc: Any) -> list[str]:  # noqa: ANN401 - ruamel CommentedMap
+    """Remove env.AWS_REGION / env.AWS_DEFAULT_REGION (now `aws_region`, set from the stack); an env
+    left empty goes too. Returns the dotted fields removed."""
+    env = doc.get("env")
+    if not isinstance(env, dict):
+        return []
+    removed = [f"env.{key}" for key in _REGION_ENV if key in env]
+    for key in _REGION_ENV:
+        env.pop(key, None)
+    if removed and not env:
+        del doc["env"]
+    return removed
 
 
 def dump_roundtrip(doc: Any, path: Path) -> None:  # noqa: ANN401

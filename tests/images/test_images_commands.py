@@ -22,7 +22,7 @@ from images import build
 from images.commands import register
 from kitcore import pins
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE
+from kitcore.pins import IMAGE, STORE_IMAGE
 
 URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
 
@@ -56,6 +56,7 @@ def fake_engine(tmp_path, monkeypatch):
 
 
 VERIFIED = dataclasses.replace(IMAGE, efa_installer_sha256="a" * 64, aws_ofi_nccl_sha256="b" * 64)
+STORE_VERIFIED = dataclasses.replace(STORE_IMAGE, torch_sha256="c" * 64)
 
 
 UNPINNED = dataclasses.replace(
@@ -69,12 +70,15 @@ UNPINNED = dataclasses.replace(
 def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engine, monkeypatch):
     # Until `nvrx-eks image pin` has run, the pins hold placeholders.
     monkeypatch.setattr(pins, "IMAGE", UNPINNED)
+    monkeypatch.setattr(pins, "STORE_IMAGE", STORE_IMAGE)
     result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t0"])
     assert isinstance(result.exception, UserError)
     message = str(result.exception)
     assert "efa_installer_sha256 is 'unpublished', not a sha256" in message
     assert "aws_ofi_nccl_sha256" in message
     assert "base_digest is 'unpublished'" in message
+    # The store image's torch wheel too (its checksum is recorded by the same command).
+    assert "STORE_IMAGE.torch_sha256 is 'unpublished', not a sha256" in message
     # It says what to run, and names no file that does not exist.
     assert "Run `nvrx-eks image pin` once on a machine with internet" in message
     for path in re.findall(r"[\w/.-]+\.(?:py|sh|md)\b", message):
@@ -91,15 +95,18 @@ def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engin
 )
 def test_a_tag_only_base_or_a_malformed_checksum_is_refused(change, problem):
     with pytest.raises(UserError, match=problem):
-        build.check_verifiable(dataclasses.replace(VERIFIED, **change))
-    build.check_verifiable(VERIFIED)  # the same pins, verified, pass
+        build.check_verifiable(dataclasses.replace(VERIFIED, **change), STORE_VERIFIED)
+    build.check_verifiable(VERIFIED, STORE_VERIFIED)  # the same pins, verified, pass
+    with pytest.raises(UserError, match=re.escape("STORE_IMAGE.base_digest is '3.12-slim-trixie'")):
+        build.check_verifiable(VERIFIED, dataclasses.replace(STORE_VERIFIED, base_digest="3.12-slim-trixie"))
 
 
 def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkeypatch):
     monkeypatch.setattr(pins, "IMAGE", VERIFIED)
+    monkeypatch.setattr(pins, "STORE_IMAGE", STORE_VERIFIED)
     result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t1"])
     assert result.exit_code == 0, result.output
-    [call] = fake_engine()
+    call, store = fake_engine()
     argv = call["argv"]
     assert argv[:2] == ["build", "--file"]
     assert argv[argv.index("--tag") + 1] == "nvrx-eks-training:t1"
@@ -110,7 +117,15 @@ def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkey
     assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
     assert passed["BASE_IMAGE"] == IMAGE.base_image
     assert passed["EFA_INSTALLER_SHA256"] == "a" * 64
-    assert result.stdout.strip().endswith("nvrx-eks-training:t1")
+    # The store's small image, from its own Dockerfile and pins, tagged beside the trainer's.
+    argv = store["argv"]
+    assert argv[argv.index("--file") + 1] == str(build.STORE_DOCKERFILE)
+    assert argv[argv.index("--tag") + 1] == "nvrx-eks-training:t1-store"
+    passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+    assert passed == build.store_build_args(git_revision="t1", pins=STORE_VERIFIED)
+    assert passed["TORCH_SHA256"] == "c" * 64
+    assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
+    assert result.stdout.split() == ["nvrx-eks-training:t1", "nvrx-eks-training:t1-store"]
 
 
 def test_dry_run_prints_the_command_and_runs_nothing(fake_engine):
@@ -155,13 +170,18 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "layers": [],
         }
-        pushed = ecr.put_image(
-            repositoryName=URI.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="t3"
-        )["image"]["imageId"]["imageDigest"]
+        pushed, pushed_store = (
+            ecr.put_image(
+                repositoryName=URI.split("/", 1)[1],
+                imageManifest=json.dumps(manifest),
+                imageTag=tag,
+            )["image"]["imageId"]["imageDigest"]
+            for tag in ("t3", "t3-store")
+        )
         result = CliRunner().invoke(_app(), ["image", "push", "--repository", URI, "--tag", "t3"])
         token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
     assert result.exit_code == 0, result.output
-    login, tag, push = fake_engine()
+    login, tag, push, tag_store, push_store = fake_engine()
     registry = URI.split("/", 1)[0]
     assert login["argv"] == ["login", "--username", "AWS", "--password-stdin", registry]
     password = base64.b64decode(token).decode().partition(":")[2]
@@ -169,8 +189,10 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
     assert password not in " ".join(login["argv"])
     assert tag["argv"] == ["tag", "nvrx-eks-training:t3", f"{URI}:t3"]
     assert push["argv"] == ["push", f"{URI}:t3"]
-    # The job values' image: tag and the digest the registry gave the pushed tag.
-    assert result.stdout.strip().endswith(f"{URI}:t3@{pushed}")
+    assert tag_store["argv"] == ["tag", "nvrx-eks-training:t3-store", f"{URI}:t3-store"]
+    assert push_store["argv"] == ["push", f"{URI}:t3-store"]
+    # The job values' image and store_image: tags and the digests the registry gave the pushed tags.
+    assert result.stdout.split()[-2:] == [f"{URI}:t3@{pushed}", f"{URI}:t3-store@{pushed_store}"]
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", pushed)
 
 

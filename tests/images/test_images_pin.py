@@ -26,7 +26,7 @@ from images import build
 from images import pin as pinning
 from images.commands import register
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE, UNPUBLISHED_SHA256
+from kitcore.pins import IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 EFA_BYTES = b"efa installer tarball " * 100_000  # > one read chunk
 OFI_BYTES = b"aws-ofi-nccl release tarball\n"
+TORCH_BYTES = b"torch cpu wheel\n"
 MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json"}).encode()
 MANIFEST_DIGEST = f"sha256:{hashlib.sha256(MANIFEST).hexdigest()}"
 TOKEN = "anonymous-pull-token"  # noqa: S105 - the fake registry's token
@@ -64,6 +65,10 @@ class _Registry(BaseHTTPRequestHandler):
                 f"/aws/aws-ofi-nccl/releases/download/v{IMAGE.aws_ofi_nccl}/aws-ofi-nccl-{IMAGE.aws_ofi_nccl}.tar.gz",
             ): OFI_BYTES,
         }
+        tarballs[("download.pytorch.org", urllib.parse.urlsplit(STORE_IMAGE.torch_wheel_url).path)] = (
+            TORCH_BYTES
+        )
+        store_manifest = f"/v2/library/python/manifests/{STORE_IMAGE.base_tag}"
         if (host, url.path) in tarballs:
             self._send(200, tarballs[host, url.path])
         elif host == "nvcr.io" and url.path == f"/v2/nvidia/pytorch/manifests/{IMAGE.base_tag}":
@@ -75,6 +80,8 @@ class _Registry(BaseHTTPRequestHandler):
             else:
                 digest = {"Docker-Content-Digest": MANIFEST_DIGEST} if self.send_digest_header else {}
                 self._send(200, MANIFEST, **digest)
+        elif host == "registry-1.docker.io" and url.path == store_manifest:
+            self._send(200, MANIFEST, **{"Docker-Content-Digest": MANIFEST_DIGEST})
         elif host == "nvcr.io" and url.path == "/proxy_auth":
             query = urllib.parse.parse_qs(url.query)
             assert query == {"scope": ["repository:nvidia/pytorch:pull"]}
@@ -149,13 +156,18 @@ REAL_PINS, REAL_DOCKERFILE = pinning.PINS_FILE, build.DOCKERFILE
 @pytest.fixture
 def copies(tmp_path, monkeypatch) -> Iterator[tuple[Path, Path]]:
     pins_file, dockerfile = tmp_path / "pins.py", tmp_path / "Dockerfile"
+    store_dockerfile = tmp_path / "store.Dockerfile"
     pins_file.write_text(pinning.PINS_FILE.read_text())
     dockerfile.write_text(build.DOCKERFILE.read_text())
+    store_dockerfile.write_text(build.STORE_DOCKERFILE.read_text())
+    real = pinning.PINS_FILE.read_text(), build.DOCKERFILE.read_text(), build.STORE_DOCKERFILE.read_text()
+    real_store = build.STORE_DOCKERFILE
     monkeypatch.setattr(pinning, "PINS_FILE", pins_file)
     monkeypatch.setattr(build, "DOCKERFILE", dockerfile)
-    real = pinning.PINS_FILE.read_text(), build.DOCKERFILE.read_text()
+    monkeypatch.setattr(build, "STORE_DOCKERFILE", store_dockerfile)
     yield pins_file, dockerfile
-    assert (REAL_PINS.read_text(), REAL_DOCKERFILE.read_text()) == real, "the test wrote the real files"
+    after = REAL_PINS.read_text(), REAL_DOCKERFILE.read_text(), real_store.read_text()
+    assert after == real, "the test wrote the real files"
 
 
 def _app() -> typer.Typer:
@@ -197,7 +209,22 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
         "trainer_uid",
     ):
         assert getattr(recorded, field) == getattr(IMAGE, field), field
-    assert len(_changed_lines(pins_before, pins_file.read_text())) == 3
+    # ... and the store image's base digest and torch wheel checksum.
+    store = _load(pins_file).STORE_IMAGE
+    assert (store.base_digest, store.torch_sha256) == (
+        MANIFEST_DIGEST,
+        hashlib.sha256(TORCH_BYTES).hexdigest(),
+    )
+    assert (store.base_repository, store.torch_version) == (
+        STORE_IMAGE.base_repository,
+        STORE_IMAGE.torch_version,
+    )
+    assert len(_changed_lines(pins_before, pins_file.read_text())) == 5
+    store_dockerfile = dockerfile.with_name("store.Dockerfile")
+    assert f"ARG TORCH_SHA256={store.torch_sha256}" in store_dockerfile.read_text()
+    assert f"ARG BASE_IMAGE={STORE_IMAGE.base_repository}:{STORE_IMAGE.base_tag}@{MANIFEST_DIGEST}" in (
+        store_dockerfile.read_text()
+    )
     # The Dockerfile's defaults follow (tests/images/test_images_dockerfile.py checks them equal).
     changed = _changed_lines(docker_before, dockerfile.read_text())
     assert {new for _, new in changed} == {
@@ -206,7 +233,7 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
         f"ARG AWS_OFI_NCCL_SHA256={recorded.aws_ofi_nccl_sha256}",
     }
     # Recorded, the build no longer refuses.
-    build.check_verifiable(recorded)
+    build.check_verifiable(recorded, store)
     # The base changed: the lock must be resolved in it again.
     assert "nvrx-eks image lock" in result.stderr
 

@@ -655,6 +655,7 @@ def test_the_default_job_finds_what_the_default_stack_made(synthesized, tmp_path
     # The trainer's AWS SDK gets the stack's region (IMDS is out of the pod's reach).
     (trainer,) = [c for c in pod["containers"] if c["name"] == "trainer"]
     assert {"name": "AWS_REGION", "value": outputs["Region"]} in trainer["env"]
+    assert {"name": "AWS_DEFAULT_REGION", "value": outputs["Region"]} in trainer["env"]
 
 
 def _manifest_objects(manifest: dict) -> list[dict]:

@@ -68,7 +68,9 @@ def test_job_shape(rendered):
             },
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
-        (headless,) = [s for s in _by_kind(docs, "Service") if s["spec"].get("clusterIP") == "None"]
+        (headless,) = [
+            s for s in _by_kind(docs, "Service") if s["metadata"]["name"] == job["metadata"]["name"]
+        ]
         assert job["spec"]["template"]["spec"]["subdomain"] == headless["metadata"]["name"]
 
 

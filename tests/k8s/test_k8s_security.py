@@ -332,3 +332,90 @@ def test_namespace_pod_security_labels():
         == strict["pod-security.kubernetes.io/warn"]
         == "restricted"
     )
+
+
+# -- Egress to a Service's ClusterIP under a self-referencing podSelector (VPC CNI policy engine). --------
+
+_WORKLOADS = ("Deployment", "Job", "DaemonSet", "StatefulSet")
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A LabelSelector against pod labels (matchLabels and the set-based operators)."""
+    if not all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        held = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values}
+        held |= {"Exists": key in labels, "DoesNotExist": key not in labels}
+        if not held[op]:
+            return False
+    return True
+
+
+def _self_referencing_cluster_ip_egress(docs: list[dict], default_namespace: str) -> list[str]:
+    """Each (policy, Service) where an egress podSelector that selects the policy's own pods also selects
+    the backends of a Service reached through a ClusterIP: traffic the VPC CNI's policy engine drops
+    (aws/amazon-network-policy-controller-k8s#236)."""
+
+    def namespace(doc: dict) -> str:
+        return doc["metadata"].get("namespace", default_namespace)
+
+    pods = [
+        (namespace(d), d["spec"]["template"]["metadata"].get("labels", {}))
+        for d in docs
+        if d["kind"] in _WORKLOADS
+    ]
+    found = []
+    for policy in (d for d in docs if d["kind"] == "NetworkPolicy"):
+        ns, spec = namespace(policy), policy["spec"]
+        own = [labels for pod_ns, labels in pods if pod_ns == ns and _selects(spec["podSelector"], labels)]
+        for rule in spec.get("egress") or []:
+            for peer in rule.get("to") or []:
+                if "podSelector" not in peer:
+                    continue
+                in_namespace = (
+                    (lambda pod_ns: True)
+                    if "namespaceSelector" in peer
+                    else (lambda pod_ns, ns=ns: pod_ns == ns)
+                )
+                if not any(_selects(peer["podSelector"], labels) for labels in own):
+                    continue
+                reached = [
+                    lb for pod_ns, lb in pods if in_namespace(pod_ns) and _selects(peer["podSelector"], lb)
+                ]
+                for svc in (d for d in docs if d["kind"] == "Service"):
+                    selector = svc["spec"].get("selector")
+                    if svc["spec"].get("clusterIP") == "None" or not selector:
+                        continue
+                    if any(_selects({"matchLabels": selector}, labels) for labels in reached):
+                        found.append(f"{policy['metadata']['name']} -> Service {svc['metadata']['name']}")
+    return found
+
+
+@pytest.mark.parametrize("values_file", sorted(VALUES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_no_job_pod_reaches_a_cluster_ip_through_a_self_referencing_egress_rule(values_file, tmp_path):
+    """The launchers reach the store at its pod IP (a headless Service): the job's egress rule admits
+    the job's own pods, the store among them, and a ClusterIP behind such a rule is dropped."""
+    docs = _docs(values_file, tmp_path)
+    assert _self_referencing_cluster_ip_egress(docs, "training") == []
+    (store,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-rdzv")]
+    assert store["spec"]["clusterIP"] == "None"
+    (port,) = store["spec"]["ports"]
+    assert port["port"] == port["targetPort"]  # a headless Service forwards nothing
+
+
+def test_no_cluster_chart_pod_reaches_a_cluster_ip_through_a_self_referencing_egress_rule(cluster_objects):
+    docs = cluster_objects()
+    assert any(d["kind"] == "NetworkPolicy" for d in docs)
+    assert _self_referencing_cluster_ip_egress(docs, "training") == []
+
+
+def test_the_check_finds_a_cluster_ip_behind_a_self_referencing_rule(tmp_path):
+    """The pattern check itself: the job's store behind a ClusterIP is the case it exists for."""
+    docs = _docs(P5, tmp_path)
+    for doc in docs:
+        if doc["kind"] == "Service" and doc["metadata"]["name"].endswith("-rdzv"):
+            del doc["spec"]["clusterIP"]
+    assert _self_referencing_cluster_ip_egress(docs, "training") == [
+        "llama-8b-p5-2-egress -> Service llama-8b-p5-2-rdzv"
+    ]

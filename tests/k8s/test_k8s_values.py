@@ -89,6 +89,17 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (P5, ["storage.s3_bucket=a..b"], "no two adjacent periods"),
         (P5, ["storage.s3_bucket=192.168.0.1"], "not formatted as an IP address"),
         (P5, ["storage.s3_bucket=ckpt--ol-s3"], "not a reserved prefix"),
+        # The trainer's AWS SDK learns its Region only from the job values (no instance metadata).
+        (P5, ["aws_region=us-east"], "aws_region: 'us-east' is not an AWS Region code (e.g. us-east-1)"),
+        (P5, ["aws_region=US-EAST-1"], "aws_region: 'US-EAST-1' is not an AWS Region code"),
+        (
+            P5,
+            ["aws_region=null"],
+            "aws_region is missing: the durable tier writes to s3://nvrx-eks-checkpoints-",
+        ),
+        (LOCAL, ["storage.s3_bucket=ckpt-bucket"], "aws_region is missing"),
+        (P5, ["env.AWS_REGION=eu-west-1"], "AWS_REGION is set by the chart from aws_region"),
+        (LOCAL, ["env.AWS_DEFAULT_REGION=eu-west-1"], "move it there: aws_region: eu-west-1"),
         (LOCAL, ["service_account=Trainer_SA"], "service_account: 'Trainer_SA' is not a Kubernetes name"),
         (LOCAL, ["storage.fsx_pvc=FSx"], "storage.fsx_pvc: 'FSx' is not a Kubernetes name"),
         (LOCAL, ["priority_class=-x"], "priority_class: '-x' is not a Kubernetes name"),
@@ -186,3 +197,28 @@ def test_values_without_a_collective_timeout_use_the_trainers_default():
     assert values.mode == "both"
     with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\)"):
         load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=3.5"])
+
+
+@pytest.mark.parametrize(
+    "region", ["us-east-1", "eu-central-2", "us-gov-west-1", "cn-northwest-1", "ap-southeast-5"]
+)
+def test_every_rendered_pod_carries_the_region_of_the_values(region, tmp_path):
+    """Both variables the SDKs read, in the trainer and its self-check, from `aws_region` alone."""
+    import yaml  # noqa: PLC0415
+
+    from k8s.job_chart import render  # noqa: PLC0415
+
+    files = render(load_values(P5, [f"aws_region={region}"]), str(tmp_path))
+    docs = [d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    containers = [c for c in pod["containers"] + pod["initContainers"] if c["name"] != "own-dirs"]
+    assert [c["name"] for c in containers] == ["trainer", "selfcheck"]
+    for container in containers:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["AWS_REGION"], env["AWS_DEFAULT_REGION"]) == (region, region)
+
+
+def test_a_job_without_s3_needs_no_region(tmp_path):
+    values = load_values(P5, ["aws_region=null", "storage.s3_bucket=null"])
+    assert values.aws_region is None

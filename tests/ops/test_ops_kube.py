@@ -20,6 +20,7 @@ from k8s.values import JobValues
 from kitcore.configio import UserError
 
 IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1@sha256:{'ab' * 32}"
+STORE_IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1-store@sha256:{'cd' * 32}"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,9 @@ def values() -> JobValues:
         num_nodes=2,
         instance_profile="p5.48xlarge",
         image=IMAGE,
+        store_image=STORE_IMAGE,
         storage={"s3_bucket": "ckpt-bucket", "s3_prefix": "checkpoints/"},
+        aws_region="us-east-1",
     )
 
 
@@ -295,6 +298,8 @@ name: demo
 num_nodes: 2
 instance_profile: p5.48xlarge
 image: {IMAGE}
+store_image: {STORE_IMAGE}
+aws_region: us-east-1
 storage:
   s3_bucket: ckpt-bucket
 """

@@ -69,15 +69,20 @@ storage:
 """
 
 
-def _push(session, tag: str) -> str:
-    """What `nvrx-eks image push` leaves in the stack's repository; returns the digest ECR gives it."""
+def _push(session, tag: str, *, store: bool = True) -> str:
+    """What `nvrx-eks image push` leaves in the stack's repository: the trainer's tag and the store's
+    `<tag>-store` beside it; returns the digest ECR gives the trainer's."""
     ecr = session.client("ecr")
     repository = REPO.split("/", 1)[1]
     ecr.create_repository(repositoryName=repository)
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
-    return ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=tag)[
-        "image"
-    ]["imageId"]["imageDigest"]
+    digests = [
+        ecr.put_image(repositoryName=repository, imageManifest=json.dumps(manifest), imageTag=each)["image"][
+            "imageId"
+        ]["imageDigest"]
+        for each in ((tag, f"{tag}-store") if store else (tag,))
+    ]
+    return digests[0]
 
 
 def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_session, tmp_path):
@@ -98,6 +103,8 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image, with
     # the digest ECR gives that tag (job values take images by digest only).
     assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
+    # The store's small image, pushed beside it as `<tag>-store`, by its own digest.
+    assert data["store_image"] == f"{REPO}:{source_revision()}-store@{digest}"
     assert data["namespace"] == "train"
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
@@ -107,13 +114,28 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
         "s3_bucket": "nvrx-eks-checkpoints-123456789012",
         "s3_prefix": "ckpt/",
     }
-    # The trainer's SDK reads the region from its env: pods cannot reach the node's instance metadata.
-    assert data["env"] == {"AWS_REGION": OUTPUTS["Region"]}
+    # The trainer's SDK reads the region from its env (the chart sets it from aws_region): pods cannot
+    # reach the node's instance metadata.
+    assert data["aws_region"] == OUTPUTS["Region"]
+    assert "env" not in data
     JobValues.model_validate(data)
     # Running it again changes nothing.
     again = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert "nothing (already up to date)" in again.output
     assert path.read_text() == text
+
+
+def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    _push(moto_session, source_revision())
+    path = tmp_path / "values.yaml"
+    path.write_text(USER_FILE + "env:\n  AWS_REGION: us-east-1\n  OMP_NUM_THREADS: 8\n")
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert "env.AWS_REGION (removed: now aws_region)" in result.output
+    data = yaml.safe_load(path.read_text())
+    assert (data["aws_region"], data["env"]) == ("us-east-1", {"OMP_NUM_THREADS": 8})
+    JobValues.model_validate(data)
 
 
 def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_session, tmp_path):

@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1.7
+#
+# The rendezvous store's image: Python, the CPU build of torch (its TCPStore), NVRx and the one module of
+# the trainer package the store runs, `python -m training.control` (k8s/launcher.py NVRX_CONTROL).
+# No CUDA, NCCL or EFA: the store serves a TCP socket on a system node.
+#
+# Build it with `nvrx-eks image build` (it builds this image beside the training image): it passes every
+# ARG below from kitcore/pins.py STORE_IMAGE; the defaults here equal those pins (tests/images checks).
+
+# The base by tag and digest (`nvrx-eks image pin` records the digest in kitcore/pins.py and here).
+ARG BASE_IMAGE=docker.io/library/python:3.12-slim-trixie@sha256:d86b4c74b936c438cd4cc3a9f7256b9a7c27ad68c7caf8c205e18d9845af0164
+
+FROM ${BASE_IMAGE} AS store
+ARG BASE_IMAGE
+ARG TORCH_VERSION=2.9.0
+ARG TORCH_SHA256=unpublished
+ARG NVRX_VERSION=0.7.0
+ARG PYTHON_ABI=cp312
+ARG GIT_REVISION=unknown
+ARG SOURCE_URL=https://github.com/nvrx-eks/nvrx-eks
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# curl for the checksum script only, removed in the same layer: left unpinned (DL3008) because Debian's
+# archive keeps only the current build of a package, so an exact pin breaks the build at the next update.
+# hadolint ignore=DL3008
+RUN --mount=type=bind,source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified \
+    apt-get update \
+    && apt-get install -y --no-install-recommends curl ca-certificates \
+    && fetch-verified "https://download.pytorch.org/whl/cpu/torch-${TORCH_VERSION}%2Bcpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
+        "${TORCH_SHA256}" "/tmp/torch-${TORCH_VERSION}+cpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
+    && python -m pip install --no-cache-dir --no-deps /tmp/torch-*.whl \
+    && rm -f /tmp/torch-*.whl \
+    && apt-get purge -y --auto-remove curl \
+    && rm -rf /var/lib/apt/lists/*
+
+# NVRx at the pin and what it and torch import, with hashes (`nvrx-eks image lock` regenerates the lock).
+COPY images/store-requirements.lock /tmp/requirements.lock
+RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock \
+    && rm /tmp/requirements.lock \
+    && python -c "import importlib.metadata as m; v = m.version('nvidia-resiliency-ext'); assert v == '${NVRX_VERSION}', v"
+
+# Only what `python -m training.control` imports from this project (tests/images checks the list
+# against the module's imports): the control module, NVRx's compatibility shims and the pins.
+WORKDIR /app
+COPY kitcore/__init__.py kitcore/pins.py kitcore/
+COPY training/__init__.py training/control.py training/nvrx_compat.py training/
+
+ENV PYTHONPATH=/app \
+    PYTHONUNBUFFERED=1 \
+    NVRX_EKS_NVRX_VERSION=${NVRX_VERSION} \
+    NVRX_EKS_IMAGE_REVISION=${GIT_REVISION}
+
+LABEL org.opencontainers.image.title="nvrx-eks rendezvous store" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      org.opencontainers.image.revision="${GIT_REVISION}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.nvrx-eks.nvrx-version="${NVRX_VERSION}" \
+      io.nvrx-eks.torch="${TORCH_VERSION}+cpu"
+
+# `nobody`: the store Deployment runs it as that uid with a read-only root filesystem (job_chart.py).
+USER 65534:65534
+CMD ["python", "-m", "training.control", "--help"]
