@@ -41,6 +41,7 @@ from training.nvrx_compat import (
     capture_worker_failures,
     check_supported_nvrx,
     keep_launcher_process_group,
+    poll_rendezvous_faster,
     report_every_failed_worker,
 )
 
@@ -120,6 +121,7 @@ def main() -> None:
         keep_launcher_process_group()
     hand_over(ft_argv)
     report_every_failed_worker()
+    poll_rendezvous_faster()
     failures = capture_worker_failures()
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415
 

@@ -61,6 +61,16 @@ fails when the installed NVRx's internals change.
   tests/training/test_training_pods.py). `report_every_failed_worker` adds every other worker of the
   node that has exited non-zero by then, so the SIGKILL is among the failures the pod reports. Workers
   torch stopped itself while cleaning up exit by SIGTERM, which k8s/termination.py reads as collateral.
+- How fast a restart round forms. NVRx's barrier rendezvous polls with hard-coded floors sized for
+  thousands of nodes: a node waiting for a round to open sleeps 1 s per poll and looks for a newer round
+  only every 10 s (`_wait_for_rendezvous_open`, `stale_check_interval`), and the control process checks
+  whether a round can close at most once a second below 2,000 nodes (`_compute_step2_poll_interval`).
+  Every restart paid them: a failed node entering the wait with its round already open slept 1 s
+  before seeing it, the round closed up to 1 s after its last node joined, and a hot spare took up to
+  10 s to notice the round a node loss opened. `poll_rendezvous_faster` polls at `RENDEZVOUS_POLL_S`
+  (0.1 s) in both places and looks for a newer round at each poll, and keeps NVRx's own scaling for
+  large jobs (the close check's interval grows with the node count exactly as NVRx's does once that
+  exceeds the floor). The store's load per waiting node is a few key reads per poll.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -137,6 +147,10 @@ def check_internals() -> None:
     require_internal(launcher, *LAUNCH_AGENT)
     require_internal(_multiprocess_context(), *WORKER_POLL)
     require_internal(_barrier_state(), *RANK_ORDER)
+    require_internal(_barrier_state(), *STALE_CHECK)
+    require_internal(_barrier_state(), *STEP2_POLL)
+    if not _step0_source_matches():
+        raise RuntimeError(f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open's 1 s polls changed")
     for name, parameters in BARRIER_STATE_READS:
         require_internal(_barrier_state(), name, parameters)
     from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
@@ -263,6 +277,61 @@ def report_every_failed_worker() -> None:
 
     _poll.nvrx_eks_every_failure = True  # type: ignore[attr-defined]
     context._poll = _poll  # noqa: SLF001
+
+
+RENDEZVOUS_POLL_S = 0.1
+"""The barrier rendezvous's poll while a node waits for a round to open and while a round closes."""
+STEP0_SLEEPS = 2
+"""`time.sleep(1.0)` calls in `_wait_for_rendezvous_open`: the poll `poll_rendezvous_faster` shortens."""
+STEP2_POLL = ("_compute_step2_poll_interval", ("min_nodes", "segment_check_interval"))
+"""The control process's interval between checks whether a round can close."""
+STALE_CHECK = ("__init__", ("self", "store", "run_id", "is_store_host", "join_timeout_seconds"))
+"""The barrier state's constructor: `stale_check_interval` is set there (a keyword NVRx passes as 10 s)."""
+
+
+def _step0_source_matches() -> bool:
+    source = inspect.getsource(_barrier_state()._wait_for_rendezvous_open)  # noqa: SLF001
+    return source.count("time.sleep(1.0)") == STEP0_SLEEPS
+
+
+def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
+    """The barrier rendezvous polls every `poll_s` where NVRx polls every 1 s (see the module docstring)."""
+    import time  # noqa: PLC0415
+
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
+
+    state = _barrier_state()
+    init = require_internal(state, *STALE_CHECK)
+    step2 = require_internal(state, *STEP2_POLL)
+    if getattr(init, "nvrx_eks_fast_poll", False):
+        return
+    if barrier.time is not time or not _step0_source_matches():
+        raise RuntimeError(
+            f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open no longer polls with time.sleep(1.0); "
+            "check training/nvrx_compat.py against this release"
+        )
+
+    class _StepZeroTime:
+        """The module's `time`, with its 1 s polls (its only sleeps over 0.1 s) cut to `poll_s`."""
+
+        def __getattr__(self, name: str) -> Any:  # noqa: ANN401
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            time.sleep(min(seconds, poll_s))
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401, N807
+        init(self, *args, **kwargs)
+        self.stale_check_interval = min(self.stale_check_interval, poll_s)
+
+    def _compute_step2_poll_interval(min_nodes: int, segment_check_interval: float) -> float:
+        return min(step2(min_nodes, segment_check_interval), max(poll_s, min_nodes / 2000.0))
+
+    __init__.nvrx_eks_fast_poll = True  # type: ignore[attr-defined]
+    barrier.time = _StepZeroTime()  # type: ignore[assignment]
+    state.__init__ = __init__
+    state._compute_step2_poll_interval = staticmethod(_compute_step2_poll_interval)  # noqa: SLF001
 
 
 def _barrier_state() -> type:

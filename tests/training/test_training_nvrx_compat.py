@@ -199,3 +199,54 @@ def test_a_poll_after_a_sigkill_and_its_collateral_exit_reports_both_workers(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == reported, done.stdout
+
+
+_ROUND_OPENED_WHILE_WAITING = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier
+
+if sys.argv[1] == "mended":
+    from training.nvrx_compat import poll_rendezvous_faster
+    poll_rendezvous_faster()
+slept = []
+clock = [time.monotonic()]  # a virtual clock: each sleep advances it without waiting
+time.sleep = lambda seconds: (slept.append(seconds), clock.__setitem__(0, clock[0] + seconds))
+time.monotonic = lambda: clock[0]
+store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+state = barrier._RendezvousBarrierState(store, "run", join_timeout_seconds=10)
+# A node still at round 0, which closed when training started; a failure has opened round 1.
+store.set(f"{state.prefix}:round_done_0", b"1")
+store.set(f"{state.prefix}:round_done_1", b"0")
+state._last_stale_check_time = time.monotonic()  # it has been waiting a while: its last look was now
+node = barrier._NodeDesc(addr="node-0", pid=0, local_id=0)
+state._wait_for_rendezvous_open(node)
+print(state._round, slept, state._compute_step2_poll_interval(2, 5.0),
+      state._compute_step2_poll_interval(8000, 5.0), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("variant", "polls"),
+    [
+        # NVRx: 1 s polls, and it looks for a newer round only every 10 s; its close check once a second.
+        ("nvrx", "1 [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] 1.0 4.0"),
+        # Mended: it looks at every 0.1 s poll and is in the open round 0.2 s later; large jobs keep
+        # NVRx's close interval.
+        ("mended", "1 [0.1, 0.1] 0.1 4.0"),
+    ],
+)
+def test_a_node_waiting_for_a_round_finds_the_opened_one_at_the_next_fast_poll(tmp_path, variant, polls):
+    script = tmp_path / "round_opened.py"
+    script.write_text(textwrap.dedent(_ROUND_OPENED_WHILE_WAITING))
+    done = subprocess.run(
+        [sys.executable, str(script), variant],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == polls, done.stdout
