@@ -14,7 +14,10 @@ setting is what it is:
 - podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values, the self-check's
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
-  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
+  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is a
+  collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/launch.py) says every
+  rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
+  otherwise and is charged, so the budget still bounds the replacements.
 - Init container: `python -m training.selfcheck` (can this node train?).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
@@ -43,6 +46,7 @@ from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
+from training.launch import COLLATERAL_EXIT_CODE
 from training.metrics import METRICS_HOST_ENV
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
@@ -493,6 +497,14 @@ def _failure_policy() -> k8s.PodFailurePolicy:
                 action="Ignore",
                 on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
                     container_name=SELFCHECK_CONTAINER, operator="In", values=[NODE_PROBLEM_EXIT_CODE]
+                ),
+            ),
+            # Every rank of the pod was stopped by its own launcher after a rank on another node failed
+            # (training/launch.py): the fault was elsewhere, and that pod's index is charged for it.
+            k8s.PodFailurePolicyRule(
+                action="Ignore",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    container_name=TRAINER_CONTAINER, operator="In", values=[COLLATERAL_EXIT_CODE]
                 ),
             ),
             k8s.PodFailurePolicyRule(

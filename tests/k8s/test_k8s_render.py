@@ -15,7 +15,7 @@ from k8s.job_chart import render
 from k8s.launcher import FT_LAUNCHER
 from k8s.load import load_values
 from training.config import parse_args
-from training.launch import launcher_argv, trainer_script
+from training.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -59,12 +59,21 @@ def test_job_shape(rendered):
         assert spec["podReplacementPolicy"] == "Failed"
         assert spec["template"]["spec"]["restartPolicy"] == "Never"
         # First match wins: a config error (2) from any container fails the Job; the self-check's node
-        # problem (75) and a disruption replace the pod without consuming the budget.
+        # problem (75), a launcher whose ranks were only stopped after a peer failed (76) and a disruption
+        # replace the pod without consuming the budget.
         assert spec["podFailurePolicy"]["rules"] == [
             {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
             {
                 "action": "Ignore",
                 "onExitCodes": {"containerName": "selfcheck", "operator": "In", "values": [75]},
+            },
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": "trainer",
+                    "operator": "In",
+                    "values": [COLLATERAL_EXIT_CODE],
+                },
             },
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
