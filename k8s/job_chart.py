@@ -46,6 +46,7 @@ from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
+from training.checkpoint.replica import FAILURE_DOMAIN_ENV
 from training.launch import COLLATERAL_EXIT_CODE
 from training.metrics import METRICS_HOST_ENV
 from training.nodecheck import VERIFIED_LABEL
@@ -100,6 +101,22 @@ def _index_env() -> list[k8s.EnvVar]:
         k8s.EnvVar(name=NODE_RANK_ENV, value_from=index),
         k8s.EnvVar(name=INFRA_RANK_ENV, value_from=index),
     ]
+
+
+FAILURE_DOMAIN_LABEL = "topology.kubernetes.io/zone"
+"""The label whose value is each pod's failure domain for the peer replica's partners. Kubernetes'
+PodTopologyLabels admission plugin (KEP-4742: alpha in 1.33, beta and on by default in 1.35) copies a
+node's `topology.kubernetes.io/zone` and `/region` labels onto each pod bound to it, so the downward API
+reads the zone with no API access and no extra component. A cluster without it leaves the label off: the
+variable is empty, every node is in one domain, and the partners are the next nodes in rank order.
+Finer domains (EKS's `topology.k8s.aws/network-node-layer-N` node labels) are not copied onto pods."""
+FAILURE_DOMAIN_ANNOTATION = "nvrx-eks.io/peer-failure-domain-label"
+"""On the pod template: which label the peer replica's failure domains come from."""
+
+
+def _failure_domain_env() -> k8s.EnvVar:
+    label = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{FAILURE_DOMAIN_LABEL}']")
+    return k8s.EnvVar(name=FAILURE_DOMAIN_ENV, value_from=k8s.EnvVarSource(field_ref=label))
 
 
 def _pod_ip_env() -> k8s.EnvVar:
@@ -529,6 +546,8 @@ class TrainingJob(Construct):
         volumes, mounts = _volumes(values)
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
+        if values.peer_replicas:
+            env.append(_failure_domain_env())
         if values.image != LOCAL_IMAGE:
             # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
             # stays unset, so /tmp (the same volume) is the temporary folder.
@@ -630,7 +649,15 @@ class TrainingJob(Construct):
                 template=k8s.PodTemplateSpec(
                     metadata=k8s.ObjectMeta(
                         labels=labels,
-                        annotations=scrape_annotations(port) if port else None,
+                        annotations={
+                            **(scrape_annotations(port) if port else {}),
+                            **(
+                                {FAILURE_DOMAIN_ANNOTATION: FAILURE_DOMAIN_LABEL}
+                                if values.peer_replicas
+                                else {}
+                            ),
+                        }
+                        or None,
                     ),
                     spec=pod,
                 ),

@@ -929,9 +929,13 @@ class LocalJob:
     def _field_ref(path: str, annotations: dict[str, str], index: int | None) -> str:
         if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
             return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
-        match = re.fullmatch(r"metadata\.(?:annotations|labels)\['([^']+)'\]", path)
-        if match and match.group(1) in annotations:
-            return annotations[match.group(1)]
+        match = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
+        if match and match.group(2) in annotations:
+            return annotations[match.group(2)]
+        if match and match.group(1) == "labels":
+            # A label the pod lacks reads as empty, as the kubelet gives it: a local "node" has no zone
+            # (no topology labels to copy onto its pods), so every local node is in one failure domain.
+            return ""
         raise UserError(f"fieldRef {path} is not supported by the local executor")
 
     # ---- bookkeeping ------------------------------------------------------------------------

@@ -265,3 +265,22 @@ def test_the_local_job_runs_the_p5_jobs_launcher_flags(tmp_path):
     local_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path / "l"))
     p5_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path / "p"))
     assert local_shape == p5_shape
+
+
+def test_the_peer_replicas_failure_domain_is_the_pods_zone_label_and_the_job_says_so(rendered, tmp_path):
+    (job,) = _by_kind(rendered["p5-16"], "Job")
+    template = job["spec"]["template"]
+    (trainer,) = template["spec"]["containers"]
+    (domain,) = [e for e in trainer["env"] if e["name"] == "NVRX_EKS_FAILURE_DOMAIN"]
+    # Copied onto the pod from its node by Kubernetes' PodTopologyLabels admission (1.35: beta, on).
+    assert domain["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}
+    }
+    assert template["metadata"]["annotations"]["nvrx-eks.io/peer-failure-domain-label"] == (
+        "topology.kubernetes.io/zone"
+    )
+    # No replica, no domain: nothing to choose partners for.
+    docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "storage.peer_replicas=0")
+    (job,) = _by_kind(docs, "Job")
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    assert "NVRX_EKS_FAILURE_DOMAIN" not in {e["name"] for e in trainer["env"]}
