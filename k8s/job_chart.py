@@ -14,7 +14,10 @@ setting is what it is:
 - podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values, the self-check's
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
-  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/).
+  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is a
+  collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/launch.py) says every
+  rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
+  otherwise and is charged, so the budget still bounds the replacements.
 - Init container: `python -m training.selfcheck` (can this node train?).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
@@ -43,6 +46,8 @@ from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
+from training.checkpoint.replica import FAILURE_DOMAIN_ENV
+from training.launch import COLLATERAL_EXIT_CODE
 from training.metrics import METRICS_HOST_ENV
 from training.nodecheck import VERIFIED_LABEL
 from training.selfcheck import NODE_PROBLEM_EXIT_CODE
@@ -103,6 +108,22 @@ def _index_env() -> list[k8s.EnvVar]:
         k8s.EnvVar(name=NODE_RANK_ENV, value_from=index),
         k8s.EnvVar(name=INFRA_RANK_ENV, value_from=index),
     ]
+
+
+FAILURE_DOMAIN_LABEL = "topology.kubernetes.io/zone"
+"""The label whose value is each pod's failure domain for the peer replica's partners. Kubernetes'
+PodTopologyLabels admission plugin (KEP-4742: alpha in 1.33, beta and on by default in 1.35) copies a
+node's `topology.kubernetes.io/zone` and `/region` labels onto each pod bound to it, so the downward API
+reads the zone with no API access and no extra component. A cluster without it leaves the label off: the
+variable is empty, every node is in one domain, and the partners are the next nodes in rank order.
+Finer domains (EKS's `topology.k8s.aws/network-node-layer-N` node labels) are not copied onto pods."""
+FAILURE_DOMAIN_ANNOTATION = "nvrx-eks.io/peer-failure-domain-label"
+"""On the pod template: which label the peer replica's failure domains come from."""
+
+
+def _failure_domain_env() -> k8s.EnvVar:
+    label = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{FAILURE_DOMAIN_LABEL}']")
+    return k8s.EnvVar(name=FAILURE_DOMAIN_ENV, value_from=k8s.EnvVarSource(field_ref=label))
 
 
 def _pod_ip_env() -> k8s.EnvVar:
@@ -513,6 +534,14 @@ def _failure_policy() -> k8s.PodFailurePolicy:
                     container_name=SELFCHECK_CONTAINER, operator="In", values=[NODE_PROBLEM_EXIT_CODE]
                 ),
             ),
+            # Every rank of the pod was stopped by its own launcher after a rank on another node failed
+            # (training/launch.py): the fault was elsewhere, and that pod's index is charged for it.
+            k8s.PodFailurePolicyRule(
+                action="Ignore",
+                on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
+                    container_name=TRAINER_CONTAINER, operator="In", values=[COLLATERAL_EXIT_CODE]
+                ),
+            ),
             k8s.PodFailurePolicyRule(
                 action="Ignore",
                 on_pod_conditions=[
@@ -535,6 +564,8 @@ class TrainingJob(Construct):
         volumes, mounts = _volumes(values)
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
+        if values.peer_replicas:
+            env.append(_failure_domain_env())
         if values.image != LOCAL_IMAGE:
             # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
             # stays unset, so /tmp (the same volume) is the temporary folder.
@@ -636,7 +667,15 @@ class TrainingJob(Construct):
                 template=k8s.PodTemplateSpec(
                     metadata=k8s.ObjectMeta(
                         labels=labels,
-                        annotations=scrape_annotations(port) if port else None,
+                        annotations={
+                            **(scrape_annotations(port) if port else {}),
+                            **(
+                                {FAILURE_DOMAIN_ANNOTATION: FAILURE_DOMAIN_LABEL}
+                                if values.peer_replicas
+                                else {}
+                            ),
+                        }
+                        or None,
                     ),
                     spec=pod,
                 ),

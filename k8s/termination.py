@@ -8,14 +8,19 @@ ranks (torch elastic's ChildFailedError table, raised by ft_launcher, has a "Roo
 failure)" entry; some launcher versions log "Some rank(s) exited with non-zero exit code: {rank:
 ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous, RendezvousClosedError.
 A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not
-where the fault was, and the cause says so. The local executor (localrun/executor.py) keeps the same tail
-of each failed pod, so a job that finally fails names the index and this cause in both places.
+where the fault was, and the cause says so (when all its ranks were, its launcher exits
+training/launch.py `COLLATERAL_EXIT_CODE`, which the Job does not charge). A launcher that lost its
+connection to the rendezvous store (its pod restarted) names that. The local executor
+(localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails names the
+index and this cause in both places.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from training.launch import STOPPED_EXIT_CODES
 
 TAIL_LINES = 80
 TAIL_BYTES = 2048
@@ -29,10 +34,12 @@ _PROCESS_FAILURE = re.compile(
     r".*?message='(?P<message>[^']*)'"
 )
 # A rank its own launcher stopped (SIGTERM while stopping the worker group) failed because of another.
-_STOPPED = {"143", "-15"}
+_STOPPED = {str(code) for code in STOPPED_EXIT_CODES}
 _KNOWN = (
     ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
     ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
+    # torch's TCPStore client when the store's process went away under it.
+    ("DistNetworkError", "the launcher lost the rendezvous store (DistNetworkError: connection closed)"),
 )
 
 

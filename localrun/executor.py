@@ -50,6 +50,9 @@ What it does, the way Kubernetes would:
   takes `node_provision_s` to come (default 0): on a cluster the replacement of a lost node's pod is
   Pending until a node joins (Karpenter or the node group: minutes for a p5), and what the job does
   meanwhile (wait for it, or go on with a warm spare) is what a node-loss test is about.
+- Store loss (`LocalJob.kill_store()` or a file `$NVRX_EKS_CHAOS_DIR/kill-store`): the store pod's
+  container is SIGKILLed (a crash, an OOM kill) and restarted as its restartPolicy Always says, with
+  an empty store: the rendezvous the launchers were connected to is gone mid-run.
 Per-pod logs: `<run>/pods/<pod>.log`; executor events (pod and container starts, pod ends, node
 deletions): `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 """
@@ -552,6 +555,15 @@ class LocalJob:
         with self._lock:
             self._delete_requests.append(index)
 
+    def kill_store(self) -> None:
+        """SIGKILL the store pod's container; the controller loop restarts it (see the module docstring)."""
+        store = self._store
+        if store is None or store.done.is_set():
+            self._emit("kill_store_ignored")
+            return
+        self._emit("kill_store", pod=store.name)
+        store.kill(deleted=False)
+
     def run(self, *, deletions: list[NodeDeletion] | tuple[NodeDeletion, ...] = ()) -> JobResult:
         pending = sorted(deletions, key=lambda d: d.after_s)
         previous = None
@@ -648,8 +660,10 @@ class LocalJob:
         """The job fails (maxFailedIndexes 0); the reason names the index where the fault was.
 
         When a launcher runs out of restarts every launcher of the group leaves with it (NVRx counts
-        restarts by the rendezvous round, job-wide, and closes the rendezvous for all), and
-        the Job charges every index alike. The index to name is the one where the fault was: the pods
+        restarts by the rendezvous round, job-wide, and closes the rendezvous for all). A pod whose ranks
+        were all stopped by their launcher is not charged (podFailurePolicy on its collateral exit code),
+        but one whose ranks failed in turn (a collective error after the peer died) is, so several
+        indexes may run out at once. The index to name is the one where the fault was: the pods
         of one failed group end within a moment of each other, so the verdict waits 3 s for them, then
         names the index whose cause is the most telling (k8s/termination.py `Cause.severity`: a rank
         killed by a signal before one that exited with an error before one its launcher stopped),
@@ -695,6 +709,10 @@ class LocalJob:
         self.deletions.append({"index": index, "pod": pod.name, "time": t, "killed_s": time.time() - t})
 
     def _poll_chaos_dir(self) -> None:
+        store_request = self.chaos_dir / "kill-store"
+        if store_request.exists():
+            store_request.rename(store_request.with_name(f"handled-kill-store-{time.time():.3f}"))
+            self.kill_store()
         for path in sorted(self.chaos_dir.glob("delete-node-*")):
             if path.suffix == ".tmp":  # still being written: the writer renames it into place when done
                 continue
@@ -913,9 +931,13 @@ class LocalJob:
     def _field_ref(path: str, annotations: dict[str, str], index: int | None) -> str:
         if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
             return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
-        match = re.fullmatch(r"metadata\.(?:annotations|labels)\['([^']+)'\]", path)
-        if match and match.group(1) in annotations:
-            return annotations[match.group(1)]
+        match = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
+        if match and match.group(2) in annotations:
+            return annotations[match.group(2)]
+        if match and match.group(1) == "labels":
+            # A label the pod lacks reads as empty, as the kubelet gives it: a local "node" has no zone
+            # (no topology labels to copy onto its pods), so every local node is in one failure domain.
+            return ""
         raise UserError(f"fieldRef {path} is not supported by the local executor")
 
     # ---- bookkeeping ------------------------------------------------------------------------

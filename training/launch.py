@@ -26,6 +26,12 @@ checks both).
 
 The forkserver starts at once, so its imports run while this process imports NVRx and its agent waits
 in the rendezvous round: a pod's first start (a replacement after a node loss) overlaps the two.
+
+The exit status tells the Job controller whether the fault was here. ft_launcher exits 1 whenever its
+workers failed, also when the only failure was its own stop of them (SIGTERM) because a rank on another
+node failed. Such a pod exits `COLLATERAL_EXIT_CODE` instead, and the Job's podFailurePolicy replaces
+it without charging its index (k8s/job_chart.py): the index that is charged is the one whose rank
+failed by itself.
 """
 
 from __future__ import annotations
@@ -74,6 +80,29 @@ def _flag(argv: list[str], name: str) -> str | None:
         if arg == name and i + 1 < len(argv):
             return argv[i + 1]
     return None
+
+
+STOPPED_EXIT_CODES = frozenset({-15, 143})
+"""A worker's exit status when its own launcher stopped it with SIGTERM (-15 as torch's process context
+reports a signal, 143 = 128 + 15 through a shell) to restart or leave the group after a peer failed.
+Nothing else in a job sends a rank SIGTERM: NVRx's rank monitor ends a hung rank with SIGKILL (its
+default `rank_termination_signal`, which the kit keeps), the kernel's OOM killer sends SIGKILL, and a
+pod's deletion is a disruption the Job never charges."""
+COLLATERAL_EXIT_CODE = 76
+"""This launcher's exit when every worker failure it saw was its own stop of them (`is_collateral`):
+distinct from ft_launcher's 1, from the configuration error's 2, from the self-check's node problem 75
+and from the 128 + N of a signal."""
+
+
+def is_collateral(failures: dict[int, Any]) -> bool:
+    """Whether every failed worker (global rank -> ProcessFailure) was stopped by its own launcher."""
+    return bool(failures) and all(f.exitcode in STOPPED_EXIT_CODES for f in failures.values())
+
+
+def exit_status(code: object, failures: dict[int, Any]) -> object:
+    """ft_launcher's exit status, with its 1 for workers that were only stopped (collateral) replaced by
+    `COLLATERAL_EXIT_CODE`; every other status as it was."""
+    return COLLATERAL_EXIT_CODE if code == 1 and is_collateral(failures) else code
 
 
 STORE_CONNECT_S = 30.0
@@ -127,6 +156,8 @@ def main() -> None:
 
     try:
         ft_launcher(ft_argv)
+    except SystemExit as exc:  # ft_launcher always ends in sys.exit
+        raise SystemExit(exit_status(exc.code, failures)) from None
     finally:
         if failures:  # last, short: what the pod's termination message keeps (k8s/termination.py)
             print(f"worker failures: {failure_summary(failures)}", flush=True)

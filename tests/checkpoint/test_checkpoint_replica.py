@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from training.checkpoint.replica import _plan, node_memory, partner_ranks, read_slot, source_ranks
+from training.checkpoint.replica import (
+    _plan,
+    node_memory,
+    node_ring,
+    partner_ranks,
+    read_slot,
+    source_ranks,
+)
 from training.checkpoint.shard import ShardError
 
 
@@ -18,6 +25,63 @@ def test_partners_are_the_same_local_rank_on_the_next_nodes():
         for partner in partner_ranks(rank, world_size=6, ranks_per_node=2, replicas=1):
             assert rank in source_ranks(partner, world_size=6, ranks_per_node=2, replicas=1)
             assert partner // 2 != rank // 2  # never the same node
+
+
+def _layout(domains: list[str], replicas: int) -> dict:
+    return {"world_size": 2 * len(domains), "ranks_per_node": 2, "replicas": replicas, "domains": domains}
+
+
+def _partner_nodes(domains: list[str], replicas: int) -> dict[int, list[int]]:
+    return {
+        n: [r // 2 for r in partner_ranks(2 * n, **_layout(domains, replicas))] for n in range(len(domains))
+    }
+
+
+def test_partners_are_in_another_failure_domain_when_the_nodes_have_them():
+    # Rank order puts both zone-a nodes first: the plain "next node" would copy node 0 to node 1, in
+    # its own zone, and a zone outage would take the original and its copy together.
+    domains = ["zone-a", "zone-a", "zone-b", "zone-b"]
+    assert node_ring(domains) == [0, 2, 1, 3]
+    partners = _partner_nodes(domains, replicas=1)
+    assert partners == {0: [2], 2: [1], 1: [3], 3: [0]}
+    assert all(domains[p] != domains[n] for n, (p,) in partners.items())
+    # Three zones, two copies: each node's two copies sit in the two other zones.
+    three = ["c", "a", "b", "a", "b", "c"]
+    for node, nodes in _partner_nodes(three, replicas=2).items():
+        assert len({three[node], *(three[p] for p in nodes)}) == 3, (node, nodes)
+
+
+def test_one_domain_or_none_falls_back_to_the_next_nodes_in_rank_order():
+    for domains in (["zone-a"] * 3, [""] * 3):
+        assert node_ring(domains) == [0, 1, 2]
+        assert partner_ranks(1, **_layout(domains, 2)) == partner_ranks(
+            1, world_size=6, ranks_per_node=2, replicas=2
+        )
+        assert partner_ranks(1, **_layout(domains, 2)) == [3, 5]
+
+
+@pytest.mark.parametrize(
+    "domains",
+    [["a", "a", "a", "b"], ["b", "a", "c", "a", "a"], ["x", "y"] * 3, ["a", "b", "c", "d", "a"]],
+)
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_every_node_sends_and_holds_exactly_r_copies_and_sources_mirror_partners(domains, replicas):
+    """Uneven domains never pile copies onto one node: the memory each node needs stays R snapshots."""
+    layout = _layout(domains, replicas)
+    held = dict.fromkeys(range(layout["world_size"]), 0)
+    for rank in range(layout["world_size"]):
+        targets = partner_ranks(rank, **layout)
+        assert len(set(targets)) == replicas
+        assert all(t // 2 != rank // 2 and t % 2 == rank % 2 for t in targets)
+        for target in targets:
+            held[target] += 1
+            assert rank in source_ranks(target, **layout)
+    assert set(held.values()) == {replicas}
+    # Each node's first copy is in another domain wherever the sizes allow: a domain holding more than
+    # half the nodes must neighbour itself, every other node's neighbours are elsewhere.
+    n, largest = len(domains), max(domains.count(d) for d in domains)
+    crossing = sum(domains[partner_ranks(2 * i, **layout)[0] // 2] != d for i, d in enumerate(domains))
+    assert crossing == min(n, 2 * (n - largest)), node_ring(domains)
 
 
 def _report(own: dict[str, list[int]], serves: list[tuple[int, int]]) -> dict:

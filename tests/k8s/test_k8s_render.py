@@ -15,7 +15,7 @@ from k8s.job_chart import render
 from k8s.launcher import FT_LAUNCHER
 from k8s.load import load_values
 from training.config import parse_args
-from training.launch import launcher_argv, trainer_script
+from training.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -59,12 +59,21 @@ def test_job_shape(rendered):
         assert spec["podReplacementPolicy"] == "Failed"
         assert spec["template"]["spec"]["restartPolicy"] == "Never"
         # First match wins: a config error (2) from any container fails the Job; the self-check's node
-        # problem (75) and a disruption replace the pod without consuming the budget.
+        # problem (75), a launcher whose ranks were only stopped after a peer failed (76) and a disruption
+        # replace the pod without consuming the budget.
         assert spec["podFailurePolicy"]["rules"] == [
             {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
             {
                 "action": "Ignore",
                 "onExitCodes": {"containerName": "selfcheck", "operator": "In", "values": [75]},
+            },
+            {
+                "action": "Ignore",
+                "onExitCodes": {
+                    "containerName": "trainer",
+                    "operator": "In",
+                    "values": [COLLATERAL_EXIT_CODE],
+                },
             },
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
@@ -258,3 +267,22 @@ def test_the_local_job_runs_the_p5_jobs_launcher_flags(tmp_path):
     local_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "local-cpu.yaml", tmp_path / "l"))
     p5_shape = _launcher_shape(_render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path / "p"))
     assert local_shape == p5_shape
+
+
+def test_the_peer_replicas_failure_domain_is_the_pods_zone_label_and_the_job_says_so(rendered, tmp_path):
+    (job,) = _by_kind(rendered["p5-16"], "Job")
+    template = job["spec"]["template"]
+    (trainer,) = template["spec"]["containers"]
+    (domain,) = [e for e in trainer["env"] if e["name"] == "NVRX_EKS_FAILURE_DOMAIN"]
+    # Copied onto the pod from its node by Kubernetes' PodTopologyLabels admission (1.35: beta, on).
+    assert domain["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}
+    }
+    assert template["metadata"]["annotations"]["nvrx-eks.io/peer-failure-domain-label"] == (
+        "topology.kubernetes.io/zone"
+    )
+    # No replica, no domain: nothing to choose partners for.
+    docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "storage.peer_replicas=0")
+    (job,) = _by_kind(docs, "Job")
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    assert "NVRX_EKS_FAILURE_DOMAIN" not in {e["name"] for e in trainer["env"]}

@@ -21,6 +21,7 @@ from k8s.job_chart import render
 from k8s.load import load_values
 from localrun.executor import LocalJob, marked_processes
 from training.events import read_events
+from training.launch import COLLATERAL_EXIT_CODE
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 # The demo's configuration (mode both: in-process layer, whose monitor processes leave the launcher's
@@ -223,5 +224,36 @@ def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tm
         assert 0 in {p.index for p in init_failed}  # index 1's first pod may be deleted before its check
         assert all((p.container, p.exit_code) == ("selfcheck", 75) for p in init_failed)
         assert job.failures == {0: 0, 1: 0}, "exit 75 and node deletion must not consume the budget"
+    finally:
+        _assert_pods_gone(job)
+
+
+@pytest.mark.timeout(120)
+def test_a_collateral_stop_is_replaced_without_charging_its_index_and_a_fault_is_charged(tmp_path):
+    """podFailurePolicy on the trainer container's exit code: the launcher's collateral exit (its ranks
+    were only stopped after a peer failed) replaces the pod for free; any other failure costs budget."""
+    dist = _render(tmp_path)
+    manifest = next(dist.glob("*.yaml"))
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    (job_doc,) = [d for d in docs if d["kind"] == "Job"]
+    pod = job_doc["spec"]["template"]["spec"]
+    pod["initContainers"] = []
+    # Each index's first pod exits collateral, its second fails on its own (1), its third succeeds.
+    pod["containers"][0]["command"] = [
+        "sh",
+        "-c",
+        (
+            "n=$(ls /fsx/attempt-$(NODE_RANK)-* 2>/dev/null | wc -l); touch /fsx/attempt-$(NODE_RANK)-$n; "
+            f'[ "$n" = 0 ] && exit {COLLATERAL_EXIT_CODE}; [ "$n" = 1 ] && exit 1; exit 0'
+        ),
+    ]
+    manifest.write_text(yaml.safe_dump_all(docs))
+    job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=100)
+    try:
+        result = job.run()
+        assert result.succeeded, result.reason
+        codes = {i: [p.exit_code for p in result.pods if p.index == i] for i in (0, 1)}
+        assert codes == {0: [COLLATERAL_EXIT_CODE, 1, 0], 1: [COLLATERAL_EXIT_CODE, 1, 0]}
+        assert job.failures == {0: 1, 1: 1}, "only the launcher's own failure is charged"
     finally:
         _assert_pods_gone(job)

@@ -171,3 +171,54 @@ def test_the_launchers_last_line_names_each_failed_rank_within_the_termination_m
     assert "Connection reset" in failure_summary(failures)
     # Without the summary, the kubelet's tail holds only the collateral rank's call stack.
     assert "rank 3" not in failure_cause(log_tail(f"{nvrx_line}\n")).text
+
+
+# ft_launcher's real main, with its agent replaced by one whose workers failed with these exit codes.
+_FAILED_AGENT = """
+import sys
+from nvidia_resiliency_ext.fault_tolerance import launcher
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from training.launch import main
+
+CODES = [int(code) for code in sys.argv[1].split(",")]
+
+def launch_agent(config, entrypoint, args):
+    failures = {
+        rank: ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="/nonexistent")
+        for rank, code in enumerate(CODES)
+    }
+    raise ChildFailedError(name="training", failures=failures)
+
+launcher.launch_agent = launch_agent
+sys.argv = ["training.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
+            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test", "-m", "training"]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("exit_codes", "collateral"),
+    [
+        pytest.param("-15,-15", True, id="every-rank-stopped-by-its-launcher"),
+        pytest.param("143", True, id="stopped-through-a-shell"),
+        pytest.param("-15,-9", False, id="a-rank-killed-here"),
+        pytest.param("-15,1", False, id="a-rank-failed-here"),
+    ],
+)
+def test_a_launcher_whose_ranks_were_only_stopped_exits_with_the_collateral_code(exit_codes, collateral):
+    """The Job's podFailurePolicy does not charge the collateral exit (k8s/job_chart.py); a pod where a
+    rank failed by itself keeps ft_launcher's 1 and is charged."""
+    from training.launch import COLLATERAL_EXIT_CODE  # noqa: PLC0415
+
+    run = subprocess.run(
+        [sys.executable, "-c", _FAILED_AGENT, exit_codes],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one log, as the pod's
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == (COLLATERAL_EXIT_CODE if collateral else 1), run.stdout[-2000:]
+    # The failed ranks are still the last line (the pod's termination message names them).
+    assert run.stdout.strip().splitlines()[-1].startswith("worker failures: {0: ProcessFailure("), run.stdout

@@ -16,10 +16,17 @@ Hot spares: with `spares=1` a third pod runs the launcher, whose agent waits in 
 carries the lost pod's index and may take the place back); the lost node's replacement becomes the
 next spare. A restart round (a SIGKILL) takes no spare: the previous active nodes, known to NVRx by their
 pod index (GROUP_RANK), all rejoin within the last call.
+
+Store loss: the store pod's process (NVRx's control process, which hosts the TCPStore every launcher
+talks to and closes each rendezvous round) is SIGKILLed mid-run and restarted empty, as a crash or an
+OOM kill of that pod would. Whatever the launchers then do, the Job must not complete before training
+did: either training reaches its last step or the Job fails with a reason.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import TYPE_CHECKING
 
 import pytest
@@ -73,6 +80,17 @@ def _run(
     return local_job.run(
         run_dir, overrides, timeout_s=timeout_s, node_provision_s=node_provision_s, must_succeed=False
     )
+
+
+def _kill_store_at(run_dir: Path, *, step: int, stop: threading.Event) -> None:
+    """Ask the executor (chaos dir) to kill the store pod once rank 0 logged `step`."""
+    while not stop.wait(0.2):
+        for path in run_dir.glob("volumes/pvc-*/runs/*/events/rank-0.jsonl"):
+            events = map(json.loads, path.read_text().splitlines()[:-1])  # the last may be half written
+            if any(e.get("kind") == "step" and e["step"] >= step for e in events):
+                (run_dir / "chaos").mkdir(exist_ok=True)
+                (run_dir / "chaos" / "kill-store").touch()
+                return
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +214,29 @@ def test_a_sigkill_restart_round_leaves_the_warm_spare_standing_by(tmp_path, loc
     assert restored, "the SIGKILL restarted no worker"
     assert {int(e["node"]) for e in restored} == before
     assert local_job.final_hash(events) == fault_free_hash
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("spares", [0, 1], ids=["no-spare", "a-warm-spare"])
+def test_losing_the_rendezvous_store_mid_run_never_completes_the_job_early(tmp_path, local_job, spares):
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_store_at, args=(tmp_path,), kwargs={"step": 8, "stop": stop})
+    killer.start()
+    try:
+        result, events = _run(local_job, tmp_path, plan="", timeout_s=540, extra=(f"spares={spares}",))
+    finally:
+        stop.set()
+        killer.join()
+
+    executor = [json.loads(line) for line in (tmp_path / "executor.jsonl").read_text().splitlines()]
+    (kill,) = [e for e in executor if e["kind"] == "kill_store"]
+    steps = local_job.events(events, "step")
+    assert any(e["t"] < kill["t"] for e in steps), "the store was killed before training started"
+    _no_pod_succeeded_before_training_ended(result, steps)
+    if result.succeeded:
+        # Completed means trained to the end: the last step and the final parameters exist.
+        assert max(e["step"] for e in steps) == STEPS - 1, result.reason
+        assert local_job.final_hash(events)
+    else:
+        assert result.reason, "a failed job names why"
+        assert result.reason != "DeadlineExceeded", result.reason

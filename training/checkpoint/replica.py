@@ -2,8 +2,15 @@
 
 Save side (`ReplicaWorker`): handed each memory snapshot as it is staged, its thread waits for the
 snapshot's copy into the staging slot, then each rank sends that slot to the same local rank on the
-next R nodes and receives, from the R nodes before it, their slots into its pod's memory folder
-(`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
+next R nodes of the replica ring and receives, from the R nodes before it, their slots into its pod's
+memory folder (`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
+
+The ring (`node_ring`) puts nodes of different failure domains next to each other: a copy is worth
+little on a node that a zone's outage takes down with the original. Each rank's domain is the value
+of `FAILURE_DOMAIN_ENV` (the job chart sets it from the pod's zone label, k8s/job_chart.py); the ranks
+gather them when the replication group is made. With one domain (or none set) the ring is the nodes in
+rank order, so every node's partners are simply the next R nodes. Every node still sends R copies and
+holds R, so the memory each node needs is the same whatever the domains.
 It runs on a thread of its own over a gloo group of its own, so it never blocks the loop: the snapshot
 copy stays the only stall, and a replication still running when the next snapshot is due is skipped
 and counted like any busy tier (the agreement in tiered.py decides it alike on every rank).
@@ -44,7 +51,7 @@ from training.checkpoint.base import Restored
 from training.checkpoint.shard import ShardError, decode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from training.checkpoint.restore import StoreSource
 
@@ -53,18 +60,69 @@ TIER_ORDER = ("memory", "peer_memory", "local", "durable")
 """Where a shard comes from at restore, fastest first."""
 
 
-def partner_ranks(rank: int, *, world_size: int, ranks_per_node: int, replicas: int) -> list[int]:
-    """The ranks that hold copies of `rank`'s shard: the same local rank on the next `replicas` nodes."""
-    nodes = world_size // ranks_per_node
-    node, local = divmod(rank, ranks_per_node)
-    return [((node + k) % nodes) * ranks_per_node + local for k in range(1, replicas + 1)]
+FAILURE_DOMAIN_ENV = "NVRX_EKS_FAILURE_DOMAIN"
+"""This node's failure domain (e.g. its zone); unset or empty: one domain for every node."""
 
 
-def source_ranks(rank: int, *, world_size: int, ranks_per_node: int, replicas: int) -> list[int]:
-    """The ranks whose shards `rank` holds: the same local rank on the previous `replicas` nodes."""
+def node_ring(domains: Sequence[str]) -> list[int]:
+    """The nodes (by node rank, `domains[node]` its domain) in replica order: each place goes to the
+    domain with the most nodes left that is not the previous place's (ties by name), each domain's nodes
+    in rank order. A node's successor is in another domain wherever the domains' sizes allow it (a
+    domain holding more than half the nodes must neighbour itself somewhere); one domain gives the nodes
+    in rank order. The same on every rank: it depends on the gathered domains only."""
+    left: dict[str, list[int]] = {}
+    for node, domain in enumerate(domains):
+        left.setdefault(domain, []).append(node)
+    ring: list[int] = []
+    previous: str | None = None
+    while left:
+        ranked = sorted(left, key=lambda d: (d == previous, -len(left[d]), d))
+        previous = ranked[0]
+        ring.append(left[previous].pop(0))
+        if not left[previous]:
+            del left[previous]
+    return ring
+
+
+def _neighbours(
+    rank: int,
+    *,
+    world_size: int,
+    ranks_per_node: int,
+    replicas: int,
+    domains: Sequence[str] | None,
+    sign: int,
+) -> list[int]:
     nodes = world_size // ranks_per_node
+    ring = node_ring(domains if domains is not None else [""] * nodes)
     node, local = divmod(rank, ranks_per_node)
-    return [((node - k) % nodes) * ranks_per_node + local for k in range(1, replicas + 1)]
+    at = ring.index(node)
+    return [ring[(at + sign * k) % nodes] * ranks_per_node + local for k in range(1, replicas + 1)]
+
+
+def partner_ranks(
+    rank: int, *, world_size: int, ranks_per_node: int, replicas: int, domains: Sequence[str] | None = None
+) -> list[int]:
+    """The ranks that hold copies of `rank`'s shard: the same local rank on the next `replicas` nodes of
+    the ring (`node_ring`; `domains`: each node's failure domain, by node rank)."""
+    return _neighbours(
+        rank, world_size=world_size, ranks_per_node=ranks_per_node, replicas=replicas, domains=domains, sign=1
+    )
+
+
+def source_ranks(
+    rank: int, *, world_size: int, ranks_per_node: int, replicas: int, domains: Sequence[str] | None = None
+) -> list[int]:
+    """The ranks whose shards `rank` holds: the same local rank on the previous `replicas` nodes of the
+    ring."""
+    return _neighbours(
+        rank,
+        world_size=world_size,
+        ranks_per_node=ranks_per_node,
+        replicas=replicas,
+        domains=domains,
+        sign=-1,
+    )
 
 
 # --- slot files: <dir>/slot-<k>.bin (data), .hdr (shard header), .json (manifest, the commit point) --
@@ -141,8 +199,16 @@ class ReplicaWorker:
         replicas: int,
         memory_dir: Path,
         timeout_s: float,
+        domain: str = "",
     ) -> None:
+        """`domain`: this node's failure domain (`FAILURE_DOMAIN_ENV`); the partners are chosen once
+        every rank's is known (`prepare`)."""
         self.rank = rank
+        self.domain = domain
+        self.ranks_per_node = ranks_per_node
+        self.replicas = replicas
+        self.domains: list[str] | None = None
+        """Each node's failure domain, by node rank, as gathered by `prepare`."""
         self.targets = partner_ranks(
             rank, world_size=world_size, ranks_per_node=ranks_per_node, replicas=replicas
         )
@@ -205,6 +271,21 @@ class ReplicaWorker:
         if world is not self._world:
             self._world = world
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+            # Node ranks come from the rendezvous, so which node is where is known only now.
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, self.domain, group=self.group)
+            self.domains = [
+                str(gathered[node * self.ranks_per_node])
+                for node in range(len(gathered) // self.ranks_per_node)
+            ]
+            layout = {
+                "world_size": self.world_size,
+                "ranks_per_node": self.ranks_per_node,
+                "replicas": self.replicas,
+                "domains": self.domains,
+            }
+            self.targets = partner_ranks(self.rank, **layout)
+            self.sources = source_ranks(self.rank, **layout)
 
     def submit(
         self,

@@ -36,7 +36,12 @@ import torch.distributed as dist
 
 from training.checkpoint.base import Checkpointer, Restored
 from training.checkpoint.persist import PersistWorker
-from training.checkpoint.replica import ReplicaWorker, ranks_per_node, restore_from_anywhere
+from training.checkpoint.replica import (
+    FAILURE_DOMAIN_ENV,
+    ReplicaWorker,
+    ranks_per_node,
+    restore_from_anywhere,
+)
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
 from training.checkpoint.stats import CheckpointStats
@@ -517,6 +522,7 @@ class TieredCheckpointer(Checkpointer):
                 replicas=config.peer_replicas,
                 memory_dir=config.memory_dir,
                 timeout_s=config.peer_timeout_s,
+                domain=os.environ.get(FAILURE_DOMAIN_ENV, ""),
             )
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
