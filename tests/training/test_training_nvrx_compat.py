@@ -211,7 +211,7 @@ if sys.argv[1] == "mended":
     from training.nvrx_compat import poll_rendezvous_faster
     poll_rendezvous_faster()
 slept = []
-clock = [time.monotonic()]  # a virtual clock: each sleep advances it without waiting
+clock = [0.0]  # a virtual clock, exact in binary at 0: each sleep advances it without waiting
 time.sleep = lambda seconds: (slept.append(seconds), clock.__setitem__(0, clock[0] + seconds))
 time.monotonic = lambda: clock[0]
 store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
