@@ -28,6 +28,7 @@ import contextlib
 import datetime as dt
 import os
 import signal
+import threading
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -286,15 +287,43 @@ def install_termination_handler(events: EventLog) -> None:
     """The launcher stops workers with SIGTERM (and the in-process monitor process on a hard timeout):
     record it -- the detection time of the outer layer -- and leave at once.
 
+    At once even while the main thread waits in native code. A Python signal handler runs only in the
+    main thread, between bytecodes: a rank blocked in a collective on a hung or dead peer, or in the
+    in-process layer's store barrier, ran it only when that wait timed out, and its launcher waited as
+    long before it could restart anyone (the deadlock's teardown was 3 s here). So the handler also
+    writes the signal to a wakeup pipe (`signal.set_wakeup_fd`, done by the interpreter's C-level
+    handler the moment the signal arrives), and a daemon thread blocked on that pipe leaves for it:
+    the waits it cuts short release the GIL. A rank holding the GIL in a native call is the
+    launcher's SIGKILL's, as before.
+
     `os._exit`, not `sys.exit`: a SystemExit unwinds through the in-process wrapper's shutdown barriers,
     the checkpointer and the process group's teardown, which kept stopped workers alive for seconds
     while the launcher waited to restart them. Nothing is lost: a checkpoint counts only once committed
     (atomic rename), and events are flushed line by line.
     """
+    leaving = threading.Lock()
 
-    def handler(signum: int, _frame: Any) -> None:  # noqa: ANN401
+    def leave(signum: int) -> None:
+        if not leaving.acquire(blocking=False):  # the other path is already leaving
+            return
         events.emit("terminated", layer="ft_launcher", signal=signal.Signals(signum).name)
         events.close()
         os._exit(128 + signum)
 
+    def handler(signum: int, _frame: Any) -> None:  # noqa: ANN401
+        leave(signum)
+
+    read_fd, write_fd = os.pipe()  # not inherited across exec (PEP 446)
+    os.set_blocking(write_fd, False)
+
+    def watch() -> None:
+        while True:
+            for signum in os.read(read_fd, 64):  # blocks without the GIL
+                if signum == signal.SIGTERM:
+                    leave(signum)
+
     signal.signal(signal.SIGTERM, handler)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    # A child forked from this rank (no exec) would write its own signals into this rank's pipe.
+    os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
+    threading.Thread(target=watch, name="termination-watch", daemon=True).start()

@@ -331,3 +331,40 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
         update_then_run_on()
     thread.join()
     assert (updates, trainer.last_done) == ([5], 5)
+
+
+_STOPPED_IN_A_NATIVE_WAIT = """
+import sys
+from datetime import timedelta
+from pathlib import Path
+from torch.distributed import TCPStore
+from training.events import EventLog
+from training.resilience import install_termination_handler
+
+install_termination_handler(EventLog(run_dir=Path(sys.argv[1]), rank=0))
+store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+print("waiting", flush=True)
+store.wait(["never-set"], timedelta(seconds=60))  # as a rank waits in a barrier on a dead peer
+"""
+
+
+def test_a_rank_stopped_while_it_waits_in_native_code_leaves_at_once(tmp_path):
+    """A Python handler alone runs only when the main thread's native wait returns (here after 60 s);
+    the launcher's SIGTERM must end the rank, recorded, while it waits."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_IN_A_NATIVE_WAIT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "waiting"
+            time.sleep(0.5)  # inside the store's wait
+            proc.terminate()
+            code = proc.wait(timeout=30)  # half the wait's own timeout: not the wait ending by itself
+        finally:
+            proc.kill()
+    assert code == 128 + 15
+    (events,) = (tmp_path / "events").glob("rank-0.jsonl")
+    assert json.loads(events.read_text().splitlines()[-1])["kind"] == "terminated"
