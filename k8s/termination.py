@@ -31,6 +31,12 @@ _PROCESS_FAILURE = re.compile(
 # A rank its own launcher stopped (SIGTERM while stopping the worker group) failed because of another.
 _STOPPED = {"143", "-15"}
 _KNOWN = (
+    # ft_launcher's one TCPStore connection is the rendezvous store's (the store Deployment, is_host=0):
+    # NVRx 0.7 does not reconnect, so a lost store pod ends every launcher with this line.
+    (
+        "Agent run ended with exception, e=DistNetworkError",
+        "the rendezvous store was lost: the launcher's connection to it failed (DistNetworkError)",
+    ),
     ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
     ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
 )

@@ -681,6 +681,16 @@ class LocalJob:
                     return rule["action"]
         return "Count"
 
+    def _delete_store(self) -> None:
+        """`kubectl delete pod` on the store's pod: its processes are killed; the controller loop then
+        starts the Deployment's replacement behind the same Service (here: the same local port), with
+        an empty store."""
+        if self._store is None or self._store.done.is_set():
+            self._emit("delete_store_ignored")
+            return
+        self._emit("delete_store", pod=self._store.name)
+        self._store.kill(deleted=True)
+
     def _delete(self, index: int) -> None:
         pod = self.pods.get(index)
         if pod is None or pod.done.is_set():
@@ -693,6 +703,10 @@ class LocalJob:
         self.deletions.append({"index": index, "pod": pod.name, "time": t, "killed_s": time.time() - t})
 
     def _poll_chaos_dir(self) -> None:
+        store_request = self.chaos_dir / "delete-store"
+        if store_request.exists():
+            store_request.rename(store_request.with_name(f"handled-delete-store-{time.time():.3f}"))
+            self._delete_store()
         for path in sorted(self.chaos_dir.glob("delete-node-*")):
             if path.suffix == ".tmp":  # still being written: the writer renames it into place when done
                 continue

@@ -60,3 +60,17 @@ def test_log_tail_keeps_what_the_kubelet_keeps():
     assert tail.endswith("line 999")
     assert len(tail.encode()) <= TAIL_BYTES
     assert len(tail.splitlines()) <= 80
+
+
+def test_a_lost_rendezvous_store_is_named():
+    """NVRx 0.7's ft_launcher when the store pod is deleted (seen in this kit's local store_loss runs)."""
+    message = (
+        "W1202 10:44:04.507000 27734 torch/distributed/elastic/multiprocessing/api.py:871] Closing process "
+        "27783 via signal SIGTERM\n"
+        "2026-12-02 10:44:05,928 [ERROR] [vm] [workload:?(?) infra:?(?)] launcher.py:3750 Agent run ended "
+        "with exception, e=DistNetworkError('Failed to recv, got 0 bytes. Connection was likely closed. Did "
+        "the remote server shutdown or crash?'). Agent's exit code = 1\n"
+    )
+    cause = failure_cause(message)
+    assert cause.text.startswith("the rendezvous store was lost")
+    assert cause.severity == 0
