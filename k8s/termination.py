@@ -38,8 +38,13 @@ _STOPPED = {str(code) for code in STOPPED_EXIT_CODES}
 _KNOWN = (
     ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
     ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
-    # torch's TCPStore client when the store's process went away under it.
-    ("DistNetworkError", "the launcher lost the rendezvous store (DistNetworkError: connection closed)"),
+    # ft_launcher's one TCPStore connection is the rendezvous store's (the store Deployment, is_host=0);
+    # torch's client raises DistNetworkError when the store's process goes away under it, and NVRx 0.7
+    # does not reconnect, so a lost store pod ends every launcher with it.
+    (
+        "DistNetworkError",
+        "the rendezvous store was lost: the launcher's connection to it failed (DistNetworkError)",
+    ),
 )
 
 

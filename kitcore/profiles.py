@@ -15,6 +15,37 @@ from kitcore.configio import UserError
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostLink:
+    """The CPU-GPU link one GPU copies its state to host memory over: the memory snapshot's floor."""
+
+    generation: int
+    """PCI Express generation the host side runs the GPU's x16 link at."""
+    source: str
+    """Documentation naming the host CPU (and so the generation) for this instance type."""
+
+    @property
+    def name(self) -> str:
+        return f"PCIe Gen{self.generation} x16"
+
+    @property
+    def raw_gbps(self) -> float:
+        """One direction's line rate, GB/s: transfers/s x 16 lanes x 128b/130b encoding / 8 bits."""
+        return _PCIE_GTS[self.generation] * _LANES * 128 / 130 / 8
+
+    @property
+    def gbps(self) -> float:
+        """Device-to-host copy, GB/s, practical: the line rate less packet overhead."""
+        return round(self.raw_gbps * PCIE_PRACTICAL_SHARE, 1)
+
+    @property
+    def derivation(self) -> str:
+        return (
+            f"{self.name}: {self.raw_gbps:.1f} GB/s line rate x {PCIE_PRACTICAL_SHARE:.0%} practical "
+            f"= {self.gbps} GB/s per GPU ({self.source})"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class InstanceProfile:
     name: str
     """EC2 instance type, or a local pseudo-type (is_ec2=False) for CPU runs on one machine."""
@@ -29,6 +60,8 @@ class InstanceProfile:
     memory_gib: int
     nvme_count: int
     nvme_gib_each: int
+    host_link: HostLink | None = None
+    """How each GPU reaches host memory (None: no GPU)."""
     is_ec2: bool = True
     source: str = ""
     """Documentation the row was taken from."""
@@ -56,6 +89,32 @@ _SPECS = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html"
 _EFA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html"
 _SRC = f"{_SPECS}; {_EFA}"
 
+# The CPU-GPU host link. Every GPU here sits on a x16 link; its generation is the lower of the GPU's
+# and the host CPU's, and every GPU in the table does Gen4 or better (H100/H200 SXM: Gen5), so the CPU
+# decides it:
+# - _P5: the Amazon EC2 P5 instance page lists P5 and P5e with 3rd Gen AMD EPYC processors (Milan:
+#   PCIe Gen4) and P5en with 4th Gen Intel Xeon Scalable processors (Sapphire Rapids: PCIe Gen5).
+# - _P5EN: the P5en launch announcement: "PCIe Gen5 between CPU and GPU", "up to 4x the bandwidth
+#   between CPU and GPU" against P5 (instance-wide; per GPU the generation doubles the line rate).
+# - _SPECS names the processor of P4d/P4de (2nd Gen Intel Xeon Scalable, Cascade Lake: its root ports
+#   run PCIe Gen3, whatever the A100's switches do) and G6 (3rd Gen AMD EPYC: Gen4; the L4 itself is
+#   a Gen4 x16 card).
+# Line rates are PCI-SIG's (Gen3 8, Gen4 16, Gen5 32 GT/s per lane, 128b/130b encoding). A pinned
+# device-to-host copy reaches about 80% of the line rate (transaction-layer headers and flow control:
+# ~25 of 31.5 GB/s on Gen4); PCIE_PRACTICAL_SHARE is that assumption, shown wherever a figure is used.
+_P5 = "https://aws.amazon.com/ec2/instance-types/p5/"
+_P5EN = (
+    "https://aws.amazon.com/about-aws/whats-new/2024/12/"
+    "amazon-ec2-p5en-instances-generative-ai-hpc-generally-available/"
+)
+_PCIE_GTS = {3: 8.0, 4: 16.0, 5: 32.0}
+_LANES = 16
+PCIE_PRACTICAL_SHARE = 0.8
+_GEN4_P5 = HostLink(generation=4, source=f"{_P5}: 3rd Gen AMD EPYC")
+_GEN5_P5EN = HostLink(generation=5, source=f"{_P5}: 4th Gen Intel Xeon Scalable; {_P5EN}")
+_GEN3_P4 = HostLink(generation=3, source=f"{_SPECS}: 2nd Gen Intel Xeon Scalable")
+_GEN4_G6 = HostLink(generation=4, source=f"{_SPECS}: 3rd Gen AMD EPYC")
+
 # fmt: off
 PROFILES: dict[str, InstanceProfile] = {
     p.name: p
@@ -65,41 +124,41 @@ PROFILES: dict[str, InstanceProfile] = {
         InstanceProfile(
             name="p5.48xlarge", accelerator="H100", gpus=8, gpu_memory_gib=80, efa_devices=32,
             network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
-            source=_SRC,
+            host_link=_GEN4_P5, source=_SRC,
         ),
         # p5e.48xlarge: 8 x H200 141 GB HBM3e, 192 vCPU, 2048 GiB, 8 x 3800 GB NVMe, 32 network
         # cards, 32 EFA (3200 Gbps). Source: _SPECS (P5e row), _EFA (P5/P5e section).
         InstanceProfile(
             name="p5e.48xlarge", accelerator="H200", gpus=8, gpu_memory_gib=141, efa_devices=32,
             network_cards=32, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
-            source=_SRC,
+            host_link=_GEN4_P5, source=_SRC,
         ),
         # p5en.48xlarge: 8 x H200 141 GB, 192 vCPU, 2048 GiB, 8 x 3800 GB NVMe, 16 network cards,
         # 16 EFA (EFAv3, 3200 Gbps). Source: _SPECS (P5en row), _EFA.
         InstanceProfile(
             name="p5en.48xlarge", accelerator="H200", gpus=8, gpu_memory_gib=141, efa_devices=16,
             network_cards=16, vcpus=192, memory_gib=2048, nvme_count=8, nvme_gib_each=3539,
-            source=_SRC,
+            host_link=_GEN5_P5EN, source=_SRC,
         ),
         # p4d.24xlarge: 8 x A100 40 GB HBM2, 96 vCPU, 1152 GiB, 8 x 1000 GB NVMe, 4 network cards,
         # 4 EFA (400 Gbps). Source: _SPECS (P4d row), _EFA.
         InstanceProfile(
             name="p4d.24xlarge", accelerator="A100", gpus=8, gpu_memory_gib=40, efa_devices=4,
             network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=931,
-            source=_SRC,
+            host_link=_GEN3_P4, source=_SRC,
         ),
         # p4de.24xlarge: 8 x A100 80 GB HBM2e, otherwise as p4d. Source: _SPECS (P4de row), _EFA.
         InstanceProfile(
             name="p4de.24xlarge", accelerator="A100", gpus=8, gpu_memory_gib=80, efa_devices=4,
             network_cards=4, vcpus=96, memory_gib=1152, nvme_count=8, nvme_gib_each=931,
-            source=_SRC,
+            host_link=_GEN3_P4, source=_SRC,
         ),
         # g6.8xlarge (cheap development): 1 x L4 24 GB, 32 vCPU, 128 GiB, 2 x 450 GB NVMe, 1 network
         # card, 1 EFA (g6.8xlarge is the smallest G6 size with EFA). Source: _SPECS (G6 row), _EFA.
         InstanceProfile(
             name="g6.8xlarge", accelerator="L4", gpus=1, gpu_memory_gib=24, efa_devices=1,
             network_cards=1, vcpus=32, memory_gib=128, nvme_count=2, nvme_gib_each=419,
-            source=_SRC,
+            host_link=_GEN4_G6, source=_SRC,
         ),
         InstanceProfile(
             name="local-cpu", accelerator="none", gpus=0, gpu_memory_gib=0, efa_devices=0,

@@ -1,5 +1,5 @@
 """Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `bench peer`,
-`local run`."""
+`bench store`, `local run`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 
 from kitcore import paths
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, RESTART_ROUNDS
 
 LocalValues = Annotated[
     Path,
@@ -93,6 +94,49 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             runs_root=runs_root,
             mix=mix,
             **kwargs,
+        )
+
+    @bench.command("store")
+    def bench_store_cmd(
+        agents: Annotated[
+            list[int] | None,
+            typer.Option(
+                "--agents", min=2, help="Simulated agents per row (repeatable; default 256, 512, 1024, 2048)."
+            ),
+        ] = None,
+        barrier_clients: Annotated[
+            int, typer.Option(min=0, help="Clients through one process-group barrier (0 skips it).")
+        ] = DEFAULT_BARRIER_CLIENTS,
+        restart_rounds: Annotated[
+            int, typer.Option(min=1, help="Restart rounds timed per row (the row is their median).")
+        ] = RESTART_ROUNDS,
+        json_out: Annotated[
+            Path | None,
+            typer.Option(
+                "--json-out",
+                parser=paths.write_file("figures as JSON", "runs/store-bench.json"),
+                help="Also write the rows as JSON.",
+            ),
+        ] = None,
+        runs_root: RunsRoot = Path("runs"),
+    ) -> None:
+        """The rendezvous store under load: NVRx barrier-rendezvous rounds of 256 to 2,048 simulated
+        agents, and one process-group barrier of 16,384 clients, against the store Deployment's process."""
+        import time  # noqa: PLC0415
+
+        from localrun.store_bench import ROUND_GOAL_S, run_store_bench  # noqa: PLC0415
+
+        document = run_store_bench(
+            agents=agents or list(DEFAULT_AGENTS),
+            barrier_clients=barrier_clients,
+            restart_rounds=restart_rounds,
+            json_out=json_out,
+            log_dir=runs_root / time.strftime("store-bench-%Y%m%d-%H%M%S"),
+        )
+        goal = document["goal"]
+        print(
+            f"goal: a round at >= {goal['agents']} agents <= {ROUND_GOAL_S:g} s: "
+            f"{'met' if goal['met'] else 'NOT met'}"
         )
 
     @local.command("run")

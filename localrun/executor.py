@@ -50,9 +50,10 @@ What it does, the way Kubernetes would:
   takes `node_provision_s` to come (default 0): on a cluster the replacement of a lost node's pod is
   Pending until a node joins (Karpenter or the node group: minutes for a p5), and what the job does
   meanwhile (wait for it, or go on with a warm spare) is what a node-loss test is about.
-- Store loss (`LocalJob.kill_store()` or a file `$NVRX_EKS_CHAOS_DIR/kill-store`): the store pod's
-  container is SIGKILLed (a crash, an OOM kill) and restarted as its restartPolicy Always says, with
-  an empty store: the rendezvous the launchers were connected to is gone mid-run.
+- Store loss (`LocalJob.delete_store()` or a file `$NVRX_EKS_CHAOS_DIR/delete-store`, which the
+  `store_loss` fault writes): the store pod is deleted (its processes killed, as a node loss or an OOM
+  kill would) and the Deployment's replacement starts behind the same Service (here: the same local
+  port) with an empty store: the rendezvous the launchers were connected to is gone mid-run.
 Per-pod logs: `<run>/pods/<pod>.log`; executor events (pod and container starts, pod ends, node
 deletions): `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 """
@@ -555,15 +556,6 @@ class LocalJob:
         with self._lock:
             self._delete_requests.append(index)
 
-    def kill_store(self) -> None:
-        """SIGKILL the store pod's container; the controller loop restarts it (see the module docstring)."""
-        store = self._store
-        if store is None or store.done.is_set():
-            self._emit("kill_store_ignored")
-            return
-        self._emit("kill_store", pod=store.name)
-        store.kill(deleted=False)
-
     def run(self, *, deletions: list[NodeDeletion] | tuple[NodeDeletion, ...] = ()) -> JobResult:
         pending = sorted(deletions, key=lambda d: d.after_s)
         previous = None
@@ -697,6 +689,16 @@ class LocalJob:
                     return rule["action"]
         return "Count"
 
+    def delete_store(self) -> None:
+        """`kubectl delete pod` on the store's pod: its processes are killed; the controller loop then
+        starts the Deployment's replacement behind the same Service (here: the same local port), with
+        an empty store."""
+        if self._store is None or self._store.done.is_set():
+            self._emit("delete_store_ignored")
+            return
+        self._emit("delete_store", pod=self._store.name)
+        self._store.kill(deleted=True)
+
     def _delete(self, index: int) -> None:
         pod = self.pods.get(index)
         if pod is None or pod.done.is_set():
@@ -709,10 +711,10 @@ class LocalJob:
         self.deletions.append({"index": index, "pod": pod.name, "time": t, "killed_s": time.time() - t})
 
     def _poll_chaos_dir(self) -> None:
-        store_request = self.chaos_dir / "kill-store"
+        store_request = self.chaos_dir / "delete-store"
         if store_request.exists():
-            store_request.rename(store_request.with_name(f"handled-kill-store-{time.time():.3f}"))
-            self.kill_store()
+            store_request.rename(store_request.with_name(f"handled-delete-store-{time.time():.3f}"))
+            self.delete_store()
         for path in sorted(self.chaos_dir.glob("delete-node-*")):
             if path.suffix == ".tmp":  # still being written: the writer renames it into place when done
                 continue

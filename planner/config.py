@@ -68,9 +68,6 @@ LLAMA3_PER_NODE_DAY = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * LLAMA3_NODES)  # 3.7
 # Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning Research Clusters", HPCA 2025:
 # about 5e-3 failures per GPU node-day across Meta's research clusters (shown beside Llama 3's rate).
 KOKOLIS_PER_NODE_DAY = 5e-3
-# H100 device-to-host copy, measured at 52.8 GB/s per GPU over PCIe Gen5 on an H200 host:
-# the floor of the loop's stall per memory snapshot.
-H100_D2H_GBPS = 52.8
 # The trainer's state per parameter: fp32 parameters plus AdamW's two fp32 moments (training/trainer.py
 # builds torch.optim.AdamW over fp32 parameters).
 TRAINER_BYTES_PER_PARAM = 12.0
@@ -212,8 +209,9 @@ class Checkpoint(_Section):
     memory: Tier = Tier()
     local: Tier | None = None
     durable: Tier = Tier()
-    copy_gbps: float = Field(H100_D2H_GBPS, gt=0)
-    """GPU-to-host copy bandwidth per GPU: the memory snapshot's floor."""
+    copy_gbps: float | None = Field(None, gt=0)
+    """GPU-to-host copy bandwidth per GPU: the memory snapshot's floor. None: the fleet's instance
+    type's host link (kitcore/profiles.py: PCIe Gen4 on p5/p5e, Gen5 on p5en)."""
     peer_replica: bool = False
     """RAM snapshots also held by partner nodes: a lost node's shards come back from memory."""
 
@@ -417,7 +415,8 @@ class Plan(_Section):
             return self.write_s(name)
         if tier.stall_s is not None:
             return tier.stall_s
-        return self.state_per_gpu / (self.checkpoint.copy_gbps * 1e9)
+        gbps = self.copy_gbps
+        return 0.0 if gbps is None else self.state_per_gpu / (gbps * 1e9)
 
     def write_s(self, name: TierName) -> float:
         """Background persist time of one checkpoint of tier `name` (0 for memory: the copy is it)."""
@@ -437,6 +436,15 @@ class Plan(_Section):
         if self.faults.per_node_day is None:
             return None
         return self.faults.per_node_day * self.fleet.nodes / SECONDS_PER_DAY
+
+    @property
+    def copy_gbps(self) -> float | None:
+        """GPU-to-host copy bandwidth per GPU: the plan's own, else the instance type's host link; None
+        where ranks hold their state in host memory already (no GPU: nothing to copy over a link)."""
+        if self.checkpoint.copy_gbps is not None:
+            return self.checkpoint.copy_gbps
+        link = self.fleet.profile.host_link
+        return None if link is None else link.gbps
 
     @property
     def useful_s(self) -> float | None:

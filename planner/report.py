@@ -26,7 +26,6 @@ DEFAULT_SOURCES = {
     "recovery.launcher_s": "default: the AWS sample's published ft_launcher recovery (16 H100)",
     "recovery.job_restart_s": "default: the AWS sample's published restart-from-checkpoint recovery",
     "recovery.node_swap_s": "default: assumed (HyperPod peer restore < 90 s at 2,304 GPUs)",
-    "checkpoint.copy_gbps": "default: H100 device-to-host copy, 52.8 GB/s measured (shared notes)",
     "faults.mix": "default: Llama 3 Table 5, mapped onto the kit's classes (planner/config.py)",
     "fleet.repair_hours": "default: assumed (a day to repair or replace a GPU host)",
     "workload.startup_s": "default: not counted",
@@ -65,6 +64,23 @@ def _get(tree: Any, dotted: str) -> Any:  # noqa: ANN401 - any plan value
     return node
 
 
+def _derived(plan: Plan, dotted: str) -> tuple[Any, str] | None:
+    """A reported input the plan left unset but derives: its value and how (None: not derived here)."""
+    if dotted == "checkpoint.copy_gbps":
+        link = plan.fleet.profile.host_link
+        if link is None:
+            return None
+        return link.gbps, f"default: {plan.fleet.instance_profile} host link, {link.derivation}"
+    if dotted == "checkpoint.memory.stall_s":
+        return plan.stall_s("memory"), "derived: state per GPU / copy bandwidth (the floor)"
+    if dotted.endswith(".write_s"):
+        tier = dotted.split(".")[1]
+        if plan.checkpoint.tier(tier) is None:  # type: ignore[arg-type]
+            return None
+        return plan.write_s(tier), "derived: state / bandwidth_gbps"  # type: ignore[arg-type]
+    return None
+
+
 def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Each reported input: its value and whether it was measured, given (assumed) or a default."""
     out: dict[str, dict[str, Any]] = {}
@@ -72,21 +88,17 @@ def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> 
         if dotted == "faults.mix" and plan.faults.schedule is not None:
             continue  # a schedule names each fault's class
         value = _get(plan, dotted)
-        if dotted == "checkpoint.memory.stall_s" and value is None:
-            value, source = plan.stall_s("memory"), "derived: state per GPU / copy bandwidth (the floor)"
-        elif dotted.endswith(".write_s") and value is None:
-            tier = dotted.split(".")[1]
-            if plan.checkpoint.tier(tier) is None:  # type: ignore[arg-type]
+        if value is None:
+            derived = _derived(plan, dotted)
+            if derived is None:
                 continue
-            value, source = plan.write_s(tier), "derived: state / bandwidth_gbps"  # type: ignore[arg-type]
+            value, source = derived
         elif dotted in labels:
             source = labels[dotted]
         elif _get(given, dotted) is not None:
             source = "assumed: plan file"
         else:
             source = DEFAULT_SOURCES.get(dotted, "default")
-        if value is None:
-            continue
         out[dotted] = {"value": value, "source": source}
     return out
 

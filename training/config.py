@@ -22,8 +22,12 @@ from training.checkpoint.config import CheckpointConfig
 from training.shapes import PRESETS
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
-FaultClass = Literal["exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss"]
+FaultClass = Literal[
+    "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"
+]
 FAULT_CLASSES: tuple[str, ...] = get_args(FaultClass)
+HARNESS_ONLY = frozenset({"store_loss"})
+"""Classes only a harness can fire: the rendezvous store's pod is not a training pod's to delete."""
 _PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
 
 
@@ -137,7 +141,9 @@ class FaultsConfig(_Section):
     count: int = Field(0, ge=0, description="Number of faults to draw.")
     seed: int | None = Field(None, description="Seed of the draw (default: the run's seed).")
     weights: dict[FaultClass, float] = Field(
-        default_factory=lambda: dict.fromkeys(FAULT_CLASSES, 1.0),
+        # store_loss needs a harness that can delete the store's pod (the local executor); a training
+        # pod has no Kubernetes API access, so it is planned explicitly and never drawn by default.
+        default_factory=lambda: {c: 0.0 if c in HARNESS_ONLY else 1.0 for c in FAULT_CLASSES},
         description="Relative weight per class for the draw, e.g. {exception: 0.6, hang: 0.4}.",
     )
     first_step: int = Field(2, ge=1, description="First step a drawn fault may hit.")

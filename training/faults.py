@@ -12,6 +12,8 @@ Every fault class of README.md's fault table, and the layer that must recover it
 | sigkill          | SIGKILL to itself (as the kernel's OOM killer would)       | ft_launcher        |
 | deadlock         | blocks in a C call holding the GIL (libc sleep via PyDLL)  | ft_launcher        |
 | node_loss        | asks the harness to delete its node (contract 7)           | job_controller     |
+| store_loss       | asks the harness to delete the rendezvous store's pod; the | job_controller     |
+|                  | Deployment starts a replacement with an empty store        |                    |
 
 OOM: we produce the allocation failure (Python sees an exception, as with torch.cuda.OutOfMemoryError),
 not the kernel's OOM kill: on a shared machine a real OOM kill could take another process with it, and
@@ -65,7 +67,7 @@ class Fault:
 def expected_layer(cls: str, mode: Mode) -> str:
     """The layer that must bring the job back: a fault that ends a process is its launcher's (torchrun
     in the baseline, ft_launcher otherwise, with or without heartbeats)."""
-    if cls == "node_loss":
+    if cls in {"node_loss", "store_loss"}:
         return "job_controller"
     if cls in SOFT and mode in {"inprocess", "both"}:
         return "inprocess"
@@ -180,6 +182,20 @@ class FaultInjector:
         libc = ctypes.PyDLL(ctypes.util.find_library("c"))
         while True:
             libc.sleep(3600)
+
+    def _store_loss(self, fault: Fault) -> None:
+        chaos_dir = os.environ.get(CHAOS_DIR_ENV)
+        if not chaos_dir:
+            # A training pod has no Kubernetes API access (least privilege): on a cluster the store's pod
+            # is deleted from outside (kubectl delete pod -l app.kubernetes.io/component=rendezvous-store).
+            self.events.emit("fault_not_fired", **{"class": fault.cls}, step=fault.step, reason="no harness")
+            return
+        body: dict[str, Any] = {"step": fault.step, "rank": fault.rank, "time": time.time()}
+        path = Path(chaos_dir) / "delete-store"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        # Training goes on: what the loss does to the job is what the fault measures.
 
     def _node_loss(self, fault: Fault) -> None:
         node = os.environ.get("JOB_COMPLETION_INDEX", "0")

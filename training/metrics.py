@@ -201,7 +201,7 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     elif all(e["tier"] == "inprocess" or e["pid"] in before_pids for e in first_startup.values()):
         layer = "inprocess"
     else:
-        layer = "job_controller" if fault["class"] == "node_loss" else launcher_layer(mode)
+        layer = "job_controller" if fault["class"] in {"node_loss", "store_loss"} else launcher_layer(mode)
     done_before = [e["step"] for e in events if e["kind"] == "step" and e["t"] <= t0]
     steps_lost = None
     if recovery is not None:

@@ -195,6 +195,7 @@ _CLASS_COLOURS = {
     "sigkill": "tab:red",
     "deadlock": "tab:olive",
     "node_loss": "black",
+    "store_loss": "tab:cyan",
 }
 
 
@@ -267,6 +268,7 @@ _HTML_COLOURS = {
     "sigkill": "#d62728",
     "deadlock": "#bcbd22",
     "node_loss": "#222222",
+    "store_loss": "#17becf",
 }
 
 

@@ -29,6 +29,30 @@ def test_documented_gpu_and_network_facts(name, gpus, efa, cards):
     assert "efa-acc-inst-types" in profile.source
 
 
+@pytest.mark.parametrize(
+    ("name", "generation", "gbps"),
+    [
+        # P5 and P5e run 3rd Gen AMD EPYC (PCIe Gen4): ~25 GB/s per GPU; only P5en is Gen5.
+        ("p5.48xlarge", 4, 25.2),
+        ("p5e.48xlarge", 4, 25.2),
+        ("p5en.48xlarge", 5, 50.4),
+        ("p4d.24xlarge", 3, 12.6),
+        ("g6.8xlarge", 4, 25.2),
+    ],
+)
+def test_host_link_per_instance_type_names_its_source(name, generation, gbps):
+    link = get_profile(name).host_link
+    assert link is not None
+    assert (link.generation, link.gbps) == (generation, gbps)
+    assert link.source.startswith("https://")
+    assert f"PCIe Gen{generation} x16" in link.derivation
+    assert link.source in link.derivation
+
+
+def test_every_gpu_profile_has_a_host_link_and_the_cpu_one_none():
+    assert all((p.host_link is not None) == (p.gpus > 0) for p in PROFILES.values())
+
+
 @pytest.mark.parametrize("name", EC2_GPU)
 def test_layout_has_one_ena_primary_and_one_efa_per_card(name):
     profile = get_profile(name)

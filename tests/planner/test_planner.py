@@ -327,6 +327,33 @@ def test_measured_costs_override_the_plan_files_and_say_so(peer_run):
     assert inputs["checkpoint.durable.write_s"]["source"] == "assumed: plan file"
 
 
+def test_the_memory_snapshot_floor_follows_the_instance_types_host_link():
+    """p5 links each GPU to the host over PCIe Gen4, p5en over Gen5: the same state per GPU stalls the
+    loop twice as long per snapshot on p5, and the report names the link it assumed."""
+    from planner.report import provenance  # noqa: PLC0415
+
+    stalls, sources = {}, {}
+    for name in ("p5.48xlarge", "p5en.48xlarge"):
+        plan, given, _ = load_plan(PEER, [f"fleet.instance_profile={name}"], None)
+        stalls[name] = plan.stall_s("memory")
+        sources[name] = provenance(plan, given=given, labels={})["checkpoint.copy_gbps"]
+    assert stalls["p5.48xlarge"] == pytest.approx(2 * stalls["p5en.48xlarge"])
+    assert sources["p5.48xlarge"]["value"] == pytest.approx(25.2)
+    assert "PCIe Gen4 x16" in sources["p5.48xlarge"]["source"]
+    assert "PCIe Gen5 x16" in sources["p5en.48xlarge"]["source"]
+    assert "aws.amazon.com/ec2/instance-types/p5" in sources["p5en.48xlarge"]["source"]
+
+
+def test_a_plans_own_copy_bandwidth_wins_over_the_host_link():
+    from planner.report import provenance  # noqa: PLC0415
+
+    plan, given, _ = load_plan(PEER, ["checkpoint.copy_gbps=10"], None)
+    assert plan.stall_s("memory") == pytest.approx(plan.state_per_gpu / 10e9)
+    assert provenance(plan, given=given, labels={})["checkpoint.copy_gbps"]["source"] == (
+        "assumed: plan file"
+    )
+
+
 # ---- bad input ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("overrides", "message"),

@@ -89,7 +89,7 @@ def _kill_store_at(run_dir: Path, *, step: int, stop: threading.Event) -> None:
             events = map(json.loads, path.read_text().splitlines()[:-1])  # the last may be half written
             if any(e.get("kind") == "step" and e["step"] >= step for e in events):
                 (run_dir / "chaos").mkdir(exist_ok=True)
-                (run_dir / "chaos" / "kill-store").touch()
+                (run_dir / "chaos" / "delete-store").touch()
                 return
 
 
@@ -229,7 +229,7 @@ def test_losing_the_rendezvous_store_mid_run_never_completes_the_job_early(tmp_p
         killer.join()
 
     executor = [json.loads(line) for line in (tmp_path / "executor.jsonl").read_text().splitlines()]
-    (kill,) = [e for e in executor if e["kind"] == "kill_store"]
+    (kill,) = [e for e in executor if e["kind"] == "delete_store"]
     steps = local_job.events(events, "step")
     assert any(e["t"] < kill["t"] for e in steps), "the store was killed before training started"
     _no_pod_succeeded_before_training_ended(result, steps)
