@@ -42,7 +42,7 @@ RESERVED_LABEL_PREFIX = "nvrx-eks/"
 # The managed node group infra/constructs/cluster.py creates for add-ons (tests/infra check the
 # synthesized template names it so). EKS node group names are unique per cluster: a GPU group of
 # the same name fails CreateNodegroup with ResourceInUseException halfway through the deploy.
-SYSTEM_NODEGROUP_NAME = "system"
+SYSTEM_NODEGROUP_NAME = names.SYSTEM_NODEGROUP
 # "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28 netmask (16 IP
 # addresses)." https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html
 VPC_PREFIX_RANGE = (16, 28)

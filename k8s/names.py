@@ -41,6 +41,10 @@ GPU_NODE_LABEL = "nvrx-eks/gpu"
 EFA_NODE_LABEL = "nvrx-eks/efa"
 """`"true"` where the node has EFA devices, `"false"` where not: the EFA device plugin selects it."""
 
+SYSTEM_NODEGROUP = "system"
+"""The managed node group the cluster stack creates for add-ons and the rendezvous store; the example
+job values select it for the store (`eks.amazonaws.com/nodegroup: system`)."""
+
 # nodeadm (AL2023) assembles every instance-store NVMe disk into one RAID0 array mounted here
 # (`localStorage: RAID0`, set by infra/constructs/launch_template.py) and bind-mounts the kubelet's and
 # containerd's state and the pod logs onto folders of it: hostPath volumes below it land on local NVMe.

@@ -51,7 +51,8 @@ from k8s.job_chart import (
 from kitcore.pins import TRAINER_UID
 from training import nodecheck
 
-NODE_CHECK = "nvrx-nodecheck"
+NODE_CHECK = nodecheck.COMPONENT
+"""The node check's DaemonSet, service account and RBAC objects, and its Events' reporting component."""
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 _SA_USER = "system:serviceaccount:{namespace}:{name}"
 HOST_SYS = "/host/sys"
