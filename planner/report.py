@@ -26,7 +26,7 @@ DEFAULT_SOURCES = {
     "recovery.launcher_s": "default: the AWS sample's published ft_launcher recovery (16 H100)",
     "recovery.job_restart_s": "default: the AWS sample's published restart-from-checkpoint recovery",
     "recovery.node_swap_s": "default: assumed (HyperPod peer restore < 90 s at 2,304 GPUs)",
-    "checkpoint.copy_gbps": "default: H100 device-to-host copy, 52.8 GB/s measured (shared notes)",
+    "checkpoint.copy_gbps": "default: H100 device-to-host copy, 52.8 GB/s measured (planner/config.py)",
     "faults.mix": "default: Llama 3 Table 5, mapped onto the kit's classes (planner/config.py)",
     "fleet.repair_hours": "default: assumed (a day to repair or replace a GPU host)",
     "workload.startup_s": "default: not counted",

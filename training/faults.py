@@ -11,7 +11,7 @@ Every fault class of README.md's fault table, and the layer that must recover it
 |                  | than RAM+swap (CPU) or free device memory (CUDA) -> error  |                    |
 | sigkill          | SIGKILL to itself (as the kernel's OOM killer would)       | ft_launcher        |
 | deadlock         | blocks in a C call holding the GIL (libc sleep via PyDLL)  | ft_launcher        |
-| node_loss        | asks the harness to delete its node (contract 7)           | job_controller     |
+| node_loss        | asks the harness to delete its node (its chaos dir)        | job_controller     |
 
 OOM: we produce the allocation failure (Python sees an exception, as with torch.cuda.OutOfMemoryError),
 not the kernel's OOM kill: on a shared machine a real OOM kill could take another process with it, and

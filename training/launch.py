@@ -6,7 +6,7 @@ Python callable, and `--start-method=forkserver` (torch.distributed.elastic's mu
 starts each worker as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload`
 makes that process import torch, torch._dynamo and the trainer once, before any worker exists.
 
-Why: a restart's worker start was the longest phase of a hard-fault recovery. With fresh interpreters,
+Why: with fresh interpreters, a restart's worker start is the longest phase of a hard-fault recovery:
 every rank of every node imports torch and torch._dynamo (training/parallel.py `preload`) again after
 each restart, seconds of CPU per rank. A fork of the warm forkserver is ready in milliseconds; the
 imports are paid once per pod, when it starts.

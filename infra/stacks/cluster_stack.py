@@ -1,7 +1,7 @@
 """The one stack `cdk deploy` stands up: network, EKS, GPU node groups, storage, add-ons, K8s objects.
 
 It composes the constructs from typed values of a validated `ClusterConfig`; it reads no context and
-no environment. Its outputs (exact keys, contract 5 of the team brief) feed the job tooling.
+no environment. Its outputs (exactly the keys of infra/outputs.py) feed the job tooling.
 """
 
 from __future__ import annotations

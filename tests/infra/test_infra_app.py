@@ -303,7 +303,7 @@ def test_a_bad_node_check_image_tag_is_one_message():
     assert "is not an image tag" in str(info.value)
 
 
-# -- Hardening (issue 14): what the security and desk reviews asked of the synthesized templates. ----
+# -- Hardening: least privilege, encryption and private endpoints in the synthesized templates. -----
 
 
 def _resources(template: dict, kind: str) -> dict[str, dict]:
