@@ -1,5 +1,6 @@
-# The README's two commands: `make demo` and `make test`. Both set up .venv and node_modules on first
-# use and reuse them afterwards (stamp files: nothing is reinstalled unless its inputs changed).
+# The README's commands: `make demo`, `make check` (the edit loop) and `make test` (CI). Each sets up
+# .venv and node_modules on first use and reuses them afterwards (stamp files: nothing is reinstalled
+# unless its inputs changed).
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTHON ?= python3

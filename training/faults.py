@@ -1,6 +1,7 @@
 """Deterministic fault injection: a schedule from the config, fired once each at a fixed point of a step.
 
-Every fault class of README.md's fault table, and the layer that must recover it (`expected_layer`):
+Every fault class of the fault table (docs/architecture.md) and the layer that must recover it
+(`expected_layer`):
 
 | class            | what the target rank does                                  | recovered by       |
 |------------------|------------------------------------------------------------|--------------------|
