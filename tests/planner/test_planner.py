@@ -286,6 +286,7 @@ def test_a_short_runs_projection_takes_each_modes_own_start_step_and_stall(tmp_p
 HARDWARE_RUN = Path(__file__).parent / "data" / "peer-hardware"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_projection_from_the_hardware_mix_run_is_within_5_points_of_what_it_measured(tmp_path):
     plan, _, cal = load_plan(None, [], HARDWARE_RUN)
@@ -417,6 +418,7 @@ def test_render_prints_the_warning(nvrx_eks, tmp_path):
     assert "shorter than the 1000 s durable write the plan knows (test)" in result.stderr
 
 
+@pytest.mark.slow
 def test_plots_are_written(tmp_path):
     plan = _plan(PEER)
     projection = project_all(plan)
