@@ -1,4 +1,4 @@
-"""Every relative link in the README and docs/ leads somewhere: the file exists and, with `#anchor`, has a
+"""Every relative link in the READMEs and docs/ leads somewhere: the file exists and, with `#anchor`, has a
 heading of that anchor (GitHub's rule for heading anchors)."""
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "infra" / "README.md",
+        ROOT / "images" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
+)
 # [text](target) outside code; the target ends at whitespace or ')'. Images are links too.
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
