@@ -113,7 +113,7 @@ def service_block_problem(network: ipaddress.IPv4Network, *, vpc: ipaddress.IPv4
     return None
 
 
-# -- ECR and S3 -----------------------------------------------------------------------------------
+# -- ECR -------------------------------------------------------------------------------------------
 
 # https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_CreateRepository.html
 _ECR_REPOSITORY = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
