@@ -1,5 +1,6 @@
-# The README's two commands: `make demo` and `make test`. Both set up .venv and node_modules on first
-# use and reuse them afterwards (stamp files: nothing is reinstalled unless its inputs changed).
+# The README's commands: `make demo`, `make check` (the edit loop) and `make test` (CI). Each sets up
+# .venv and node_modules on first use and reuses them afterwards (stamp files: nothing is reinstalled
+# unless its inputs changed).
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 # which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test lint format bench bench-checkpoint gpu-check observe-check synth render setup clean
+.PHONY: demo check test lint format bench bench-checkpoint gpu-check observe-check synth render setup clean
 
 # NVRx at the image's pin (constraints.txt agrees with kitcore/pins.py): its only published wheel is cp312,
 # tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
@@ -32,6 +33,16 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed node_modules/.installed
 
+# The edit loop, about 2 minutes on 2 cores: lint, the import contracts, and every package's tests not
+# marked slow or gpu, one worker per core (a file's tests stay on one worker, so its module fixtures, such
+# as a synthesized stack, are built once).
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile -q
+
+# CI: every test, the slow end-to-end ones included.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -23,7 +23,7 @@ from infra.addon_values import (
     NODE_MONITORING_CONFIGURATION,
     VPC_CNI_CONFIGURATION,
 )
-from infra.constructs.gpu_nodegroup import EFA_LABEL, GPU_LABEL, GPU_TAINT_KEY
+from k8s import names
 from kitcore import pins
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def _gpu_scheduling(label: str, taints: Sequence[tuple[str, str]] = ()) -> dict[
 
 def _gpu_taints(taints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The kit's GPU taint and the config's own, each (key, effect) once, in order."""
-    return list(dict.fromkeys([(GPU_TAINT_KEY, "NoSchedule"), *taints]))
+    return list(dict.fromkeys([(names.GPU_TAINT_KEY, names.GPU_TAINT_EFFECT), *taints]))
 
 
 def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
@@ -273,13 +273,13 @@ def standard_addons(
         ManagedAddon(
             "eks-node-monitoring-agent", needs_nodes=True, configuration=NODE_MONITORING_CONFIGURATION
         ),
-        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(GPU_LABEL, gpu_taints)),
-        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(EFA_LABEL, gpu_taints)),
+        HelmAddon("nvidia-device-plugin", values=_gpu_scheduling(names.GPU_NODE_LABEL, gpu_taints)),
+        HelmAddon("aws-efa-k8s-device-plugin", values=_gpu_scheduling(names.EFA_NODE_LABEL, gpu_taints)),
         HelmAddon(
             "dcgm-exporter",
             depends_on=("nvidia-device-plugin", "eks-node-monitoring-agent"),
             values={
-                **_gpu_scheduling(GPU_LABEL, gpu_taints),
+                **_gpu_scheduling(names.GPU_NODE_LABEL, gpu_taints),
                 **DCGM_EXPORTER_REMOTE_ENGINE,
                 "serviceMonitor": {"enabled": False},
             },

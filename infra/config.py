@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra import service_rules as rules
 from k8s import names
-from kitcore import pins
+from kitcore import naming, pins
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
 
@@ -36,14 +36,13 @@ _PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-
 # subnets and /19 private ones, because the VPC CNI gives every pod a VPC address.
 PUBLIC_SUBNET_MASK = 24
 PRIVATE_SUBNET_MASK = 19
-# Labels and the taint key the kit sets on every GPU node (infra/constructs/gpu_nodegroup.py);
-# a config may not redefine them (EKS would keep one of two values silently, or refuse the group).
+# Labels and the taint key the kit sets on every GPU node (k8s/names.py); a config may not redefine
+# them (EKS would keep one of two values silently, or refuse the group).
 RESERVED_LABEL_PREFIX = "nvrx-eks/"
-RESERVED_TAINT_KEY = "nvidia.com/gpu"
 # The managed node group infra/constructs/cluster.py creates for add-ons (tests/infra check the
 # synthesized template names it so). EKS node group names are unique per cluster: a GPU group of
 # the same name fails CreateNodegroup with ResourceInUseException halfway through the deploy.
-SYSTEM_NODEGROUP_NAME = "system"
+SYSTEM_NODEGROUP_NAME = names.SYSTEM_NODEGROUP
 # "The allowed block size is between a /16 netmask (65,536 IP addresses) and /28 netmask (16 IP
 # addresses)." https://docs.aws.amazon.com/vpc/latest/userguide/vpc-cidr-blocks.html
 VPC_PREFIX_RANGE = (16, 28)
@@ -117,15 +116,16 @@ class TaintConfig(_Model):
     @field_validator("key")
     @classmethod
     def _key(cls, value: str) -> str:
-        _problem(rules.qualified_name_problem(value))
-        if value == RESERVED_TAINT_KEY:
-            raise ValueError(f"every GPU node already has the taint {value}=true:NoSchedule; remove it here")
+        _problem(naming.qualified_name_problem(value, kind="taint key"))
+        if value == names.GPU_TAINT_KEY:
+            taint = f"{value}={names.GPU_TAINT_VALUE}:{names.GPU_TAINT_EFFECT}"
+            raise ValueError(f"every GPU node already has the taint {taint}; remove it here")
         return value
 
     @field_validator("value")
     @classmethod
     def _value(cls, value: str) -> str:
-        _problem(rules.label_value_problem(value))
+        _problem(naming.label_value_problem(value))
         return value
 
 
@@ -186,8 +186,8 @@ class GpuNodeGroupConfig(_Model):
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for key, label in value.items():
-            _problem(rules.qualified_name_problem(key))
-            _problem(rules.label_value_problem(label))
+            _problem(naming.qualified_name_problem(key))
+            _problem(naming.label_value_problem(label))
             if key.startswith(RESERVED_LABEL_PREFIX) and key != f"{RESERVED_LABEL_PREFIX}pool":
                 raise ValueError(
                     f"label {key} is set by the kit on every GPU node; use another key (e.g. nvrx-eks/pool)"
@@ -293,7 +293,7 @@ class FsxConfig(_Model):
             return value
         if not value.startswith("s3://"):
             raise ValueError(f"{value!r} is not an S3 path; use s3://bucket/prefix/")
-        _problem(rules.bucket_name_problem(value.removeprefix("s3://").split("/", 1)[0]))
+        _problem(naming.s3_bucket_problem(value.removeprefix("s3://").split("/", 1)[0]))
         return value
 
     @field_validator("file_system_path")
@@ -371,11 +371,16 @@ class TrainingConfig(_Model):
     """The job values' default service_account too: change both, or set it in the job values."""
     pvc_name: str = names.CHECKPOINT_PVC
 
-    @field_validator("namespace", "service_account", "pvc_name")
+    @field_validator("namespace")
     @classmethod
-    def _dns_label(cls, value: str) -> str:
-        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", value):
-            raise ValueError(f"{value!r} is not a Kubernetes name (lowercase letters, digits, '-')")
+    def _namespace(cls, value: str) -> str:
+        _problem(naming.dns_label_problem(value))
+        return value
+
+    @field_validator("service_account", "pvc_name")
+    @classmethod
+    def _object_name(cls, value: str) -> str:
+        _problem(naming.dns_subdomain_problem(value))
         return value
 
 

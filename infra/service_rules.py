@@ -1,4 +1,5 @@
-"""The rules EC2, EKS, S3, ECR and Kubernetes apply to names and addresses, checked before a deploy.
+"""The rules EC2, EKS and ECR apply to names and addresses, checked before a deploy (the Kubernetes and
+S3 naming rules, which the job values share, are in kitcore/naming.py).
 
 Each check returns None when the value is acceptable, else the reason and the fix in one sentence, so
 infra/config.py can raise it as a field message. Only the rules the services document are encoded
@@ -112,40 +113,7 @@ def service_block_problem(network: ipaddress.IPv4Network, *, vpc: ipaddress.IPv4
     return None
 
 
-# -- Kubernetes labels and taints -----------------------------------------------------------------
-# https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set
-
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-NAME_MAX = 63
-PREFIX_MAX = 253
-
-
-def qualified_name_problem(key: str) -> str | None:
-    """A label or taint key: [DNS subdomain prefix '/'] name (<= 63 characters)."""
-    prefix, _, name = key.rpartition("/")
-    if "/" in prefix:
-        return f"{key!r} has more than one '/'; use [prefix/]name, e.g. example.com/pool"
-    if not name or len(name) > NAME_MAX or not _NAME_PART.match(name):
-        return (
-            f"{key!r}: the name part must be 1-63 letters, digits, '-', '_' or '.', starting and "
-            "ending with a letter or digit"
-        )
-    if prefix and (len(prefix) > PREFIX_MAX or not _DNS_SUBDOMAIN.match(prefix)):
-        return f"{key!r}: the prefix must be a lowercase DNS subdomain such as example.com"
-    return None
-
-
-def label_value_problem(value: str) -> str | None:
-    if value and (len(value) > NAME_MAX or not _NAME_PART.match(value)):
-        return (
-            f"{value!r} is not a label value: at most 63 letters, digits, '-', '_' or '.', starting and "
-            "ending with a letter or digit (or empty)"
-        )
-    return None
-
-
-# -- ECR and S3 -----------------------------------------------------------------------------------
+# -- ECR -------------------------------------------------------------------------------------------
 
 # https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_CreateRepository.html
 _ECR_REPOSITORY = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
@@ -159,27 +127,4 @@ def ecr_repository_problem(name: str) -> str | None:
             f"{name!r} is not an ECR repository name: 2-256 lowercase letters and digits, with single "
             "'.', '_', '-' between them and '/' between path parts (e.g. nvrx-eks/trainer)"
         )
-    return None
-
-
-# https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-
-
-def bucket_name_problem(name: str) -> str | None:
-    fix = "3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
-    if not _BUCKET.match(name):
-        return f"{name!r} is not an S3 bucket name: {fix}"
-    if ".." in name or ".-" in name or "-." in name:
-        return f"{name!r} is not an S3 bucket name: no '..', '.-' or '-.'"
-    try:
-        ipaddress.IPv4Address(name)
-    except ValueError:
-        pass
-    else:
-        return f"{name!r} is not an S3 bucket name: it may not look like an IP address"
-    if name.startswith(_BUCKET_RESERVED_PREFIXES) or name.endswith(_BUCKET_RESERVED_SUFFIXES):
-        return f"{name!r} uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3, ...)"
     return None

@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 TRAINER_CONTAINER = "trainer"
 STORE_CONTAINER = "store"
 NODE_RANK_ENV = "NODE_RANK"
-GPU_TAINT = "nvidia.com/gpu"
 SELFCHECK_CONTAINER = "selfcheck"
 STORE_TMP = "/tmp"  # noqa: S108 - the store's own emptyDir, mounted there
 
@@ -609,7 +608,7 @@ class TrainingJob(Construct):
             priority_class_name=values.priority_class,
             node_selector=self._node_selector(values) or None,
             tolerations=(
-                [k8s.Toleration(key=GPU_TAINT, operator="Exists", effect="NoSchedule")]
+                [k8s.Toleration(key=names.GPU_TAINT_KEY, operator="Exists", effect=names.GPU_TAINT_EFFECT)]
                 if values.profile.gpus
                 else None
             ),

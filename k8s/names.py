@@ -33,6 +33,27 @@ repository as `<tag>-store`; `nvrx-eks values` finds it there by that name."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_LABEL = "nvrx-eks/job"
 
+# What every GPU node carries: the GPU node groups set the taint and the labels
+# (infra/constructs/gpu_nodegroup.py), the device plugins, the job's pods and the node check tolerate
+# the taint and select the label. The key is the NVIDIA device plugin's resource name, the taint the
+# plugin's own chart tolerates by default.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_VALUE = "true"
+GPU_TAINT_EFFECT = "NoSchedule"
+GPU_NODE_LABEL = "nvrx-eks/gpu"
+EFA_NODE_LABEL = "nvrx-eks/efa"
+"""`"true"` where the node has EFA devices, `"false"` where not: the EFA device plugin selects it."""
+
+SYSTEM_NODEGROUP = "system"
+"""The managed node group the cluster stack creates for add-ons and the rendezvous store; the example
+job values select it for the store (`eks.amazonaws.com/nodegroup: system`)."""
+
+# nodeadm (AL2023) assembles every instance-store NVMe disk into one RAID0 array mounted here
+# (`localStorage: RAID0`, set by infra/constructs/launch_template.py) and bind-mounts the kubelet's and
+# containerd's state and the pod logs onto folders of it: hostPath volumes below it land on local NVMe.
+# https://awslabs.github.io/amazon-eks-ami/nodeadm/doc/api/#localstorageoptions
+NVME_RAID_ROOT = "/mnt/k8s-disks/0"
+
 
 def job_labels(job_name: str, component: str) -> dict[str, str]:
     """The standard labels every object of one job carries."""

@@ -51,9 +51,8 @@ from k8s.job_chart import (
 from kitcore.pins import TRAINER_UID
 from training import nodecheck
 
-NODE_CHECK = "nvrx-nodecheck"
-GPU_NODE_LABEL = "nvrx-eks/gpu"  # set by the GPU node groups (infra/constructs/gpu_nodegroup.py)
-GPU_TAINT = "nvidia.com/gpu"
+NODE_CHECK = nodecheck.COMPONENT
+"""The node check's DaemonSet, service account and RBAC objects, and its Events' reporting component."""
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 _SA_USER = "system:serviceaccount:{namespace}:{name}"
 HOST_SYS = "/host/sys"
@@ -71,8 +70,8 @@ class NodeCheckSpec:
     image: str
     """The training image (it carries the trainer package, nvidia-smi comes from the NVIDIA runtime)."""
     interval_s: int = int(nodecheck.DEFAULT_INTERVAL_S)
-    local_nvme_path: str = "/mnt/k8s-disks/0"
-    """The RAID0 mount of the instance-store NVMe (infra/constructs/launch_template.py)."""
+    local_nvme_path: str = names.NVME_RAID_ROOT
+    """The RAID0 mount of the instance-store NVMe."""
     dcgm_host: str | None = None
     """nv-hostengine address for `dcgmi diag` (None: dcgmi's default; the check is skipped, with a
     note, where dcgmi or a host engine is absent)."""
@@ -307,9 +306,11 @@ class NodeVerification(Construct):
                     spec=k8s.PodSpec(
                         service_account_name=NODE_CHECK,
                         automount_service_account_token=True,  # the node patches need it
-                        node_selector={GPU_NODE_LABEL: "true"},
+                        node_selector={names.GPU_NODE_LABEL: "true"},
                         tolerations=[
-                            k8s.Toleration(key=GPU_TAINT, operator="Exists", effect="NoSchedule"),
+                            k8s.Toleration(
+                                key=names.GPU_TAINT_KEY, operator="Exists", effect=names.GPU_TAINT_EFFECT
+                            ),
                             # It must keep running on a node it tainted, to lift the taint again.
                             k8s.Toleration(
                                 key=nodecheck.UNVERIFIED_TAINT, operator="Exists", effect="NoSchedule"

@@ -23,20 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from k8s import names
 from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
+from kitcore import naming
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
-# Kubernetes object-name and label rules (k8s.io/apimachinery/pkg/util/validation): a DNS subdomain
-# (ServiceAccount, Secret, PVC, PriorityClass names), a label value, a qualified label key, an
-# environment variable name. The API server applies the same rules; checked here so a bad name is a
-# field error at render, not a rejected apply.
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_MAX_SUBDOMAIN = 253
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_MAX_LABEL = 63
+# Kubernetes rules beyond the names (kitcore/naming.py has those): an environment variable name and a
+# Secret's key (k8s.io/apimachinery/pkg/util/validation).
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 # OCI image reference, the grammar of github.com/distribution/reference (reference.go):
@@ -50,12 +44,6 @@ _IMAGE_REFERENCE = re.compile(
     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
 _MAX_IMAGE_NAME = 255  # the name part (reference.go NameTotalLengthMax)
-# S3 general purpose bucket naming rules:
-# https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
-_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-_IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 # An AWS Region code: partition prefix, optional qualifier, direction, number (us-east-1, eu-central-2,
 # us-gov-west-1, cn-northwest-1, us-isob-east-1).
 # https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-regions.html
@@ -65,35 +53,23 @@ REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 AWS_REGION): the chart sets both from `aws_region`."""
 
 
+def _raise(problem: str | None) -> None:
+    if problem:
+        raise ValueError(problem)
+
+
 def check_dns_subdomain(value: str) -> str:
-    if len(value) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes name (DNS subdomain): lowercase letters, digits, '-' and '.', "
-            f"starting and ending with a letter or digit, at most {_MAX_SUBDOMAIN} characters"
-        )
+    _raise(naming.dns_subdomain_problem(value))
     return value
 
 
 def check_label_value(value: str) -> str:
-    if len(value) > _MAX_LABEL or not _LABEL_VALUE.match(value):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes label value: at most {_MAX_LABEL} letters, digits, '-', '_' "
-            "and '.', starting and ending with a letter or digit"
-        )
+    _raise(naming.label_value_problem(value))
     return value
 
 
 def check_label_key(key: str) -> str:
-    prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > _MAX_SUBDOMAIN or not _DNS_SUBDOMAIN.match(prefix)):
-        raise ValueError(
-            f"label key {key!r}: the prefix {prefix!r} must be a DNS subdomain (e.g. example.com)"
-        )
-    if not name or len(name) > _MAX_LABEL or not _LABEL_VALUE.match(name):
-        raise ValueError(
-            f"label key {key!r}: the name {name!r} must be 1-{_MAX_LABEL} letters, digits, '-', '_' and '.', "
-            "starting and ending with a letter or digit"
-        )
+    _raise(naming.qualified_name_problem(key))
     return key
 
 
@@ -135,26 +111,15 @@ def check_aws_region(value: str) -> str:
 
 
 def check_s3_bucket(value: str) -> str:
-    problem = None
-    if not _S3_BUCKET.match(value):
-        problem = "3-63 lowercase letters, digits, '.' and '-', starting and ending with a letter or digit"
-    elif ".." in value or ".-" in value or "-." in value:
-        problem = "no two adjacent periods, and no period next to a hyphen"
-    elif _IPV4.match(value):
-        problem = "not formatted as an IP address"
-    elif value.startswith(_S3_RESERVED_PREFIXES) or value.endswith(_S3_RESERVED_SUFFIXES):
-        problem = "not a reserved prefix (xn--, sthree-, amzn-s3-demo-) or suffix (-s3alias, --ol-s3, ...)"
+    problem = naming.s3_bucket_problem(value)
     if problem:
-        raise ValueError(
-            f"{value!r} is not an S3 bucket name: {problem} (the stack output CheckpointBucketName is one)"
-        )
+        raise ValueError(f"{problem} (the stack output CheckpointBucketName is one)")
     return value
 
 
-# The NVMe RAID0 array nodeadm assembles with `localStorage: RAID0` (infra/constructs/launch_template.py
-# LOCAL_NVME_MOUNT): it bind-mounts the kubelet's and containerd's state and the pod logs onto folders
-# of the array, so only a folder of our own below it may be mounted into pods.
-NVME_RAID_ROOT = "/mnt/k8s-disks/0"
+# The NVMe RAID0 array holds the kubelet's and containerd's state and the pod logs (k8s/names.py), so
+# only a folder of our own below it may be mounted into pods.
+NVME_RAID_ROOT = names.NVME_RAID_ROOT
 _NODE_STATE_PATHS = tuple(
     PurePosixPath(p)
     for p in (
@@ -331,7 +296,7 @@ class SecretRef(_Section):
     @field_validator("key")
     @classmethod
     def _secret_key(cls, value: str) -> str:
-        if len(value) > _MAX_SUBDOMAIN or not _SECRET_KEY.match(value):
+        if len(value) > naming.DNS_SUBDOMAIN_MAX or not _SECRET_KEY.match(value):
             raise ValueError(f"{value!r} is not a Secret key: letters, digits, '-', '_' and '.'")
         return value
 
@@ -396,11 +361,7 @@ class JobValues(_Section):
     @field_validator("name", "namespace")
     @classmethod
     def _dns_label(cls, value: str) -> str:
-        if not _DNS_LABEL.match(value) or len(value) > _MAX_NAME:
-            raise ValueError(
-                f"{value!r} must be a DNS label: lowercase letters, digits and '-', "
-                f"at most {_MAX_NAME} characters"
-            )
+        _raise(naming.dns_label_problem(value, max_length=_MAX_NAME))
         return value
 
     @field_validator("image")

@@ -16,7 +16,7 @@ from pathlib import Path
 DEFAULT_VALUES = Path("k8s/values/local-cpu.yaml")
 DEFAULT_CLUSTER_CONFIG = Path("infra/configs/default.yaml")
 
-# One fault of every class in shared/README.md section 2, spaced so each recovery completes before the
+# One fault of every class training/faults.py injects, spaced so each recovery completes before the
 # next fault. Ranks 2-3 live on node 1, so the node loss takes the node that does not host rank 0.
 DEMO_FAULTS = (
     "exception@8:1",

@@ -1,7 +1,7 @@
 """The closed form: interval per tier (Young/Daly, bounded), expected goodput per mode, Poisson spares.
 
-What a fault costs depends on who recovers it (README.md, the fault table) and where the state comes back
-from. Per mode and fault kind (`route`):
+What a fault costs depends on who recovers it (docs/architecture.md, the fault table) and where the
+state comes back from. Per mode and fault kind (`route`):
 
 | kind    | baseline              | inprocess             | ft_launcher          | kit                   |
 |---------|-----------------------|-----------------------|----------------------|-----------------------|

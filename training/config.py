@@ -283,7 +283,7 @@ class TrainConfig(_Section):
     def collective_timeout_s(self) -> float:
         if self.dist.timeout_s is not None:
             return self.dist.timeout_s
-        # Shared README section 6: gloo collectives cannot be aborted, so in process restart waits for it.
+        # gloo collectives cannot be aborted, so an in-process restart waits for the timeout: keep it short.
         return 1.5 if self.mode in {"inprocess", "both"} else 60.0
 
     def effective_checkpoint(self) -> CheckpointConfig:

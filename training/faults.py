@@ -1,6 +1,7 @@
 """Deterministic fault injection: a schedule from the config, fired once each at a fixed point of a step.
 
-Every fault class of README.md's fault table, and the layer that must recover it (`expected_layer`):
+Every fault class of the fault table (docs/architecture.md) and the layer that must recover it
+(`expected_layer`):
 
 | class            | what the target rank does                                  | recovered by       |
 |------------------|------------------------------------------------------------|--------------------|
@@ -11,7 +12,7 @@ Every fault class of README.md's fault table, and the layer that must recover it
 |                  | than RAM+swap (CPU) or free device memory (CUDA) -> error  |                    |
 | sigkill          | SIGKILL to itself (as the kernel's OOM killer would)       | ft_launcher        |
 | deadlock         | blocks in a C call holding the GIL (libc sleep via PyDLL)  | ft_launcher        |
-| node_loss        | asks the harness to delete its node (contract 7)           | job_controller     |
+| node_loss        | asks the harness to delete its node (its chaos dir)        | job_controller     |
 | store_loss       | asks the harness to delete the rendezvous store's pod; the | job_controller     |
 |                  | Deployment starts a replacement with an empty store        |                    |
 

@@ -7,8 +7,8 @@ rank checks the same inputs and exits 2 with the same message, so no rank is lef
 collective for a peer that failed, and the Job's podFailurePolicy fails the job on exit code 2.
 
 Why first: once the checkpointer's persistent workers run, an exception before the loop's teardown
-used to leave NVRx's PersistentAsyncCaller to join a worker that never started at interpreter exit,
-and the process never exited (training/run.py now closes what it built on every path as well).
+can leave NVRx's PersistentAsyncCaller joining a worker that never started at interpreter exit, and
+the process never exits (training/run.py also closes what it built on every path).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Python callable, and `--start-method=forkserver` (torch.distributed.elastic's mu
 starts each worker as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload`
 makes that process import torch, torch._dynamo and the trainer once, before any worker exists.
 
-Why: a restart's worker start was the longest phase of a hard-fault recovery. With fresh interpreters,
+Why: with fresh interpreters, a restart's worker start is the longest phase of a hard-fault recovery:
 every rank of every node imports torch and torch._dynamo (training/parallel.py `preload`) again after
 each restart, seconds of CPU per rank. A fork of the warm forkserver is ready in milliseconds; the
 imports are paid once per pod, when it starts.
@@ -68,17 +68,31 @@ def launcher_argv(argv: list[str]) -> list[str]:
         at = next(i for i in range(len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == "training")
     except StopIteration:
         raise SystemExit("training.launch: the command line must end in `-m training ARGS`") from None
-    start = [] if any(a.startswith("--start-method") for a in argv[:at]) else ["--start-method=forkserver"]
+    start = [] if _flag(argv, "--start-method") is not None else ["--start-method=forkserver"]
     return [*argv[:at], *start, "--run-path", trainer_script(), *argv[at + 2 :]]
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    """The value of `name=V` or `name V` in ft_launcher's arguments, or None."""
+def _own_args(argv: list[str]) -> list[str]:
+    """ft_launcher's own arguments: those before the trainer (`-m training` or `--run-path SCRIPT`); what
+    follows is the trainer's, whose flags may share a launcher flag's name."""
     for i, arg in enumerate(argv):
-        if arg.startswith(f"{name}="):
-            return arg.partition("=")[2]
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
+        if arg in ("--run-path", "--run_path") or (arg == "-m" and argv[i + 1 : i + 2] == ["training"]):
+            return argv[:i]
+    return argv
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ft_launcher's flag `name` (`--name=V` or `--name V`; with dashes or, as argparse in
+    ft_launcher also accepts, underscores), or None when it is not given."""
+    spellings = {name, "--" + name.removeprefix("--").replace("-", "_")}
+    own = _own_args(argv)
+    for i, arg in enumerate(own):
+        flag, eq, value = arg.partition("=")
+        if flag in spellings:
+            if eq:
+                return value
+            if i + 1 < len(own):
+                return own[i + 1]
     return None
 
 
@@ -103,6 +117,12 @@ def exit_status(code: object, failures: dict[int, Any]) -> object:
     """ft_launcher's exit status, with its 1 for workers that were only stopped (collateral) replaced by
     `COLLATERAL_EXIT_CODE`; every other status as it was."""
     return COLLATERAL_EXIT_CODE if code == 1 and is_collateral(failures) else code
+
+
+def start_method(ft_argv: list[str]) -> str | None:
+    """The start method ft_launcher will use for the workers, as the command line gives it (None: its
+    default)."""
+    return _flag(ft_argv, "--start-method")
 
 
 STORE_CONNECT_S = 30.0
@@ -143,7 +163,7 @@ def main() -> None:
     # (tests/training/test_training_launch.py checks that nothing asks).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     ft_argv = launcher_argv(sys.argv[1:])
-    if "--start-method=forkserver" in ft_argv:
+    if start_method(ft_argv) == "forkserver":
         multiprocessing.set_forkserver_preload(list(WARM_MODULES))
         # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
         multiprocessing.forkserver.ensure_running()

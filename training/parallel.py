@@ -81,12 +81,12 @@ def preload() -> None:
     """Import what torch would otherwise import lazily inside the first attempt, once per process,
     before the process group and the in-process wrapper exist.
 
-    Constructing an optimizer (torch._disable_dynamo) or DDP imports torch._dynamo on first use:
-    measured 3-6 s on this 2-core machine under load. Inside an attempt that import (1) ran under
-    the short gloo timeout, so faster peers' first collective timed out, and (2) could be interrupted
-    by the in-process wrapper's asynchronous RankShouldRestart: the interrupted import left a
-    half-initialised `torch._dynamo` in sys.modules (every later attempt failed with "module
-    'torch._dynamo' has no attribute 'utils'") or crashed the worker with SIGSEGV.
+    Constructing an optimizer (torch._disable_dynamo) or DDP imports torch._dynamo on first use,
+    seconds of CPU on a loaded machine. Inside an attempt that import (1) would run under the short
+    gloo timeout, so faster peers' first collective times out, and (2) can be interrupted by the
+    in-process wrapper's asynchronous RankShouldRestart: the interrupted import leaves a
+    half-initialised `torch._dynamo` in sys.modules (every later attempt fails with "module
+    'torch._dynamo' has no attribute 'utils'") or crashes the worker with SIGSEGV.
     """
     import torch._dynamo  # noqa: F401, PLC0415
 

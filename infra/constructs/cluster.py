@@ -15,6 +15,7 @@ from constructs import Construct
 
 from infra import nag
 from infra.constructs import launch_template as lt
+from k8s import names
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -147,7 +148,7 @@ class TrainingCluster(Construct):
         )
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "System",
-            nodegroup_name="system",
+            nodegroup_name=names.SYSTEM_NODEGROUP,
             instance_types=[ec2.InstanceType(system_instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             min_size=system_min_size,
@@ -158,7 +159,7 @@ class TrainingCluster(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=system_template.ref, version=system_template.attr_latest_version_number
             ),
-            labels={SYSTEM_LABEL: "system"},
+            labels={SYSTEM_LABEL: names.SYSTEM_NODEGROUP},
             enable_node_auto_repair=True,
             # Drain through PodDisruptionBudgets (Kueue's, coredns'), never past them.
             # https://docs.aws.amazon.com/eks/latest/userguide/managed-node-update-behavior.html

@@ -14,6 +14,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.constructs import launch_template as lt
+from k8s import names
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_LABEL = "nvrx-eks/gpu"
-EFA_LABEL = "nvrx-eks/efa"
 NODEGROUP_LABEL = "nvrx-eks/nodegroup"
 
 _CAPACITY_TYPES = {
@@ -146,12 +144,12 @@ class GpuNodeGroup(Construct):
         self.launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=data)
 
         node_labels = {
-            GPU_LABEL: "true",
-            EFA_LABEL: "true" if profile.efa_devices else "false",
+            names.GPU_NODE_LABEL: "true",
+            names.EFA_NODE_LABEL: "true" if profile.efa_devices else "false",
             NODEGROUP_LABEL: nodegroup_name,
             **(labels or {}),
         }
-        node_taints = [Taint(GPU_TAINT_KEY, "true", "NoSchedule"), *taints]
+        node_taints = [Taint(names.GPU_TAINT_KEY, names.GPU_TAINT_VALUE, names.GPU_TAINT_EFFECT), *taints]
         self.nodegroup = eks.Nodegroup(
             self,
             "Nodegroup",

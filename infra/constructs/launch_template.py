@@ -28,11 +28,6 @@ if TYPE_CHECKING:
 # are not behind the extra hop.
 IMDS_HOP_LIMIT = 1
 
-# nodeadm (AL2023) assembles every instance-store NVMe disk into one RAID0 array and mounts it under
-# /mnt/k8s-disks/0, bind-mounting the kubelet, containerd and pod-log directories onto it: emptyDir
-# and hostPath volumes under /mnt/k8s-disks land on local NVMe. That is the node-local checkpoint tier.
-# https://awslabs.github.io/amazon-eks-ami/nodeadm/doc/api/#localstorageoptions
-LOCAL_NVME_MOUNT = "/mnt/k8s-disks/0"
 
 InterfaceType = Literal["interface", "efa-only"]
 
@@ -87,6 +82,7 @@ def nodeadm_node_config(profile: InstanceProfile) -> dict[str, object]:
     """The NodeConfig merged into the EKS-generated one by nodeadm (AL2023)."""
     spec: dict[str, object] = {}
     if profile.nvme_count > 0:
+        # nodeadm mounts the array at k8s/names.py NVME_RAID_ROOT (the node-local checkpoint tier).
         spec["instance"] = {"localStorage": {"strategy": "RAID0"}}
     return {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": spec}
 

@@ -1,6 +1,6 @@
 """Durable storage for training: FSx for Lustre linked to an S3 checkpoint bucket, and the image registry.
 
-Tiers (README.md, checkpoint tiers): host RAM and node-local NVMe live on the nodes; this construct
+Tiers (docs/architecture.md, docs/aws.md): host RAM and node-local NVMe live on the nodes; this construct
 provides the durable ones. FSx is the fast shared tier, exported to S3 by a data repository
 association (DRA), so a checkpoint written to /durable on FSx also lands in the bucket.
 """

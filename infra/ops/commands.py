@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from k8s import names
 from kitcore import paths
 
 if TYPE_CHECKING:
@@ -343,7 +344,11 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
         )
         session = _session(profile, region) if checkpoints else None
         status = jobs.job_status(
-            api_client, namespace=namespace or "training", name=name, session=session, checkpoints_at=located
+            api_client,
+            namespace=namespace or names.TRAINING_NAMESPACE,
+            name=name,
+            session=session,
+            checkpoints_at=located,
         )
     console = make_console()
     console.print(

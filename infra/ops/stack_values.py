@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from infra.ops.aws import AwsSession
 
-# Job values fields (contract 6) -> the output each comes from (instance_profile and image are derived).
+# Job values fields -> the stack output each comes from (instance_profile and image are derived).
 FIELD_SOURCES: dict[tuple[str, ...], str] = {
     ("namespace",): "TrainingNamespace",
     ("service_account",): "TrainingServiceAccount",

@@ -1,7 +1,7 @@
 """The one stack `cdk deploy` stands up: network, EKS, GPU node groups, storage, add-ons, K8s objects.
 
 It composes the constructs from typed values of a validated `ClusterConfig`; it reads no context and
-no environment. Its outputs (exact keys, contract 5 of the team brief) feed the job tooling.
+no environment. Its outputs (exactly the keys of infra/outputs.py) feed the job tooling.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from infra import nag
 from infra.addons import AddonContext, deploy_addons, pod_identity_principal, standard_addons
 from infra.constructs.cluster import TrainingCluster
 from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
-from infra.constructs.launch_template import LOCAL_NVME_MOUNT
 from infra.constructs.logging import LogEncryption
 from infra.constructs.network import Network
 from infra.constructs.storage import DurableStorage, LustreClientSecurityGroup
 from infra.outputs import OUTPUT_KEYS
+from k8s import names
 from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
 from k8s.node_verification import NodeCheckSpec
 from kitcore.configio import UserError
@@ -183,7 +183,7 @@ class ClusterStack(Stack):
         node_check = NodeCheckSpec(
             image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
             interval_s=check.interval_s,
-            local_nvme_path=LOCAL_NVME_MOUNT,
+            local_nvme_path=names.NVME_RAID_ROOT,
             dcgm_host=check.dcgm_host,
             extra_tolerations=self._config_gpu_taints(),
         )

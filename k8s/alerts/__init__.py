@@ -37,7 +37,8 @@ RULES_TEST = Path(__file__).parent / "rules_test.yaml"
 RULES_FILE = "alerts.rules.yaml"
 
 GOODPUT_BELOW = 0.85
-"""Training goodput under this for GOODPUT_FOR pages: at scale the kit holds 95% and more (README)."""
+"""Training goodput under this for GOODPUT_FOR pages: at scale the kit holds 95% and more
+(docs/measurements.md, `make bench`)."""
 GOODPUT_FOR = "15m"
 """As long as the rate's window: a counter's first window reads low while it fills (the rate divides
 by the whole window), below GOODPUT_BELOW for window x GOODPUT_BELOW / goodput, shorter than the

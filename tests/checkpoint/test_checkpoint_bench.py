@@ -7,6 +7,7 @@ import pytest
 from training.checkpoint.bench import make_state, run_replicated_loop, state_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_every_snapshot_of_the_replicated_row_reaches_the_partner(tmp_path):
     nbytes = 8 << 20

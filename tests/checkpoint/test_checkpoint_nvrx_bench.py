@@ -10,6 +10,7 @@ import torch
 from training.checkpoint.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_nvrx_async_dcp_row_on_a_tiny_state_fills_every_column(tmp_path):
     row = run_async_dcp_row(

@@ -284,17 +284,17 @@ def test_the_peer_replica_at_every_snapshot_takes_no_blocking_round_in_steady_st
         assert report["skipped"] == 0, report
         # The last one too: handed over at its snapshot, it is under way when training ends.
         assert report["replicated"] == 6, report
-        # Nothing of the replica outlives close: its thread once held the replication group, which
-        # aborted the process at interpreter exit in 4 runs of 10 (exit 134, after a clean report).
+        # Nothing of the replica outlives close: a thread holding the replication group aborts the
+        # process at interpreter exit (exit 134, after a clean report), though not in every run.
         assert report["threads_after_close"] == [], report
-        # The exchange's read-only mapping once warned in every trainer's log.
+        # The exchange's read-only mapping must not warn in every trainer's log.
         assert "Warning" not in report["stderr"], report["stderr"]
 
 
 @pytest.mark.slow
 def test_an_exchange_still_running_at_wait_is_recorded_and_frees_its_slot(tmp_path):
-    """`wait()` once dropped the outcome of the exchange it waited for: the slot stayed held for the
-    replica, and every later snapshot found it busy and skipped it."""
+    """`wait()` records the outcome of the exchange it waited for: dropped, the slot would stay held
+    for the replica, and every later snapshot would find it busy and skip it."""
     for report in _run_ranks(tmp_path, 2, "replica-wait"):
         counts = {key: report[key] for key in ("replicated_at_wait", "replicated", "skipped")}
         assert counts == {"replicated_at_wait": 1, "replicated": 2, "skipped": 0}, report

@@ -128,7 +128,8 @@ def test_kill_9_during_persist_always_resumes_from_newest_committed(tmp_path):
 
 
 def test_persists_run_in_threads_no_writer_process(tmp_path):
-    """Issue 15: a restarted rank must not spawn (and re-import torch in) a process per disk tier."""
+    """A restarted rank must not spawn (and re-import torch in) a process per disk tier: that would add
+    seconds of imports to every recovery."""
     config = CheckpointConfig(
         memory_dir=tmp_path / "shm",
         memory_every=1,

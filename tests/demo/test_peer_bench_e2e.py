@@ -39,7 +39,7 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     assert "…" not in result.stdout
     assert "peer goodput*" in result.stdout
 
-    # `nvrx-eks plan --from` this run (issue 17): the plan built from peer.json's scenario and the
+    # `nvrx-eks plan --from` this run: the plan built from peer.json's scenario and the
     # costs the run measured projects each mode's training goodput within 5 points of the measurement.
     planned = nvrx_eks("plan", "--from", str(tmp_path), "--json", timeout=120)
     assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]

@@ -303,7 +303,7 @@ def test_a_bad_node_check_image_tag_is_one_message():
     assert "is not an image tag" in str(info.value)
 
 
-# -- Hardening (issue 14): what the security and desk reviews asked of the synthesized templates. ----
+# -- Hardening: least privilege, encryption and private endpoints in the synthesized templates. -----
 
 
 def _resources(template: dict, kind: str) -> dict[str, dict]:
@@ -656,6 +656,30 @@ def test_the_default_job_finds_what_the_default_stack_made(synthesized, tmp_path
     (trainer,) = [c for c in pod["containers"] if c["name"] == "trainer"]
     assert {"name": "AWS_REGION", "value": outputs["Region"]} in trainer["env"]
     assert {"name": "AWS_DEFAULT_REGION", "value": outputs["Region"]} in trainer["env"]
+    # Every taint of the GPU node groups is tolerated by the job's pods.
+    effects = {
+        "NO_SCHEDULE": "NoSchedule",
+        "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+        "NO_EXECUTE": "NoExecute",
+    }
+    gpu_taints = {
+        (taint["Key"], effects[taint["Effect"]])
+        for r in _resources(template, "AWS::EKS::Nodegroup").values()
+        for taint in r["Properties"].get("Taints", [])
+    }
+    assert gpu_taints
+    tolerated = {(t["key"], t["effect"]) for t in pod["tolerations"] if t.get("operator") == "Exists"}
+    assert gpu_taints <= tolerated
+    # The node-local tier lies on the NVMe array the stack's node check verifies.
+    (node_check,) = [o for o in _manifest_objects(manifest) if o["kind"] == "DaemonSet"]
+    (checked,) = [
+        Path(v["hostPath"]["path"]).parent
+        for v in node_check["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "local-nvme"
+    ]
+    (local_tier,) = [Path(v["hostPath"]["path"]) for v in pod["volumes"] if v["name"] == "local-nvme"]
+    assert local_tier.is_relative_to(checked)
+    assert local_tier != checked
 
 
 def _manifest_objects(manifest: dict) -> list[dict]:

@@ -98,15 +98,15 @@ REFUSED = {
     # Kubernetes label and taint syntax.
     "label-key-syntax": (
         {"gpu_node_groups": [_group(labels={"team name": "a"})]},
-        r"gpu_node_groups\.0\.labels: 'team name': the name part must be 1-63",
+        r"gpu_node_groups\.0\.labels: label key 'team name': the name 'team name' must be 1-63",
     ),
     "label-key-prefix": (
         {"gpu_node_groups": [_group(labels={"Example.COM/pool": "a"})]},
-        r"the prefix must be a lowercase DNS subdomain",
+        r"label key 'Example\.COM/pool': the prefix 'Example\.COM' must be a lowercase DNS subdomain",
     ),
     "label-value-too-long": (
         {"gpu_node_groups": [_group(labels={"pool": "x" * 64})]},
-        r"gpu_node_groups\.0\.labels: 'x{64}' is not a label value: at most 63",
+        r"gpu_node_groups\.0\.labels: 'x{64}' is not a Kubernetes label value: at most 63",
     ),
     "label-reserved": (
         {"gpu_node_groups": [_group(labels={"nvrx-eks/gpu": "false"})]},
@@ -114,11 +114,11 @@ REFUSED = {
     ),
     "taint-key-syntax": (
         {"gpu_node_groups": [_group(taints=[{"key": "a/b/c"}])]},
-        r"gpu_node_groups\.0\.taints\.0\.key: 'a/b/c' has more than one '/'",
+        r"gpu_node_groups\.0\.taints\.0\.key: taint key 'a/b/c' has more than one '/'",
     ),
     "taint-value": (
         {"gpu_node_groups": [_group(taints=[{"key": "dedicated", "value": "-bad-"}])]},
-        r"gpu_node_groups\.0\.taints\.0\.value: '-bad-' is not a label value",
+        r"gpu_node_groups\.0\.taints\.0\.value: '-bad-' is not a Kubernetes label value",
     ),
     "taint-effect": (
         {"gpu_node_groups": [_group(taints=[{"key": "dedicated", "effect": "NoScheduling"}])]},
@@ -146,11 +146,11 @@ REFUSED = {
     ),
     "bucket-ip": (
         {"fsx": {"data_repository_path": "s3://192.168.1.1/ckpt/"}},
-        r"'192\.168\.1\.1' is not an S3 bucket name: it may not look like an IP address",
+        r"'192\.168\.1\.1' is not an S3 bucket name: not formatted as an IP address",
     ),
     "bucket-dotdot": (
         {"fsx": {"data_repository_path": "s3://my..bucket/"}},
-        r"'my\.\.bucket' is not an S3 bucket name: no '\.\.'",
+        r"'my\.\.bucket' is not an S3 bucket name: no two adjacent periods \('\.\.'\)",
     ),
     "cluster-name": (
         {"name": "nvrx_eks"},

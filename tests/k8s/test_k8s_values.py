@@ -109,7 +109,11 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["secret_env.HF_TOKEN={secret: Bad_Name, key: k}"], "secret: 'Bad_Name' is not a Kubernetes"),
         (LOCAL, ["gpu_node_selector.health=not ok"], "health: 'not ok' is not a Kubernetes label value"),
         (LOCAL, ["gpu_node_selector.bad key=x"], "label key 'bad key'"),
-        (LOCAL, ["system_node_selector.Bad_Prefix/x=y"], "the prefix 'Bad_Prefix' must be a DNS subdomain"),
+        (
+            LOCAL,
+            ["system_node_selector.Bad_Prefix/x=y"],
+            "the prefix 'Bad_Prefix' must be a lowercase DNS subdomain",
+        ),
         (LOCAL, ["kueue_queue=" + "q" * 64], "is not a Kubernetes label value"),
         # Devices the instance profile cannot give the pod.
         (

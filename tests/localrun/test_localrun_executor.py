@@ -189,7 +189,8 @@ def test_job_survives_node_loss_of_index_0_then_1(tmp_path):
 @pytest.mark.timeout(120)
 def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tmp_path):
     """podFailurePolicy with init containers: the self-check's 75 (node problem) replaces the pod without
-    consuming its budget; exit code 2 fails the job at once; contract 7 (chaos dir) deletes a node."""
+    consuming its budget; exit code 2 fails the job at once; a file in the chaos dir
+    ($NVRX_EKS_CHAOS_DIR) deletes a node."""
     dist = _render(tmp_path, "trainer.steps=1")
     manifest = next(dist.glob("*.yaml"))
     docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]

@@ -224,5 +224,5 @@ def test_example_values_name_no_moving_tag():
 
 
 def test_contract_output_keys():
-    # COMMON.md contract 5: the stack side writes exactly these keys.
+    # The stack writes exactly the keys the job tooling reads (infra/outputs.py).
     assert set(OUTPUT_KEYS) == set(OUTPUTS)

@@ -286,6 +286,7 @@ def test_a_short_runs_projection_takes_each_modes_own_start_step_and_stall(tmp_p
 HARDWARE_RUN = Path(__file__).parent / "data" / "peer-hardware"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_projection_from_the_hardware_mix_run_is_within_5_points_of_what_it_measured(tmp_path):
     plan, _, cal = load_plan(None, [], HARDWARE_RUN)
@@ -444,6 +445,7 @@ def test_render_prints_the_warning(nvrx_eks, tmp_path):
     assert "shorter than the 1000 s durable write the plan knows (test)" in result.stderr
 
 
+@pytest.mark.slow
 def test_plots_are_written(tmp_path):
     plan = _plan(PEER)
     projection = project_all(plan)
@@ -490,7 +492,7 @@ def test_checkpoint_bench_and_demo_summary_calibrate_the_tiers(tmp_path):
     assert plan.checkpoint.durable.restore_s == pytest.approx(2.3)
     assert plan.recovery.launcher_s == pytest.approx(13.0)
     assert plan.workload.step_s == pytest.approx(0.036)
-    # The device step model's median stall: the bench judges GPU hosts on it (shared notes section 5).
+    # The device step model's median stall: the bench judges GPU hosts on it (training/checkpoint/bench.py).
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.003)
     for field in ("checkpoint.durable.write_s", "recovery.launcher_s", "checkpoint.memory.stall_s"):
         assert cal.labels[field].startswith("measured"), field

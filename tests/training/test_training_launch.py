@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch import WARM_MODULES, launcher_argv, trainer_script
+from training.launch import WARM_MODULES, _flag, launcher_argv, start_method, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,55 @@ def test_the_trainer_module_becomes_the_run_path_of_its_main_in_a_forkserver():
 def test_an_explicit_start_method_is_kept():
     argv = ["--start-method=spawn", "-m", "training", "--steps", "3"]
     assert launcher_argv(argv)[:3] == ["--start-method=spawn", "--run-path", trainer_script()]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--start-method=spawn"],
+        ["--start-method", "spawn"],
+        ["--start_method=spawn"],
+        ["--start_method", "spawn"],
+    ],
+)
+def test_an_explicit_start_method_is_kept_in_every_spelling_ft_launcher_accepts(given):
+    ft_argv = launcher_argv([*given, "--nnodes=1", "-m", "training", "--steps", "3"])
+    assert ft_argv == [*given, "--nnodes=1", "--run-path", trainer_script(), "--steps", "3"]
+    assert start_method(ft_argv) == "spawn"
+
+
+@pytest.mark.parametrize("given", [["--start-method=forkserver"], ["--start-method", "forkserver"]])
+def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkeypatch):
+    """main() preloads and starts the forkserver when the command line asks for one, in either form."""
+    import multiprocessing.forkserver  # noqa: PLC0415
+
+    import nvidia_resiliency_ext.fault_tolerance.launcher as nvrx_launcher  # noqa: PLC0415
+
+    from training import launch  # noqa: PLC0415
+
+    warmed: list[object] = []
+    monkeypatch.setattr(multiprocessing, "set_forkserver_preload", warmed.append)
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: warmed.append("started"))
+    monkeypatch.setattr(launch, "keep_launcher_process_group", lambda: None)
+    monkeypatch.setattr(launch, "check_supported_nvrx", lambda: None)
+    monkeypatch.setattr(launch, "hand_over", lambda ft_argv: None)
+    monkeypatch.setattr(launch, "capture_worker_failures", dict)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(nvrx_launcher, "main", ran.append)
+    monkeypatch.setattr(sys, "argv", ["training.launch", *given, "-m", "training"])
+    launch.main()
+    assert warmed == [list(WARM_MODULES), "started"]
+    assert ran == [[*given, "--run-path", trainer_script()]]
+
+
+def test_launcher_flags_are_read_in_both_forms_and_never_from_the_trainers_arguments():
+    ft_argv = launcher_argv(
+        ["--rdzv-endpoint", "store:29400", "--rdzv_id=job", "--nnodes=2:3", "-m", "training"]
+    )
+    read = [_flag([*ft_argv, "--nnodes", "9"], f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes")]
+    assert read == ["store:29400", "job", "2:3"]
+    assert _flag(launcher_argv(["-m", "training", "--nnodes", "9"]), "--nnodes") is None
+    assert start_method(launcher_argv(["-m", "training", "--start-method", "spawn"])) == "forkserver"
 
 
 def test_a_command_without_the_trainer_module_is_refused():

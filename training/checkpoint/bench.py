@@ -1,33 +1,24 @@
 """`nvrx-eks bench checkpoint`: loop stall against the memcpy floor, efficiency, restore, torture.
 
-Everything is measured side by side in one run (this machine is shared and noisy; compare ratios,
-not absolute times). Two step models (shared notes section 5): `device` emulates a GPU host (the
-forward/backward wait holding no core), `cpu` computes on the cores the copy and the writers also
-need. The loop has the trainer's shape: forward/backward, `fence`, update, `save`, so the snapshot
-copy overlaps the next forward/backward exactly as in training/trainer.py.
+Everything is measured side by side in one run (a shared machine is noisy; compare ratios, not
+absolute times). Two step models: `device` emulates a GPU host (the forward/backward wait holding no
+core: a GPU host's cores are mostly idle while the device computes), `cpu` computes on the cores the
+copy and the writers also need. The loop has the trainer's shape: forward/backward, `fence`, update,
+`save`, so the snapshot copy overlaps the next forward/backward exactly as in training/trainer.py.
 
 NVRx's own checkpointing runs on the same loop (nvrx_bench.py), and the kit keeps its tiered
-checkpointer. One run, NVRx 0.7.0, 0.5 GB of state, device model, 0.5 s step, floor 236 ms, on a
-2-core machine at load 14 (`--state-gb 0.5 --interval 2 --interval 4 --checkpoints 4`):
-
-    implementation    interval  stall ms  stall/floor  eff     first save  persist  restore
-    kit tiered        1.0 s        113.1        0.479  92.62%      4.22 s   5.87 s  1.33 s mem / 2.83 s disk
-    nvrx async DCP    1.0 s       5023.5       21.292  18.57%     14.62 s   6.04 s  2.38 s disk
-    kit tiered        2.0 s        537.9        2.280  87.53%      2.33 s  17.71 s  (same)
-    nvrx async DCP    2.0 s       7749.6       32.847  23.40%     14.36 s  10.97 s  1.41 s disk
-
-Why the kit's stays: NVRx's save copies the whole state into its shared-memory snapshots on the
-caller's thread before it returns (on a GPU, its worker copies device to host while the caller waits
-on the preload queue), so its stall starts at the floor, where the kit's copy overlaps the next
-forward/backward and the loop pays only the fence. And a save that finds the previous write still
-running waits for it (the writer's shm drain is a blocking `maybe_finalize_async_calls`), where the
-kit skips the busy tier and writes the newest snapshot when it frees: once a persist outlasts the
-interval, NVRx's stall is the persist. Its first save after a restart (shared-memory snapshots
-allocated and sent to the worker, planning uncached) cost 3-6x the kit's. Restore is the one column
-where NVRx is as good (its DCP load 1.4-2.4 s against the kit's 2.8 s from local disk, noisy here),
-but it reads only what its writer wrote; the kit's memory tier restores faster still. NVRx's local
-checkpointing with replication, TorchAsyncCheckpoint and its CUDA-IPC async DCP are GPU-only
-(nvrx_bench.CPU_ONLY_REASONS); `make gpu-check` measures them on a GPU beside the kit's staging stall.
+checkpointer (the figures: docs/measurements.md). Why the kit's stays: NVRx's save copies the whole
+state into its shared-memory snapshots on the caller's thread before it returns (on a GPU, its worker
+copies device to host while the caller waits on the preload queue), so its stall starts at the floor,
+where the kit's copy overlaps the next forward/backward and the loop pays only the fence. And a save
+that finds the previous write still running waits for it (the writer's shm drain is a blocking
+`maybe_finalize_async_calls`), where the kit skips the busy tier and writes the newest snapshot when it
+frees: when a persist outlasts the interval, NVRx's stall is the persist. Its first save after a
+restart allocates the shared-memory snapshots, sends them to the worker and plans uncached. Restore is
+the one column where NVRx is as good, but it reads only what its writer wrote; the kit's memory tier
+restores faster still. NVRx's local checkpointing with replication, TorchAsyncCheckpoint and its
+CUDA-IPC async DCP are GPU-only (nvrx_bench.CPU_ONLY_REASONS); `make gpu-check` measures them on a GPU
+beside the kit's staging stall.
 """
 
 from __future__ import annotations
@@ -97,10 +88,10 @@ def run_loop(
     "nodes" already initialised) each snapshot copied to the partner's RAM too.
 
     With more than one rank, each step's forward/backward ends in the gradient all_reduce, as in
-    data-parallel training: it keeps the ranks in step. Without it they drifted apart between the
-    snapshot agreement's collectives, and a blocking one took the whole drift into the checkpoint's
-    stall (about half of its 17-20 ms per snapshot at a 1 s interval here), where a training loop
-    pays it in the gradient collective, every step."""
+    data-parallel training: it keeps the ranks in step. Without it they drift apart between the
+    snapshot agreement's collectives, and a blocking one takes the whole drift into the checkpoint's
+    stall (docs/measurements.md), where a training loop pays it in the gradient collective, every
+    step."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415

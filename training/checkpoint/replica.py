@@ -441,14 +441,16 @@ class ReplicaWorker:
 
 
 class _Runner:
-    """One daemon thread running the exchanges handed to it, in order. A thread per exchange cost the
-    loop ~3 ms at every snapshot to start (its creator waits until it runs: 2 cores, 4 ranks); this
-    one is started once per process group, and stopped by `close` (or `kill`, after its exchange).
+    """One daemon thread running the exchanges handed to it, in order. A thread per exchange would cost
+    the loop milliseconds at every snapshot to start (its creator waits until it runs; on a loaded
+    host that wait is long); this one is started once per process group, and stopped by `close` (or
+    `kill`, after its exchange).
 
-    Between exchanges the thread holds nothing of the last one. It once kept the last call's arguments
-    while it waited for the next, and with them the replication group: a gloo group still alive when
+    Between exchanges the thread holds nothing of the last one: kept while it waits for the next, the
+    last call's arguments would keep the replication group alive, and a gloo group still alive when
     the interpreter exits aborts the process ("terminate called without an active exception", exit
-    134) after training had ended well -- 4 runs in 10 of the two-rank replica test here.
+    134) after training ended well (tests/checkpoint/test_checkpoint_overlap.py checks no thread
+    outlives close).
     """
 
     def __init__(self, *, name: str) -> None:

@@ -71,8 +71,8 @@ def _walk(node: object, tensors: list[torch.Tensor]) -> object:
         return type(node)((key, _walk(value, tensors)) for key, value in node.items())
     if isinstance(node, list):
         return [_walk(value, tensors) for value in node]
-    # Python's RNG state is a tuple of 625 ints: one pass over its types, not 625 recursions (a
-    # snapshot's flatten took 7 ms of its ~10 ms on the tiny model, most of it there).
+    # Python's RNG state is a tuple of 625 ints: one pass over its types, not 625 recursions (on a
+    # small model those recursions are most of a snapshot's flatten).
     if (
         isinstance(node, tuple)
         and not hasattr(node, "_fields")

@@ -95,7 +95,7 @@ class ShardStore(ABC):
         Retention is job-wide when `complete` is given: the newest step every rank has committed (-1:
         none known). Then only steps older than it are deleted, so the newest complete step stays
         while other ranks may still be committing newer ones: a rank that pruned by its own steps
-        alone once deleted the last step in common while another rank's shard of its newest step was
+        alone could delete the last step in common while another rank's shard of its newest step is
         still being written (no complete step on disk for that while). An incomplete step older than
         the newest complete one goes like any older step."""
         steps = sorted(self.manifests(rank))

@@ -312,9 +312,9 @@ class Flags:
 
 CATCH_UP_TIERS = frozenset({"peer"})
 """Owed tiers that a step between due steps takes a catch-up snapshot for: the peer replica, what a
-lost node restores from. An owed disk tier waits for the next snapshot: with catch-ups for the disk
-tiers as well, `bench checkpoint`'s replicated row at 2 s measured 99.57-99.58% (two runs), against
-99.79% with the replica's alone -- each one more 1 GB snapshot and disk write on 2 cores."""
+lost node restores from. An owed disk tier waits for the next snapshot (at most one memory interval):
+a catch-up for a disk tier is one more full snapshot and disk write, which costs more efficiency than
+the interval it saves (docs/measurements.md)."""
 
 
 class Agreement:
@@ -338,19 +338,19 @@ class Agreement:
     answer shows it free takes a catch-up snapshot for it. So an exchange that ended in the step since
     the flags were sampled costs the partner's copy about a step, not an interval (a disk tier, an
     interval at most). Asking again at the due step, with a blocking all_reduce of the current
-    flags, once bought that step back: the tiers behind a snapshot are busy at most snapshots
-    whenever they take longer than the interval (the peer replica's exchange at 1-2 s intervals, a
-    durable write), and each blocking round then waited for the collective through cores the
-    exchange and the writers kept busy -- 1-13 ms of loop stall at each snapshot, 4 ranks' of them on
-    2 cores (`bench checkpoint`'s replicated rows), and a global synchronization point on a large
-    job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
+    flags, would buy that step back, at a price: the tiers behind a snapshot are busy at most
+    snapshots whenever they take longer than the interval (the peer replica's exchange at short
+    intervals, a durable write), and each blocking round then waits for the collective through cores
+    the exchange and the writers keep busy -- milliseconds of loop stall at each snapshot
+    (docs/measurements.md, `bench checkpoint`'s replicated rows), and a global synchronization point
+    on a large job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
     again, now: the memory snapshot is what most faults restore from.
 
     The peer replica is launched at every snapshot: it starts the moment its snapshot's copy ends
     (during the next forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the
     time the flags are sampled whenever an exchange takes less than the interval less a step. Sampled
-    right after the launch, as they once were, it was always busy; published at the due step's fence,
-    the answer still took 5-7 ms to come (4 ranks on 2 cores). The first due step of a process group
+    right after the launch it would always be busy; published at the due step's fence, the loop would
+    wait milliseconds for the answer (docs/measurements.md). The first due step of a process group
     (start, restore, in-process restart) runs a blocking all_reduce: nothing was published in it. The
     result is read only after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so
     reading them never synchronizes the GPU stream.
@@ -595,7 +595,7 @@ class TieredCheckpointer(Checkpointer):
     def _learn(self, agreed: Flags) -> None:
         """Agreed flags tell the newest step each disk tier holds on every rank (`Flags.complete`),
         and whether its newest launch failed on some rank: then the tier is owed, and the next
-        snapshot writes the newest state (it once waited for the tier's next due step). The same on
+        snapshot writes the newest state rather than waiting for the tier's next due step. The same on
         every rank: the answer and the launches are agreed."""
         for tier in self._disk:
             complete = agreed.complete(tier)
@@ -1006,8 +1006,8 @@ class TieredCheckpointer(Checkpointer):
             time.sleep(0.01)
         for tier, worker in self.workers.items():
             if isinstance(worker, ReplicaWorker):
-                # Its outcomes are recorded like any: dropped, as one once was, the slot stayed held
-                # for "peer" and every later snapshot found the replica busy (after a warm-up `wait`).
+                # Its outcomes are recorded like any: a dropped one would leave the slot held for
+                # "peer", and every later snapshot would find the replica busy (after a warm-up `wait`).
                 until = time.monotonic() + self.config.peer_timeout_s
                 while worker.busy and (outcome := worker.wait(deadline=until)) is not None:
                     self._record(tier, outcome)
