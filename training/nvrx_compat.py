@@ -78,6 +78,7 @@ fails when the installed NVRx's internals change.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
@@ -229,6 +230,7 @@ def capture_worker_failures() -> dict[int, Any]:
     launch = require_internal(launcher, *LAUNCH_AGENT)
     failures: dict[int, Any] = {}
 
+    @functools.wraps(launch)  # keeps the signature `require_internal` checks
     def launch_agent(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
         try:
             return launch(*args, **kwargs)
@@ -259,6 +261,7 @@ def report_every_failed_worker() -> None:
     if getattr(poll, "nvrx_eks_every_failure", False):
         return
 
+    @functools.wraps(poll)  # keeps the signature `require_internal` checks
     def _poll(self: Any) -> Any:  # noqa: ANN401
         result = poll(self)
         processes = getattr(getattr(self, "_pc", None), "processes", None)
@@ -321,10 +324,12 @@ def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
         def sleep(seconds: float) -> None:
             time.sleep(min(seconds, poll_s))
 
+    @functools.wraps(init)  # keeps the signature `require_internal` checks
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401, N807
         init(self, *args, **kwargs)
         self.stale_check_interval = min(self.stale_check_interval, poll_s)
 
+    @functools.wraps(step2)  # keeps the signature `require_internal` checks
     def _compute_step2_poll_interval(min_nodes: int, segment_check_interval: float) -> float:
         return min(step2(min_nodes, segment_check_interval), max(poll_s, min_nodes / 2000.0))
 
@@ -349,6 +354,7 @@ def keep_previous_actives_first() -> None:
     if getattr(order, "nvrx_eks_previous_first", False):
         return
 
+    @functools.wraps(order)  # keeps the signature `require_internal` checks
     def _sort_rankable_participants(self: Any, active: list[Any], standby: list[Any]) -> Any:  # noqa: ANN401
         active, standby = order(self, active, standby)
         previous = getattr(self, PREVIOUS_ACTIVES, None)
@@ -381,6 +387,7 @@ def keep_launcher_process_group() -> None:
     if getattr(cleanup, "nvrx_eks_keeps_launcher", False):
         return
 
+    @functools.wraps(cleanup)  # keeps the signature `require_internal` checks
     def terminate_mp_processes(allowed_pgids: set[int]) -> None:
         others = {pgid for pgid in allowed_pgids if pgid != os.getpgrp()}
         if others:  # NVRx's cleanup sleeps 1 s between its SIGTERM and SIGKILL, with or without a group
