@@ -8,10 +8,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from training import parallel
-from training.events import EventLog
+from training.events import EventLog, process_created_at
 from training.faults import FaultInjector, build_schedule
 from training.metrics import Metrics, checkpoint_intervals
 from training.resilience import for_mode, install_termination_handler
@@ -61,7 +59,7 @@ def run(cfg: TrainConfig) -> str | None:
         steps=cfg.steps,
         # When the OS created this process: a restart's worker-start phase begins here, before the
         # interpreter and the imports that precede this event (training.metrics.FaultPhases).
-        created_t=psutil.Process().create_time(),
+        created_t=process_created_at(),
     )
     install_termination_handler(events)
     started = time.time()

@@ -368,3 +368,20 @@ def test_a_rank_stopped_while_it_waits_in_native_code_leaves_at_once(tmp_path):
     assert code == 128 + 15
     (events,) = (tmp_path / "events").glob("rank-0.jsonl")
     assert json.loads(events.read_text().splitlines()[-1])["kind"] == "terminated"
+
+
+def test_a_process_creation_time_is_when_it_was_started_not_up_to_a_second_before():
+    """The worker-start phase begins at the OS's creation time; psutil's rounds the boot time down to
+    a whole second, which moved up to 1 s of each restart from the rendezvous phase into the start."""
+    before = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", "from training.events import process_created_at; print(process_created_at())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    )
+    after = time.time()
+    created = float(done.stdout.strip())
+    assert before - 0.02 <= created <= after  # the kernel's tick is 10 ms
