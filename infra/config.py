@@ -344,7 +344,7 @@ class AddonsConfig(_Model):
 
 
 class NodeCheckConfig(_Model):
-    """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/nodecheck.py)."""
+    """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/node/nodecheck.py)."""
 
     image_tag: str | None = None
     """Tag of the training image in the stack's ECR repository. None: the tag `nvrx-eks image push`

@@ -31,7 +31,7 @@ from cdk8s_plus_33 import k8s
 from k8s import names
 from k8s.node_verification import NodeCheckSpec, NodeVerification
 from k8s.observability import Monitoring
-from training.nodecheck import VERIFIED_LABEL
+from training.node.nodecheck import VERIFIED_LABEL
 
 if TYPE_CHECKING:
     from constructs import Construct

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from cdk8s_plus_33 import k8s
 
 from k8s.values import REGION_ENV
-from training.selfcheck import PROFILE_ENV
+from training.node.selfcheck import PROFILE_ENV
 
 if TYPE_CHECKING:
     from k8s.values import JobValues

@@ -15,8 +15,8 @@ setting is what it is:
   config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
   the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
   consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is a
-  collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/launch.py) says every
-  rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
+  collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py) says
+  every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
   otherwise and is charged, so the budget still bounds the replacements.
 - Init container: `python -m training.selfcheck` (can this node train?).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
@@ -47,10 +47,10 @@ from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
 from training.checkpoint.replica import FAILURE_DOMAIN_ENV
-from training.launch import COLLATERAL_EXIT_CODE
 from training.metrics import METRICS_HOST_ENV
-from training.nodecheck import VERIFIED_LABEL
-from training.selfcheck import NODE_PROBLEM_EXIT_CODE
+from training.node.nodecheck import VERIFIED_LABEL
+from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
+from training.resilience.launch import COLLATERAL_EXIT_CODE
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -534,7 +534,7 @@ def _failure_policy() -> k8s.PodFailurePolicy:
                 ),
             ),
             # Every rank of the pod was stopped by its own launcher after a rank on another node failed
-            # (training/launch.py): the fault was elsewhere, and that pod's index is charged for it.
+            # (training/resilience/launch.py): the fault was elsewhere, and that pod's index is charged.
             k8s.PodFailurePolicyRule(
                 action="Ignore",
                 on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
@@ -687,7 +687,7 @@ class TrainingJob(Construct):
         if values.profile.is_ec2:
             selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
         if values.verified_nodes_required:
-            # Set by the node check (training/nodecheck.py): a node takes work once it passed.
+            # Set by the node check (training/node/nodecheck.py): a node takes work once it passed.
             selector[VERIFIED_LABEL] = "true"
         return selector
 

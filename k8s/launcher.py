@@ -4,8 +4,8 @@ The job chart never types a launcher flag by hand. Both commands come from NVRx 
 pin's minor and newer), the same for a p5 job and the local job: only sizes and timeouts differ.
 
 - The rendezvous is NVRx's barrier rendezvous, coordinated by NVRx's own external control process
-  (`nvrx-control` through training/control.py, the store Deployment): it hosts the TCPStore and closes
-  every round, and every launcher connects as a client (`--rdzv-conf is_host=0`). No training pod
+  (`nvrx-control` through training/resilience/control.py, the store Deployment): it hosts the TCPStore and
+  closes every round, and every launcher connects as a client (`--rdzv-conf is_host=0`). No training pod
   hosts the store, so losing any node leaves the others and the rendezvous running.
 - Hot spares count in `--nnodes=N:N+S`: each round selects N active nodes, previous actives first
   (for `rdzv_last_call_s`), and keeps the others standing by in the rendezvous.
@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 
 
 FT_LAUNCHER = ("python", "-m", "training.launch")
-"""ft_launcher, through training/launch.py: the same flags, workers forked from a warm forkserver."""
+"""ft_launcher, through training/resilience/launch.py: the same flags, workers forked from a warm
+forkserver."""
 NVRX_CONTROL = ("python", "-m", "training.control")
-"""NVRx's external control process (`nvrx-control`, the same flags) through training/control.py, run by
-the rendezvous store's Deployment."""
+"""NVRx's external control process (`nvrx-control`, the same flags) through
+training/resilience/control.py, run by the rendezvous store's Deployment."""
 
 
 def _nnodes(values: JobValues) -> str:

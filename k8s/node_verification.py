@@ -49,7 +49,7 @@ from k8s.job_chart import (
     trainer_security,
 )
 from kitcore.pins import TRAINER_UID
-from training import nodecheck
+from training.node import nodecheck
 
 NODE_CHECK = nodecheck.COMPONENT
 """The node check's DaemonSet, service account and RBAC objects, and its Events' reporting component."""

@@ -9,7 +9,7 @@ failure)" entry; some launcher versions log "Some rank(s) exited with non-zero e
 ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvous, RendezvousClosedError.
 A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not
 where the fault was, and the cause says so (when all its ranks were, its launcher exits
-training/launch.py `COLLATERAL_EXIT_CODE`, which the Job does not charge). A launcher that lost its
+training/resilience/launch.py `COLLATERAL_EXIT_CODE`, which the Job does not charge). A launcher that lost its
 connection to the rendezvous store (its pod restarted) names that. The local executor
 (localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails names the
 index and this cause in both places.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from training.launch import STOPPED_EXIT_CODES
+from training.resilience.launch import STOPPED_EXIT_CODES
 
 TAIL_LINES = 80
 TAIL_BYTES = 2048

@@ -67,7 +67,7 @@ class ImagePins:
 # NVRx release newer than 0.4.1 installs; this kit needs 0.7 (barrier rendezvous, current launcher).
 # NVRx 0.7.0's README asks for PyTorch >= 2.8, CUDA >= 12.8 and an NCCL outside 2.28.3-2.28.8 (an
 # in-process restart issue). Check a newer tag's NCCL against that range before raising the base; the
-# start-up self-check (training/selfcheck.py) refuses a node whose NCCL falls in it.
+# start-up self-check (training/node/selfcheck.py) refuses a node whose NCCL falls in it.
 # https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/
 # EFA installer 1.46.0 with aws-ofi-nccl 1.17.2 is the pairing AWS's own samples build on the 25.09
 # NGC generation (awsome-distributed-training, NCCL 2.27.7); the plugin is built from its release

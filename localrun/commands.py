@@ -1,5 +1,5 @@
-"""Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `bench peer`,
-`bench store`, `local run`."""
+"""Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `report`,
+`bench peer`, `bench store`, `bench checkpoint`, `local run`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from kitcore import paths
+from localrun.checkpoint_bench import commands as checkpoint_bench_commands
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, RESTART_ROUNDS
 
@@ -200,3 +201,21 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
         print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
         raise typer.Exit(0 if result.succeeded else 1)
+
+    @app.command("report")
+    def report_cmd(
+        run_dir: Annotated[
+            Path,
+            typer.Argument(
+                metavar="RUN_DIR",
+                parser=paths.update_folder("run folder", "runs/demo-YYYYMMDD-HHMMSS"),
+                help="A run folder (make demo's, a bench mode's, a trainer run).",
+            ),
+        ],
+    ) -> None:
+        """Write RUN_DIR/report.html: fault table, totals, timeline and bit-identity verdict, one page."""
+        from localrun.report import report_run  # noqa: PLC0415 - keeps the CLI import light
+
+        print(report_run(run_dir))
+
+    checkpoint_bench_commands.register(bench)

@@ -43,14 +43,14 @@ def demo(
     from k8s.load import load_values  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from training.metrics import summarize  # noqa: PLC0415
-    from training.report import (  # noqa: PLC0415
+    from localrun.report import (  # noqa: PLC0415
         plot_timeline,
         print_report,
         summary_document,
         write_html_report,
         write_summary,
     )
+    from training.metrics import summarize  # noqa: PLC0415
 
     console = make_console()
     started = time.monotonic()

@@ -343,7 +343,7 @@ def kill_pod_processes(marker: str, *, root_pid: int | None = None) -> None:
     """SIGKILL a pod's processes (the tree under `root_pid` and every marked one) until none is left.
 
     multiprocessing's resource trackers go last, and are given a moment to leave on their own: the
-    forkserver's workers (training/launch.py) and torch.distributed.elastic's queues and events are
+    forkserver's workers (training/resilience/launch.py) and torch.distributed.elastic's queues and events are
     POSIX semaphores in /dev/shm that only the tracker unlinks, when every process holding its pipe is
     gone. On a cluster the pod's /dev/shm is its own and dies with it; here it is the machine's, and a
     tracker SIGKILLed with the rest left one semaphore per worker start behind.

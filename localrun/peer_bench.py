@@ -157,8 +157,8 @@ def run_peer_bench(
     from k8s.load import load_values  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
+    from localrun.report import print_phases  # noqa: PLC0415
     from training.metrics import summarize  # noqa: PLC0415
-    from training.report import print_phases  # noqa: PLC0415
 
     console = make_console()
     fault_seed = _seed_of(mix, fault_seed)

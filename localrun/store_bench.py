@@ -166,12 +166,12 @@ class _Agents:
         from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
         from nvidia_resiliency_ext.shared_utils.log_manager import LogConfig  # noqa: PLC0415
 
-        from training.nvrx_compat import poll_rendezvous_faster  # noqa: PLC0415
+        from training.resilience.nvrx_compat import poll_rendezvous_faster  # noqa: PLC0415
 
         # Each real agent logs on its own node; thousands of them writing one process's stderr would
         # time this process's logging, not the store. The store's own log stays as deployed.
         logging.getLogger(LogConfig.name).setLevel(logging.ERROR)
-        # The agents poll as the kit's launchers do (training/launch.py applies the same mend).
+        # The agents poll as the kit's launchers do (training/resilience/launch.py applies the same mend).
         poll_rendezvous_faster()
         self._barrier = barrier
         self._nodes = nodes

@@ -36,14 +36,12 @@ def _register_all() -> None:
     from k8s import commands as k8s_commands  # noqa: PLC0415
     from localrun import commands as localrun_commands  # noqa: PLC0415
     from planner import commands as planner_commands  # noqa: PLC0415
-    from training import commands as training_commands  # noqa: PLC0415
 
     infra_commands.register(app=app, bench=bench_app)
     ops_commands.register(app=app, job=job_app)
     k8s_commands.register(job=job_app)
     localrun_commands.register(app=app, local=local_app, bench=bench_app)
     image_commands.register(image=image_app)
-    training_commands.register(app=app, bench=bench_app)
     planner_commands.register(app=app)
 
 

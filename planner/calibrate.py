@@ -3,9 +3,9 @@
 It reads, anywhere below RUN_DIR:
 - `peer.json` (`nvrx-eks bench peer`, localrun/peer_bench.py): per mode the goodput, wall time and every
   fault with the layer that recovered it and its recovery time; the scenario (steps, faults, cadences).
-- `summary.json` (`nvrx-eks demo` / a chaos run, training/report.py): step time, loop stall per
+- `summary.json` (`nvrx-eks demo` / a chaos run, localrun/report.py): step time, loop stall per
   checkpoint, faults with layer and recovery time.
-- `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, training/checkpoint/bench.py): the
+- `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, localrun/checkpoint_bench/bench.py): the
   loop stall per snapshot, the durable write time and the restore time per tier.
 
 What each number becomes in the plan:

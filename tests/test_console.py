@@ -70,7 +70,7 @@ _PRINT_TABLES = """
 import json, sys
 from kitcore.console import make_console
 from localrun.peer_bench import comparison_table
-from training.report import print_report
+from localrun.report import print_report
 document = json.loads(sys.stdin.read())
 console = make_console()
 table = comparison_table(document["modes"], steps=400, device_step_s=1.0, fault_seed=50, mix="hardware")

@@ -7,7 +7,7 @@
 # So the local development install takes the published wheel, drops that one extension and retags the rest
 # py3-none-any with pypa's `wheel` tool, which rewrites RECORD. The image (Python 3.12) installs the published
 # wheel unchanged, extension included; nothing in this kit imports the straggler detector, and the start-up
-# self-check reports whether the extension loads (training/selfcheck.py).
+# self-check reports whether the extension loads (training/node/selfcheck.py).
 #
 # Usage: tools/nvrx-wheel.sh PYTHON VERSION OUTDIR   (PYTHON must have pip and wheel installed)
 set -euo pipefail

@@ -12,7 +12,7 @@ from training import parallel
 from training.events import EventLog, process_created_at
 from training.faults import FaultInjector, build_schedule
 from training.metrics import Metrics, checkpoint_intervals
-from training.resilience import for_mode, install_termination_handler
+from training.resilience.layers import for_mode, install_termination_handler
 from training.shapes import PRESETS
 from training.trainer import Trainer
 

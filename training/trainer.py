@@ -1,6 +1,6 @@
 """The core loop: set up an attempt (process group, model, restore), then train step by step.
 
-`Trainer.run` is one attempt. The resilience layers wrap it (training/resilience.py); the loop body
+`Trainer.run` is one attempt. The resilience layers wrap it (training/resilience/layers.py); the loop body
 only calls `resilience.step_done`, `resilience.atomic` and the checkpointer, whatever the mode.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from training.events import EventLog
     from training.faults import FaultInjector
     from training.metrics import Metrics
-    from training.resilience import Resilience
+    from training.resilience.layers import Resilience
 
 log = logging.getLogger("training")
 

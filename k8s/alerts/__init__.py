@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from k8s import names
-from training import nodecheck
+from training.node import nodecheck
 
 RULES_TEST = Path(__file__).parent / "rules_test.yaml"
 """promtool's unit tests of every rule; its `rule_files` entry names RULES_FILE in the same folder."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.checkpoint.bench import make_state, run_replicated_loop, state_bytes
+from localrun.checkpoint_bench.bench import make_state, run_replicated_loop, state_bytes
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from training.checkpoint.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
+from localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
 
 @pytest.mark.slow

@@ -14,8 +14,7 @@ from rich.console import Console
 from k8s.load import load_values
 from localrun.chaos import _progress_line, fault_free_key, without_faults
 from localrun.peer_bench import durable_every, mode_setups
-from training.metrics import summarize
-from training.report import (
+from localrun.report import (
     FAULT_KEYS,
     SUMMARY_KEYS,
     plot_timeline,
@@ -23,6 +22,7 @@ from training.report import (
     summary_document,
     write_summary,
 )
+from training.metrics import summarize
 
 LOCAL_VALUES = Path("k8s/values/local-cpu.yaml")
 

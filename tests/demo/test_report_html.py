@@ -20,9 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from training.events import read_events
-from training.metrics import summarize
-from training.report import (
+from localrun.report import (
     LABEL_FONT_PX,
     LABEL_GAP_PX,
     LANE_HEIGHT_PX,
@@ -35,6 +33,8 @@ from training.report import (
     write_html_report,
     write_summary,
 )
+from training.events import read_events
+from training.metrics import summarize
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(

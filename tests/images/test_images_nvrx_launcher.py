@@ -18,7 +18,7 @@ from k8s.launcher import FT_LAUNCHER, launcher_command
 from k8s.load import load_values
 from k8s.trainer_args import trainer_args
 from kitcore.pins import IMAGE
-from training.launch import launcher_argv, trainer_script
+from training.resilience.launch import launcher_argv, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "k8s" / "values" / "p5-2.yaml"
@@ -46,10 +46,11 @@ def _chart_command(mode: str) -> list[str]:
 def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(mode):
     command = _chart_command(mode)
     assert command[: len(FT_LAUNCHER)] == list(FT_LAUNCHER)
-    # What ft_launcher receives: training/launch.py's rewrite of the rendered command's arguments.
+    # What ft_launcher receives: training/resilience/launch.py's rewrite of the rendered command's arguments.
     args = launcher.parse_args(launcher_argv(command[len(FT_LAUNCHER) :]))
     cfg = FaultToleranceConfig.from_args(args)
-    # The workers fork from the warm forkserver and run the trainer's __main__ (training/launch.py).
+    # The workers fork from the warm forkserver and run the trainer's __main__
+    # (training/resilience/launch.py).
     assert args.module is False
     assert args.run_path is True
     assert args.start_method == "forkserver"

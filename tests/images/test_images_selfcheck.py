@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kitcore.profiles import get_profile
-from training import nvrx_compat, selfcheck
-from training.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
+from training.node import selfcheck
+from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
+from training.resilience import nvrx_compat
 
 REPO = Path(__file__).resolve().parents[2]
 P5 = get_profile("p5.48xlarge")

@@ -93,7 +93,8 @@ def test_the_image_holds_exactly_what_the_store_command_imports_from_this_projec
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / path, tmp_path / path)
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import training.control, training.nvrx_compat;"
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import training.control, training.resilience.control, training.resilience.nvrx_compat;"
         "mods = [m for n, m in sys.modules.items() if n.split('.')[0] in ('training', 'kitcore')];"
         "print('\\n'.join(sorted(m.__file__ for m in mods)))"
     )

@@ -14,7 +14,7 @@ from k8s.job_chart import render
 from k8s.load import load_values
 from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA
 from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
-from training import nodecheck
+from training.node import nodecheck
 
 K8S_VERSION = "1.33"
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_admission_policy_pins_the_service_account_to_its_own_node(docs):
     expressions = [v["expression"] for v in policy["validations"]]
     assert f"request.userInfo.extra['{NODE_NAME_EXTRA}']" in expressions[0]
     assert "object.metadata.name" in expressions[0]
-    # What it may change is exactly what training/nodecheck.py writes.
+    # What it may change is exactly what training/node/nodecheck.py writes.
     text = json.dumps(policy)
     for owned in (
         nodecheck.VERIFIED_LABEL,

@@ -14,8 +14,8 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional
 
 from k8s.node_verification import NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec, NodeVerification
-from training import nodecheck
-from training.selfcheck import Check, Status
+from training.node import nodecheck
+from training.node.selfcheck import Check, Status
 
 NAMESPACE = "training"
 USER = f"system:serviceaccount:{NAMESPACE}:{NODE_CHECK}"

@@ -15,7 +15,7 @@ from k8s.job_chart import render
 from k8s.launcher import FT_LAUNCHER
 from k8s.load import load_values
 from training.config import parse_args
-from training.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
+from training.resilience.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -192,7 +192,7 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     if mode == "baseline":
         assert args.module
         assert args.training_script == "training"
-    else:  # forked from the warm forkserver, the trainer's __main__ as a callable (training/launch.py)
+    else:  # forked from the warm forkserver, the trainer's __main__ as a callable (resilience/launch.py)
         assert args.run_path
         assert args.start_method == "forkserver"
         assert args.training_script == trainer_script()

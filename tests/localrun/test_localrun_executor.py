@@ -21,7 +21,7 @@ from k8s.job_chart import render
 from k8s.load import load_values
 from localrun.executor import LocalJob, marked_processes
 from training.events import read_events
-from training.launch import COLLATERAL_EXIT_CODE
+from training.resilience.launch import COLLATERAL_EXIT_CODE
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 # The demo's configuration (mode both: in-process layer, whose monitor processes leave the launcher's

@@ -492,7 +492,8 @@ def test_checkpoint_bench_and_demo_summary_calibrate_the_tiers(tmp_path):
     assert plan.checkpoint.durable.restore_s == pytest.approx(2.3)
     assert plan.recovery.launcher_s == pytest.approx(13.0)
     assert plan.workload.step_s == pytest.approx(0.036)
-    # The device step model's median stall: the bench judges GPU hosts on it (training/checkpoint/bench.py).
+    # The device step model's median stall: the bench judges GPU hosts on it
+    # (localrun/checkpoint_bench/bench.py).
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.003)
     for field in ("checkpoint.durable.write_s", "recovery.launcher_s", "checkpoint.memory.stall_s"):
         assert cal.labels[field].startswith("measured"), field

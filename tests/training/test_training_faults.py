@@ -81,8 +81,8 @@ def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, local
     assert [d["index"] for d in result.deletions] == [1]
     assert local_job.final_hash(events) == fault_free_hash
     # Every worker, the restarted ones included, was a fork of its pod's warm forkserver
-    # (training/launch.py): ready on a fraction of the CPU seconds a fresh interpreter spends importing
-    # torch and torch._dynamo (~3 s here). CPU time, unlike wall time, does not grow with load.
+    # (training/resilience/launch.py): ready on a fraction of the CPU seconds a fresh interpreter spends
+    # importing torch and torch._dynamo (~3 s here). CPU time, unlike wall time, does not grow with load.
     ready = local_job.events(events, "process_ready")
     assert any(e["restart"] >= 1 for e in ready), ready
     assert all(e["cpu_s"] < 1.0 for e in ready), [(e["rank"], e["restart"], e["cpu_s"]) for e in ready]

@@ -1,4 +1,5 @@
-"""training/launch.py: ft_launcher's command line rewritten for workers forked from a warm forkserver.
+"""training/resilience/launch.py: ft_launcher's command line rewritten for workers forked from a warm
+forkserver.
 
 The speed-up itself is measured by `make demo` (the recovery phases table) and proven in the fault
 tests (tests/training/test_training_faults.py: a restarted worker used a fraction of the CPU a fresh
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from training.launch import WARM_MODULES, _flag, launcher_argv, start_method, trainer_script
+from training.resilience.launch import WARM_MODULES, _flag, launcher_argv, start_method, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
 
     import nvidia_resiliency_ext.fault_tolerance.launcher as nvrx_launcher  # noqa: PLC0415
 
-    from training import launch  # noqa: PLC0415
+    from training.resilience import launch  # noqa: PLC0415
 
     warmed: list[object] = []
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", warmed.append)
@@ -200,7 +201,7 @@ def test_the_launchers_last_line_names_each_failed_rank_within_the_termination_m
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
 
     from k8s.termination import failure_cause, log_tail  # noqa: PLC0415
-    from training.launch import failure_summary  # noqa: PLC0415
+    from training.resilience.launch import failure_summary  # noqa: PLC0415
 
     error_file = tmp_path / "error.json"
     stack = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 200
@@ -229,7 +230,7 @@ _FAILED_AGENT = """
 import sys
 from nvidia_resiliency_ext.fault_tolerance import launcher
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from training.launch import main
+from training.resilience.launch import main
 
 CODES = [int(code) for code in sys.argv[1].split(",")]
 
@@ -259,7 +260,7 @@ main()
 def test_a_launcher_whose_ranks_were_only_stopped_exits_with_the_collateral_code(exit_codes, collateral):
     """The Job's podFailurePolicy does not charge the collateral exit (k8s/job_chart.py); a pod where a
     rank failed by itself keeps ft_launcher's 1 and is charged."""
-    from training.launch import COLLATERAL_EXIT_CODE  # noqa: PLC0415
+    from training.resilience.launch import COLLATERAL_EXIT_CODE  # noqa: PLC0415
 
     run = subprocess.run(
         [sys.executable, "-c", _FAILED_AGENT, exit_codes],

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from kitcore.profiles import get_profile
-from training import nodecheck
-from training.nodecheck import (
+from training.node import nodecheck
+from training.node.nodecheck import (
     CONDITION_TYPE,
     UNVERIFIED_TAINT,
     VERIFIED_AT_LABEL,

@@ -1,4 +1,5 @@
-"""training/nvrx_compat.py: the installed NVRx's internals still have the shape the kit patches or reads.
+"""training/resilience/nvrx_compat.py: the installed NVRx's internals still have the shape the kit
+patches or reads.
 
 Each test fails when an NVRx release changes what the kit relies on, before a job meets it.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kitcore.pins import NVRX_SUPPORTED_SINCE
-from training import nvrx_compat
+from training.resilience import nvrx_compat
 
 
 def test_every_internal_the_kit_uses_has_the_expected_shape():
@@ -29,7 +30,7 @@ def test_a_changed_internal_is_a_clear_error_not_a_silent_no_op():
 
     with pytest.raises(RuntimeError, match="is not the expected _set_calculated_timeouts"):
         nvrx_compat.require_internal(Changed, *nvrx_compat.SET_TIMEOUTS)
-    with pytest.raises(RuntimeError, match=r"check training/nvrx_compat\.py"):
+    with pytest.raises(RuntimeError, match=r"check training/resilience/nvrx_compat\.py"):
         nvrx_compat.require_internal(Changed, "gone", ())
 
 
@@ -43,7 +44,7 @@ _CLEANUP = """
 import os, sys
 from nvidia_resiliency_ext.fault_tolerance import launcher
 if sys.argv[1] == "kept":
-    from training.nvrx_compat import keep_launcher_process_group
+    from training.resilience.nvrx_compat import keep_launcher_process_group
     keep_launcher_process_group()
 from nvidia_resiliency_ext.fault_tolerance import utils
 slept = []
@@ -171,7 +172,7 @@ def worker(local_rank):
 
 if __name__ == "__main__":
     if sys.argv[1] == "every":
-        from training.nvrx_compat import report_every_failed_worker
+        from training.resilience.nvrx_compat import report_every_failed_worker
         report_every_failed_worker()
     context = start_processes(
         name="trainer", entrypoint=worker, args={0: (0,), 1: (1,)}, envs={0: {}, 1: {}},
@@ -208,7 +209,7 @@ from torch.distributed import TCPStore
 from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier
 
 if sys.argv[1] == "mended":
-    from training.nvrx_compat import poll_rendezvous_faster
+    from training.resilience.nvrx_compat import poll_rendezvous_faster
     poll_rendezvous_faster()
 slept = []
 clock = [0.0]  # a virtual clock, exact in binary at 0: each sleep advances it without waiting

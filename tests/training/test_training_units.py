@@ -293,7 +293,7 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
     before the completion (the rank then never updates, nor can its peers) or after the update."""
     from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
 
-    from training.resilience import InProcessLayer  # noqa: PLC0415
+    from training.resilience.layers import InProcessLayer  # noqa: PLC0415
 
     # NVRx's own atomic section and monitor-thread protocol: raise into the main thread under the lock.
     call_wrapper = SimpleNamespace(atomic_lock=threading.RLock())
@@ -339,7 +339,7 @@ from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
 from training.events import EventLog
-from training.resilience import install_termination_handler
+from training.resilience.layers import install_termination_handler
 
 install_termination_handler(EventLog(run_dir=Path(sys.argv[1]), rank=0))
 store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))

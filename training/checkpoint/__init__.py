@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointConfig", "Checkpointer", "Restored", "build_checkpointer"]
 
-# Lazy: `nvrx-eks` imports training.checkpoint.commands at start-up, which must not import torch.
+# Lazy: the charts and the CLI import training.checkpoint.config (through training.config), which must
+# not import torch.
 _HOMES = {
     "Checkpointer": "training.checkpoint.base",
     "Restored": "training.checkpoint.base",

@@ -3,7 +3,7 @@
 Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (an earlier version of
 this module): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
 `fsync` and `zlib.crc32` on large buffers all release the GIL, so a thread costs the loop no more
-than a process does (measured with the bench's loop, training/checkpoint/bench.py `run_loop`, side
+than a process does (measured with the bench's loop, localrun/checkpoint_bench/bench.py `run_loop`, side
 by side). What the processes cost instead: each was a spawned interpreter
 importing torch again (2.3 CPU-s measured), two per rank (local, durable), started on every launcher
 restart -- 8 interpreters beside 4 ranks (5.1 CPU-s each) on a 2-core host, nearly half the CPU of a

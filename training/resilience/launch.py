@@ -19,7 +19,7 @@ unusable) and never runs a collective.
 
 A worker is still a separate process with its own rendezvous and exit status: a SIGKILL, an OOM kill,
 a watchdog's SIGKILL reach it as before, and ft_launcher sees the same exit codes. It shares the
-forkserver's process group, which is the launcher's (training/nvrx_compat.py
+forkserver's process group, which is the launcher's (training/resilience/nvrx_compat.py
 `keep_launcher_process_group`). What it inherits from the forkserver is only imported modules: nothing in
 kitcore/ or training/ reads the environment or opens files at import (tests/training/test_training_launch.py
 checks both).
@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.nvrx_compat import (
+from training.resilience.nvrx_compat import (
     capture_worker_failures,
     check_supported_nvrx,
     keep_launcher_process_group,
@@ -58,7 +58,7 @@ DDP imports it on first use; inside an attempt that import was slow and unsafe t
 
 def trainer_script() -> str:
     """The absolute path of training/__main__.py, as `--run-path` wants it, wherever it is installed."""
-    return str(Path(__file__).resolve().with_name("__main__.py"))
+    return str(Path(__file__).resolve().parents[1] / "__main__.py")
 
 
 def launcher_argv(argv: list[str]) -> list[str]:
@@ -131,8 +131,8 @@ STORE_CONNECT_S = 30.0
 
 def hand_over(ft_argv: list[str]) -> None:
     """A pod's start: open the next rendezvous round if this pod's predecessor trained in the newest one
-    (training/nvrx_compat.py `open_round_for_lost_predecessor`). Best effort: anything unexpected is
-    reported, and the agent then joins as NVRx alone would."""
+    (training/resilience/nvrx_compat.py `open_round_for_lost_predecessor`). Best effort: anything unexpected
+    is reported, and the agent then joins as NVRx alone would."""
     endpoint, run_id, nnodes = (_flag(ft_argv, f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes"))
     infra_rank = os.environ.get("GROUP_RANK")
     if not (endpoint and run_id and nnodes and infra_rank and infra_rank.isdigit()):
@@ -141,7 +141,7 @@ def hand_over(ft_argv: list[str]) -> None:
 
     from torch.distributed import TCPStore  # noqa: PLC0415
 
-    from training.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
+    from training.resilience.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
 
     host, _, port = endpoint.rpartition(":")
     try:
@@ -196,7 +196,3 @@ def failure_summary(failures: dict[int, Any]) -> str:
         for rank, f in sorted(failures.items())
     ]
     return "{" + ", ".join(entries) + "}"
-
-
-if __name__ == "__main__":
-    main()

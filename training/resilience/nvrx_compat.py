@@ -11,8 +11,8 @@ fails when the installed NVRx's internals change.
   setter; `_set_calculated_timeouts` installs them as if calculated (so `state_dict` persists them).
 - ft_launcher's orphan cleanup (`terminate_mp_processes`) SIGTERMs then SIGKILLs the process group of
   every worker. It assumes each worker leads a group of its own, as a `subprocess` start does. The
-  workers of training/launch.py fork from the forkserver, which is in the launcher's own process group,
-  so the cleanup killed the launcher itself at the end of every run (observed: `Failed to send SIGTERM
+  workers of training/resilience/launch.py fork from the forkserver, which is in the launcher's own process
+  group, so the cleanup killed the launcher itself at the end of every run (observed: `Failed to send SIGTERM
   to process group`, SignalException in the agent, the pod lost). `keep_launcher_process_group` leaves
   the launcher's group out; the workers themselves are still stopped by ft_launcher's process context.
   With no other group left it skips the cleanup, whose fixed 1 s grace between SIGTERM and SIGKILL
@@ -24,7 +24,8 @@ fails when the installed NVRx's internals change.
   included, and the displaced node's ranks restored from a partner (tests/training/test_training_pods.py
   shows it). `keep_previous_actives_first` ranks the previous round's active nodes before all others
   (each group still in infrastructure order), so a spare takes only a place no previous active node
-  came back for. It runs in the control process (training/control.py), the only one that assigns ranks.
+  came back for. It runs in the control process (training/resilience/control.py), the only one that assigns
+  ranks.
 - In-process restart on a node without GPUs: the Wrapper adds NVML-based GPU, NVLink and NIC health
   checks to every restart whenever LOCAL_RANK is set when it is built (`_construct_restart_health_check`,
   called from `__init__`). Without NVML the GPU check fails, so every soft fault became a process exit
@@ -50,7 +51,7 @@ fails when the installed NVRx's internals change.
   each ProcessFailure's repr, Python call stacks included; the kubelet keeps only the last 2,048 bytes
   of a failed pod's log as its termination message, so the rank that was SIGKILLed (a short entry,
   first) was cut and the job's failure reason named a collateral rank's gloo error.
-  `capture_worker_failures` keeps the failures `launch_agent` raised, and training/launch.py prints
+  `capture_worker_failures` keeps the failures `launch_agent` raised, and training/resilience/launch.py prints
   them last, one short entry per rank, in the same `rank: ProcessFailure(...)` form k8s/termination.py
   reads.
 - Which workers failed. torch's process context for function entrypoints (`MultiprocessContext._poll`,
@@ -108,7 +109,8 @@ def require_internal(owner: Any, name: str, parameters: tuple[str, ...]) -> Any:
     if found is None or found[: len(parameters)] != parameters:
         raise RuntimeError(
             f"NVRx {NVRX_VERSION}: {getattr(owner, '__name__', owner)}.{name} is not the expected "
-            f"{name}{parameters} (found {found}); check training/nvrx_compat.py against this release"
+            f"{name}{parameters} (found {found}); "
+            "check training/resilience/nvrx_compat.py against this release"
         )
     return target
 
@@ -311,7 +313,7 @@ def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
     if barrier.time is not time or not _step0_source_matches():
         raise RuntimeError(
             f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open no longer polls with time.sleep(1.0); "
-            "check training/nvrx_compat.py against this release"
+            "check training/resilience/nvrx_compat.py against this release"
         )
 
     class _StepZeroTime:

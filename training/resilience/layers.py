@@ -46,7 +46,8 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from kitcore.configio import UserError
-from training import nvrx_compat, parallel
+from training import parallel
+from training.resilience import nvrx_compat
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

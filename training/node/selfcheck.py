@@ -300,8 +300,9 @@ def _nvrx(node: Node) -> Check:
             "NVRx", Status.WARN, f"{installed} (this virtualenv; the image pins {IMAGE.nvrx_version})"
         )
     # The straggler detector's compiled CUPTI extension ships in the cp312 wheel only (the image);
-    # nothing in the kit uses it (training/nvrx_compat.py), so its absence is a note, not a problem.
-    from training.nvrx_compat import straggler_extension_available  # noqa: PLC0415
+    # nothing in the kit uses it (training/resilience/nvrx_compat.py), so its absence is a note, not a
+    # problem.
+    from training.resilience.nvrx_compat import straggler_extension_available  # noqa: PLC0415
 
     extension = "" if straggler_extension_available() else " (no CUPTI straggler extension: GPU images only)"
     return Check("NVRx", Status.OK, f"{installed}{extension}")
@@ -408,11 +409,8 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     return exit_code(checks)
 
 
-def _cli() -> None:
+def cli() -> None:
+    """The command line: exit with the verdict's code, a bad flag or profile as one clear message."""
     with exit_on_user_error():
         code = main()
     raise SystemExit(code)
-
-
-if __name__ == "__main__":
-    _cli()

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kitcore.runtime import runtime_versions
-from training.checkpoint.benchstate import forward_backward, make_state, memcpy_bandwidth, state_bytes
-from training.checkpoint.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
+from localrun.checkpoint_bench.benchstate import forward_backward, make_state, memcpy_bandwidth, state_bytes
+from localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -373,9 +373,9 @@ def bench(
     json_out: Path | None = None,
     nvrx: bool = True,
 ) -> None:
+    from localrun.checkpoint_bench.torture import run_trials  # noqa: PLC0415
     from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
-    from training.checkpoint.torture import run_trials  # noqa: PLC0415
 
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
     shm = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir="/dev/shm"))

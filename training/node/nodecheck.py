@@ -48,10 +48,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kitcore.configio import UserError
+from kitcore.configio import UserError, exit_on_user_error
 from kitcore.profiles import InstanceProfile, get_profile
-from training import selfcheck
-from training.selfcheck import Check, Status
+from training.node import selfcheck
+from training.node.selfcheck import Check, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -597,8 +597,8 @@ def main(argv: Sequence[str] | None = None, *, api: NodeApi | None = None, host:
     return 0
 
 
-if __name__ == "__main__":
-    from kitcore.configio import exit_on_user_error
-
+def cli() -> None:
+    """The command line: exit with `main`'s code, a bad flag as one clear message."""
     with exit_on_user_error():
-        raise SystemExit(main())
+        code = main()
+    raise SystemExit(code)
