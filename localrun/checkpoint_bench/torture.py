@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from training.checkpoint.slot import committed
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -58,11 +60,8 @@ def _config(root: Path) -> CheckpointConfig:
 def newest_committed(root: Path) -> int | None:
     """The newest step with a committed manifest in any tier (read from the files, not the loader)."""
     steps: list[int] = []
-    for manifest in (root / "shm").glob("rank-*/slot-*.json"):
-        try:
-            steps.append(json.loads(manifest.read_text())["step"])
-        except (OSError, ValueError, KeyError):
-            continue
+    for folder in (root / "shm").glob("rank-*"):
+        steps.extend(manifest["step"] for _, manifest in committed(folder))
     for tier in ("local", "durable"):
         for manifest in (root / tier).glob("step-*/rank-*.json"):
             try:

@@ -115,7 +115,7 @@ def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
     tier.complete_pending()
     assert tier.candidate_steps(rank=0, world_size=1, collective=False) == {1}
     # A kill between uncommit and the new manifest leaves no claim on the half-written slot.
-    slot.manifest_path.unlink()
+    slot.files.manifest.unlink()
     assert tier.candidate_steps(rank=0, world_size=1, collective=False) == set()
     tier.release()
 

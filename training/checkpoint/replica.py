@@ -33,7 +33,6 @@ partners' RAM. A shard that fails to verify drops that step for everyone and the
 from __future__ import annotations
 
 import collections
-import json
 import mmap
 import os
 import queue
@@ -49,6 +48,7 @@ import torch.distributed as dist
 
 from training.checkpoint.base import Restored
 from training.checkpoint.shard import ShardError, decode
+from training.checkpoint.slot import SlotFiles, committed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -125,31 +125,11 @@ def source_ranks(
     )
 
 
-# --- slot files: <dir>/slot-<k>.bin (data), .hdr (shard header), .json (manifest, the commit point) --
-def _manifests(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for path in sorted(folder.glob("slot-*.json")):
-        try:
-            out.append((path, json.loads(path.read_text())))
-        except (OSError, ValueError):
-            continue  # half-written or being replaced: not committed
-    return out
-
-
 def read_slot(folder: Path, step: int, shard: int) -> bytearray:
     """The committed slot of `shard` at `step` in `folder`, as one encoded shard (header + data)."""
-    for path, manifest in _manifests(folder):
-        if manifest.get("step") != step or manifest.get("rank") != shard:
-            continue
-        header = path.with_suffix(".hdr").read_bytes()
-        nbytes = int(manifest["data_bytes"])
-        blob = bytearray(len(header) + nbytes)
-        blob[: len(header)] = header
-        with path.with_suffix(".bin").open("rb", buffering=0) as source:
-            got = source.readinto(memoryview(blob)[len(header) :])
-        if got != nbytes:
-            raise ShardError(f"{path.with_suffix('.bin')}: {got} of {nbytes} bytes")
-        return blob
+    for files, manifest in committed(folder):
+        if manifest.get("step") == step and manifest.get("rank") == shard:
+            return files.read(manifest)
     raise ShardError(f"{folder}: no committed slot of rank {shard} at step {step}")
 
 
@@ -158,7 +138,7 @@ def node_memory(memory_dir: Path, *, world_size: int) -> dict[tuple[int, int], t
     held: dict[tuple[int, int], tuple[str, Path]] = {}
     for kind, pattern in (("memory", "rank-*"), ("peer_memory", f"{PEER_DIR}/rank-*")):
         for folder in sorted(memory_dir.glob(pattern)):
-            for _, manifest in _manifests(folder):
+            for _, manifest in committed(folder):
                 if manifest.get("world_size") != world_size:
                     continue  # another job layout: its shards do not fit this one
                 held.setdefault((int(manifest["rank"]), int(manifest["step"])), (kind, folder))
@@ -420,23 +400,18 @@ class ReplicaWorker:
         dist.recv(head, src, group=group)
         folder = self.root / f"rank-{src:05d}"
         folder.mkdir(parents=True, exist_ok=True)
-        base = folder / f"slot-{target_slot}"
-        manifest_path = base.with_suffix(".json")
-        # Uncommit the slot first: a reader never pairs the old manifest with new bytes.
-        manifest_path.unlink(missing_ok=True)
-        data_path = base.with_suffix(".bin")
-        with data_path.open("wb+") as sink:
+        files = SlotFiles.at(folder, target_slot)
+        files.uncommit()
+        with files.data.open("wb+") as sink:
             sink.truncate(max(data_bytes, 1))
             if data_bytes:
                 with mmap.mmap(sink.fileno(), data_bytes) as mm:
                     target = torch.frombuffer(mm, dtype=torch.uint8, count=data_bytes)
                     dist.recv(target, src, group=group)
                     del target
-        base.with_suffix(".hdr").write_bytes(bytes(head.numpy()))
-        manifest = {"step": step, "rank": src, "world_size": self.world_size, "data_bytes": data_bytes}
-        tmp = manifest_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest))
-        tmp.replace(manifest_path)  # the commit point (tmpfs: no fsync)
+        files.commit(
+            header=bytes(head.numpy()), step=step, rank=src, world_size=self.world_size, data_bytes=data_bytes
+        )
         return data_bytes
 
 

@@ -24,7 +24,6 @@ complete step is behind the restored state owes one too (`_restored`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +43,7 @@ from training.checkpoint.replica import (
 )
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
+from training.checkpoint.slot import SlotFiles
 from training.checkpoint.stats import CheckpointStats
 from training.checkpoint.storage import disk_stores
 
@@ -61,9 +61,7 @@ PEER_PIN = "peer-pinned"
 @dataclass
 class _Slot:
     index: int
-    data_path: Path
-    manifest_path: Path
-    header_path: Path
+    files: SlotFiles
     buffer: torch.Tensor | None = None
     targets: list[torch.Tensor] = field(default_factory=list)
     """Typed views of `buffer`, one per tensor of the layout (made once per layout, not per save)."""
@@ -96,10 +94,7 @@ class MemoryTier:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.slots = [
-            _Slot(i, self.root / f"slot-{i}.bin", self.root / f"slot-{i}.json", self.root / f"slot-{i}.hdr")
-            for i in range(num_slots)
-        ]
+        self.slots = [_Slot(i, SlotFiles.at(self.root, i)) for i in range(num_slots)]
         self.signature: Any = None
         self.data_bytes = 0
         self._stream: Any = None
@@ -110,11 +105,12 @@ class MemoryTier:
 
     # --- restore side -------------------------------------------------------------------------
     def _manifest(self, slot: _Slot) -> dict[str, Any] | None:
-        try:
-            manifest = json.loads(slot.manifest_path.read_text())
-        except (OSError, ValueError):
-            return None
-        if manifest.get("world_size") != self.world_size or manifest.get("rank") != self.rank:
+        manifest = slot.files.read_manifest()
+        if (
+            manifest is None
+            or manifest.get("world_size") != self.world_size
+            or manifest.get("rank") != self.rank
+        ):
             return None
         return manifest
 
@@ -126,15 +122,7 @@ class MemoryTier:
             manifest = self._manifest(slot)
             if manifest is None or manifest["step"] != step:
                 continue
-            header = slot.header_path.read_bytes()
-            nbytes = manifest["data_bytes"]
-            blob = bytearray(len(header) + nbytes)
-            blob[: len(header)] = header
-            with slot.data_path.open("rb", buffering=0) as source:
-                got = source.readinto(memoryview(blob)[len(header) :])
-            if got != nbytes:
-                raise ShardError(f"memory slot {slot.index}: {got} of {nbytes} bytes")
-            return decode(blob)
+            return decode(slot.files.read(manifest))
         raise ShardError(f"memory tier no longer holds step {step}")
 
     # --- save side ----------------------------------------------------------------------------
@@ -146,10 +134,10 @@ class MemoryTier:
         self.release()
         nbytes = max(layout.data_bytes, 1)
         for slot in self.slots:
-            slot.manifest_path.unlink(missing_ok=True)  # old contents are superseded from here on
-            with slot.data_path.open("wb") as out:
+            slot.files.uncommit()  # old contents are superseded from here on
+            with slot.files.data.open("wb") as out:
                 out.truncate(nbytes)
-            slot.buffer = torch.from_file(str(slot.data_path), shared=True, size=nbytes, dtype=torch.uint8)
+            slot.buffer = torch.from_file(str(slot.files.data), shared=True, size=nbytes, dtype=torch.uint8)
             slot.buffer.zero_()  # touch every page now, not inside the first save
             slot.targets = views(slot.buffer, layout)  # equal signatures, equal offsets
             if self.device.type == "cuda":
@@ -186,7 +174,7 @@ class MemoryTier:
     def stage(self, slot: _Slot, step: int, tensors: list[torch.Tensor], header: bytes) -> None:
         """Start copying `tensors` (of the layout `ensure` allocated for) into `slot`; returns at once.
         The slot commits when the copy ends."""
-        slot.manifest_path.unlink(missing_ok=True)  # uncommit before overwriting
+        slot.files.uncommit()
         slot.step = step
         slot.pending_header = header
         slot.submitted.clear()
@@ -271,18 +259,9 @@ class MemoryTier:
         self.fence(block=True)
 
     def _commit(self, slot: _Slot, step: int, header: bytes) -> None:
-        tmp = slot.header_path.with_suffix(".hdr.tmp")
-        tmp.write_bytes(header)
-        tmp.replace(slot.header_path)
-        manifest = {
-            "step": step,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "data_bytes": self.data_bytes,
-        }
-        tmp = slot.manifest_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest))
-        tmp.replace(slot.manifest_path)  # the commit point; tmpfs needs no fsync
+        slot.files.commit(
+            header=header, step=step, rank=self.rank, world_size=self.world_size, data_bytes=self.data_bytes
+        )
         slot.step = step
 
 
@@ -830,8 +809,8 @@ class TieredCheckpointer(Checkpointer):
                 tier=tier,
                 location=self._locations[tier],
                 fsync=self.config.fsync,
-                slot_path=str(slot.data_path),
-                header=slot.pending_header or slot.header_path.read_bytes(),
+                slot_path=str(slot.files.data),
+                header=slot.pending_header or slot.files.header.read_bytes(),
                 data_bytes=self.memory.data_bytes,
                 rank=self.rank,
                 world_size=self.world_size,
