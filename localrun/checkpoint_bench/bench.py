@@ -350,9 +350,9 @@ def _verdict(ok: bool) -> str:
 
 def _restore_times(config: CheckpointConfig) -> dict[str, float]:
     """Seconds to read and verify step 1 back from each tier."""
+    from training.checkpoint.memory import MemoryTier  # noqa: PLC0415
     from training.checkpoint.restore import StoreSource  # noqa: PLC0415
     from training.checkpoint.storage import disk_stores  # noqa: PLC0415
-    from training.checkpoint.tiered import MemoryTier  # noqa: PLC0415
 
     memory = MemoryTier(root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu"))
     times = {"memory": timed(lambda: memory.load(1, 0))}

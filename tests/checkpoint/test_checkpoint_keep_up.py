@@ -29,9 +29,10 @@ import pytest
 import torch
 import yaml
 
+from training.checkpoint.agreement import Agreement, Flags
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.storage import FileStore
-from training.checkpoint.tiered import Agreement, Flags, TieredCheckpointer
+from training.checkpoint.tiered import TieredCheckpointer
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "k8s" / "values"

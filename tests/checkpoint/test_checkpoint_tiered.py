@@ -11,12 +11,13 @@ import torch
 
 from localrun.checkpoint_bench.torture import run_trials
 from training.checkpoint.config import CheckpointConfig
+from training.checkpoint.memory import MemoryTier
 from training.checkpoint.persist import persist_slot
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import make_emitter
 from training.checkpoint.storage import FileStore, disk_stores
-from training.checkpoint.tiered import MemoryTier, TieredCheckpointer
+from training.checkpoint.tiered import TieredCheckpointer
 
 CPU = torch.device("cpu")
 

@@ -18,7 +18,7 @@ Use it like this (the loop calls `save` after every step; it does nothing unless
 `CheckpointConfig` (training/checkpoint/config.py) is the typed section the trainer embeds: the
 implementation (`tiered` or `sync`), per-tier folders and every-N-steps cadences, retention, timeouts.
 `save` publishes a tiny async all_reduce at due steps (all ranks agree to skip a tier that is busy
-anywhere; tiered.Agreement), so call it on every rank at every step, and `fence()` before the update.
+anywhere; agreement.py), so call it on every rank at every step, and `fence()` before the update.
 `ckpt.stats` holds the counters (stall, skipped, failed...).
 """
 

@@ -117,7 +117,7 @@ class CheckpointConfig(BaseModel):
         exchange still runs at) and the one whose copy the partners hold (kept until a newer copy
         lands: a lost node's partner copy and the survivors' own shards must be of one step); one
         slot stays free for the next snapshot. With fewer, a due tier finds no slot to
-        spare while the others hold theirs, and is skipped (training/checkpoint/tiered.py
+        spare while the others hold theirs, and is skipped (training/checkpoint/agreement.py
         `Agreement.may_launch`)."""
         if self.implementation != "tiered" or not self.memory_every:
             return {}

@@ -13,7 +13,7 @@ rank order, so every node's partners are simply the next R nodes. Every node sti
 holds R, so the memory each node needs is the same whatever the domains.
 It runs on a thread of its own over a gloo group of its own, so it never blocks the loop: the snapshot
 copy stays the only stall, and a replication still running when the next snapshot is due is skipped
-and counted like any busy tier (the agreement in tiered.py decides it alike on every rank).
+and counted like any busy tier (the agreement, agreement.py, decides it alike on every rank).
 
 Why gloo from host memory on GPU nodes too, rather than NCCL: the slot already sits in pinned host
 RAM; NCCL would need it back on the device (HBM and copy-engine time taken from training) and shares

@@ -1,16 +1,8 @@
 """Tiered checkpointing: the snapshot copy runs behind the loop; disks are written behind the copy.
 
-Tier 1 (memory): `num_staging_slots` pre-allocated, pre-faulted buffers per rank, each a file in a
-shared-memory folder mapped into the process (pinned with cudaHostRegister on GPU). A slot is
-committed by a small manifest written after the copy, so it survives a kill -9 of the rank: the
-restarted rank on the same node restores from RAM. Tiers 2 (node-local disk) and 3 (durable) are
-written from the slots by background writer threads (persist.py).
-
-Off the critical path: parameters and optimizer state change only in the optimizer update, so the
-snapshot taken after step N is copied while step N+1's forward/backward run, and `fence()` (called by
-the loop right before step N+1's update) waits only for what is left of it. On CPU the copy runs on
-one background thread (`Tensor.copy_` releases the GIL); on GPU it is a side CUDA stream filling the
-pinned slot, and fence makes the update's stream wait on the copy's event (the host does not wait).
+The memory tier (memory.py) stages every due snapshot into a slot; tiers 2 (node-local disk) and 3
+(durable) are written from the slots by background writer threads (persist.py), and the peer replica
+sends them to partner nodes (replica.py). What ranks launch and skip is agreed (agreement.py).
 
 A slot being persisted is never overwritten. A persist due while the tier's previous one is still
 running (on any rank) is skipped and counted, never waited for -- coalescing: the tier is owed, and
@@ -26,14 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
 from training.checkpoint.base import Checkpointer, Restored
+from training.checkpoint.memory import MemoryTier, Slot
 from training.checkpoint.persist import PersistWorker
 from training.checkpoint.replica import (
     FAILURE_DOMAIN_ENV,
@@ -42,413 +34,18 @@ from training.checkpoint.replica import (
     restore_from_anywhere,
 )
 from training.checkpoint.restore import StoreSource, load_newest
-from training.checkpoint.shard import Layout, ShardError, decode, encode_header, flatten, views
-from training.checkpoint.slot import SlotFiles
+from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import CheckpointStats
 from training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     from training.checkpoint.config import CheckpointConfig
 
 
 PEER_PIN = "peer-pinned"
 """Slot holder: the snapshot whose copy the partners hold (`TieredCheckpointer._pin_replicated`)."""
-
-
-@dataclass
-class _Slot:
-    index: int
-    files: SlotFiles
-    buffer: torch.Tensor | None = None
-    targets: list[torch.Tensor] = field(default_factory=list)
-    """Typed views of `buffer`, one per tensor of the layout (made once per layout, not per save)."""
-    step: int = -1
-    holders: set[str] = field(default_factory=set)
-    """Tiers whose worker is reading this slot: it must not be overwritten."""
-    pending_event: Any = None
-    """GPU: the copy's CUDA event; the slot commits once it completes."""
-    pending_copy: Future[None] | None = None
-    """CPU: the background copy (and commit) of this slot."""
-    pending_header: bytes = b""
-    submitted: set[str] = field(default_factory=set)
-    """Holders handed this slot before its copy finished (the peer replica waits for the copy itself)."""
-
-    @property
-    def pending(self) -> bool:
-        return self.pending_event is not None or self.pending_copy is not None
-
-
-class MemoryTier:
-    """This rank's staging slots in a shared-memory folder, and the memory tier's commit protocol."""
-
-    tier = "memory"
-
-    def __init__(
-        self, *, root: Path, rank: int, world_size: int, num_slots: int, device: torch.device
-    ) -> None:
-        self.root = root / f"rank-{rank:05d}"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
-        self.slots = [_Slot(i, SlotFiles.at(self.root, i)) for i in range(num_slots)]
-        self.signature: Any = None
-        self.data_bytes = 0
-        self._stream: Any = None
-        self._unfenced: list[Any] = []
-        """GPU: copy events the update's stream has not been told to wait for yet."""
-        self._copier: ThreadPoolExecutor | None = None
-        self.copy_errors: list[str] = []
-
-    # --- restore side -------------------------------------------------------------------------
-    def _manifest(self, slot: _Slot) -> dict[str, Any] | None:
-        manifest = slot.files.read_manifest()
-        if (
-            manifest is None
-            or manifest.get("world_size") != self.world_size
-            or manifest.get("rank") != self.rank
-        ):
-            return None
-        return manifest
-
-    def candidate_steps(self, *, rank: int, world_size: int, collective: bool) -> set[int]:  # noqa: ARG002
-        return {m["step"] for slot in self.slots if (m := self._manifest(slot)) is not None}
-
-    def load(self, step: int, rank: int) -> dict[str, Any]:  # noqa: ARG002
-        for slot in self.slots:
-            manifest = self._manifest(slot)
-            if manifest is None or manifest["step"] != step:
-                continue
-            return decode(slot.files.read(manifest))
-        raise ShardError(f"memory tier no longer holds step {step}")
-
-    # --- save side ----------------------------------------------------------------------------
-    def ensure(self, layout: Layout) -> None:
-        """(Re)allocate the slots for this layout: sized files in shared memory, mapped and
-        pre-faulted (a fresh allocation per save is 3-10x slower than a reused buffer, notes sect. 5)."""
-        if layout.signature == self.signature:
-            return
-        self.release()
-        nbytes = max(layout.data_bytes, 1)
-        for slot in self.slots:
-            slot.files.uncommit()  # old contents are superseded from here on
-            with slot.files.data.open("wb") as out:
-                out.truncate(nbytes)
-            slot.buffer = torch.from_file(str(slot.files.data), shared=True, size=nbytes, dtype=torch.uint8)
-            slot.buffer.zero_()  # touch every page now, not inside the first save
-            slot.targets = views(slot.buffer, layout)  # equal signatures, equal offsets
-            if self.device.type == "cuda":
-                # Pinned staging: page-locked memory is what lets the D2H copy run at full PCIe speed
-                # asynchronously. Registering the mapping keeps the file shareable with the writer thread.
-                rc = torch.cuda.cudart().cudaHostRegister(slot.buffer.data_ptr(), nbytes, 0)
-                if int(rc) != 0:
-                    raise RuntimeError(f"cudaHostRegister failed ({rc})")
-            slot.step = -1
-        self.signature = layout.signature
-        self.data_bytes = layout.data_bytes
-
-    def release(self) -> None:
-        self.synchronize()
-        self.complete_pending()
-        if self._copier is not None:
-            self._copier.shutdown(wait=True)
-            self._copier = None
-        for slot in self.slots:
-            if slot.buffer is not None and self.device.type == "cuda":
-                torch.cuda.cudart().cudaHostUnregister(slot.buffer.data_ptr())
-            slot.buffer = None
-            slot.targets = []
-
-    def free_slot(self) -> _Slot | None:
-        """An unheld slot, the oldest first (the newest snapshot stays valid while the next is copied)."""
-        free = [slot for slot in self.slots if not slot.holders and not slot.pending]
-        return min(free, key=lambda slot: slot.step) if free else None
-
-    def unheld(self) -> int:
-        """Slots no persist reads (a slot still being copied counts: its copy ends by the fence)."""
-        return sum(1 for slot in self.slots if not slot.holders)
-
-    def stage(self, slot: _Slot, step: int, tensors: list[torch.Tensor], header: bytes) -> None:
-        """Start copying `tensors` (of the layout `ensure` allocated for) into `slot`; returns at once.
-        The slot commits when the copy ends."""
-        slot.files.uncommit()
-        slot.step = step
-        slot.pending_header = header
-        slot.submitted.clear()
-        targets = slot.targets
-        sources = [tensor.detach() for tensor in tensors]
-        if self.device.type == "cuda":
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(device=self.device)
-            # The copy starts after the kernels that produced step N's state (its update)...
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._stream):
-                for target, source in zip(targets, sources, strict=True):
-                    target.copy_(source, non_blocking=True)
-                    if source.is_cuda:
-                        source.record_stream(self._stream)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            # ...and overlaps step N+1's forward/backward: only the next update waits for it (fence).
-            slot.pending_event = event
-            self._unfenced.append(event)
-            return
-        if self._copier is None:
-            self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-copy")
-        slot.pending_copy = self._copier.submit(self._copy_and_commit, slot, step, targets, sources, header)
-
-    def _copy_and_commit(
-        self, slot: _Slot, step: int, targets: list[torch.Tensor], sources: list[torch.Tensor], header: bytes
-    ) -> None:
-        """Copy thread: one `copy_` per tensor (it releases the GIL), then the slot's commit."""
-        with torch.no_grad():
-            for target, source in zip(targets, sources, strict=True):
-                target.copy_(source)
-        self._commit(slot, step, header)
-
-    def copy_waiter(self, slot: _Slot) -> Callable[[], None]:
-        """A call that returns once `slot`'s copy has finished (raises if it failed), from any thread."""
-        copy, event = slot.pending_copy, slot.pending_event
-        if copy is not None:
-            return copy.result
-        if event is not None:
-            return event.synchronize
-        return lambda: None
-
-    def fence(self, *, block: bool = True) -> None:
-        """Wait (CPU) or order the update stream (GPU) after every copy started so far."""
-        if self._unfenced:
-            stream = torch.cuda.current_stream(self.device)
-            for event in self._unfenced:
-                stream.wait_event(event)
-            self._unfenced.clear()
-        if block:
-            for slot in self.slots:
-                if slot.pending_copy is not None:
-                    with contextlib.suppress(Exception):  # reported by complete_pending
-                        slot.pending_copy.result()
-
-    def complete_pending(self) -> list[_Slot]:
-        """Slots whose copy has finished since the last call (never waits). A copy that failed
-        leaves its slot uncommitted and is recorded in `copy_errors`."""
-        done = []
-        for slot in self.slots:
-            if slot.pending_event is not None and slot.pending_event.query():
-                slot.pending_event = None
-                self._commit(slot, slot.step, slot.pending_header)
-                done.append(slot)
-            elif slot.pending_copy is not None and slot.pending_copy.done():
-                error = slot.pending_copy.exception()
-                slot.pending_copy = None
-                if error is None:
-                    done.append(slot)
-                else:
-                    slot.step = -1
-                    slot.holders.clear()
-                    self.copy_errors.append(f"{type(error).__name__}: {error}")
-        return done
-
-    def synchronize(self) -> None:
-        """Wait for every copy started so far (`complete_pending` then reports them)."""
-        for slot in self.slots:
-            if slot.pending_event is not None:
-                slot.pending_event.synchronize()
-        self.fence(block=True)
-
-    def _commit(self, slot: _Slot, step: int, header: bytes) -> None:
-        slot.files.commit(
-            header=header, step=step, rank=self.rank, world_size=self.world_size, data_bytes=self.data_bytes
-        )
-        slot.step = step
-
-
-@dataclass(frozen=True)
-class Flags:
-    """What one rank reports for the agreement, sampled after its decisions at a due step."""
-
-    unheld: int
-    """Staging slots no persist reads."""
-    busy: dict[str, int]
-    """Per tier: persists running or waiting for their slot's copy (the peer replica: exchanges in
-    flight or queued; a disk tier: 0 or 1)."""
-    committed: dict[str, int] = field(default_factory=dict)
-    """Per disk tier: the newest step this rank committed (agreed: the least over ranks)."""
-    failed: dict[str, int] = field(default_factory=dict)
-    """Per disk tier: the newest step whose persist failed on this rank (agreed: on any rank)."""
-
-    def complete(self, tier: str) -> int | None:
-        """On agreed flags: the newest step of `tier` committed on every rank, or None if unknown.
-
-        Each rank persists a tier's launches one at a time in the agreed order, so every rank has
-        finished every launch up to the least newest-committed step; that step is complete unless
-        some rank's persist of it failed (then a failure at it or later is the newest failed)."""
-        least = self.committed.get(tier, -1)
-        return least if least >= 0 and self.failed.get(tier, -1) < least else None
-
-
-CATCH_UP_TIERS = frozenset({"peer"})
-"""Owed tiers that a step between due steps takes a catch-up snapshot for: the peer replica, what a
-lost node restores from. An owed disk tier waits for the next snapshot (at most one memory interval):
-a catch-up for a disk tier is one more full snapshot and disk write, which costs more efficiency than
-the interval it saves (docs/measurements.md)."""
-
-
-class Agreement:
-    """All ranks take the same checkpoint decisions, on an answer that was published a step ahead.
-
-    Why agreement at all: a step only some ranks persisted can never be restored, and retention
-    (keep k) would then prune different steps on different ranks, possibly leaving no step in common.
-
-    Why it costs nothing in steady state: the flags the next due step decides on are *published*
-    with an async all_reduce a step before it (the save of the step before a due step; with a
-    snapshot every step, the fence before the due step's update), and the decision reads the result,
-    which that time has let complete. That is sound because the flags can only get better in between:
-    a tier idle on every rank when sampled stays idle, and a slot no persist reads stays unheld, until
-    the next launch -- and launches happen only at due steps, decided from these same results.
-
-    A tier the answer shows busy is skipped on it, without asking again, and owed: the next snapshot
-    that finds it free writes the newest state. The peer replica is busy only once an exchange is
-    queued behind the one in flight (`ReplicaWorker.QUEUE`): a due snapshot the previous exchange
-    still runs at is queued, not skipped. For the peer replica (`CATCH_UP_TIERS`) the flags are
-    published again at once, and at each step after it until it is launched, and the first step whose
-    answer shows it free takes a catch-up snapshot for it. So an exchange that ended in the step since
-    the flags were sampled costs the partner's copy about a step, not an interval (a disk tier, an
-    interval at most). Asking again at the due step, with a blocking all_reduce of the current
-    flags, would buy that step back, at a price: the tiers behind a snapshot are busy at most
-    snapshots whenever they take longer than the interval (the peer replica's exchange at short
-    intervals, a durable write), and each blocking round then waits for the collective through cores
-    the exchange and the writers keep busy -- milliseconds of loop stall at each snapshot
-    (docs/measurements.md, `bench checkpoint`'s replicated rows), and a global synchronization point
-    on a large job. Only a snapshot that the answer would give up for want of a slot (on some rank) asks
-    again, now: the memory snapshot is what most faults restore from.
-
-    The peer replica is launched at every snapshot: it starts the moment its snapshot's copy ends
-    (during the next forward/backward, `ReplicaWorker` waits for the copy itself) and is done by the
-    time the flags are sampled whenever an exchange takes less than the interval less a step. Sampled
-    right after the launch it would always be busy; published at the due step's fence, the loop would
-    wait milliseconds for the answer (docs/measurements.md). The first due step of a process group
-    (start, restore, in-process restart) runs a blocking all_reduce: nothing was published in it. The
-    result is read only after `Work.wait()`; on NCCL jobs the flags go over a gloo side group, so
-    reading them never synchronizes the GPU stream.
-
-    A disk tier is launched only if every rank keeps a slot free after it (unheld >= 2): fresh memory
-    snapshots -- what most faults restore from -- come before a disk persist. With the slots the
-    tiers need (`CheckpointConfig.slots_needed`: one per disk tier, two for the peer replica, one for
-    the next snapshot; fewer is refused) an idle tier always finds them, so a due tier is skipped
-    only while its own previous persist runs.
-    """
-
-    def __init__(self, *, tiers: list[str], device: torch.device, disk_tiers: tuple[str, ...] = ()) -> None:
-        self.tiers = tiers
-        self.disk_tiers = disk_tiers
-        """Tiers whose committed and failed steps travel with the flags (job-wide retention)."""
-        self.device = device
-        self._group: Any = None
-        self._side_group: Any = None
-        self._pending: tuple[Any, torch.Tensor] | None = None
-        self.last: Flags | None = None
-        """The flags the newest decision was taken on (the reason a due tier was not launched)."""
-        self.blocking_rounds = 0
-        """Blocking all_reduces run: one per process group, and one per snapshot some rank had no
-        slot for a step before; the rest were published async."""
-
-    def reset(self) -> None:
-        self._pending = None
-
-    def answer(self, local: Flags) -> Flags | None:
-        """The flags the next `decide` reads, waited for and left in place: the answer published a
-        step ago (None when none was, in this process group), or `local` without a group."""
-        group = self._world()
-        if group is None:
-            return local
-        if self._pending is None:
-            return None
-        work, tensor = self._pending
-        work.wait()
-        return self._decode(tensor)
-
-    def _world(self) -> Any:  # noqa: ANN401
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return None
-        world = dist.group.WORLD
-        if world is not self._group:  # a new process group (in-process restart): old results are void
-            self._group, self._pending, self._side_group = world, None, None
-            if dist.get_backend() != "gloo":
-                self._side_group = dist.new_group(backend="gloo")
-        return self._side_group or world
-
-    def _encode(self, flags: Flags) -> torch.Tensor:
-        # MAX-reduced: -unheld gives the minimum over ranks, busy flags the "any rank" value; -committed
-        # the least newest-committed step, failed the newest failure on any rank.
-        return torch.tensor(
-            [
-                -flags.unheld,
-                *(int(flags.busy[t]) for t in self.tiers),
-                *(-flags.committed.get(t, -1) for t in self.disk_tiers),
-                *(flags.failed.get(t, -1) for t in self.disk_tiers),
-            ],
-            dtype=torch.int64,
-        )
-
-    def _decode(self, tensor: torch.Tensor) -> Flags:
-        values = tensor.tolist()
-        busy, rest = values[1 : 1 + len(self.tiers)], values[1 + len(self.tiers) :]
-        n = len(self.disk_tiers)
-        return Flags(
-            unheld=-values[0],
-            busy=dict(zip(self.tiers, busy, strict=True)),
-            committed={t: -v for t, v in zip(self.disk_tiers, rest[:n], strict=True)},
-            failed=dict(zip(self.disk_tiers, rest[n:], strict=True)),
-        )
-
-    def decide(self, local: Flags, due: list[str], *, num_slots: int) -> tuple[bool, dict[str, bool]]:
-        """(stage a memory snapshot?, launch each due tier?) -- the same answer on every rank."""
-        group = self._world()
-        if group is None:
-            agreed = local
-        elif self._pending is not None:
-            work, tensor = self._pending
-            self._pending = None
-            work.wait()
-            agreed = self._decode(tensor)
-            if agreed.unheld < 1:
-                # A step old, and it would give up the snapshot itself: ask again, now (a busy tier
-                # is skipped on the old answer and owed: see the class's docstring).
-                agreed = self._blocking(local, group)
-        else:
-            agreed = self._blocking(local, group)
-        self.last = agreed
-        return agreed.unheld >= 1, {tier: self.may_launch(agreed, tier, num_slots) for tier in due}
-
-    @classmethod
-    def may_launch(cls, agreed: Flags, tier: str, num_slots: int) -> bool:
-        """On `agreed`: the tier is idle on every rank, and every rank has the snapshot's slot and
-        keeps the slots free that a launch needs (`keep_free`, at least the snapshot's own)."""
-        queue = ReplicaWorker.QUEUE if tier == "peer" else 1
-        return agreed.busy[tier] < queue and agreed.unheld >= cls.keep_free(tier, num_slots)
-
-    def _blocking(self, local: Flags, group: Any) -> Flags:  # noqa: ANN401
-        tensor = self._encode(local)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-        self.blocking_rounds += 1
-        return self._decode(tensor)
-
-    @staticmethod
-    def keep_free(tier: str, num_slots: int) -> int:
-        """Free slots a launch needs on every rank (one slot: persisting it blocks snapshots, the only
-        choice). The peer replica takes the slot just staged for well under a disk write, and a lost
-        node's partner copy is worth more than the next fresh snapshot: it needs only that one."""
-        return 1 if tier == "peer" else min(2, num_slots)
-
-    def publish(self, flags: Flags) -> None:
-        group = self._world()
-        if group is None:
-            return
-        tensor = self._encode(flags)
-        self._pending = (dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True), tensor)
 
 
 class TieredCheckpointer(Checkpointer):
@@ -737,7 +334,7 @@ class TieredCheckpointer(Checkpointer):
         owed = self._owed - launch.keys()
         return launch | {tier: Agreement.may_launch(agreed, tier, slots) for tier in owed}
 
-    def _launch(self, step: int, slot: _Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
+    def _launch(self, step: int, slot: Slot | None, launch: dict[str, bool], *, catch_up: bool) -> None:
         """Hand `slot` to each due tier agreed to launch; the others are skipped and owed."""
         for tier, go in launch.items():
             if go and slot is not None:
@@ -787,13 +384,13 @@ class TieredCheckpointer(Checkpointer):
             failed=dict(self._failed_step),
         )
 
-    def _submit(self, slot: _Slot) -> None:
+    def _submit(self, slot: Slot) -> None:
         """Hand a copied slot to each of its holders not handed it yet."""
         for tier in sorted(slot.holders - {PEER_PIN} - slot.submitted):
             self._submit_to(slot, tier)
         slot.pending_header = b""
 
-    def _submit_to(self, slot: _Slot, tier: str, *, ready: Callable[[], None] | None = None) -> None:
+    def _submit_to(self, slot: Slot, tier: str, *, ready: Callable[[], None] | None = None) -> None:
         worker = self.workers[tier]
         if self._closing and isinstance(worker, ReplicaWorker):
             slot.holders.discard(tier)
