@@ -1,4 +1,5 @@
-"""Where each shard comes from at restore, and who holds whose copies (training/checkpoint/replica.py)."""
+"""Where each shard comes from at restore (training/checkpoint/restore_anywhere.py), and who holds whose
+copies (training/checkpoint/replica.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,8 @@ import json
 
 import pytest
 
-from training.checkpoint.replica import (
-    _plan,
-    node_memory,
-    node_ring,
-    partner_ranks,
-    read_slot,
-    source_ranks,
-)
+from training.checkpoint.replica import node_ring, partner_ranks, source_ranks
+from training.checkpoint.restore_anywhere import _plan, node_memory, read_slot
 from training.checkpoint.shard import ShardError
 
 

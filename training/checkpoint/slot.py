@@ -2,7 +2,8 @@
 
 The memory tier stages each snapshot into a slot of its rank's folder (`<memory_dir>/rank-<r>/`,
 memory.py), and the peer replica writes the copies it receives into the same format under
-`<memory_dir>/peer/rank-<r>/` (replica.py); a restore reads either the same way. A slot is three files:
+`<memory_dir>/peer/rank-<r>/` (replica.py); a restore reads either alike (restore_anywhere.py). A slot
+is three files:
 
 - `slot-<k>.bin`: the shard's tensor bytes in the layout of shard.py;
 - `slot-<k>.hdr`: the shard's header (its skeleton and layout, `shard.encode_header`);

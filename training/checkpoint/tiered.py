@@ -31,9 +31,9 @@ from training.checkpoint.replica import (
     FAILURE_DOMAIN_ENV,
     ReplicaWorker,
     ranks_per_node,
-    restore_from_anywhere,
 )
 from training.checkpoint.restore import StoreSource, load_newest
+from training.checkpoint.restore_anywhere import restore_from_anywhere
 from training.checkpoint.shard import encode_header, flatten
 from training.checkpoint.stats import CheckpointStats
 from training.checkpoint.storage import disk_stores
