@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
 import subprocess
 import sys
 from dataclasses import fields
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from images.build import (
     BASE_PARTS,
+    BASE_PROVIDED,
     BUILD_ARG_NAMES,
     DOCKERFILE,
     LOCK_FILE,
@@ -218,3 +221,35 @@ def test_the_image_carries_only_the_trainer_and_the_core_below_it():
     # The layer contract (tests/test_layers.py) keeps the trainer's imports inside these two packages.
     copied = [line.split()[1] for line in _stages()["wheel"].splitlines() if line.startswith("COPY ")]
     assert copied == ["pyproject.toml", "kitcore/", "training/"]
+
+
+def _imported_top_names(package: Path) -> dict[str, Path]:
+    """Every top-level module a package's files import, lazy imports inside functions included."""
+    names: dict[str, Path] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found = [node.module]
+            else:
+                continue
+            for name in found:
+                names.setdefault(name.split(".")[0], path)
+    return names
+
+
+def test_every_import_of_the_copied_code_is_installed_by_the_image():
+    """The image installs the base's packages and the lock, nothing else: an offline tool (a report
+    drawing with matplotlib, a benchmark) left among the copied packages fails here, not on a node."""
+    locked = locked_versions(LOCK_FILE.read_text()).keys()
+    distributions = metadata.packages_distributions()
+    missing = {}
+    for package in ("training", "kitcore"):
+        for name, path in _imported_top_names(REPO_ROOT / package).items():
+            if name in sys.stdlib_module_names or name in {"training", "kitcore"}:
+                continue
+            dists = {d.lower().replace("_", "-") for d in distributions.get(name, [])}
+            if not dists or not any(d in locked or BASE_PROVIDED.match(d) for d in dists):
+                missing[name] = str(path.relative_to(REPO_ROOT))
+    assert missing == {}
