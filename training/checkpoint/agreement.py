@@ -9,9 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.replica import (
-    ReplicaWorker,
-)
+from training.checkpoint.replica import ReplicaWorker
 
 
 @dataclass(frozen=True)

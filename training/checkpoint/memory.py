@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Slot:
+    """One staging slot: its files, the mapped buffer, and who reads it (it is never overwritten then)."""
+
     index: int
     files: SlotFiles
     buffer: torch.Tensor | None = None
