@@ -22,7 +22,7 @@ from kitcore.configio import UserError
 from kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
@@ -71,24 +71,25 @@ _ECR_URI = re.compile(
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
-def build_args(*, git_revision: str, pins: ImagePins = IMAGE) -> dict[str, str]:
-    """Every Dockerfile ARG the build sets: all pins, and the source revision for the labels."""
-    missing = {f.name for f in fields(pins)} - BASE_PARTS - BUILD_ARG_NAMES.keys()
+def build_args(
+    *,
+    git_revision: str,
+    pins: ImagePins | StoreImagePins = IMAGE,
+    arg_names: Mapping[str, str] = BUILD_ARG_NAMES,
+) -> dict[str, str]:
+    """Every Dockerfile ARG the build sets: all pins (each needs an ARG in `arg_names`), and the source
+    revision for the labels."""
+    missing = {f.name for f in fields(pins)} - BASE_PARTS - arg_names.keys()
     if missing:
-        raise RuntimeError(f"pins without a Dockerfile ARG: {sorted(missing)}")
-    args = {arg: str(getattr(pins, name)) for name, arg in BUILD_ARG_NAMES.items()}
+        raise RuntimeError(f"{type(pins).__name__} without a Dockerfile ARG: {sorted(missing)}")
+    args = {arg: str(getattr(pins, name)) for name, arg in arg_names.items()}
     args["GIT_REVISION"] = git_revision
     return args
 
 
 def store_build_args(*, git_revision: str, pins: StoreImagePins = STORE_IMAGE) -> dict[str, str]:
     """Every store.Dockerfile ARG the build sets."""
-    missing = {f.name for f in fields(pins)} - BASE_PARTS - STORE_BUILD_ARG_NAMES.keys()
-    if missing:
-        raise RuntimeError(f"store pins without a Dockerfile ARG: {sorted(missing)}")
-    args = {arg: str(getattr(pins, name)) for name, arg in STORE_BUILD_ARG_NAMES.items()}
-    args["GIT_REVISION"] = git_revision
-    return args
+    return build_args(git_revision=git_revision, pins=pins, arg_names=STORE_BUILD_ARG_NAMES)
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
