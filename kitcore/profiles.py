@@ -63,13 +63,15 @@ class InstanceProfile:
     host_link: HostLink | None = None
     """How each GPU reaches host memory (None: no GPU)."""
     is_ec2: bool = True
+    cpu_ranks: int = 2
+    """Trainer ranks per node where there is no GPU (a local pseudo-type's CPU ranks)."""
     source: str = ""
     """Documentation the row was taken from."""
 
     @property
     def workers_per_node(self) -> int:
-        """Trainer ranks per node: one per GPU; the CPU pseudo-profile runs two."""
-        return self.gpus or 2
+        """Trainer ranks per node: one per GPU; a CPU pseudo-profile runs `cpu_ranks`."""
+        return self.gpus or self.cpu_ranks
 
     @property
     def nvme_total_gib(self) -> int:
@@ -164,6 +166,14 @@ PROFILES: dict[str, InstanceProfile] = {
             name="local-cpu", accelerator="none", gpus=0, gpu_memory_gib=0, efa_devices=0,
             network_cards=1, vcpus=2, memory_gib=4, nvme_count=0, nvme_gib_each=0, is_ec2=False,
             source="this kit: CPU ranks over gloo on one machine (local executor)",
+        ),
+        # One rank per node: 8 local "nodes" of 2 ranks would be 16 processes on this machine's 2 cores;
+        # at 1 rank each, a node count's costs (rendezvous, teardown, rejoin) are measured, not the CPU's
+        # contention (`nvrx-eks bench scale`).
+        InstanceProfile(
+            name="local-cpu-1", accelerator="none", gpus=0, gpu_memory_gib=0, efa_devices=0,
+            network_cards=1, vcpus=2, memory_gib=4, nvme_count=0, nvme_gib_each=0, is_ec2=False,
+            cpu_ranks=1, source="this kit: one CPU rank per node over gloo on one machine (local executor)",
         ),
     )
 }

@@ -1,5 +1,5 @@
 """Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `report`,
-`bench peer`, `bench store`, `bench checkpoint`, `local run`."""
+`bench peer`, `bench scale`, `bench store`, `bench checkpoint`, `local run`."""
 
 from __future__ import annotations
 
@@ -95,6 +95,45 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             runs_root=runs_root,
             mix=mix,
             **kwargs,
+        )
+
+    @bench.command("scale")
+    def bench_scale_cmd(
+        values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
+        nodes: Annotated[
+            str, typer.Option("--nodes", help="Node counts to run, comma-separated (1 CPU rank per node).")
+        ] = "2,4,8",
+        steps: Annotated[
+            int, typer.Option(min=1, help="Steps per run (the plan's last fault is at 30).")
+        ] = 40,
+        device_step_s: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Emulated device time per step (0: CPU speed); see localrun/peer_bench.py.",
+            ),
+        ] = DEFAULT_DEVICE_STEP_S,
+        json_out: Annotated[
+            Path | None,
+            typer.Option(
+                "--json-out",
+                parser=paths.write_file("figures as JSON", "runs/scale.json"),
+                help="Where the rows go (default: scale.json in the run folder); the PNG goes beside it.",
+            ),
+        ] = None,
+        runs_root: RunsRoot = Path("runs"),
+    ) -> None:
+        """Recovery against node count: an exception, a SIGKILL and a node loss at each size, phase by
+        phase; writes the rows as JSON and a PNG of recovery by phase against nodes."""
+        from localrun.scale_bench import parse_nodes, run_scale_bench  # noqa: PLC0415
+
+        run_scale_bench(
+            values_path=values_file,
+            nodes=parse_nodes(nodes),
+            runs_root=runs_root,
+            json_out=json_out,
+            steps=steps,
+            device_step_s=device_step_s,
         )
 
     @bench.command("store")
