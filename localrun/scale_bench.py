@@ -154,6 +154,7 @@ def run_scale_bench(
 ) -> dict[str, Any]:
     """Run each size one after another; print the table; write the JSON and the PNG beside it."""
     from k8s.load import load_values  # noqa: PLC0415
+    from k8s.trainer_args import check_trainer_args  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import run_job  # noqa: PLC0415
     from localrun.report import print_phases  # noqa: PLC0415
@@ -166,6 +167,8 @@ def run_scale_bench(
         (count, load_values(values_path, overrides(nodes=count, steps=steps, device_step_s=device_step_s)))
         for count in nodes
     ]
+    for _, values in planned:
+        check_trainer_args(values)
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for count, values in planned:
