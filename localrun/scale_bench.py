@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from kitcore.configio import UserError
@@ -69,7 +70,10 @@ def fault_plan(nodes: int) -> str:
 def overrides(*, nodes: int, steps: int, device_step_s: float) -> tuple[str, ...]:
     """Job-value overrides of one size: only the node count and the plan's last rank differ."""
     if steps <= PLAN[-1][1]:
-        raise UserError(f"--steps {steps}: the plan's last fault is at step {PLAN[-1][1]}; pass more steps")
+        last = PLAN[-1][1]
+        raise UserError(
+            f"--steps {steps}: the plan's last fault is at step {last}; pass --steps {last + 1} or more"
+        )
     return (
         f"num_nodes={nodes}",
         f"instance_profile={PROFILE}",
@@ -86,36 +90,21 @@ def scale_rows(nodes: int, faults: Sequence[FaultSummary], *, memory_every: int)
     rows = []
     for cls, _, _ in PLAN:
         fault = next((f for f in faults if f.cls == cls), None)
-        if fault is None:
-            rows.append(
-                {
-                    "nodes": nodes,
-                    "class": cls,
-                    "recovery_s": None,
-                    "phases": None,
-                    "steps_lost": None,
-                    "memory_every": memory_every,
-                    "recovered": False,
-                    "layer": None,
-                    "tier": None,
-                }
-            )
-            continue
-        phases = fault.phases
+        phases = None if fault is None else fault.phases
         rows.append(
             {
                 "nodes": nodes,
                 "class": cls,
-                "recovery_s": fault.recovery_s,
-                "phases": None
-                if phases is None
-                else {**fault.to_dict()["phases"], "total_s": phases.total_s},
-                "steps_lost": fault.steps_lost,
+                "recovery_s": None if fault is None else fault.recovery_s,
+                "phases": None if phases is None else {**asdict(phases), "total_s": phases.total_s},
+                "steps_lost": None if fault is None else fault.steps_lost,
                 "memory_every": memory_every,
                 # Recovered by the layer that must recover it, and back to productive steps.
-                "recovered": fault.recovery_s is not None and fault.layer == fault.expected_layer,
-                "layer": fault.layer,
-                "tier": fault.tier,
+                "recovered": fault is not None
+                and fault.recovery_s is not None
+                and fault.layer == fault.expected_layer,
+                "layer": None if fault is None else fault.layer,
+                "tier": None if fault is None else fault.tier,
             }
         )
     return rows
