@@ -104,8 +104,8 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             str, typer.Option("--nodes", help="Node counts to run, comma-separated (1 CPU rank per node).")
         ] = "2,4,8",
         steps: Annotated[
-            int, typer.Option(min=1, help="Steps per run (the plan's last fault is at 30).")
-        ] = 40,
+            int, typer.Option(min=1, help="Steps per run (the plan's last fault is at 41).")
+        ] = 50,  # localrun/scale_bench.py DEFAULT_STEPS
         device_step_s: Annotated[
             float,
             typer.Option(

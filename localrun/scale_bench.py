@@ -7,7 +7,9 @@ emulated device time). Every size gets the same fixed plan, one fault per layer:
 
 - `exception` on rank 0 (the in-process restart),
 - `sigkill` on rank 1 (ft_launcher's restart of that node's workers),
-- `node_loss` of the last node (the Job controller's replacement pod, state from a partner's RAM).
+- `node_loss` of the last node (the Job controller's replacement pod, state from a partner's RAM),
+- `store_loss` (the rendezvous store's pod deleted: NVRx 0.7's launchers do not reconnect, so every pod
+  fails and the Job restarts them all from the node-local disk; placed right after a local checkpoint).
 
 Every figure comes from the runs' own event streams (`training.metrics.summarize`); a row is one fault
 at one size, with its recovery phases (`training.metrics.FaultPhases`).
@@ -33,12 +35,12 @@ if TYPE_CHECKING:
     from training.metrics import FaultSummary
 
 DEFAULT_NODES = (2, 4, 8)
-DEFAULT_STEPS = 40
+DEFAULT_STEPS = 50
 MEMORY_EVERY = 2
 """RAM snapshots every 2 steps (the local job's cadence): a hard fault loses at most this many steps."""
 PROFILE = "local-cpu-1"
 # (class, step, rank): the rank of the node loss is the last one, filled in per size.
-PLAN = (("exception", 10, 0), ("sigkill", 20, 1), ("node_loss", 30, None))
+PLAN = (("exception", 10, 0), ("sigkill", 20, 1), ("node_loss", 30, None), ("store_loss", 41, 0))
 # The issue's goals for node loss and SIGKILL: recovery at the largest size over the smallest.
 NODE_LOSS_GOAL_S = 10.0
 GROWTH_GOAL = 2.0

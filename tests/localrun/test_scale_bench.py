@@ -50,8 +50,8 @@ def test_a_row_per_planned_class_says_whether_its_layer_recovered_it():
         _fault("sigkill", layer="job_controller", expected="ft_launcher"),
     ]
     rows = scale_rows(4, faults, memory_every=MEMORY_EVERY)
-    assert [r["class"] for r in rows] == ["exception", "sigkill", "node_loss"]
-    exception, sigkill, node_loss = rows
+    assert [r["class"] for r in rows] == ["exception", "sigkill", "node_loss", "store_loss"]
+    exception, sigkill, node_loss, _ = rows
     assert exception["nodes"] == 4
     assert exception["recovered"] is True
     assert exception["recovery_s"] == 7.0
@@ -99,8 +99,8 @@ def test_goals_compare_the_largest_size_with_the_smallest():
 
 
 def test_each_size_is_the_local_job_with_one_rank_per_node_and_the_node_loss_on_the_last():
-    assert fault_plan(8) == "exception@10:0,sigkill@20:1,node_loss@30:7"
-    values = load_values(VALUES, overrides(nodes=8, steps=40, device_step_s=0.5))
+    assert fault_plan(8) == "exception@10:0,sigkill@20:1,node_loss@30:7,store_loss@41:0"
+    values = load_values(VALUES, overrides(nodes=8, steps=50, device_step_s=0.5))
     assert values.num_nodes == 8
     assert values.profile.workers_per_node == 1
     assert values.world_size == 8
@@ -110,6 +110,7 @@ def test_each_size_is_the_local_job_with_one_rank_per_node_and_the_node_loss_on_
         ("exception", 10, 0),
         ("sigkill", 20, 1),
         ("node_loss", 30, 7),
+        ("store_loss", 41, 0),
     ]
     assert config.checkpoint.memory_every == MEMORY_EVERY
 
@@ -125,8 +126,8 @@ def test_nodes_are_parsed_sorted_and_once():
 
 
 def test_too_few_steps_for_the_plan_is_one_message():
-    with pytest.raises(UserError, match="--steps 30"):
-        overrides(nodes=2, steps=30, device_step_s=0.0)
+    with pytest.raises(UserError, match="--steps 41"):
+        overrides(nodes=2, steps=41, device_step_s=0.0)
 
 
 @pytest.mark.slow
@@ -143,15 +144,30 @@ def test_bench_scale_at_two_nodes_writes_rows_and_png_and_each_class_recovers(tm
     document = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 0
     rows = document["rows"]
-    assert [(r["nodes"], r["class"]) for r in rows] == [(2, "exception"), (2, "sigkill"), (2, "node_loss")]
+    assert [(r["nodes"], r["class"]) for r in rows] == [
+        (2, "exception"),
+        (2, "sigkill"),
+        (2, "node_loss"),
+        (2, "store_loss"),
+    ]
     layers = {r["class"]: r["layer"] for r in rows}
-    assert layers == {"exception": "inprocess", "sigkill": "ft_launcher", "node_loss": "job_controller"}
+    assert layers == {
+        "exception": "inprocess",
+        "sigkill": "ft_launcher",
+        "node_loss": "job_controller",
+        "store_loss": "job_controller",
+    }
+    local_every = check_trainer_args(load_values(VALUES)).checkpoint.local_every
     for row in rows:
         assert row["recovered"], row
         # The phases run on to the next productive step: past the last rank's restart.
         assert row["phases"]["total_s"] >= row["recovery_s"] > 0, row
-        # A hard fault comes back from a RAM snapshot: at most two intervals of steps lost.
-        assert row["steps_lost"] <= 2 * MEMORY_EVERY, row
+        if row["class"] == "store_loss":
+            # Every pod restarts (the RAM tier goes with them): back from the node-local disk.
+            assert row["steps_lost"] <= local_every, row
+        else:
+            # A hard fault comes back from a RAM snapshot: at most two intervals of steps lost.
+            assert row["steps_lost"] <= 2 * MEMORY_EVERY, row
     assert document["runs"][0]["completed"], document["runs"]
     assert document["versions"]["torch"]
     assert "recovered" in result.stdout
