@@ -173,7 +173,7 @@ def register(*, app: typer.Typer) -> None:
                 parser=paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS"),
                 help=(
                     "Calibrate from a run folder"
-                    "  (peer.json, summary.json, checkpoint-bench.json, scale.json)."
+                    " (peer.json, summary.json, checkpoint-bench.json, scale.json)."
                 ),
             ),
         ] = None,
