@@ -515,6 +515,7 @@ def _scale_run(tmp_path: Path, doc: dict | None = None) -> Path:
 @pytest.mark.parametrize("nodes", [16, 1024])
 def test_bench_scale_recovery_is_fitted_and_evaluated_at_the_fleet_size(tmp_path, nodes):
     import numpy as np  # noqa: PLC0415
+
     from planner.report import provenance  # noqa: PLC0415
 
     rows = json.loads(SCALE.read_text())["rows"]
