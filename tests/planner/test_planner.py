@@ -312,7 +312,9 @@ def test_poisson_tails_hold_where_exp_of_minus_the_mean_underflows():
 
 
 def test_from_a_folder_without_measurements_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match=r"found no peer\.json, summary\.json or checkpoint-bench\.json"):
+    with pytest.raises(
+        UserError, match=r"found no peer\.json, summary\.json, checkpoint-bench\.json or scale\.json"
+    ):
         load_plan(PEER, [], tmp_path)
 
 
