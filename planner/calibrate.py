@@ -7,6 +7,10 @@ It reads, anywhere below RUN_DIR:
   checkpoint, faults with layer and recovery time.
 - `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, localrun/checkpoint_bench/bench.py): the
   loop stall per snapshot, the durable write time and the restore time per tier.
+- `scale.json` (`nvrx-eks bench scale`, localrun/scale_bench.py): each fault class's recovery at several
+  node counts. Each layer's recovery becomes a + b*log2(nodes), fitted to the rows that recovered, and
+  is evaluated at the plan's fleet size once the plan is known (`ScaleFit`); it replaces the layer's
+  constant from peer.json or summary.json, which were measured at one size.
 
 What each number becomes in the plan:
 - step time: each mode's mean step (peer.json rows carry it, with the job's first start, the loop's
@@ -25,6 +29,7 @@ the projection can be set beside the goodput that run measured.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +57,53 @@ LOCAL_REPAIR_S = 1.0
 """A lost local node is back as soon as its replacement pod starts (inside the node-loss recovery)."""
 
 
+# bench scale's fault classes whose recovery a plan layer models (its store_loss restarts every pod from
+# disk: no plan layer is that restart).
+SCALE_CLASSES = ("exception", "sigkill", "node_loss")
+
+
+@dataclass(frozen=True)
+class ScaleFit:
+    """One layer's recovery against fleet size: a + b*log2(nodes), least squares over bench scale's rows.
+
+    log2: every restart round NVRx runs (the store barrier, the rendezvous) is a tree or a fan-in whose
+    depth grows with log2 of the participants; a linear fit to 2-8 nodes would put hours on 1,024. The
+    slope is clamped at 0 (recovery does not shrink as the job grows; a negative fitted slope is noise
+    that would extrapolate below zero). A least-squares slope is a weighted mean of the pairwise slopes,
+    so it never exceeds the steepest rise between two measured rows.
+    """
+
+    a: float
+    b: float
+    nodes: tuple[int, ...]
+    """The measured sizes, ascending."""
+    classes: tuple[str, ...]
+    path: str
+
+    def at(self, nodes: int) -> float:
+        return max(0.0, self.a + self.b * math.log2(nodes))
+
+    def label(self, nodes: int) -> str:
+        low, high = self.nodes[0], self.nodes[-1]
+        measured = f"measured: {self.path} (bench scale {'/'.join(self.classes)}"
+        if low == high:
+            return f"{measured} at {low} nodes only, held constant at every size)"
+        where = "evaluated at" if low <= nodes <= high else "extrapolated to"
+        fitted = f"fitted {self.a:.3g} + {self.b:.3g}*log2(n)"
+        return f"{measured} {low}-{high} nodes, {fitted}, {where} {nodes} nodes)"
+
+
+def fit_log2(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of recovery = a + b*log2(nodes) by least squares, b clamped at 0."""
+    xs = [math.log2(n) for n, _ in points]
+    ys = [y for _, y in points]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    covariance = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
+    slope = 0.0 if spread == 0 else max(0.0, covariance / spread)
+    return mean_y - slope * mean_x, slope
+
+
 @dataclass
 class Calibration:
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -65,6 +117,14 @@ class Calibration:
     scenario_labels: dict[str, str] = field(default_factory=dict)
     """Where the scenario's own fields came from (joined to `labels` when the scenario is used)."""
     files: list[str] = field(default_factory=list)
+    scale: dict[str, ScaleFit] = field(default_factory=dict)
+    """Recovery field (recovery.*) -> its fit against fleet size, evaluated by `at_fleet`."""
+
+    def at_fleet(self, nodes: int, *, skip: set[str]) -> None:
+        """Set each fitted recovery at `nodes` (the plan's fleet), except the fields in `skip` (--set)."""
+        for dotted, fit in self.scale.items():
+            if dotted not in skip:
+                self.set(dotted, round(fit.at(nodes), 3), fit.label(nodes))
 
     def set(self, dotted: str, value: Any, label: str) -> None:  # noqa: ANN401 - any plan value
         node = self.overrides
@@ -141,6 +201,18 @@ class _BenchRow(_Read):
     stall_s: float
 
 
+class _ScaleRow(_Read):
+    nodes: int = Field(ge=1)
+    fault_class: str = Field(alias="class")
+    recovery_s: float | None = Field(ge=0)
+    recovered: bool
+    layer: str | None
+
+
+class _ScaleFile(_Read):
+    rows: list[_ScaleRow]
+
+
 class _CheckpointBenchFile(_Read):
     rows: list[_BenchRow] = []
     state_bytes: int = 0
@@ -152,6 +224,7 @@ _SHAPES: dict[str, tuple[type[_Read], str]] = {
     "peer.json": (_PeerFile, "`nvrx-eks bench peer` peer.json (rerun it to write a complete one)"),
     "summary.json": (_SummaryFile, "run's summary.json (`nvrx-eks demo`, `nvrx-eks report`)"),
     "checkpoint-bench.json": (_CheckpointBenchFile, "`nvrx-eks bench checkpoint --json-out` file"),
+    "scale.json": (_ScaleFile, "`nvrx-eks bench scale` scale.json (rerun it to write a complete one)"),
 }
 
 
@@ -384,6 +457,34 @@ def _from_checkpoint_bench(path: Path, cal: Calibration) -> None:
             cal.set(f"checkpoint.{tier}.restore_s", float(seconds), label)
 
 
+def _from_scale(path: Path, cal: Calibration) -> None:
+    doc = _read(path)
+    points: dict[str, list[tuple[int, float]]] = {}
+    classes: dict[str, set[str]] = {}
+    for row in doc["rows"]:
+        layer = row["layer"]
+        # A row that did not recover, or recovered by another layer than its class's, measures nothing
+        # the plan's layer pays.
+        if row["class"] not in SCALE_CLASSES or not row["recovered"] or layer not in LAYER_FIELDS:
+            continue
+        if row["recovery_s"] is None:
+            continue
+        dotted = f"recovery.{LAYER_FIELDS[layer]}"
+        points.setdefault(dotted, []).append((int(row["nodes"]), float(row["recovery_s"])))
+        classes.setdefault(dotted, set()).add(row["class"])
+    if not points:
+        raise UserError(f"{path}: rows: no fault recovered; rerun `nvrx-eks bench scale`")
+    for dotted, measured in points.items():
+        a, b = fit_log2(measured)
+        cal.scale[dotted] = ScaleFit(
+            a=a,
+            b=b,
+            nodes=tuple(sorted({n for n, _ in measured})),
+            classes=tuple(sorted(classes[dotted])),
+            path=str(path),
+        )
+
+
 def calibrate(run_dir: Path) -> Calibration:
     """Everything measured below `run_dir`; a folder with none of the three files is a UserError."""
     if not run_dir.is_dir():
@@ -393,6 +494,7 @@ def calibrate(run_dir: Path) -> Calibration:
         ("peer.json", _from_peer),
         ("summary.json", _from_summary),
         ("checkpoint-bench.json", _from_checkpoint_bench),
+        ("scale.json", _from_scale),
     )
     for name, reader in readers:
         for path in sorted(run_dir.rglob(name)):
@@ -400,7 +502,8 @@ def calibrate(run_dir: Path) -> Calibration:
             cal.files.append(str(path))
     if not cal.files:
         raise UserError(
-            f"--from {run_dir}: found no peer.json, summary.json or checkpoint-bench.json below it; "
-            "point it at a `nvrx-eks bench peer`, `nvrx-eks demo` or `bench checkpoint --json-out` output"
+            f"--from {run_dir}: found no peer.json, summary.json, checkpoint-bench.json or scale.json below "
+            "it; point it at a `nvrx-eks bench peer`, `nvrx-eks demo`, `bench checkpoint --json-out` or "
+            "`bench scale` output"
         )
     return cal

@@ -45,14 +45,22 @@ def load_plan(
             )
         data = cal.scenario
         cal.labels = cal.scenario_labels | cal.labels
-    if cal is not None:
-        data = merge(data, cal.overrides)
-    data = merge(data, parse_overrides(overrides))
-    try:
-        plan = Plan.model_validate(data)
-    except ValidationError as exc:
-        source = str(path) if path is not None else f"plan from {run_dir}"
-        raise UserError(describe_validation_error(exc, source=source)) from None
+    source = str(path) if path is not None else f"plan from {run_dir}"
+
+    def build() -> Plan:
+        merged = merge(data, cal.overrides) if cal is not None else data
+        try:
+            return Plan.model_validate(merge(merged, parse_overrides(overrides)))
+        except ValidationError as exc:
+            raise UserError(describe_validation_error(exc, source=source)) from None
+
+    plan = build()
+    if cal is not None and cal.scale:
+        # bench scale's recoveries depend on the fleet size, known only once the plan is: evaluate them
+        # there and build again. A recovery given with --set stays the user's.
+        asked = parse_overrides(overrides).get("recovery", {})
+        cal.at_fleet(plan.fleet.nodes, skip={f"recovery.{key}" for key in asked})
+        plan = build()
     return plan, given, cal
 
 
@@ -163,7 +171,10 @@ def register(*, app: typer.Typer) -> None:
             typer.Option(
                 "--from",
                 parser=paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS"),
-                help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json).",
+                help=(
+                    "Calibrate from a run folder"
+                    " (peer.json, summary.json, checkpoint-bench.json, scale.json)."
+                ),
             ),
         ] = None,
         as_json: Annotated[

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -311,7 +312,9 @@ def test_poisson_tails_hold_where_exp_of_minus_the_mean_underflows():
 
 
 def test_from_a_folder_without_measurements_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match=r"found no peer\.json, summary\.json or checkpoint-bench\.json"):
+    with pytest.raises(
+        UserError, match=r"found no peer\.json, summary\.json, checkpoint-bench\.json or scale\.json"
+    ):
         load_plan(PEER, [], tmp_path)
 
 
@@ -497,3 +500,81 @@ def test_checkpoint_bench_and_demo_summary_calibrate_the_tiers(tmp_path):
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.003)
     for field in ("checkpoint.durable.write_s", "recovery.launcher_s", "checkpoint.memory.stall_s"):
         assert cal.labels[field].startswith("measured"), field
+
+
+# ---- recovery against fleet size (bench scale) -------------------------------------------------------
+SCALE = Path(__file__).parent / "data" / "bench-scale" / "scale.json"
+SCALE_FIELDS = {"exception": "inprocess_s", "sigkill": "launcher_s", "node_loss": "node_swap_s"}
+
+
+def _scale_run(tmp_path: Path, doc: dict | None = None) -> Path:
+    folder = tmp_path / "scale-run"
+    folder.mkdir()
+    (folder / "scale.json").write_text(json.dumps(doc) if doc is not None else SCALE.read_text())
+    return folder
+
+
+@pytest.mark.parametrize("nodes", [16, 1024])
+def test_bench_scale_recovery_is_fitted_and_evaluated_at_the_fleet_size(tmp_path, nodes):
+    import numpy as np  # noqa: PLC0415
+
+    from planner.report import provenance  # noqa: PLC0415
+
+    rows = json.loads(SCALE.read_text())["rows"]
+    plan, given, cal = load_plan(PEER, [f"fleet.nodes={nodes}"], _scale_run(tmp_path))
+    inputs = provenance(plan, given=given, labels=cal.labels)
+    for cls, name in SCALE_FIELDS.items():
+        measured = [(r["nodes"], r["recovery_s"]) for r in rows if r["class"] == cls and r["recovered"]]
+        slope, intercept = np.polyfit([math.log2(n) for n, _ in measured], [s for _, s in measured], 1)
+        expected = intercept + max(0.0, slope) * math.log2(nodes)
+        assert getattr(plan.recovery, name) == pytest.approx(expected, abs=1e-3), cls
+        # More nodes than the bench ran: more than its largest size measured.
+        assert getattr(plan.recovery, name) > max(s for _, s in measured), cls
+        source = inputs[f"recovery.{name}"]["source"]
+        assert source.startswith(f"measured: {tmp_path / 'scale-run' / 'scale.json'}"), source
+        assert f"bench scale {cls} 2-8 nodes" in source
+        assert f"log2(n), extrapolated to {nodes} nodes" in source
+    # The layer bench scale does not run keeps its plan-file figure.
+    assert inputs["recovery.job_restart_s"]["source"] == "assumed: plan file"
+
+
+def test_a_recovery_given_with_set_wins_over_bench_scale(tmp_path):
+    from planner.report import provenance  # noqa: PLC0415
+
+    plan, given, cal = load_plan(PEER, ["recovery.node_swap_s=42", "fleet.nodes=64"], _scale_run(tmp_path))
+    assert plan.recovery.node_swap_s == pytest.approx(42.0)
+    assert provenance(plan, given=given, labels=cal.labels)["recovery.node_swap_s"]["source"] == (
+        "assumed: plan file"
+    )
+    assert "bench scale" in cal.labels["recovery.launcher_s"]
+
+
+def test_a_slope_that_falls_with_size_is_held_flat(tmp_path):
+    doc = json.loads(SCALE.read_text())
+    for row in doc["rows"]:
+        if row["class"] == "sigkill":
+            row["recovery_s"] = 10.0 / row["nodes"]  # noise that would extrapolate below zero
+    plan, _, _ = load_plan(PEER, ["fleet.nodes=1024"], _scale_run(tmp_path, doc))
+    mean = statistics.fmean(10.0 / r["nodes"] for r in doc["rows"] if r["class"] == "sigkill")
+    assert plan.recovery.launcher_s == pytest.approx(mean, abs=1e-3)
+
+
+def test_a_malformed_scale_json_names_the_file_and_the_key(tmp_path):
+    doc = json.loads(SCALE.read_text())
+    del doc["rows"][1]["recovered"]
+    folder = _scale_run(tmp_path, doc)
+    with pytest.raises(UserError) as error:
+        load_plan(PEER, [], folder)
+    assert str(folder / "scale.json") in str(error.value)
+    assert "rows.1.recovered" in str(error.value)
+
+
+def test_a_malformed_scale_json_exits_2_with_one_message(nvrx_eks, tmp_path):
+    doc = json.loads(SCALE.read_text())
+    doc["rows"][0]["nodes"] = "eight"
+    folder = _scale_run(tmp_path, doc)
+    result = nvrx_eks("plan", str(PEER), "--from", str(folder), "--no-plots", "--no-simulate", timeout=120)
+    assert result.returncode == 2
+    assert str(folder / "scale.json") in result.stderr
+    assert "rows.0.nodes" in result.stderr
+    assert "Traceback" not in result.stderr
