@@ -11,6 +11,8 @@ import typer
 from kitcore import paths
 from localrun.checkpoint_bench import commands as checkpoint_bench_commands
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+from localrun.scale_bench import DEFAULT_STEPS as SCALE_STEPS
+from localrun.scale_bench import PLAN as SCALE_PLAN
 from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, RESTART_ROUNDS
 
 LocalValues = Annotated[
@@ -104,8 +106,8 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             str, typer.Option("--nodes", help="Node counts to run, comma-separated (1 CPU rank per node).")
         ] = "2,4,8",
         steps: Annotated[
-            int, typer.Option(min=1, help="Steps per run (the plan's last fault is at 41).")
-        ] = 50,  # localrun/scale_bench.py DEFAULT_STEPS
+            int, typer.Option(min=1, help=f"Steps per run (the plan's last fault is at {SCALE_PLAN[-1][1]}).")
+        ] = SCALE_STEPS,
         device_step_s: Annotated[
             float,
             typer.Option(
@@ -123,8 +125,8 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         ] = None,
         runs_root: RunsRoot = Path("runs"),
     ) -> None:
-        """Recovery against node count: an exception, a SIGKILL and a node loss at each size, phase by
-        phase; writes the rows as JSON and a PNG of recovery by phase against nodes."""
+        """Recovery against node count: an exception, a SIGKILL, a node loss and a store loss at each
+        size, phase by phase; writes the rows as JSON and a PNG of recovery by phase against nodes."""
         from localrun.scale_bench import parse_nodes, run_scale_bench  # noqa: PLC0415
 
         run_scale_bench(
