@@ -202,6 +202,50 @@ def test_a_poll_after_a_sigkill_and_its_collateral_exit_reports_both_workers(tmp
     assert done.stdout.strip().splitlines()[-1] == reported, done.stdout
 
 
+_FIRST_FAILURE_LOGGED = """
+import os, signal, sys, time
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+
+def worker(local_rank):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "plain":
+        from training.resilience.nvrx_compat import format_tracebacks_without_dynamo
+        format_tracebacks_without_dynamo()
+    context = start_processes(
+        name="trainer", entrypoint=worker, args={0: (0,)}, envs={0: {}},
+        logs_specs=DefaultLogsSpecs(log_dir=sys.argv[2]), start_method="fork",
+    )
+    time.sleep(1.0)
+    assert context.wait(0).failures  # the poll logs the failure with its traceback
+    print("torch._dynamo" in sys.modules, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("variant", "imported"), [("torch", "True"), ("plain", "False")])
+def test_the_launchers_first_failure_log_does_not_import_the_compiler(tmp_path, variant, imported):
+    """torch's formatter imports torch._dynamo (seconds of CPU) to log the launcher's first failed worker;
+    with the patch the same traceback is logged and nothing is imported."""
+    assert nvrx_compat.formatter_imports_dynamo(), "torch's formatter no longer imports it: drop the patch"
+    script = tmp_path / "first_failure.py"
+    script.write_text(textwrap.dedent(_FIRST_FAILURE_LOGGED))
+    done = subprocess.run(
+        [sys.executable, str(script), variant, str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == imported
+    assert "ProcessExitedException: process 0 terminated with signal SIGKILL" in done.stderr
+    assert "Traceback (most recent call last)" in done.stderr
+
+
 _ROUND_OPENED_WHILE_WAITING = """
 import sys, time
 from datetime import timedelta

@@ -46,6 +46,7 @@ from typing import Any
 from training.resilience.nvrx_compat import (
     capture_worker_failures,
     check_supported_nvrx,
+    format_tracebacks_without_dynamo,
     keep_launcher_process_group,
     poll_rendezvous_faster,
     report_every_failed_worker,
@@ -170,6 +171,7 @@ def main() -> None:
         keep_launcher_process_group()
     hand_over(ft_argv)
     report_every_failed_worker()
+    format_tracebacks_without_dynamo()
     poll_rendezvous_faster()
     failures = capture_worker_failures()
     from nvidia_resiliency_ext.fault_tolerance.launcher import main as ft_launcher  # noqa: PLC0415

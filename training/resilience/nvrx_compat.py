@@ -72,6 +72,16 @@ fails when the installed NVRx's internals change.
   (0.1 s) in both places and looks for a newer round at each poll, and keeps NVRx's own scaling for
   large jobs (the close check's interval grows with the node count exactly as NVRx's does once that
   exceeds the floor). The store's load per waiting node is a few key reads per poll.
+- The launcher's first traceback. torch's log formatter (`TorchLogsFormatter.format`, the handler of
+  every `torch.*` logger) imports `torch._dynamo` to read one flag whenever a record carries an
+  exception, and the launcher logs one for the first worker failure it sees (`MultiprocessContext._poll`
+  logs each failed worker with `logger.exception`). The launcher itself never imports torch._dynamo
+  (only the forkserver preloads it), so every launcher paid that import -- torch._dynamo, sympy, the
+  FX symbolic shapes: 1.6-2.6 s of CPU here -- between a worker's death and its restart, on every hard
+  fault (a SIGKILL's restart waited 2.6 s on it under load). `format_tracebacks_without_dynamo` renders
+  the traceback with logging's own formatter first and hands torch's formatter the record without the
+  exception object, which then appends the same text; only the `graph_breaks` artifact, a compiler
+  log the launcher never writes, still goes to torch's formatter unchanged.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -402,3 +412,39 @@ def keep_launcher_process_group() -> None:
 def straggler_extension_available() -> bool:
     """Whether NVRx's compiled CUPTI straggler extension can be imported here (GPU images only)."""
     return importlib.util.find_spec("nvrx_cupti_module") is not None
+
+
+def format_tracebacks_without_dynamo() -> None:
+    """torch's log formatter renders tracebacks without importing torch._dynamo (see the module docstring).
+    A no-op once torch's formatter no longer imports it."""
+    import logging  # noqa: PLC0415
+
+    from torch._logging._internal import TorchLogsFormatter  # noqa: PLC0415
+
+    fmt = TorchLogsFormatter.format
+    if getattr(fmt, "nvrx_eks_plain_tracebacks", False) or not formatter_imports_dynamo():
+        return
+    plain = logging.Formatter()
+
+    @functools.wraps(fmt)
+    def format(self: Any, record: logging.LogRecord) -> str:  # noqa: A001, ANN401
+        exc_info = record.exc_info
+        artifact = getattr(logging.getLogger(record.name), "artifact_name", None)
+        if not exc_info or artifact == "graph_breaks":
+            return fmt(self, record)
+        record.exc_text = record.exc_text or plain.formatException(exc_info)
+        record.exc_info = None
+        try:
+            return fmt(self, record)
+        finally:
+            record.exc_info = exc_info
+
+    format.nvrx_eks_plain_tracebacks = True  # type: ignore[attr-defined]
+    TorchLogsFormatter.format = format
+
+
+def formatter_imports_dynamo() -> bool:
+    """Whether the installed torch's log formatter imports torch._dynamo to format an exception."""
+    from torch._logging._internal import TorchLogsFormatter  # noqa: PLC0415
+
+    return "from torch._dynamo import" in inspect.getsource(TorchLogsFormatter.format)
