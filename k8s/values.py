@@ -190,8 +190,9 @@ class Timeouts(_Section):
     """With hot spares (`spares` >= 1): how long a restart round waits for a missing previous active node
     once enough nodes are present, before a spare takes its place. Longer than an agent's rejoin after a
     worker restart (a SIGKILL, a deadlock), so such a round never takes a spare: with spares it must be at
-    least `workers_stop_s`, the time a node may take to stop its workers before it rejoins. It delays
-    only a round a previous active node never joins (a node loss); unused without spares."""
+    least `workers_stop_s`, the time a node may take to stop its workers before it rejoins. A previous
+    active node whose launcher stopped beating (lost with its node) is not waited for at all
+    (training/resilience/nvrx_compat.py `wait_only_for_live_previous_actives`); unused without spares."""
     rdzv_close_s: int = Field(60, ge=1)
     workers_stop_s: float = Field(15.0, gt=0)
     term_s: float = Field(30.0, gt=0)

@@ -74,6 +74,7 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
     monkeypatch.setattr(launch, "capture_worker_failures", dict)
     monkeypatch.setattr(launch, "report_every_failed_worker", lambda: None)
     monkeypatch.setattr(launch, "format_tracebacks_without_dynamo", lambda: None)
+    monkeypatch.setattr(launch, "beat", lambda ft_argv: None)
     monkeypatch.setattr(launch, "poll_rendezvous_faster", lambda: None)
     ran: list[list[str]] = []
     monkeypatch.setattr(nvrx_launcher, "main", ran.append)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,78 @@ def test_a_restart_round_keeps_its_previous_active_nodes_before_a_spare():
     # A lost node's place: the spare fills it; the first round (no previous actives): NVRx's own order.
     assert _rank_three_nodes({2}, mended=True) == {0, 2}
     assert _rank_three_nodes(set(), mended=True) == {0, 1}
+
+
+def _round_closes_without_node_1(beat_age: float | None, *, mended: bool) -> bool:
+    """Whether a restart round (previous actives: infra ranks 0 and 1; present: 0 and the spare 2) closes
+    at once, with node 1's launcher's last beat `beat_age` seconds ago (None: it never beat)."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    original = barrier._RendezvousBarrierState._make_previous_active_last_call_gate
+    try:
+        if mended:
+            nvrx_compat.wait_only_for_live_previous_actives()
+        state = barrier._RendezvousBarrierState(store=store, run_id="job", last_call_timeout_seconds=5.0)
+        state._round = 1
+        setattr(state, nvrx_compat.PREVIOUS_ACTIVES, {0: None, 1: None})
+        if beat_age is not None:
+            store.set(nvrx_compat.launcher_beat_key(state.prefix, 1), repr(time.time() - beat_age))
+        gate = state._make_previous_active_last_call_gate(2, 3)
+        nodes = {rank: barrier._NodeDesc(addr=f"node-{rank}", pid=rank, local_id=0) for rank in (0, 2)}
+        participants = [(nodes[rank], rank, "none", None) for rank in (0, 2)]
+        return gate.evaluate(participants, time.monotonic()).should_close
+    finally:
+        barrier._RendezvousBarrierState._make_previous_active_last_call_gate = original
+
+
+def test_a_restart_round_does_not_wait_for_a_node_whose_launcher_stopped_beating():
+    """A node lost with its launcher: NVRx holds the round its last call (5 s here) before the spare may
+    take the place; mended, a beat older than LAUNCHER_GONE_S closes it at once. A launcher that beats
+    (restarting its workers) or never beat (an older launcher) is still waited for."""
+    gone = nvrx_compat.LAUNCHER_GONE_S + 1.0
+    assert _round_closes_without_node_1(gone, mended=False) is False
+    assert _round_closes_without_node_1(gone, mended=True) is True
+    assert _round_closes_without_node_1(0.1, mended=True) is False
+    assert _round_closes_without_node_1(None, mended=True) is False
+
+
+_BEATING_LAUNCHER = """
+import sys, time
+from training.resilience.nvrx_compat import beat_launcher_alive
+beat_launcher_alive(sys.argv[1], run_id="job", infra_rank=3, every_s=0.05)
+sys.stdin.read()  # beats until the test closes its stdin, then exits as a launcher does
+"""
+
+
+def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone():
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    prefix = nvrx_compat._barrier_state()(store=store, run_id="job").prefix
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_BEATING_LAUNCHER), f"127.0.0.1:{store.port}"],
+        stdin=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while nvrx_compat.launcher_beat_age(store, prefix, 3) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert nvrx_compat.launcher_beat_age(store, prefix, 3) < 0.5  # written again and again
+    finally:
+        launcher.stdin.close()
+        # A clean exit: the beat's store client is gone before the interpreter ends (no SIGABRT).
+        assert launcher.wait(timeout=60) == 0
+    time.sleep(0.3)
+    assert nvrx_compat.launcher_beat_age(store, prefix, 3) >= 0.3
+    assert nvrx_compat.launcher_beat_age(store, prefix, 0) is None
 
 
 def _restart_checks(wrapper) -> set[str]:

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from conftest import LocalJobRunner
 
     from localrun.executor import JobResult
@@ -191,6 +190,9 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
         # Training went on without waiting for the lost node's replacement (Pending, or started after).
         resumed = min(e["t"] for e in steps if e["pid"] in started_after)
         assert deletion.get("replacement_started") is None or deletion["replacement_started"] > resumed
+        # And without waiting the round's last call for the lost node: its launcher stopped beating.
+        store_log = Path(next(p.log for p in result.pods if p.index is None)).read_text(errors="replace")
+        assert f"not waiting for infra rank {lost}" in store_log, store_log[-2000:]
     assert local_job.final_hash(events) == fault_free_hash
 
 

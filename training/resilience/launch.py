@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from training.resilience.nvrx_compat import (
+    beat_launcher_alive,
     capture_worker_failures,
     check_supported_nvrx,
     format_tracebacks_without_dynamo,
@@ -157,6 +158,15 @@ def hand_over(ft_argv: list[str]) -> None:
         print(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one", flush=True)
 
 
+def beat(ft_argv: list[str]) -> None:
+    """Prove to the control process, for as long as this launcher lives, that this pod's node can still
+    rejoin a restart round (training/resilience/nvrx_compat.py `beat_launcher_alive`)."""
+    endpoint, run_id = _flag(ft_argv, "--rdzv-endpoint"), _flag(ft_argv, "--rdzv-id")
+    infra_rank = os.environ.get("GROUP_RANK")
+    if endpoint and run_id and infra_rank and infra_rank.isdigit():
+        beat_launcher_alive(endpoint, run_id=run_id, infra_rank=int(infra_rank))
+
+
 def main() -> None:
     check_supported_nvrx()
     # Defence in depth for GPU nodes: should anything in the forkserver ask torch for the device count,
@@ -170,6 +180,7 @@ def main() -> None:
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
     hand_over(ft_argv)
+    beat(ft_argv)
     report_every_failed_worker()
     format_tracebacks_without_dynamo()
     poll_rendezvous_faster()

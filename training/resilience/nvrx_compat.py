@@ -72,6 +72,18 @@ fails when the installed NVRx's internals change.
   (0.1 s) in both places and looks for a newer round at each poll, and keeps NVRx's own scaling for
   large jobs (the close check's interval grows with the node count exactly as NVRx's does once that
   exceeds the floor). The store's load per waiting node is a few key reads per poll.
+- Which lost nodes a restart round waits for. With hot spares, NVRx's control process holds a restart
+  round open `last_call_timeout` for every node active in the previous round before a spare may take
+  its place (`_PreviousActiveLastCallGate`): right for a node that is restarting its workers (a SIGKILL
+  round keeps its nodes), pure waiting for a node that is gone. A node loss whose replacement pod was
+  still pending took 10.3 s here, 5 s of it this wait for a launcher that had died with its node.
+  Each launcher now adds a wall-clock beat to the store every `LAUNCHER_BEAT_S`
+  (`beat_launcher_alive`), and `wait_only_for_live_previous_actives` makes the gate stop waiting for a
+  previous active node whose launcher's last beat is older than `LAUNCHER_GONE_S`: its launcher is not
+  running, so it cannot rejoin this round. A node that never beat (an older launcher) is waited for as
+  NVRx would. The beat is a wall-clock time: EKS nodes keep their clocks within milliseconds (Amazon
+  Time Sync); a node whose clock runs seconds behind would look gone and lose its place to a spare,
+  which costs a restore from a partner, never data.
 - The launcher's first traceback. torch's log formatter (`TorchLogsFormatter.format`, the handler of
   every `torch.*` logger) imports `torch._dynamo` to read one flag whenever a record carries an
   exception, and the launcher logs one for the first worker failure it sees (`MultiprocessContext._poll`
@@ -89,10 +101,13 @@ fails when the installed NVRx's internals change.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
 import inspect
 import os
+import threading
+import time
 from importlib.metadata import version
 from typing import Any
 
@@ -151,6 +166,18 @@ _NOT_PREVIOUSLY_ACTIVE = 10**12
 """Added to the infra rank of a node that was not active in the previous round: beyond any pod index."""
 
 
+LAST_CALL_GATE = ("_make_previous_active_last_call_gate", ("self", "min_nodes", "max_nodes"))
+"""The barrier state's factory of the restart round's last-call gate (the control process's)."""
+GATE_PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
+"""The gate's own copy of the previous round's active nodes: {infra rank: replacement group}."""
+LAUNCHER_BEAT_S = 0.5
+"""How often each launcher writes its beat (the wall-clock time) to the rendezvous store."""
+BEAT_CONNECT_S = 2.0
+"""How long the beat waits to connect to the store before it tries again."""
+LAUNCHER_GONE_S = 2.0
+"""A previous active node whose launcher's beat is older than this is not waited for: four beats missed."""
+
+
 def check_internals() -> None:
     """Every private NVRx name this module uses has the expected shape (tests call it; so may tools)."""
     from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, launcher  # noqa: PLC0415
@@ -162,6 +189,7 @@ def check_internals() -> None:
     require_internal(_barrier_state(), *RANK_ORDER)
     require_internal(_barrier_state(), *STALE_CHECK)
     require_internal(_barrier_state(), *STEP2_POLL)
+    require_internal(_barrier_state(), *LAST_CALL_GATE)
     if not _step0_source_matches():
         raise RuntimeError(f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open's 1 s polls changed")
     for name, parameters in BARRIER_STATE_READS:
@@ -448,3 +476,88 @@ def formatter_imports_dynamo() -> bool:
     from torch._logging._internal import TorchLogsFormatter  # noqa: PLC0415
 
     return "from torch._dynamo import" in inspect.getsource(TorchLogsFormatter.format)
+
+
+def launcher_beat_key(prefix: str, infra_rank: int) -> str:
+    """The store key of the beat of the launcher with `infra_rank`, under the barrier state's `prefix`."""
+    return f"{prefix}:nvrx_eks_launcher_beat_{infra_rank}"
+
+
+def beat_launcher_alive(
+    endpoint: str, *, run_id: str, infra_rank: int, every_s: float = LAUNCHER_BEAT_S
+) -> threading.Thread:
+    """A daemon thread that writes this launcher's beat to the store at `endpoint` every `every_s` while
+    the launcher lives (see the module docstring). Store errors only skip beats: a launcher that cannot
+    reach the store is not waited for either way. At exit it stops and drops its store client first: a
+    TCPStore still held by a thread when the interpreter ends aborts the process, which would turn the
+    launcher's exit status (what the Job's pod failure policy reads) into a SIGABRT."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    host, _, port = endpoint.rpartition(":")
+    stop = threading.Event()
+
+    def beat() -> None:
+        store = None
+        while not stop.is_set():
+            try:
+                if store is None:
+                    store = TCPStore(
+                        host, int(port), is_master=False, timeout=timedelta(seconds=BEAT_CONNECT_S)
+                    )
+                    key = launcher_beat_key(_barrier_state()(store=store, run_id=run_id).prefix, infra_rank)
+                store.set(key, repr(time.time()))
+            except Exception:  # noqa: BLE001 - the store may be starting, moving or gone
+                store = None
+            stop.wait(every_s)
+        del store
+
+    thread = threading.Thread(target=beat, name="launcher-beat", daemon=True)
+    thread.start()
+    atexit.register(lambda: (stop.set(), thread.join(timeout=BEAT_CONNECT_S + every_s)))
+    return thread
+
+
+def wait_only_for_live_previous_actives(gone_s: float = LAUNCHER_GONE_S) -> None:
+    """The restart round's last call waits only for previous active nodes whose launcher beats (see the
+    module docstring). Runs in the control process, which closes the rounds."""
+    state = _barrier_state()
+    make = require_internal(state, *LAST_CALL_GATE)
+    if getattr(make, "nvrx_eks_live_only", False):
+        return
+
+    @functools.wraps(make)  # keeps the signature `require_internal` checks
+    def _make_previous_active_last_call_gate(self: Any, min_nodes: int, max_nodes: int) -> Any:  # noqa: ANN401
+        gate = make(self, min_nodes, max_nodes)
+        previous = getattr(gate, GATE_PREVIOUS_ACTIVES, None)
+        if not gate.enabled or previous is None:
+            return gate
+        evaluate = gate.evaluate
+
+        def evaluate_live(participants: list[Any], now: float, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+            present = {participant[1] for participant in participants}
+            for infra_rank in [rank for rank in previous if rank not in present]:
+                age = launcher_beat_age(self.store, self.prefix, infra_rank)
+                if age is not None and age > gone_s:
+                    del previous[infra_rank]
+                    print(
+                        f"restart round: not waiting for infra rank {infra_rank}: its launcher's last beat "
+                        f"was {age:.1f} s ago",
+                        flush=True,
+                    )
+            return evaluate(participants, now, *args, **kwargs)
+
+        gate.evaluate = evaluate_live
+        return gate
+
+    _make_previous_active_last_call_gate.nvrx_eks_live_only = True  # type: ignore[attr-defined]
+    state._make_previous_active_last_call_gate = _make_previous_active_last_call_gate  # noqa: SLF001
+
+
+def launcher_beat_age(store: Any, prefix: str, infra_rank: int) -> float | None:  # noqa: ANN401
+    """Seconds since the launcher with `infra_rank` last beat, or None when it never did."""
+    key = launcher_beat_key(prefix, infra_rank)
+    if not store.check([key]):
+        return None
+    return time.time() - float(store.get(key).decode())
