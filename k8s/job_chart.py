@@ -247,8 +247,6 @@ TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/node.json"
 NODE_READER_TOKEN_VOLUME = "node-reader-token"  # noqa: S105 - a volume name, not a secret
 NODE_READER_TOKEN_S = 600
 """The token's lifetime: the least the API server issues; the container reads the Node once at start."""
-CLUSTER_CA_CONFIG_MAP = "kube-root-ca.crt"
-"""The cluster's CA, which Kubernetes publishes in every namespace under this name."""
 
 
 def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Volume], k8s.VolumeMount]:
@@ -281,7 +279,7 @@ def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Vol
                 ),
                 k8s.VolumeProjection(
                     config_map=k8s.ConfigMapProjection(
-                        name=CLUSTER_CA_CONFIG_MAP, items=[k8s.KeyToPath(key="ca.crt", path="ca.crt")]
+                        name=names.CLUSTER_CA_CONFIG_MAP, items=[k8s.KeyToPath(key="ca.crt", path="ca.crt")]
                     )
                 ),
             ]

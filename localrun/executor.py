@@ -85,6 +85,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from k8s.names import CLUSTER_CA_CONFIG_MAP
 from k8s.termination import failure_cause, log_tail
 from kitcore.configio import UserError, read_yaml_documents
 from localrun.node_api import LOOPBACK, LocalApiServer
@@ -185,9 +186,6 @@ class _Rendered:
 LOCAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 LOCAL_IMAGE = "local"
 """`image: local` (k8s/values.py): the command runs in this virtualenv; any other image is a cluster's."""
-
-
-CLUSTER_CA_CONFIG_MAP = "kube-root-ca.crt"
 
 
 def local_node_labels(index: int, nodes: int) -> dict[str, str]:
@@ -965,7 +963,7 @@ class LocalJob:
                 declared[var["name"]] = _expand(var["value"], declared | env)
             elif "fieldRef" in var.get("valueFrom", {}):
                 declared[var["name"]] = self._field_ref(
-                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations, index
+                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations, index, node=self._node_name(index)
                 )
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
@@ -996,11 +994,13 @@ class LocalJob:
         """The local node pod `index` runs on: a deleted node's replacement is a new node."""
         return "node-system" if index is None else f"node-{index}-{self.generation.get(index, 0)}"
 
-    def _field_ref(self, path: str, annotations: dict[str, str], index: int | None) -> str:
+    @staticmethod
+    def _field_ref(path: str, annotations: dict[str, str], index: int | None, *, node: str = "") -> str:
+        """`node`: the name of the local node the pod runs on (`_node_name`)."""
         if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
             return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
         if path == "spec.nodeName":
-            return self._node_name(index)
+            return node
         match = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
         if match and match.group(2) in annotations:
             return annotations[match.group(2)]
