@@ -459,7 +459,8 @@ class JobNetworkPolicies(Construct):
     bootstrap sockets are unauthenticated and listen on all interfaces (some on ephemeral ports), so
     the rule is by pod, not by port: ingress only from pods carrying this job's label, in this
     namespace. Egress: the job's pods, cluster DNS, the Pod Identity agent, and TCP 443 (S3 for the
-    durable tier, STS); nothing else, so the node's instance metadata service (169.254.169.254:80,
+    durable tier, STS, and the API server for the topology init container, `topology_init`); nothing
+    else, so the node's instance metadata service (169.254.169.254:80,
     the node role's credentials) is out of reach. EFA traffic (RDMA through libfabric) bypasses the
     kernel's IP stack and is not subject to these rules.
 
