@@ -172,8 +172,8 @@ class ReplicaWorker:
         timeout_s: float,
         domain: str = "",
     ) -> None:
-        """`domain`: this node's failure domain (domains.py `node_domain`); the partners
-        are chosen once every rank's is known (`prepare`)."""
+        """`domain`: this node's failure domain (domains.py `node_domain`); the partners are chosen
+        once every rank's is known (`prepare`)."""
         self.rank = rank
         self.domain = domain
         self.ranks_per_node = ranks_per_node
