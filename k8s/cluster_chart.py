@@ -7,6 +7,8 @@ service account, the FSx volume, the priority classes and the optional Kueue que
 - The service account carries no IAM annotation: EKS Pod Identity binds the role to
   (namespace, service account) on the AWS side (the stack's pod identity association), so nothing
   about credentials lives in Kubernetes objects.
+- The service account may `get` Nodes, and nothing else in the API (`_node_reader`): the trainer pod's
+  topology init container reads its own Node's labels for the peer replica's partners.
 - The FSx for Lustre volume is statically provisioned (the stack owns the file system): a PV whose CSI
   handle is the file system id, and a PVC bound to it by name with an empty storage class so that no
   dynamic provisioner claims it. https://github.com/kubernetes-sigs/aws-fsx-csi-driver/tree/master/examples/kubernetes/static_provisioning
@@ -123,10 +125,12 @@ class ClusterObjectsChart(cdk8s.Chart):
             self,
             "service-account",
             metadata=k8s.ObjectMeta(name=service_account, namespace=namespace),
-            # Training pods never talk to the Kubernetes API.
+            # No container gets a token unless it asks: only the trainer pod's topology init container
+            # mounts one (k8s/job_chart.py topology_init); the trainer itself never talks to the API.
             automount_service_account_token=False,
         )
         sa.add_dependency(ns)
+        self._node_reader(namespace=namespace, service_account=service_account)
         pv_name = pv_name or f"{pvc_name}-pv"
         self._fsx_volume(
             namespace=namespace,
@@ -143,6 +147,37 @@ class ClusterObjectsChart(cdk8s.Chart):
         if node_check is not None:
             NodeVerification(self, "node-check", namespace=namespace, spec=node_check).node.add_dependency(ns)
         Monitoring(self, "monitoring", namespace=namespace, pod_monitors=pod_monitors).node.add_dependency(ns)
+
+    def _node_reader(self, *, namespace: str, service_account: str) -> None:
+        """`get` on nodes for the training service account: the topology init container reads its own
+        Node's zone and network-node labels (k8s/job_chart.py topology_init) for the peer replica.
+
+        Here, not in the job chart: Nodes are cluster-scoped, so the grant is a ClusterRole, which the
+        stack deploys once with the cluster's admin rights, while rendering and applying a job then needs
+        no right to create RBAC. A job run as another service account gets no grant, and its pods fall
+        back to the zone (saying so).
+        """
+        name = f"{namespace}-{service_account}-node-reader"
+        meta = k8s.ObjectMeta(name=name, labels={names.COMPONENT_LABEL: "trainer"})
+        k8s.KubeClusterRole(
+            self,
+            "node-reader",
+            metadata=meta,
+            rules=[
+                # get: one Node by name, the pod's own (spec.nodeName). No list or watch: the token
+                # cannot enumerate the cluster's nodes. RBAC cannot narrow `get` to the pod's own node
+                # (resourceNames are fixed names), and reads pass no admission policy; what it shows of a
+                # node it can name (labels, capacity, addresses, conditions) grants nothing. No write.
+                k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get"]),
+            ],
+        )
+        k8s.KubeClusterRoleBinding(
+            self,
+            "node-reader-binding",
+            metadata=meta,
+            role_ref=k8s.RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=name),
+            subjects=[k8s.Subject(kind="ServiceAccount", name=service_account, namespace=namespace)],
+        )
 
     def _fsx_volume(
         self,

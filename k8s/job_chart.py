@@ -18,7 +18,8 @@ setting is what it is:
   collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py) says
   every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
   otherwise and is charged, so the budget still bounds the replacements.
-- Init container: `python -m training.selfcheck` (can this node train?).
+- Init containers: `python -m training.selfcheck` (can this node train?), then, with the peer replica,
+  `python -m training.topology` (the node's zone and network nodes, for the partners: `topology_init`).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
   on the system nodes with a priority class above training pods: no training pod hosts the store, so
@@ -46,10 +47,12 @@ from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
-from training.checkpoint.replica import FAILURE_DOMAIN_ENV
+from training.checkpoint.domains import DOMAIN_LABELS, FAILURE_DOMAIN_ENV, TOPOLOGY_FILE_ENV, ZONE_LABEL
 from training.metrics import METRICS_HOST_ENV
+from training.node.kubeapi import SA_DIR
 from training.node.nodecheck import VERIFIED_LABEL
 from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
+from training.node.topology import NODE_NAME_ENV
 from training.resilience.launch import COLLATERAL_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -109,19 +112,25 @@ def _index_env() -> list[k8s.EnvVar]:
     ]
 
 
-FAILURE_DOMAIN_LABEL = "topology.kubernetes.io/zone"
-"""The label whose value is each pod's failure domain for the peer replica's partners. Kubernetes'
-PodTopologyLabels admission plugin (KEP-4742: alpha in 1.33, beta and on by default in 1.35) copies a
-node's `topology.kubernetes.io/zone` and `/region` labels onto each pod bound to it, so the downward API
-reads the zone with no API access and no extra component. A cluster without it leaves the label off: the
-variable is empty, every node is in one domain, and the partners are the next nodes in rank order.
-Finer domains (EKS's `topology.k8s.aws/network-node-layer-N` node labels) are not copied onto pods."""
-FAILURE_DOMAIN_ANNOTATION = "nvrx-eks.io/peer-failure-domain-label"
-"""On the pod template: which label the peer replica's failure domains come from."""
+FAILURE_DOMAIN_LABELS = DOMAIN_LABELS
+"""The node labels whose values are each pod's failure domain for the peer replica's partners, coarsest
+first: the zone, then EKS's `topology.k8s.aws/network-node-layer-N` (training/checkpoint/domains.py). The
+partners alternate at the coarsest of them where the job's nodes differ (training/checkpoint/replica.py
+`node_ring`): zones where the job spans zones, and inside one zone (a p5 job's, for EFA) the network
+nodes, so one switch's failure does not take a node and its partner together.
+
+Kubernetes' PodTopologyLabels admission plugin (KEP-4742: alpha in 1.33, beta and on by default in
+1.35) copies only the node's zone and region onto each pod bound to it, so the downward API reads the
+zone (`_failure_domain_env`) and not the layers: the pod's topology init container reads the rest from
+its own Node (`topology_init`). Where that fails, the zone alone is the domain; a cluster without the
+plugin leaves the zone empty too, and then every node is in one domain and the partners are the next
+nodes in rank order."""
+FAILURE_DOMAIN_ANNOTATION = "nvrx-eks.io/peer-failure-domain-labels"
+"""On the pod template: the labels the peer replica's failure domains come from, coarsest first."""
 
 
 def _failure_domain_env() -> k8s.EnvVar:
-    label = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{FAILURE_DOMAIN_LABEL}']")
+    label = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{ZONE_LABEL}']")
     return k8s.EnvVar(name=FAILURE_DOMAIN_ENV, value_from=k8s.EnvVarSource(field_ref=label))
 
 
@@ -229,6 +238,85 @@ def trainer_owned_folders(values: JobValues) -> list[str]:
     NVMe hostPath, the durable tier and the run folder on FSx (the emptyDirs are world-writable)."""
     run_dir = chart_owned_fields(values)["run_dir"]
     return [d for d in (local_dir(values), durable_dir(values), run_dir) if d]
+
+
+TOPOLOGY_CONTAINER = "topology"
+TOPOLOGY_VOLUME = "topology"
+TOPOLOGY_DIR = "/var/run/nvrx-eks/topology"
+TOPOLOGY_FILE = f"{TOPOLOGY_DIR}/node.json"
+NODE_READER_TOKEN_VOLUME = "node-reader-token"  # noqa: S105 - a volume name, not a secret
+NODE_READER_TOKEN_S = 600
+"""The token's lifetime: the least the API server issues; the container reads the Node once at start."""
+
+
+def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Volume], k8s.VolumeMount]:
+    """The trainer pod's topology init container, its two volumes, and the trainer's read-only mount of
+    the file it writes (`python -m training.topology`, training/node/topology.py).
+
+    The network-node labels are on the Node only, and reading a Node takes the API. Why this way:
+    - An init container, not the trainer: the token exists only while it runs, in its own mount
+      (the pod keeps automountServiceAccountToken false), so the trainer, which runs the job's code for
+      days, holds no credential for the API at all.
+    - Its own Node, read once: `get` on nodes is the whole grant (the cluster chart's ClusterRole, no
+      list or watch); a webhook that copies the labels onto pods, or a controller that labels them,
+      would be a cluster component with wider rights, in the path of every pod's creation.
+    - Not the EC2 API (DescribeInstanceTopology): an IAM permission and a call per pod, with the
+      instance's id from the metadata service, which the job's network policy keeps out of reach.
+    The token is a bound one: it expires in NODE_READER_TOKEN_S and dies with the pod. Only this
+    container mounts it, and its uid can read it either way the kubelet writes it: mode 0644 (the
+    projected volume's default) where the pod's containers run as different uids, 0600 owned by the
+    one uid where they all share it. It never fails the pod (training/node/topology.py): a job whose
+    service account the cluster chart did not bind reads no labels, logs why, and falls back to the zone.
+    """
+    token = k8s.Volume(
+        name=NODE_READER_TOKEN_VOLUME,
+        projected=k8s.ProjectedVolumeSource(
+            sources=[
+                k8s.VolumeProjection(
+                    service_account_token=k8s.ServiceAccountTokenProjection(
+                        path="token", expiration_seconds=NODE_READER_TOKEN_S
+                    )
+                ),
+                k8s.VolumeProjection(
+                    config_map=k8s.ConfigMapProjection(
+                        name=names.CLUSTER_CA_CONFIG_MAP, items=[k8s.KeyToPath(key="ca.crt", path="ca.crt")]
+                    )
+                ),
+            ]
+        ),
+    )
+    # A file of a few hundred bytes: on the node's disk, bounded.
+    written = k8s.Volume(
+        name=TOPOLOGY_VOLUME, empty_dir=k8s.EmptyDirVolumeSource(size_limit=k8s.Quantity.from_string("1Mi"))
+    )
+    node_name = k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path="spec.nodeName"))
+    container = k8s.Container(
+        name=TOPOLOGY_CONTAINER,
+        image=image,
+        image_pull_policy=pull,
+        command=[
+            "python",
+            "-m",
+            "training.topology",
+            f"--out={TOPOLOGY_FILE}",
+            f"--token-dir={SA_DIR}",
+        ],
+        env=[k8s.EnvVar(name=NODE_NAME_ENV, value_from=node_name)],
+        volume_mounts=[
+            k8s.VolumeMount(name=TOPOLOGY_VOLUME, mount_path=TOPOLOGY_DIR),
+            k8s.VolumeMount(name=NODE_READER_TOKEN_VOLUME, mount_path=str(SA_DIR), read_only=True),
+        ],
+        resources=k8s.ResourceRequirements(
+            requests={"cpu": k8s.Quantity.from_string("100m"), "memory": k8s.Quantity.from_string("128Mi")},
+            limits={"memory": k8s.Quantity.from_string("128Mi")},
+        ),
+        security_context=trainer_security(),
+    )
+    return (
+        container,
+        [token, written],
+        k8s.VolumeMount(name=TOPOLOGY_VOLUME, mount_path=TOPOLOGY_DIR, read_only=True),
+    )
 
 
 class RendezvousStore(Construct):
@@ -371,7 +459,8 @@ class JobNetworkPolicies(Construct):
     bootstrap sockets are unauthenticated and listen on all interfaces (some on ephemeral ports), so
     the rule is by pod, not by port: ingress only from pods carrying this job's label, in this
     namespace. Egress: the job's pods, cluster DNS, the Pod Identity agent, and TCP 443 (S3 for the
-    durable tier, STS); nothing else, so the node's instance metadata service (169.254.169.254:80,
+    durable tier, STS, and the API server for the topology init container, `topology_init`); nothing
+    else, so the node's instance metadata service (169.254.169.254:80,
     the node role's credentials) is out of reach. EFA traffic (RDMA through libfabric) bypasses the
     kernel's IP stack and is not subject to these rules.
 
@@ -600,6 +689,14 @@ class TrainingJob(Construct):
                 security_context=security,
             )
         ]
+        trainer_env, trainer_mounts = list(env), list(mounts)
+        if values.peer_replicas:
+            # Last: the node's labels for the peer replica's partners (FAILURE_DOMAIN_LABELS).
+            topology, topology_volumes, topology_mount = topology_init(image=image, pull=pull)
+            init_containers.append(topology)
+            volumes += topology_volumes
+            trainer_mounts.append(topology_mount)
+            trainer_env.append(k8s.EnvVar(name=TOPOLOGY_FILE_ENV, value=TOPOLOGY_FILE))
         pod = k8s.PodSpec(
             restart_policy="Never",
             subdomain=headless_service_name(values),
@@ -623,10 +720,10 @@ class TrainingJob(Construct):
                     image=image,
                     image_pull_policy=pull,
                     command=command,
-                    env=env,
+                    env=trainer_env,
                     ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
                     resources=_resources(values),
-                    volume_mounts=mounts,
+                    volume_mounts=trainer_mounts,
                     security_context=security,
                     # A failed pod's status carries its log tail: the launcher's root cause (rank, exit
                     # code, signal), which `job status` and a failed job's reason name (k8s/termination.py).
@@ -669,7 +766,7 @@ class TrainingJob(Construct):
                         annotations={
                             **(scrape_annotations(port) if port else {}),
                             **(
-                                {FAILURE_DOMAIN_ANNOTATION: FAILURE_DOMAIN_LABEL}
+                                {FAILURE_DOMAIN_ANNOTATION: ",".join(FAILURE_DOMAIN_LABELS)}
                                 if values.peer_replicas
                                 else {}
                             ),

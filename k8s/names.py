@@ -30,6 +30,9 @@ STORE_SUFFIX = "-rdzv"
 STORE_IMAGE_TAG_SUFFIX = "-store"
 """`nvrx-eks image push` pushes the store's image (images/store.Dockerfile) to the training image's
 repository as `<tag>-store`; `nvrx-eks values` finds it there by that name."""
+CLUSTER_CA_CONFIG_MAP = "kube-root-ca.crt"
+"""The cluster's CA, which Kubernetes publishes in every namespace under this name: the job chart
+projects it beside a service account token, the local executor writes its own API server's CA there."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_LABEL = "nvrx-eks/job"
 

@@ -31,6 +31,12 @@ What it does, the way Kubernetes would:
   container has its own /tmp), removed when the pod ends: what its processes leave there (ft_launcher's
   IPC sockets, NVRx's watchdog files) goes with it, also after a SIGKILL.
 - `image: local` means the command runs with this virtualenv (its bin first on PATH).
+- The API, for a pod that mounts a service account token (the trainer pod's topology init container
+  reads its own Node): the executor starts a loopback API server (localrun/node_api.py) serving each
+  local node's labels (`local_node_labels`: network nodes, no zone), writes its token and CA into the
+  pod's projected volume (a serviceAccountToken and the `kube-root-ca.crt` ConfigMap), and gives
+  every container KUBERNETES_SERVICE_HOST/PORT, as the kubelet does. Each pod runs on the node
+  `node-<index>-<generation>` (the downward API's spec.nodeName), the one its hostPath folders belong to.
 - The Job controller: restartPolicy Never; on a pod's exit it applies podFailurePolicy (onExitCodes of
   the container whose exit ended the pod, an init container included, as the Job controller matches
   init container statuses too; DisruptionTarget for deleted nodes; first matching rule wins; Ignore
@@ -79,8 +85,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from k8s.names import CLUSTER_CA_CONFIG_MAP
 from k8s.termination import failure_cause, log_tail
 from kitcore.configio import UserError, read_yaml_documents
+from localrun.node_api import LOOPBACK, LocalApiServer
+from training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -177,6 +186,25 @@ class _Rendered:
 LOCAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 LOCAL_IMAGE = "local"
 """`image: local` (k8s/values.py): the command runs in this virtualenv; any other image is a cluster's."""
+
+
+def local_node_labels(index: int, nodes: int) -> dict[str, str]:
+    """The labels of the local node that runs pod `index` of `nodes`, as EKS labels a p5: the network
+    nodes above it, layers 1 to 3. One layer-1 and one layer-2 node; at layer 3, the first half of the
+    indexes under one network node and the rest under another, as capacity comes in blocks, so the
+    nodes next to each other by index share one. No zone: a local node has none."""
+    layer_1, layer_2, layer_3, _ = NETWORK_NODE_LABELS
+    return {layer_1: "nn-local-1", layer_2: "nn-local-2", layer_3: f"nn-local-3{'ab'[2 * index // nodes]}"}
+
+
+def _token_sources(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The serviceAccountToken sources of the pod's projected volumes."""
+    return [
+        source
+        for vol in pod_spec.get("volumes", [])
+        for source in (vol.get("projected") or {}).get("sources", [])
+        if "serviceAccountToken" in source
+    ]
 
 
 def _pod_templates(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -540,6 +568,8 @@ class LocalJob:
         self.deletions: list[dict[str, Any]] = []
         self._store: _Pod | None = None
         self._ended_stores: list[PodOutcome] = []
+        self.api: LocalApiServer | None = None
+        """The loopback API server (started in `start` when a pod mounts a service account token)."""
         self._delete_requests: list[int] = []
         self._lock = threading.Lock()
         self._t0 = 0.0
@@ -576,6 +606,10 @@ class LocalJob:
         for sub in ("pods", "volumes"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         self.chaos_dir.mkdir(parents=True, exist_ok=True)
+        if any(_token_sources(self.rendered.job["spec"]["template"]["spec"])):
+            self.api = LocalApiServer(self.run_dir / "api")
+            self.api.start()
+            self._emit("api_ready", port=self.api.port)
         if self.rendered.store is not None:
             self._start_store()
         self._t0 = time.time()
@@ -818,6 +852,9 @@ class LocalJob:
         ports: dict[int, int] | None = None,
     ) -> _Pod:
         mounts, ram_dirs = self._volume_folders(pod_spec, name=name, index=index)
+        if self.api is not None:
+            labels = local_node_labels(index, self.completions) if index is not None else {}
+            self.api.nodes[self._node_name(index)] = labels
         marker = f"{self.run_key}/{name}"
         # The pod's /tmp. Short on purpose: ft_launcher puts unix sockets in it (108-byte path limit).
         tmp = Path(tempfile.mkdtemp(prefix=f"nvrx-{self.run_key[-10:]}-"))
@@ -862,8 +899,7 @@ class LocalJob:
             if "persistentVolumeClaim" in vol:
                 path: Path | None = pvc_folder(self.run_dir, vol["persistentVolumeClaim"]["claimName"])
             elif "hostPath" in vol:
-                node = f"node-{index}-{self.generation.get(index, 0)}" if index is not None else "node-system"
-                path = root / node / vol["hostPath"]["path"].strip("/").replace("/", "_")
+                path = root / self._node_name(index) / vol["hostPath"]["path"].strip("/").replace("/", "_")
             elif (vol.get("emptyDir") or {}).get("medium") == "Memory" and vol["name"] in at_dev_shm:
                 path = None  # the pod's /dev/shm: the machine's own serves
             elif (vol.get("emptyDir") or {}).get("medium") == "Memory":
@@ -873,8 +909,41 @@ class LocalJob:
                 path = root / f"pod-{name}" / vol["name"]
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
+            if "projected" in vol and path is not None:
+                self._project(vol, path)
             folders[vol["name"]] = path
         return folders, ram
+
+    def _project(self, volume: dict[str, Any], folder: Path) -> None:
+        """A projected volume, as the kubelet writes it: the API server's token and the cluster's CA."""
+        for source in volume["projected"].get("sources", []):
+            token = source.get("serviceAccountToken")
+            config_map = source.get("configMap") or {}
+            if token is not None and self.api is not None:
+                (folder / token["path"]).write_text(self.api.token)
+            elif config_map.get("name") == CLUSTER_CA_CONFIG_MAP and self.api is not None:
+                for item in config_map.get("items") or [{"key": "ca.crt", "path": "ca.crt"}]:
+                    (folder / item["path"]).write_bytes(self.api.ca_pem)
+            else:
+                raise UserError(
+                    f"volume {volume['name']}: the local executor projects only a service account token "
+                    f"and the {CLUSTER_CA_CONFIG_MAP} ConfigMap, not {sorted(source)}"
+                )
+
+    def _base_env(self, spec: dict[str, Any], *, index: int | None, marker: str, tmp: Path) -> dict[str, str]:
+        """What every container gets before its own env: this machine's, the pod's, the kubelet's."""
+        env = dict(os.environ)
+        env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
+        env["TMPDIR"] = str(tmp)
+        hostname = f"{self.rendered.job_name}-{index}" if index is not None else spec["name"]
+        env |= {"HOSTNAME": hostname, CHAOS_ENV: str(self.chaos_dir)}
+        if index is not None:
+            env["JOB_COMPLETION_INDEX"] = str(index)
+        if self.api is not None:  # as the kubelet gives every container the API's address
+            env |= {"KUBERNETES_SERVICE_HOST": LOOPBACK, "KUBERNETES_SERVICE_PORT": str(self.api.port)}
+        env |= self.extra_env
+        env[POD_ENV] = marker
+        return env
 
     def _container(
         self,
@@ -887,22 +956,14 @@ class LocalJob:
         tmp: Path,
         ports: dict[int, int],
     ) -> _Container:
-        env = dict(os.environ)
-        env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
-        env["TMPDIR"] = str(tmp)
-        hostname = f"{self.rendered.job_name}-{index}" if index is not None else spec["name"]
-        env |= {"HOSTNAME": hostname, CHAOS_ENV: str(self.chaos_dir)}
-        if index is not None:
-            env["JOB_COMPLETION_INDEX"] = str(index)
-        env |= self.extra_env
-        env[POD_ENV] = marker
+        env = self._base_env(spec, index=index, marker=marker, tmp=tmp)
         declared: dict[str, str] = {}
         for var in spec.get("env", []):
             if "value" in var:
                 declared[var["name"]] = _expand(var["value"], declared | env)
             elif "fieldRef" in var.get("valueFrom", {}):
                 declared[var["name"]] = self._field_ref(
-                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations, index
+                    var["valueFrom"]["fieldRef"]["fieldPath"], annotations, index, node=self._node_name(index)
                 )
             elif "secretKeyRef" in var.get("valueFrom", {}):
                 ref = var["valueFrom"]["secretKeyRef"]
@@ -929,16 +990,23 @@ class LocalJob:
         env |= {k: local(v) for k, v in declared.items()}
         return _Container(name=spec["name"], argv=argv, env=env)
 
+    def _node_name(self, index: int | None) -> str:
+        """The local node pod `index` runs on: a deleted node's replacement is a new node."""
+        return "node-system" if index is None else f"node-{index}-{self.generation.get(index, 0)}"
+
     @staticmethod
-    def _field_ref(path: str, annotations: dict[str, str], index: int | None) -> str:
+    def _field_ref(path: str, annotations: dict[str, str], index: int | None, *, node: str = "") -> str:
+        """`node`: the name of the local node the pod runs on (`_node_name`)."""
         if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
             return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
+        if path == "spec.nodeName":
+            return node
         match = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)
         if match and match.group(2) in annotations:
             return annotations[match.group(2)]
         if match and match.group(1) == "labels":
-            # A label the pod lacks reads as empty, as the kubelet gives it: a local "node" has no zone
-            # (no topology labels to copy onto its pods), so every local node is in one failure domain.
+            # A label the pod lacks reads as empty, as the kubelet gives it: a local node has no zone
+            # to copy onto its pods (its network nodes come through the API: `local_node_labels`).
             return ""
         raise UserError(f"fieldRef {path} is not supported by the local executor")
 
@@ -973,6 +1041,8 @@ class LocalJob:
             self.history.insert(0, self._store.outcome)
         self.history[:0] = self._ended_stores
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
+        if self.api is not None:
+            self.api.close()
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # only when no other run uses it
             LOCAL_SHM_ROOT.rmdir()

@@ -142,7 +142,7 @@ class FaultsConfig(_Section):
     seed: int | None = Field(None, description="Seed of the draw (default: the run's seed).")
     weights: dict[FaultClass, float] = Field(
         # store_loss needs a harness that can delete the store's pod (the local executor); a training
-        # pod has no Kubernetes API access, so it is planned explicitly and never drawn by default.
+        # rank has no Kubernetes API access, so it is planned explicitly and never drawn by default.
         default_factory=lambda: {c: 0.0 if c in HARNESS_ONLY else 1.0 for c in FAULT_CLASSES},
         description="Relative weight per class for the draw, e.g. {exception: 0.6, hang: 0.4}.",
     )

@@ -15,6 +15,11 @@ Kinds and their extra fields (training.metrics reads them):
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
 - `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
+- `checkpoint_peer_domain`: domain, source ("node labels", "zone label", "none"), node, error -- the
+  failure domain the peer replica's partners are chosen by (training/checkpoint/domains.py), and why the
+  node's labels were not used when they were not
+- `checkpoint_peer_partners`: domains (every node's, by node rank), targets, sources -- the partners chosen
+  when the replication group was made
 - `fault_injected`: class, step, target_rank, expected_layer, index
 - `caught_up`: source, from_step, to_step -- after an in-process restart this rank was a step behind
   and took the state of rank `source`, a step ahead (training/trainer.py `_in_memory_source`)

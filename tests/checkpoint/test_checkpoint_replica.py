@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from training.checkpoint.domains import domain, levels
 from training.checkpoint.replica import node_ring, partner_ranks, source_ranks
 from training.checkpoint.restore_anywhere import _plan, node_memory, read_slot
 from training.checkpoint.shard import ShardError
@@ -53,6 +54,79 @@ def test_one_domain_or_none_falls_back_to_the_next_nodes_in_rank_order():
             1, world_size=6, ranks_per_node=2, replicas=2
         )
         assert partner_ranks(1, **_layout(domains, 2)) == [3, 5]
+
+
+def _node(zone: str, *layers: str) -> str:
+    """A node's domain from its labels, as the trainer builds it (training/checkpoint/domains.py)."""
+    keys = [f"topology.k8s.aws/network-node-layer-{n}" for n in range(1, len(layers) + 1)]
+    return domain({"topology.kubernetes.io/zone": zone, **dict(zip(keys, layers, strict=True))})
+
+
+def _differ_at(a: str, b: str) -> int:
+    """The coarsest level at which two domains differ (their depth if they never do)."""
+    pa, pb = levels(a), levels(b)
+    depth = max(len(pa), len(pb))
+    pa, pb = pa + [""] * (depth - len(pa)), pb + [""] * (depth - len(pb))
+    return next((level for level in range(depth) if pa[level] != pb[level]), depth)
+
+
+def test_in_one_zone_the_ring_alternates_the_network_nodes_the_nodes_hang_from():
+    """A p5 job: one zone, one layer-1 and layer-2 node, eight nodes under two layer-3 nodes, the first
+    four (by rank) under one. Every node's copy goes under the other switch."""
+    domains = [_node("use1-az4", "nn-e504", "nn-9a8b", "nn-0123" if n < 4 else "nn-0fed") for n in range(8)]
+    assert node_ring(domains) == [0, 4, 1, 5, 2, 6, 3, 7]
+    for node, (partner,) in _partner_nodes(domains, replicas=1).items():
+        assert _differ_at(domains[node], domains[partner]) == 3, (node, partner)
+
+
+@pytest.mark.parametrize("level", [0, 2], ids=["two zones", "two layer-2 nodes in one zone"])
+def test_the_ring_alternates_the_coarsest_level_and_within_each_group_the_next_one(level):
+    """Two groups at `level` (zones, or layer-2 nodes of one zone), each with two layer-3 nodes: a node's
+    first copy goes to the other group, its second stays in its group but under another layer-3 node.
+    The groups' domains taken as flat names (four of them) put same-group nodes next to each other."""
+    layout = [("a", "x"), ("a", "x"), ("a", "y"), ("a", "y"), ("b", "z"), ("b", "z"), ("b", "w"), ("b", "w")]
+
+    def node(group: str, switch: str) -> str:
+        if level == 0:
+            return _node(f"use1-az{group}", "nn-1", "nn-2", f"nn-3{switch}")
+        return _node("use1-az4", "nn-1", f"nn-2{group}", f"nn-3{switch}")
+
+    domains = [node(group, switch) for group, switch in layout]
+    for n, (first, second) in _partner_nodes(domains, replicas=2).items():
+        assert _differ_at(domains[n], domains[first]) == level, (n, first, node_ring(domains))
+        assert _differ_at(domains[n], domains[second]) == 3, (n, second, node_ring(domains))
+
+
+@pytest.mark.parametrize(
+    "domains",
+    [
+        # Uneven switches in one zone; a node whose network labels were not read (its zone alone).
+        [_node("z", "l1", "l2", s) for s in "aaaaab"] + ["z"],
+        # Two zones of unequal size, the network nodes differing at layer 1 in one of them.
+        [
+            _node("z1", "p", "q", "r"),
+            _node("z1", "s", "q", "r"),
+            _node("z1", "p", "q", "t"),
+            _node("z2", "u"),
+        ],
+        # Four layers (the instance types that have them), and a node with no label at all.
+        [_node("z", "l1", "l2", "l3", s) for s in "abab"] + [""],
+    ],
+)
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_hierarchical_domains_keep_every_node_sending_and_holding_exactly_r_copies(domains, replicas):
+    layout = _layout(domains, replicas)
+    ring = node_ring(domains)
+    assert sorted(ring) == list(range(len(domains)))
+    assert node_ring(list(domains)) == ring  # a function of the domains alone: the same on every rank
+    held = dict.fromkeys(range(layout["world_size"]), 0)
+    for rank in range(layout["world_size"]):
+        targets = partner_ranks(rank, **layout)
+        assert len(set(targets)) == replicas
+        for target in targets:
+            held[target] += 1
+            assert rank in source_ranks(target, **layout)
+    assert set(held.values()) == {replicas}
 
 
 @pytest.mark.parametrize(

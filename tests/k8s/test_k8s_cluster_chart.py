@@ -71,8 +71,25 @@ def test_rbac_is_get_and_patch_on_nodes_and_create_on_events_only(docs):
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         (subject,) = _one(docs, kind, NODE_CHECK)["subjects"]
         assert subject == {"kind": "ServiceAccount", "name": NODE_CHECK, "namespace": NAMESPACE}
-    # The training service account still never talks to the API.
+    # No token for the training service account unless a container asks for one (k8s/job_chart.py).
     assert _one(docs, "ServiceAccount", "trainer")["automountServiceAccountToken"] is False
+
+
+def test_the_training_service_account_may_get_nodes_and_nothing_else(docs):
+    """The trainer pod's topology init container reads its own Node's labels: `get` on nodes, bound to
+    the training service account, is its only grant anywhere in the cluster chart."""
+    grants = [
+        d
+        for d in docs
+        if d["kind"] in {"ClusterRoleBinding", "RoleBinding"}
+        and {"kind": "ServiceAccount", "name": "trainer", "namespace": NAMESPACE} in d["subjects"]
+    ]
+    (binding,) = grants
+    assert binding["kind"] == "ClusterRoleBinding"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer", "namespace": NAMESPACE}]
+    role = _one(docs, "ClusterRole", binding["roleRef"]["name"])
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
 
 
 def test_admission_policy_pins_the_service_account_to_its_own_node(docs):

@@ -98,17 +98,18 @@ def test_p5_pod_resources_from_profile(rendered):
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Gi"}
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    owner, check = pod["initContainers"]
-    assert (owner["name"], check["name"]) == ("own-dirs", "selfcheck")
+    owner, check, topology = pod["initContainers"]
+    assert (owner["name"], check["name"], topology["name"]) == ("own-dirs", "selfcheck", "topology")
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # NVRx's per-node identity in its rendezvous: the pod's index, stable across worker restarts.
     indexes = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert indexes["GROUP_RANK"] == indexes["NODE_RANK"]
     assert "job-completion-index" in indexes["GROUP_RANK"]
-    # The self-check sees what the ranks will: the same devices, env and mounts.
+    # The self-check sees what the ranks will: the same devices, env and mounts (all but the topology
+    # file, which the topology init container writes after it).
     assert check["resources"] == c["resources"]
-    assert check["env"] == c["env"]
-    assert check["volumeMounts"] == c["volumeMounts"]
+    assert check["env"] == [e for e in c["env"] if e["name"] != "NVRX_EKS_TOPOLOGY_FILE"]
+    assert check["volumeMounts"] == [m for m in c["volumeMounts"] if m["name"] != "topology"]
     assert env["NVRX_EKS_INSTANCE_PROFILE"] == "p5.48xlarge"
     # Host RAM tier: the pod's own tmpfs, a quarter of the profile's memory, plus /dev/shm within the limit.
     tier = next(v for v in pod["volumes"] if v["name"] == "checkpoint-memory")
@@ -133,7 +134,7 @@ def test_memory_tier_is_a_pod_emptydir_at_the_trainers_memory_dir(rendered):
 def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     (job,) = _by_kind(rendered["local-cpu"], "Job")
     pod = job["spec"]["template"]["spec"]
-    assert [i["name"] for i in pod["initContainers"]] == ["selfcheck"]
+    assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "topology"]
     check = pod["initContainers"][0]
     _, trainer = _split(pod["containers"][0]["command"])
     tiers = parse_args(trainer).checkpoint
@@ -269,20 +270,52 @@ def test_the_local_job_runs_the_p5_jobs_launcher_flags(tmp_path):
     assert local_shape == p5_shape
 
 
-def test_the_peer_replicas_failure_domain_is_the_pods_zone_label_and_the_job_says_so(rendered, tmp_path):
+def test_the_peer_replicas_failure_domain_is_the_nodes_zone_and_network_nodes_and_the_job_says_so(
+    rendered, tmp_path
+):
     (job,) = _by_kind(rendered["p5-16"], "Job")
     template = job["spec"]["template"]
-    (trainer,) = template["spec"]["containers"]
+    pod = template["spec"]
+    (trainer,) = pod["containers"]
     (domain,) = [e for e in trainer["env"] if e["name"] == "NVRX_EKS_FAILURE_DOMAIN"]
-    # Copied onto the pod from its node by Kubernetes' PodTopologyLabels admission (1.35: beta, on).
+    # The fallback: the zone, copied onto the pod from its node by PodTopologyLabels (1.35: beta, on).
     assert domain["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}
     }
-    assert template["metadata"]["annotations"]["nvrx-eks.io/peer-failure-domain-label"] == (
-        "topology.kubernetes.io/zone"
-    )
-    # No replica, no domain: nothing to choose partners for.
+    assert template["metadata"]["annotations"]["nvrx-eks.io/peer-failure-domain-labels"].split(",") == [
+        "topology.kubernetes.io/zone",
+        *(f"topology.k8s.aws/network-node-layer-{n}" for n in (1, 2, 3, 4)),
+    ]
+    # The network-node labels are the Node's only: the last init container reads its own Node (by the
+    # downward API's spec.nodeName) and writes them where the trainer reads them, read-only.
+    topology = pod["initContainers"][-1]
+    assert topology["command"][:3] == ["python", "-m", "training.topology"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in topology["command"][3:])
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in topology["env"]} == {
+        "NODE_NAME": "spec.nodeName"
+    }
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["NVRX_EKS_TOPOLOGY_FILE"] == args["out"]
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in [topology, trainer]}
+    written = next(m for m in mounts["topology"].values() if args["out"].startswith(m["mountPath"] + "/"))
+    assert not written.get("readOnly")
+    assert mounts["trainer"][written["name"]]["mountPath"] == written["mountPath"]
+    assert mounts["trainer"][written["name"]]["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == written["name"])
+    assert "emptyDir" in volume
+    # Its token and the cluster's CA, where --token-dir points, from the pod's service account.
+    token = next(m for m in mounts["topology"].values() if m["mountPath"] == args["token-dir"])
+    sources = next(v for v in pod["volumes"] if v["name"] == token["name"])["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 600} in [s.get("serviceAccountToken") for s in sources]
+    assert {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]} in [
+        s.get("configMap") for s in sources
+    ]
+    assert pod["serviceAccountName"] == "nvrx-trainer"
+    # No replica, no domain: nothing to choose partners for, no reader, no token.
     docs = _render(ROOT / "k8s" / "values" / "p5-2.yaml", tmp_path, "storage.peer_replicas=0")
     (job,) = _by_kind(docs, "Job")
-    (trainer,) = job["spec"]["template"]["spec"]["containers"]
-    assert "NVRX_EKS_FAILURE_DOMAIN" not in {e["name"] for e in trainer["env"]}
+    pod = job["spec"]["template"]["spec"]
+    (trainer,) = pod["containers"]
+    assert not {"NVRX_EKS_FAILURE_DOMAIN", "NVRX_EKS_TOPOLOGY_FILE"} & {e["name"] for e in trainer["env"]}
+    assert [c["name"] for c in pod["initContainers"]] == ["own-dirs", "selfcheck"]
+    assert not any("projected" in v for v in pod["volumes"])

@@ -16,7 +16,13 @@ import pytest
 import yaml
 
 from k8s.cluster_chart import ClusterObjectsChart
-from k8s.job_chart import OWNER_SETUP_CONTAINER, render, trainer_owned_folders
+from k8s.job_chart import (
+    NODE_READER_TOKEN_VOLUME,
+    OWNER_SETUP_CONTAINER,
+    TOPOLOGY_CONTAINER,
+    render,
+    trainer_owned_folders,
+)
 from k8s.load import load_values
 from k8s.node_verification import DCGM_PORT, HOST_NVME, NODE_CHECK, NodeCheckSpec, NodeVerification
 from k8s.nvrx_versions import LOCAL_IMAGE
@@ -117,18 +123,63 @@ def test_only_the_folder_owner_adds_a_capability_and_only_chown(tmp_path):
 
 
 @pytest.mark.parametrize("values_file", [LOCAL, P5], ids=["local-cpu", "p5"])
-def test_the_store_meets_restricted_and_the_only_init_container_is_the_selfcheck(values_file, tmp_path):
+def test_the_store_meets_restricted_and_the_init_containers_are_the_selfcheck_and_topology(
+    values_file, tmp_path
+):
     docs = _docs(values_file, tmp_path)
     store = _pod(docs, "Deployment")
     assert _restricted_violations(store) == set()
     (store_container,) = store["containers"]
     assert store_container["securityContext"]["readOnlyRootFilesystem"] is True
-    # The init containers are the folder owner (container images only) and the self-check, with the
-    # trainer's own security context.
+    # The init containers are the folder owner (container images only), the self-check and (with the
+    # peer replica) the topology reader, the last two with the trainer's own security context.
     job = _pod(docs, "Job")
     owner = [OWNER_SETUP_CONTAINER] if values_file == P5 else []
-    assert [c["name"] for c in job["initContainers"]] == [*owner, "selfcheck"]
-    assert job["initContainers"][-1]["securityContext"] == job["containers"][0]["securityContext"]
+    assert [c["name"] for c in job["initContainers"]] == [*owner, "selfcheck", TOPOLOGY_CONTAINER]
+    for init in job["initContainers"][-2:]:
+        assert init["securityContext"] == job["containers"][0]["securityContext"]
+
+
+def _token_mounts(pod: dict) -> dict[str, list[str]]:
+    """Container -> the volumes it mounts that carry a service account token."""
+    token_volumes = {
+        v["name"]
+        for v in pod.get("volumes", [])
+        if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))
+    }
+    return {
+        c["name"]: [m["name"] for m in c.get("volumeMounts", []) if m["name"] in token_volumes]
+        for c in _containers(pod)
+    }
+
+
+@pytest.mark.parametrize("values_file", [LOCAL, P5], ids=["local-cpu", "p5"])
+def test_only_the_topology_init_container_holds_an_api_token_read_only_and_short_lived(values_file, tmp_path):
+    docs = _docs(values_file, tmp_path)
+    for kind in ("Deployment", "Job"):
+        assert _pod(docs, kind)["automountServiceAccountToken"] is False, kind
+    assert not any(_token_mounts(_pod(docs, "Deployment")).values())
+    job = _pod(docs, "Job")
+    mounts = _token_mounts(job)
+    assert {name: vols for name, vols in mounts.items() if vols} == {
+        TOPOLOGY_CONTAINER: [NODE_READER_TOKEN_VOLUME]
+    }
+    (topology,) = [c for c in job["initContainers"] if c["name"] == TOPOLOGY_CONTAINER]
+    (mount,) = [m for m in topology["volumeMounts"] if m["name"] == NODE_READER_TOKEN_VOLUME]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in job["volumes"] if v["name"] == NODE_READER_TOKEN_VOLUME]
+    (token,) = [
+        s["serviceAccountToken"] for s in volume["projected"]["sources"] if "serviceAccountToken" in s
+    ]
+    assert token["expirationSeconds"] == 600  # the least the API server issues
+    assert "audience" not in token  # the API server's own
+    # Restricted, as the trainer: non-root, no capability, a read-only root filesystem.
+    assert _restricted_violations({"containers": [topology]}) == set()
+    assert topology["securityContext"]["readOnlyRootFilesystem"] is True
+    # Without the peer replica there are no partners to choose: no reader, no token anywhere.
+    no_peer = _pod(_docs(values_file, tmp_path / "no-peer", "storage.peer_replicas=0"), "Job")
+    assert not any(_token_mounts(no_peer).values())
+    assert TOPOLOGY_CONTAINER not in {c["name"] for c in _containers(no_peer)}
 
 
 def test_training_pods_go_beyond_baseline_only_for_the_local_tier(tmp_path):

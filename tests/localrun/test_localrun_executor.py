@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,7 +21,9 @@ import yaml
 
 from k8s.job_chart import render
 from k8s.load import load_values
-from localrun.executor import LocalJob, marked_processes
+from localrun.executor import COMPLETION_INDEX_ANNOTATION, LocalJob, local_node_labels, marked_processes
+from localrun.node_api import LocalApiServer
+from training.checkpoint.domains import NodeDomain, domain, levels, node_domain
 from training.events import read_events
 from training.resilience.launch import COLLATERAL_EXIT_CODE
 
@@ -181,6 +185,9 @@ def test_job_survives_node_loss_of_index_0_then_1(tmp_path):
             log = Path(pod.log).read_text()
             assert log.index("=== container selfcheck") < log.index("=== container trainer"), pod.log
             assert "node can train" in log, pod.log
+        # Each pod, the replacements too, read its own node's labels (a replacement runs on a new node).
+        assert job.api is not None
+        assert sorted(job.api.requests) == ["node-0-0", "node-0-1", "node-1-0", "node-1-1"]
     finally:
         _assert_pods_gone(job)
 
@@ -256,5 +263,71 @@ def test_a_collateral_stop_is_replaced_without_charging_its_index_and_a_fault_is
         codes = {i: [p.exit_code for p in result.pods if p.index == i] for i in (0, 1)}
         assert codes == {0: [COLLATERAL_EXIT_CODE, 1, 0], 1: [COLLATERAL_EXIT_CODE, 1, 0]}
         assert job.failures == {0: 1, 1: 1}, "only the launcher's own failure is charged"
+    finally:
+        _assert_pods_gone(job)
+
+
+def test_the_topology_init_container_reads_its_own_local_node_through_the_executors_api(tmp_path):
+    """The rendered init container as the executor runs it: spec.nodeName, the projected token and CA,
+    the API's address; then the trainer container's env finds the file it wrote."""
+    job = LocalJob(_render(tmp_path), run_dir=tmp_path / "run")
+    (job.run_dir / "volumes").mkdir(parents=True)
+    job.api = LocalApiServer(job.run_dir / "api")  # what `start` makes for a pod that mounts a token
+    job.api.start()
+    pod_spec = job.rendered.job["spec"]["template"]["spec"]
+    pod = job._make_pod(
+        name="p-1", index=1, pod_spec=pod_spec, annotations={COMPLETION_INDEX_ANNOTATION: "1"}
+    )
+    try:
+        containers = {c.name: c for c in pod._containers}
+        topology, trainer = containers["topology"], containers["trainer"]
+        assert topology.env["NODE_NAME"] == "node-1-0"
+        done = subprocess.run(
+            topology.argv, env=topology.env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        assert job.api.requests == ["node-1-0"]
+        assert node_domain(trainer.env) == NodeDomain(
+            domain(local_node_labels(1, 2)), "node labels", node="node-1-0"
+        )
+        # The two local nodes hang from two layer-3 network nodes, and have no zone.
+        zero, one = (levels(domain(local_node_labels(i, 2))) for i in (0, 1))
+        assert zero[0] == one[0] == ""
+        assert zero[:3] == one[:3]
+        assert zero[3] != one[3]
+        # Only the init container names the token's folder; the trainer's command and env do not.
+        token_dir = next(a.split("=", 1)[1] for a in topology.argv if a.startswith("--token-dir="))
+        assert Path(token_dir, "token").read_text() == job.api.token
+        assert token_dir not in " ".join([*trainer.argv, *trainer.env.values()])
+    finally:
+        job.api.close()
+        for folder in pod._ram_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(job.shm_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_four_local_nodes_choose_partners_under_another_network_node_from_their_labels(tmp_path):
+    """End to end: four nodes of one rank, two by two under two layer-3 network nodes (by index); the
+    trainer's events show the domains it gathered from the labels and partners across them."""
+    dist = _render(
+        tmp_path, "num_nodes=4", "instance_profile=local-cpu-1", "trainer.steps=8", "mode=ft_launcher"
+    )
+    job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=200)
+    try:
+        result = job.run()
+        assert result.succeeded, (result.reason, [(p.pod, p.reason, p.exit_code) for p in result.pods])
+        assert job.api is not None
+        assert sorted(job.api.requests) == [f"node-{i}-0" for i in range(4)]
+        events = _events(job)
+        sources = {e["rank"]: e["source"] for e in events if e["kind"] == "checkpoint_peer_domain"}
+        assert sources == dict.fromkeys(range(4), "node labels")
+        (partners,) = {json.dumps(e["domains"]) for e in events if e["kind"] == "checkpoint_peer_partners"}
+        domains = json.loads(partners)
+        assert sorted(domains) == sorted(domain(local_node_labels(i, 4)) for i in range(4))
+        for e in (e for e in events if e["kind"] == "checkpoint_peer_partners"):
+            (target,) = e["targets"]
+            assert levels(domains[target])[3] != levels(domains[e["rank"]])[3], e
     finally:
         _assert_pods_gone(job)

@@ -6,11 +6,15 @@ next R nodes of the replica ring and receives, from the R nodes before it, their
 memory folder (`<memory_dir>/peer/rank-<src>/`, a memory-backed emptyDir: host RAM).
 
 The ring (`node_ring`) puts nodes of different failure domains next to each other: a copy is worth
-little on a node that a zone's outage takes down with the original. Each rank's domain is the value
-of `FAILURE_DOMAIN_ENV` (the job chart sets it from the pod's zone label, k8s/job_chart.py); the ranks
-gather them when the replication group is made. With one domain (or none set) the ring is the nodes in
-rank order, so every node's partners are simply the next R nodes. Every node still sends R copies and
-holds R, so the memory each node needs is the same whatever the domains.
+little on a node that one fault takes down with the original. A node's domain is hierarchical,
+coarsest first: its zone, then the EC2 network nodes above it (layer 1 down to the one it attaches
+to), from the node's labels (domains.py `node_domain`; the zone alone where they could not be read).
+The ranks gather the domains when the replication group is made, and the ring alternates at the
+coarsest level where the job's nodes differ: zones where they span zones, and within one zone (a p5
+job's, for EFA) the network nodes, so that one switch's failure does not take a node and its partner
+together. With one domain (or none set) the ring is the nodes in rank order, so every node's partners
+are simply the next R nodes. Every node still sends R copies and holds R, so the memory each node
+needs is the same whatever the domains.
 It runs on a thread of its own over a gloo group of its own, so it never blocks the loop: the snapshot
 copy stays the only stall, and a replication still running when the next snapshot is due is skipped
 and counted like any busy tier (the agreement, agreement.py, decides it alike on every rank).
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from training.checkpoint.domains import levels
 from training.checkpoint.slot import SlotFiles
 
 if TYPE_CHECKING:
@@ -51,19 +56,34 @@ PEER_DIR = "peer"
 rank); restore_anywhere.py reads them."""
 
 
-FAILURE_DOMAIN_ENV = "NVRX_EKS_FAILURE_DOMAIN"
-"""This node's failure domain (e.g. its zone); unset or empty: one domain for every node."""
-
-
 def node_ring(domains: Sequence[str]) -> list[int]:
-    """The nodes (by node rank, `domains[node]` its domain) in replica order: each place goes to the
-    domain with the most nodes left that is not the previous place's (ties by name), each domain's nodes
-    in rank order. A node's successor is in another domain wherever the domains' sizes allow it (a
-    domain holding more than half the nodes must neighbour itself somewhere); one domain gives the nodes
-    in rank order. The same on every rank: it depends on the gathered domains only."""
-    left: dict[str, list[int]] = {}
-    for node, domain in enumerate(domains):
-        left.setdefault(domain, []).append(node)
+    """The nodes (by node rank, `domains[node]` its domain, domains.py `domain`) in replica order, the
+    same on every rank: it depends on the gathered domains only.
+
+    At the coarsest level where the nodes differ (a zone, then network-node layer 1, 2, ...), each place
+    goes to the group with the most nodes left that is not the previous place's (ties by name); each
+    group's nodes come in their own ring order, found the same way one level down, so that inside a zone
+    they alternate network nodes too. A node's successor is in another group wherever the groups' sizes
+    allow it (a group holding more than half the nodes must neighbour itself somewhere); nodes alike at
+    every level come in rank order, so one domain gives the nodes in rank order. A level a node's domain
+    lacks (its labels could not be read) counts as a group of its own, "" by name."""
+    paths = [levels(domain) for domain in domains]
+    return _ring(list(range(len(domains))), paths, level=0)
+
+
+def _ring(nodes: list[int], paths: list[list[str]], *, level: int) -> list[int]:
+    def at(node: int, depth: int) -> str:
+        return paths[node][depth] if depth < len(paths[node]) else ""
+
+    depth = max((len(paths[node]) for node in nodes), default=0)
+    while level < depth and len({at(node, level) for node in nodes}) == 1:
+        level += 1  # alike here: the groups are one level down
+    if level >= depth:
+        return sorted(nodes)
+    groups: dict[str, list[int]] = {}
+    for node in nodes:
+        groups.setdefault(at(node, level), []).append(node)
+    left = {name: _ring(members, paths, level=level + 1) for name, members in groups.items()}
     ring: list[int] = []
     previous: str | None = None
     while left:
@@ -152,8 +172,8 @@ class ReplicaWorker:
         timeout_s: float,
         domain: str = "",
     ) -> None:
-        """`domain`: this node's failure domain (`FAILURE_DOMAIN_ENV`); the partners are chosen once
-        every rank's is known (`prepare`)."""
+        """`domain`: this node's failure domain (domains.py `node_domain`); the partners are chosen
+        once every rank's is known (`prepare`)."""
         self.rank = rank
         self.domain = domain
         self.ranks_per_node = ranks_per_node
@@ -213,13 +233,15 @@ class ReplicaWorker:
     def start(self) -> None:
         return None
 
-    def prepare(self) -> None:
+    def prepare(self) -> bool:
         """On the loop's thread, at a step every rank launches alike: (re)create the replication group.
+        True when it did, and so chose the partners anew (`targets`, `sources`, from `domains`).
 
         A new default group (in-process restart, restore) voids the old one: its operations belong to
         the old attempt and time out on their own."""
         world = dist.group.WORLD
-        if world is not self._world:
+        made = world is not self._world
+        if made:
             self._world = world
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
             # Node ranks come from the rendezvous, so which node is where is known only now.
@@ -237,6 +259,7 @@ class ReplicaWorker:
             }
             self.targets = partner_ranks(self.rank, **layout)
             self.sources = source_ranks(self.rank, **layout)
+        return made
 
     def submit(
         self,

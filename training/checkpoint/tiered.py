@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,13 +26,10 @@ import torch.distributed as dist
 
 from training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
 from training.checkpoint.base import Checkpointer, Restored
+from training.checkpoint.domains import node_domain
 from training.checkpoint.memory import MemoryTier, Slot
 from training.checkpoint.persist import PersistWorker
-from training.checkpoint.replica import (
-    FAILURE_DOMAIN_ENV,
-    ReplicaWorker,
-    ranks_per_node,
-)
+from training.checkpoint.replica import ReplicaWorker, ranks_per_node
 from training.checkpoint.restore import StoreSource, load_newest
 from training.checkpoint.restore_anywhere import restore_from_anywhere
 from training.checkpoint.shard import encode_header, flatten
@@ -91,6 +89,7 @@ class TieredCheckpointer(Checkpointer):
                     f"checkpoint.peer_replicas={config.peer_replicas} needs more nodes than replicas "
                     f"(this job has {nodes}): lower it to at most {nodes - 1}"
                 )
+            where = node_domain()
             self.workers["peer"] = ReplicaWorker(
                 rank=rank,
                 world_size=world_size,
@@ -98,8 +97,10 @@ class TieredCheckpointer(Checkpointer):
                 replicas=config.peer_replicas,
                 memory_dir=config.memory_dir,
                 timeout_s=config.peer_timeout_s,
-                domain=os.environ.get(FAILURE_DOMAIN_ENV, ""),
+                domain=where.domain,
             )
+            # Which domain the partners are chosen by, and from what: a fallback is never silent.
+            self.emit("checkpoint_peer_domain", {"rank": rank, **asdict(where)})
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
         self._disk = tuple(store.tier for store, _, _ in stores)
@@ -343,7 +344,17 @@ class TieredCheckpointer(Checkpointer):
                 self._launched[tier] = step
                 worker = self.workers[tier]
                 if isinstance(worker, ReplicaWorker):
-                    worker.prepare()  # every rank launches at this step alike: a collective is safe
+                    # Every rank launches at this step alike: a collective is safe.
+                    if worker.prepare():
+                        self.emit(
+                            "checkpoint_peer_partners",
+                            {
+                                "rank": self.rank,
+                                "domains": worker.domains,
+                                "targets": worker.targets,
+                                "sources": worker.sources,
+                            },
+                        )
                     # Handed over now: its thread starts the exchange the moment the copy ends, so
                     # it runs during the next forward/backward (see Agreement).
                     self._submit_to(slot, tier, ready=self.memory.copy_waiter(slot))

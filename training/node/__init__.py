@@ -1,6 +1,9 @@
-"""Node health: can this node train?
+"""Node health: can this node train? And where does it sit?
 
 - selfcheck.py: the first thing each training pod runs (`python -m training.selfcheck`).
 - nodecheck.py: the node-check DaemonSet's loop, which labels and taints the Node
   (`python -m training.nodecheck`).
+- topology.py: the trainer pod's init container that reads its Node's zone and network-node labels for
+  the peer replica's partners (`python -m training.topology`).
+- kubeapi.py: the few Kubernetes API calls both make, with the standard library.
 """

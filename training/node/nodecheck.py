@@ -25,9 +25,9 @@ failure with the time it was given, and nothing here raises out of the loop):
   leaves the directory on the root volume, far smaller);
 - the EKS node monitoring agent's conditions (AcceleratedHardwareReady, ...): none False.
 
-The Kubernetes calls are four fixed REST requests made with the standard library (`InClusterApi`):
-the training image has no Kubernetes client, and its locked requirements are built inside the base
-image. Tests replace the API, the commands and the paths with fakes.
+The Kubernetes calls are four fixed REST requests made with the standard library (kubeapi.py
+`InClusterApi`): the training image has no Kubernetes client, and its locked requirements are built
+inside the base image. Tests replace the API, the commands and the paths with fakes.
 """
 
 from __future__ import annotations
@@ -38,11 +38,8 @@ import logging
 import os
 import re
 import shutil
-import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kitcore.configio import UserError, exit_on_user_error
 from kitcore.profiles import InstanceProfile, get_profile
 from training.node import selfcheck
+from training.node.kubeapi import ApiError, InClusterApi
 from training.node.selfcheck import Check, Status
 
 if TYPE_CHECKING:
@@ -454,59 +452,6 @@ class NodeApi(Protocol):
     def patch_node(self, name: str, patch: dict[str, Any]) -> None: ...
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> None: ...
     def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-class InClusterApi:
-    """The API server as seen from a pod: its service account token (re-read each call: the kubelet
-    rotates it) and CA."""
-
-    def __init__(self, env: Mapping[str, str] | None = None, sa_dir: Path = SA_DIR) -> None:
-        env = env if env is not None else os.environ
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise UserError("KUBERNETES_SERVICE_HOST is unset: run inside a pod, or pass --once --dry-run")
-        self.base = f"https://{host}:{port}"
-        self.sa_dir = sa_dir
-        self.context = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None, content_type: str) -> dict[str, Any]:
-        token = (self.sa_dir / "token").read_text().strip()
-        request = urllib.request.Request(  # noqa: S310 - https to the API server only
-            self.base + path,
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": content_type,
-                "Accept": "application/json",
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, context=self.context, timeout=30) as response:  # noqa: S310
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, exc.read().decode(errors="replace")[:300]) from None
-
-    def get_node(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/v1/nodes/{name}", None, "application/json")
-
-    def patch_node(self, name: str, patch: dict[str, Any]) -> None:
-        self._call("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
-
-    def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
-        self._call("PATCH", f"/api/v1/nodes/{name}/status", patch, "application/strategic-merge-patch+json")
-
-    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
-        self._call("POST", f"/api/v1/namespaces/{namespace}/events", body, "application/json")
 
 
 def verify_once(
