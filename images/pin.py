@@ -1,10 +1,13 @@
-"""`nvrx-eks image pin`: record the base image's digest and the two tarballs' checksums.
+"""`nvrx-eks image pin`: record the base images' digests, the tarballs' checksums and the charts' digests.
 
 Run once on a machine with internet. It downloads the EFA installer and the aws-ofi-nccl release
 tarball at the versions in kitcore/pins.py (over TLS, from the URLs the Dockerfile fetches), hashes
 them, asks the base image's registry which manifest its tag names (the OCI distribution API, with
 the registry's anonymous bearer token where it asks for one), and writes the three values into
-kitcore/pins.py `IMAGE` and the Dockerfile's ARG defaults. Nothing else in either file changes.
+kitcore/pins.py `IMAGE` and the Dockerfile's ARG defaults; the same for the store image. It asks each
+Helm chart image's registry the same way for its tag's digest (ECR, which offers no anonymous token,
+with the caller's AWS credentials) and writes it, with the registry as its source, into that image's
+entry in kitcore/pins.py `HELM_CHARTS`. Nothing else in either file changes.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.error import HTTPError, URLError
 
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
+from kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, ChartPin, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from email.message import Message
 
 PINS_FILE = Path(__file__).resolve().parent.parent / "kitcore" / "pins.py"
@@ -45,6 +48,12 @@ MANIFEST_TYPES = (
 _CHUNK = 1 << 20
 _TIMEOUT_S = 60.0
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+# A private ECR registry's host; its region is where GetAuthorizationToken is asked.
+_ECR_HOST = re.compile(r"\d{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?")
+# What `pin` writes as a chart image's source beside the digest it read.
+REGISTRY_SOURCE = "read from the registry by `nvrx-eks image pin`"
+ChartImageKey = tuple[str, str]
+"""(chart name in HELM_CHARTS, the image's values_key)."""
 
 
 class Response(Protocol):
@@ -103,11 +112,42 @@ def _bearer_token(challenge: str, *, opener: Opener, scheme: str) -> str:
     return token
 
 
-def registry_digest(repository: str, tag: str, *, opener: Opener = _open, scheme: str = "https") -> str:
-    """sha256:... of the manifest `repository:tag` names, as the registry serves it."""
+def ecr_token(region: str) -> str:
+    """ECR's registry credentials in `region` (ecr:GetAuthorizationToken with the caller's AWS
+    credentials): base64 `AWS:<password>`, which the registry takes as HTTP Basic."""
+    from infra.ops.aws import AwsSession, ServiceError, aws_errors  # noqa: PLC0415 - boto3 only for ECR
+
+    try:
+        with aws_errors("ecr:GetAuthorizationToken"):
+            data = AwsSession(region=region).client("ecr").get_authorization_token()["authorizationData"]
+    except ServiceError as error:
+        raise UserError(str(error)) from None
+    return str(data[0]["authorizationToken"])
+
+
+def _authorization(
+    challenge: str, *, host: str, opener: Opener, scheme: str, ecr: Callable[[str], str]
+) -> str:
+    """The Authorization header that answers a registry's `WWW-Authenticate` challenge."""
+    ecr_host = _ECR_HOST.fullmatch(host)
+    if challenge.partition(" ")[0].lower() == "basic" and ecr_host:
+        return f"Basic {ecr(ecr_host.group(1))}"
+    return f"Bearer {_bearer_token(challenge, opener=opener, scheme=scheme)}"
+
+
+def registry_digest(
+    repository: str,
+    tag: str,
+    *,
+    opener: Opener = _open,
+    scheme: str = "https",
+    ecr: Callable[[str], str] | None = None,
+) -> str:
+    """sha256:... of the manifest `repository:tag` names, as the registry serves it (`ecr`: region -> ECR's
+    Basic credentials, for a private ECR registry; default `ecr_token`)."""
     host, slash, path = repository.partition("/")
     if not slash or not ("." in host or ":" in host):
-        raise UserError(f"base_repository {repository!r} must start with its registry (e.g. nvcr.io/...)")
+        raise UserError(f"image repository {repository!r} must start with its registry (e.g. nvcr.io/...)")
     # Docker Hub's images are named docker.io/..., its registry API answers at registry-1.docker.io.
     host = {"docker.io": "registry-1.docker.io"}.get(host, host)
     url = f"{scheme}://{host}/v2/{path}/manifests/{tag}"
@@ -117,9 +157,11 @@ def registry_digest(repository: str, tag: str, *, opener: Opener = _open, scheme
     except HTTPError as error:
         if error.code != 401 or "WWW-Authenticate" not in error.headers:  # noqa: PLR2004 - HTTP status
             raise UserError(f"{repository}:{tag}: the registry answered HTTP {error.code}") from None
-        token = _bearer_token(error.headers["WWW-Authenticate"], opener=opener, scheme=scheme)
+        authorization = _authorization(
+            error.headers["WWW-Authenticate"], host=host, opener=opener, scheme=scheme, ecr=ecr or ecr_token
+        )
         try:
-            response = _get(opener, url, Authorization=f"Bearer {token}", **headers)
+            response = _get(opener, url, Authorization=authorization, **headers)
         except HTTPError as again:
             raise UserError(f"{repository}:{tag}: the registry answered HTTP {again.code}") from None
     body = response.read()
@@ -159,38 +201,95 @@ def resolve_store(
     }
 
 
+def resolve_charts(
+    charts: Mapping[str, ChartPin] = HELM_CHARTS,
+    *,
+    opener: Opener | None = None,
+    scheme: str = "https",
+    ecr: Callable[[str], str] | None = None,
+) -> dict[ChartImageKey, str]:
+    """The digest each chart image's tag names now: (chart, values_key) -> sha256:..."""
+    opener = opener or _open
+    return {
+        (name, image.values_key): registry_digest(
+            image.repository, image.tag, opener=opener, scheme=scheme, ecr=ecr
+        )
+        for name, chart in charts.items()
+        for image in chart.images
+    }
+
+
 def rewrite_pins(source: str, values: Mapping[str, str], *, target: str = "IMAGE") -> str:
     """`source` (kitcore/pins.py) with the keyword arguments `values` names in `<target> = ...(...)`
     set to new string literals; every other character unchanged."""
-    call = next(
-        (
-            node.value
-            for node in ast.parse(source).body
-            if isinstance(node, ast.Assign)
-            and [getattr(t, "id", None) for t in node.targets] == [target]
-            and isinstance(node.value, ast.Call)
-        ),
-        None,
-    )
-    if call is None:
-        raise RuntimeError(f"kitcore/pins.py has no `{target} = ...(...)`")
+    match _assigned(ast.parse(source), target):
+        case ast.Call() as call:
+            return _apply(source, _keyword_edits(source, call, values, target))
+    raise RuntimeError(f"kitcore/pins.py has no `{target} = ...(...)`")
+
+
+def _assigned(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value a top-level `name = ...` (or `name: T = ...`) assigns."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return node.value
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name:
+            return node.value
+    return None
+
+
+def _chart_image_call(tree: ast.Module, chart: str, values_key: str) -> ast.Call:
+    """The `ChartImage(...)` of `values_key` in `HELM_CHARTS[chart]`'s `images`."""
+    charts = _assigned(tree, "HELM_CHARTS")
+    entries = zip(charts.keys, charts.values, strict=True) if isinstance(charts, ast.Dict) else ()
+    for key, pin in entries:
+        if not (isinstance(key, ast.Constant) and key.value == chart and isinstance(pin, ast.Call)):
+            continue
+        images = next((k.value for k in pin.keywords if k.arg == "images"), None)
+        for image in images.elts if isinstance(images, ast.Tuple) else []:
+            if not isinstance(image, ast.Call):
+                continue
+            named = {k.arg: k.value for k in image.keywords}.get("values_key")
+            if isinstance(named, ast.Constant) and named.value == values_key:
+                return image
+    raise RuntimeError(f"kitcore/pins.py HELM_CHARTS[{chart!r}] has no ChartImage(values_key={values_key!r})")
+
+
+def rewrite_chart_images(source: str, digests: Mapping[ChartImageKey, str]) -> str:
+    """`source` (kitcore/pins.py) with each named chart image's `digest` set, and its `source` naming the
+    registry; every other character unchanged."""
+    tree = ast.parse(source)
+    calls = [(_chart_image_call(tree, *key), digest) for key, digest in digests.items()]
+    edits = [
+        edit
+        for call, digest in calls
+        for edit in _keyword_edits(source, call, {"digest": digest, "source": REGISTRY_SOURCE}, "ChartImage")
+    ]
+    return _apply(source, edits)
+
+
+def _keyword_edits(
+    source: str, call: ast.Call, values: Mapping[str, str], where: str
+) -> list[tuple[int, int, str]]:
+    """(start, end, new text) replacing the value of each keyword of `call` that `values` names."""
     keywords = {k.arg: k.value for k in call.keywords}
     missing = [name for name in values if name not in keywords]
     if missing:
-        raise RuntimeError(f"kitcore/pins.py {target} does not set {missing}: add them (any value) first")
+        raise RuntimeError(f"kitcore/pins.py {where} does not set {missing}: add them (any value) first")
     lines = source.splitlines(keepends=True)
-    spans = sorted(
+    return [
         (
-            (
-                _offset(lines, n.lineno, n.col_offset),
-                _offset(lines, n.end_lineno or n.lineno, n.end_col_offset or 0),
-            ),
-            name,
+            _offset(lines, node.lineno, node.col_offset),
+            _offset(lines, node.end_lineno or node.lineno, node.end_col_offset or 0),
+            json.dumps(values[name]),
         )
-        for name, n in ((name, keywords[name]) for name in values)
-    )
-    for (start, end), name in reversed(spans):
-        source = f"{source[:start]}{json.dumps(values[name])}{source[end:]}"
+        for name, node in ((name, keywords[name]) for name in values)
+    ]
+
+
+def _apply(source: str, edits: list[tuple[int, int, str]]) -> str:
+    for start, end, text in sorted(edits, reverse=True):
+        source = f"{source[:start]}{text}{source[end:]}"
     return source
 
 
@@ -229,3 +328,9 @@ def record_store(
     pins_file.write_text(rewrite_pins(pins_file.read_text(), values, target="STORE_IMAGE"))
     dockerfile.write_text(rewrite_dockerfile(dockerfile.read_text(), pinned, STORE_DOCKERFILE_ARGS))
     return pinned
+
+
+def record_charts(digests: Mapping[ChartImageKey, str], *, pins_file: Path | None = None) -> None:
+    """Write each chart image's digest (and the registry as its source) into kitcore/pins.py HELM_CHARTS."""
+    pins_file = pins_file or PINS_FILE
+    pins_file.write_text(rewrite_chart_images(pins_file.read_text(), digests))

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aws_cdk import Duration
+from aws_cdk import Annotations, Duration
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
@@ -25,6 +25,7 @@ from infra.addon_values import (
 )
 from k8s import names
 from kitcore import pins
+from kitcore.configio import merge
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -210,13 +211,42 @@ class HelmAddon:
             version=pin.version,
             namespace=pin.namespace,
             release=self.name,
-            values=self.values,
+            # The pinned images win over anything the kit's values say about them.
+            values=merge(self.values, chart_image_values(pin)),
             wait=self.wait,
             timeout=self.timeout,
         )
+        for image in pin.images:
+            if image.digest == pins.UNPUBLISHED_SHA256:
+                Annotations.of(chart).add_warning_v2(IMAGE_BY_TAG_WARNING, by_tag_message(self.name, image))
         for dependency in ctx.node_dependencies:
             chart.node.add_dependency(dependency)
         return chart
+
+
+IMAGE_BY_TAG_WARNING = "nvrx-eks:image-by-tag"
+"""The id of the synth warning for an image whose digest kitcore/pins.py does not hold yet."""
+
+
+def chart_image_values(pin: pins.ChartPin) -> dict[str, Any]:
+    """The chart values naming each of the chart's images: REPOSITORY and TAG@DIGEST, which its
+    template joins to REPOSITORY:TAG@DIGEST; the tag alone while the digest is unpublished."""
+    values: dict[str, Any] = {}
+    for image in pin.images:
+        node = values
+        for key in image.values_key.split("."):
+            node = node.setdefault(key, {})
+        pinned = image.digest != pins.UNPUBLISHED_SHA256
+        node.update(repository=image.repository, tag=f"{image.tag}@{image.digest}" if pinned else image.tag)
+    return values
+
+
+def by_tag_message(chart: str, image: pins.ChartImage) -> str:
+    """What synth says of a chart image that is pulled by tag (preflight fails on it, naming the same fix)."""
+    return (
+        f"{chart}: {image.reference} is pulled by tag, its digest is not in kitcore/pins.py; "
+        f"{pins.IMAGE_PIN_FIX}"
+    )
 
 
 # The FSx CSI controller only needs to describe file systems for a statically provisioned volume;

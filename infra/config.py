@@ -343,6 +343,13 @@ class AddonsConfig(_Model):
     """PodMonitors for the trainer and the DCGM exporter (needs the Prometheus Operator's CRDs)."""
 
 
+NODE_CHECK_DIGEST_FIX = (
+    "after `nvrx-eks image push`, deploy with -c node_check.image_tag=TAG "
+    "-c node_check.image_digest=sha256:... (the tag and digest of the first line it prints)"
+)
+"""What synth's warning and preflight's warning say of the node check pulled by tag."""
+
+
 class NodeCheckConfig(_Model):
     """The node-check DaemonSet on every GPU node (k8s/node_verification.py, training/node/nodecheck.py)."""
 
@@ -350,6 +357,10 @@ class NodeCheckConfig(_Model):
     """Tag of the training image in the stack's ECR repository. None: the tag `nvrx-eks image push`
     gives the image built from this checkout (its git revision), so the check is deployed with the
     cluster and starts once that image is pushed (the kubelet retries the pull); no second deploy."""
+    image_digest: str | None = None
+    """sha256:... of `image_tag` as `nvrx-eks image push` printed it: the DaemonSet then pulls
+    REPOSITORY:TAG@DIGEST. None: by tag, which the repository's immutable tags keep on one image (synth
+    and preflight warn). Needs `image_tag`: a digest is of one tag, not of whatever checkout deploys."""
     interval_s: int = Field(600, ge=60)
     """Seconds between checks of a node (DCGM diagnostics level 1 takes about a minute)."""
     dcgm_host: str | None = None
@@ -361,6 +372,23 @@ class NodeCheckConfig(_Model):
         if value is not None and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", value):
             raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; <= 128)")
         return value
+
+    @field_validator("image_digest")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", value):
+            raise ValueError(
+                f"{value!r} is not an image digest: sha256:<64 hex>, as `nvrx-eks image push` prints it"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _digest_of_a_tag(self) -> NodeCheckConfig:
+        if self.image_digest is not None and self.image_tag is None:
+            raise ValueError(
+                "image_digest needs image_tag: set node_check.image_tag to the tag the digest was pushed as"
+            )
+        return self
 
 
 class TrainingConfig(_Model):

@@ -3,7 +3,9 @@
 Some facts a deploy depends on can be settled only by asking AWS: that EKS offers each pinned add-on
 version for the config's Kubernetes version (several pins in kitcore/pins.py have no public source),
 that the version is still in standard support, that the Capacity Block or reservation exists and
-matches, that the quota holds the node groups. `nvrx-eks preflight` asks; when every check passes it
+matches, that the quota holds the node groups; and, offline, that every Helm chart image is pinned by
+digest (a chart pulled by a tag its registry may move is refused like an unoffered add-on version).
+`nvrx-eks preflight` asks; when every check passes it
 records the pass here, and the app refuses a deploy (exit 2, before anything is created) unless such
 a record exists for the same config and account, younger than `MAX_AGE`. `-c skip_preflight="WHY"`
 deploys without one and says so.

@@ -236,38 +236,113 @@ EKS_ADDONS: dict[str, AddonPin] = {
 
 
 @dataclass(frozen=True)
+class ChartImage:
+    """One container image a pinned Helm chart runs, and the chart value that names it.
+
+    Every pinned chart version's template joins the value as `REPOSITORY:TAG` (read at that version), so
+    the stack passes the digest on the tag, `TAG@sha256:...`: the kubelet pulls by the digest and the
+    tag says which one it was (infra/addons.py).
+    """
+
+    values_key: str
+    """The chart value holding `repository` and `tag`, dotted (e.g. "controllerManager.manager.image")."""
+    repository: str
+    tag: str
+    """The tag the chart version runs by default (its values.yaml, else its appVersion)."""
+    digest: str = UNPUBLISHED_SHA256
+    """sha256:... of the tag's manifest (index); UNPUBLISHED_SHA256 until a source or `nvrx-eks image pin`
+    gives it: the stack then passes the tag alone, warns, and preflight fails (infra/ops/preflight.py)."""
+    source: str = ""
+    """Where the digest was read, or why there is none."""
+
+    @property
+    def reference(self) -> str:
+        """REPOSITORY:TAG@DIGEST, or REPOSITORY:TAG while the digest is unpublished."""
+        reference = f"{self.repository}:{self.tag}"
+        return reference if self.digest == UNPUBLISHED_SHA256 else f"{reference}@{self.digest}"
+
+
+@dataclass(frozen=True)
 class ChartPin:
-    """A Helm chart installed where no EKS managed add-on exists."""
+    """A Helm chart installed where no EKS managed add-on exists, and every image it runs as installed."""
 
     chart: str
     repository: str
     version: str
     namespace: str
+    images: tuple[ChartImage, ...] = ()
+    """Each image the chart's objects run with the kit's values: its containers, init containers and
+    sidecars; an optional component the kit leaves off (e.g. Kueue's dashboard) is not listed."""
 
 
+# The charts' images by digest (a scanner's "image by tag" finding, and a tag moved upstream would
+# change what runs): each digest beside its public source, as found by code search, not read from the
+# registry. Where no public source names one, `nvrx-eks image pin` (run once with internet; the EFA
+# plugin's ECR registry also needs AWS credentials) asks each registry for its tag's digest and writes it
+# here, naming the registry as the source. After a chart version change here, check the chart's images at
+# that version and run it again.
+_UNPUBLISHED_DIGEST = "none found: `nvrx-eks image pin` reads it from the registry"
+IMAGE_PIN_FIX = (
+    "run `nvrx-eks image pin` once with internet (AWS credentials too for an image in ECR) and commit "
+    "kitcore/pins.py"
+)
+"""What synth's warning and preflight's failure say of a chart image whose digest is unpublished."""
 HELM_CHARTS: dict[str, ChartPin] = {
     # https://github.com/NVIDIA/k8s-device-plugin (the AL2023 NVIDIA AMI ships the driver and the
-    # container toolkit, not the device plugin).
+    # container toolkit, not the device plugin). One image, "v" + appVersion, for every container: the
+    # plugin's DaemonSet and the MPS control daemon's (its init container too); NFD and GFD stay off
+    # (gfd.enabled: false).
     "nvidia-device-plugin": ChartPin(
         chart="nvidia-device-plugin",
         repository="https://nvidia.github.io/k8s-device-plugin",
         version="0.17.1",
         namespace="kube-system",
+        images=(
+            ChartImage(
+                values_key="image",
+                repository="nvcr.io/nvidia/k8s-device-plugin",
+                tag="v0.17.1",
+                digest="sha256:af31e2b7c7f89834c4e5219860def7ac2e49a207b3d4e8610d5a26772b7738e5",
+                source="a public kind smoke test pins this tag by digest (code search, not the registry)",
+            ),
+        ),
     ),
     # >= v0.5.10: older releases count P6 NVLink devices as EFA. Chart v0.5.20 ships plugin v0.5.13.
     # https://github.com/aws/eks-charts/tree/master/stable/aws-efa-k8s-device-plugin
+    # Its image is in the EKS add-on registry (private ECR, account 602401143452, us-west-2 as the
+    # chart's default): the nodes pull it with their ECR read policy, and `nvrx-eks image pin` asks ECR
+    # with the caller's AWS credentials (the registry offers no anonymous token).
     "aws-efa-k8s-device-plugin": ChartPin(
         chart="aws-efa-k8s-device-plugin",
         repository="https://aws.github.io/eks-charts",
         version="v0.5.20",
         namespace="kube-system",
+        images=(
+            ChartImage(
+                values_key="image",
+                repository="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
+                tag="v0.5.13",
+                digest=UNPUBLISHED_SHA256,
+                source=_UNPUBLISHED_DIGEST,
+            ),
+        ),
     ),
-    # https://github.com/NVIDIA/dcgm-exporter (GPU health and utilisation as Prometheus metrics).
+    # https://github.com/NVIDIA/dcgm-exporter (GPU health and utilisation as Prometheus metrics). Chart
+    # 4.1.1 is the exporter's release 4.2.3-4.1.1; its DaemonSet runs the one exporter container.
     "dcgm-exporter": ChartPin(
         chart="dcgm-exporter",
         repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
         version="4.1.1",
         namespace="kube-system",
+        images=(
+            ChartImage(
+                values_key="image",
+                repository="nvcr.io/nvidia/k8s/dcgm-exporter",
+                tag="4.2.3-4.1.1-ubuntu22.04",
+                digest=UNPUBLISHED_SHA256,
+                source=_UNPUBLISHED_DIGEST,
+            ),
+        ),
     ),
     # Optional gang admission for multi-node jobs. https://kueue.sigs.k8s.io/docs/installation/
     # 0.19.3: the newest release with a public source here, a project that installs this chart version
@@ -276,10 +351,21 @@ HELM_CHARTS: dict[str, ChartPin] = {
     # (https://github.com/kubernetes-sigs/kueue/issues/7626). From 0.19, WaitForPodsReady is on by
     # default (30 min timeout and recovery timeout): a job whose pods are not all ready within 30 minutes
     # is evicted and requeued (k8s/cluster_chart.py KUEUE_PODS_READY_TIMEOUT_S says what that bounds).
+    # The released chart runs the manager image of its own version from registry.k8s.io (no
+    # kube-rbac-proxy since 0.11); the KueueViz dashboard's two images stay off (enableKueueViz: false).
     "kueue": ChartPin(
         chart="kueue",
         repository="oci://registry.k8s.io/kueue/charts/kueue",  # OCI: the full chart path
         version="0.19.3",
         namespace="kueue-system",
+        images=(
+            ChartImage(
+                values_key="controllerManager.manager.image",
+                repository="registry.k8s.io/kueue/kueue",
+                tag="v0.19.3",
+                digest="sha256:0fc7cf6b1278bc6f20b7ce96d43f6973135b68aa3913005f1bb0c065faf26731",
+                source="the v0.19.3 release issue, https://github.com/kubernetes-sigs/kueue/issues/14693",
+            ),
+        ),
     ),
 }

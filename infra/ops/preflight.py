@@ -5,8 +5,10 @@ EFA, its capacity reservation or Capacity Block exists, is active or scheduled a
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
 maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
-offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Each check
-yields a row (pass / warn / fail) with the fix when it does not pass. A run where every check passes is
+offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Offline, every
+image the stack deploys is pulled by digest: a pinned chart image whose digest kitcore/pins.py does not
+hold yet fails (`nvrx-eks image pin` records it), the node check by tag warns. Each check yields a row
+(pass / warn / fail) with the fix when it does not pass. A run where every check passes is
 recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent one.
 """
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from infra.addon_values import MANAGED_ADDON_CONFIGURATION
+from infra.config import NODE_CHECK_DIGEST_FIX
 from infra.ops.aws import ServiceError, aws_errors, error_code
 from kitcore import pins
 from kitcore.configio import UserError
@@ -85,12 +88,27 @@ class AddonTarget:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ImageTarget:
+    """One container image the stack deploys, and whether it is pulled by digest."""
+
+    subject: str
+    reference: str
+    """REPOSITORY:TAG[@DIGEST] as the stack passes it."""
+    by_digest: bool
+    required: bool
+    """True: pulled by tag fails the check, so `cdk deploy` refuses (infra/deploy_gate.py); False: it
+    warns."""
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class PreflightTarget:
     region: str
     availability_zone: str
     node_groups: tuple[NodeGroupTarget, ...]
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
+    images: tuple[ImageTarget, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +151,7 @@ class Preflight:
                 results.append(self._guarded("capacity reservation", group, self._reservation))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
+        results.extend(image_digest(image) for image in self._target.images)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -561,7 +580,58 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
             )
             for group in config.gpu_node_groups
         ),
+        images=image_targets(config),
     )
+
+
+IMAGE_CHECK = "image by digest"
+
+
+def image_digest(image: ImageTarget) -> CheckResult:
+    """Pass when the stack pulls `image` by digest; else fail (a required one) or warn, with the fix."""
+    if image.by_digest:
+        return CheckResult(
+            check=IMAGE_CHECK, subject=image.subject, status=Status.PASS, detail=image.reference
+        )
+    return CheckResult(
+        check=IMAGE_CHECK,
+        subject=image.subject,
+        status=Status.FAIL if image.required else Status.WARN,
+        detail=f"{image.reference} is pulled by tag",
+        fix=image.fix,
+    )
+
+
+def image_targets(config: ClusterConfig) -> tuple[ImageTarget, ...]:
+    """Every pinned chart's images, deployed by this config or not (an unpublished digest is a gap
+    either way), and the node check's image.
+
+    A chart image by tag is refused: its tag lives in a registry the kit does not own. The node check's
+    tag is in the stack's own ECR repository, whose tags are immutable (infra/constructs/storage.py), and
+    its image is pushed only after the first deploy, so its digest can be given from the second deploy on:
+    by tag it warns.
+    """
+    charts = tuple(
+        ImageTarget(
+            subject=f"{name}: {image.values_key}",
+            reference=image.reference,
+            by_digest=image.digest != pins.UNPUBLISHED_SHA256,
+            required=True,
+            fix=pins.IMAGE_PIN_FIX,
+        )
+        for name, chart in pins.HELM_CHARTS.items()
+        for image in chart.images
+    )
+    check = config.node_check
+    node_check = ImageTarget(
+        subject="node check",
+        reference=f"<ImageRepositoryUri>:{check.image_tag or '<this checkout>'}"
+        + (f"@{check.image_digest}" if check.image_digest else ""),
+        by_digest=check.image_digest is not None,
+        required=False,
+        fix=NODE_CHECK_DIGEST_FIX,
+    )
+    return (*charts, node_check)
 
 
 def failed(results: Iterable[CheckResult]) -> list[CheckResult]:

@@ -10,12 +10,19 @@ import json
 from typing import TYPE_CHECKING
 
 import cdk8s
-from aws_cdk import CfnOutput, Environment, Stack
+from aws_cdk import Annotations, CfnOutput, Environment, Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
 from infra import nag
-from infra.addons import AddonContext, deploy_addons, pod_identity_principal, standard_addons
+from infra.addons import (
+    IMAGE_BY_TAG_WARNING,
+    AddonContext,
+    deploy_addons,
+    pod_identity_principal,
+    standard_addons,
+)
+from infra.config import NODE_CHECK_DIGEST_FIX
 from infra.constructs.cluster import TrainingCluster
 from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
 from infra.constructs.logging import LogEncryption
@@ -179,9 +186,15 @@ class ClusterStack(Stack):
         if check.image_tag is None:  # infra/app.py build() resolves it; kept for type checkers
             raise UserError("node_check.image_tag is missing; set the tag `nvrx-eks image push` printed")
         # From the first deploy: the DaemonSet names the image `nvrx-eks image push` will push (the tag
-        # of this checkout), and the kubelet keeps retrying the pull until it is there.
+        # of this checkout), and the kubelet keeps retrying the pull until it is there. Its digest exists
+        # only once pushed: until the config gives it, the image is pulled by its immutable tag.
+        image = f"{self.storage.repository.repository_uri}:{check.image_tag}"
+        if check.image_digest is None:
+            Annotations.of(self).add_warning_v2(
+                IMAGE_BY_TAG_WARNING, f"the node check's image is pulled by tag; {NODE_CHECK_DIGEST_FIX}"
+            )
         node_check = NodeCheckSpec(
-            image=f"{self.storage.repository.repository_uri}:{check.image_tag}",
+            image=f"{image}@{check.image_digest}" if check.image_digest else image,
             interval_s=check.interval_s,
             local_nvme_path=names.NVME_RAID_ROOT,
             dcgm_host=check.dcgm_host,

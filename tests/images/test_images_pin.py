@@ -1,15 +1,18 @@
 """`nvrx-eks image pin` against a registry and download hosts served on loopback.
 
-The server plays the three hosts the command talks to (the EFA installer's, GitHub's release
-downloads, the base image's registry with its anonymous bearer token service); the command's real
-URLs are routed to it by the opener, so what is exercised is the command's own HTTP code.
+The server plays the hosts the command talks to (the EFA installer's, GitHub's release downloads, the
+base image's registry with its anonymous bearer token service, each Helm chart image's registry, one of
+them ECR with HTTP Basic); the command's real URLs are routed to it by the opener, so what is exercised
+is the command's own HTTP code. ECR's credentials come from a stand-in for GetAuthorizationToken.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import json
+import re
 import sys
 import threading
 import urllib.parse
@@ -26,10 +29,10 @@ from images import build
 from images import pin as pinning
 from images.commands import register
 from kitcore.configio import UserError
-from kitcore.pins import IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256
+from kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256, ChartImage
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 EFA_BYTES = b"efa installer tarball " * 100_000  # > one read chunk
@@ -38,6 +41,31 @@ TORCH_BYTES = b"torch cpu wheel\n"
 MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json"}).encode()
 MANIFEST_DIGEST = f"sha256:{hashlib.sha256(MANIFEST).hexdigest()}"
 TOKEN = "anonymous-pull-token"  # noqa: S105 - the fake registry's token
+ECR_TOKEN = base64.b64encode(b"AWS:ecr-password").decode()  # what GetAuthorizationToken returns
+ECR_HOST = re.compile(r"\d{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com")
+CHART_IMAGES = {
+    (name, image.values_key): image for name, chart in HELM_CHARTS.items() for image in chart.images
+}
+
+
+def _location(image: ChartImage) -> tuple[str, str]:
+    """(host, path) where the registry serves the image's manifest."""
+    host, _, path = image.repository.partition("/")
+    return host, f"/v2/{path}/manifests/{image.tag}"
+
+
+def _chart_manifest(image: ChartImage) -> bytes:
+    # Each image its own bytes, so its own digest.
+    return json.dumps(
+        {"schemaVersion": 2, "annotations": {"ref": f"{image.repository}:{image.tag}"}}
+    ).encode()
+
+
+def _chart_digest(image: ChartImage) -> str:
+    return f"sha256:{hashlib.sha256(_chart_manifest(image)).hexdigest()}"
+
+
+CHART_MANIFESTS = {_location(image): _chart_manifest(image) for image in CHART_IMAGES.values()}
 
 
 class _Registry(BaseHTTPRequestHandler):
@@ -80,6 +108,13 @@ class _Registry(BaseHTTPRequestHandler):
             else:
                 digest = {"Docker-Content-Digest": MANIFEST_DIGEST} if self.send_digest_header else {}
                 self._send(200, MANIFEST, **digest)
+        elif (host, url.path) in CHART_MANIFESTS:
+            ecr = ECR_HOST.fullmatch(host)
+            if ecr and self.headers.get("Authorization") != f"Basic {ECR_TOKEN}":
+                challenge = f'Basic realm="https://{host}/",service="ecr.amazonaws.com"'
+                self._send(401, b"{}", **{"WWW-Authenticate": challenge})
+            else:
+                self._send(200, CHART_MANIFESTS[host, url.path])
         elif host == "registry-1.docker.io" and url.path == store_manifest:
             self._send(200, MANIFEST, **{"Docker-Content-Digest": MANIFEST_DIGEST})
         elif host == "nvcr.io" and url.path == "/proxy_auth":
@@ -88,6 +123,25 @@ class _Registry(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"token": TOKEN}).encode())
         else:
             self._send(404)
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch, tmp_path):
+    """Fake credentials from the standard chain (env vars) and no user config files."""
+    for var in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture
@@ -135,6 +189,48 @@ def test_without_the_digest_header_the_manifest_bytes_are_hashed(served, monkeyp
     opener, _ = served
     monkeypatch.setattr(_Registry, "send_digest_header", False)
     assert pinning.registry_digest("nvcr.io/nvidia/pytorch", IMAGE.base_tag, opener=opener) == MANIFEST_DIGEST
+
+
+def _ecr(asked: list[str]) -> Callable[[str], str]:
+    """A stand-in for ecr:GetAuthorizationToken that records the regions it is asked for."""
+
+    def token(region: str) -> str:
+        asked.append(region)
+        return ECR_TOKEN
+
+    return token
+
+
+def test_each_chart_image_resolves_to_the_digest_its_registry_serves_ecr_with_aws_credentials(served):
+    opener, seen = served
+    asked: list[str] = []
+    digests = pinning.resolve_charts(HELM_CHARTS, opener=opener, ecr=_ecr(asked))
+    assert digests == {key: _chart_digest(image) for key, image in CHART_IMAGES.items()}
+    ecr_hosts = sorted({h for h, _ in map(_location, CHART_IMAGES.values()) if ECR_HOST.fullmatch(h)})
+    assert ecr_hosts, "no chart image is in ECR any more: this test no longer covers ECR's Basic auth"
+    # ECR offers no anonymous token: refused, then asked again with the registry region's credentials.
+    assert asked == [ECR_HOST.fullmatch(h).group(1) for h in ecr_hosts]  # type: ignore[union-attr]
+    assert [auth for host, _, auth in seen if host in ecr_hosts] == [None, f"Basic {ECR_TOKEN}"] * len(
+        ecr_hosts
+    )
+
+
+def test_ecr_credentials_are_getauthorizationtokens_in_the_registrys_region(aws_credentials):
+    from moto import mock_aws  # noqa: PLC0415
+
+    with mock_aws():
+        token = pinning.ecr_token("us-west-2")
+    user, _, password = base64.b64decode(token).decode().partition(":")
+    assert (user, bool(password)) == ("AWS", True)
+
+
+def test_a_chart_image_in_ecr_without_aws_credentials_is_one_message(served, aws_credentials, monkeypatch):
+    opener, _ = served
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    (image,) = [i for i in CHART_IMAGES.values() if ECR_HOST.fullmatch(_location(i)[0])]
+    with pytest.raises(UserError, match="no AWS credentials found"):
+        pinning.registry_digest(image.repository, image.tag, opener=opener)
 
 
 def _load(path: Path) -> object:
@@ -191,6 +287,7 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
     pins_file, dockerfile = copies
     pins_before, docker_before = pins_file.read_text(), dockerfile.read_text()
     monkeypatch.setattr(pinning, "_open", opener)
+    monkeypatch.setattr(pinning, "ecr_token", _ecr([]))
     result = CliRunner().invoke(_app(), ["image", "pin"])
     assert result.exit_code == 0, result.output
     efa = hashlib.sha256(EFA_BYTES).hexdigest()
@@ -219,7 +316,16 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
         STORE_IMAGE.base_repository,
         STORE_IMAGE.torch_version,
     )
-    assert len(_changed_lines(pins_before, pins_file.read_text())) == 5
+    # ... and each chart image's digest, the registry named as its source; nothing else of the charts.
+    charts = _load(pins_file).HELM_CHARTS
+    for (name, key), image in CHART_IMAGES.items():
+        (recorded_image,) = [i for i in charts[name].images if i.values_key == key]
+        assert recorded_image.digest == _chart_digest(image)
+        assert recorded_image.source == pinning.REGISTRY_SOURCE
+        assert (recorded_image.repository, recorded_image.tag) == (image.repository, image.tag)
+        assert charts[name].version == HELM_CHARTS[name].version
+    # Three training-image values, two store values, a digest and a source line per chart image.
+    assert len(_changed_lines(pins_before, pins_file.read_text())) == 5 + 2 * len(CHART_IMAGES)
     store_dockerfile = dockerfile.with_name("store.Dockerfile")
     assert f"ARG TORCH_SHA256={store.torch_sha256}" in store_dockerfile.read_text()
     assert f"ARG BASE_IMAGE={STORE_IMAGE.base_repository}:{STORE_IMAGE.base_tag}@{MANIFEST_DIGEST}" in (
@@ -243,9 +349,12 @@ def test_pin_dry_run_prints_and_writes_nothing(served, copies, monkeypatch):
     pins_file, dockerfile = copies
     before = pins_file.read_text(), dockerfile.read_text()
     monkeypatch.setattr(pinning, "_open", opener)
+    monkeypatch.setattr(pinning, "ecr_token", _ecr([]))
     result = CliRunner().invoke(_app(), ["image", "pin", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert f"base_digest: {MANIFEST_DIGEST}" in result.stdout
+    for (name, key), image in CHART_IMAGES.items():
+        assert f"HELM_CHARTS[{name}] {key}: {_chart_digest(image)}" in result.stdout
     assert (pins_file.read_text(), dockerfile.read_text()) == before
 
 
@@ -254,6 +363,11 @@ def test_pin_placeholders_are_overwritten_too():
     unpinned = pinning.rewrite_pins(source, {"base_digest": UNPUBLISHED_SHA256})
     assert 'base_digest="unpublished"' in unpinned
     assert pinning.rewrite_pins(unpinned, {"base_digest": MANIFEST_DIGEST}).count(MANIFEST_DIGEST) == 1
+
+
+def test_a_chart_image_pins_py_does_not_list_is_refused_by_name():
+    with pytest.raises(RuntimeError, match=r"HELM_CHARTS\['kueue'\] has no ChartImage\(values_key='image'\)"):
+        pinning.rewrite_chart_images(pinning.PINS_FILE.read_text(), {("kueue", "image"): MANIFEST_DIGEST})
 
 
 def test_without_internet_pin_is_one_message(copies, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_s3 as s3
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import lint
 
 from infra import app as infra_app
@@ -26,9 +27,10 @@ CONFIGS = ROOT / "infra" / "configs"
 
 
 @pytest.fixture(scope="module")
-def synthesized(tmp_path_factory) -> dict[str, dict]:
-    """Each shipped config synthesized with cdk-nag; an unacknowledged finding fails synthesis here."""
-    templates = {}
+def assemblies(tmp_path_factory) -> dict[str, tuple[dict, list[str]]]:
+    """Each shipped config synthesized with cdk-nag (an unacknowledged finding fails synthesis here): its
+    template and the warnings synth left for the CDK CLI to print."""
+    synthesized = {}
     for name in ("default", "p5-capacity-block"):
         config = infra_app.load_config(CONFIGS / f"{name}.yaml")
         outdir = tmp_path_factory.mktemp(name)
@@ -37,8 +39,21 @@ def synthesized(tmp_path_factory) -> dict[str, dict]:
         assembly = app.synth()
         # Offline: no context lookup left for the CDK CLI to make (it would need credentials).
         assert "missing" not in json.loads((outdir / "manifest.json").read_text())
-        templates[name] = assembly.get_stack_by_name(stack.stack_name).template
-    return templates
+        warnings = [
+            str(w.entry.data) for w in Annotations.from_stack(stack).find_warning("*", Match.any_value())
+        ]
+        synthesized[name] = assembly.get_stack_by_name(stack.stack_name).template, warnings
+    return synthesized
+
+
+@pytest.fixture(scope="module")
+def synthesized(assemblies) -> dict[str, dict]:
+    return {name: template for name, (template, _) in assemblies.items()}
+
+
+@pytest.fixture(scope="module")
+def synthesized_warnings(assemblies) -> dict[str, list[str]]:
+    return {name: warnings for name, (_, warnings) in assemblies.items()}
 
 
 @pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
@@ -134,6 +149,13 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
         for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
     }
     assert charts == {name: pin.version for name, pin in pins.HELM_CHARTS.items()}
+    # Each chart is given every image it runs, by the digest kitcore/pins.py holds (by tag while none).
+    for resource in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values():
+        values = json.loads(resource["Properties"]["Values"])
+        for image in pins.HELM_CHARTS[resource["Properties"]["Chart"]].images:
+            for key in image.values_key.split("."):
+                values = values[key]
+            assert f"{values['repository']}:{values['tag']}" == image.reference
     efa_plugin = tuple(int(x) for x in charts["aws-efa-k8s-device-plugin"].lstrip("v").split("."))
     assert efa_plugin >= (0, 5, 10)
     # The default config has no Kueue and no CloudWatch add-on.
@@ -277,9 +299,14 @@ def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
 
 
 def test_node_check_is_deployed_with_the_pushed_image_and_pins_kueue_to_verified_nodes(tmp_path):
+    digest = f"sha256:{hashlib.sha256(b'abc1234').hexdigest()}"
     config = infra_app.load_config(
         CONFIGS / "p5-capacity-block.yaml",
-        ["node_check.image_tag=abc1234", "addons.prometheus_pod_monitors=true"],
+        [
+            "node_check.image_tag=abc1234",
+            f"node_check.image_digest={digest}",
+            "addons.prometheus_pod_monitors=true",
+        ],
     )
     app = App(outdir=str(tmp_path))
     stack = infra_app.build(app, config, account="111111111111")
@@ -291,10 +318,33 @@ def test_node_check_is_deployed_with_the_pushed_image_and_pins_kueue_to_verified
         '\\"kind\\":\\"ValidatingAdmissionPolicy\\"',
         '\\"kind\\":\\"PodMonitor\\"',
         '\\"grafana_dashboard\\":\\"1\\"',
-        ":abc1234",  # the image: the stack's repository URI (a token) + the tag
         '\\"nodeLabels\\":{\\"nvrx-eks/verified\\":\\"true\\"}',
     ):
         assert fragment in text, fragment
+    # Every image of the cluster's own objects: the stack's repository (a token) + the tag, by digest.
+    images = _images(_manifest_objects(manifest))
+    assert images
+    assert all(image.endswith(f"/TOKEN:abc1234@{digest}") for image in images), images
+    warnings = [str(w.entry.data) for w in Annotations.from_stack(stack).find_warning("*", Match.any_value())]
+    assert not [w for w in warnings if "node check" in w]
+
+
+def test_the_node_check_without_its_digest_is_pulled_by_tag_and_synth_warns(synthesized_warnings):
+    (warning,) = [w for w in synthesized_warnings["p5-capacity-block"] if "node check" in w]
+    assert "pulled by tag" in warning
+    assert "-c node_check.image_digest=" in warning
+
+
+def test_a_node_check_digest_is_of_a_tag_and_a_sha256():
+    digest = f"sha256:{hashlib.sha256(b'v1').hexdigest()}"
+    with pytest.raises(UserError, match=r"node_check: .*image_digest needs image_tag"):
+        infra_app.load_config(CONFIGS / "default.yaml", [f"node_check.image_digest={digest}"])
+    with pytest.raises(
+        UserError, match=r"node_check\.image_digest: .*is not an image digest: sha256:<64 hex>"
+    ):
+        infra_app.load_config(
+            CONFIGS / "default.yaml", ["node_check.image_tag=v1", "node_check.image_digest=v1"]
+        )
 
 
 def test_a_bad_node_check_image_tag_is_one_message():
@@ -688,6 +738,20 @@ def _manifest_objects(manifest: dict) -> list[dict]:
     joined = manifest["Properties"]["Manifest"]
     parts = joined["Fn::Join"][1] if isinstance(joined, dict) else [joined]
     return json.loads("".join(part if isinstance(part, str) else "TOKEN" for part in parts))
+
+
+def _images(node: object) -> list[str]:
+    """The image of every container, init container and ephemeral container anywhere under `node`."""
+    if isinstance(node, list):
+        return [image for item in node for image in _images(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [
+        c["image"]
+        for key in ("containers", "initContainers", "ephemeralContainers")
+        for c in node.get(key, [])
+    ]
+    return found + _images(list(node.values()))
 
 
 def _render_docs(render, values, out: Path) -> list[dict]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -9,13 +11,23 @@ from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 
-from infra.addons import AddonContext, AddonError, HelmAddon, ManagedAddon, deploy_addons
+from infra.addons import (
+    IMAGE_BY_TAG_WARNING,
+    KUEUE_VALUES,
+    AddonContext,
+    AddonError,
+    HelmAddon,
+    ManagedAddon,
+    deploy_addons,
+    standard_addons,
+)
 from infra.app import FEATURE_FLAGS
 from infra.constructs.gpu_nodegroup import GpuNodeGroup
 from infra.constructs.launch_template import IMDS_HOP_LIMIT
 from infra.constructs.storage import DurableStorage
+from kitcore import pins
 from kitcore.profiles import get_profile
 
 ENV = Environment(account="111111111111", region="us-east-1")
@@ -386,6 +398,83 @@ def test_managed_addons_are_pinned_per_kubernetes_version():
         },
     )
     assert json.dumps(template.to_json()).count("eksbuild") == 2
+
+
+def _helm_charts(stack: Stack) -> Template:
+    """Every Helm add-on of the kit's set (Kueue on), with the kit's values, on an imported cluster."""
+    kubectl = eks.KubectlProvider.from_kubectl_provider_attributes(
+        stack,
+        "Kubectl",
+        service_token="arn:aws:lambda:us-east-1:111111111111:function:kubectl",  # noqa: S106 - an ARN
+    )
+    cluster = eks.Cluster.from_cluster_attributes(
+        stack, "Cluster", cluster_name="test", kubectl_provider=kubectl
+    )
+    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.35", node_dependencies=[])  # type: ignore[arg-type]
+    for addon in standard_addons(cloudwatch_observability=False, kueue=True):
+        if isinstance(addon, HelmAddon):
+            addon.deploy(ctx)
+    return Template.from_stack(stack)
+
+
+def _chart_values(template: Template) -> dict[str, dict]:
+    charts = template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
+    return {c["Properties"]["Chart"]: json.loads(c["Properties"]["Values"]) for c in charts}
+
+
+def _at(values: dict, dotted: str) -> dict:
+    for key in dotted.split("."):
+        values = values[key]
+    return values
+
+
+def _charts_with(*, unpublished: tuple[str, ...]) -> dict[str, pins.ChartPin]:
+    """The pinned charts, each image by a digest made up from its reference, except the charts named."""
+
+    def digest(name: str, image: pins.ChartImage) -> str:
+        made_up = f"sha256:{hashlib.sha256(image.reference.encode()).hexdigest()}"
+        return pins.UNPUBLISHED_SHA256 if name in unpublished else made_up
+
+    return {
+        name: dataclasses.replace(
+            chart, images=tuple(dataclasses.replace(i, digest=digest(name, i)) for i in chart.images)
+        )
+        for name, chart in pins.HELM_CHARTS.items()
+    }
+
+
+def test_every_helm_chart_is_given_a_digest_for_each_image_it_runs(monkeypatch):
+    """The chart values name each image REPOSITORY + TAG@DIGEST, which every pinned chart's template joins
+    to REPOSITORY:TAG@DIGEST: the DaemonSets and Deployments pull by digest."""
+    monkeypatch.setattr(pins, "HELM_CHARTS", _charts_with(unpublished=()))
+    stack = Stack(App(), "Charts", env=ENV)
+    values = _chart_values(_helm_charts(stack))
+    assert set(values) == set(pins.HELM_CHARTS)
+    for name, chart in pins.HELM_CHARTS.items():
+        assert chart.images, f"{name}: list the images the chart runs in kitcore/pins.py"
+        for image in chart.images:
+            assert _at(values[name], image.values_key) == {
+                "repository": image.repository,
+                "tag": f"{image.tag}@{image.digest}",
+            }
+    # The kit's own values are kept beside the images (Kueue's sit under the same key).
+    manager = {k: v for k, v in values["kueue"]["controllerManager"].items() if k != "manager"}
+    assert manager == KUEUE_VALUES["controllerManager"]
+    Annotations.from_stack(stack).has_no_warning("*", Match.any_value())
+
+
+def test_a_chart_image_without_a_digest_is_pulled_by_tag_and_synth_warns_naming_image_pin(monkeypatch):
+    monkeypatch.setattr(pins, "HELM_CHARTS", _charts_with(unpublished=("kueue",)))
+    stack = Stack(App(), "ByTag", env=ENV)
+    values = _chart_values(_helm_charts(stack))
+    (image,) = pins.HELM_CHARTS["kueue"].images
+    assert _at(values["kueue"], image.values_key) == {"repository": image.repository, "tag": image.tag}
+    (warning,) = Annotations.from_stack(stack).find_warning("*", Match.any_value())
+    assert warning.id.endswith("/chart-Kueue")
+    message = str(warning.entry.data)
+    assert f"kueue: {image.repository}:{image.tag} is pulled by tag" in message
+    assert "nvrx-eks image pin" in message
+    assert IMAGE_BY_TAG_WARNING in message
 
 
 def test_admin_role_trust_is_the_named_principals_when_given():

@@ -55,6 +55,20 @@ def _containers(pod: dict) -> list[dict]:
     return [*pod.get("initContainers", []), *pod["containers"]]
 
 
+def _images(node: object) -> list[str]:
+    """The image of every container, init container and ephemeral container anywhere under `node`."""
+    if isinstance(node, list):
+        return [image for item in node for image in _images(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [
+        c["image"]
+        for key in ("containers", "initContainers", "ephemeralContainers")
+        for c in node.get(key, [])
+    ]
+    return found + _images(list(node.values()))
+
+
 def _baseline_violations(pod: dict) -> set[str]:
     found = {f"hostPath {v['hostPath']['path']}" for v in pod.get("volumes", []) if "hostPath" in v}
     found |= {f"pod {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)}
@@ -204,9 +218,11 @@ def test_every_shipped_job_runs_images_by_digest_and_the_trainer_non_root_on_a_r
 ):
     docs = _docs(values_file, tmp_path)
     local = load_values(values_file).image == LOCAL_IMAGE
-    for kind in ("Deployment", "Job"):
-        for c in _containers(_pod(docs, kind)):
-            assert c["image"] == LOCAL_IMAGE if local else DIGEST_REFERENCE.match(c["image"]), c["image"]
+    # Every image anywhere in the rendered objects (the store, the Job's init containers and trainer).
+    images = _images(docs)
+    assert len(images) >= len([*_containers(_pod(docs, "Deployment")), *_containers(_pod(docs, "Job"))])
+    for image in images:
+        assert image == LOCAL_IMAGE if local else DIGEST_REFERENCE.match(image), image
     job = _pod(docs, "Job")
     # Beyond the local tier's hostPath, only the folder owner leaves `restricted`: root (with CHOWN
     # alone, below), and only on a container image.

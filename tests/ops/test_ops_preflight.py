@@ -3,7 +3,9 @@ implementation (capacity reservations, service quotas)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
 import json
 
 import pytest
@@ -14,12 +16,15 @@ from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.ops.aws import ServiceError
 from infra.ops.preflight import (
     BLOCK_SIZE_TAG,
+    IMAGE_CHECK,
     AddonTarget,
     NodeGroupTarget,
     Preflight,
     PreflightTarget,
     Status,
     check_reservation,
+    image_digest,
+    image_targets,
     quota_for,
     target_from_config,
 )
@@ -342,6 +347,21 @@ gpu_node_groups:
 """
 
 
+def _with_chart_digests(monkeypatch, *, unpublished: tuple[str, ...] = ()) -> None:
+    """Every chart image pinned by a digest (one made up from its reference), except the charts named."""
+
+    def pinned(name: str, image: pins.ChartImage) -> pins.ChartImage:
+        if name in unpublished:
+            return dataclasses.replace(image, digest=pins.UNPUBLISHED_SHA256)
+        return dataclasses.replace(image, digest=f"sha256:{hashlib.sha256(image.tag.encode()).hexdigest()}")
+
+    charts = {
+        name: dataclasses.replace(chart, images=tuple(pinned(name, i) for i in chart.images))
+        for name, chart in pins.HELM_CHARTS.items()
+    }
+    monkeypatch.setattr(pins, "HELM_CHARTS", charts)
+
+
 @pytest.fixture
 def preflight_cli(moto_session, monkeypatch, tmp_path):
     import typer  # noqa: PLC0415
@@ -357,6 +377,7 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
     commands.register(app=app, job=job)
     config = tmp_path / "cluster.yaml"
     config.write_text(CONFIG)
+    _with_chart_digests(monkeypatch)
 
     def invoke(*extra: str):
         return CliRunner().invoke(app, ["preflight", "-c", str(config), *extra])
@@ -370,10 +391,13 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
-    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on,
-    # and the line saying the pass was recorded for `cdk deploy`
+    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on and
+    # per chart image, and the line saying the pass was recorded for `cdk deploy`
     table, recorded = result.output.split("preflight passed; recorded in")
-    assert table.count("pass") == 8 + len(pins.EKS_ADDONS)
+    images = sum(len(chart.images) for chart in pins.HELM_CHARTS.values())
+    assert table.count("pass") == 8 + len(pins.EKS_ADDONS) + images
+    # The node check by tag (no node_check.image_digest) warns and does not stop the pass.
+    assert table.count("warn") == 1
     assert "state/preflight/nvrx-eks.json: `cdk deploy` of this config may start within 24 h" in recorded
 
 
@@ -657,3 +681,66 @@ def test_addon_access_denied_is_that_rows_failure(plain_session):
     row = _by_check(results, "add-on version", "vpc-cni")
     assert row.status is Status.FAIL
     assert "eks:DescribeAddonVersions" in row.detail
+
+
+# -- Every image the stack deploys, by digest (offline). -----------------------------------------------
+
+
+def _config(tmp_path, *overrides: str):
+    from infra.config import ClusterConfig  # noqa: PLC0415
+    from kitcore.configio import load_model  # noqa: PLC0415
+
+    config_file = tmp_path / "cluster.yaml"
+    config_file.write_text(CONFIG)
+    return load_model(ClusterConfig, config_file, list(overrides))
+
+
+def _image_rows(tmp_path, *overrides: str) -> dict:
+    return {r.subject: r for r in map(image_digest, image_targets(_config(tmp_path, *overrides)))}
+
+
+def test_a_chart_image_pulled_by_tag_fails_naming_image_pin_and_one_by_digest_passes(tmp_path, monkeypatch):
+    _with_chart_digests(monkeypatch, unpublished=("dcgm-exporter",))
+    rows = _image_rows(tmp_path)
+    for name, chart in pins.HELM_CHARTS.items():
+        for image in chart.images:
+            row = rows[f"{name}: {image.values_key}"]
+            assert row.check == IMAGE_CHECK
+            if name == "dcgm-exporter":
+                assert (row.status, row.detail) == (
+                    Status.FAIL,
+                    f"{image.repository}:{image.tag} is pulled by tag",
+                )
+                assert "nvrx-eks image pin" in row.fix
+            else:
+                assert (row.status, row.detail) == (
+                    Status.PASS,
+                    f"{image.repository}:{image.tag}@{image.digest}",
+                )
+
+
+def test_the_node_check_by_tag_warns_and_by_digest_passes(tmp_path, monkeypatch):
+    _with_chart_digests(monkeypatch)
+    by_tag = _image_rows(tmp_path, "node_check.image_tag=abc1234")["node check"]
+    assert (by_tag.status, by_tag.detail) == (Status.WARN, "<ImageRepositoryUri>:abc1234 is pulled by tag")
+    assert "node_check.image_digest" in by_tag.fix
+    digest = f"sha256:{hashlib.sha256(b'abc1234').hexdigest()}"
+    by_digest = _image_rows(tmp_path, "node_check.image_tag=abc1234", f"node_check.image_digest={digest}")
+    assert by_digest["node check"].status is Status.PASS
+    assert by_digest["node check"].detail == f"<ImageRepositoryUri>:abc1234@{digest}"
+
+
+def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
+    preflight_cli, moto_session, tmp_path, monkeypatch
+):
+    _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    _with_chart_digests(monkeypatch, unpublished=("aws-efa-k8s-device-plugin",))
+    result = preflight_cli()
+    assert result.exit_code == 3
+    (image,) = pins.HELM_CHARTS["aws-efa-k8s-device-plugin"].images
+    assert f"FAIL {IMAGE_CHECK} [aws-efa-k8s-device-plugin: image]: {image.reference} is pulled by tag" in (
+        result.output
+    )
+    assert "nvrx-eks image pin" in result.output
+    assert not (tmp_path / "state").exists()
