@@ -372,7 +372,6 @@ class BarrierRow:
     """Every client connected (all processes at once), before the barrier's clock starts."""
     store_connect_cpu_s: float
     rss_mb: float
-    """The store's peak resident memory by the end of this barrier (one store serves the rows in order)."""
 
     @property
     def store_share(self) -> float:
@@ -456,38 +455,23 @@ def _read_line(proc: subprocess.Popen[str], what: str, log: Path) -> dict[str, A
     return json.loads(line)
 
 
-def barrier_rows(
-    clients: int, sims: list[ClientSim], *, log_dir: Path, deadline_s: float
-) -> list[BarrierRow]:
-    """`clients` ranks through one barrier per simulation, in order, on one store process (each barrier
-    its own process group's key)."""
-    store = _Store(nodes=1, log=log_dir / f"store-barrier-{clients}.log")
+def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: float) -> BarrierRow:
+    """`clients` ranks through one barrier on a store process of its own, simulated as `sim` says (a
+    store per barrier: the control process ends itself once its own rendezvous times out, 300 s)."""
+    store = _Store(nodes=1, log=log_dir / f"store-barrier-{clients}-{sim.label}.log")
+    procs: list[subprocess.Popen[str]] = []
+    client_log = log_dir / f"clients-barrier-{clients}-{sim.label}.log"
     try:
         store.wait_listening(60)
-        return [
-            barrier_row(
-                store, clients, sim, group=f"bench-{i}-{sim.label}", log_dir=log_dir, deadline_s=deadline_s
-            )
-            for i, sim in enumerate(sims)
-        ]
-    finally:
-        store.close()
-
-
-def barrier_row(
-    store: _Store, clients: int, sim: ClientSim, *, group: str, log_dir: Path, deadline_s: float
-) -> BarrierRow:
-    """`clients` ranks through the barrier of process group `group`, simulated as `sim` says."""
-    procs: list[subprocess.Popen[str]] = []
-    client_log = log_dir / f"clients-{group}.log"
-    try:
         connect_cpu0 = sum(_thread_cpu(store.proc.pid).values())
         env = {**os.environ, "PYTHONPATH": str(_REPO)}
         with client_log.open("w") as log:
             for count, threads in zip(
                 _split(clients, sim.procs), _split(sim.threads, sim.procs), strict=True
             ):
-                argv = [str(a) for a in (store.port, barrier_key(group), count, clients, threads, deadline_s)]
+                argv = [
+                    str(a) for a in (store.port, barrier_key("bench"), count, clients, threads, deadline_s)
+                ]
                 procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "localrun.store_bench", *argv],
@@ -535,6 +519,7 @@ def barrier_row(
             if p.poll() is None:
                 p.kill()
             p.wait()
+        store.close()
 
 
 def check_limits(largest: int) -> None:
@@ -611,7 +596,7 @@ def run_store_bench(
     if barrier_clients:
         labels = ", ".join(s.label for s in sims)
         echo(f"{barrier_clients} clients through one barrier per simulation (procs x threads): {labels} ...")
-        barriers = barrier_rows(barrier_clients, sims, log_dir=log_dir, deadline_s=deadline_s)
+        barriers = [barrier_row(barrier_clients, s, log_dir=log_dir, deadline_s=deadline_s) for s in sims]
     at_goal = [r for r in rows if r.agents >= GOAL_AGENTS]
     document = {
         "store": [asdict(r) for r in rows],

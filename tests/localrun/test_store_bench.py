@@ -68,8 +68,12 @@ def test_bench_store_splits_the_barrier_between_the_store_and_the_clients(nvrx_e
     assert breakdown["lean"] == f"{lean['procs']}x{lean['threads']}"
     assert "store: its loop busy" in result.stdout
     assert "this machine simulating the clients" in result.stdout
-    # Both barriers on one store, each its own process group's key, every client through.
-    assert len(list((tmp_path / "runs").glob("store-bench-*/clients-bench-*.log"))) == 2
+    # Each barrier on a store process of its own, the clients in the processes the simulation names.
+    (folder,) = (tmp_path / "runs").glob("store-bench-*")
+    assert {p.name for p in folder.glob("*barrier*")} == {
+        "store-barrier-1024-1x4.log", "store-barrier-1024-2x1024.log",
+        "clients-barrier-1024-1x4.log", "clients-barrier-1024-2x1024.log",
+    }  # fmt: skip
 
 
 class _RecordingStore:
