@@ -544,6 +544,38 @@ def test_bench_scale_recovery_is_fitted_and_evaluated_at_the_fleet_size(tmp_path
     assert inputs["recovery.job_restart_s"]["source"] == "assumed: plan file"
 
 
+def _with_store_loss(doc: dict) -> dict:
+    """The example run's rows plus a store_loss row per size as bench scale writes one (the Job controller
+    named as the layer, the restore from the local disk), slower than that size's node loss: a rendezvous
+    of every pod at once."""
+    rows = doc["rows"]
+    for row in [r for r in rows if r["class"] == "node_loss"]:
+        rows.append(row | {"class": "store_loss", "recovery_s": 2 * row["recovery_s"] + 1, "tier": "local"})
+    return doc
+
+
+@pytest.mark.parametrize("nodes", [16, 1024])
+def test_bench_scale_store_loss_rows_fit_the_store_loss_recovery_not_the_node_swap(tmp_path, nodes):
+    import numpy as np  # noqa: PLC0415
+
+    from planner.report import provenance  # noqa: PLC0415
+
+    doc = _with_store_loss(json.loads(SCALE.read_text()))
+    plan, given, cal = load_plan(PEER, [f"fleet.nodes={nodes}"], _scale_run(tmp_path, doc))
+    assert cal is not None
+
+    def fitted(cls: str) -> float:
+        measured = [(r["nodes"], r["recovery_s"]) for r in doc["rows"] if r["class"] == cls]
+        slope, intercept = np.polyfit([math.log2(n) for n, _ in measured], [s for _, s in measured], 1)
+        return intercept + max(0.0, slope) * math.log2(nodes)
+
+    assert plan.recovery.store_loss_s == pytest.approx(fitted("store_loss"), abs=1e-3)
+    assert plan.recovery.node_swap_s == pytest.approx(fitted("node_loss"), abs=1e-3)
+    source = provenance(plan, given=given, labels=cal.labels)["recovery.store_loss_s"]["source"]
+    assert "bench scale store_loss 2-8 nodes" in source
+    assert project(plan, "kit").fault_costs["store"].recovery_s == pytest.approx(plan.recovery.store_loss_s)
+
+
 def test_a_recovery_given_with_set_wins_over_bench_scale(tmp_path):
     from planner.report import provenance  # noqa: PLC0415
 
@@ -698,6 +730,9 @@ def test_a_store_loss_rate_where_it_cannot_apply_names_the_field(path, overrides
 def test_closed_form_agrees_with_the_simulation_when_store_losses_are_half_the_faults(mode):
     plan = _plan(PEER, "faults.mix={exception: 0.5, store_loss: 0.5}")
     result = project(plan, mode)
+    # Both model the store losses as their own kind: every pod restarted, the RAM tier gone.
+    assert result.faults["store"] > 1
+    assert result.fault_costs["store"].tier != "memory"
     cadences = {t: i.every_steps for t, i in result.intervals.items()}
     sim = simulate(plan, mode, cadences, spares=result.spares.spares, runs=400, seed=7)
     assert abs(sim.training_goodput - result.training_goodput) <= 0.01, (sim, result.training_goodput)
