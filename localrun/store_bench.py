@@ -588,16 +588,20 @@ def run_store_bench(
     check_limits(max([*agents, barrier_clients]))
     os.environ.setdefault("RES_OPTIONS", _RESOLVER)
     log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     rows: list[StoreRow] = []
     for count in agents:
         echo(f"{count} agents ...")
         row = rendezvous_row(count, restart_rounds=restart_rounds, log_dir=log_dir, deadline_s=deadline_s)
         rows.append(row)
+    rendezvous_s = time.monotonic() - started
     barriers: list[BarrierRow] = []
     if barrier_clients:
         labels = ", ".join(s.label for s in sims)
         echo(f"{barrier_clients} clients through one barrier per simulation (procs x threads): {labels} ...")
         barriers = [barrier_row(barrier_clients, s, log_dir=log_dir, deadline_s=deadline_s) for s in sims]
+    barrier_s = time.monotonic() - started - rendezvous_s
+    elapsed = {"rendezvous": round(rendezvous_s, 1), "barrier": round(barrier_s, 1)}
     at_goal = [r for r in rows if r.agents >= GOAL_AGENTS]
     document = {
         "store": [asdict(r) for r in rows],
@@ -610,12 +614,14 @@ def run_store_bench(
         },
         "machine": {"cpus": os.cpu_count()},
         "versions": runtime_versions(),
+        "elapsed_s": elapsed,
     }
     console = make_console()
     _print(console, rows)
     if barriers:
         console.print(barrier_table(barriers))
         console.print(breakdown_line(document["barrier_breakdown"]), soft_wrap=True)
+    echo(f"bench: rendezvous rows {rendezvous_s:.0f} s, barriers {barrier_s:.0f} s (setup included)")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(document, indent=2) + "\n")
