@@ -133,3 +133,21 @@ def test_bench_store_refuses_a_bad_client_simulation(nvrx_eks):
     assert result.returncode == 2
     assert "--barrier-sim '4x2'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_simulation_past_its_deadline_is_reported_and_the_bench_goes_on(tmp_path):
+    from localrun.store_bench import ClientSim, run_store_bench  # noqa: PLC0415
+
+    document = run_store_bench(
+        agents=[],
+        barrier_clients=64,
+        barrier_sims=[ClientSim(1, 4), ClientSim(2, 64)],
+        json_out=None,
+        log_dir=tmp_path,
+        deadline_s=0.001,
+        echo=lambda _: None,
+    )
+    assert set(document["barrier_failed"]) == {"1x4", "2x64"}
+    assert document["barrier"] == []
+    assert document["barrier_breakdown"] is None
