@@ -524,7 +524,7 @@ def plot_fleet(plan: Plan, out: Path, *, fits: Mapping[str, ScaleFit] | None = N
             seconds.annotate(
                 dotted.removeprefix("recovery."), (gpus, last), fontsize=7, ha="right", va="bottom"
             )
-        seconds.set_ylabel("fitted recovery (s, dotted): measured in the band, extrapolated outside")
+        seconds.set_ylabel("fitted recovery (s, dotted)")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("GPUs")
     axis.set_ylabel("expected training goodput (intervals and spares re-planned per size)")
