@@ -386,12 +386,17 @@ def _thread_cpu(pid: int) -> dict[int, float]:
 
 
 def _client_worker(port: int, key: str, count: int, world: int, threads: int, deadline_s: float) -> None:
-    """A process of simulated clients (`python -m localrun.store_bench`): connect, report, wait for a
-    line on stdin, run the barrier, report the stamps and this process's CPU as one JSON line each."""
+    """A process of simulated clients (`python -m localrun.store_bench`), one step per line on stdin,
+    one JSON line on stdout after each: import torch (while the store starts), connect, run the barrier
+    and report the stamps and this process's CPU."""
     import resource  # noqa: PLC0415
+
+    import torch.distributed  # noqa: F401, PLC0415 - the slow import, done before the store listens
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(json.dumps({"imported": True}), flush=True)
+    sys.stdin.readline()
     stores, connect_s = _connect(port, count, deadline_s)
     go = threading.Event()
     arrived = [0.0] * count
@@ -455,6 +460,13 @@ def _read_line(proc: subprocess.Popen[str], what: str, log: Path) -> dict[str, A
     return json.loads(line)
 
 
+def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
+    for p in procs:
+        assert p.stdin is not None  # noqa: S101 - opened with stdin=PIPE
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+
+
 def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: float) -> BarrierRow:
     """`clients` ranks through one barrier on a store process of its own, simulated as `sim` says (a
     store per barrier: the control process ends itself once its own rendezvous times out, 300 s)."""
@@ -462,8 +474,6 @@ def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: floa
     procs: list[subprocess.Popen[str]] = []
     client_log = log_dir / f"clients-barrier-{clients}-{sim.label}.log"
     try:
-        store.wait_listening(60)
-        connect_cpu0 = sum(_thread_cpu(store.proc.pid).values())
         env = {**os.environ, "PYTHONPATH": str(_REPO)}
         with client_log.open("w") as log:
             for count, threads in zip(
@@ -483,13 +493,16 @@ def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: floa
                         cwd=_REPO,
                     )
                 )
+        # The clients import torch while the store starts; they connect once it listens.
+        store.wait_listening(60)
+        for p in procs:
+            _read_line(p, "importing torch", client_log)
+        connect_cpu0 = sum(_thread_cpu(store.proc.pid).values())
+        _tell(procs, "connect")
         connect_s = max(_read_line(p, "connecting", client_log)["connect_s"] for p in procs)
         store_cpu0 = _thread_cpu(store.proc.pid)
         start = time.monotonic()
-        for p in procs:
-            assert p.stdin is not None  # noqa: S101 - opened with stdin=PIPE
-            p.stdin.write("go\n")
-            p.stdin.flush()
+        _tell(procs, "go")
         results = [_read_line(p, "the barrier ended", client_log) for p in procs]
         store_cpu1 = _thread_cpu(store.proc.pid)
         errors = [e for r in results for e in r["errors"]]
