@@ -13,7 +13,7 @@ from localrun.checkpoint_bench import commands as checkpoint_bench_commands
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 from localrun.scale_bench import DEFAULT_STEPS as SCALE_STEPS
 from localrun.scale_bench import PLAN as SCALE_PLAN
-from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, RESTART_ROUNDS
+from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, DEFAULT_BARRIER_SIMS, RESTART_ROUNDS
 
 LocalValues = Annotated[
     Path,
@@ -149,6 +149,19 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         barrier_clients: Annotated[
             int, typer.Option(min=0, help="Clients through one process-group barrier (0 skips it).")
         ] = DEFAULT_BARRIER_CLIENTS,
+        barrier_sims: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--barrier-sim",
+                metavar="PROCSxTHREADS",
+                help=(
+                    "How the barrier's clients are simulated: THREADS threads in PROCS processes, each "
+                    "thread driving its share of the clients (repeatable; default "
+                    f"{', '.join(s.label for s in DEFAULT_BARRIER_SIMS)}; THREADS = clients: one thread "
+                    "per rank, minutes at 16,384 on 2 cores)."
+                ),
+            ),
+        ] = None,
         restart_rounds: Annotated[
             int, typer.Option(min=1, help="Restart rounds timed per row (the row is their median).")
         ] = RESTART_ROUNDS,
@@ -163,14 +176,16 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         runs_root: RunsRoot = Path("runs"),
     ) -> None:
         """The rendezvous store under load: NVRx barrier-rendezvous rounds of 256 to 2,048 simulated
-        agents, and one process-group barrier of 16,384 clients, against the store Deployment's process."""
+        agents, and a process-group barrier of 16,384 clients per client simulation, against the store
+        Deployment's process; prints where the barrier's time goes (the store's loop or the clients)."""
         import time  # noqa: PLC0415
 
-        from localrun.store_bench import ROUND_GOAL_S, run_store_bench  # noqa: PLC0415
+        from localrun.store_bench import ROUND_GOAL_S, parse_sims, run_store_bench  # noqa: PLC0415
 
         document = run_store_bench(
             agents=agents or list(DEFAULT_AGENTS),
             barrier_clients=barrier_clients,
+            barrier_sims=parse_sims(barrier_sims, clients=barrier_clients) if barrier_sims else None,
             restart_rounds=restart_rounds,
             json_out=json_out,
             log_dir=runs_root / time.strftime("store-bench-%Y%m%d-%H%M%S"),

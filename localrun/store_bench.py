@@ -10,12 +10,16 @@ rendezvous round). Against it:
   job's first rendezvous; each later round is a restart round, opened as a launcher that saw its
   workers fail opens it (`open_rendezvous`). A round lasts from its opening until the last agent holds
   its rank; `closed_s` is when the control process closed it (every agent joined, ranks written).
-- A process-group barrier: M clients through torch's own store barrier (`_store_based_barrier`, what
-  `init_process_group` runs: `add` + `wait` on one key), from release to the last client through.
+- A process-group barrier: M clients through the store operations of torch's store barrier
+  (`_store_based_barrier`: add, add, the last sets a key, wait; the same round trips per rank as NVRx's
+  in-process barrier), from release to the last client through, once per client simulation
+  (`ClientSim`: so many threads in so many processes of this machine). The store's CPU is read per
+  thread: its event loop serves every request one after another, so the loop's CPU over a barrier is
+  the store's own share of it; the clients' processes' CPU is what this machine spent being 16,384
+  ranks, which on a cluster each host spends for its own.
 
-`rss_mb` is the store process's peak resident memory (VmHWM). Agents are threads of this process, so on
-a small machine they share its cores with the store: the figures are an upper bound on the store's
-share of a round.
+`rss_mb` is the store process's peak resident memory (VmHWM). Agents and clients share this machine's
+cores with the store: the figures are an upper bound on the store's share of a round.
 
 Every client's connect makes torch resolve its own socket address (a reverse lookup, for a log line);
 where the resolver drops queries, as in some sandboxes, a connect waits for the resolver's timeout
@@ -26,6 +30,7 @@ bounded; rounds are timed after every client connected, so the figures do not in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -42,9 +47,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitcore.configio import UserError
+from kitcore.runtime import runtime_versions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from rich.table import Table
 
 DEFAULT_AGENTS = (256, 512, 1024, 2048)
 DEFAULT_BARRIER_CLIENTS = 16384
@@ -75,14 +83,6 @@ class StoreRow:
     agents_cpu_s: float
     """CPU seconds the simulated agents (this process) used per restart round (mean)."""
     rounds_s: list[float]
-    connect_s: float
-
-
-@dataclass
-class BarrierRow:
-    clients: int
-    barrier_s: float
-    rss_mb: float
     connect_s: float
 
 
@@ -278,49 +278,265 @@ def rendezvous_row(agents: int, *, restart_rounds: int, log_dir: Path, deadline_
         clients.clear()
 
 
-def barrier_row(clients: int, *, log_dir: Path, deadline_s: float) -> BarrierRow:
-    """`clients` ranks through torch's store barrier at process-group setup, on the store process."""
-    from torch.distributed.distributed_c10d import _store_based_barrier  # noqa: PLC0415
+# ---- the process-group barrier ------------------------------------------------------------------------
+def barrier_key(group: str) -> str:
+    """torch's barrier key for a process group named `group` (distributed_c10d
+    STORE_BASED_BARRIER_PREFIX + the group's name)."""
+    return f"store_based_barrier_key:{group}"
 
-    store = _Store(nodes=1, log=log_dir / f"store-barrier-{clients}.log")
-    stores: list[Any] = []
-    try:
-        store.wait_listening(60)
-        stores, connect_s = _connect(store.port, clients, deadline_s)
-        go = threading.Event()
-        done: list[float] = [0.0] * clients
-        errors: list[BaseException] = []
 
-        def rank(i: int) -> None:
-            go.wait()
-            try:
-                _store_based_barrier(i, stores[i], "bench", clients, timedelta(seconds=deadline_s))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-            done[i] = time.monotonic()
+def barrier_arrive(store: Any, key: str, world: int) -> None:  # noqa: ANN401 - a torch Store
+    """One rank's arrival, the store operations of torch's `_store_based_barrier` in its order: add 1,
+    read the count back (add 0), and the last to arrive sets the release key."""
+    store.add(key, 1)
+    if store.add(key, 0) == world:
+        store.set(f"{key}:last_worker", "1")
 
-        previous = threading.stack_size(_THREAD_STACK)
+
+def barrier_wait(store: Any, key: str, timeout: timedelta) -> None:  # noqa: ANN401 - a torch Store
+    """One rank's wait for the release key (the server answers when the last arrival set it)."""
+    store.wait([f"{key}:last_worker"], timeout)
+
+
+@dataclass(frozen=True)
+class ClientSim:
+    """How the barrier's clients are simulated on this machine: `threads` threads spread over `procs`
+    processes, each thread driving its share of the clients. With one client per thread every rank runs
+    torch's sequence as a rank would; with several, a thread issues its clients' arrivals one after
+    another, then their waits (most of which the server answers at once: the release key is set by
+    then). Same store operations either way; what changes is how much CPU this machine spends being
+    the clients, which is the point of comparing rows."""
+
+    procs: int
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.procs}x{self.threads}"
+
+
+DEFAULT_BARRIER_SIMS = (ClientSim(1, 16), ClientSim(1, 1024), ClientSim(4, 1024))
+NVRX_BARRIER_S = 0.5
+"""NVRx's published TCPStore-based barrier at 16K ranks (its in-process restart guide, "Restart latency":
+its own barrier issues the same number of round trips per rank: add, append, wait)."""
+
+
+def parse_sims(texts: list[str], *, clients: int) -> list[ClientSim]:
+    """`1x16` -> ClientSim(procs=1, threads=16); at least one thread per process, at most one per client."""
+    sims: list[ClientSim] = []
+    for text in texts:
+        procs, _, threads = text.partition("x")
         try:
-            threads = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(clients)]
-            for t in threads:
-                t.start()
-        finally:
-            threading.stack_size(previous)
+            sim = ClientSim(int(procs), int(threads))
+        except ValueError:
+            sim = ClientSim(0, 0)
+        if not 1 <= sim.procs <= sim.threads <= max(1, clients):
+            raise UserError(
+                f"--barrier-sim {text!r}: give PROCSxTHREADS with 1 <= PROCS <= THREADS <= "
+                f"--barrier-clients ({clients}), e.g. --barrier-sim 1x16"
+            )
+        sims.append(sim)
+    return sims
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """`total` as `parts` counts that differ by at most one."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@dataclass
+class BarrierRow:
+    """One barrier of `clients` ranks, timed from the release (every client connected, every thread
+    waiting) to the last rank through. Phases, from client-side stamps (CLOCK_MONOTONIC, one clock for
+    every process on the machine):
+    wake: release -> the first arrival counted (this machine waking the simulated clients);
+    arrive: first -> last arrival (the adds: the store serves 2 per client while the clients compete for
+    the cores); release: last arrival -> last client through (the waits)."""
+
+    clients: int
+    procs: int
+    threads: int
+    barrier_s: float
+    wake_s: float
+    arrive_s: float
+    release_s: float
+    store_loop_cpu_s: float
+    """CPU of the store's busiest thread over the barrier: its event loop, which serves every request
+    one after another -- the store's own floor for this barrier on this machine's cores."""
+    store_cpu_s: float
+    """CPU of the whole store process over the barrier (the control process's own threads included)."""
+    clients_cpu_s: float
+    """CPU the simulated clients' processes used over the barrier."""
+    connect_s: float
+    """Every client connected (all processes at once), before the barrier's clock starts."""
+    store_connect_cpu_s: float
+    rss_mb: float
+
+    @property
+    def store_share(self) -> float:
+        """The share of the barrier the store's loop was busy; the rest is the client simulation."""
+        return self.store_loop_cpu_s / self.barrier_s if self.barrier_s > 0 else 0.0
+
+
+def _thread_cpu(pid: int) -> dict[int, float]:
+    import psutil  # noqa: PLC0415
+
+    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+
+
+def _client_worker(port: int, key: str, count: int, world: int, threads: int, deadline_s: float) -> None:
+    """A process of simulated clients (`python -m localrun.store_bench`), one step per line on stdin,
+    one JSON line on stdout after each: import torch (while the store starts), connect, run the barrier
+    and report the stamps and this process's CPU."""
+    import resource  # noqa: PLC0415
+
+    import torch.distributed  # noqa: F401, PLC0415 - the slow import, done before the store listens
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    print(json.dumps({"imported": True}), flush=True)
+    sys.stdin.readline()
+    stores, connect_s = _connect(port, count, deadline_s)
+    go = threading.Event()
+    arrived = [0.0] * count
+    through = [0.0] * count
+    errors: list[str] = []
+    timeout = timedelta(seconds=deadline_s)
+
+    def drive(lo: int, hi: int) -> None:
+        go.wait()
+        try:
+            for i in range(lo, hi):
+                barrier_arrive(stores[i], key, world)
+                arrived[i] = time.monotonic()
+            for i in range(lo, hi):
+                barrier_wait(stores[i], key, timeout)
+                through[i] = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            errors.append(repr(exc))
+
+    bounds = [0]
+    for size in _split(count, threads):
+        bounds.append(bounds[-1] + size)
+    previous = threading.stack_size(_THREAD_STACK)
+    try:
+        workers = [
+            threading.Thread(target=drive, args=(lo, hi), daemon=True)
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        for t in workers:
+            t.start()
+    finally:
+        threading.stack_size(previous)
+    print(json.dumps({"connect_s": connect_s}), flush=True)
+    sys.stdin.readline()
+    cpu0 = time.process_time()
+    go.set()
+    end = time.monotonic() + deadline_s
+    for t in workers:
+        t.join(timeout=max(0.0, end - time.monotonic()))
+    if not errors and not all(through):
+        errors.append(f"deadline: {sum(1 for t in through if not t)} clients not through")
+    print(
+        json.dumps(
+            {
+                "first_arrival": min(arrived),
+                "last_arrival": max(arrived),
+                "last_through": max(through),
+                "cpu_s": time.process_time() - cpu0,
+                "errors": errors[:1],
+            }
+        ),
+        flush=True,
+    )
+
+
+def _read_line(proc: subprocess.Popen[str], what: str, log: Path) -> dict[str, Any]:
+    assert proc.stdout is not None  # noqa: S101 - opened with stdout=PIPE
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"a client process exited before {what} ({proc.wait()}); see {log}")
+    return json.loads(line)
+
+
+def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
+    for p in procs:
+        assert p.stdin is not None  # noqa: S101 - opened with stdin=PIPE
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+
+
+def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: float) -> BarrierRow:
+    """`clients` ranks through one barrier on a store process of its own, simulated as `sim` says (a
+    store per barrier: the control process ends itself once its own rendezvous times out, 300 s)."""
+    store = _Store(nodes=1, log=log_dir / f"store-barrier-{clients}-{sim.label}.log")
+    procs: list[subprocess.Popen[str]] = []
+    client_log = log_dir / f"clients-barrier-{clients}-{sim.label}.log"
+    try:
+        env = {**os.environ, "PYTHONPATH": str(_REPO)}
+        with client_log.open("w") as log:
+            for count, threads in zip(
+                _split(clients, sim.procs), _split(sim.threads, sim.procs), strict=True
+            ):
+                argv = [
+                    str(a) for a in (store.port, barrier_key("bench"), count, clients, threads, deadline_s)
+                ]
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "localrun.store_bench", *argv],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        text=True,
+                        env=env,
+                        cwd=_REPO,
+                    )
+                )
+        # The clients import torch while the store starts; they connect once it listens.
+        store.wait_listening(60)
+        for p in procs:
+            _read_line(p, "importing torch", client_log)
+        connect_cpu0 = sum(_thread_cpu(store.proc.pid).values())
+        _tell(procs, "connect")
+        connect_s = max(_read_line(p, "connecting", client_log)["connect_s"] for p in procs)
+        store_cpu0 = _thread_cpu(store.proc.pid)
         start = time.monotonic()
-        go.set()
-        for t in threads:
-            t.join(timeout=max(0.0, deadline_s - (time.monotonic() - start)))
-        if errors or not all(done):
-            raise RuntimeError(f"the barrier of {clients} did not complete: {errors[:1] or 'deadline'}")
+        _tell(procs, "go")
+        results = [_read_line(p, "the barrier ended", client_log) for p in procs]
+        store_cpu1 = _thread_cpu(store.proc.pid)
+        errors = [e for r in results for e in r["errors"]]
+        if errors:
+            raise RuntimeError(f"the barrier of {clients} ({sim.label}) did not complete: {errors[0]}")
+        per_thread = [store_cpu1[t] - store_cpu0.get(t, 0.0) for t in store_cpu1]
+        first_arrival = min(r["first_arrival"] for r in results)
+        last_arrival = max(r["last_arrival"] for r in results)
+        last_through = max(r["last_through"] for r in results)
         return BarrierRow(
             clients=clients,
-            barrier_s=round(max(done) - start, 3),
-            rss_mb=round(store.rss_mb(), 1),
+            procs=sim.procs,
+            threads=sim.threads,
+            barrier_s=round(last_through - start, 3),
+            wake_s=round(first_arrival - start, 3),
+            arrive_s=round(last_arrival - first_arrival, 3),
+            release_s=round(last_through - last_arrival, 3),
+            store_loop_cpu_s=round(max(per_thread), 3),
+            store_cpu_s=round(sum(per_thread), 3),
+            clients_cpu_s=round(sum(r["cpu_s"] for r in results), 3),
             connect_s=round(connect_s, 2),
+            store_connect_cpu_s=round(sum(store_cpu0.values()) - connect_cpu0, 3),
+            rss_mb=round(store.rss_mb(), 1),
         )
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for pipe in (p.stdin, p.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):  # a killed worker's stdin may be broken
+                        pipe.close()
         store.close()
-        stores.clear()
 
 
 def check_limits(largest: int) -> None:
@@ -338,52 +554,107 @@ def check_limits(largest: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the store inherits it
 
 
+def barrier_breakdown(rows: list[BarrierRow]) -> dict[str, Any]:
+    """Where the barrier's time goes across the simulations run: the store's loop does the same work in
+    each (its CPU is the store's share); what the fastest and the slowest barrier add to it is this
+    machine being the clients."""
+    fast = min(rows, key=lambda r: r.barrier_s)
+    slow = max(rows, key=lambda r: r.barrier_s)
+    return {
+        "clients": fast.clients,
+        "store_loop_cpu_s": [min(r.store_loop_cpu_s for r in rows), max(r.store_loop_cpu_s for r in rows)],
+        "fastest": f"{fast.procs}x{fast.threads}",
+        "fastest_barrier_s": fast.barrier_s,
+        "fastest_store_share": round(fast.store_share, 3),
+        "slowest": f"{slow.procs}x{slow.threads}",
+        "slowest_barrier_s": slow.barrier_s,
+        "slowest_store_share": round(slow.store_share, 3),
+        "slowest_clients_cpu_s": slow.clients_cpu_s,
+        "nvrx_published_s": NVRX_BARRIER_S,
+        "cpus": os.cpu_count(),
+    }
+
+
+def breakdown_line(b: dict[str, Any]) -> str:
+    low, high = b["store_loop_cpu_s"]
+    return (
+        f"store: its event loop busy {low:.2f}-{high:.2f} s for {b['clients']:,} clients whichever the "
+        f"simulation; the barrier took {b['fastest_barrier_s']:.2f} s ({b['fastest']}, the store "
+        f"{b['fastest_store_share']:.0%} of it) to {b['slowest_barrier_s']:.2f} s ({b['slowest']}, the store "
+        f"{b['slowest_store_share']:.0%}: the other {1 - b['slowest_store_share']:.0%} this machine being "
+        f"the clients, {b['slowest_clients_cpu_s']:.1f} CPU s on {b['cpus']} cores). NVRx publishes "
+        f"{b['nvrx_published_s']:g} s for its store barrier at 16K ranks."
+    )
+
+
 def run_store_bench(
     *,
     agents: list[int],
     barrier_clients: int,
+    barrier_sims: list[ClientSim] | None = None,
     restart_rounds: int = RESTART_ROUNDS,
     json_out: Path | None,
     log_dir: Path,
     deadline_s: float = 120.0,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Every agent count, then the barrier; prints a table, writes --json-out."""
+    """Every agent count, then the barrier once per client simulation; prints tables, writes --json-out."""
     from kitcore.console import make_console  # noqa: PLC0415
 
+    sims = list(DEFAULT_BARRIER_SIMS) if barrier_sims is None else barrier_sims
     check_limits(max([*agents, barrier_clients]))
     os.environ.setdefault("RES_OPTIONS", _RESOLVER)
     log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     rows: list[StoreRow] = []
     for count in agents:
         echo(f"{count} agents ...")
         row = rendezvous_row(count, restart_rounds=restart_rounds, log_dir=log_dir, deadline_s=deadline_s)
         rows.append(row)
-    barrier = None
-    if barrier_clients:
-        echo(f"{barrier_clients} clients through one barrier ...")
-        barrier = barrier_row(barrier_clients, log_dir=log_dir, deadline_s=deadline_s)
+    rendezvous_s = time.monotonic() - started
+    barriers: list[BarrierRow] = []
+    failed: dict[str, str] = {}
+    for sim in sims if barrier_clients else []:
+        echo(f"{barrier_clients} clients through one barrier, simulated as {sim.label} (procs x threads) ...")
+        try:
+            barriers.append(barrier_row(barrier_clients, sim, log_dir=log_dir, deadline_s=deadline_s))
+        except RuntimeError as exc:  # one simulation past its deadline: the others still measure the store
+            echo(f"{sim.label}: {exc}")
+            failed[sim.label] = str(exc)
+    barrier_s = time.monotonic() - started - rendezvous_s
+    elapsed = {"rendezvous": round(rendezvous_s, 1), "barrier": round(barrier_s, 1)}
     at_goal = [r for r in rows if r.agents >= GOAL_AGENTS]
     document = {
         "store": [asdict(r) for r in rows],
-        "barrier": None if barrier is None else asdict(barrier),
+        "barrier": [asdict(b) | {"store_share": round(b.store_share, 3)} for b in barriers],
+        "barrier_failed": failed,
+        "barrier_breakdown": barrier_breakdown(barriers) if barriers else None,
         "goal": {
             "agents": GOAL_AGENTS,
             "round_s": ROUND_GOAL_S,
             "met": bool(at_goal) and all(r.round_s <= ROUND_GOAL_S for r in at_goal),
         },
         "machine": {"cpus": os.cpu_count()},
+        "versions": runtime_versions(),
+        "elapsed_s": elapsed,
     }
-    _print(make_console(), rows, barrier)
+    console = make_console()
+    _print(console, rows)
+    if barriers:
+        console.print(barrier_table(barriers))
+        console.print(breakdown_line(document["barrier_breakdown"]), soft_wrap=True)
+    echo(f"bench: rendezvous rows {rendezvous_s:.0f} s, barriers {barrier_s:.0f} s (setup included)")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(document, indent=2) + "\n")
     return document
 
 
-def _print(console: Any, rows: list[StoreRow], barrier: BarrierRow | None) -> None:  # noqa: ANN401
+def _print(console: Any, rows: list[StoreRow]) -> None:  # noqa: ANN401 - a rich Console
     from rich.table import Table  # noqa: PLC0415
 
+    if not rows:
+        return
     table = Table(title="Rendezvous store under load (loopback)", title_justify="left")
     for column in ("agents", "round_s", "closed_s", "first_s", "rss_mb", "store cpu_s", "agents cpu_s"):
         table.add_column(column, justify="right")
@@ -398,8 +669,39 @@ def _print(console: Any, rows: list[StoreRow], barrier: BarrierRow | None) -> No
             f"{r.agents_cpu_s:.2f}",
         )
     console.print(table)
-    if barrier is not None:
-        console.print(
-            f"barrier: {barrier.clients} clients in {barrier.barrier_s:.2f} s, "
-            f"store RSS {barrier.rss_mb:.0f} MB (connect {barrier.connect_s:.1f} s)"
+
+
+def barrier_table(rows: list[BarrierRow]) -> Table:
+    """A row per client simulation: the barrier, its phases, and the CPU each side used."""
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(
+        title=f"{rows[0].clients:,} clients through one process-group store barrier (torch's "
+        "_store_based_barrier operations), by how this machine simulates them",
+        title_justify="left",
+    )
+    columns = ("procs x threads", "barrier s", "wake", "arrive", "release", "store loop cpu_s",
+               "store cpu_s", "clients cpu_s", "store share", "connect s", "rss_mb")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            f"{r.procs}x{r.threads}",
+            f"{r.barrier_s:.2f}",
+            f"{r.wake_s:.2f}",
+            f"{r.arrive_s:.2f}",
+            f"{r.release_s:.2f}",
+            f"{r.store_loop_cpu_s:.2f}",
+            f"{r.store_cpu_s:.2f}",
+            f"{r.clients_cpu_s:.2f}",
+            f"{r.store_share:.0%}",
+            f"{r.connect_s:.1f}",
+            f"{r.rss_mb:.0f}",
         )
+    return table
+
+
+if __name__ == "__main__":
+    # A process of simulated barrier clients (barrier_row starts it): PORT KEY COUNT WORLD THREADS DEADLINE_S.
+    _port, _key, _count, _world, _threads, _deadline = sys.argv[1:7]
+    _client_worker(int(_port), _key, int(_count), int(_world), int(_threads), float(_deadline))

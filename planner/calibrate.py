@@ -10,13 +10,15 @@ It reads, anywhere below RUN_DIR:
 - `scale.json` (`nvrx-eks bench scale`, localrun/scale_bench.py): each fault class's recovery at several
   node counts. Each layer's recovery becomes a + b*log2(nodes), fitted to the rows that recovered, and
   is evaluated at the plan's fleet size once the plan is known (`ScaleFit`); it replaces the layer's
-  constant from peer.json or summary.json, which were measured at one size.
+  constant from peer.json or summary.json, which were measured at one size. The fit itself goes on to
+  the fleet-size plot, which evaluates it at every size it draws (`Calibration.fitted`).
 
 What each number becomes in the plan:
 - step time: each mode's mean step (peer.json rows carry it, with the job's first start, the loop's
   time in checkpoint calls and their count); the median over the modes for a plan file.
 - recovery per layer: the mean recovery of the faults that layer recovered (recovery in the kit's
-  events ends when every rank has finished its startup, checkpoint load included, so restore_s is 0).
+  events ends when every rank has finished its startup, checkpoint load included, so restore_s is 0);
+  a store loss's goes to recovery.store_loss_s, not to the Job controller's node swap.
 - startup: each mode's first start (first process start -> every rank's first `startup_done`); the
   median over the modes for a plan file.
 - checkpoint stall: the loop's time in checkpoint calls per checkpoint, the kit's per RAM snapshot and
@@ -49,6 +51,18 @@ LAYER_FIELDS = {
     "torchrun": "job_restart_s",
     "job_controller": "node_swap_s",
 }
+# Classes whose recovery is a plan field of its own whatever layer the events name: the Job controller
+# brings back a store loss too, but by restarting every pod, not by replacing one node.
+CLASS_FIELDS = {"store_loss": "store_loss_s"}
+
+
+def recovery_field(cls: str | None, layer: str | None) -> str | None:
+    """The plan's recovery field (recovery.*) a fault's measured recovery sets; None: no plan layer."""
+    if cls in CLASS_FIELDS:
+        return CLASS_FIELDS[cls]
+    return LAYER_FIELDS.get(layer or "")
+
+
 # localrun/peer_bench.py mode names -> the plan's (its `kit` is the plan's `kit`).
 PEER_MODES = ("baseline", "inprocess", "ft_launcher", "kit")
 # The local executor's topology (k8s/values/local-cpu.yaml): two "nodes" of two CPU ranks.
@@ -57,9 +71,9 @@ LOCAL_REPAIR_S = 1.0
 """A lost local node is back as soon as its replacement pod starts (inside the node-loss recovery)."""
 
 
-# bench scale's fault classes whose recovery a plan layer models (its store_loss restarts every pod from
-# disk: no plan layer is that restart).
-SCALE_CLASSES = ("exception", "sigkill", "node_loss")
+# bench scale's fault classes, each a plan layer: exception -> in-process, SIGKILL -> ft_launcher, node
+# loss -> the node swap, store loss -> every pod restarted from disk (recovery.store_loss_s).
+SCALE_CLASSES = ("exception", "sigkill", "node_loss", "store_loss")
 
 
 @dataclass(frozen=True)
@@ -119,12 +133,14 @@ class Calibration:
     files: list[str] = field(default_factory=list)
     scale: dict[str, ScaleFit] = field(default_factory=dict)
     """Recovery field (recovery.*) -> its fit against fleet size, evaluated by `at_fleet`."""
+    fitted: dict[str, ScaleFit] = field(default_factory=dict)
+    """The fits the plan took (`at_fleet`: those --set did not override), for the fleet-size sweep."""
 
     def at_fleet(self, nodes: int, *, skip: set[str]) -> None:
         """Set each fitted recovery at `nodes` (the plan's fleet), except the fields in `skip` (--set)."""
-        for dotted, fit in self.scale.items():
-            if dotted not in skip:
-                self.set(dotted, round(fit.at(nodes), 3), fit.label(nodes))
+        self.fitted = {dotted: fit for dotted, fit in self.scale.items() if dotted not in skip}
+        for dotted, fit in self.fitted.items():
+            self.set(dotted, round(fit.at(nodes), 3), fit.label(nodes))
 
     def set(self, dotted: str, value: Any, label: str) -> None:  # noqa: ANN401 - any plan value
         node = self.overrides
@@ -145,6 +161,7 @@ class _Read(BaseModel):
 class _Recovery(_Read):
     """A fault row as far as its recovery goes (summary.json's rows)."""
 
+    fault_class: str | None = Field(None, alias="class")
     layer: str | None = None
     recovery_s: float | None = None
     tier: str | None = None
@@ -236,10 +253,18 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _recoveries(faults: list[dict[str, Any]], out: dict[str, list[float]]) -> None:
+    """Each measured recovery under the plan field it sets (`recovery_field`)."""
     for fault in faults:
-        layer, seconds = fault.get("layer"), fault.get("recovery_s")
-        if layer in LAYER_FIELDS and isinstance(seconds, int | float):
-            out.setdefault(layer, []).append(float(seconds))
+        name, seconds = recovery_field(fault.get("class"), fault.get("layer")), fault.get("recovery_s")
+        if name is not None and isinstance(seconds, int | float):
+            out.setdefault(name, []).append(float(seconds))
+
+
+def _what(name: str) -> str:
+    """What a recovery field's measurements were, for its label."""
+    classes = [cls for cls, field in CLASS_FIELDS.items() if field == name]
+    layers = [layer for layer, field in LAYER_FIELDS.items() if field == name]
+    return "/".join(classes or layers)
 
 
 def _cadence(overrides: list[str], tier: str) -> int | None:
@@ -272,8 +297,8 @@ def _from_peer(path: Path, cal: Calibration) -> None:
     for name, row in rows.items():
         cal.measured_goodput[name] = float(row["training_goodput"])
         _recoveries(row.get("faults", []), recoveries)
-    for layer, seconds in recoveries.items():
-        cal.set(f"recovery.{LAYER_FIELDS[layer]}", round(statistics.fmean(seconds), 3), f"{label} ({layer})")
+    for name, seconds in recoveries.items():
+        cal.set(f"recovery.{name}", round(statistics.fmean(seconds), 3), f"{label} ({_what(name)})")
     if _itemized(rows):
         costs = _measured_costs(rows)
         step_s = statistics.median(costs.step_s.values())
@@ -436,10 +461,10 @@ def _from_summary(path: Path, cal: Calibration) -> None:
         cal.set("checkpoint.memory.stall_s", float(doc["stall_per_checkpoint_s"]), f"{label} (loop stall)")
     recoveries: dict[str, list[float]] = {}
     _recoveries(doc["faults"], recoveries)
-    for layer, seconds in recoveries.items():
-        dotted = f"recovery.{LAYER_FIELDS[layer]}"
+    for name, seconds in recoveries.items():
+        dotted = f"recovery.{name}"
         if dotted not in cal.labels:
-            cal.set(dotted, round(statistics.fmean(seconds), 3), f"{label} ({layer})")
+            cal.set(dotted, round(statistics.fmean(seconds), 3), f"{label} ({_what(name)})")
     cal.measured_goodput.setdefault(str(doc.get("mode", "run")), float(doc["training_goodput"]))
 
 
@@ -462,14 +487,14 @@ def _from_scale(path: Path, cal: Calibration) -> None:
     points: dict[str, list[tuple[int, float]]] = {}
     classes: dict[str, set[str]] = {}
     for row in doc["rows"]:
-        layer = row["layer"]
+        name = recovery_field(row["class"], row["layer"])
         # A row that did not recover, or recovered by another layer than its class's, measures nothing
         # the plan's layer pays.
-        if row["class"] not in SCALE_CLASSES or not row["recovered"] or layer not in LAYER_FIELDS:
+        if row["class"] not in SCALE_CLASSES or not row["recovered"] or name is None:
             continue
         if row["recovery_s"] is None:
             continue
-        dotted = f"recovery.{LAYER_FIELDS[layer]}"
+        dotted = f"recovery.{name}"
         points.setdefault(dotted, []).append((int(row["nodes"]), float(row["recovery_s"])))
         classes.setdefault(dotted, set()).add(row["class"])
     if not points:

@@ -231,7 +231,9 @@ def register(*, app: typer.Typer) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             written = [
                 str(report.plot_interval(projection, folder / "goodput-vs-interval.png")),
-                str(report.plot_fleet(plan, folder / "goodput-vs-fleet.png")),
+                str(
+                    report.plot_fleet(plan, folder / "goodput-vs-fleet.png", fits=cal.fitted if cal else None)
+                ),
             ]
         changed = write_values(write, plan, projection) if write is not None else []
         if as_json:

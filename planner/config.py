@@ -26,7 +26,7 @@ Mode = Literal["baseline", "inprocess", "ft_launcher", "kit"]
 MODES: tuple[Mode, ...] = ("baseline", "inprocess", "ft_launcher", "kit")
 TierName = Literal["memory", "local", "durable"]
 TIERS: tuple[TierName, ...] = ("memory", "local", "durable")
-FaultKind = Literal["soft", "process", "node"]
+FaultKind = Literal["soft", "process", "node", "store"]
 SECONDS_PER_DAY = 86400.0
 
 # ---- published defaults, each with its source ------------------------------------------------------
@@ -79,6 +79,11 @@ PEER_JOB_RESTART_S = 270.0
 # Node loss onto a warm spare: pod start on the spare, rendezvous, worker start. Assumed 90 s: the
 # frontier figure is SageMaker HyperPod's peer restore in < 90 s at 2,304 GPUs (AWS's published figure).
 NODE_SWAP_S = 90.0
+# The rendezvous store's pod lost (the store Deployment's node drained, failed or the pod evicted): one
+# store per job, so a rate per job, not per node. No public figure gives it. ASSUMED: Llama 3's rate of
+# dependency failures for the whole job (Table 5: 2 in 54 days; storage and scheduler, services the job
+# depends on as a whole as it depends on its store), 0.037 a day. `--set faults.store_loss_per_day=...`.
+STORE_LOSS_PER_DAY = LLAMA3_TABLE5["dependency"][0] / LLAMA3_DAYS
 
 Source = str
 
@@ -91,11 +96,14 @@ _ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::\d+)?$")  # training/con
 
 
 def fault_kind(cls: str) -> FaultKind:
-    """What a fault class takes to recover (training/faults.py): soft ones stay in the process."""
+    """What a fault class takes to recover (training/faults.py): soft ones stay in the process; a store
+    loss restarts every pod (NVRx 0.7's launchers do not reconnect to the replacement store)."""
     if cls in SOFT_CLASSES:
         return "soft"
     if cls == "node_loss":
         return "node"
+    if cls == "store_loss":
+        return "store"
     return "process"
 
 
@@ -264,6 +272,12 @@ class Recovery(_Section):
     """The whole job's workers restarted by torchrun or the Job controller (baseline)."""
     node_swap_s: float = Field(NODE_SWAP_S, ge=0)
     """A node loss taken over by a warm spare (then a launcher restart of the survivors)."""
+    store_loss_s: float | None = Field(None, ge=0)
+    """The rendezvous store's pod lost: every launcher fails, the Job restarts every pod on its node and
+    they rendezvous on the Deployment's replacement. None: job_restart_s (the same whole-job restart)."""
+
+    def store_restart_s(self) -> float:
+        return self.job_restart_s if self.store_loss_s is None else self.store_loss_s
 
 
 class Faults(_Section):
@@ -276,6 +290,10 @@ class Faults(_Section):
     measured replayed fault for fault (its steps decide the lost work, not their expectation)."""
     mix: dict[str, float] = Field(default_factory=llama3_mix)
     """Share of each fault class (training/faults.py names); default: Llama 3's Table 5 mapped."""
+    store_loss_per_day: float | None = Field(None, ge=0)
+    """With per_node_day: rendezvous store losses per day of the whole job (one store per job, so not a
+    share of the per-node rate). None: STORE_LOSS_PER_DAY (assumed, see above). A count or schedule
+    names store losses in its mix or schedule instead."""
     source: str = ""
 
     @field_validator("schedule")
@@ -322,8 +340,37 @@ class Faults(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _store_rate(self) -> Self:
+        if self.per_node_day is None and self.store_loss_per_day is not None:
+            raise ValueError(
+                "store_loss_per_day is a rate beside per_node_day; with a count or schedule, give store "
+                "losses as store_loss in mix or schedule"
+            )
+        if self.per_node_day is not None and self.mix.get("store_loss"):
+            raise ValueError(
+                "mix: store_loss is a rate per job, not a share of the per-node rate: give "
+                "faults.store_loss_per_day instead"
+            )
+        return self
+
+    def store_losses_per_day(self) -> float:
+        """A rate plan's store losses per day of the whole job (0 for a count or a schedule)."""
+        if self.per_node_day is None:
+            return 0.0
+        return STORE_LOSS_PER_DAY if self.store_loss_per_day is None else self.store_loss_per_day
+
+    def class_weights(self, nodes: int) -> dict[str, float]:
+        """Each fault class's relative frequency on a fleet of `nodes`: the mix for a count or schedule;
+        for a rate, faults per day (the per-node classes on every node, the store's once per job)."""
+        if self.per_node_day is None:
+            return dict(self.mix)
+        weights = {name: share * self.per_node_day * nodes for name, share in self.mix.items()}
+        weights["store_loss"] = self.store_losses_per_day()
+        return weights
+
     def kind_shares(self) -> dict[FaultKind, float]:
-        shares: dict[FaultKind, float] = {"soft": 0.0, "process": 0.0, "node": 0.0}
+        shares: dict[FaultKind, float] = {"soft": 0.0, "process": 0.0, "node": 0.0, "store": 0.0}
         for name, share in self.mix.items():
             shares[fault_kind(name)] += share
         return shares
@@ -432,10 +479,11 @@ class Plan(_Section):
         return per_writer / (tier.bandwidth_gbps * 1e9)
 
     def fault_rate(self) -> float | None:
-        """Faults per wall-clock second for the whole job (None for a fixed count)."""
+        """Faults per wall-clock second for the whole job, store losses included (None for a fixed
+        count or a schedule)."""
         if self.faults.per_node_day is None:
             return None
-        return self.faults.per_node_day * self.fleet.nodes / SECONDS_PER_DAY
+        return sum(self.faults.class_weights(self.fleet.nodes).values()) / SECONDS_PER_DAY
 
     @property
     def copy_gbps(self) -> float | None:

@@ -8,8 +8,13 @@ state comes back from. Per mode and fault kind (`route`):
 | soft    | job restart, own node | in-process, none      | launcher, own node   | in-process, none      |
 | process | job restart, own node | job restart, own node | launcher, own node   | launcher, own node    |
 | node    | job restart, remote   | job restart, remote   | spare swap, remote   | spare swap, remote    |
+| store   | store restart, disk   | store restart, disk   | store restart, disk  | store restart, disk   |
 
-"own node": any tier the mode writes; "remote": durable, plus memory with peer replicas. A restore
+"own node": any tier the mode writes; "remote": durable, plus memory with peer replicas; "disk": the
+node-local disk or durable, never memory. A store loss (the rendezvous store's pod lost) ends every
+launcher in every mode (each rendezvouses through the store; NVRx 0.7's do not reconnect): the Job
+restarts every pod on its node, so the RAM tier goes with the processes and each resumes from the newest
+checkpoint its node still holds -- it loses the local interval, not the memory one. A restore
 loads the newest checkpoint of the usable tiers; an in-process restart redoes only the interrupted
 step. Each fault then costs recovery (its layer) + restore (its tier) + lost work + for a node loss the
 wait for capacity when no spare is left.
@@ -65,14 +70,14 @@ from planner.config import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-KINDS: tuple[FaultKind, ...] = ("soft", "process", "node")
+KINDS: tuple[FaultKind, ...] = ("soft", "process", "node", "store")
 MAX_SPARES = 100_000
 
 
 @dataclass(frozen=True)
 class Route:
     layer: str
-    """inprocess, ft_launcher, job_restart or node_swap."""
+    """inprocess, ft_launcher, job_restart, node_swap or store_restart."""
     tiers: tuple[TierName, ...]
     """Tiers a restore may load from (empty: an in-process restart, parameters never left)."""
 
@@ -82,6 +87,8 @@ def route(plan: Plan, mode: Mode, kind: FaultKind) -> Route:
     remote = tuple(t for t in written if t == "durable" or (t == "memory" and plan.checkpoint.peer_replica))
     if kind == "soft" and mode in {"inprocess", "kit"}:
         return Route("inprocess", ())
+    if kind == "store":
+        return Route("store_restart", tuple(t for t in written if t != "memory"))
     if kind == "node":
         return Route("node_swap" if mode in {"ft_launcher", "kit"} else "job_restart", remote)
     if mode in {"ft_launcher", "kit"}:
@@ -96,6 +103,7 @@ def layer_recovery_s(plan: Plan, layer: str) -> float:
         "ft_launcher": r.launcher_s,
         "job_restart": r.job_restart_s,
         "node_swap": r.node_swap_s,
+        "store_restart": r.store_restart_s(),
     }[layer]
 
 
@@ -280,9 +288,11 @@ class _Rates:
 
 def _rates(plan: Plan) -> _Rates:
     shares = plan.faults.kind_shares()
-    rate = plan.fault_rate()
-    if rate is not None:
-        return _Rates({k: rate * shares[k] for k in KINDS}, is_rate=True)
+    if plan.fault_rate() is not None:
+        per_second = dict.fromkeys(KINDS, 0.0)
+        for cls, per_day in plan.faults.class_weights(plan.fleet.nodes).items():
+            per_second[fault_kind(cls)] += per_day / SECONDS_PER_DAY
+        return _Rates(per_second, is_rate=True)
     if plan.faults.schedule is not None:
         counts = dict.fromkeys(KINDS, 0.0)
         for cls, _ in plan.faults.scheduled():

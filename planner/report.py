@@ -7,17 +7,19 @@ the numbers a test asserts are the numbers a user reads.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from planner.config import MODES, SECONDS_PER_DAY, TIERS, Mode, Plan, TierName
-from planner.model import ModeResult, Projection, evaluate, project
+from planner.config import MODES, SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Mode, Plan, TierName
+from planner.model import KINDS, ModeResult, Projection, evaluate, project
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
     from rich.console import Console
 
+    from planner.calibrate import ScaleFit
     from planner.simulate import SimResult
 
 # Where a default comes from when neither the plan file nor a measurement set the field.
@@ -40,13 +42,16 @@ REPORTED_INPUTS = (
     "faults.per_node_day",
     "faults.schedule",
     "faults.mix",
+    "faults.store_loss_per_day",
     "recovery.inprocess_s",
     "recovery.launcher_s",
     "recovery.job_restart_s",
     "recovery.node_swap_s",
+    "recovery.store_loss_s",
     "checkpoint.copy_gbps",
     "checkpoint.memory.stall_s",
     "checkpoint.local.write_s",
+    "checkpoint.local.restore_s",
     "checkpoint.durable.write_s",
     "checkpoint.durable.restore_s",
     "fleet.repair_hours",
@@ -73,12 +78,27 @@ def _derived(plan: Plan, dotted: str) -> tuple[Any, str] | None:
         return link.gbps, f"default: {plan.fleet.instance_profile} host link, {link.derivation}"
     if dotted == "checkpoint.memory.stall_s":
         return plan.stall_s("memory"), "derived: state per GPU / copy bandwidth (the floor)"
-    if dotted.endswith(".write_s"):
-        tier = dotted.split(".")[1]
-        if plan.checkpoint.tier(tier) is None:  # type: ignore[arg-type]
-            return None
-        return plan.write_s(tier), "derived: state / bandwidth_gbps"  # type: ignore[arg-type]
-    return None
+    if dotted in {"recovery.store_loss_s", "faults.store_loss_per_day"}:
+        return _derived_store(plan, dotted)
+    tier = dotted.split(".")[1]
+    if not dotted.endswith(".write_s") or plan.checkpoint.tier(tier) is None:  # type: ignore[arg-type]
+        return None
+    return plan.write_s(tier), "derived: state / bandwidth_gbps"  # type: ignore[arg-type]
+
+
+def _derived_store(plan: Plan, dotted: str) -> tuple[Any, str] | None:
+    """The store loss's recovery and rate when the plan leaves them to their defaults."""
+    if dotted == "recovery.store_loss_s":
+        return plan.recovery.store_restart_s(), (
+            "default: the plan's recovery.job_restart_s (a store loss restarts every pod, as a whole-job "
+            "restart does)"
+        )
+    if plan.faults.per_node_day is None:
+        return None  # a count or schedule names its store losses in the mix or the schedule
+    return STORE_LOSS_PER_DAY, (
+        "default: assumed, no public figure: Llama 3's dependency failures for the whole job (2 in 54 "
+        "days, planner/config.py)"
+    )
 
 
 def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -175,7 +195,10 @@ def print_report(
     elif plan.faults.count is not None:
         faults = f"{plan.faults.count} faults per run"
     else:
-        faults = f"{plan.faults.per_node_day:.2e} faults per node-day"
+        faults = (
+            f"{plan.faults.per_node_day:.2e} faults per node-day + "
+            f"{plan.faults.store_losses_per_day():.3g} store losses per day"
+        )
     console.print(
         f"[bold]{plan.name}[/bold]: {plan.fleet.nodes} x {plan.fleet.instance_profile} = "
         f"{plan.fleet.gpus} {'GPUs' if plan.fleet.profile.gpus else 'CPU ranks'}, "
@@ -184,6 +207,7 @@ def print_report(
     )
     _print_intervals(console, projection)
     _print_goodput(console, projection, sims=sims, measured=measured)
+    _print_fault_costs(console, projection)
     _print_spares(console, projection)
     _print_inputs(console, inputs)
 
@@ -262,6 +286,36 @@ def _print_goodput(
         if measured:
             cells.append(_pct(measured.get(mode)))
         table.add_row(mode, *cells)
+    console.print(table)
+
+
+def _print_fault_costs(console: Console, projection: Projection) -> None:
+    """What one fault of each kind costs in the headline mode: the layer, the tier it restores from."""
+    from rich.table import Table  # noqa: PLC0415
+
+    mode = _headline_mode(projection)
+    result = projection.modes[mode]
+    table = Table(title=f"What one fault costs ({mode})", title_justify="left")
+    table.add_column("kind", no_wrap=True, min_width=len("process"))
+    table.add_column("layer", no_wrap=True, min_width=len("store_restart"))
+    table.add_column("restores from", no_wrap=True)
+    for column in ("per run", "recovery", "restore", "lost work", "capacity wait", "each"):
+        table.add_column(column, justify="right")
+    for kind in KINDS:
+        cost = result.fault_costs.get(kind)
+        if cost is None:
+            continue
+        table.add_row(
+            kind,
+            cost.layer,
+            cost.tier or "- (in place)",
+            f"{result.faults.get(kind, 0.0):.3g}",
+            _seconds(cost.recovery_s),
+            _seconds(cost.restore_s),
+            _seconds(cost.lost_s),
+            _seconds(cost.wait_s),
+            _seconds(cost.total_s),
+        )
     console.print(table)
 
 
@@ -351,59 +405,134 @@ def plot_interval(projection: Projection, out: Path) -> Path:
     return out
 
 
-def scale_plan(plan: Plan, gpus: int, *, wall_s: float | None = None) -> Plan:
-    """The same plan on a fleet of `gpus` GPUs (spares sized by the plan), faults as a rate.
+def scale_plan(
+    plan: Plan, gpus: int, *, wall_s: float | None = None, recovery: Mapping[str, float] | None = None
+) -> Plan:
+    """The same plan on a fleet of `gpus` GPUs (spares sized by the plan), faults as a rate, and each
+    `recovery.*` field in `recovery` at its value for this size.
 
     A count per run becomes the rate it is on this plan's own fleet over `wall_s` (the mode's projected
-    wall time), so the sweep passes through the plan's own figure at its own size."""
+    wall time), so the sweep passes through the plan's own figure at its own size: per node for the
+    per-node classes, per job for store losses (one store whatever the fleet)."""
     nodes = max(1, gpus // plan.fleet.profile.workers_per_node)
     faults = plan.faults
     if faults.per_node_day is None:
         count = faults.count if faults.count is not None else len(faults.schedule or [])
         days = (wall_s or plan.useful_s or 0.0) / SECONDS_PER_DAY
-        rate = count / (plan.fleet.nodes * days) if days else 0.0
         mix = faults.mix
         if faults.schedule is not None:
             classes = [cls for cls, _ in faults.scheduled()]
             mix = {cls: classes.count(cls) / len(classes) for cls in set(classes)} if classes else mix
-        faults = faults.model_copy(update={"count": None, "schedule": None, "per_node_day": rate, "mix": mix})
+        store = mix.get("store_loss", 0.0)
+        per_node = {cls: share for cls, share in mix.items() if cls != "store_loss"}
+        update = {
+            "count": None,
+            "schedule": None,
+            "per_node_day": count * (1 - store) / (plan.fleet.nodes * days) if days else 0.0,
+            # A plan of store losses only has no per-node faults: its rate is 0, whatever the mix names.
+            "mix": per_node or {"node_loss": 1.0},
+            "store_loss_per_day": count * store / days if days else 0.0,
+        }
+        faults = faults.model_copy(update=update)
     fleet = plan.fleet.model_copy(update={"nodes": nodes, "spares": None})
-    return plan.model_copy(update={"fleet": fleet, "faults": faults})
+    update: dict[str, Any] = {"fleet": fleet, "faults": faults}
+    if recovery:
+        fields = {dotted.removeprefix("recovery."): seconds for dotted, seconds in recovery.items()}
+        update["recovery"] = plan.recovery.model_copy(update=fields)
+    return plan.model_copy(update=update)
 
 
-def fleet_sweep(plan: Plan) -> dict[Mode, list[tuple[int, float]]]:
+@dataclass(frozen=True)
+class FleetSweep:
+    """The fleet-size plot's series, as drawn: goodput per mode at each size, and where each size's
+    recovery came from."""
+
+    goodput: dict[Mode, list[tuple[int, float]]]
+    recovery: dict[str, list[tuple[int, float]]]
+    """A fitted recovery field (recovery.*) -> (GPUs, seconds) it was evaluated to at each size; empty:
+    every size holds the plan's recovery."""
+    measured_gpus: tuple[int, int] | None
+    """The GPUs of the smallest and largest size bench scale ran (its nodes x this plan's GPUs per
+    node): recovery there is measured, elsewhere extrapolated. None without a fit."""
+    caption: str
+
+
+def fleet_sweep(plan: Plan, fits: Mapping[str, ScaleFit] | None = None) -> FleetSweep:
+    """Goodput per mode from 8 to 32,768 GPUs, intervals and spares re-planned per size; each fitted
+    recovery (`fits`: bench scale's a + b*log2(nodes), the ones the plan took) evaluated at every size."""
     gpn = plan.fleet.profile.workers_per_node
     sizes = sorted({g for g in (*SWEEP_GPUS, plan.fleet.gpus) if g >= gpn})
-    out: dict[Mode, list[tuple[int, float]]] = {}
+    fits = dict(fits or {})
+
+    def recovery_at(gpus: int) -> dict[str, float]:
+        nodes = max(1, gpus // gpn)
+        return {dotted: round(fit.at(nodes), 3) for dotted, fit in fits.items()}
+
+    goodput: dict[Mode, list[tuple[int, float]]] = {}
     for mode in MODES:
         if mode not in plan.modes:
             continue
         own = project(plan, mode)
         wall = own.wall_s if own.feasible else None
         for gpus in sizes:
-            result = project(scale_plan(plan, gpus, wall_s=wall), mode)
-            out.setdefault(mode, []).append((gpus, result.training_goodput if result.feasible else 0.0))
-    return out
+            result = project(scale_plan(plan, gpus, wall_s=wall, recovery=recovery_at(gpus)), mode)
+            goodput.setdefault(mode, []).append((gpus, result.training_goodput if result.feasible else 0.0))
+    recovery = {dotted: [(g, recovery_at(g)[dotted]) for g in sizes] for dotted in fits}
+    if not fits:
+        return FleetSweep(
+            goodput, {}, None, "recovery per layer: the plan's, held at every size (no bench scale fit)"
+        )
+    low = min(f.nodes[0] for f in fits.values())
+    high = max(f.nodes[-1] for f in fits.values())
+    names = ", ".join(d.removeprefix("recovery.") for d in fits)
+    caption = (
+        f"recovery re-evaluated at each size: {names} = a + b*log2(nodes), fitted to bench scale at "
+        f"{low}-{high} nodes ({low * gpn:,}-{high * gpn:,} GPUs, shaded: measured), extrapolated beyond; "
+        "other layers the plan's at every size"
+    )
+    return FleetSweep(goodput, recovery, (low * gpn, high * gpn), caption)
 
 
-def plot_fleet(plan: Plan, out: Path) -> Path:
-    """Goodput against fleet size from 8 to 32,768 GPUs, one line per mode."""
+def plot_fleet(plan: Plan, out: Path, *, fits: Mapping[str, ScaleFit] | None = None) -> Path:
+    """Goodput against fleet size from 8 to 32,768 GPUs, one line per mode; with bench scale's fits,
+    the recovery each size used on a second axis and the sizes it measured shaded."""
     import matplotlib as mpl  # noqa: PLC0415
 
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    figure, axis = plt.subplots(figsize=(9, 5))
-    for mode, points in fleet_sweep(plan).items():
+    sweep = fleet_sweep(plan, fits)
+    figure, axis = plt.subplots(figsize=(9, 5.5))
+    for mode, points in sweep.goodput.items():
         axis.plot([g for g, _ in points], [y for _, y in points], marker=".", label=mode)
-    axis.axvline(plan.fleet.gpus, color="grey", linestyle="--", linewidth=1)
+    axis.axvline(plan.fleet.gpus, color="grey", linestyle="--", linewidth=1, label="the plan's fleet")
+    if sweep.measured_gpus is not None:
+        axis.axvspan(
+            *sweep.measured_gpus, color="tab:green", alpha=0.12, label="recovery measured (bench scale)"
+        )
+        seconds = axis.twinx()
+        for dotted, points in sweep.recovery.items():
+            seconds.plot(
+                [g for g, _ in points],
+                [y for _, y in points],
+                linestyle=":",
+                color="black",
+                linewidth=1,
+                alpha=0.6,
+            )
+            gpus, last = points[-1]
+            seconds.annotate(
+                dotted.removeprefix("recovery."), (gpus, last), fontsize=7, ha="right", va="bottom"
+            )
+        seconds.set_ylabel("fitted recovery (s, dotted)")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("GPUs")
     axis.set_ylabel("expected training goodput (intervals and spares re-planned per size)")
     axis.set_title(f"{plan.name}: goodput against fleet size")
     axis.grid(visible=True, which="both", alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
+    axis.legend(fontsize=8, loc="lower left")
+    figure.text(0.01, 0.01, sweep.caption, fontsize=7, wrap=True)
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(out, dpi=110)
     plt.close(figure)
     return out

@@ -3,12 +3,12 @@
 It plays what the closed form averages: faults drawn one by one (a Poisson process in wall time for a
 rate, or a fixed count spread over the steps as the kit's fault schedule does, training/faults.py),
 each routed to its layer (`model.route`); a restore loads the newest checkpoint that is committed at the
-moment of the fault on a tier the route may use (a persist still in flight does not count, and a node
-loss wipes the node-local tiers of the lost node, so they count again only from their next snapshot);
-replayed steps cross checkpoints again and pay their stall again; faults also strike during a
-recovery, which then starts over; node losses take a spare from a pool of warm spares, and a failed
-node returns after an exponential repair time (mean `repair_hours`) -- with no spare left the job waits
-for the first return.
+moment of the fault on a tier the route may use (a persist still in flight does not count; a node loss
+wipes the node-local tiers of the lost node and a store loss every node's RAM, so they count again only
+from their next snapshot); replayed steps cross checkpoints again and pay their stall again; faults
+also strike during a recovery, which then starts over; node losses take a spare from a pool of warm
+spares, and a failed node returns after an exponential repair time (mean `repair_hours`) -- with no
+spare left the job waits for the first return.
 
 Simplifications it shares with the closed form (said here so a reader knows what is not checked): a
 persist due while the previous one runs is skipped (the cadence coalesces to the effective interval),
@@ -63,8 +63,8 @@ class _Run:
         self.free_spares = spares
         self.returns: list[float] = []
         self.repair_s = plan.fleet.repair_hours * 3600.0
-        classes = list(plan.faults.mix)
-        self.classes, self.weights = classes, [plan.faults.mix[c] for c in classes]
+        weights = plan.faults.class_weights(plan.fleet.nodes)
+        self.classes, self.weights = list(weights), list(weights.values())
 
     # ---- training ------------------------------------------------------------------------------------
     def _crossings(self, a: float, b: float, every: float) -> int:
@@ -134,7 +134,8 @@ class _Run:
         self.lost += self.p - restored
         self.p = restored
         for name in self.costs:
-            wiped = kind == "node" and name not in r.tiers
+            # A node loss wipes the lost node's tiers a restore may not use; a store loss every node's RAM.
+            wiped = kind in {"node", "store"} and name not in r.tiers
             self.committed[name] = -1.0 if wiped else min(now[name], restored)
         wait = self._spare() if kind == "node" else 0.0
         return layer_recovery_s(self.plan, r.layer) + restore_s, wait

@@ -19,13 +19,16 @@ from planner.commands import load_plan, write_values
 from planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,
     LLAMA3_INTERRUPTIONS,
+    MODES,
     SOFT_CLASSES,
+    STORE_LOSS_PER_DAY,
     Plan,
+    fault_kind,
     llama3_mix,
     poisson_tail,
 )
 from planner.model import daly, project, project_all, recommend
-from planner.report import plot_fleet, plot_interval
+from planner.report import fleet_sweep, plot_fleet, plot_interval
 from planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,8 +135,8 @@ def test_a_blocking_tier_follows_young_daly_on_its_own_restores():
 
 
 def test_a_tier_no_fault_restores_from_is_capped():
-    # The kit's local tier: process deaths load RAM, node losses the durable tier.
-    local = recommend(_plan(LLAMA), "kit", wall_guess_s=1.0)["local"]
+    # The kit's local tier without store losses: process deaths load RAM, node losses the durable tier.
+    local = recommend(_plan(LLAMA, "faults.store_loss_per_day=0"), "kit", wall_guess_s=1.0)["local"]
     assert local.mtbf_s is None
     assert local.bound.startswith("max interval")
 
@@ -452,9 +455,12 @@ def test_render_prints_the_warning(nvrx_eks, tmp_path):
 def test_plots_are_written(tmp_path):
     plan = _plan(PEER)
     projection = project_all(plan)
+    fitted, _, cal = load_plan(PEER, ["fleet.nodes=16"], _scale_run(tmp_path))
+    assert cal is not None
     for path in (
         plot_interval(projection, tmp_path / "interval.png"),
         plot_fleet(plan, tmp_path / "fleet.png"),
+        plot_fleet(fitted, tmp_path / "fleet-fitted.png", fits=cal.fitted),
     ):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -538,6 +544,38 @@ def test_bench_scale_recovery_is_fitted_and_evaluated_at_the_fleet_size(tmp_path
     assert inputs["recovery.job_restart_s"]["source"] == "assumed: plan file"
 
 
+def _with_store_loss(doc: dict) -> dict:
+    """The example run's rows plus a store_loss row per size as bench scale writes one (the Job controller
+    named as the layer, the restore from the local disk), slower than that size's node loss: a rendezvous
+    of every pod at once."""
+    rows = doc["rows"]
+    for row in [r for r in rows if r["class"] == "node_loss"]:
+        rows.append(row | {"class": "store_loss", "recovery_s": 2 * row["recovery_s"] + 1, "tier": "local"})
+    return doc
+
+
+@pytest.mark.parametrize("nodes", [16, 1024])
+def test_bench_scale_store_loss_rows_fit_the_store_loss_recovery_not_the_node_swap(tmp_path, nodes):
+    import numpy as np  # noqa: PLC0415
+
+    from planner.report import provenance  # noqa: PLC0415
+
+    doc = _with_store_loss(json.loads(SCALE.read_text()))
+    plan, given, cal = load_plan(PEER, [f"fleet.nodes={nodes}"], _scale_run(tmp_path, doc))
+    assert cal is not None
+
+    def fitted(cls: str) -> float:
+        measured = [(r["nodes"], r["recovery_s"]) for r in doc["rows"] if r["class"] == cls]
+        slope, intercept = np.polyfit([math.log2(n) for n, _ in measured], [s for _, s in measured], 1)
+        return intercept + max(0.0, slope) * math.log2(nodes)
+
+    assert plan.recovery.store_loss_s == pytest.approx(fitted("store_loss"), abs=1e-3)
+    assert plan.recovery.node_swap_s == pytest.approx(fitted("node_loss"), abs=1e-3)
+    source = provenance(plan, given=given, labels=cal.labels)["recovery.store_loss_s"]["source"]
+    assert "bench scale store_loss 2-8 nodes" in source
+    assert project(plan, "kit").fault_costs["store"].recovery_s == pytest.approx(plan.recovery.store_loss_s)
+
+
 def test_a_recovery_given_with_set_wins_over_bench_scale(tmp_path):
     from planner.report import provenance  # noqa: PLC0415
 
@@ -578,3 +616,167 @@ def test_a_malformed_scale_json_exits_2_with_one_message(nvrx_eks, tmp_path):
     assert str(folder / "scale.json") in result.stderr
     assert "rows.0.nodes" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---- the fleet-size plot with bench scale's fits ------------------------------------------------------
+def test_the_fleet_sweep_re_evaluates_the_fitted_recovery_at_every_size(tmp_path):
+    """Each size the plot draws gets its own recovery from the fit (bench scale ran 2-8 nodes): more
+    than the plan's own above its size, less below, the plan's own at it; the series say which sizes
+    were measured and which extrapolated."""
+    plan, _, cal = load_plan(PEER, ["fleet.nodes=16"], _scale_run(tmp_path))
+    assert cal is not None
+    gpn = plan.fleet.profile.workers_per_node
+    fitted = fleet_sweep(plan, cal.fitted)
+    held = fleet_sweep(plan)
+    assert set(fitted.recovery) == {f"recovery.{name}" for name in SCALE_FIELDS.values()}
+    for dotted, points in fitted.recovery.items():
+        fit = cal.fitted[dotted]
+        assert [s for _, s in points] == pytest.approx([fit.at(g // gpn) for g, _ in points], abs=1e-3)
+        own = dict(points)[plan.fleet.gpus]
+        assert own == pytest.approx(getattr(plan.recovery, dotted.removeprefix("recovery.")), abs=1e-3)
+    for mode in ("inprocess", "ft_launcher", "kit"):  # the modes whose faults the fitted layers recover
+        ours, theirs = dict(fitted.goodput[mode]), dict(held.goodput[mode])
+        assert ours[plan.fleet.gpus] == pytest.approx(theirs[plan.fleet.gpus], abs=1e-9), mode
+        feasible = [gpus for gpus, goodput in theirs.items() if goodput > 0]
+        assert ours[max(feasible)] < theirs[max(feasible)], mode  # recovery grew past the plan's size
+        assert ours[min(feasible)] > theirs[min(feasible)], mode  # and shrank below it
+    low = min(f.nodes[0] for f in cal.fitted.values())
+    high = max(f.nodes[-1] for f in cal.fitted.values())
+    assert fitted.measured_gpus == (low * gpn, high * gpn)
+    assert f"{low}-{high} nodes" in fitted.caption
+    assert "measured" in fitted.caption
+    assert "extrapolated" in fitted.caption
+    assert held.recovery == {}
+    assert held.measured_gpus is None
+    assert "held at every size" in held.caption
+
+
+def test_a_recovery_given_with_set_stays_fixed_across_the_fleet_sweep(tmp_path):
+    plan, _, cal = load_plan(PEER, ["fleet.nodes=16", "recovery.node_swap_s=42"], _scale_run(tmp_path))
+    assert cal is not None
+    sweep = fleet_sweep(plan, cal.fitted)
+    assert "recovery.node_swap_s" not in sweep.recovery
+    assert "recovery.launcher_s" in sweep.recovery
+    assert "node_swap_s" not in sweep.caption
+
+
+# ---- store loss ------------------------------------------------------------------------------------------
+def test_a_store_loss_restarts_every_pod_from_disk_not_ram():
+    """Every launcher fails when the store is lost (NVRx 0.7 does not reconnect): the Job restarts every
+    pod, the RAM tier goes with the processes, and the job loses back to its node-local checkpoint."""
+    assert fault_kind("store_loss") == "store"
+    plan = _plan(PEER, "faults.mix={exception: 0.5, store_loss: 0.5}")
+    kit = project(plan, "kit")
+    store, soft = kit.fault_costs["store"], kit.fault_costs["soft"]
+    assert kit.faults["store"] == pytest.approx(plan.faults.count * plan.faults.mix["store_loss"])
+    assert store.layer == "store_restart"
+    assert store.tier == "local"
+    assert store.recovery_s == plan.recovery.job_restart_s  # the default: a whole-job restart's
+    # Lost work: half the local interval at least, far more than the memory interval a SIGKILL loses.
+    assert store.lost_s >= kit.intervals["local"].seconds / 2 > kit.intervals["memory"].seconds
+    assert soft.layer == "inprocess"
+    for mode in MODES:
+        cost = project(plan, mode).fault_costs["store"]
+        assert cost.tier in {"local", "durable"}, mode
+    # Its own recovery when the plan gives one.
+    assert project(_plan(PEER, "faults.mix={store_loss: 1}", "recovery.store_loss_s=7"), "kit").fault_costs[
+        "store"
+    ].recovery_s == pytest.approx(7.0)
+
+
+def test_store_losses_are_a_rate_per_job_with_a_named_default():
+    """One store per job: its losses do not scale with the fleet; the default is an assumption the
+    report names, and --set replaces it."""
+    from planner.report import provenance  # noqa: PLC0415
+
+    plan, given, _ = load_plan(LLAMA, [], None)
+    kit = project(plan, "kit")
+    assert kit.faults["store"] == pytest.approx(STORE_LOSS_PER_DAY * plan.workload.days)
+    source = provenance(plan, given=given, labels={})["faults.store_loss_per_day"]
+    assert source["value"] == pytest.approx(STORE_LOSS_PER_DAY)
+    assert source["source"].startswith("default: assumed, no public figure")
+    assert "recovery.store_loss_s" in provenance(plan, given=given, labels={})
+    doubled, _, _ = load_plan(LLAMA, ["fleet.nodes=4096"], None)
+    assert project(doubled, "kit").faults["store"] == pytest.approx(kit.faults["store"])
+    assert project(doubled, "kit").faults["node"] > 1.9 * kit.faults["node"]
+    more, given, _ = load_plan(LLAMA, ["faults.store_loss_per_day=1"], None)
+    result = project(more, "kit")
+    assert result.faults["store"] == pytest.approx(plan.workload.days)
+    assert result.fault_costs["store"].tier == "local"
+    assert result.training_goodput < kit.training_goodput
+    assert provenance(more, given=given, labels={})["faults.store_loss_per_day"]["source"] == (
+        "assumed: plan file"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides", "message"),
+    [
+        (PEER, ["faults.store_loss_per_day=0.1"], "faults: store_loss_per_day is a rate beside per_node_day"),
+        (
+            LLAMA,
+            ["faults.mix={node_loss: 0.9, store_loss: 0.1}"],
+            "faults: mix: store_loss is a rate per job",
+        ),
+    ],
+)
+def test_a_store_loss_rate_where_it_cannot_apply_names_the_field(path, overrides, message):
+    with pytest.raises(UserError) as error:
+        load_plan(path, overrides, None)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("mode", ["ft_launcher", "kit"])
+def test_closed_form_agrees_with_the_simulation_when_store_losses_are_half_the_faults(mode):
+    plan = _plan(PEER, "faults.mix={exception: 0.5, store_loss: 0.5}")
+    result = project(plan, mode)
+    # Both model the store losses as their own kind: every pod restarted, the RAM tier gone.
+    assert result.faults["store"] > 1
+    assert result.fault_costs["store"].tier != "memory"
+    cadences = {t: i.every_steps for t, i in result.intervals.items()}
+    sim = simulate(plan, mode, cadences, spares=result.spares.spares, runs=400, seed=7)
+    assert abs(sim.training_goodput - result.training_goodput) <= 0.01, (sim, result.training_goodput)
+
+
+def test_a_measured_store_loss_sets_its_own_recovery_not_the_node_swap(tmp_path):
+    """The events name the Job controller for both a node loss and a store loss; only the node loss is
+    the spare's swap."""
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "mode": "both",
+                "training_goodput": 0.5,
+                "faults": [
+                    {"class": "node_loss", "layer": "job_controller", "recovery_s": 4.0},
+                    {"class": "store_loss", "layer": "job_controller", "recovery_s": 10.5},
+                ],
+            }
+        )
+    )
+    plan, _, cal = load_plan(PEER, [], tmp_path)
+    assert cal is not None
+    assert plan.recovery.node_swap_s == pytest.approx(4.0)
+    assert plan.recovery.store_loss_s == pytest.approx(10.5)
+    assert cal.labels["recovery.store_loss_s"].endswith("(store_loss)")
+
+
+def test_the_report_prints_what_each_fault_kind_costs():
+    from io import StringIO  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    from planner.report import print_report, provenance  # noqa: PLC0415
+
+    plan, given, _ = load_plan(LLAMA, [], None)
+    projection = project_all(plan)
+    out = StringIO()
+    inputs = provenance(plan, given=given, labels={})
+    print_report(Console(file=out, width=220), projection, sims={}, measured={}, inputs=inputs)
+    text = out.getvalue()
+    assert f"+ {STORE_LOSS_PER_DAY:.3g} store losses per day" in text
+    store_rows = [line for line in text.splitlines() if line.startswith("│ store ")]
+    (row,) = store_rows
+    assert "store_restart" in row
+    assert "local" in row
+    assert "faults.store_loss_per_day" in text
+    assert "recovery.store_loss_s" in text
