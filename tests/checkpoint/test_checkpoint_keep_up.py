@@ -187,20 +187,28 @@ def _gated_persist(loop: list[int], lag: dict[int, int]) -> Callable[..., dict[s
     return gated
 
 
-@pytest.mark.parametrize(("first_write", "behind"), [(3, False), (7, True)])
+@pytest.mark.parametrize(
+    ("lag", "behind"),
+    [
+        pytest.param({}, False, id="every-write-3-steps"),
+        pytest.param({8: 1, 12: 3}, False, id="4-steps-after-a-2-step-write"),
+        pytest.param({12: 6}, True, id="first-write-7-steps"),
+    ],
+)
 def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snapshot_carried(
-    tmp_path, monkeypatch, first_write, behind
+    tmp_path, monkeypatch, lag, behind
 ):
-    """Every write takes 3 steps (launch to outcome); a process restarts from RAM at step 10, two
-    steps before the disk tiers' due step 12 (cadence 4, newest on disk 8). Its first write taking 3
-    steps too is no lag (judged against one step, nothing measured yet in the new process, it read
-    as behind at step 14). Taking 7, it is behind one cadence plus the 3 steps the predecessor's
-    writes took, and says so."""
+    """Writes take 3 steps (launch to outcome) unless `lag` says otherwise; a process restarts from
+    RAM at step 10, two steps before the disk tiers' due step 12 (cadence 4, newest on disk 8). Its
+    first write taking 3 steps is no lag (judged against one step, nothing measured yet in the new
+    process, it read as behind at step 14), nor is 4 after predecessors' writes of 3, 3 and 2 (judged
+    by the newest alone, 2, it read as behind at step 15). Taking 7, it is behind one cadence plus
+    the 3 steps of the slowest recent write, and says so."""
     from training.checkpoint import persist  # noqa: PLC0415
     from training.metrics import checkpoint_warnings  # noqa: PLC0415
 
     loop = [-1]
-    monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, {12: first_write - 1}))
+    monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, lag))
     config = CheckpointConfig(
         memory_dir=tmp_path / "shm",
         memory_every=2,

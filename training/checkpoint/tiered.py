@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,9 +50,15 @@ PEER_PIN = "peer-pinned"
 
 CARRIED = "_tiered_checkpointer"
 """The key under which each snapshot carries, beside the caller's state, what the checkpointer
-measured: each disk tier's write steps. A restarted process judges its first writes against its
-predecessor's, wherever its state came back from (RAM, a partner, a disk); a restore returns the
+measured: each disk tier's recent write steps. A restarted process judges its first writes against
+its predecessor's, wherever its state came back from (RAM, a partner, a disk); a restore returns the
 caller's state without it. A state written without it restores as before (nothing measured)."""
+
+RECENT_WRITES = 4
+"""Finished writes per disk tier whose slowest is one write of the lag allowance (its steps, launch
+to outcome). A write's steps vary by one or two with the load, since its outcome is read at the
+first save after it ends: judged by the newest write alone, a write a step or two slower than a fast
+predecessor reads as a tier behind (docs/measurements.md)."""
 
 
 class TieredCheckpointer(Checkpointer):
@@ -130,9 +137,9 @@ class TieredCheckpointer(Checkpointer):
         never deletes it (`ShardStore.prune`)."""
         self._launched: dict[str, int] = {}
         """Per tier: the step of its newest launch."""
-        self._write_steps = dict.fromkeys(self._disk, -1)
-        """Per disk tier: steps the newest finished persist took, launch to outcome (-1: none
-        measured); after a restore, until this process measures one, the restored snapshot's."""
+        self._write_steps: dict[str, deque[int]] = {tier: deque(maxlen=RECENT_WRITES) for tier in self._disk}
+        """Per disk tier: steps each of its newest finished persists took, launch to outcome; after a
+        restore, until this process measures one, the restored snapshot's."""
         self._behind: set[str] = set()
         """Disk tiers reported behind (`checkpoint_behind`) and not caught up since."""
         self._step = -1
@@ -204,14 +211,15 @@ class TieredCheckpointer(Checkpointer):
 
         Its age: steps since this rank's newest committed step of the tier. With the staging slots
         the tiers need (`CheckpointConfig.slots_needed`), a tier launched at every due step is at
-        most one cadence plus one write behind. One write: the steps the tier's newest finished
-        persist took, launch to outcome (the copy, the write, the outcome read at a save: one at
-        least), measured in this process or, until it has, carried by the restored snapshot
-        (`CARRIED`): a restarted process's first write takes about as many steps as its
-        predecessor's, seldom the one step a process with nothing measured allows. More means its
-        writes outlast the cadence or got slower, a persist failed, or a restart cut one and it is
-        not redone yet. Reported once when it falls behind (an event, the metric
-        `checkpoint_age_steps`, the run report's warning) and once when it catches up."""
+        most one cadence plus one write behind. One write: the steps the slowest of the tier's
+        `RECENT_WRITES` newest finished persists took, launch to outcome (the copy, the write, the
+        outcome read at a save: one at least), measured in this process or, until it has, carried
+        by the restored snapshot (`CARRIED`): a restarted process's first write takes about as many
+        steps as its predecessor's, seldom the one step a process with nothing measured allows.
+        More means its writes outlast the cadence or got slower than each recent one, a persist
+        failed, or a restart cut one and it is not redone yet. Reported once when it falls behind
+        (an event, the metric `checkpoint_age_steps`, the run report's warning) and once when it
+        catches up."""
         for tier, every in self._cadences:
             if tier not in self._committed:
                 continue
@@ -220,7 +228,7 @@ class TieredCheckpointer(Checkpointer):
                 self._first_step = step
             # Nothing committed yet: counted from this process's first step (its first persist due).
             age = step - (committed if committed >= 0 else self._first_step - 1)
-            allowed = every + max(1, self._write_steps[tier])
+            allowed = every + max(1, max(self._write_steps[tier], default=1))
             if age > allowed and tier not in self._behind:
                 self._behind.add(tier)
                 self.stats.behind[tier] += 1
@@ -290,7 +298,8 @@ class TieredCheckpointer(Checkpointer):
             for tier, every in self._cadences
             if tier in self._owed or (not catch_up and step % every == 0)
         ]
-        skeleton, tensors, layout = flatten({**state, CARRIED: {"write_steps": dict(self._write_steps)}})
+        carried = {"write_steps": {tier: list(steps) for tier, steps in self._write_steps.items()}}
+        skeleton, tensors, layout = flatten({**state, CARRIED: carried})
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
             s.holders - {PEER_PIN} for s in self.memory.slots
@@ -461,7 +470,7 @@ class TieredCheckpointer(Checkpointer):
         if outcome["ok"] and tier == "peer":
             self._pin_replicated(outcome["slot"])
         if tier in self._committed:
-            self._write_steps[tier] = max(0, self._step - outcome["step"])
+            self._write_steps[tier].append(max(0, self._step - outcome["step"]))
         if outcome["ok"] and tier in self._committed:
             self._committed[tier] = max(self._committed[tier], outcome["step"])
         if outcome["ok"]:
@@ -558,9 +567,9 @@ class TieredCheckpointer(Checkpointer):
             complete = max(common, default=-1)
             self._complete[tier] = self._committed[tier] = complete
             self._failed_step[tier] = -1
-            measured = (carried or {}).get("write_steps", {}).get(tier)
-            if self._write_steps[tier] < 0 and isinstance(measured, int):
-                self._write_steps[tier] = measured
+            measured = (carried or {}).get("write_steps", {}).get(tier, [])
+            if not self._write_steps[tier]:
+                self._write_steps[tier].extend(steps for steps in measured if isinstance(steps, int))
             if restored is not None and complete < restored.step // every * every:
                 self._owed.add(tier)
         if restored is not None and "peer" in self.workers:
