@@ -228,7 +228,7 @@ class TieredCheckpointer(Checkpointer):
                 self._first_step = step
             # Nothing committed yet: counted from this process's first step (its first persist due).
             age = step - (committed if committed >= 0 else self._first_step - 1)
-            allowed = every + max(1, max(self._write_steps[tier], default=1))
+            allowed = every + max([1, *self._write_steps[tier]])
             if age > allowed and tier not in self._behind:
                 self._behind.add(tier)
                 self.stats.behind[tier] += 1
@@ -257,7 +257,7 @@ class TieredCheckpointer(Checkpointer):
             return f"its newest persist failed: {self.stats.last_error[tier]}"
         if tier in self._owed:
             return "its due persist was skipped while the previous one ran: writes outlast the cadence"
-        return "its persist in flight outlasts one cadence plus the previous write"
+        return "its persist in flight outlasts one cadence plus the slowest of its recent writes"
 
     def _owed_tier_free(self) -> bool:
         """Between due steps: does the answer published at the last save free the owed replica?
