@@ -244,11 +244,13 @@ def checkpoint_warnings(events: list[dict[str, Any]]) -> list[str]:
             if len(caught) >= len(mine)
             else "still behind when the run ended"
         )
+        write = first["allowed_steps"] - first["every"]  # the tier's measured write, in steps
         lines.append(
             f"checkpoint tier {tier} fell behind {len(mine)} time(s) on rank(s) "
             f"{', '.join(map(str, ranks))}: first at step {first['step']}, newest step on disk "
             f"{first['newest_step']} ({first['age_steps']} steps old, more than one cadence of "
-            f"{first['every']} plus one write: {first['allowed_steps']}); {first['reason']}; {ending}"
+            f"{first['every']} plus one write ({write} step{'' if write == 1 else 's'}): "
+            f"{first['allowed_steps']}); {first['reason']}; {ending}"
         )
     return lines
 

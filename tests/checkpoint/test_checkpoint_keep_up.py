@@ -9,6 +9,8 @@
   still restores from RAM.
 - Retention is job-wide: the newest step committed on every rank is never deleted.
 - A tier behind its cadence: a `checkpoint_behind` event, the age metric, a warning in the report.
+- One write is measured, not guessed, across a restart too: a kill -9 just before a due step leaves
+  no tier reported behind, and a restarted process's first write slower than its predecessor's is.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -33,6 +35,9 @@ from training.checkpoint.agreement import Agreement, Flags
 from training.checkpoint.config import CheckpointConfig
 from training.checkpoint.storage import FileStore
 from training.checkpoint.tiered import TieredCheckpointer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "k8s" / "values"
@@ -165,6 +170,95 @@ def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
     assert warning.startswith("checkpoint tier durable fell behind 1 time(s) on rank(s) 0")
 
 
+def _gated_persist(loop: list[int], lag: dict[int, int]) -> Callable[..., dict[str, Any]]:
+    """`persist_slot` whose persist of step s finishes once the loop has saved step s + `lag[s]`
+    (else 2): the save after that reads its outcome, so each write takes lag + 1 steps from its
+    launch whatever the machine's load. `loop[0]`: the newest step the loop saved."""
+    from training.checkpoint import persist  # noqa: PLC0415
+
+    original = persist.persist_slot
+
+    def gated(**kwargs: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + 30
+        while loop[0] < kwargs["step"] + lag.get(kwargs["step"], 2) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return original(**kwargs)
+
+    return gated
+
+
+@pytest.mark.parametrize(
+    ("lag", "behind"),
+    [
+        pytest.param({}, False, id="every-write-3-steps"),
+        pytest.param({8: 1, 12: 3}, False, id="4-steps-after-a-2-step-write"),
+        pytest.param({12: 6}, True, id="first-write-7-steps"),
+    ],
+)
+def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snapshot_carried(
+    tmp_path, monkeypatch, lag, behind
+):
+    """Writes take 3 steps (launch to outcome) unless `lag` says otherwise; a process restarts from
+    RAM at step 10, two steps before the disk tiers' due step 12 (cadence 4, newest on disk 8). Its
+    first write taking 3 steps is no lag (judged against one step, nothing measured yet in the new
+    process, it read as behind at step 14), nor is 4 after predecessors' writes of 3, 3 and 2 (judged
+    by the newest alone, 2, it read as behind at step 15). Taking 7, it is behind one cadence plus
+    the 3 steps of the slowest recent write, and says so."""
+    from training.checkpoint import persist  # noqa: PLC0415
+    from training.metrics import checkpoint_warnings  # noqa: PLC0415
+
+    loop = [-1]
+    monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, lag))
+    config = CheckpointConfig(
+        memory_dir=tmp_path / "shm",
+        memory_every=2,
+        local_dir=tmp_path / "nvme",
+        local_every=4,
+        durable_dir=str(tmp_path / "durable"),
+        durable_every=4,
+        fsync=False,
+    )
+    events: list[dict[str, Any]] = []
+
+    def emit(kind: str, fields: dict[str, Any]) -> None:
+        events.append({"kind": kind, "t": time.time(), **fields})
+
+    def train(ckpt: TieredCheckpointer, steps: range, weights: torch.Tensor) -> None:
+        for step in steps:
+            ckpt.fence()
+            weights += 1
+            ckpt.save(step, {"w": weights})
+            loop[0] = step
+            time.sleep(0.05)
+
+    first = TieredCheckpointer(config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    try:
+        train(first, range(12), torch.zeros(16))  # writes 0, 4, 8: each read 3 steps after its launch
+    finally:
+        first.close()
+    loop[0] = -1
+    second = TieredCheckpointer(config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    try:
+        restored = second.load_latest()
+        assert restored is not None
+        assert (restored.step, restored.tier) == (10, "memory")
+        assert set(restored.state) == {"w"}  # what the checkpointer carried is not the caller's
+        train(second, range(11, 21), restored.state["w"].clone())
+    finally:
+        loop[0] = 1 << 30
+        second.close()
+    late = [e for e in events if e["kind"] == "checkpoint_behind"]
+    warnings = checkpoint_warnings(events)
+    if not behind:
+        assert late == [], late
+        assert warnings == [], warnings
+        return
+    assert {e["tier"] for e in late} == {"local", "durable"}, late
+    assert all(e["newest_step"] == 8 and e["allowed_steps"] == 4 + 3 for e in late), late
+    assert [line.split()[2] for line in warnings] == ["durable", "local"], warnings
+    assert all("plus one write (3 steps): 7" in line for line in warnings), warnings
+
+
 # --- real ranks ---------------------------------------------------------------------------------------
 def _checkpointer(config: CheckpointConfig, rank: int, world_size: int, events: list) -> TieredCheckpointer:
     return TieredCheckpointer(
@@ -194,9 +288,16 @@ def _finish(ckpt: TieredCheckpointer) -> None:
     dist.destroy_process_group()
 
 
-def _train(ckpt: TieredCheckpointer, steps: range, *, step_s: float, weights: torch.Tensor) -> None:
+def _train(
+    ckpt: TieredCheckpointer,
+    steps: range,
+    *,
+    step_s: float,
+    weights: torch.Tensor,
+    saved: Callable[[int], None] | None = None,
+) -> None:
     """The trainer's loop shape: forward/backward (a sleep), the gradient all_reduce, fence, the
-    in-place update, save."""
+    in-place update, save (then `saved(step)`)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     grad = torch.zeros(4)
@@ -206,6 +307,8 @@ def _train(ckpt: TieredCheckpointer, steps: range, *, step_s: float, weights: to
         ckpt.fence()
         weights += 1.0
         ckpt.save(step, {"w": weights, "data": {"step": step}})
+        if saved is not None:
+            saved(step)
 
 
 def _keep_up_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]:
@@ -369,7 +472,80 @@ def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]
     return report
 
 
-MAINS = {"keep-up": _keep_up_main, "cut": _cut_main, "loss": _loss_main, "fail": _fail_main}
+RESTART_EVERY = 4
+RESTART_KILLED_AFTER = 11
+
+
+def _restart_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, Any]:
+    """Two nodes of one rank, the p5 tiers in small: RAM every 2 steps and the peer replica, NVMe
+    and durable every 4; every write takes 3 steps (`_gated_persist`). `first`: steps 0-11, then,
+    with step 8 on both disks, rank 1 is killed (-9): one step before the due step 12. `second`:
+    both restart, restore (RAM, step 10) and train steps 11-25. Events: `<root>/run/events`."""
+    from training.checkpoint import persist  # noqa: PLC0415
+    from training.events import EventLog  # noqa: PLC0415
+
+    loop = [-1]
+    persist.persist_slot = _gated_persist(loop, {})
+    _init(rank, world_size, root, phase)
+    config = CheckpointConfig(
+        memory_dir=root / f"shm-{rank}",
+        memory_every=2,
+        local_dir=root / f"nvme-{rank}",
+        local_every=RESTART_EVERY,
+        durable_dir=str(root / "durable"),
+        durable_every=RESTART_EVERY,
+        peer_replicas=1,
+        keep=100,
+        fsync=False,
+    )
+    log = EventLog(run_dir=root / "run", rank=rank)
+    ckpt = TieredCheckpointer(
+        config=config,
+        rank=rank,
+        world_size=world_size,
+        node_index=rank,
+        device=CPU,
+        emit=lambda kind, fields: log.emit(kind, **fields),
+    )
+
+    def saved(step: int) -> None:
+        loop[0] = step
+        log.emit("step", step=step, phase=phase)
+
+    weights, start, report = torch.zeros(256), 0, {}
+    if phase == "second":
+        restored = ckpt.load_latest()
+        assert restored is not None
+        weights, start = restored.state["w"].clone(), restored.step + 1
+        report["restored"] = [restored.step, restored.tier]
+    end = RESTART_KILLED_AFTER + 1 if phase == "first" else 26
+    _train(ckpt, range(start, end), step_s=0.1, weights=weights, saved=saved)
+    if phase == "first":
+        import torch.distributed as dist  # noqa: PLC0415
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+            8 in store.manifests(rank) for store, _, _ in ckpt.stores
+        ):
+            time.sleep(0.05)
+        dist.barrier()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        print(json.dumps({"rank": rank}), flush=True)
+        os._exit(0)  # no teardown with a killed peer
+    loop[0] = 1 << 30  # the writes still gated end now
+    ckpt.wait()
+    _finish(ckpt)
+    return report
+
+
+MAINS = {
+    "keep-up": _keep_up_main,
+    "cut": _cut_main,
+    "loss": _loss_main,
+    "fail": _fail_main,
+    "restart": _restart_main,
+}
 
 
 def _run_ranks(root: Path, scenario: str, phase: str, *, world_size: int = 2) -> list[dict[str, Any]]:
@@ -469,6 +645,53 @@ def test_a_persist_that_failed_on_one_rank_is_redone_at_the_next_snapshot(tmp_pa
     redone = second["durable"][1:]
     assert redone in ([10], [12]), second
     assert first["durable"][2:] == redone, first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_kill_just_before_a_due_step_leaves_no_disk_tier_behind(tmp_path):
+    """A kill -9 after step 11 (RAM at 10, both disks at 8), the disk tiers due at 12, every write
+    3 steps long. At every step of both processes, from the events, each disk tier's newest step
+    every rank holds is at most one cadence plus one write old, and the report warns of nothing
+    (judged against one step, the restarted process's first write read as both tiers behind at
+    step 14: newest 8, 6 steps old, allowed 4 + 1)."""
+    from training.events import read_events  # noqa: PLC0415
+    from training.metrics import checkpoint_warnings  # noqa: PLC0415
+
+    first = _run_ranks(tmp_path, "restart", "first")
+    assert first[1] == {"killed": True}, first
+    second = _run_ranks(tmp_path, "restart", "second")
+    assert [report["restored"] for report in second] == [[10, "memory"]] * 2, second
+    events = read_events(tmp_path / "run")
+    tiers = ("local", "durable")
+    newest: dict[tuple[str, int], int] = {}
+    unread: dict[int, list[tuple[str, int]]] = {0: [], 1: []}
+    writes: list[tuple[str, str, int, int]] = []  # (phase, tier, step written, steps it took)
+    ages: dict[tuple[str, int, str], list[int]] = {}  # (phase, step, tier) -> each rank's age
+    for event in events:
+        rank = event["rank"]
+        if event["kind"] == "checkpoint_owed":  # after a restore: what every rank holds on disk
+            for tier in tiers:
+                newest[tier, rank] = event["complete"][tier]
+        elif event["kind"] == "checkpoint_committed" and event["tier"] in tiers:
+            newest[event["tier"], rank] = max(newest.get((event["tier"], rank), -1), event["step"])
+            unread[rank].append((event["tier"], event["step"]))
+        elif event["kind"] == "step":
+            step, phase = event["step"], event["phase"]
+            writes += [(phase, tier, written, step - written) for tier, written in unread[rank]]
+            unread[rank] = []
+            for tier in tiers:
+                ages.setdefault((phase, step, tier), []).append(step - newest.get((tier, rank), -1))
+    after = [w for w in writes if w[0] == "second"]
+    first_written = {tier: min(w for _, t, w, _ in after if t == tier) for tier in tiers}
+    assert first_written == {"local": 12, "durable": 12}, after  # the due step right after the kill
+    assert min(took for *_, took in after) >= 3, after  # more than the one step a guess allows
+    one_write = max(took for *_, took in writes)
+    for (phase, step, tier), each in sorted(ages.items()):
+        assert len(each) == 2, (phase, step, tier)
+        assert max(each) <= RESTART_EVERY + one_write, (phase, step, tier, each, writes)
+    assert [e for e in events if e["kind"] == "checkpoint_behind"] == []
+    assert checkpoint_warnings(events) == []
 
 
 def test_an_exchange_finished_before_an_in_process_restart_is_reported_as_it_ended(tmp_path):

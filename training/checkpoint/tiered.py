@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,18 @@ if TYPE_CHECKING:
 
 PEER_PIN = "peer-pinned"
 """Slot holder: the snapshot whose copy the partners hold (`TieredCheckpointer._pin_replicated`)."""
+
+CARRIED = "_tiered_checkpointer"
+"""The key under which each snapshot carries, beside the caller's state, what the checkpointer
+measured: each disk tier's recent write steps. A restarted process judges its first writes against
+its predecessor's, wherever its state came back from (RAM, a partner, a disk); a restore returns the
+caller's state without it. A state written without it restores as before (nothing measured)."""
+
+RECENT_WRITES = 4
+"""Finished writes per disk tier whose slowest is one write of the lag allowance (its steps, launch
+to outcome). A write's steps vary by one or two with the load, since its outcome is read at the
+first save after it ends: judged by the newest write alone, a write a step or two slower than a fast
+predecessor reads as a tier behind (docs/measurements.md)."""
 
 
 class TieredCheckpointer(Checkpointer):
@@ -125,8 +138,9 @@ class TieredCheckpointer(Checkpointer):
         never deletes it (`ShardStore.prune`)."""
         self._launched: dict[str, int] = {}
         """Per tier: the step of its newest launch."""
-        self._write_steps = dict.fromkeys(self._disk, 0)
-        """Per disk tier: steps the newest finished persist took, launch to outcome."""
+        self._write_steps: dict[str, deque[int]] = {tier: deque(maxlen=RECENT_WRITES) for tier in self._disk}
+        """Per disk tier: steps each of its newest finished persists took, launch to outcome; after a
+        restore, until this process measures one, the restored snapshot's."""
         self._behind: set[str] = set()
         """Disk tiers reported behind (`checkpoint_behind`) and not caught up since."""
         self._step = -1
@@ -198,10 +212,15 @@ class TieredCheckpointer(Checkpointer):
 
         Its age: steps since this rank's newest committed step of the tier. With the staging slots
         the tiers need (`CheckpointConfig.slots_needed`), a tier launched at every due step is at
-        most one cadence plus one write (the steps its newest persist took, one at least: outcomes
-        are read at a save) behind; more means its writes outlast the cadence, a persist failed, or a
-        restart cut one and it is not redone yet. Reported once when it falls behind (an event, the
-        metric `checkpoint_age_steps`, the run report's warning) and once when it catches up."""
+        most one cadence plus one write behind. One write: the steps the slowest of the tier's
+        `RECENT_WRITES` newest finished persists took, launch to outcome (the copy, the write, the
+        outcome read at a save: one at least), measured in this process or, until it has, carried
+        by the restored snapshot (`CARRIED`): a restarted process's first write takes about as many
+        steps as its predecessor's, seldom the one step a process with nothing measured allows.
+        More means its writes outlast the cadence or got slower than each recent one, a persist
+        failed, or a restart cut one and it is not redone yet. Reported once when it falls behind
+        (an event, the metric `checkpoint_age_steps`, the run report's warning) and once when it
+        catches up."""
         for tier, every in self._cadences:
             if tier not in self._committed:
                 continue
@@ -210,7 +229,7 @@ class TieredCheckpointer(Checkpointer):
                 self._first_step = step
             # Nothing committed yet: counted from this process's first step (its first persist due).
             age = step - (committed if committed >= 0 else self._first_step - 1)
-            allowed = every + max(1, self._write_steps[tier])
+            allowed = every + max([1, *self._write_steps[tier]])
             if age > allowed and tier not in self._behind:
                 self._behind.add(tier)
                 self.stats.behind[tier] += 1
@@ -239,7 +258,7 @@ class TieredCheckpointer(Checkpointer):
             return f"its newest persist failed: {self.stats.last_error[tier]}"
         if tier in self._owed:
             return "its due persist was skipped while the previous one ran: writes outlast the cadence"
-        return "its persist in flight outlasts one cadence plus the previous write"
+        return "its persist in flight outlasts one cadence plus the slowest of its recent writes"
 
     def _owed_tier_free(self) -> bool:
         """Between due steps: does the answer published at the last save free the owed replica?
@@ -280,7 +299,8 @@ class TieredCheckpointer(Checkpointer):
             for tier, every in self._cadences
             if tier in self._owed or (not catch_up and step % every == 0)
         ]
-        skeleton, tensors, layout = flatten(state)
+        carried = {"write_steps": {tier: list(steps) for tier, steps in self._write_steps.items()}}
+        skeleton, tensors, layout = flatten({**state, CARRIED: carried})
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
             s.holders - {PEER_PIN} for s in self.memory.slots
@@ -461,7 +481,7 @@ class TieredCheckpointer(Checkpointer):
         if outcome["ok"] and tier == "peer":
             self._pin_replicated(outcome["slot"])
         if tier in self._committed:
-            self._write_steps[tier] = max(0, self._step - outcome["step"])
+            self._write_steps[tier].append(max(0, self._step - outcome["step"]))
         if outcome["ok"] and tier in self._committed:
             self._committed[tier] = max(self._committed[tier], outcome["step"])
         if outcome["ok"]:
@@ -530,10 +550,13 @@ class TieredCheckpointer(Checkpointer):
                 device=self.device,
                 emit=self.emit,
             )
-        self._restored(restored, collective=collective)
+        carried = restored.state.pop(CARRIED, None) if restored is not None else None
+        self._restored(restored, collective=collective, carried=carried)
         return restored
 
-    def _restored(self, restored: Restored | None, *, collective: bool) -> None:
+    def _restored(
+        self, restored: Restored | None, *, collective: bool, carried: dict[str, Any] | None
+    ) -> None:
         """What each tier owes after a restore (a collective: every rank owes the same).
 
         Each disk tier's newest step committed on every rank, exactly (the ranks' committed steps,
@@ -541,7 +564,8 @@ class TieredCheckpointer(Checkpointer):
         restored state's last due step owes a persist -- one a restart or a fault cut on some rank,
         redone from the restored state at the first step, not left to the next due step. The peer
         replica owes one too: a lost node took its partners' copies with it, and a second loss
-        before the next due snapshot found no copy in RAM."""
+        before the next due snapshot found no copy in RAM. Each disk tier's write steps come from
+        the restored snapshot (`carried`) where this process has measured none yet."""
         mine = {store.tier: sorted(store.manifests(self.rank)) for store, _, _ in self.stores}
         if collective:
             gathered: list[Any] = [None] * dist.get_world_size()
@@ -554,6 +578,9 @@ class TieredCheckpointer(Checkpointer):
             complete = max(common, default=-1)
             self._complete[tier] = self._committed[tier] = complete
             self._failed_step[tier] = -1
+            measured = (carried or {}).get("write_steps", {}).get(tier, [])
+            if not self._write_steps[tier]:
+                self._write_steps[tier].extend(steps for steps in measured if isinstance(steps, int))
             if restored is not None and complete < restored.step // every * every:
                 self._owed.add(tier)
         if restored is not None and "peer" in self.workers:
