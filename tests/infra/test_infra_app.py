@@ -14,6 +14,7 @@ from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import lint
+from kube_objects import container_images
 
 from infra import app as infra_app
 from infra.nag import acknowledge, add_checks
@@ -322,7 +323,7 @@ def test_node_check_is_deployed_with_the_pushed_image_and_pins_kueue_to_verified
     ):
         assert fragment in text, fragment
     # Every image of the cluster's own objects: the stack's repository (a token) + the tag, by digest.
-    images = _images(_manifest_objects(manifest))
+    images = container_images(_manifest_objects(manifest))
     assert images
     assert all(image.endswith(f"/TOKEN:abc1234@{digest}") for image in images), images
     warnings = [str(w.entry.data) for w in Annotations.from_stack(stack).find_warning("*", Match.any_value())]
@@ -738,20 +739,6 @@ def _manifest_objects(manifest: dict) -> list[dict]:
     joined = manifest["Properties"]["Manifest"]
     parts = joined["Fn::Join"][1] if isinstance(joined, dict) else [joined]
     return json.loads("".join(part if isinstance(part, str) else "TOKEN" for part in parts))
-
-
-def _images(node: object) -> list[str]:
-    """The image of every container, init container and ephemeral container anywhere under `node`."""
-    if isinstance(node, list):
-        return [image for item in node for image in _images(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [
-        c["image"]
-        for key in ("containers", "initContainers", "ephemeralContainers")
-        for c in node.get(key, [])
-    ]
-    return found + _images(list(node.values()))
 
 
 def _render_docs(render, values, out: Path) -> list[dict]:

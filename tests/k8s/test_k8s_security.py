@@ -14,6 +14,7 @@ from pathlib import Path
 import cdk8s
 import pytest
 import yaml
+from kube_objects import container_images
 
 from k8s.cluster_chart import ClusterObjectsChart
 from k8s.job_chart import (
@@ -53,20 +54,6 @@ def _pod(docs: list[dict], kind: str) -> dict:
 
 def _containers(pod: dict) -> list[dict]:
     return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def _images(node: object) -> list[str]:
-    """The image of every container, init container and ephemeral container anywhere under `node`."""
-    if isinstance(node, list):
-        return [image for item in node for image in _images(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [
-        c["image"]
-        for key in ("containers", "initContainers", "ephemeralContainers")
-        for c in node.get(key, [])
-    ]
-    return found + _images(list(node.values()))
 
 
 def _baseline_violations(pod: dict) -> set[str]:
@@ -219,7 +206,7 @@ def test_every_shipped_job_runs_images_by_digest_and_the_trainer_non_root_on_a_r
     docs = _docs(values_file, tmp_path)
     local = load_values(values_file).image == LOCAL_IMAGE
     # Every image anywhere in the rendered objects (the store, the Job's init containers and trainer).
-    images = _images(docs)
+    images = container_images(docs)
     assert len(images) >= len([*_containers(_pod(docs, "Deployment")), *_containers(_pod(docs, "Job"))])
     for image in images:
         assert image == LOCAL_IMAGE if local else DIGEST_REFERENCE.match(image), image

@@ -231,6 +231,21 @@ def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_
     )
 
 
+def _run_script(tmp_path: Path, source: str, variant: str) -> subprocess.CompletedProcess[str]:
+    """Run a launcher-side script (`variant`: torch's behaviour or the kit's patch) in an interpreter of
+    its own: the patches are process-wide. Its workers' logs go under `tmp_path`."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, str(script), variant, str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
 _FAILED_WORKERS = """
 import os, signal, sys, time
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
@@ -261,16 +276,7 @@ if __name__ == "__main__":
 def test_a_poll_after_a_sigkill_and_its_collateral_exit_reports_both_workers(tmp_path, variant, reported):
     """torch reports the first dead worker in local-rank order only, which hid the SIGKILLed rank behind
     its node-mate's collective error; with the patch both are reported."""
-    script = tmp_path / "failed_workers.py"
-    script.write_text(textwrap.dedent(_FAILED_WORKERS))
-    done = subprocess.run(
-        [sys.executable, str(script), variant, str(tmp_path / "logs")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    done = _run_script(tmp_path, _FAILED_WORKERS, variant)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == reported, done.stdout
 
@@ -303,16 +309,7 @@ def test_the_launchers_first_failure_log_does_not_import_the_compiler(tmp_path, 
     """torch's formatter imports torch._dynamo (seconds of CPU) to log the launcher's first failed worker;
     with the patch the same traceback is logged and nothing is imported."""
     assert nvrx_compat.formatter_imports_dynamo(), "torch's formatter no longer imports it: drop the patch"
-    script = tmp_path / "first_failure.py"
-    script.write_text(textwrap.dedent(_FIRST_FAILURE_LOGGED))
-    done = subprocess.run(
-        [sys.executable, str(script), variant, str(tmp_path / "logs")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    done = _run_script(tmp_path, _FIRST_FAILURE_LOGGED, variant)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == imported
     assert "ProcessExitedException: process 0 terminated with signal SIGKILL" in done.stderr
