@@ -135,10 +135,10 @@ def hand_over(ft_argv: list[str]) -> None:
     """A pod's start: open the next rendezvous round if this pod's predecessor trained in the newest one
     (training/resilience/nvrx_compat.py `open_round_for_lost_predecessor`). Best effort: anything unexpected
     is reported, and the agent then joins as NVRx alone would."""
-    endpoint, run_id, nnodes = (_flag(ft_argv, f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes"))
-    infra_rank = os.environ.get("GROUP_RANK")
-    if not (endpoint and run_id and nnodes and infra_rank and infra_rank.isdigit()):
+    pod, nnodes = _pod_in_rendezvous(ft_argv), _flag(ft_argv, "--nnodes")
+    if pod is None or not nnodes:
         return
+    endpoint, run_id, infra_rank = pod
     from datetime import timedelta  # noqa: PLC0415
 
     from torch.distributed import TCPStore  # noqa: PLC0415
@@ -149,7 +149,7 @@ def hand_over(ft_argv: list[str]) -> None:
     try:
         store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
         opened = open_round_for_lost_predecessor(
-            store, run_id=run_id, infra_rank=int(infra_rank), active_nodes=int(nnodes.partition(":")[0])
+            store, run_id=run_id, infra_rank=infra_rank, active_nodes=int(nnodes.partition(":")[0])
         )
     except Exception as exc:  # noqa: BLE001 - the hand-over is an optimisation of NVRx's own path
         print(f"rendezvous hand-over skipped: {type(exc).__name__}: {exc}", flush=True)
@@ -161,10 +161,20 @@ def hand_over(ft_argv: list[str]) -> None:
 def beat(ft_argv: list[str]) -> None:
     """Prove to the control process, for as long as this launcher lives, that this pod's node can still
     rejoin a restart round (training/resilience/nvrx_compat.py `beat_launcher_alive`)."""
+    pod = _pod_in_rendezvous(ft_argv)
+    if pod is not None:
+        endpoint, run_id, infra_rank = pod
+        beat_launcher_alive(endpoint, run_id=run_id, infra_rank=infra_rank)
+
+
+def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
+    """The store endpoint, the run id and this pod's infra rank (its Job index, GROUP_RANK), or None
+    when the command line or the environment does not name all three."""
     endpoint, run_id = _flag(ft_argv, "--rdzv-endpoint"), _flag(ft_argv, "--rdzv-id")
     infra_rank = os.environ.get("GROUP_RANK")
-    if endpoint and run_id and infra_rank and infra_rank.isdigit():
-        beat_launcher_alive(endpoint, run_id=run_id, infra_rank=int(infra_rank))
+    if not (endpoint and run_id and infra_rank and infra_rank.isdigit()):
+        return None
+    return endpoint, run_id, int(infra_rank)
 
 
 def main() -> None:
