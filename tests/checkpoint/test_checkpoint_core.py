@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +154,40 @@ def test_manifest_records_size_and_checksum(tmp_path):
     assert manifest["nbytes"] == (folder / "rank-00003.shard").stat().st_size
     assert manifest["world_size"] == 4
     assert not list(folder.glob(".*tmp*"))
+
+
+def _removed_by_another_rank_once_checked(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """The other rank of the node empties and removes `folder` right after pathlib has checked it is
+    a folder and before it lists it (the window `Path.glob` leaves on Python 3.11)."""
+    real_is_dir = Path.is_dir
+
+    def is_dir_then_removed(path: Path) -> bool:
+        answer = real_is_dir(path)
+        if path == folder and answer:
+            monkeypatch.setattr(Path, "is_dir", real_is_dir)
+            for child in folder.iterdir():
+                child.unlink()
+            folder.rmdir()
+        return answer
+
+    monkeypatch.setattr(Path, "is_dir", is_dir_then_removed)
+
+
+def test_a_step_folder_removed_by_a_node_mate_mid_prune_fails_nothing(tmp_path, monkeypatch):
+    # Ranks 2 and 3 share the node's local tier. Rank 2 prunes step 0 while rank 3, done with its
+    # own shard of step 0, removes the emptied folder: rank 2's persist must not fail for that.
+    store = FileStore(tier="local", root=tmp_path)
+    for step in (0, 10):
+        for rank in (2, 3):
+            store.commit(step=step, rank=rank, world_size=4, chunks=[b"x" * 8])
+    folder = tmp_path / "step-000000000"
+    store.delete(0, 3)
+    _removed_by_another_rank_once_checked(monkeypatch, folder)
+
+    assert store.manifests().keys() == {10}
+    assert store.remove_temporaries(2) == []
+    store.commit(step=0, rank=2, world_size=4, chunks=[b"x" * 8])
+    _removed_by_another_rank_once_checked(monkeypatch, folder)
+    assert store.prune(rank=2, keep=1) == [0]
+    assert not folder.exists()
+    assert store.manifests().keys() == {10}

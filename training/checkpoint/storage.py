@@ -112,6 +112,17 @@ class ShardStore(ABC):
         return []
 
 
+def _entries(folder: Path, pattern: str) -> list[Path]:
+    """`folder.glob(pattern)`, empty once the folder is gone. Ranks of one node share a tier's step
+    folders and the last one out removes a folder: pathlib checks the folder exists, then lists it,
+    and a removal between the two raises FileNotFoundError (Python 3.11), which would fail a prune
+    or a commit whose step folder another rank was just emptying."""
+    try:
+        return list(folder.glob(pattern))
+    except FileNotFoundError:
+        return []
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -181,7 +192,7 @@ class FileStore(ShardStore):
             match = _STEP_DIR.match(folder.name)
             if not match:
                 continue
-            names = [folder / manifest_name(rank)] if rank is not None else folder.glob("rank-*.json")
+            names = [folder / manifest_name(rank)] if rank is not None else _entries(folder, "rank-*.json")
             for path in names:
                 try:
                     manifest = Manifest(**json.loads(path.read_text()))
@@ -213,7 +224,7 @@ class FileStore(ShardStore):
         # Manifest first: a half-deleted shard is never visible as committed.
         (folder / manifest_name(rank)).unlink(missing_ok=True)
         (folder / shard_name(rank)).unlink(missing_ok=True)
-        for stale in folder.glob(f".{shard_name(rank)}.tmp-*"):
+        for stale in _entries(folder, f".{shard_name(rank)}.tmp-*"):
             stale.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()  # only once every rank's files are gone
@@ -233,14 +244,18 @@ class FileStore(ShardStore):
         for folder in self.root.iterdir():
             if not _STEP_DIR.match(folder.name):
                 continue
+            removed_here = []
             for pattern in patterns:
-                for stale in folder.glob(pattern):
+                for stale in _entries(folder, pattern):
                     with contextlib.suppress(OSError):
                         stale.unlink()
-                        removed.append(str(stale))
-            if removed:
+                        removed_here.append(str(stale))
+            if removed_here:
+                # A step no rank committed: only its temporaries were there. Only folders this call
+                # emptied: an empty folder may be one another rank has just made for its commit.
                 with contextlib.suppress(OSError):
-                    folder.rmdir()  # a step no rank committed: only its temporaries were there
+                    folder.rmdir()
+            removed += removed_here
         return removed
 
     def clear(self) -> None:
