@@ -108,13 +108,13 @@ def check_trainer_args(values: JobValues) -> TrainConfig:
         ) from None
     t = values.timeouts
     if values.mode in {"inprocess", "both"}:
-        # collective_timeout_s: dist.timeout_s, or the trainer's default for the mode when unset.
-        recovery = config.inprocess.soft_timeout_s + config.collective_timeout_s
-        if t.launcher_heartbeat_s <= recovery:
+        silence = config.inprocess_recovery_silence_s
+        if t.launcher_heartbeat_s <= silence:
             raise UserError(
-                f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed one in-process "
-                f"recovery (trainer inprocess.soft_timeout_s + dist.timeout_s = {recovery:g}): the launcher "
-                "must not kill a rank the in-process layer is still restarting"
+                f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed the longest "
+                "silence of a rank recovering in process (trainer max(inprocess.soft_timeout_s, "
+                f"dist.timeout_s) + inprocess.interval_s = {silence:g}): the launcher must not kill a "
+                "rank the in-process layer is still restarting"
             )
     budget = memory_budget(values, config)
     if budget.needed_gib > values.memory_tier_gib:

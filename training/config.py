@@ -237,14 +237,14 @@ class TrainConfig(_Section):
             )
         if self.mode == "both":
             # Python-visible hangs belong to the in-process layer, deadlocks below Python to ft_launcher:
-            # soft timeout + one in-process restart must fit below the heartbeat timeout, which must fire
-            # before the wrapper's hard timeout kills the rank on its own.
-            restart_budget = self.inprocess.soft_timeout_s + timeout
-            if not restart_budget < self.ft.heartbeat_timeout_floor_s < self.inprocess.hard_timeout_s:
+            # a rank recovering in process must never go silent for the heartbeat timeout, which must
+            # fire before the wrapper's hard timeout kills the rank on its own.
+            silence = self.inprocess_recovery_silence_s
+            if not silence < self.ft.heartbeat_timeout_floor_s < self.inprocess.hard_timeout_s:
                 raise ValueError(
-                    "need inprocess.soft_timeout_s + dist.timeout_s < ft.heartbeat_timeout_floor_s < "
-                    f"inprocess.hard_timeout_s (now {restart_budget} < {self.ft.heartbeat_timeout_floor_s} < "
-                    f"{self.inprocess.hard_timeout_s})"
+                    "need max(inprocess.soft_timeout_s, dist.timeout_s) + inprocess.interval_s < "
+                    f"ft.heartbeat_timeout_floor_s < inprocess.hard_timeout_s (now {silence:g} < "
+                    f"{self.ft.heartbeat_timeout_floor_s:g} < {self.inprocess.hard_timeout_s:g})"
                 )
         self._check_fault_steps()
         last = self.faults.last_step if self.faults.last_step is not None else self.steps - 1
@@ -278,6 +278,19 @@ class TrainConfig(_Section):
                 f"faults.last_step ({self.faults.last_step}) is past the run's last step ({self.steps - 1}); "
                 "lower it or raise steps"
             )
+
+    @property
+    def inprocess_recovery_silence_s(self) -> float:
+        """The longest a rank recovering in process goes without an ft_launcher heartbeat (mode both).
+
+        The in-process layer beats for the rank once a restart is decided and again as the next
+        attempt starts (training/resilience/layers.py), so the silence is the longer of two waits,
+        not their sum: from the last step until the restart is decided (at most the soft timeout,
+        noticed within one monitor interval), and from there until the next attempt (at most one
+        collective timeout, for a rank blocked in a gloo collective that cannot be aborted). The
+        launcher's heartbeat timeout must exceed it, or it kills ranks the in-process layer is
+        restarting; the lower it is, the sooner a deadlock below Python is ended."""
+        return max(self.inprocess.soft_timeout_s, self.collective_timeout_s) + self.inprocess.interval_s
 
     @property
     def collective_timeout_s(self) -> float:

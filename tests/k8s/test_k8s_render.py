@@ -201,10 +201,10 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10
     if mode != "baseline":
-        assert float(args.ft_rank_heartbeat_timeout) == 5
+        assert float(args.ft_rank_heartbeat_timeout) == 3.5
         # Deadlock detection at heartbeat timeout + check interval, not + NVRx's 5 s default.
         assert float(args.ft_workload_check_interval) == 0.2
-        assert config.ft.heartbeat_timeout_floor_s == 5
+        assert config.ft.heartbeat_timeout_floor_s == 3.5
         assert args.ft_restart_policy == "any-failed"
 
 

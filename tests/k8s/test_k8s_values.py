@@ -63,8 +63,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["timeouts.rdzv_poll_s=0"], "timeouts.rdzv_poll_s: Extra inputs are not permitted"),
         (
             LOCAL,
-            ["timeouts.launcher_initial_heartbeat_s=4"],
-            "launcher_initial_heartbeat_s (4) must be at least launcher_heartbeat_s (5)",
+            ["timeouts.launcher_initial_heartbeat_s=3"],
+            "launcher_initial_heartbeat_s (3) must be at least launcher_heartbeat_s (3.5)",
         ),
         # One supported range: the pin's minor and newer (older launchers take other flags).
         (P5, ["nvrx_version=0.6.0"], "nvrx_version 0.6.0: the kit supports NVRx 0.7 and newer"),
@@ -77,8 +77,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["trainer.no_such_flag=1"], "trainer: unrecognized arguments: --no-such-flag"),
         (
             LOCAL,
-            ["timeouts.launcher_heartbeat_s=4"],
-            "launcher_heartbeat_s (4) must exceed one in-process recovery",
+            ["timeouts.launcher_heartbeat_s=3"],
+            "launcher_heartbeat_s (3) must exceed the longest silence of a rank recovering in process",
         ),
         (LOCAL, ["storage.fsx_mount_path=fsx"], "storage.fsx_mount_path: 'fsx' must be an absolute path"),
         # Names the API server, the registry or S3 would refuse (after the job is rendered and applied).
@@ -199,8 +199,8 @@ def test_values_without_a_collective_timeout_use_the_trainers_default():
     """dist.timeout_s unset: the heartbeat check uses the trainer's default for the mode (was a TypeError)."""
     values = load_values(LOCAL, ["trainer.dist.timeout_s=null"])
     assert values.mode == "both"
-    with pytest.raises(UserError, match=r"must exceed one in-process recovery .* = 4\)"):
-        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=3.5"])
+    with pytest.raises(UserError, match=r"must exceed the longest silence .* = 3\)"):
+        load_values(LOCAL, ["trainer.dist.timeout_s=null", "timeouts.launcher_heartbeat_s=3"])
 
 
 @pytest.mark.parametrize(

@@ -86,3 +86,37 @@ def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, local
     ready = local_job.events(events, "process_ready")
     assert any(e["restart"] >= 1 for e in ready), ready
     assert all(e["cpu_s"] < 1.0 for e in ready), [(e["rank"], e["restart"], e["cpu_s"]) for e in ready]
+
+
+@pytest.mark.timeout(200)
+def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_the_heartbeat_timeout(
+    tmp_path, local_job
+):
+    # Steps of 2 s (an emulated device wait) and a 5 s launcher heartbeat timeout: the hang is decided
+    # at the soft timeout (3.5 s) or at the peers' collective timeout (2 s after their 2 s step), and
+    # the restarted step takes 2 s more, so the ranks send no step heartbeat for ~6 s. The in-process
+    # layer beats for them once the restart is decided and as the next attempt starts, so the launcher
+    # kills no rank: the hang is the in-process layer's, no step is lost, no process restarted.
+    # Without those beats the launcher killed every worker in the middle of the in-process recovery
+    # and started them again (8 processes).
+    _, events = local_job.run(
+        tmp_path,
+        [
+            "trainer.steps=8",
+            *local_job.sync_durable_every_2,
+            "trainer.emulated_device_step_s=2",
+            "trainer.inprocess.soft_timeout_s=3.5",
+            "trainer.ft.heartbeat_timeout_floor_s=5",
+            "timeouts.launcher_heartbeat_s=5",
+            "trainer.faults.plan=hang@3:1",
+        ],
+        timeout_s=150,
+    )
+
+    summary = summarize(events)
+    assert summary.completed, summary
+    (hang,) = summary.faults
+    assert hang.layer == hang.expected_layer == "inprocess", hang
+    assert hang.steps_lost == 0, hang
+    starts = local_job.events(events, "process_start")
+    assert len({e["pid"] for e in starts}) == 4, [(e["rank"], e["pid"]) for e in starts]

@@ -68,6 +68,14 @@ def test_bad_input_is_one_user_error(argv, needle):
         parse_args(argv)
 
 
+def test_the_launcher_heartbeat_floor_covers_the_longer_of_the_two_recovery_waits_not_their_sum():
+    # soft 2.5 s, collective 2 s, monitor interval 0.5 s: a recovering rank is silent at most 3 s.
+    both = ["--mode", "both", "--inprocess-soft-timeout-s", "2.5", "--dist-timeout-s", "2"]
+    assert parse_args([*both, "--ft-heartbeat-timeout-floor-s", "3.5"]).inprocess_recovery_silence_s == 3
+    with pytest.raises(UserError, match=r"now 3 < 3 < 12"):
+        parse_args([*both, "--ft-heartbeat-timeout-floor-s", "3"])
+
+
 def test_cli_bad_input_exits_2_without_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "training", "--steps", "-1"],

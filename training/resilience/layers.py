@@ -80,9 +80,18 @@ class Layer:
 
 
 class InProcessLayer(Layer):
-    def __init__(self, cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.World) -> None:  # noqa: ANN401
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        events: EventLog,
+        *,
+        store: Any,  # noqa: ANN401
+        world: parallel.World,
+        on_restart_decided: Callable[[], None] | None = None,
+    ) -> None:
         self.cfg = cfg.inprocess
         self.events = events
+        self.on_restart_decided = on_restart_decided
         self.call_wrapper: Any = None
         self.port = cfg.inprocess.store_port
         if self.port is None:
@@ -103,6 +112,21 @@ class InProcessLayer(Layer):
             # retires the old group without waiting (parallel.retire_default_group): nothing to abort.
             def __call__(self, state: Any) -> Any:  # noqa: ANN401
                 return state
+
+        on_restart_decided = self.on_restart_decided
+
+        class _SignalRestartThenAbort(inprocess.abort.Abort):
+            # The first thing the monitor thread does once a restart is decided, on every rank whose
+            # interpreter can still run a thread: tell the outer layer (ft_launcher's heartbeat) that
+            # this rank is alive and recovering, then abort as `inner` does. A rank that holds the GIL
+            # in a native call (a deadlock below Python) runs no thread and stays silent.
+            def __init__(self, inner: Any) -> None:  # noqa: ANN401
+                self.inner = inner
+
+            def __call__(self, state: Any) -> Any:  # noqa: ANN401
+                if on_restart_decided is not None:
+                    on_restart_decided()
+                return self.inner(state)
 
         class _Finalize(inprocess.finalize.Finalize):
             # Runs on every surviving rank once a restart is decided: the detection event.
@@ -128,12 +152,14 @@ class InProcessLayer(Layer):
         ]
         import torch  # noqa: PLC0415
 
-        abort: Any = None  # NVRx's default, AbortTorchDistributed: NCCL aborts in-flight collectives
         gpu = torch.cuda.is_available()
         if gpu:
             health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
+            # NVRx's default abort, named: passing `abort=None` would turn aborting off, and a rank
+            # waiting on a collective of a failed peer would wait out the NCCL timeout.
+            inner_abort: Any = inprocess.abort.AbortTorchDistributed()
         else:
-            abort = _KeepGlooGroups()
+            inner_abort = _KeepGlooGroups()
         return nvrx_compat.inprocess_wrapper(
             gpu=gpu,
             store_kwargs={"port": self.port},
@@ -141,7 +167,7 @@ class InProcessLayer(Layer):
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
             ),
             finalize=_Finalize(),
-            abort=abort,
+            abort=_SignalRestartThenAbort(inner_abort),
             health_check=inprocess.Compose(*health_checks),
             soft_timeout=seconds(seconds=c.soft_timeout_s),
             hard_timeout=seconds(seconds=c.hard_timeout_s),
@@ -204,17 +230,44 @@ class FtLauncherLayer(Layer):
         self.client = RankMonitorClient()
         self.client.init_workload_monitoring(num_warmup_iters=cfg.ft.calc_timeouts_after)
         self.steps_this_attempt = 0
+        self.attempts = 0
         self.restored = False
+        # One heartbeat on the socket at a time: the in-process monitor thread also sends them.
+        self._sending = threading.Lock()
+        self._beating = False
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         def attempt() -> Any:  # noqa: ANN401
             self.steps_this_attempt = 0
+            self.attempts += 1
+            if self.attempts > 1:
+                # An in-process restart's new attempt: the rank is alive and about to restore.
+                self.beat_while_recovering()
             return run()
 
         return attempt
 
+    def beat_while_recovering(self) -> None:
+        """A heartbeat from an in-process recovery (the monitor thread once a restart is decided, the
+        main thread as the next attempt starts), so that the launcher's heartbeat timeout needs to
+        cover only the longest silence of a recovering rank: until its restart is decided (the soft
+        timeout), or from there to its next attempt (a collective timeout) -- not both added up.
+        Only once the rank has beaten from a step: the first heartbeat ends the launcher's initial
+        timeout, which covers start-up and the checkpoint load. Never waits: if the main thread is
+        sending one right now, that one counts."""
+        if not self._beating or not self._sending.acquire(blocking=False):
+            return
+        try:
+            self.client.send_heartbeat()
+        except Exception as exc:  # noqa: BLE001 - a lost beat costs at most a launcher restart
+            self.events.emit("ft_heartbeat_failed", error=repr(exc)[:200])
+        finally:
+            self._sending.release()
+
     def step_done(self, step: int) -> None:  # noqa: ARG002
-        self.client.send_heartbeat()
+        with self._sending:
+            self.client.send_heartbeat()
+        self._beating = True
         self.steps_this_attempt += 1
         # Same step count on every rank, so the collective inside the calculation lines up.
         if not self.restored and self.steps_this_attempt == self.cfg.calc_timeouts_after:
@@ -289,11 +342,13 @@ class Resilience(Layer):
 def for_mode(cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
     """The layers `cfg.mode` names; `store` is the process-group store (the in-process layer agrees on
     its own store's port through it)."""
+    ft = FtLauncherLayer(cfg, events) if cfg.mode in {"ft_launcher", "both"} else None
     layers: list[Layer] = []
     if cfg.mode in {"inprocess", "both"}:
-        layers.append(InProcessLayer(cfg, events, store=store, world=world))
-    if cfg.mode in {"ft_launcher", "both"}:
-        layers.append(FtLauncherLayer(cfg, events))
+        beat = ft.beat_while_recovering if ft is not None else None
+        layers.append(InProcessLayer(cfg, events, store=store, world=world, on_restart_decided=beat))
+    if ft is not None:
+        layers.append(ft)
     return Resilience(layers)
 
 
