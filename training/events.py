@@ -24,7 +24,9 @@ Kinds and their extra fields (training.metrics reads them):
 - `caught_up`: source, from_step, to_step -- after an in-process restart this rank was a step behind
   and took the state of rank `source`, a step ahead (training/trainer.py `_in_memory_source`)
 - `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
-- `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker
+- `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker; or layer
+  ("inprocess"), cause -- this worker ends itself: its in-process store is gone, so only its launcher
+  can restart it
 - `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force
 - `end`: steps, final_params_sha256 (rank 0), wall_s
 """

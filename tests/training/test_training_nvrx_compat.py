@@ -365,3 +365,34 @@ def test_a_node_waiting_for_a_round_finds_the_opened_one_at_the_next_fast_poll(t
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == polls, done.stdout
+
+
+def test_a_monitor_thread_that_dies_of_its_store_calls_back_and_one_stopped_on_purpose_does_not(monkeypatch):
+    import threading  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
+
+    class StoreGone(MonitorThread):
+        # NVRx's own loop, minus its constructor's collaborators: the store's wait raises what a
+        # TCPStore client raises once its server's process is gone.
+        def __init__(self, *, stopped: bool) -> None:
+            threading.Thread.__init__(self, daemon=True)
+            self.stop_loop = threading.Event()
+            if stopped:
+                self.stop_loop.set()
+
+        def run(self) -> None:
+            raise torch.distributed.DistNetworkError("Failed to recv, got 0 bytes.")
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    calls: list[BaseException | None] = []
+    nvrx_compat.on_monitor_thread_death(calls.append)
+    for stopped in (True, False):
+        thread = StoreGone(stopped=stopped)
+        thread.start()
+        thread.join()
+    (exc,) = calls
+    assert isinstance(exc, torch.distributed.DistNetworkError)
+    # NVRx's loop survives only DistStoreError, which DistNetworkError is not: the reason for the hook.
+    assert not issubclass(torch.distributed.DistNetworkError, torch.distributed.DistStoreError)

@@ -197,6 +197,39 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
 
 
 @pytest.mark.timeout(600)
+def test_losing_the_node_of_rank_0_with_the_replacement_pending_never_waits_for_the_heartbeat_timeout(
+    tmp_path, local_job, fault_free_hash
+):
+    # Rank 0 hosts the in-process layer's store. With the p5 values' kind of heartbeat timeout (30 s
+    # here, 120 s there) and the lost node's replacement pending, nothing but the survivors themselves
+    # can start the next round: before, they waited for that timeout (the monitor thread that would
+    # restart them died with the store). Now each ends its process once its store is gone.
+    result, events = _run(
+        local_job,
+        tmp_path,
+        plan="node_loss@8:0",
+        timeout_s=540,
+        extra=(
+            "spares=1",
+            "timeouts.launcher_heartbeat_s=30",
+            "trainer.ft.heartbeat_timeout_floor_s=30",
+            "trainer.inprocess.hard_timeout_s=40",
+            "trainer.inprocess.barrier_timeout_s=60",
+        ),
+        node_provision_s=90,
+    )
+
+    assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
+    left = [e for e in local_job.events(events, "terminated") if e["layer"] == "inprocess"]
+    assert left, "no survivor ended itself for its lost in-process store"
+    assert all("in-process store lost" in e["cause"] for e in left), left
+    logs = "".join(Path(p.log).read_text(errors="replace") for p in result.pods)
+    assert "Did not get subsequent heartbeat" not in logs
+    _no_pod_succeeded_before_training_ended(result, local_job.events(events, "step"))
+    assert local_job.final_hash(events) == fault_free_hash
+
+
+@pytest.mark.timeout(600)
 def test_a_sigkill_restart_round_leaves_the_warm_spare_standing_by(tmp_path, local_job, fault_free_hash):
     result, events = _run(local_job, tmp_path, plan=_sigkills(6), timeout_s=540, extra=("spares=1",))
 

@@ -92,6 +92,7 @@ class InProcessLayer(Layer):
         self.cfg = cfg.inprocess
         self.events = events
         self.on_restart_decided = on_restart_decided
+        self.run_returned = False
         self.call_wrapper: Any = None
         self.port = cfg.inprocess.store_port
         if self.port is None:
@@ -187,12 +188,15 @@ class InProcessLayer(Layer):
 
         def attempt(call_wrapper: Any = None) -> Any:  # noqa: ANN401
             self.call_wrapper = call_wrapper
-            return run()
+            result = run()
+            self.run_returned = True
+            return result
 
         # The wrapper injects itself by the parameter's annotation, which must be a real type here
         # (this module uses postponed annotations).
         attempt.__annotations__["call_wrapper"] = typing.Optional[CallWrapper]  # noqa: UP045
         wrapped = self._wrapper()(attempt)
+        nvrx_compat.on_monitor_thread_death(self._leave_without_inprocess_store)
 
         def call() -> Any:  # noqa: ANN401
             try:
@@ -210,6 +214,17 @@ class InProcessLayer(Layer):
                 nvrx_compat.stop_progress_watchdog(getattr(self, "call_wrapper", None))
 
         return call
+
+    def _leave_without_inprocess_store(self, exc: BaseException | None) -> None:
+        """The Wrapper's monitor thread died (its store, hosted by rank 0, is gone: rank 0's node was
+        lost): this rank can no longer be restarted in process, and its main thread would wait for that
+        thread until the launcher's heartbeat timeout. End the process now; the launcher restarts the
+        node's workers. Not once training has returned: rank 0 may leave first at the end of a run."""
+        if self.run_returned:
+            return
+        self.events.emit("terminated", layer="inprocess", cause=f"in-process store lost: {exc!r}"[:300])
+        self.events.close()
+        os._exit(1)
 
     def step_done(self, step: int) -> None:  # noqa: ARG002
         self.call_wrapper.ping()

@@ -94,6 +94,16 @@ fails when the installed NVRx's internals change.
   the traceback with logging's own formatter first and hands torch's formatter the record without the
   exception object, which then appends the same text; only the `graph_breaks` artifact, a compiler
   log the launcher never writes, still goes to torch's formatter unchanged.
+- A lost in-process store. The in-process Wrapper's store is a TCPStore its rank 0 hosts. When rank
+  0's node is lost, each survivor's monitor thread -- the one that interrupts the main thread for a
+  restart -- dies of the store's DistNetworkError (its loop catches only DistStoreError), while the main
+  thread, after its collective failed, spins until that thread interrupts it (`spin_till_paused`): for
+  ever. Only ft_launcher's heartbeat timeout ended it: 30 s with that timeout at 30 s, 120 s or more
+  with the p5 values, and with a warm spare standing by nothing else opens the next round. Nothing can
+  restart this rank in process without that store, which lives for one launcher round;
+  `on_monitor_thread_death` calls back when a monitor thread dies of an exception it was not stopped
+  for, and the in-process layer then ends the process, so its launcher restarts the node's workers at
+  once (training/resilience/layers.py).
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -109,11 +119,14 @@ import os
 import threading
 import time
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
 from kitcore.pins import NVRX_SUPPORTED_SINCE
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 NVRX_VERSION = version("nvidia-resiliency-ext")
 
@@ -197,6 +210,39 @@ def check_internals() -> None:
     from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
     require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+    _monitor_thread_type()
+
+
+MONITOR_THREAD_STOPPED = "stop_loop"
+"""The in-process monitor thread's event that the Wrapper sets when it stops the thread on purpose."""
+
+
+def _monitor_thread_type() -> type:
+    from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
+
+    source = inspect.getsource(MonitorThread)
+    if f"self.{MONITOR_THREAD_STOPPED} = threading.Event()" not in source:
+        raise RuntimeError(
+            f"NVRx {NVRX_VERSION}: inprocess MonitorThread has no {MONITOR_THREAD_STOPPED} event; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+    return MonitorThread
+
+
+def on_monitor_thread_death(callback: Callable[[BaseException | None], None]) -> None:
+    """Call `callback(exception)` in the dying thread when an in-process monitor thread ends with an
+    exception while its Wrapper had not asked it to stop (see the module docstring), after the usual
+    traceback is printed. Other threads' exceptions go to the previous hook unchanged."""
+    monitor_thread = _monitor_thread_type()
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        previous(args)
+        thread = args.thread
+        if isinstance(thread, monitor_thread) and not getattr(thread, MONITOR_THREAD_STOPPED).is_set():
+            callback(args.exc_value)
+
+    threading.excepthook = hook
 
 
 RESTART_HEALTH_CHECKS = ("_construct_restart_health_check", ("self",))
