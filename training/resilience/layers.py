@@ -18,21 +18,24 @@ minimum world: both are "all of them" (--nnodes N:N+spares, min_world_size = wor
 restart never shrinks the job, and ft_launcher (restart policy `any-failed`, the only one NVRx >= 0.7 has)
 restarts every node's workers as soon as one rank's process is gone (SIGKILL, a deadlock killed by the
 heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
-The launcher's heartbeat timeout must exceed the in-process soft timeout + one collective timeout
-(checked in training/config.py) so that a Python-visible hang is the in-process layer's.
+A rank the in-process layer is restarting sends no step heartbeats, so the in-process layer beats for
+it (once the restart is decided, and as the next attempt starts) and the launcher's heartbeat timeout
+must exceed only the longer of its two silent waits (training/config.py `inprocess_recovery_silence_s`):
+a Python-visible hang stays the in-process layer's, and a deadlock below Python, whose rank holds the
+GIL and beats for nothing, is ended that much sooner.
 
 Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by
-side (docs/measurements.md, 2026-12-02, three demo runs per mode on the same commit), the in-process
-layer recovers an exception, an allocation failure, a hang and a skipped collective in 0.1-0.2 s (the
-hangs: 2.1-2.2 s, its soft timeout) losing 0 steps; ft_launcher alone restarts the workers for each in
-1.1-3.7 s and replays a step. The price is on hard faults: in mode `both` the survivors of a SIGKILL
-first try an in-process restart before their launcher stops them (1.9-2.6 s against 0.9-1.6 s
-ft_launcher alone), and a deadlock below Python is ended by the launcher's heartbeat timeout, which
-must exceed the soft + collective timeouts (6.1-6.8 s against 3.0-3.5 s, where ft_launcher alone sees
-the peers' collective time out). `both` stays the default because a soft fault then costs no step
-and well under 0.5 s, where ft_launcher alone replays a step and takes seconds; a fleet whose faults
-are mostly below Python (deadlocks, hung drivers) recovers those faster with `mode: ft_launcher`, and
-`nvrx-eks plan` weighs the two against a fault mix.
+side (docs/measurements.md, 2026-12-03, three demo runs per mode on the same commit, idle machine), the
+in-process layer recovers an exception and an allocation failure in 0.1-0.2 s and a hang and a skipped
+collective in 2.1-2.2 s (the peers' collective timeout), losing 0 steps; ft_launcher alone restarts the
+workers for each in 1.3-3.7 s and replays a step. The price is on hard faults: in mode `both` a
+deadlock below Python is ended by the launcher's heartbeat timeout, which must exceed a recovering
+rank's longest silence (5.2-5.5 s against 3.2-3.4 s, where ft_launcher alone sees the peers' collective
+time out); a SIGKILL costs the same either way (1.5-1.9 s against 1.3-1.7 s). `both` stays the default
+because a soft fault then costs no step and well under 0.5 s where nothing hangs, where ft_launcher
+alone replays a step and takes seconds; a fleet whose faults are mostly below Python (deadlocks, hung
+drivers) recovers those faster with `mode: ft_launcher`, and `nvrx-eks plan` weighs the two against a
+fault mix.
 """
 
 from __future__ import annotations
