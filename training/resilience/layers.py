@@ -223,11 +223,8 @@ class InProcessLayer(Layer):
         lost): this rank can no longer be restarted in process, and its main thread would wait for that
         thread until the launcher's heartbeat timeout. End the process now; the launcher restarts the
         node's workers. Not once training has returned: rank 0 may leave first at the end of a run."""
-        if self.run_returned:
-            return
-        self.events.emit("terminated", layer="inprocess", cause=f"in-process store lost: {exc!r}"[:300])
-        self.events.close()
-        os._exit(1)
+        if not self.run_returned:
+            leave_process(self.events, 1, layer="inprocess", cause=f"in-process store lost: {exc!r}"[:300])
 
     def step_done(self, step: int) -> None:  # noqa: ARG002
         self.call_wrapper.ping()
@@ -370,6 +367,20 @@ def for_mode(cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.
     return Resilience(layers)
 
 
+_leaving = threading.Lock()
+
+
+def leave_process(events: EventLog, exit_code: int, **terminated: Any) -> None:  # noqa: ANN401
+    """Record why this worker ends (a `terminated` event), close the event log and exit at once, once:
+    the paths that end a worker (a SIGTERM's handler and its watcher thread, a lost in-process store)
+    may fire together, and only the first may write and close the log. The others return."""
+    if not _leaving.acquire(blocking=False):
+        return
+    events.emit("terminated", **terminated)
+    events.close()
+    os._exit(exit_code)
+
+
 def install_termination_handler(events: EventLog) -> None:
     """The launcher stops workers with SIGTERM (and the in-process monitor process on a hard timeout):
     record it -- the detection time of the outer layer -- and leave at once.
@@ -388,14 +399,9 @@ def install_termination_handler(events: EventLog) -> None:
     while the launcher waited to restart them. Nothing is lost: a checkpoint counts only once committed
     (atomic rename), and events are flushed line by line.
     """
-    leaving = threading.Lock()
 
     def leave(signum: int) -> None:
-        if not leaving.acquire(blocking=False):  # the other path is already leaving
-            return
-        events.emit("terminated", layer="ft_launcher", signal=signal.Signals(signum).name)
-        events.close()
-        os._exit(128 + signum)
+        leave_process(events, 128 + signum, layer="ft_launcher", signal=signal.Signals(signum).name)
 
     def handler(signum: int, _frame: Any) -> None:  # noqa: ANN401
         leave(signum)
