@@ -12,7 +12,8 @@ Kinds and their extra fields (training.metrics reads them):
   seconds this process used until then (imports included; unlike wall time, not inflated by load)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
-  startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps
+  startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps, imported_since_fork (the
+  modules a forked worker imported itself before this attempt's first step; None when not forked)
 - `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
 - `checkpoint_peer_domain`: domain, source ("node labels", "zone label", "none"), node, error -- the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -65,6 +67,31 @@ def process_created_at(pid: int | None = None) -> float:
     started_after_boot_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")
     booted_at = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
     return booted_at + started_after_boot_s
+
+
+_modules_at_fork: frozenset[str] | None = None
+
+
+def _remember_modules_at_fork() -> None:
+    global _modules_at_fork  # noqa: PLW0603 - one record per process, taken in the fork's child
+    _modules_at_fork = frozenset(sys.modules)
+
+
+# Registered when the forkserver imports this module (training/resilience/launch.py `WARM_MODULES`), so
+# every worker forked from it knows what it inherited.
+os.register_at_fork(after_in_child=_remember_modules_at_fork)
+
+
+def imported_since_fork() -> list[str] | None:
+    """The modules this process imported after it was forked, each package once (its outermost new
+    module), or None for a process that was not forked from one that had imported this module.
+
+    A worker forked from the launcher's warm forkserver should import nothing before its first step:
+    every import here is paid again on every restart, by every rank at once."""
+    if _modules_at_fork is None:
+        return None
+    new = set(sys.modules) - _modules_at_fork
+    return sorted(name for name in new if name.rpartition(".")[0] not in new)
 
 
 def events_dir(run_dir: Path) -> Path:

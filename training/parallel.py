@@ -15,6 +15,7 @@ restart gets a fresh group without rebinding a port.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,12 +60,17 @@ def base_store(world: World, timeout_s: float) -> dist.Store:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     pick = "MASTER_PORT" not in os.environ and world.world_size == 1 and not agent_store
+    is_master = world.rank == 0 and not agent_store
+    port = 0 if pick else int(os.environ.get("MASTER_PORT", "29500"))
+    timeout = timedelta(seconds=max(timeout_s, 30.0))
+    if not is_master and not agent_store:  # the agent's store listens before any worker starts
+        wait_until_listening(os.environ["MASTER_ADDR"], port, timeout.total_seconds())
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
-        0 if pick else int(os.environ.get("MASTER_PORT", "29500")),
+        port,
         world.world_size,
-        is_master=world.rank == 0 and not agent_store,
-        timeout=timedelta(seconds=max(timeout_s, 30.0)),
+        is_master=is_master,
+        timeout=timeout,
         wait_for_workers=False,
     )
     if pick:
@@ -98,8 +104,6 @@ def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: fl
     process (NVRx's TCPStore then silently connects to it as a client). The launcher picks MASTER_PORT
     the same way (bind to port 0, release). `store` is this launcher round's own (`base_store`).
     """
-    import socket  # noqa: PLC0415
-
     if world.rank == 0:
         with socket.socket() as sock:
             sock.bind(("", 0))
@@ -107,6 +111,30 @@ def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: fl
         store.set(key, str(port))
     store.wait([key], timedelta(seconds=timeout_s))
     return int(store.get(key))
+
+
+LISTEN_POLL_S = 0.01
+"""How often a store client looks whether its host's port accepts connections yet."""
+
+
+def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
+    """Return once `host:port` accepts a TCP connection; raise TimeoutError after `timeout_s`.
+
+    For a TCPStore client whose host may not be listening yet. torch's client retries a refused connect
+    only after a randomised backoff: measured here, a client that came 50 ms before its host connected
+    0.74 s later, and a restart's in-process store (every rank a client of rank 0's) waited 0.4-0.8 s
+    for it on every launcher restart. A refused connect is answered at once, so polling costs nothing;
+    the probe's connection is closed unused, which the store's server takes as a client that left.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(LISTEN_POLL_S, 1.0)):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:g} s") from exc
+            time.sleep(LISTEN_POLL_S)
 
 
 _retired_groups: list[dist.ProcessGroup] = []

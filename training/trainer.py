@@ -21,6 +21,7 @@ import torch.nn.functional as F  # noqa: N812
 from kitcore.configio import UserError
 from training import parallel
 from training.data import DataSource, SyntheticTokens, TokenFile
+from training.events import imported_since_fork
 from training.model import PRESETS, build_model
 
 if TYPE_CHECKING:
@@ -279,6 +280,7 @@ class Trainer:
             load_s=load_s,
             state_bytes=nbytes,
             memcpy_gbps=memcpy_gbps(nbytes),
+            imported_since_fork=imported_since_fork(),
         )
 
     # ----- the loop ----------------------------------------------------------------------------

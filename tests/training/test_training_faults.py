@@ -86,6 +86,13 @@ def test_hard_faults_recover_through_launcher_and_job_controller(tmp_path, local
     ready = local_job.events(events, "process_ready")
     assert any(e["restart"] >= 1 for e in ready), ready
     assert all(e["cpu_s"] < 1.0 for e in ready), [(e["rank"], e["restart"], e["cpu_s"]) for e in ready]
+    # And imported nothing itself before its first step: every such import is paid again by every rank
+    # at every restart (NVRx's launcher module, torch's worker wrapper, the checkpointer: 0.5-0.8 s).
+    started = [e for e in local_job.events(events, "startup_done") if e["attempt"] == 0]
+    assert len(started) > len(ready) // 2, started
+    assert all(e["imported_since_fork"] == [] for e in started), [
+        (e["rank"], e["restart"], e["imported_since_fork"]) for e in started if e["imported_since_fork"]
+    ]
 
 
 @pytest.mark.timeout(200)

@@ -162,7 +162,12 @@ def test_nothing_the_forkserver_imports_reads_a_per_worker_variable():
     read = _read_at_import(WARM_MODULES, REPO)
     assert read, "the probe saw no reads at all: it does not watch the environment"
     assert not (read & PER_WORKER), sorted(read & PER_WORKER)
-    assert not {k for k in read if k.startswith(("FT_", "TORCHELASTIC_"))}, sorted(read)
+    launcher_wide = {
+        # NVRx's launcher module warns at import when this deprecated variable is set: whoever starts
+        # the launcher sets it or not, the same for the forkserver and every worker.
+        "FT_LAUNCHER_LOGLEVEL",
+    }
+    assert not {k for k in read - launcher_wide if k.startswith(("FT_", "TORCHELASTIC_"))}, sorted(read)
 
 
 _CUDA_PROBE = r"""
@@ -276,3 +281,52 @@ def test_a_launcher_whose_ranks_were_only_stopped_exits_with_the_collateral_code
     assert run.returncode == (COLLATERAL_EXIT_CODE if collateral else 1), run.stdout[-2000:]
     # The failed ranks are still the last line (the pod's termination message names them).
     assert run.stdout.strip().splitlines()[-1].startswith("worker failures: {0: ProcessFailure("), run.stdout
+
+
+_FORKED_IMPORTS = r"""
+import json, multiprocessing, sys
+import training.events
+
+def child(queue):
+    import xmlrpc.client  # a package nothing here imported before the fork
+    queue.put(training.events.imported_since_fork())
+
+if __name__ == "__main__":
+    queue = multiprocessing.get_context("fork").SimpleQueue()
+    process = multiprocessing.get_context("fork").Process(target=child, args=(queue,))
+    process.start()
+    forked = queue.get()
+    process.join()
+    print(json.dumps({"forked": forked, "parent": training.events.imported_since_fork()}))
+"""
+
+
+def test_a_forked_process_names_the_modules_it_imported_itself_and_a_fresh_one_says_it_was_not_forked():
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_IMPORTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "xmlrpc" in seen["forked"]
+    assert "xmlrpc.client" not in seen["forked"]  # each package once, by its outermost new module
+    assert seen["parent"] is None
+
+
+def test_the_forkserver_imports_start_no_thread():
+    # A fork copies only the calling thread; a thread another import started would be missing, with
+    # whatever lock it held, in every worker.
+    script = "import sys, threading\nfor n in sys.argv[1].split(','): __import__(n)\n"
+    script += "print(threading.active_count())"
+    done = subprocess.run(
+        [sys.executable, "-c", script, ",".join(WARM_MODULES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "1"

@@ -53,9 +53,38 @@ from training.resilience.nvrx_compat import (
     report_every_failed_worker,
 )
 
-WARM_MODULES = ("torch", "torch._dynamo", "torch.distributed", "training.run")
-"""What the forkserver imports once. torch._dynamo: see training/parallel.py `preload` (an optimizer or
-DDP imports it on first use; inside an attempt that import was slow and unsafe to interrupt)."""
+WARM_MODULES = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    # What each worker unpickles to start: torch's worker wrapper and NVRx's `--run-path` entry point
+    # (the launcher module, with its gRPC, rich and httpx imports), then the launcher's own main module,
+    # which multiprocessing imports again in every child as `__mp_main__`.
+    "torch.distributed.elastic.multiprocessing.api",
+    "nvidia_resiliency_ext.fault_tolerance.launcher",
+    "training.launch",
+    # The trainer: its entry point and what it imports on the way to the first step.
+    "training.inputs",
+    "training.run",
+    "training.checkpoint.factory",
+    "training.checkpoint.tiered",
+    "training.checkpoint.sync",
+    "nvidia_resiliency_ext.inprocess",
+    "prometheus_client",
+    "psutil",
+    # The in-process Wrapper forks its monitor process and talks to it through a queue; multiprocessing
+    # unpickles each worker with its forkserver process object; a store client resolves its host.
+    "multiprocessing.popen_fork",
+    "multiprocessing.queues",
+    "multiprocessing.popen_forkserver",
+    "encodings.idna",
+)
+"""What the forkserver imports once, so that a worker forked from it imports nothing before its first
+step (each start records what it did import: `startup_done`'s `imported_since_fork`). Every module a
+worker imports itself is imported again at every restart by every rank of every node at once: NVRx's
+launcher module, torch's worker wrapper and the checkpointer took 0.5-0.8 s of each worker's start here
+(2 cores, 4 ranks). torch._dynamo: see training/parallel.py `preload` (an optimizer or DDP imports it on
+first use; inside an attempt that import was slow and unsafe to interrupt)."""
 
 
 def trainer_script() -> str:

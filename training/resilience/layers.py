@@ -166,6 +166,7 @@ class InProcessLayer(Layer):
             inner_abort = _KeepGlooGroups()
         return nvrx_compat.inprocess_wrapper(
             gpu=gpu,
+            store_factory=nvrx_compat.host_first_store(),
             store_kwargs={"port": self.port},
             initialize=inprocess.initialize.RetryController(
                 max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size

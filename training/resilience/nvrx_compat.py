@@ -104,6 +104,14 @@ fails when the installed NVRx's internals change.
   `on_monitor_thread_death` calls back when a monitor thread dies of an exception it was not stopped
   for, and the in-process layer then ends the process, so its launcher restarts the node's workers at
   once (training/resilience/layers.py).
+- When the in-process store's clients connect. Rank 0 hosts the Wrapper's TCPStore, and every rank of a
+  new launcher round builds it at about the same moment; a client that comes before its host is
+  refused, and torch's client retries only after a randomised backoff: each restart's in-process
+  store took 0.4-0.8 s to form here (rank 0's own construction waits for every client), the longest
+  part of a SIGKILL's recovery once the workers forked warm. `host_first_store` is NVRx's TCPStore
+  whose clients first wait until the host's port accepts connections (training/parallel.py
+  `wait_until_listening`); the host itself, and rank 0's monitor process (which NVRx makes a client
+  when the host's port is taken), are unchanged.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -118,6 +126,7 @@ import inspect
 import os
 import threading
 import time
+from datetime import timedelta
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
@@ -211,6 +220,7 @@ def check_internals() -> None:
 
     require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
     _monitor_thread_type()
+    host_first_store()
 
 
 MONITOR_THREAD_STOPPED = "stop_loop"
@@ -262,6 +272,44 @@ def inprocess_wrapper(*, gpu: bool, **kwargs: Any) -> Any:  # noqa: ANN401
     finally:
         if local_rank is not None:
             os.environ["LOCAL_RANK"] = local_rank
+
+
+STORE_HOST_RANK = "TCP_STORE_HOST_RANK"
+"""The rank whose process hosts NVRx's in-process TCPStore (a class attribute of inprocess.store.TCPStore)."""
+
+
+def host_first_store() -> type:
+    """NVRx's in-process TCPStore, whose clients wait until the host listens (see the module docstring);
+    the Wrapper's `store_factory`."""
+    from nvidia_resiliency_ext.inprocess.store import TCPStore  # noqa: PLC0415
+
+    host_rank = getattr(TCPStore, STORE_HOST_RANK, None)
+    if not isinstance(host_rank, int):
+        raise RuntimeError(  # noqa: TRY004 - a changed NVRx, reported like every other changed internal
+            f"NVRx {NVRX_VERSION}: inprocess.store.TCPStore has no integer {STORE_HOST_RANK}; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+    require_internal(TCPStore, "__init__", ("self", "host_name", "port", "world_size", "timeout"))
+    from training.parallel import wait_until_listening  # noqa: PLC0415
+
+    class HostFirstTCPStore(TCPStore):
+        def __init__(
+            self,
+            host_name: str | None = None,
+            port: int | None = None,
+            world_size: int | None = None,
+            timeout: timedelta = timedelta(seconds=300),
+            **kwargs: Any,  # noqa: ANN401
+        ) -> None:
+            if int(os.environ["RANK"]) != host_rank:
+                wait_until_listening(
+                    host_name or os.environ["MASTER_ADDR"],
+                    port or int(os.environ["MASTER_PORT"]),
+                    timeout.total_seconds(),
+                )
+            super().__init__(host_name, port, world_size, timeout, **kwargs)
+
+    return HostFirstTCPStore
 
 
 def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
