@@ -146,13 +146,16 @@ def test_a_restart_round_does_not_wait_for_a_node_whose_launcher_stopped_beating
 
 _BEATING_LAUNCHER = """
 import sys, time
-from training.resilience.nvrx_compat import beat_launcher_alive
-beat_launcher_alive(sys.argv[1], run_id="job", infra_rank=3, every_s=0.05)
+from training.resilience.nvrx_compat import LauncherBeat
+alive = LauncherBeat(sys.argv[1], run_id="job", infra_rank=3, every_s=0.05).start()
 sys.stdin.read()  # beats until the test closes its stdin, then exits as a launcher does
+if sys.argv[2] == "done":
+    alive.finish(done=True)  # what the launcher does when its workers finished training
 """
 
 
-def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone():
+@pytest.mark.parametrize("ending", ["gone", "done"])
+def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone(ending):
     from datetime import timedelta  # noqa: PLC0415
 
     from torch.distributed import TCPStore  # noqa: PLC0415
@@ -160,7 +163,7 @@ def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone():
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     prefix = nvrx_compat._barrier_state()(store=store, run_id="job").prefix
     launcher = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_BEATING_LAUNCHER), f"127.0.0.1:{store.port}"],
+        [sys.executable, "-c", textwrap.dedent(_BEATING_LAUNCHER), f"127.0.0.1:{store.port}", ending],
         stdin=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
@@ -175,7 +178,10 @@ def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone():
         # A clean exit: the beat's store client is gone before the interpreter ends (no SIGABRT).
         assert launcher.wait(timeout=60) == 0
     time.sleep(0.3)
-    assert nvrx_compat.launcher_beat_age(store, prefix, 3) >= 0.3
+    if ending == "gone":
+        assert nvrx_compat.launcher_beat_age(store, prefix, 3) >= 0.3
+    else:  # a node whose training ended is never read as lost
+        assert nvrx_compat.launcher_beat_age(store, prefix, 3) is None
     assert nvrx_compat.launcher_beat_age(store, prefix, 0) is None
 
 
@@ -229,6 +235,49 @@ def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_
     assert (
         nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=0, active_nodes=2) is None
     )
+
+
+def _beat(store, prefix: str, infra_rank: int, age_s: float | None) -> None:
+    if age_s is not None:
+        store.set(nvrx_compat.launcher_beat_key(prefix, infra_rank), repr(time.time() - age_s))
+
+
+def test_a_launcher_opens_the_next_round_once_the_node_it_watches_stopped_beating(barrier_store):
+    """Node ranks 0 and 1 (infra ranks 1 and 0) train, infra rank 2 stands by. Each active node watches
+    the next one, wrapping: infra 1 watches infra 0. Before, nothing but the survivors' own workers
+    failing opened the next round (the in-process restart waited its heartbeat timeout first)."""
+    store, prefix = barrier_store
+    gone = nvrx_compat.LAUNCHER_GONE_S + 1.0
+    watch = nvrx_compat.LostPeerWatch(store, run_id="job", infra_rank=1, active_nodes=2)
+    _beat(store, prefix, 0, 0.1)
+    assert watch.check() is None  # alive
+    assert not store.check([f"{prefix}:round_done_1"])
+    _beat(store, prefix, 0, gone)
+    opened, lost, age = watch.check()
+    assert (opened, lost) == (1, 0)
+    assert age >= gone
+    assert store.get(f"{prefix}:round_done_1") == b"0"  # what every launcher polls for
+    assert watch.check() is None  # the round is open: nothing more to do
+
+
+@pytest.mark.parametrize(
+    ("watcher", "watched_age"),
+    [
+        (2, "gone"),  # the spare watches no one
+        (1, None),  # the watched launcher never beat (an older launcher): wait as NVRx does
+        (1, "done"),  # the watched node finished training before this one
+    ],
+)
+def test_a_launcher_opens_no_round_for_a_node_that_is_not_lost(barrier_store, watcher, watched_age):
+    store, prefix = barrier_store
+    if watched_age == "done":
+        store.set(nvrx_compat.launcher_beat_key(prefix, 0), nvrx_compat.LAUNCHER_DONE)
+    else:
+        _beat(store, prefix, 0, None if watched_age is None else nvrx_compat.LAUNCHER_GONE_S + 1.0)
+    _beat(store, prefix, 1, nvrx_compat.LAUNCHER_GONE_S + 1.0)  # node rank 0, watched by node rank 1
+    watch = nvrx_compat.LostPeerWatch(store, run_id="job", infra_rank=watcher, active_nodes=2)
+    assert watch.check() is None
+    assert not store.check([f"{prefix}:round_done_1"])
 
 
 def _run_script(tmp_path: Path, source: str, variant: str) -> subprocess.CompletedProcess[str]:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from training.metrics import summarize
+
 if TYPE_CHECKING:
     from conftest import LocalJobRunner
 
@@ -193,6 +195,35 @@ def test_node_loss_with_a_warm_spare_resumes_on_the_spare(
         # And without waiting the round's last call for the lost node: its launcher stopped beating.
         store_log = Path(next(p.log for p in result.pods if p.index is None)).read_text(errors="replace")
         assert f"not waiting for infra rank {lost}" in store_log, store_log[-2000:]
+    assert local_job.final_hash(events) == fault_free_hash
+
+
+@pytest.mark.timeout(600)
+def test_a_lost_node_restarts_the_job_once_its_launcher_is_silent_not_after_the_in_process_heartbeat(
+    tmp_path, local_job, fault_free_hash
+):
+    # Nothing is left on a lost node to report its loss. Before, the survivors restarted only once their
+    # in-process restart had waited the lost ranks' heartbeat timeout (20 s here, 6 s by default, 3 s in
+    # the local values): only a launcher whose own workers failed opened the next round. Now the
+    # survivor that watches the lost node opens it as soon as that node's launcher beat is stale.
+    heartbeat_timeout_s = 20
+    result, events = _run(
+        local_job,
+        tmp_path,
+        plan="node_loss@8:3",
+        timeout_s=540,
+        extra=("spares=1", f"trainer.inprocess.heartbeat_timeout_s={heartbeat_timeout_s}"),
+        node_provision_s=90,
+    )
+
+    assert result.succeeded, f"{result.reason}; pod logs in {tmp_path}"
+    (deletion,) = result.deletions
+    logs = "".join(Path(p.log).read_text(errors="replace") for p in result.pods if p.index is not None)
+    assert f"node with infra rank {deletion['index']} lost" in logs, logs[-3000:]
+    (fault,) = summarize(events).faults
+    assert fault.recovery_s is not None, fault
+    assert fault.recovery_s < heartbeat_timeout_s / 2, fault
+    _no_pod_succeeded_before_training_ended(result, local_job.events(events, "step"))
     assert local_job.final_hash(events) == fault_free_hash
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from training.resilience.nvrx_compat import (
-    beat_launcher_alive,
+    LauncherBeat,
     capture_worker_failures,
     check_supported_nvrx,
     format_tracebacks_without_dynamo,
@@ -187,13 +187,19 @@ def hand_over(ft_argv: list[str]) -> None:
         print(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one", flush=True)
 
 
-def beat(ft_argv: list[str]) -> None:
+def beat(ft_argv: list[str]) -> LauncherBeat | None:
     """Prove to the control process, for as long as this launcher lives, that this pod's node can still
-    rejoin a restart round (training/resilience/nvrx_compat.py `beat_launcher_alive`)."""
+    rejoin a restart round, and restart the job as soon as the peer this node watches is lost
+    (training/resilience/nvrx_compat.py `LauncherBeat`)."""
     pod = _pod_in_rendezvous(ft_argv)
-    if pod is not None:
-        endpoint, run_id, infra_rank = pod
-        beat_launcher_alive(endpoint, run_id=run_id, infra_rank=infra_rank)
+    if pod is None:
+        return None
+    endpoint, run_id, infra_rank = pod
+    nnodes = _flag(ft_argv, "--nnodes") or ""
+    active = nnodes.partition(":")[0]
+    return LauncherBeat(
+        endpoint, run_id=run_id, infra_rank=infra_rank, active_nodes=int(active) if active.isdigit() else None
+    ).start()
 
 
 def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
@@ -219,7 +225,7 @@ def main() -> None:
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
     hand_over(ft_argv)
-    beat(ft_argv)
+    alive = beat(ft_argv)
     report_every_failed_worker()
     format_tracebacks_without_dynamo()
     poll_rendezvous_faster()
@@ -229,6 +235,8 @@ def main() -> None:
     try:
         ft_launcher(ft_argv)
     except SystemExit as exc:  # ft_launcher always ends in sys.exit
+        if alive is not None:
+            alive.finish(done=exc.code in (0, None))
         raise SystemExit(exit_status(exc.code, failures)) from None
     finally:
         if failures:  # last, short: what the pod's termination message keeps (k8s/termination.py)

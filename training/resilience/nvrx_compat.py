@@ -77,13 +77,24 @@ fails when the installed NVRx's internals change.
   its place (`_PreviousActiveLastCallGate`): right for a node that is restarting its workers (a SIGKILL
   round keeps its nodes), pure waiting for a node that is gone. A node loss whose replacement pod was
   still pending took 10.3 s here, 5 s of it this wait for a launcher that had died with its node.
-  Each launcher now adds a wall-clock beat to the store every `LAUNCHER_BEAT_S`
-  (`beat_launcher_alive`), and `wait_only_for_live_previous_actives` makes the gate stop waiting for a
-  previous active node whose launcher's last beat is older than `LAUNCHER_GONE_S`: its launcher is not
-  running, so it cannot rejoin this round. A node that never beat (an older launcher) is waited for as
-  NVRx would. The beat is a wall-clock time: EKS nodes keep their clocks within milliseconds (Amazon
-  Time Sync); a node whose clock runs seconds behind would look gone and lose its place to a spare,
-  which costs a restore from a partner, never data.
+  Each launcher now adds a wall-clock beat to the store every `LAUNCHER_BEAT_S` (`LauncherBeat`), and
+  `wait_only_for_live_previous_actives` makes the gate stop waiting for a previous active node whose
+  launcher's last beat is older than `LAUNCHER_GONE_S`: its launcher is not running, so it cannot
+  rejoin this round. A node that never beat (an older launcher), or whose training ended
+  (`LAUNCHER_DONE`), is waited for as NVRx would. The beat is a wall-clock time: EKS nodes keep their
+  clocks within milliseconds (Amazon Time Sync); a node whose clock runs seconds behind would look
+  gone and lose its place to a spare, which costs a restore from a partner, never data.
+- Who notices a lost node. In NVRx only a launcher whose own workers failed opens a restart round, so
+  the survivors of a node that vanished (no process left on it to report anything) restart only once
+  their workers fail: after their collective errors or times out (the NCCL timeout, or the in-process
+  soft timeout for a hang), then the in-process restart's wait for the lost ranks' heartbeats (3 s
+  here, 6 s by default). A node loss took 6.9 s here, 2.9 s of it that wait. With the beats, each
+  active node's launcher also watches the next active node's beat (`LostPeerWatch`, one read per
+  beat whatever the job's size; every active node is watched by one other) and opens the next round
+  once it is older than `LAUNCHER_GONE_S`; every launcher polls for an opened round and restarts its
+  workers into it, as when a peer's workers failed. The same evidence and threshold as the gate's, so
+  a node the gate would not wait for is the node the watch restarts the job without. A launcher whose
+  workers finished says so in its last beat: a node that ends training before its peers is not lost.
 - The launcher's first traceback. torch's log formatter (`TorchLogsFormatter.format`, the handler of
   every `torch.*` logger) imports `torch._dynamo` to read one flag whenever a record carries an
   exception, and the launcher logs one for the first worker failure it sees (`MultiprocessContext._poll`
@@ -120,6 +131,7 @@ fails when the installed NVRx's internals change.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.util
 import inspect
@@ -319,6 +331,38 @@ def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
         watchdog.shutdown()
 
 
+def _training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier state
+    """The round the job trains in now: the newest closed one, when the next is not open yet."""
+    if state.is_shutdown():
+        return None
+    state._sync_from_per_round_state()  # noqa: SLF001 - the first round that is not closed
+    closed = state._round - 1  # noqa: SLF001
+    if closed < 0 or state.store.check([f"{state.prefix}:round_done_{closed + 1}"]):
+        return None  # no round closed yet, or the next one is open already
+    return closed
+
+
+def _active_in_round(state: Any, round_id: int, active_nodes: int) -> dict[int, int]:  # noqa: ANN401
+    """{node rank: infra rank} of the nodes active in `round_id`, read from the round's slots."""
+    state_type, store, prefix = type(state), state.store, state.prefix
+    active: dict[int, int] = {}
+    slot = 1
+    while store.check([f"{prefix}:slot_{slot}"]) and store.check([f"{prefix}:slot_{slot}_rank"]):
+        participant, ranked = store.get(f"{prefix}:slot_{slot}"), store.get(f"{prefix}:slot_{slot}_rank")
+        joined_round, _, infra, _, _ = state_type._unpack_participant_value(participant)  # noqa: SLF001
+        rank, _, ranked_round = state_type._unpack_rank_value(ranked)  # noqa: SLF001
+        if joined_round == ranked_round == round_id and 0 <= rank < active_nodes:
+            active[rank] = infra
+        slot += 1
+    return active
+
+
+def _open_after(state: Any, round_id: int) -> int:  # noqa: ANN401
+    state._round = round_id  # noqa: SLF001
+    state.open_rendezvous()
+    return round_id + 1
+
+
 def open_round_for_lost_predecessor(
     store: Any,  # noqa: ANN401 - a torch.distributed Store
     *,
@@ -328,27 +372,47 @@ def open_round_for_lost_predecessor(
 ) -> int | None:
     """Open the round after the newest closed one if this pod's index was active in it (see the module
     docstring); returns the round opened, or None when there was nothing to open."""
-    state_type = _barrier_state()
-    state = state_type(store=store, run_id=run_id)
-    if state.is_shutdown():
+    state = _barrier_state()(store=store, run_id=run_id)
+    closed = _training_round(state)
+    if closed is None or infra_rank not in _active_in_round(state, closed, active_nodes).values():
         return None
-    state._sync_from_per_round_state()  # noqa: SLF001 - the first round that is not closed
-    closed = state._round - 1  # noqa: SLF001
-    next_key = f"{state.prefix}:round_done_{closed + 1}"
-    if closed < 0 or store.check([next_key]):
-        return None  # no round closed yet, or the next one is open already
-    slot = 1
-    while store.check([f"{state.prefix}:slot_{slot}"]) and store.check([f"{state.prefix}:slot_{slot}_rank"]):
-        joined_round, _, infra, _, _ = state_type._unpack_participant_value(  # noqa: SLF001
-            store.get(f"{state.prefix}:slot_{slot}")
-        )
-        rank, _, ranked_round = state_type._unpack_rank_value(store.get(f"{state.prefix}:slot_{slot}_rank"))  # noqa: SLF001
-        if joined_round == ranked_round == closed and infra == infra_rank and 0 <= rank < active_nodes:
-            state._round = closed  # noqa: SLF001
-            state.open_rendezvous()
-            return closed + 1
-        slot += 1
-    return None
+    return _open_after(state, closed)
+
+
+class LostPeerWatch:
+    """Opens the next restart round as soon as the active node this launcher watches has lost its
+    launcher (see the module docstring): the next active node in node-rank order, wrapping, so each
+    active node is watched by one other and a store read per beat suffices at any job size."""
+
+    def __init__(self, store: Any, *, run_id: str, infra_rank: int, active_nodes: int) -> None:  # noqa: ANN401
+        self.state = _barrier_state()(store=store, run_id=run_id)
+        self.infra_rank = infra_rank
+        self.active_nodes = active_nodes
+        self._watched: tuple[int, int | None] | None = None  # (round, watched infra rank) once read
+
+    def check(self, gone_s: float = LAUNCHER_GONE_S) -> tuple[int, int, float] | None:
+        """Open the next round if the watched node's launcher beat is older than `gone_s`; returns
+        (round opened, the lost node's infra rank, its beat's age), or None."""
+        training = _training_round(self.state)
+        if training is None:
+            return None
+        if self._watched is None or self._watched[0] != training:
+            self._watched = (training, self._next_active(training))
+        watched = self._watched[1]
+        if watched is None:
+            return None
+        age = launcher_beat_age(self.state.store, self.state.prefix, watched)
+        if age is None or age <= gone_s:
+            return None
+        return _open_after(self.state, training), watched, age
+
+    def _next_active(self, round_id: int) -> int | None:
+        active = _active_in_round(self.state, round_id, self.active_nodes)
+        ranks = sorted(active)
+        mine = [rank for rank in ranks if active[rank] == self.infra_rank]
+        if not mine or len(ranks) == 1:
+            return None  # a spare, or nothing to watch
+        return active[ranks[(ranks.index(mine[0]) + 1) % len(ranks)]]
 
 
 LAUNCH_AGENT = ("launch_agent", ("config", "entrypoint", "args"))
@@ -577,40 +641,85 @@ def launcher_beat_key(prefix: str, infra_rank: int) -> str:
     return f"{prefix}:nvrx_eks_launcher_beat_{infra_rank}"
 
 
-def beat_launcher_alive(
-    endpoint: str, *, run_id: str, infra_rank: int, every_s: float = LAUNCHER_BEAT_S
-) -> threading.Thread:
-    """A daemon thread that writes this launcher's beat to the store at `endpoint` every `every_s` while
-    the launcher lives (see the module docstring). Store errors only skip beats: a launcher that cannot
-    reach the store is not waited for either way. At exit it stops and drops its store client first: a
+LAUNCHER_DONE = b"done"
+"""A launcher's last beat once its node's training ended: it stopped for good, and no node is lost."""
+
+
+class LauncherBeat:
+    """This launcher's beat in the rendezvous store, and its watch over one peer (see the module
+    docstring): a daemon thread that writes the wall-clock time every `every_s` while the launcher
+    lives and, when `active_nodes` is given, runs `LostPeerWatch` after each beat it could write (a
+    store it cannot write to says nothing about the peers). Store errors only skip beats. `finish`
+    ends it; at interpreter exit it ends by itself. Either way it drops its store client first: a
     TCPStore still held by a thread when the interpreter ends aborts the process, which would turn the
     launcher's exit status (what the Job's pod failure policy reads) into a SIGABRT."""
-    from datetime import timedelta  # noqa: PLC0415
 
-    from torch.distributed import TCPStore  # noqa: PLC0415
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        run_id: str,
+        infra_rank: int,
+        active_nodes: int | None = None,
+        every_s: float = LAUNCHER_BEAT_S,
+    ) -> None:
+        self.endpoint, self.run_id, self.infra_rank = endpoint, run_id, infra_rank
+        self.active_nodes, self.every_s = active_nodes, every_s
+        self._stop = threading.Event()
+        self._done = False
+        self.thread = threading.Thread(target=self._run, name="launcher-beat", daemon=True)
 
-    host, _, port = endpoint.rpartition(":")
-    stop = threading.Event()
+    def start(self) -> LauncherBeat:
+        self.thread.start()
+        atexit.register(self.finish)
+        return self
 
-    def beat() -> None:
-        store = None
-        while not stop.is_set():
+    def finish(self, *, done: bool = False) -> None:
+        """Stop beating; `done`: this node's training ended, so its last beat says so."""
+        self._done = self._done or done
+        self._stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=BEAT_CONNECT_S + self.every_s)
+
+    def _run(self) -> None:
+        from datetime import timedelta  # noqa: PLC0415
+
+        from torch.distributed import TCPStore  # noqa: PLC0415
+
+        host, _, port = self.endpoint.rpartition(":")
+        store = watch = None
+        key = ""
+        while not self._stop.is_set():
             try:
                 if store is None:
                     store = TCPStore(
                         host, int(port), is_master=False, timeout=timedelta(seconds=BEAT_CONNECT_S)
                     )
-                    key = launcher_beat_key(_barrier_state()(store=store, run_id=run_id).prefix, infra_rank)
+                    prefix = _barrier_state()(store=store, run_id=self.run_id).prefix
+                    key = launcher_beat_key(prefix, self.infra_rank)
+                    if self.active_nodes:
+                        watch = LostPeerWatch(
+                            store,
+                            run_id=self.run_id,
+                            infra_rank=self.infra_rank,
+                            active_nodes=self.active_nodes,
+                        )
                 store.set(key, repr(time.time()))
+                lost = watch.check() if watch is not None else None
+                if lost is not None:
+                    opened, infra_rank, age = lost
+                    print(
+                        f"node with infra rank {infra_rank} lost: its launcher's last beat was {age:.1f} s "
+                        f"ago; opened restart round {opened}",
+                        flush=True,
+                    )
             except Exception:  # noqa: BLE001 - the store may be starting, moving or gone
-                store = None
-            stop.wait(every_s)
-        del store
-
-    thread = threading.Thread(target=beat, name="launcher-beat", daemon=True)
-    thread.start()
-    atexit.register(lambda: (stop.set(), thread.join(timeout=BEAT_CONNECT_S + every_s)))
-    return thread
+                store = watch = None
+            self._stop.wait(self.every_s)
+        if self._done and store is not None:
+            with contextlib.suppress(Exception):
+                store.set(key, LAUNCHER_DONE)
+        del store, watch
 
 
 def wait_only_for_live_previous_actives(gone_s: float = LAUNCHER_GONE_S) -> None:
@@ -650,8 +759,12 @@ def wait_only_for_live_previous_actives(gone_s: float = LAUNCHER_GONE_S) -> None
 
 
 def launcher_beat_age(store: Any, prefix: str, infra_rank: int) -> float | None:  # noqa: ANN401
-    """Seconds since the launcher with `infra_rank` last beat, or None when it never did."""
+    """Seconds since the launcher with `infra_rank` last beat, or None when it never did or its node's
+    training ended (`LAUNCHER_DONE`)."""
     key = launcher_beat_key(prefix, infra_rank)
     if not store.check([key]):
         return None
-    return time.time() - float(store.get(key).decode())
+    value = store.get(key)
+    if value == LAUNCHER_DONE:
+        return None
+    return time.time() - float(value.decode())
