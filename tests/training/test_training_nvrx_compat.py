@@ -260,6 +260,18 @@ def test_a_launcher_opens_the_next_round_once_the_node_it_watches_stopped_beatin
     assert watch.check() is None  # the round is open: nothing more to do
 
 
+def test_a_launcher_judges_its_peers_only_after_its_own_beats_went_out_on_time():
+    """A store that stalls delays every beat: once it answers again, the peers' beats look old to a
+    launcher whose own were just as late, and it would have restarted the job for nothing."""
+    every, gone = 0.5, 2.0
+    steady = nvrx_compat.SteadyBeats(every_s=every, gone_s=gone)
+    assert [steady.wrote(t * every) for t in range(5)] == [False, False, False, False, True]
+    assert steady.wrote(2.0 + 3.0) is False  # 3 s without a beat: the store (or this launcher) stalled
+    assert [steady.wrote(5.0 + t * every) for t in range(1, 5)] == [False, False, False, True]  # 2 s on time
+    steady.broke()  # a beat that could not be written
+    assert steady.wrote(7.5) is False
+
+
 @pytest.mark.parametrize(
     ("watcher", "watched_age"),
     [

@@ -93,8 +93,10 @@ fails when the installed NVRx's internals change.
   beat whatever the job's size; every active node is watched by one other) and opens the next round
   once it is older than `LAUNCHER_GONE_S`; every launcher polls for an opened round and restarts its
   workers into it, as when a peer's workers failed. The same evidence and threshold as the gate's, so
-  a node the gate would not wait for is the node the watch restarts the job without. A launcher whose
-  workers finished says so in its last beat: a node that ends training before its peers is not lost.
+  a node the gate would not wait for is the node the watch restarts the job without. A launcher judges
+  only after its own beats went out on time for that long (`SteadyBeats`): a stalled store or a
+  starved launcher delays every beat alike, its own included. A launcher whose workers finished says
+  so in its last beat: a node that ends training before its peers is not lost.
 - The launcher's first traceback. torch's log formatter (`TorchLogsFormatter.format`, the handler of
   every `torch.*` logger) imports `torch._dynamo` to read one flag whenever a record carries an
   exception, and the launcher logs one for the first worker failure it sees (`MultiprocessContext._poll`
@@ -645,11 +647,33 @@ LAUNCHER_DONE = b"done"
 """A launcher's last beat once its node's training ended: it stopped for good, and no node is lost."""
 
 
+class SteadyBeats:
+    """Whether this launcher's own beats have gone out on time for the last `gone_s`: only then may it
+    read a peer's old beat as that peer's loss. A store that stalled, or a launcher starved of CPU,
+    delays every beat alike (its own included), and for a moment after, every peer's looks old."""
+
+    def __init__(self, *, every_s: float, gone_s: float = LAUNCHER_GONE_S) -> None:
+        self.every_s, self.gone_s = every_s, gone_s
+        self._since: float | None = None
+        self._last = 0.0
+
+    def wrote(self, now: float) -> bool:
+        """A beat went out at `now`; returns whether the beats have been steady for `gone_s`."""
+        if self._since is None or now - self._last > 2 * self.every_s:
+            self._since = now
+        self._last = now
+        return now - self._since >= self.gone_s
+
+    def broke(self) -> None:
+        """A beat could not be written."""
+        self._since = None
+
+
 class LauncherBeat:
     """This launcher's beat in the rendezvous store, and its watch over one peer (see the module
     docstring): a daemon thread that writes the wall-clock time every `every_s` while the launcher
-    lives and, when `active_nodes` is given, runs `LostPeerWatch` after each beat it could write (a
-    store it cannot write to says nothing about the peers). Store errors only skip beats. `finish`
+    lives and, when `active_nodes` is given, runs `LostPeerWatch` after each beat once its own beats
+    have been steady for `LAUNCHER_GONE_S` (`SteadyBeats`). Store errors only skip beats. `finish`
     ends it; at interpreter exit it ends by itself. Either way it drops its store client first: a
     TCPStore still held by a thread when the interpreter ends aborts the process, which would turn the
     launcher's exit status (what the Job's pod failure policy reads) into a SIGABRT."""
@@ -689,6 +713,7 @@ class LauncherBeat:
         host, _, port = self.endpoint.rpartition(":")
         store = watch = None
         key = ""
+        steady = SteadyBeats(every_s=self.every_s)
         while not self._stop.is_set():
             try:
                 if store is None:
@@ -704,8 +729,9 @@ class LauncherBeat:
                             infra_rank=self.infra_rank,
                             active_nodes=self.active_nodes,
                         )
-                store.set(key, repr(time.time()))
-                lost = watch.check() if watch is not None else None
+                now = time.time()
+                store.set(key, repr(now))
+                lost = watch.check() if watch is not None and steady.wrote(now) else None
                 if lost is not None:
                     opened, infra_rank, age = lost
                     print(
@@ -715,6 +741,7 @@ class LauncherBeat:
                     )
             except Exception:  # noqa: BLE001 - the store may be starting, moving or gone
                 store = watch = None
+                steady.broke()
             self._stop.wait(self.every_s)
         if self._done and store is not None:
             with contextlib.suppress(Exception):
