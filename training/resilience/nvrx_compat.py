@@ -89,7 +89,7 @@ fails when the installed NVRx's internals change.
   their workers fail: after their collective errors or times out (the NCCL timeout, or the in-process
   soft timeout for a hang), then the in-process restart's wait for the lost ranks' heartbeats (3 s
   here, 6 s by default). A node loss took 6.9 s here, 2.9 s of it that wait. With the beats, each
-  active node's launcher also watches the next active node's beat (`LostPeerWatch`, one read per
+  active node's launcher also watches the next active node's beat (`LostPeerWatch`, a few reads per
   beat whatever the job's size; every active node is watched by one other) and opens the next round
   once it is older than `LAUNCHER_GONE_S`; every launcher polls for an opened round and restarts its
   workers into it, as when a peer's workers failed. The same evidence and threshold as the gate's, so
@@ -384,7 +384,8 @@ def open_round_for_lost_predecessor(
 class LostPeerWatch:
     """Opens the next restart round as soon as the active node this launcher watches has lost its
     launcher (see the module docstring): the next active node in node-rank order, wrapping, so each
-    active node is watched by one other and a store read per beat suffices at any job size."""
+    active node is watched by one other, and each beat costs a few store reads at any job size (the
+    round's slots are read once per round)."""
 
     def __init__(self, store: Any, *, run_id: str, infra_rank: int, active_nodes: int) -> None:  # noqa: ANN401
         self.state = _barrier_state()(store=store, run_id=run_id)
