@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from training.resilience.launch import WARM_MODULES, _flag, launcher_argv, start_method, trainer_script
+from training.resilience.launch import (
+    S3_MODULES,
+    WARM_MODULES,
+    _flag,
+    launcher_argv,
+    start_method,
+    trainer_script,
+    warm_modules,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -159,7 +167,7 @@ def test_the_probe_sees_a_module_that_reads_the_rank_at_import(tmp_path):
 
 
 def test_nothing_the_forkserver_imports_reads_a_per_worker_variable():
-    read = _read_at_import(WARM_MODULES, REPO)
+    read = _read_at_import((*WARM_MODULES, *S3_MODULES), REPO)
     assert read, "the probe saw no reads at all: it does not watch the environment"
     assert not (read & PER_WORKER), sorted(read & PER_WORKER)
     launcher_wide = {
@@ -197,7 +205,7 @@ def test_the_cuda_probe_sees_a_module_that_counts_devices_at_import(tmp_path):
 def test_nothing_the_forkserver_imports_touches_cuda():
     # A process that initialised CUDA (even only to count devices, without PyTorch's NVML-based
     # check) forks children that cannot use it: the forkserver must never ask.
-    assert _cuda_calls(WARM_MODULES, REPO) == []
+    assert _cuda_calls((*WARM_MODULES, *S3_MODULES), REPO) == []
 
 
 def test_the_launchers_last_line_names_each_failed_rank_within_the_termination_message(tmp_path):
@@ -316,13 +324,27 @@ def test_a_forked_process_names_the_modules_it_imported_itself_and_a_fresh_one_s
     assert seen["parent"] is None
 
 
+@pytest.mark.parametrize(
+    ("trainer_args", "s3"),
+    [
+        (["--checkpoint-durable-dir", "s3://bucket/run"], True),
+        (["--checkpoint-durable-dir=s3://bucket/run"], True),
+        (["--checkpoint-durable-dir", "/fsx/durable/run"], False),
+        ([], False),
+    ],
+)
+def test_a_trainer_with_an_s3_durable_tier_gets_the_sdk_warm(trainer_args, s3):
+    ft_argv = launcher_argv(["--nnodes=2", "-m", "training", "--model", "8b", *trainer_args])
+    assert warm_modules(ft_argv) == [*WARM_MODULES, *(S3_MODULES if s3 else ())]
+
+
 def test_the_forkserver_imports_start_no_thread():
     # A fork copies only the calling thread; a thread another import started would be missing, with
     # whatever lock it held, in every worker.
     script = "import sys, threading\nfor n in sys.argv[1].split(','): __import__(n)\n"
     script += "print(threading.active_count())"
     done = subprocess.run(
-        [sys.executable, "-c", script, ",".join(WARM_MODULES)],
+        [sys.executable, "-c", script, ",".join((*WARM_MODULES, *S3_MODULES))],
         capture_output=True,
         text=True,
         timeout=120,

@@ -87,6 +87,28 @@ launcher module, torch's worker wrapper and the checkpointer took 0.5-0.8 s of e
 first use; inside an attempt that import was slow and unsafe to interrupt)."""
 
 
+S3_MODULES = ("boto3",)
+"""What a trainer whose durable tier is on S3 imports before its first step: the SDK, for the credential
+check at start (training/inputs.py) and the tier's client (0.25 s of imports per worker here)."""
+
+
+def warm_modules(ft_argv: list[str]) -> list[str]:
+    """`WARM_MODULES`, and `S3_MODULES` when the trainer's arguments put its durable tier on S3."""
+    trainer = ft_argv[ft_argv.index("--run-path") + 2 :] if "--run-path" in ft_argv else []
+    durable = _trainer_flag(trainer, "--checkpoint-durable-dir") or ""
+    return [*WARM_MODULES, *(S3_MODULES if durable.startswith("s3://") else ())]
+
+
+def _trainer_flag(trainer_argv: list[str], name: str) -> str | None:
+    """The last value of the trainer's `name` flag (`--name VALUE` or `--name=VALUE`), as argparse does."""
+    value = None
+    for i, arg in enumerate(trainer_argv):
+        flag, eq, rest = arg.partition("=")
+        if flag == name:
+            value = rest if eq else (trainer_argv[i + 1] if i + 1 < len(trainer_argv) else None)
+    return value
+
+
 def trainer_script() -> str:
     """The absolute path of training/__main__.py, as `--run-path` wants it, wherever it is installed."""
     return str(Path(__file__).resolve().parents[1] / "__main__.py")
@@ -220,7 +242,7 @@ def main() -> None:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     ft_argv = launcher_argv(sys.argv[1:])
     if start_method(ft_argv) == "forkserver":
-        multiprocessing.set_forkserver_preload(list(WARM_MODULES))
+        multiprocessing.set_forkserver_preload(warm_modules(ft_argv))
         # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()
