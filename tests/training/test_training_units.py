@@ -393,3 +393,38 @@ def test_a_process_creation_time_is_when_it_was_started_not_up_to_a_second_befor
     after = time.time()
     created = float(done.stdout.strip())
     assert before - 0.02 <= created <= after  # the kernel's tick is 10 ms
+
+
+def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after_the_teardown():
+    """The outer layers' teardown (the in-process Wrapper's barriers and monitor process) sends no
+    heartbeat and once outlasted the launcher's heartbeat timeout: the launcher killed every rank of a
+    finished job. Monitoring ends as the last step's run returns, before any outer teardown; a run that
+    fails keeps it (the rank may be restarted)."""
+    from training.resilience.layers import FtLauncherLayer  # noqa: PLC0415
+
+    calls: list[str] = []
+    layer = FtLauncherLayer.__new__(FtLauncherLayer)
+    layer.client = SimpleNamespace(shutdown_workload_monitoring=lambda: calls.append("monitoring ends"))
+    layer.attempts, layer._sending, layer._beating = 0, threading.Lock(), True
+
+    def with_teardown(run):  # an outer layer: its attempt, then its teardown
+        def wrapped():
+            result = run()
+            calls.append("teardown")
+            return result
+
+        return wrapped
+
+    assert with_teardown(layer.wrap(lambda: calls.append("last step") or "digest"))() == "digest"
+    assert calls == ["last step", "monitoring ends", "teardown"]
+    assert layer._beating is False  # a late beat from the in-process monitor thread is not sent
+
+    calls.clear()
+    layer.attempts, layer._beating = 0, True
+
+    def fails():
+        raise RuntimeError("a collective failed")
+
+    with pytest.raises(RuntimeError):
+        with_teardown(layer.wrap(fails))()
+    assert calls == []
