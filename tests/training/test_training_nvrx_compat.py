@@ -457,3 +457,46 @@ def test_a_monitor_thread_that_dies_of_its_store_calls_back_and_one_stopped_on_p
     assert isinstance(exc, torch.distributed.DistNetworkError)
     # NVRx's loop survives only DistStoreError, which DistNetworkError is not: the reason for the hook.
     assert not issubclass(torch.distributed.DistNetworkError, torch.distributed.DistStoreError)
+
+
+_FORKED_CONNECTION = r"""
+import multiprocessing, socket, sys, time
+from types import SimpleNamespace
+from training.resilience import nvrx_compat
+
+ours, launchers = socket.socketpair()
+client = SimpleNamespace(rank_monitor_socket=ours)
+if sys.argv[1] == "mended":
+    nvrx_compat.close_rank_monitor_socket_in_forks(client)
+child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(5,))  # a monitor process
+child.start()
+ours.close()  # the rank ends
+launchers.settimeout(2)
+try:
+    print("closed" if launchers.recv(1) == b"" else "data")
+except TimeoutError:
+    print("still open")
+child.kill()
+"""
+
+
+@pytest.mark.parametrize(("variant", "seen"), [("nvrx", "still open"), ("mended", "closed")])
+def test_a_ranks_launcher_connection_closes_with_the_rank_not_with_its_forked_children(variant, seen):
+    """The in-process monitor process, forked from the rank, kept the rank's connection to its launcher
+    open after the rank ended; the launcher's next worker waited for it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_CONNECTION, variant],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.stdout.strip().splitlines()[-1] == seen
+
+
+def test_the_rank_monitor_client_still_keeps_its_connection_where_the_kit_closes_it_in_forks():
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415
+
+    client = RankMonitorClient()  # not connected yet
+    assert getattr(client, nvrx_compat.RANK_MONITOR_SOCKET, "missing") is None

@@ -245,6 +245,8 @@ class FtLauncherLayer(Layer):
         self.events = events
         self.client = RankMonitorClient()
         self.client.init_workload_monitoring(num_warmup_iters=cfg.ft.calc_timeouts_after)
+        # The in-process Wrapper's monitor process is forked from this rank and outlives it.
+        nvrx_compat.close_rank_monitor_socket_in_forks(self.client)
         self.steps_this_attempt = 0
         self.attempts = 0
         self.restored = False

@@ -125,6 +125,16 @@ fails when the installed NVRx's internals change.
   whose clients first wait until the host's port accepts connections (training/parallel.py
   `wait_until_listening`); the host itself, and rank 0's monitor process (which NVRx makes a client
   when the host's port is taken), are unchanged.
+- Who holds a rank's connection to its launcher. A rank's RankMonitorClient keeps one Unix socket to
+  its launcher's rank monitor, and the monitor serves one connection per local rank at a time: a new
+  worker's waits (up to 180 s) until the previous one is closed. The in-process Wrapper forks its
+  monitor process from the rank after the client connected, so that process held a copy of the
+  socket, and it outlives a rank the launcher stopped: after a node loss it waits at the in-process
+  barriers for ranks that will never come. The connection stayed open, the restarted worker hung in
+  its start for 120 s until the launcher gave up on it, and the job lost its survivors' places (1 run
+  in 13 of the warm-spare node-loss test, once the launcher's watch stopped the survivors during
+  their in-process recovery). `close_rank_monitor_socket_in_forks` closes the child's copy in every
+  process forked from a rank; the rank's own stays open.
 - The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
   image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
   the straggler detector; the self-check reports whether the extension loads.
@@ -324,6 +334,29 @@ def host_first_store() -> type:
             super().__init__(host_name, port, world_size, timeout, **kwargs)
 
     return HostFirstTCPStore
+
+
+RANK_MONITOR_SOCKET = "rank_monitor_socket"
+"""RankMonitorClient's connection to its launcher's rank monitor (a socket object, None when closed)."""
+
+
+def close_rank_monitor_socket_in_forks(client: Any) -> None:  # noqa: ANN401 - a RankMonitorClient
+    """In every process forked from this one from now on, close that process's copy of `client`'s
+    connection to the launcher (see the module docstring). Only the copy: `close`, never `shutdown`,
+    which would end the connection for this process too."""
+    if not hasattr(client, RANK_MONITOR_SOCKET):
+        raise RuntimeError(
+            f"NVRx {NVRX_VERSION}: RankMonitorClient has no {RANK_MONITOR_SOCKET}; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+
+    def close_copy() -> None:
+        sock = getattr(client, RANK_MONITOR_SOCKET, None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    os.register_at_fork(after_in_child=close_copy)
 
 
 def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
