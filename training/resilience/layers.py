@@ -25,15 +25,15 @@ a Python-visible hang stays the in-process layer's, and a deadlock below Python,
 GIL and beats for nothing, is ended that much sooner.
 
 Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by
-side (docs/measurements.md, 2026-12-03, three demo runs per mode on the same commit, idle machine), the
-in-process layer recovers an exception and an allocation failure in 0.1-0.2 s and a hang and a skipped
-collective in 2.1-2.2 s (the peers' collective timeout), losing 0 steps; ft_launcher alone restarts the
-workers for each in 1.3-3.7 s and replays a step. The price is on hard faults: in mode `both` a
-deadlock below Python is ended by the launcher's heartbeat timeout, which must exceed a recovering
-rank's longest silence (5.2-5.5 s against 3.2-3.4 s, where ft_launcher alone sees the peers' collective
-time out); a SIGKILL costs the same either way (1.5-1.9 s against 1.3-1.7 s). `both` stays the default
-because a soft fault then costs no step and well under 0.5 s where nothing hangs, where ft_launcher
-alone replays a step and takes seconds; a fleet whose faults are mostly below Python (deadlocks, hung
+side (docs/measurements.md, 2026-12-03, warm worker starts, three demo runs per mode on the same commit,
+idle machine), the in-process layer recovers an exception and an allocation failure in 0.1 s and a hang
+and a skipped collective in 2.1-2.2 s (the peers' collective timeout), losing 0 steps; ft_launcher alone
+restarts the workers for each in 0.7-2.9 s and replays a step. The price is on hard faults: in mode
+`both` a deadlock below Python is ended by the launcher's heartbeat timeout, which must exceed a
+recovering rank's longest silence (4.5-4.7 s against 2.6-2.8 s, where ft_launcher alone sees the peers'
+collective time out), and a SIGKILL's survivors first start an in-process restart (0.9-1.1 s against
+0.6-0.7 s). `both` stays the default because a soft fault then costs no step, where ft_launcher alone
+replays a step and takes up to seconds; a fleet whose faults are mostly below Python (deadlocks, hung
 drivers) recovers those faster with `mode: ft_launcher`, and `nvrx-eks plan` weighs the two against a
 fault mix.
 """
