@@ -51,7 +51,9 @@ FAULT_MIXES = {"peer": FAULT_WEIGHTS, "hardware": HARDWARE_WEIGHTS}
 # 0), an exception at 310 and a SIGKILL at 362: 4 of 5 hardware, each node lost once, as Llama 3's mix.
 DEFAULT_SEEDS = {"peer": FAULT_SEED, "hardware": 50}
 DURABLE_FRACTION = 0.25
-KIT_GOODPUT_GOAL = 0.95
+KIT_GOODPUT_GOALS = {"peer": 0.95, "hardware": 0.97}
+"""The kit mode's training goodput goal per fault mix. The hardware mix's faults each need a process
+restart or a node swap (the peer mix's are soft faults, recovered in process)."""
 # The scale model's device time per step (see the module docstring): the order of a GPU step.
 DEFAULT_DEVICE_STEP_S = 1.0
 
@@ -199,6 +201,7 @@ def run_peer_bench(
             "startup_s": summary.startup_s,
             "checkpoint_stall_s": summary.checkpoint_stall_s,
             "checkpoints": summary.checkpoints,
+            "wall_breakdown_s": summary.wall_breakdown(),
             # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
             "overrides": list(setup.overrides),
         }
@@ -208,13 +211,19 @@ def run_peer_bench(
         comparison_table(results, steps=steps, device_step_s=device_step_s, fault_seed=fault_seed, mix=mix)
     )
     console.print("* the AWS sample's published figures on 16 H100, not measured here.")
+    console.print(breakdown_table(results))
     kit = results.get("kit")
     if kit is not None and "faults" in kit:
+        goal = KIT_GOODPUT_GOALS[mix]
         soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
-        goodput_ok = kit["training_goodput"] >= KIT_GOODPUT_GOAL
+        goodput_ok = kit["training_goodput"] >= goal
+        parts = kit["wall_breakdown_s"]
+        spare_s = kit["wall_s"] - parts["productive"]
         console.print(
-            f"kit goals: training goodput >= {KIT_GOODPUT_GOAL:.0%}: "
-            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}); "
+            f"kit goals: training goodput >= {goal:.0%}: "
+            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}: {spare_s:.1f} s of "
+            f"{kit['wall_s']:.1f} s not productive, {goal:.0%} allows "
+            f"{parts['productive'] * (1 / goal - 1):.1f} s); "
             f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
         )
     document = {
@@ -228,6 +237,25 @@ def run_peer_bench(
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     console.print(f"peer.json: {out}")
     return document
+
+
+BREAKDOWN_COLUMNS = ("productive", "replayed", "checkpoint_stall", "recovery", "startup", "other")
+
+
+def breakdown_table(results: dict[str, Any]) -> Table:
+    """Each mode's wall time, split as `RunSummary.wall_breakdown` splits it (seconds)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title="Where the wall time went (s): productive steps, then the rest")
+    table.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
+    for column in ("wall", *(c.replace("_", " ") for c in BREAKDOWN_COLUMNS)):
+        table.add_column(column, justify="right")
+    for name, row in results.items():
+        parts = row.get("wall_breakdown_s")
+        if parts is None:
+            continue
+        table.add_row(name, f"{row['wall_s']:.1f}", *(f"{parts[c]:.1f}" for c in BREAKDOWN_COLUMNS))
+    return table
 
 
 def comparison_table(

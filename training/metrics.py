@@ -119,11 +119,36 @@ class RunSummary:
     checkpoint_warnings: list[str] = field(default_factory=list)
     """One line per checkpoint tier that fell more than one cadence plus one write behind
     (`checkpoint_behind` events), saying when, how far and why: a tier behind is never silent."""
+    recovery_s: float = 0.0
+    """Wall time inside a recovery (a fault -> every rank restored), overlapping recoveries once: the
+    time infra goodput leaves out."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["faults"] = [f.to_dict() for f in self.faults]
+        data["wall_breakdown_s"] = self.wall_breakdown()
         return data
+
+    def wall_breakdown(self) -> dict[str, float]:
+        """Where the wall time went, in seconds; the parts sum to `wall_s`.
+
+        - productive: each step kept, once, at the mean step time (training goodput's numerator);
+        - replayed: steps run again after a restore from a checkpoint older than the fault;
+        - checkpoint_stall: the loop's time in checkpoint calls;
+        - recovery: faults until every rank is restored (its first step after is counted as a step);
+        - startup: the job's first start;
+        - other: the rest -- the loop between steps (events, metrics), the part of each faulted step
+          done before its fault, and the end (the last persists, the final barrier).
+        """
+        parts = {
+            "productive": self.productive_steps * self.mean_step_s,
+            "replayed": self.replayed_steps * self.mean_step_s,
+            "checkpoint_stall": self.checkpoint_stall_s,
+            "recovery": self.recovery_s,
+            "startup": self.startup_s or 0.0,
+        }
+        parts["other"] = self.wall_s - sum(parts.values())
+        return {name: round(seconds, 3) for name, seconds in parts.items()}
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -319,6 +344,7 @@ def summarize(run_dir: Path) -> RunSummary:
         checkpoint_stall_s=round(ckpt_s, 4),
         checkpoints=len(calls),
         checkpoint_warnings=checkpoint_warnings(events),
+        recovery_s=round(_union_length(recovery), 3),
     )
 
 

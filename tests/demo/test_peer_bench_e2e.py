@@ -32,10 +32,19 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
         # Both modes restart in process: every fault is a soft one and none loses a step.
         assert row["steps_lost"] == 0, (name, row)
         assert {f["layer"] for f in row["faults"]} == {"inprocess"}, (name, row)
+        # Every second of the wall is named once: steps kept, replayed, checkpoint stall, recovery,
+        # startup, the rest; the kept steps are training goodput's numerator.
+        parts = row["wall_breakdown_s"]
+        assert sum(parts.values()) == pytest.approx(row["wall_s"], abs=0.01), (name, parts)
+        assert parts["productive"] == pytest.approx(row["training_goodput"] * row["wall_s"], abs=0.01)
+        assert parts["replayed"] == 0.0, (name, parts)
+        assert parts["recovery"] > 0, (name, parts)
+        assert parts["checkpoint_stall"] > 0, (name, parts)
     # The sample's figures are printed beside ours, marked as theirs.
     assert "31.0%" in result.stdout
     assert "published figures" in result.stdout
-    assert "kit goals" in result.stdout
+    assert "kit goals: training goodput >= 95%" in result.stdout
+    assert "Where the wall time went" in result.stdout
     assert "…" not in result.stdout
     assert "peer goodput*" in result.stdout
 

@@ -206,6 +206,44 @@ def test_summarize_applies_the_formulas(tmp_path):
     assert summary.to_dict()["faults"][0]["class"] == "sigkill"
 
 
+def test_the_wall_breakdown_names_every_second_once(tmp_path):
+    """One rank: 3 steps, a SIGKILL in the 4th, a restore of step 1 (step 2 replayed), 3 more steps.
+    Each step 1.0 s plus 0.1 s in checkpoint calls plus 0.05 s of loop between steps."""
+    start = {"kind": "startup_done", "tier": "none", "state_bytes": 1000, "memcpy_gbps": 1.0}
+    ev = [{"t": 0.0, "kind": "process_start", "pid": 1, "mode": "both", "steps": 5}]
+    ev += [{"t": 0.5, "pid": 1, "restored_step": -1, **start}]
+    ev += [
+        {"t": 0.5 + 1.15 * (s + 1), "kind": "step", "pid": 1, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
+        for s in range(3)
+    ]
+    fault = {"class": "sigkill", "step": 3, "target_rank": 0, "expected_layer": "ft_launcher", "index": 0}
+    ev += [{"t": 4.25, "kind": "fault_injected", "pid": 1, **fault}]  # 0.3 s into step 3
+    ev += [{"t": 5.0, "kind": "process_start", "pid": 2, "mode": "both", "steps": 5}]
+    ev += [{"t": 6.25, "pid": 2, "restored_step": 1, **start, "tier": "memory"}]  # recovery: 2.0 s
+    ev += [
+        {"t": 6.25 + 1.15 * (i + 1), "kind": "step", "pid": 2, "step": s, "step_s": 1.0, "ckpt_s": 0.1}
+        for i, s in enumerate(range(2, 5))
+    ]
+    ev += [{"t": 9.7, "kind": "end", "pid": 2, "steps": 5, "final_params_sha256": "abc"}]
+    _write(tmp_path, 0, ev)
+    summary = summarize(tmp_path)
+    parts = summary.wall_breakdown()
+    assert parts == pytest.approx(
+        {
+            "productive": 5.0,
+            "replayed": 1.0,
+            "checkpoint_stall": 0.6,
+            "recovery": 2.0,
+            "startup": 0.5,
+            # 6 x 0.05 s between steps, 0.3 s of the faulted step before its fault
+            "other": 0.6,
+        }
+    )
+    assert sum(parts.values()) == pytest.approx(summary.wall_s)
+    assert summary.to_dict()["wall_breakdown_s"] == parts
+    assert summary.training_goodput == pytest.approx(parts["productive"] / summary.wall_s)
+
+
 def test_rng_state_restores_from_a_view():
     # Restored tensors are views into one shard buffer; torch reads a generator state from the start
     # of the storage, so the trainer clones it (a view at an offset crashed a restarted rank: SIGSEGV).
