@@ -20,7 +20,9 @@ phase ends when its slowest rank is through it, so the phases add up to the crit
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import statistics
 import time
@@ -33,6 +35,8 @@ from training.faults import launcher_layer
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from prometheus_client import CollectorRegistry
 
     from training.checkpoint.config import CheckpointConfig
 
@@ -348,6 +352,45 @@ def summarize(run_dir: Path) -> RunSummary:
     )
 
 
+PORT_WAIT_S = 5.0
+"""How long a rank waits for its metrics port while it is still bound: a predecessor on the same local
+rank (the launcher restarted the workers) may still be exiting."""
+
+
+def serve_metrics(registry: CollectorRegistry, *, host: str, port: int, wait_s: float = PORT_WAIT_S) -> bool:
+    """Serve `registry` on host:port from a daemon thread; False (logged) if the port stayed taken.
+
+    The listening socket is closed in every process forked from this one (NVRx's in-process monitor
+    is forked from the rank and can outlive it): a copy there would keep the port bound after the rank
+    ended, and every restarted worker on this local rank would fail to bind it -- a worker that cannot
+    start, restarted by its launcher until the job fails. Metrics never stop training: a port still
+    taken after `wait_s` (another process holds it) leaves this rank unscraped, with an error in its log.
+    """
+    from prometheus_client import start_http_server  # noqa: PLC0415
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            server, _ = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+        else:
+            os.register_at_fork(after_in_child=server.socket.close)
+            return True
+        if time.monotonic() >= deadline:
+            logging.getLogger("training").error(
+                "metrics: port %d on %s is still in use after %.0f s; this rank serves no metrics "
+                "(textfile only). Free the port or set trainer.metrics.prometheus_port to a free "
+                "range (one port per local rank).",
+                port,
+                host,
+                wait_s,
+            )
+            return False
+        time.sleep(0.1)
+
+
 # Prometheus names (https://prometheus.io/docs/practices/naming/): base units (seconds, bytes) in the
 # name, `_total` on counters, `_timestamp_seconds` on times; one `rank` label, plus the layer, phase or
 # tier where a figure is per layer/phase/tier. k8s/dashboards/training.json queries these; its test
@@ -528,10 +571,8 @@ class Metrics:
         self._layer: str | None = None
         self._ready_t: float | None = None
         if port is not None:
-            from prometheus_client import start_http_server  # noqa: PLC0415
-
             host = os.environ.get(METRICS_HOST_ENV) or "0.0.0.0"  # noqa: S104 - a pod's own address
-            start_http_server(port + local_rank, addr=host, registry=self.registry)
+            serve_metrics(self.registry, host=host, port=port + local_rank)
 
     def _tiers(self, intervals: Mapping[str, int]) -> None:
         for tier, interval in intervals.items():

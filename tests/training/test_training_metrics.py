@@ -192,3 +192,79 @@ def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch):
             assert f'trainer_process_start_time_seconds{{rank="{rank}"}}' in answer.read().decode()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # not on every interface
+
+
+def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked_from_it_lives(tmp_path):
+    """NVRx's in-process monitor is forked from the rank and can outlive it. Its copy of the listening
+    socket kept the port bound, so the rank's restarted successor on the same local rank could not bind
+    it (EADDRINUSE) and its launcher restarted it until the job failed (`make observe-check`: 10 rank
+    targets of 5 pods, the store closed, where 6 of 3 succeed)."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from localrun.executor import free_port  # noqa: PLC0415
+    from training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
+
+    port = free_port()
+    rank = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from training.metrics import Metrics\n"
+        f"Metrics(run_dir=Path({str(tmp_path)!r}), rank=0, every=1, port={port}, local_rank=0)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    null = os.open(os.devnull, os.O_WRONLY)\n"  # the test reads the rank's output to its end
+        "    os.dup2(null, 1)\n"
+        "    os.dup2(null, 2)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "os._exit(0)\n"  # the rank ends at once, as a stopped worker does; its fork lives on
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", rank],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, METRICS_HOST_ENV: "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    child = int(done.stdout.split()[-1])
+    try:
+        with socket.socket() as successor:  # as the next worker's server binds: address reuse on
+            successor.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            successor.bind(("127.0.0.1", port))
+            successor.listen()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_taken_metrics_port_waits_for_its_holder_and_never_stops_the_rank(caplog):
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from localrun.executor import free_port  # noqa: PLC0415
+    from training.metrics import serve_metrics  # noqa: PLC0415
+
+    port = free_port()
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    # A predecessor still exiting: the port comes free within the wait.
+    threading.Timer(0.5, holder.close).start()
+    assert serve_metrics(CollectorRegistry(), host="127.0.0.1", port=port, wait_s=10)
+    # Another process keeps it: this rank trains on, unscraped, and says why.
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        assert not serve_metrics(CollectorRegistry(), host="127.0.0.1", port=taken, wait_s=0.3)
+    assert f"port {taken} on 127.0.0.1 is still in use" in caplog.text
