@@ -312,6 +312,7 @@ def summarize(run_dir: Path) -> RunSummary:
         for f_ev, f in zip((e for e in events if e["kind"] == "fault_injected"), faults, strict=True)
         if f.recovery_s is not None
     ]
+    recovering_s = _union_length(recovery)
 
     ckpt_s = max((sum(e.get("ckpt_s", 0.0) for e in evs) for evs in by_rank.values()), default=0.0)
     stall_ratio = stall_per_checkpoint = floor = None
@@ -337,7 +338,7 @@ def summarize(run_dir: Path) -> RunSummary:
         productive_steps=len(unique),
         replayed_steps=replayed,
         training_goodput=len(unique) * mean_step / wall,
-        infra_goodput=(wall - _union_length(recovery)) / wall,
+        infra_goodput=(wall - recovering_s) / wall,
         checkpoint_efficiency=1.0 - ckpt_s / wall,
         stall_ratio=stall_ratio,
         stall_per_checkpoint_s=stall_per_checkpoint,
@@ -348,7 +349,7 @@ def summarize(run_dir: Path) -> RunSummary:
         checkpoint_stall_s=round(ckpt_s, 4),
         checkpoints=len(calls),
         checkpoint_warnings=checkpoint_warnings(events),
-        recovery_s=round(_union_length(recovery), 3),
+        recovery_s=round(recovering_s, 3),
     )
 
 
