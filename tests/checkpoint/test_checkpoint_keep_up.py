@@ -172,8 +172,9 @@ def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
 
 def _gated_persist(loop: list[int], lag: dict[int, int]) -> Callable[..., dict[str, Any]]:
     """`persist_slot` whose persist of step s finishes once the loop has saved step s + `lag[s]`
-    (else 2): the save after that reads its outcome, so each write takes lag + 1 steps from its
-    launch whatever the machine's load. `loop[0]`: the newest step the loop saved."""
+    (else 2), and the loop then waits for it (`_settle`): the save after that reads its outcome, so
+    each write takes lag + 1 steps from its launch whatever the machine's load. `loop[0]`: the newest
+    step the loop saved."""
     from training.checkpoint import persist  # noqa: PLC0415
 
     original = persist.persist_slot
@@ -185,6 +186,17 @@ def _gated_persist(loop: list[int], lag: dict[int, int]) -> Callable[..., dict[s
         return original(**kwargs)
 
     return gated
+
+
+def _settle(ckpt: TieredCheckpointer, loop: list[int], lag: dict[int, int]) -> None:
+    """After the loop saved step `loop[0]`: wait until each disk write that `_gated_persist` released
+    at it has finished. The writers run at a lower priority: on a loaded machine one released at a
+    save could still be writing at the next save, and the write would take a step more."""
+    deadline = time.monotonic() + 30
+    for worker in ckpt.workers.values():
+        call = getattr(worker, "inflight", None)  # disk tiers' PersistWorker; the replica has none
+        if call is not None and call.step + lag.get(call.step, 2) <= loop[0]:
+            call.done.wait(max(0.0, deadline - time.monotonic()))
 
 
 @pytest.mark.parametrize(
@@ -229,6 +241,7 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
             weights += 1
             ckpt.save(step, {"w": weights})
             loop[0] = step
+            _settle(ckpt, loop, lag)
             time.sleep(0.05)
 
     first = TieredCheckpointer(config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
@@ -510,6 +523,7 @@ def _restart_main(rank: int, world_size: int, root: Path, phase: str) -> dict[st
 
     def saved(step: int) -> None:
         loop[0] = step
+        _settle(ckpt, loop, {})
         log.emit("step", step=step, phase=phase)
 
     weights, start, report = torch.zeros(256), 0, {}
