@@ -43,7 +43,7 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requ
 # against the module's imports): the control module, NVRx's compatibility shims and the pins.
 WORKDIR /app
 COPY kitcore/__init__.py kitcore/pins.py kitcore/
-COPY training/__init__.py training/control.py training/
+COPY training/__init__.py training/control.py training/forks.py training/
 COPY training/resilience/__init__.py training/resilience/control.py training/resilience/nvrx_compat.py training/resilience/
 
 ENV PYTHONPATH=/app \

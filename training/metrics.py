@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from training.events import read_events
 from training.faults import launcher_layer
+from training.forks import close_in_forks
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -377,7 +378,7 @@ def serve_metrics(registry: CollectorRegistry, *, host: str, port: int, wait_s: 
             if exc.errno != errno.EADDRINUSE:
                 raise
         else:
-            os.register_at_fork(after_in_child=server.socket.close)
+            close_in_forks(lambda listener=server.socket: listener)
             return True
         if time.monotonic() >= deadline:
             logging.getLogger("training").error(

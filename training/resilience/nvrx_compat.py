@@ -157,6 +157,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import Version
 
 from kitcore.pins import NVRX_SUPPORTED_SINCE
+from training.forks import close_in_forks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -342,21 +343,13 @@ RANK_MONITOR_SOCKET = "rank_monitor_socket"
 
 def close_rank_monitor_socket_in_forks(client: Any) -> None:  # noqa: ANN401 - a RankMonitorClient
     """In every process forked from this one from now on, close that process's copy of `client`'s
-    connection to the launcher (see the module docstring). Only the copy: `close`, never `shutdown`,
-    which would end the connection for this process too."""
+    connection to the launcher (see the module docstring; training/forks.py)."""
     if not hasattr(client, RANK_MONITOR_SOCKET):
         raise RuntimeError(
             f"NVRx {NVRX_VERSION}: RankMonitorClient has no {RANK_MONITOR_SOCKET}; "
             "check training/resilience/nvrx_compat.py against this release"
         )
-
-    def close_copy() -> None:
-        sock = getattr(client, RANK_MONITOR_SOCKET, None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-    os.register_at_fork(after_in_child=close_copy)
+    close_in_forks(lambda: getattr(client, RANK_MONITOR_SOCKET, None))
 
 
 def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
