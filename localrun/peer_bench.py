@@ -218,10 +218,10 @@ def run_peer_bench(
         soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
         goodput_ok = kit["training_goodput"] >= goal
         parts = kit["wall_breakdown_s"]
-        spare_s = kit["wall_s"] - parts["productive"]
+        unproductive_s = kit["wall_s"] - parts["productive"]
         console.print(
             f"kit goals: training goodput >= {goal:.0%}: "
-            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}: {spare_s:.1f} s of "
+            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}: {unproductive_s:.1f} s of "
             f"{kit['wall_s']:.1f} s not productive, {goal:.0%} allows "
             f"{parts['productive'] * (1 / goal - 1):.1f} s); "
             f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
