@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kitcore.configio import UserError
 from kitcore.profiles import InstanceProfile, get_profile
-from training.config import FaultClass
+from training.resilience.config import FaultClass
 from training.shapes import PRESETS, ModelShape
 
 if TYPE_CHECKING:

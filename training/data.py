@@ -9,18 +9,20 @@ starting at `i * seq_len` (wrapping around).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
 # A large odd multiplier spreads consecutive sample indices across the seed space (splitmix64 constant).
 _MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 63) - 1
-
-if TYPE_CHECKING:
-    from pathlib import Path
+TOKEN_BYTES = 2  # uint16 token ids (TokenFile)
 
 
 @dataclass(frozen=True)
@@ -78,3 +80,21 @@ class DataSource:
         rows = torch.stack([self.source.sample(first + i) for i in range(self.batch_size)])
         rows = rows.to(device, non_blocking=True)
         return Batch(inputs=rows[:, :-1], targets=rows[:, 1:])
+
+
+def token_file_problems(path: Path, *, seq_len: int) -> list[str]:
+    """What is wrong with `path` as the token file of a model whose sequences are `seq_len` long."""
+    field = f"data.token_file {path}"
+    if not path.exists():
+        return [f"{field}: no such file; pass an existing uint16 token file (unset: synthetic data)"]
+    if not path.is_file():
+        return [f"{field}: not a regular file; pass a flat file of uint16 token ids"]
+    if not os.access(path, os.R_OK):
+        return [f"{field}: not readable by this user; fix its permissions"]
+    size = path.stat().st_size
+    if size % TOKEN_BYTES:
+        return [f"{field}: {size} bytes is not a whole number of uint16 tokens; is it a token file?"]
+    if size // TOKEN_BYTES <= seq_len + 1:
+        tokens = size // TOKEN_BYTES
+        return [f"{field}: {tokens} tokens; the model's seq_len ({seq_len}) needs more than {seq_len + 1}"]
+    return []

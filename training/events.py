@@ -5,12 +5,14 @@ Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart"
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
 Kinds and their extra fields (training.metrics reads them):
 
-- `process_start`: mode, world_size, local_rank, model, steps, created_t (when the OS created the process)
+- `process_start`: mode, world_size, local_rank, created_t (when the OS created the process), and the
+  script's `Job(meta=...)` facts (the reference trainer's: model)
 - `process_ready`: setup_s -- process start -> torch preloaded, stores and layers built (the part of a
   launcher restart spent before the first attempt); its parts: preload_s (torch._dynamo), layers_s
   (process-group store, resilience layers), trainer_s (data, checkpointer, metrics), gc_s; cpu_s: CPU
   seconds this process used until then (imports included; unlike wall time, not inflated by load)
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
+- `loop_start`: attempt, steps (the loop's length), first_step -- the script entered `Attempt.steps`
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
   startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps, imported_since_fork (the
   modules a forked worker imported itself before this attempt's first step; None when not forked)
@@ -23,12 +25,14 @@ Kinds and their extra fields (training.metrics reads them):
   when the replication group was made
 - `fault_injected`: class, step, target_rank, expected_layer, index
 - `caught_up`: source, from_step, to_step -- after an in-process restart this rank was a step behind
-  and took the state of rank `source`, a step ahead (training/trainer.py `_in_memory_source`)
+  and took the state of rank `source`, a step ahead (training/api.py `Attempt._in_memory_source`)
 - `detected`: layer ("inprocess"), cause -- the in-process wrapper started a restart on this rank
 - `terminated`: layer ("ft_launcher"), signal -- the launcher is stopping this worker; or layer
   ("inprocess"), cause -- this worker ends itself: its in-process store is gone, so only its launcher
   can restart it
 - `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force
+- `user_code_error`: step, error, traceback -- the script failed the same way twice at the same step:
+  a bug, not a fault; the job ends (training/api.py)
 - `end`: steps, final_params_sha256 (rank 0), wall_s
 """
 

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from kitcore.configio import UserError
-from training.config import _PLAN_ITEM, FaultsConfig, Mode
+from training.resilience.config import PLAN_ITEM, FaultsConfig, Mode
 
 if TYPE_CHECKING:
     from training.events import EventLog
@@ -83,7 +83,7 @@ def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int)
     """The plan's faults plus `count` drawn ones; identical on every rank and every restart."""
     faults: list[tuple[str, int, int]] = []
     for item in cfg.plan:
-        match = _PLAN_ITEM.match(item)
+        match = PLAN_ITEM.match(item)
         assert match is not None  # noqa: S101 - validated by FaultsConfig
         rank = int(match["rank"] or 0)
         if rank >= world_size:

@@ -21,33 +21,27 @@ from kitcore.configio import UserError
 from kitcore.paths import name_problem, path_problem
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
-    from training.config import TrainConfig
+    from training.resilience.config import ResilienceConfig
 
 MAX_PORT = 65535
-TOKEN_BYTES = 2  # uint16 token ids (training/data.py TokenFile)
 
 
-def check_runtime_inputs(cfg: TrainConfig, env: Mapping[str, str] | None = None) -> None:
-    """Raise one UserError naming every bad runtime input (file, folder, variable) and its fix."""
+def check_runtime_inputs(
+    cfg: ResilienceConfig, env: Mapping[str, str] | None = None, *, more: Sequence[str] = ()
+) -> None:
+    """Raise one UserError naming every bad runtime input (file, folder, variable) and its fix; `more`
+    are the training script's own problems (from `Job(input_checks=...)`), reported in the same message."""
     env = os.environ if env is None else env
     long_name = name_problem(cfg.run_dir)
     if long_name:  # every later check (and the default checkpoint folders) resolves below it
         raise UserError(f"trainer runtime input:\n  - run_dir {long_name}")
-    problems = [*_environment(cfg, env), *_run_dir(cfg.run_dir)]
-    if cfg.data.token_file is not None:
-        problems += _token_file(cfg.data.token_file, seq_len=_seq_len(cfg))
+    problems = [*_environment(cfg, env), *_run_dir(cfg.run_dir), *more]
     problems += [*_checkpoint_tiers(cfg), *_s3_credentials(cfg), *_peer_nodes(cfg, env)]
     problems += [*_device(cfg), *_launcher(cfg, env)]
     if problems:
         raise UserError("trainer runtime input:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-def _seq_len(cfg: TrainConfig) -> int:
-    from training.shapes import PRESETS  # noqa: PLC0415
-
-    return PRESETS[cfg.model].seq_len
 
 
 def _int_var(
@@ -68,7 +62,7 @@ def _int_var(
     return value
 
 
-def _environment(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
+def _environment(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
     """The variables torchrun/ft_launcher set (training/parallel.py reads them)."""
     problems: list[str] = []
     _int_var(env, "MASTER_PORT", low=1, high=MAX_PORT, problems=problems)
@@ -101,7 +95,7 @@ def _run_dir(run_dir: Path) -> list[str]:
     return []
 
 
-def _tier_folders(cfg: TrainConfig) -> dict[str, Path]:
+def _tier_folders(cfg: ResilienceConfig) -> dict[str, Path]:
     """The folders the checkpoint tiers in use write (an s3:// durable tier has none)."""
     ckpt = cfg.effective_checkpoint()
     folders = {"checkpoint.memory_dir": Path(ckpt.memory_dir)} if ckpt.memory_every else {}
@@ -112,7 +106,7 @@ def _tier_folders(cfg: TrainConfig) -> dict[str, Path]:
     return folders
 
 
-def _checkpoint_tiers(cfg: TrainConfig) -> list[str]:
+def _checkpoint_tiers(cfg: ResilienceConfig) -> list[str]:
     """Each tier's folder can be created and written, and no two tiers share one: every tier keeps
     its own newest steps and deletes older ones, so a shared folder loses the other tier's."""
     folders = _tier_folders(cfg)
@@ -138,7 +132,7 @@ def _checkpoint_tiers(cfg: TrainConfig) -> list[str]:
     return problems
 
 
-def _s3_credentials(cfg: TrainConfig) -> list[str]:
+def _s3_credentials(cfg: ResilienceConfig) -> list[str]:
     """An s3:// durable tier needs credentials before the first persist, not at it."""
     ckpt = cfg.effective_checkpoint()
     if not (ckpt.durable_dir and ckpt.durable_every and ckpt.durable_dir.startswith("s3://")):
@@ -156,7 +150,7 @@ def _s3_credentials(cfg: TrainConfig) -> list[str]:
     ]
 
 
-def _peer_nodes(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
+def _peer_nodes(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
     """Peer replicas live on other nodes: at least replicas + 1 nodes (the launcher's WORLD_SIZE over
     LOCAL_WORLD_SIZE; one node without a launcher). With fewer the tier would not run at all."""
     replicas = cfg.checkpoint.peer_replicas
@@ -179,7 +173,7 @@ def _peer_nodes(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _device(cfg: TrainConfig) -> list[str]:
+def _device(cfg: ResilienceConfig) -> list[str]:
     if cfg.dist.device != "cuda":
         return []
     import torch  # noqa: PLC0415 - imported by the run right after; only for an explicit cuda
@@ -195,7 +189,7 @@ def _device(cfg: TrainConfig) -> list[str]:
     ]
 
 
-def _launcher(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
+def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
     """Modes ft_launcher and both send heartbeats to ft_launcher's rank monitor, whose socket the
     launcher passes each worker; without it NVRx fails at the first heartbeat with a RuntimeError."""
     problems = []
@@ -220,20 +214,3 @@ def _launcher(cfg: TrainConfig, env: Mapping[str, str]) -> list[str]:
             "(k8s/launcher.py renders the command), or use mode inprocess or baseline to run alone"
         ),
     ]
-
-
-def _token_file(path: Path, *, seq_len: int) -> list[str]:
-    field = f"data.token_file {path}"
-    if not path.exists():
-        return [f"{field}: no such file; pass an existing uint16 token file (unset: synthetic data)"]
-    if not path.is_file():
-        return [f"{field}: not a regular file; pass a flat file of uint16 token ids"]
-    if not os.access(path, os.R_OK):
-        return [f"{field}: not readable by this user; fix its permissions"]
-    size = path.stat().st_size
-    if size % TOKEN_BYTES:
-        return [f"{field}: {size} bytes is not a whole number of uint16 tokens; is it a token file?"]
-    if size // TOKEN_BYTES <= seq_len + 1:
-        tokens = size // TOKEN_BYTES
-        return [f"{field}: {tokens} tokens; the model's seq_len ({seq_len}) needs more than {seq_len + 1}"]
-    return []

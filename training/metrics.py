@@ -291,7 +291,8 @@ def summarize(run_dir: Path) -> RunSummary:
     starts = [e for e in events if e["kind"] == "process_start"]
     if not starts:
         raise ValueError(f"{run_dir}: no events (expected events/rank-*.jsonl)")
-    steps_target = int(starts[0].get("steps", 0))
+    # The loop's length, as the script's loop gave it to `Attempt.steps` (`loop_start`).
+    steps_target = next((int(e["steps"]) for e in events if e["kind"] == "loop_start"), 0)
     t_begin = starts[0]["t"]
     ends = [e for e in events if e["kind"] == "end"]
     t_end = max(e["t"] for e in ends) if ends else events[-1]["t"]

@@ -19,10 +19,14 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 @dataclass(frozen=True)
@@ -181,13 +185,13 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
         time.sleep(0.01)
 
 
-def wrap(model: nn.Module, world: World) -> nn.Module:
-    """FSDP2 on CUDA (sharding is in place; gradients reduced in backward); the module itself on CPU
-    (gradients averaged by `start_average_gradients`)."""
+def wrap(model: nn.Module, world: World, *, blocks: Sequence[nn.Module] = ()) -> nn.Module:
+    """FSDP2 on CUDA (each of `blocks`, then the root; sharding is in place; gradients reduced in
+    backward); the module itself on CPU (gradients averaged by `start_average_gradients`)."""
     if world.device.type == "cuda":
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
-        for block in model.layers:  # type: ignore[union-attr]
+        for block in blocks:
             fully_shard(block)
         fully_shard(model)
     return model

@@ -1,8 +1,8 @@
 """Ranks caught a step apart by an in-process restart: the one behind takes the state of a rank ahead.
 
-Two real gloo ranks run the trainer's own `train_step` / `_start_attempt`. Rank 1 applies step 3's update;
-rank 0's all-reduce for step 3 completes but its update does not happen (as when the restart stops it
-between the two), so the ranks are one step apart when the next attempt starts. Nothing may be lost:
+Two real gloo ranks run the reference trainer through the public API's attempts. Rank 1 applies step 3's
+update; rank 0's all-reduce for step 3 completes but its update does not happen (as when the restart
+stops it between the two), so the ranks are one step apart when the next attempt starts. Nothing may be lost:
 both ranks must resume from memory at step 3 (before: every rank rolled back to the newest snapshot),
 and the final parameters must equal an uninterrupted run's.
 """
@@ -23,49 +23,63 @@ LAG_STEP = 3
 WORLD_SIZE = 2
 
 
+class _Stopped(Exception):  # noqa: N818 - stands in for the in-process restart's interrupt
+    pass
+
+
 def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training import parallel  # noqa: PLC0415
+    from training import api, parallel  # noqa: PLC0415
     from training.config import parse_args  # noqa: PLC0415
     from training.events import EventLog  # noqa: PLC0415
-    from training.trainer import Trainer  # noqa: PLC0415
+    from training.trainer import ReferenceTrainer  # noqa: PLC0415
 
     root = Path(run_dir)
     cfg = parse_args(["--steps", str(STEPS), "--model", "tiny", "--run-dir", run_dir, "--mode", "baseline"])
     world = parallel.World(rank=rank, world_size=WORLD_SIZE, local_rank=rank, device=torch.device("cpu"))
-    store = dist.FileStore(str(root / "store"), WORLD_SIZE)
-    resilience = SimpleNamespace(
-        atomic=contextlib.nullcontext,
-        step_done=lambda step: None,
-        state_dict=dict,
-        load_state_dict=lambda state: None,
-    )
-    checkpointer = SimpleNamespace(
-        fence=lambda: None, save=lambda step, state: None, wait=lambda: None, load_latest=lambda: None
-    )
-    trainer = Trainer(
-        cfg,
+    context = api._Context(
+        job=api.Job(cfg),
+        cfg=cfg,
         world=world,
-        store=store,
+        store=dist.FileStore(str(root / "store"), WORLD_SIZE),
         events=EventLog(run_dir=root, rank=rank),
-        resilience=resilience,
-        checkpointer=checkpointer,
-        injector=SimpleNamespace(before_backward=lambda step: None),
+        resilience=SimpleNamespace(
+            atomic=contextlib.nullcontext,
+            step_done=lambda step: None,
+            state_dict=dict,
+            load_state_dict=lambda state: None,
+        ),
+        checkpointer=SimpleNamespace(
+            fence=lambda: None, save=lambda step, state: None, wait=lambda: None, load_latest=lambda: None
+        ),
         metrics=SimpleNamespace(step=lambda **_: None),
     )
+    trainer = ReferenceTrainer(cfg)
     if lag:
-        trainer._start_attempt()
-        for step in range(LAG_STEP):
-            trainer.train_step(step)
-        if rank == 0:  # the collective completes on this rank too, the update does not
-            trainer._apply_update = lambda step: None
-            trainer.train_step(LAG_STEP)
-            del trainer._apply_update
-        else:
-            trainer.train_step(LAG_STEP)
-    digest = trainer.run()  # the next attempt, then the rest of the steps
+
+        def lagging(attempt: api.Attempt) -> None:
+            # The first attempt, stopped as an in-process restart stops it: rank 0 after its step-3
+            # all-reduce completed but before its update; rank 1 after its step-3 update, in step 4.
+            update = attempt.update
+
+            @contextlib.contextmanager
+            def stopped_update(**kwargs: object):
+                if attempt._step == LAG_STEP and rank == 0:
+                    with update(**kwargs):  # type: ignore[arg-type]
+                        raise _Stopped
+                if attempt._step == LAG_STEP + 1:  # rank 1, before the next collective
+                    raise _Stopped
+                with update(**kwargs):  # type: ignore[arg-type]
+                    yield
+
+            attempt.update = stopped_update  # type: ignore[method-assign]
+            trainer(attempt)
+
+        with contextlib.suppress(_Stopped):
+            context.attempt(lagging)
+    digest = context.attempt(trainer)  # the next attempt (or the only one), then the rest of the steps
     (root / f"digest-{rank}.json").write_text(json.dumps({"digest": digest}))
     parallel.release_retired_groups()
     dist.destroy_process_group()
@@ -117,7 +131,7 @@ def test_a_rank_one_step_behind_catches_up_from_a_rank_ahead(tmp_path):
     # Each step trained once per rank: nothing replayed.
     for rank in range(WORLD_SIZE):
         steps = [e["step"] for e in events if e["kind"] == "step" and e["rank"] == rank]
-        assert steps == list(range(LAG_STEP + 1, STEPS))  # the loop's own steps (the lag ran by hand)
+        assert steps == [*range(LAG_STEP + rank), *range(LAG_STEP + 1, STEPS)]
 
     _run(tmp_path / "reference", lag=False)
     assert _digests(tmp_path / "lagged") == _digests(tmp_path / "reference")

@@ -124,12 +124,12 @@ def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        import training.run
+        import training.api
         class Boom(RuntimeError):
             pass
         def fail(*args, **kwargs):
             raise Boom("the trainer could not be built")
-        training.run.Trainer = fail
+        training.api._Context = fail
         from training.__main__ import main
         sys.argv = ["training", "--steps", "3", "--run-dir", {str(tmp_path / "run")!r}]
         main()

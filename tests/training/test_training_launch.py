@@ -17,8 +17,10 @@ import pytest
 
 from training.resilience.launch import (
     S3_MODULES,
+    VALUELESS_FLAGS,
     WARM_MODULES,
     _flag,
+    entry_script,
     launcher_argv,
     start_method,
     trainer_script,
@@ -102,9 +104,35 @@ def test_launcher_flags_are_read_in_both_forms_and_never_from_the_trainers_argum
     assert start_method(launcher_argv(["-m", "training", "--start-method", "spawn"])) == "forkserver"
 
 
-def test_a_command_without_the_trainer_module_is_refused():
-    with pytest.raises(SystemExit, match="must end in `-m training ARGS`"):
-        launcher_argv(["--nnodes=1", "train.py"])
+def test_a_command_without_a_training_script_is_refused():
+    with pytest.raises(SystemExit, match="must end in `-m MODULE ARGS` or `SCRIPT ARGS`"):
+        launcher_argv(["--nnodes=1", "--rdzv-endpoint", "store:29400"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "run"),
+    [
+        (["-m", "examples.hf_llama.train"], ["--module", "examples.hf_llama.train"]),
+        (["/workspace/train.py"], ["--script", "/workspace/train.py"]),
+    ],
+)
+def test_any_module_or_script_runs_through_the_entry_shim_in_a_forked_worker(entry, run):
+    ft_argv = launcher_argv(["--nnodes", "2", "--rdzv-id=job", *entry, "--steps", "80", "--nnodes", "9"])
+    assert ft_argv == [
+        "--nnodes", "2", "--rdzv-id=job", "--start-method=forkserver", "--run-path", entry_script(), *run,
+        "--steps", "80", "--nnodes", "9",
+    ]  # fmt: skip
+    assert _flag(ft_argv, "--nnodes") == "2"
+
+
+def test_the_valueless_flags_are_ft_launchers_own():
+    """A flag's value is told from the training script by the flags that take none: the list must be the
+    pinned launcher's, or a script after such a flag would be read as its value."""
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser  # noqa: PLC0415
+
+    parser = get_args_parser()
+    valueless = {s for action in parser._actions if action.nargs == 0 for s in action.option_strings}
+    assert valueless - {"-m", "--module", "--run-path", "--run_path"} == VALUELESS_FLAGS
 
 
 # The variables ft_launcher sets per worker (torch.distributed.elastic's worker env and NVRx's rank

@@ -160,6 +160,6 @@ def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpo
     out = second.stdout + second.stderr
     assert second.returncode == 2, out[-3000:]
     assert "Traceback" not in out
-    assert "model: the newest checkpoint was written by model preset 'tiny', this run is 'small'" in out
-    assert "pass --model tiny to resume it" in out
+    assert "model: the newest checkpoint was written with model 'tiny', this run has 'small'" in out
+    assert "run with model 'tiny' to resume it" in out
     assert {p: p.read_bytes() for p in kept} == kept

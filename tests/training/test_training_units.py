@@ -22,7 +22,7 @@ from training.faults import build_schedule, expected_layer
 from training.metrics import summarize
 from training.model import build_model
 from training.parallel import wait as parallel_wait
-from training.trainer import Trainer, emulate_device_wait
+from training.trainer import emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -332,7 +332,7 @@ class _CollectiveCompletingUnderARestart:
         return None
 
 
-def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_decided():
+def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_decided(monkeypatch):
     """The race a CI run lost a step to: peers finished step N's all-reduce and ran on into N+1, where
     one failed; this rank, slower, had its collective complete but was stopped before its update, so
     the ranks disagreed on the step and all rolled back to a snapshot. The stop must land either
@@ -354,19 +354,25 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
         with call_wrapper.atomic_lock:
             _raise_in(main)
 
+    import torch  # noqa: PLC0415
+
+    from training import api, parallel  # noqa: PLC0415
+
     updates: list[int] = []
-    trainer = SimpleNamespace(
+    context = SimpleNamespace(
+        world=parallel.World(rank=0, world_size=2, local_rank=0, device=torch.device("cpu")),
         resilience=layer,
         checkpointer=SimpleNamespace(fence=lambda: None),
-        optimizer=SimpleNamespace(step=lambda: updates.append(5)),
-        last_done=4,
-        fence_s=0.0,
+        job=SimpleNamespace(_state=SimpleNamespace(kept=None)),
     )
-    trainer._clip_gradients = lambda: None
-    trainer._apply_update = lambda step: Trainer._apply_update(trainer, step)
+    attempt = api.Attempt(context, number=0)
+    attempt._objects, attempt._parallel, attempt._step, attempt.last_done = {}, [torch.nn.Linear(1, 1)], 5, 4
+    collective = _CollectiveCompletingUnderARestart(restart_decided)
+    monkeypatch.setattr(parallel, "start_average_gradients", lambda module, world: collective)
 
     def update_then_run_on() -> None:
-        Trainer._update(trainer, 5, _CollectiveCompletingUnderARestart(restart_decided))
+        with attempt.update():
+            updates.append(5)
         deadline = time.monotonic() + 5  # the restart lands once the atomic section is left
         while time.monotonic() < deadline:
             time.sleep(0.01)
@@ -376,7 +382,7 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
     with pytest.raises(_RestartSignal):
         update_then_run_on()
     thread.join()
-    assert (updates, trainer.last_done) == ([5], 5)
+    assert (updates, attempt.last_done) == ([5], 5)
 
 
 _STOPPED_IN_A_NATIVE_WAIT = """

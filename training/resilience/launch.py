@@ -65,7 +65,10 @@ WARM_MODULES = (
     "training.launch",
     # The trainer: its entry point and what it imports on the way to the first step.
     "training.inputs",
-    "training.run",
+    "training.config",
+    "training.api",
+    "training.trainer",
+    "training.entry",
     "training.checkpoint.factory",
     "training.checkpoint.tiered",
     "training.checkpoint.sync",
@@ -96,7 +99,8 @@ def warm_modules(ft_argv: list[str]) -> list[str]:
     """`WARM_MODULES`, and `S3_MODULES` when the trainer's arguments put its durable tier on S3."""
     trainer = ft_argv[ft_argv.index("--run-path") + 2 :] if "--run-path" in ft_argv else []
     durable = _trainer_flag(trainer, "--checkpoint-durable-dir") or ""
-    return [*WARM_MODULES, *(S3_MODULES if durable.startswith("s3://") else ())]
+    preload = [m.strip() for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip()]
+    return [*WARM_MODULES, *(S3_MODULES if durable.startswith("s3://") else ()), *preload]
 
 
 def _trainer_flag(trainer_argv: list[str], name: str) -> str | None:
@@ -114,22 +118,63 @@ def trainer_script() -> str:
     return str(Path(__file__).resolve().parents[1] / "__main__.py")
 
 
+def entry_script() -> str:
+    """The absolute path of training/entry.py, which runs any other module or script in the worker."""
+    return str(Path(__file__).resolve().parents[1] / "entry.py")
+
+
+PRELOAD_ENV = "NVRX_EKS_PRELOAD"
+"""Comma-separated modules a training script imports before its first step (the job values'
+`entrypoint.preload`): the forkserver imports them once per pod instead of every worker at every start."""
+
+
+VALUELESS_FLAGS = frozenset(
+    {"--ft-ignore-missing-cfg", "--help", "--no-python", "--no_python", "--standalone", "-h"}
+)
+"""ft_launcher's flags that take no value (besides `-m` and `--run-path`, which name the script): a bare
+word after any other flag written without `=` is that flag's value, not the training script."""
+
+
+def _entry_at(argv: list[str]) -> int | None:
+    """Where the training script begins: `-m MODULE`, or the first bare word that is no flag's value;
+    None when the command line names none (or already runs one through `--run-path`)."""
+    previous = ""
+    for i, arg in enumerate(argv):
+        if arg in ("--run-path", "--run_path"):
+            return None
+        if arg in ("-m", "--module"):
+            return i if i + 1 < len(argv) else None
+        takes_value = previous.startswith("-") and "=" not in previous and previous not in VALUELESS_FLAGS
+        if not arg.startswith("-") and not takes_value:
+            return i
+        previous = arg if not takes_value else ""
+    return None
+
+
 def launcher_argv(argv: list[str]) -> list[str]:
-    """ft_launcher's arguments, with `-m training` (the trainer as a module, a fresh interpreter each)
-    replaced by `--run-path <training/__main__.py>` (the trainer as a callable in a forked worker)."""
-    try:
-        at = next(i for i in range(len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == "training")
-    except StopIteration:
-        raise SystemExit("training.launch: the command line must end in `-m training ARGS`") from None
+    """ft_launcher's arguments, with the training script (a fresh interpreter each) replaced by
+    `--run-path` (a callable in a worker forked from the warm forkserver): `-m training` by
+    training/__main__.py, any other `-m MODULE` or `SCRIPT` by training/entry.py, which runs it."""
+    at = _entry_at(argv)
+    if at is None:
+        raise SystemExit("training.launch: the command line must end in `-m MODULE ARGS` or `SCRIPT ARGS`")
+    if argv[at] in ("-m", "--module"):
+        module, rest = argv[at + 1], argv[at + 2 :]
+        run = [trainer_script()] if module == "training" else [entry_script(), "--module", module]
+    else:
+        run, rest = [entry_script(), "--script", argv[at]], argv[at + 1 :]
     start = [] if _flag(argv, "--start-method") is not None else ["--start-method=forkserver"]
-    return [*argv[:at], *start, "--run-path", trainer_script(), *argv[at + 2 :]]
+    return [*argv[:at], *start, "--run-path", *run, *rest]
 
 
 def _own_args(argv: list[str]) -> list[str]:
-    """ft_launcher's own arguments: those before the trainer (`-m training` or `--run-path SCRIPT`); what
-    follows is the trainer's, whose flags may share a launcher flag's name."""
+    """ft_launcher's own arguments: those before the training script (`-m MODULE`, `SCRIPT` or
+    `--run-path SCRIPT`); what follows is the script's, whose flags may share a launcher flag's name."""
+    at = _entry_at(argv)
+    if at is not None:
+        return argv[:at]
     for i, arg in enumerate(argv):
-        if arg in ("--run-path", "--run_path") or (arg == "-m" and argv[i + 1 : i + 2] == ["training"]):
+        if arg in ("--run-path", "--run_path"):
             return argv[:i]
     return argv
 

@@ -55,8 +55,8 @@ from training.resilience import nvrx_compat
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from training.config import TrainConfig
     from training.events import EventLog
+    from training.resilience.config import ResilienceConfig
 
 
 class Layer:
@@ -85,7 +85,7 @@ class Layer:
 class InProcessLayer(Layer):
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: ResilienceConfig,
         events: EventLog,
         *,
         store: Any,  # noqa: ANN401
@@ -238,7 +238,7 @@ class InProcessLayer(Layer):
 
 
 class FtLauncherLayer(Layer):
-    def __init__(self, cfg: TrainConfig, events: EventLog) -> None:
+    def __init__(self, cfg: ResilienceConfig, events: EventLog) -> None:
         from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # noqa: PLC0415
 
         self.cfg = cfg.ft
@@ -370,7 +370,7 @@ class Resilience(Layer):
             layer.close()
 
 
-def for_mode(cfg: TrainConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
+def for_mode(cfg: ResilienceConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
     """The layers `cfg.mode` names; `store` is the process-group store (the in-process layer agrees on
     its own store's port through it)."""
     ft = FtLauncherLayer(cfg, events) if cfg.mode in {"ft_launcher", "both"} else None

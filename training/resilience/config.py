@@ -1,0 +1,285 @@
+"""The resilience layers' typed configuration: what any training script run under the kit is given.
+
+`ResilienceConfig` is the part of a job's configuration the kit owns, whatever the script: the mode
+(which NVRx layers wrap the loop), the run folder, the process group's timeout, the checkpoint tiers,
+the in-process restart and ft_launcher settings, the fault schedule and the metrics. The public API
+(training/api.py) reads it from the `NVRX_EKS_CONFIG` variable the chart sets (a JSON object) or takes
+it from the caller; the reference trainer's `TrainConfig` (training/config.py) extends it with its own
+model, data and optimizer fields. Torch-free: the charts validate it when they render a job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from training.checkpoint.config import CheckpointConfig
+
+Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
+FaultClass = Literal[
+    "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"
+]
+FAULT_CLASSES: tuple[str, ...] = get_args(FaultClass)
+HARNESS_ONLY = frozenset({"store_loss"})
+"""Classes only a harness can fire: the rendezvous store's pod is not a training pod's to delete."""
+PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DistConfig(_Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="auto: CUDA + NCCL + FSDP2 when a GPU is visible, else CPU + gloo (flat all-reduce).",
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Process-group (collective) timeout; default 1.5 s in inprocess/both modes, else 60 s. "
+        "On CPU it is how the peers of a hung rank notice it, and in inprocess/both modes it must be below "
+        "inprocess.soft_timeout_s: the loop waits for its collectives from Python, where an in-process "
+        "restart ends the wait, but a blocking gloo collective cannot be aborted. Too short for the "
+        "machine's scheduling noise, and a slow rank trips a restart.",
+    )
+
+
+class InProcessConfig(_Section):
+    """nvidia_resiliency_ext.inprocess.Wrapper settings (used in modes inprocess and both)."""
+
+    store_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Port of the wrapper's own TCPStore (hosted by rank 0); default: a free port rank 0 "
+        "picks each launcher round and shares through the process-group store.",
+    )
+    soft_timeout_s: float = Field(
+        3.0, gt=0, description="No ping for this long: abort and restart in process."
+    )
+    hard_timeout_s: float = Field(
+        12.0, gt=0, description="No ping for this long: the wrapper's monitor process kills the rank."
+    )
+    heartbeat_timeout_s: float = Field(6.0, gt=0, description="A rank silent this long counts as missing.")
+    barrier_timeout_s: float = Field(30.0, gt=0, description="Restart barrier timeout.")
+    completion_timeout_s: float = Field(30.0, gt=0, description="Completion barrier timeout.")
+    interval_s: float = Field(0.5, gt=0, description="Monitor thread/process and watchdog interval.")
+    last_call_wait_s: float = Field(
+        0.05,
+        ge=0,
+        description="After the first fault is recorded, wait this long for other ranks to report theirs "
+        "before aborting. NVRx's default (1 s) is paid on every soft fault; concurrent reports still land "
+        "in the store for attribution after the abort.",
+    )
+    max_iterations: int = Field(
+        20, ge=1, description="In-process restart budget; keep it below the launcher's --max-restarts."
+    )
+    max_rank_faults: int = Field(
+        10, ge=1, description="FaultCounter health check: faults one rank may cause."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> InProcessConfig:
+        # The Wrapper's own checks (wrap.py), stated here so a bad value is a field error, not a traceback.
+        if not self.soft_timeout_s < self.hard_timeout_s < self.barrier_timeout_s:
+            raise ValueError("need soft_timeout_s < hard_timeout_s < barrier_timeout_s")
+        if not self.interval_s < min(self.soft_timeout_s, self.heartbeat_timeout_s):
+            raise ValueError("interval_s must be below soft_timeout_s and heartbeat_timeout_s")
+        if not self.heartbeat_timeout_s < self.barrier_timeout_s:
+            raise ValueError("heartbeat_timeout_s must be below barrier_timeout_s")
+        if not self.last_call_wait_s < self.soft_timeout_s:
+            raise ValueError("last_call_wait_s must be below soft_timeout_s")
+        return self
+
+
+class FtConfig(_Section):
+    """ft_launcher integration through RankMonitorClient heartbeats (modes ft_launcher and both)."""
+
+    calc_timeouts_after: int = Field(
+        5, ge=1, description="Steps after which heartbeat timeouts are calculated from observed intervals."
+    )
+    heartbeat_timeout_floor_s: float = Field(
+        8.0,
+        gt=0,
+        description="Floor for the calculated between-heartbeat timeout (a tiny model's steps are ms).",
+    )
+    initial_timeout_floor_s: float = Field(
+        60.0,
+        gt=0,
+        description="Floor for the calculated first-heartbeat timeout (startup + checkpoint load).",
+    )
+
+
+class FaultsConfig(_Section):
+    """Deterministic fault schedule: an explicit plan, and/or `count` faults drawn from `seed`."""
+
+    plan: list[str] = Field(
+        default_factory=list,
+        description="Explicit faults CLASS@STEP[:RANK], comma separated, e.g. exception@5:1,sigkill@12:2. "
+        f"Classes: {', '.join(FAULT_CLASSES)}.",
+    )
+    count: int = Field(0, ge=0, description="Number of faults to draw.")
+    seed: int | None = Field(None, description="Seed of the draw (default: the run's seed).")
+    weights: dict[FaultClass, float] = Field(
+        # store_loss needs a harness that can delete the store's pod (the local executor); a training
+        # rank has no Kubernetes API access, so it is planned explicitly and never drawn by default.
+        default_factory=lambda: {c: 0.0 if c in HARNESS_ONLY else 1.0 for c in FAULT_CLASSES},
+        description="Relative weight per class for the draw, e.g. {exception: 0.6, hang: 0.4}.",
+    )
+    first_step: int = Field(2, ge=1, description="First step a drawn fault may hit.")
+    last_step: int | None = Field(None, description="Last step a drawn fault may hit (default: steps - 1).")
+    target_rank: int | None = Field(None, ge=0, description="Rank every drawn fault hits (default: drawn).")
+    min_gap: int = Field(3, ge=1, description="Minimum steps between two drawn faults.")
+    node_loss_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="Node loss: wait this long for the harness to kill the node, then kill the agent.",
+    )
+
+    @field_validator("plan", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:  # noqa: ANN401
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("plan")
+    @classmethod
+    def _check_plan(cls, value: list[str]) -> list[str]:
+        for item in value:
+            match = PLAN_ITEM.match(item)
+            if not match or match["cls"] not in FAULT_CLASSES:
+                raise ValueError(
+                    f"{item!r} is not CLASS@STEP[:RANK] with CLASS one of {', '.join(FAULT_CLASSES)}"
+                )
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(w < 0 for w in value.values()) or not any(w > 0 for w in value.values()):
+            raise ValueError("weights must be >= 0 with at least one > 0")
+        return value
+
+
+class MetricsConfig(_Section):
+    prometheus_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics on this port + local rank (default: textfile only).",
+    )
+    textfile_every: int = Field(10, ge=1, description="Steps between Prometheus textfile writes.")
+
+
+class ResilienceConfig(_Section):
+    """What the kit needs to run one training process resiliently, whatever the training script."""
+
+    mode: Mode = Field(
+        "baseline", description="Resilience layers around the loop: baseline, inprocess, ft_launcher or both."
+    )
+    seed: int = Field(0, description="Seed of the fault draw (faults.seed overrides it).")
+    run_dir: Path = Field(
+        Path("runs/train"), description="Folder for events, metrics and default checkpoints."
+    )
+    dist: DistConfig = DistConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    inprocess: InProcessConfig = InProcessConfig()
+    ft: FtConfig = FtConfig()
+    faults: FaultsConfig = FaultsConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @model_validator(mode="after")
+    def _layers_agree(self) -> ResilienceConfig:
+        uses_inprocess = self.mode in {"inprocess", "both"}
+        timeout = self.collective_timeout_s
+        if uses_inprocess and self.dist.device != "cuda" and timeout >= self.inprocess.soft_timeout_s:
+            raise ValueError(
+                f"dist.timeout_s ({timeout}) must be below inprocess.soft_timeout_s "
+                f"({self.inprocess.soft_timeout_s}) on CPU: gloo collectives cannot be aborted"
+            )
+        if self.mode == "both":
+            # Python-visible hangs belong to the in-process layer, deadlocks below Python to ft_launcher:
+            # a rank recovering in process must never go silent for the heartbeat timeout, which must
+            # fire before the wrapper's hard timeout kills the rank on its own.
+            silence = self.inprocess_recovery_silence_s
+            if not silence < self.ft.heartbeat_timeout_floor_s < self.inprocess.hard_timeout_s:
+                raise ValueError(
+                    "need max(inprocess.soft_timeout_s, dist.timeout_s) + inprocess.interval_s < "
+                    f"ft.heartbeat_timeout_floor_s < inprocess.hard_timeout_s (now {silence:g} < "
+                    f"{self.ft.heartbeat_timeout_floor_s:g} < {self.inprocess.hard_timeout_s:g})"
+                )
+        check_fault_plan(self.faults, steps=None)
+        return self
+
+    @property
+    def inprocess_recovery_silence_s(self) -> float:
+        """The longest a rank recovering in process goes without an ft_launcher heartbeat (mode both).
+
+        The in-process layer beats for the rank once a restart is decided and again as the next
+        attempt starts (training/resilience/layers.py), so the silence is the longer of two waits,
+        not their sum: from the last step until the restart is decided (at most the soft timeout,
+        noticed within one monitor interval), and from there until the next attempt (at most one
+        collective timeout, for a rank blocked in a gloo collective that cannot be aborted). The
+        launcher's heartbeat timeout must exceed it, or it kills ranks the in-process layer is
+        restarting; the lower it is, the sooner a deadlock below Python is ended."""
+        return max(self.inprocess.soft_timeout_s, self.collective_timeout_s) + self.inprocess.interval_s
+
+    @property
+    def collective_timeout_s(self) -> float:
+        if self.dist.timeout_s is not None:
+            return self.dist.timeout_s
+        # gloo collectives cannot be aborted, so an in-process restart waits for the timeout: keep it short.
+        return 1.5 if self.mode in {"inprocess", "both"} else 60.0
+
+    def effective_checkpoint(self) -> CheckpointConfig:
+        """The checkpoint section with run-scoped defaults: durable tier under the run dir unless set,
+        and the memory tier in a folder of this run (so two runs on one host never share snapshots)."""
+        update: dict[str, Any] = {}
+        if self.checkpoint.durable_dir is None:
+            update["durable_dir"] = str(self.run_dir.resolve() / "checkpoints")
+        default_memory = CheckpointConfig.model_fields["memory_dir"].default
+        if self.checkpoint.memory_dir == default_memory:
+            digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
+            update["memory_dir"] = default_memory / digest
+        return self.checkpoint.model_copy(update=update)
+
+
+def check_fault_plan(faults: FaultsConfig, *, steps: int | None) -> None:
+    """A fault the run never reaches (or one hidden by another) would be dropped without a word: raise
+    ValueError naming it. `steps` None: the run's length is not known yet (a user's script gives it to
+    `Attempt.steps`, which checks again)."""
+    seen: dict[tuple[int, int], str] = {}
+    for item in faults.plan:
+        match = PLAN_ITEM.match(item)
+        assert match is not None  # noqa: S101 - checked by FaultsConfig
+        step, rank = int(match["step"]), int(match["rank"] or 0)
+        if steps is not None and step >= steps:
+            raise ValueError(
+                f"faults.plan: {item!r} is at step {step}, but the run's steps are 0..{steps - 1}; "
+                f"move it below {steps} or raise steps"
+            )
+        if (step, rank) in seen:
+            raise ValueError(
+                f"faults.plan: {item!r} and {seen[step, rank]!r} hit rank {rank} at the same step; "
+                "a rank fires one fault per step: move one of them"
+            )
+        seen[step, rank] = item
+    if steps is None:
+        return
+    if faults.last_step is not None and faults.last_step >= steps:
+        raise ValueError(
+            f"faults.last_step ({faults.last_step}) is past the run's last step ({steps - 1}); "
+            "lower it or raise steps"
+        )
+    last = faults.last_step if faults.last_step is not None else steps - 1
+    if faults.count and last - faults.first_step + 1 < faults.count * faults.min_gap:
+        raise ValueError(
+            f"faults: {faults.count} faults with min_gap {faults.min_gap} do not fit in steps "
+            f"{faults.first_step}..{last}; lower faults.count or raise steps"
+        )
