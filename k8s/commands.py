@@ -49,9 +49,11 @@ def register(*, job: typer.Typer, **_: typer.Typer) -> None:
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         # What the memory tier holds per node, against what it and the node have (stderr: stdout
-        # lists the files written).
+        # lists the files written). A script's state size is known only to its ranks.
+        budget = memory_budget(values, config)
+        needed = budget.describe() if budget else "what your script's state needs (its ranks log state_bytes)"
         print(
-            f"host memory for checkpoints per node: {memory_budget(values, config).describe()} of the "
+            f"host memory for checkpoints per node: {needed} of the "
             f"{values.memory_tier_gib} GiB memory tier ({values.instance_profile}: "
             f"{values.profile.memory_gib} GiB; peer replicas: {values.peer_replicas})",
             file=sys.stderr,

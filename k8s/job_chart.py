@@ -43,7 +43,7 @@ from k8s.env import container_env
 from k8s.launcher import control_command, launcher_command
 from k8s.nvrx_versions import LOCAL_IMAGE
 from k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from k8s.trainer_args import chart_owned_fields, durable_dir, local_dir, trainer_args
+from k8s.trainer_args import chart_owned_fields, durable_dir, entry_command, local_dir, resilience_env
 from k8s.values import ALLOCATABLE_FRACTION
 from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from kitcore.pins import TRAINER_UID
@@ -652,6 +652,7 @@ class TrainingJob(Construct):
         volumes, mounts = _volumes(values)
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
+        env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(resilience_env(values).items())]
         if values.peer_replicas:
             env.append(_failure_domain_env())
         if values.image != LOCAL_IMAGE:
@@ -662,7 +663,7 @@ class TrainingJob(Construct):
             values,
             store_endpoint=store_endpoint(values),
             node_address=node_address(values),
-            trainer_args=trainer_args(values),
+            entry=entry_command(values),
         )
         security = trainer_security()
         # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs

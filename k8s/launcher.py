@@ -63,9 +63,10 @@ def control_command(values: JobValues, *, port: int) -> list[str]:
 
 
 def launcher_command(
-    values: JobValues, *, store_endpoint: str, node_address: str, trainer_args: list[str]
+    values: JobValues, *, store_endpoint: str, node_address: str, entry: list[str]
 ) -> list[str]:
-    """The training container's command: ft_launcher (torchrun for the baseline) and the trainer."""
+    """The training container's command: ft_launcher (torchrun for the baseline), then `entry`, what
+    every rank runs (`-m training ARGS`, or a script's own module or path and arguments)."""
     b, t = values.budgets, values.timeouts
     common = [
         _nnodes(values),
@@ -81,7 +82,7 @@ def launcher_command(
         f"--monitor-interval={t.monitor_interval_s:g}",
     ]
     if values.mode == "baseline":
-        return ["torchrun", *common, "-m", "training", *trainer_args]
+        return ["torchrun", *common, *entry]
     ft = [
         f"--workers-stop-timeout={t.workers_stop_s:g}",
         f"--term-timeout={t.term_s:g}",
@@ -89,4 +90,4 @@ def launcher_command(
         f"--ft-rank-heartbeat-timeout={t.launcher_heartbeat_s:g}",
         f"--ft-workload-check-interval={t.heartbeat_check_s:g}",
     ]
-    return [*FT_LAUNCHER, *common, *ft, "-m", "training", *trainer_args]
+    return [*FT_LAUNCHER, *common, *ft, *entry]

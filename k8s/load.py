@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
-    from training.config import TrainConfig
+    from training.resilience.config import ResilienceConfig
 
 
 def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
@@ -24,7 +24,8 @@ def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:
     return load_checked(path, overrides)[0]
 
 
-def load_checked(path: Path | None, overrides: Iterable[str] = ()) -> tuple[JobValues, TrainConfig]:
-    """`load_values`, and the trainer's configuration the rendered command line gives."""
+def load_checked(path: Path | None, overrides: Iterable[str] = ()) -> tuple[JobValues, ResilienceConfig]:
+    """`load_values`, and the configuration the ranks will get (the reference trainer's `TrainConfig`, or
+    a script's `ResilienceConfig`)."""
     values = load_model(JobValues, path, overrides, source=str(path) if path else "job values")
     return values, check_trainer_args(values)

@@ -1,22 +1,26 @@
-"""The trainer's command line, rendered from job values and checked with the trainer's own parser.
+"""What each rank runs, rendered from job values and checked with the trainer's own parser.
 
-The values' `trainer` tree uses the trainer's field names (training/config.py `TrainConfig`); each leaf
-becomes `--a-b VALUE`, the same flags `python -m training --help` lists. The chart adds the fields it
-owns (mode, run folder, checkpoint folders per tier, the in-process restart budget).
+The reference trainer: the values' `trainer` tree uses its field names (training/config.py
+`TrainConfig`); each leaf becomes `--a-b VALUE`, the same flags `python -m training --help` lists.
+A script of your own (`entrypoint`): the same tree holds only the kit's resilience fields
+(training/resilience/config.py `ResilienceConfig`), handed to it whole as one JSON variable
+(`NVRX_EKS_CONFIG`), since its command line is its own. Either way the chart adds the fields it owns
+(mode, run folder, checkpoint folders per tier, the in-process restart budget).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kitcore.configio import UserError
+from kitcore.configio import UserError, load_model
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
-    from training.config import TrainConfig
+    from training.resilience.config import ResilienceConfig
 
 
 def _flatten(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
@@ -89,19 +93,71 @@ def trainer_args(values: JobValues) -> list[str]:
     return args
 
 
-def check_trainer_args(values: JobValues) -> TrainConfig:
-    """Parse the rendered arguments with the trainer's parser; a bad one is a `trainer` field error."""
-    from training.config import parse_args  # noqa: PLC0415 - imports torch (model presets)
+def entry_command(values: JobValues) -> list[str]:
+    """What the launcher runs in every rank: `-m training ARGS`, or the entrypoint's module or script."""
+    if values.entrypoint is None:
+        return ["-m", "training", *trainer_args(values)]
+    return values.entrypoint.command()
 
+
+def resilience_document(values: JobValues) -> dict[str, Any]:
+    """A script's `NVRX_EKS_CONFIG`: the values' `trainer` tree over the chart-owned fields."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(base)
+        for key, value in over.items():
+            both = isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "weights"
+            merged[key] = merge(merged[key], value) if both else value
+        return merged
+
+    return merge(chart_owned_fields(values), values.trainer)
+
+
+def resilience_env(values: JobValues) -> dict[str, str]:
+    """The variables a script's ranks read the kit's settings from (none for the reference trainer,
+    whose settings are its flags)."""
+    from training.resilience.config import CONFIG_ENV  # noqa: PLC0415
+    from training.resilience.launch import PRELOAD_ENV  # noqa: PLC0415
+
+    if values.entrypoint is None:
+        return {}
+    env = {CONFIG_ENV: json.dumps(resilience_document(values), sort_keys=True, separators=(",", ":"))}
+    if values.entrypoint.preload:
+        env[PRELOAD_ENV] = ",".join(values.entrypoint.preload)
+    return env
+
+
+def _check_script_config(values: JobValues) -> ResilienceConfig:
+    from training.resilience.config import ResilienceConfig  # noqa: PLC0415
+
+    overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in _flatten(values.trainer)]
+    owned = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in _flatten(chart_owned_fields(values))]
     try:
-        config = parse_args(trainer_args(values))
+        return load_model(ResilienceConfig, None, [*owned, *overrides], source="trainer (entrypoint)")
     except UserError as exc:
         raise UserError(f"trainer: {exc}") from None
+
+
+def check_trainer_args(values: JobValues) -> ResilienceConfig:
+    """Parse the rendered arguments with the trainer's parser (a script's: its resilience config); a bad
+    one is a `trainer` field error."""
+    from training.config import parse_args  # noqa: PLC0415 - imports torch (model presets)
+
+    config: ResilienceConfig
+    try:
+        config = _check_script_config(values) if values.entrypoint else parse_args(trainer_args(values))
+    except UserError as exc:
+        raise UserError(str(exc) if str(exc).startswith("trainer") else f"trainer: {exc}") from None
     from training.faults import build_schedule  # noqa: PLC0415
 
+    # A script's loop length is its own (its `Attempt.steps` checks the plan against it): the ranks are
+    # checked here over the plan's own span.
+    plan_steps = [int(item.partition("@")[2].partition(":")[0]) for item in config.faults.plan]
+    steps = getattr(config, "steps", max(plan_steps, default=0) + 1)
     try:
         # The ranks a fault plan targets exist only once the world size is known: here it is.
-        build_schedule(config.faults, steps=config.steps, world_size=values.world_size, seed=config.seed)
+        if not (values.entrypoint and config.faults.count):
+            build_schedule(config.faults, steps=steps, world_size=values.world_size, seed=config.seed)
     except UserError as exc:
         raise UserError(
             f"trainer: {exc} ({values.num_nodes} nodes x {values.profile.workers_per_node})"
@@ -117,7 +173,7 @@ def check_trainer_args(values: JobValues) -> TrainConfig:
                 "rank the in-process layer is still restarting"
             )
     budget = memory_budget(values, config)
-    if budget.needed_gib > values.memory_tier_gib:
+    if budget is not None and budget.needed_gib > values.memory_tier_gib:
         raise UserError(
             f"storage.memory_tier_gib: the node's checkpoints in RAM need {budget.describe()}, more than "
             f"the memory tier's {values.memory_tier_gib} GiB: raise storage.memory_tier_gib (the "
@@ -145,12 +201,16 @@ class MemoryBudget:
         )
 
 
-def memory_budget(values: JobValues, config: TrainConfig) -> MemoryBudget:
-    """Per node: ranks x state per rank x (staging slots + 2 kept copies per partner node served).
+def memory_budget(values: JobValues, config: ResilienceConfig) -> MemoryBudget | None:
+    """Per node: ranks x state per rank x (staging slots + 2 kept copies per partner node served); None
+    for a script of your own, whose state size only its ranks know (they report it as `state_bytes`).
 
     State per rank: the whole model on CPU (replicated data parallel); a 1/world share on GPU (FSDP2)."""
+    from training.config import TrainConfig  # noqa: PLC0415
     from training.shapes import PRESETS  # noqa: PLC0415
 
+    if not isinstance(config, TrainConfig):
+        return None
     state = PRESETS[config.model].state_bytes
     per_rank = state if values.profile.gpus == 0 else state / values.world_size
     per_node = per_rank * values.profile.workers_per_node

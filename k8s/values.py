@@ -302,6 +302,64 @@ class SecretRef(_Section):
         return value
 
 
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class Entrypoint(_Section):
+    """Your own training script, run by the launcher in every rank in place of the reference trainer.
+
+    It uses the kit through training/api.py (`Job().run(train)`); the values' `trainer:` section then
+    holds only the kit's resilience fields (training/resilience/config.py `ResilienceConfig`), which the
+    chart hands to it as `NVRX_EKS_CONFIG`. docs/your-script.md walks through it."""
+
+    module: str | None = None
+    """A module on the image's Python path, run as `python -m MODULE ARGS` (e.g. mytrain.main)."""
+    script: str | None = None
+    """Or a script, run as `python SCRIPT ARGS`: its path in the image (relative: to the working folder
+    or the Python path)."""
+    args: list[str] = Field(default_factory=list)
+    """The script's own arguments."""
+    preload: list[str] = Field(default_factory=list)
+    """Modules the script imports before its first step (e.g. transformers): each pod imports them once,
+    into the warm process every restarted rank is forked from, instead of every rank at every restart."""
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_as_text(cls, value: Any) -> Any:  # noqa: ANN401
+        # `--steps: 80` style numbers in YAML lists are the arguments' text.
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("module")
+    @classmethod
+    def _module_name(cls, value: str | None) -> str | None:
+        if value is not None and not _MODULE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a module name: dotted identifiers, e.g. mytrain.main")
+        if value == "training":
+            raise ValueError("training is the reference trainer: remove entrypoint to run it")
+        return value
+
+    @field_validator("preload")
+    @classmethod
+    def _preload_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not _MODULE_NAME.match(name)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))}: not module names (dotted identifiers)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Entrypoint:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("give exactly one of module (python -m MODULE) or script (python SCRIPT)")
+        return self
+
+    def command(self) -> list[str]:
+        """What follows the launcher's own flags: `-m MODULE ARGS` or `SCRIPT ARGS`."""
+        head = ["-m", self.module] if self.module is not None else [str(self.script)]
+        return [*head, *self.args]
+
+
 class JobValues(_Section):
     """One training job. Top-level names are a contract with the ops and demo tooling."""
 
@@ -331,9 +389,21 @@ class JobValues(_Section):
     budgets: Budgets = Budgets()
     timeouts: Timeouts = Timeouts()
     storage: Storage = Storage()
+    entrypoint: Entrypoint | None = None
+    """Your own training script instead of the reference trainer (`python -m training`)."""
     trainer: dict[str, Any] = Field(default_factory=lambda: {"model": "tiny", "steps": 200})
-    """The trainer's own fields as a tree (`python -m training --help`): model, steps, seed, checkpoint
-    cadences, fault schedule, in-process timeouts... checked by the trainer's own parser at render time."""
+    """The reference trainer's fields as a tree (`python -m training --help`): model, steps, seed,
+    checkpoint cadences, fault schedule, in-process timeouts... checked by the trainer's own parser at
+    render time. With an `entrypoint`, only the kit's resilience fields (checkpoint, inprocess, ft,
+    dist, faults, metrics, seed; default: none set), checked the same way."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_reference_defaults_for_a_script(cls, data: Any) -> Any:  # noqa: ANN401
+        if isinstance(data, dict) and data.get("entrypoint") is not None and "trainer" not in data:
+            return {**data, "trainer": {}}
+        return data
+
     kueue_queue: str | None = None
     """Kueue LocalQueue to submit to (the Job is created suspended; Kueue admits it)."""
     priority_class: str | None = "nvrx-training"

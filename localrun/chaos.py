@@ -8,7 +8,9 @@ the reference for "nothing lost": its final-parameter hash is cached per configu
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +84,7 @@ def run_job(
     dist = run_dir / "dist"
     render(values, str(dist))
     events_root = trainer_run_dir(values, run_dir)
-    steps = int(values.trainer.get("steps", 0))
+    steps = script_steps(values) if values.entrypoint else int(values.trainer.get("steps", 0))
     stop = threading.Event()
     with Progress(
         TextColumn(f"[bold]{label}[/bold]"),
@@ -112,17 +114,42 @@ def run_job(
     return ChaosResult(job=result, trainer_run_dir=events_root)
 
 
-def _code_digest() -> str:
+def script_steps(values: JobValues) -> int:
+    """A script's loop length where its args say `--steps N` (the progress bar's total; 0: unknown)."""
+    args = values.entrypoint.args if values.entrypoint else []
+    for flag, value in itertools.pairwise(args):
+        if flag == "--steps" and value.isdigit():
+            return int(value)
+    return 0
+
+
+def _code_digest(values: JobValues) -> str:
+    """The trainer's code, and a script's own: its module's package (or its script's folder)."""
     digest = hashlib.sha256()
-    for path in sorted(_TRAINER_SOURCES.rglob("*.py")):
+    for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + _script_sources(values):
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def _script_sources(values: JobValues) -> list[Path]:
+    entry = values.entrypoint
+    if entry is None:
+        return []
+    if entry.script is not None:
+        return sorted(Path(entry.script).resolve().parent.rglob("*.py"))
+    # Where its pods find it: the project folder first (the executor puts it on their Python path).
+    relative = Path(*str(entry.module).split("."))
+    for base in (Path.cwd(), *map(Path, sys.path)):
+        for candidate in (base / relative.with_suffix(".py"), base / relative / "__init__.py"):
+            if candidate.is_file():
+                return sorted(candidate.parent.rglob("*.py"))
+    return []
 
 
 def fault_free_key(values: JobValues) -> str:
     """Same values (faults removed) and same trainer code -> same final parameters."""
     document: dict[str, Any] = without_faults(values).model_dump(mode="json")
-    blob = json.dumps(document, sort_keys=True) + _code_digest()
+    blob = json.dumps(document, sort_keys=True) + _code_digest(values)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 

@@ -59,9 +59,11 @@ def demo(
 
     # The values first: a bad file or override is one message at once, not after the synth.
     plan = ",".join(DEMO_FAULTS)
-    values = load_values(
-        values_path, (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}", *overrides)
-    )
+    # The reference trainer runs DEMO_STEPS; a script of your own runs the steps its args give (its
+    # ranks refuse a plan past them, exit 2, before anything is lost).
+    own_script = load_values(values_path, overrides).entrypoint is not None
+    steps = () if own_script else (f"trainer.steps={DEMO_STEPS}",)
+    values = load_values(values_path, (*steps, f"trainer.faults.plan={plan}", *overrides))
 
     console.rule("1. Cluster (CDK synth, offline)")
     if skip_synth:
@@ -72,10 +74,12 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
+    runs = (
+        " ".join(values.entrypoint.command()) if values.entrypoint else f"{values.trainer.get('steps')} steps"
+    )
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
-        f"{values.mode}, NVRx {values.resolved_nvrx_version}, {values.trainer.get('steps')} steps; "
-        f"faults: {plan}"
+        f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"
     )
 
     console.rule("3. Fault-free reference")

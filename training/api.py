@@ -72,7 +72,7 @@ from training.events import EventLog, imported_since_fork, process_created_at
 from training.faults import FaultInjector, InjectedFaultError, build_schedule
 from training.inputs import check_runtime_inputs
 from training.metrics import Metrics, checkpoint_intervals
-from training.resilience.config import ResilienceConfig, check_fault_plan
+from training.resilience.config import CONFIG_ENV, ResilienceConfig, check_fault_plan
 from training.resilience.layers import for_mode, install_termination_handler
 
 if TYPE_CHECKING:
@@ -92,9 +92,6 @@ __all__ = [
     "UserError",
     "load_config",
 ]
-
-CONFIG_ENV = "NVRX_EKS_CONFIG"
-"""The job's `ResilienceConfig` as a JSON object (the chart renders it for a script's entry point)."""
 
 RESERVED_NAMES = frozenset({"rng", "progress", "resilience"})
 """Keys of the checkpoint the kit writes itself beside the tracked objects."""

@@ -16,7 +16,7 @@ from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 from k8s.job_chart import node_address, store_endpoint
 from k8s.launcher import FT_LAUNCHER, launcher_command
 from k8s.load import load_values
-from k8s.trainer_args import trainer_args
+from k8s.trainer_args import entry_command
 from kitcore.pins import IMAGE
 from training.resilience.launch import launcher_argv, trainer_script
 
@@ -38,7 +38,7 @@ def _chart_command(mode: str) -> list[str]:
         values,
         store_endpoint=store_endpoint(values),
         node_address=node_address(values),
-        trainer_args=trainer_args(values),
+        entry=entry_command(values),
     )
 
 

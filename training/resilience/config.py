@@ -19,6 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from training.checkpoint.config import CheckpointConfig
 
+CONFIG_ENV = "NVRX_EKS_CONFIG"
+"""A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'
+`trainer` tree over the fields it owns (k8s/trainer_args.py `resilience_env`)."""
+
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 FaultClass = Literal[
     "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"

@@ -1,0 +1,1 @@
+"""A Hugging Face Llama trained with the kit: train.py."""
