@@ -12,12 +12,13 @@ setting is what it is:
 - podReplacementPolicy Failed: a replacement starts only once its predecessor has fully terminated, so
   two pods of one index never rendezvous at once.
 - podFailurePolicy: exit code 2 (a configuration error: bad flags, bad values, the self-check's
-  config/image verdict) fails the Job at once; the self-check's exit 75 (node problem) and a pod with
-  the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced without
-  consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is a
-  collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py) says
-  every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's pod exits
-  otherwise and is charged, so the budget still bounds the replacements.
+  config/image verdict) and NVRx's no-restart exit (a rank's bad input or a bug in the training script:
+  every launcher stops without a restart) fail the Job at once; the self-check's exit 75 (node problem)
+  and a pod with the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced
+  without consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is
+  a collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py)
+  says every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's
+  pod exits otherwise and is charged, so the budget still bounds the replacements.
 - Init containers: `python -m training.selfcheck` (can this node train?), then, with the peer replica,
   `python -m training.topology` (the node's zone and network nodes, for the partners: `topology_init`).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
@@ -53,7 +54,7 @@ from training.node.kubeapi import SA_DIR
 from training.node.nodecheck import VERIFIED_LABEL
 from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from training.node.topology import NODE_NAME_ENV
-from training.resilience.launch import COLLATERAL_EXIT_CODE
+from training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -607,11 +608,13 @@ def _failure_policy() -> k8s.PodFailurePolicy:
     return k8s.PodFailurePolicy(
         rules=[
             # A configuration error from any of our containers (the self-check's verdict, the
-            # launcher's argument parser): every pod would fail alike.
+            # launcher's argument parser), or NVRx's decision that the job must not restart (a rank's
+            # bad input or the same bug twice, training/resilience/nvrx_compat.py `stop_on_user_error`):
+            # every pod would fail alike.
             k8s.PodFailurePolicyRule(
                 action="FailJob",
                 on_exit_codes=k8s.PodFailurePolicyOnExitCodesRequirement(
-                    operator="In", values=[USER_ERROR_EXIT_CODE]
+                    operator="In", values=[USER_ERROR_EXIT_CODE, NO_RESTART_EXIT_CODE]
                 ),
             ),
             # The self-check found a node problem (GPU/EFA missing, disk not writable): like a

@@ -35,6 +35,13 @@ _PROCESS_FAILURE = re.compile(
 )
 # A rank its own launcher stopped (SIGTERM while stopping the worker group) failed because of another.
 _STOPPED = {str(code) for code in STOPPED_EXIT_CODES}
+# A rank's bad input or bug ended the job without a restart (training/resilience/nvrx_compat.py
+# `stop_on_user_error`): the launcher's last line names the rank and its error.
+_USER_ERROR = re.compile(
+    r"must not be restarted \(user_error\): local rank (?P<rank>\d+) exited \d+: (?P<message>.*?)"
+    r"(?:\. Agent's exit code = \d+)?$",
+    re.MULTILINE,
+)
 _KNOWN = (
     ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
     ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
@@ -75,6 +82,9 @@ def _rank_failure(rank: str, exitcode: str, message: str) -> Cause:
 
 def failure_cause(message: str) -> Cause:
     """The pod's cause in one line: the ranks' failures (own ones first), a known error, or the last line."""
+    user_error = _USER_ERROR.search(message)
+    if user_error:
+        return Cause(text=f"local rank {user_error['rank']}: {user_error['message'].strip()}", severity=2)
     failures = [
         _rank_failure(m["rank"], m["exitcode"], m["message"]) for m in _PROCESS_FAILURE.finditer(message)
     ]

@@ -206,7 +206,22 @@ class Job:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         with exit_on_user_error():
-            return _Process(self, train).run()
+            try:
+                return _Process(self, train).run()
+            except UserError as exc:
+                _record_for_the_launcher(exc)
+                raise
+
+
+def _record_for_the_launcher(exc: BaseException) -> None:
+    """The error's first line in torch elastic's per-worker error file: the launcher's failure summary,
+    the pod's termination message and `nvrx-eks job status` then name it (k8s/termination.py)."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # noqa: PLC0415
+
+    with contextlib.suppress(Exception):  # the message is a courtesy; the exit code is the verdict
+        ErrorHandler().record_exception(exc)
 
 
 class _Process:
@@ -355,8 +370,8 @@ class _Context:
                 "user_code_error", step=step, error=f"{type(exc).__name__}: {exc}"[:300], traceback=text
             )
             raise UserCodeError(
-                f"the training script failed the same way twice at step {step} "
-                f"(a bug, not a fault; nothing is retried):\n{text.rstrip()}"
+                f"the training script failed the same way twice at step {step}, a bug, not a fault (nothing "
+                f"is retried): {type(exc).__name__}: {str(exc)[:300]}\n{text.rstrip()}"
             ) from None
 
 

@@ -62,7 +62,7 @@ def test_job_shape(rendered):
         # problem (75), a launcher whose ranks were only stopped after a peer failed (76) and a disruption
         # replace the pod without consuming the budget.
         assert spec["podFailurePolicy"]["rules"] == [
-            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 93]}},
             {
                 "action": "Ignore",
                 "onExitCodes": {"containerName": "selfcheck", "operator": "In", "values": [75]},

@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kitcore.configio import USER_ERROR_EXIT_CODE
 from training.resilience.nvrx_compat import (
     LauncherBeat,
     capture_worker_failures,
@@ -51,6 +52,7 @@ from training.resilience.nvrx_compat import (
     keep_launcher_process_group,
     poll_rendezvous_faster,
     report_every_failed_worker,
+    stop_on_user_error,
 )
 
 WARM_MODULES = (
@@ -206,6 +208,11 @@ distinct from ft_launcher's 1, from the configuration error's 2, from the self-c
 and from the 128 + N of a signal."""
 
 
+NO_RESTART_EXIT_CODE = 93
+"""ft_launcher's exit when NVRx decided the job must not restart (its DEFAULT_NO_RESTART_EXIT_CODE; a
+test checks they agree): every launcher of the job exits with it, and the Job fails at once."""
+
+
 def is_collateral(failures: dict[int, Any]) -> bool:
     """Whether every failed worker (global rank -> ProcessFailure) was stopped by its own launcher."""
     return bool(failures) and all(f.exitcode in STOPPED_EXIT_CODES for f in failures.values())
@@ -294,6 +301,7 @@ def main() -> None:
     hand_over(ft_argv)
     alive = beat(ft_argv)
     report_every_failed_worker()
+    stop_on_user_error(USER_ERROR_EXIT_CODE)
     format_tracebacks_without_dynamo()
     poll_rendezvous_faster()
     failures = capture_worker_failures()

@@ -509,6 +509,83 @@ def report_every_failed_worker() -> None:
     context._poll = _poll  # noqa: SLF001
 
 
+USER_ERROR_REASON = "user_error"
+"""Why a job ends without a restart when a rank exited with the configuration error's exit code: its
+input or its script is wrong, the same way on every restart."""
+RESTART_DECISION = ("_handle_restart_decision", ("self", "role", "spec", "log_msg", "open_rendezvous"))
+"""ft_launcher's agent: restart the workers or give up, once a worker failed or a peer opened a round."""
+NO_RESTART_REASONS = "RDZV_NO_RESTART_REASONS"
+"""The barrier rendezvous' set of shutdown reasons every launcher reads as "end the job, no restart"."""
+
+
+USER_ERROR_LINE = "local rank {rank} exited {code}: {message}"
+"""How the launcher names a rank's bad input or bug on its way out (k8s/termination.py reads it)."""
+
+
+def user_error_line(failure: Any, exit_code: int) -> str:  # noqa: ANN401 - torch's ProcessFailure
+    """The rank and the first line of its error (torch elastic's error file, which training/api.py
+    writes), or a pointer to its log."""
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    first = str(message).strip().splitlines()[0][:300] if str(message).strip() else "see the rank's log"
+    return USER_ERROR_LINE.format(rank=failure.local_rank, code=exit_code, message=first)
+
+
+def stop_on_user_error(exit_code: int) -> None:
+    """A rank that exits `exit_code` (bad input, or the same bug twice: training/api.py `UserCodeError`)
+    ends the job at once, on every node, through NVRx's own no-restart path, instead of restarting into
+    the same failure until the launcher's and then the Job's budgets are spent.
+
+    The node whose rank failed broadcasts the reason (`signal_no_restart`) and raises NVRx's
+    NoRestartRequested; every launcher then exits NVRx's no-restart code, which the Job's
+    podFailurePolicy turns into a failed job (k8s/job_chart.py). The reason must be one the barrier
+    rendezvous reports to peers, so it joins that set."""
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher  # noqa: PLC0415
+
+    reasons = getattr(ft_rendezvous_barrier, NO_RESTART_REASONS, None)
+    if not isinstance(reasons, frozenset):
+        raise TypeError(
+            f"NVRx {NVRX_VERSION}: ft_rendezvous_barrier.{NO_RESTART_REASONS} is not a frozenset; check "
+            "training/resilience/nvrx_compat.py against this release"
+        )
+    setattr(ft_rendezvous_barrier, NO_RESTART_REASONS, reasons | {USER_ERROR_REASON})
+    agent = launcher.LocalElasticAgent
+    decide = require_internal(agent, *RESTART_DECISION)
+    if getattr(decide, "nvrx_eks_user_error", False):
+        return
+    context = _multiprocess_context()
+    poll = require_internal(context, *WORKER_POLL)
+    failed: dict[int, Any] = {}  # exit code -> the first failure with it
+
+    @functools.wraps(poll)  # keeps the signature `require_internal` checks
+    def _poll(self: Any) -> Any:  # noqa: ANN401
+        result = poll(self)
+        if result is not None and result.failures:
+            for failure in result.failures.values():
+                failed.setdefault(failure.exitcode, failure)
+        return result
+
+    @functools.wraps(decide)
+    def _handle_restart_decision(
+        self: Any,  # noqa: ANN401
+        role: str,
+        spec: Any,  # noqa: ANN401
+        log_msg: str,
+        open_rendezvous: bool = False,
+    ) -> Any:  # noqa: ANN401
+        failure = failed.get(exit_code)
+        if failure is not None:
+            self._rdzv_handler.signal_no_restart(USER_ERROR_REASON)
+            self._stop_workers(self._worker_group)
+            # The launcher's last line, so the pod's termination message names the rank's own error.
+            raise launcher.NoRestartRequested(USER_ERROR_REASON, user_error_line(failure, exit_code))
+        return decide(self, role, spec, log_msg, open_rendezvous=open_rendezvous)
+
+    _poll.nvrx_eks_every_failure = getattr(poll, "nvrx_eks_every_failure", False)  # type: ignore[attr-defined]
+    _handle_restart_decision.nvrx_eks_user_error = True  # type: ignore[attr-defined]
+    context._poll = _poll  # noqa: SLF001
+    agent._handle_restart_decision = _handle_restart_decision  # noqa: SLF001
+
+
 RENDEZVOUS_POLL_S = 0.1
 """The barrier rendezvous's poll while a node waits for a round to open and while a round closes."""
 STEP0_SLEEPS = 2
