@@ -147,7 +147,7 @@ def check_trainer_args(values: JobValues) -> ResilienceConfig:
     try:
         config = _check_script_config(values) if values.entrypoint else parse_args(trainer_args(values))
     except UserError as exc:
-        raise UserError(str(exc) if str(exc).startswith("trainer") else f"trainer: {exc}") from None
+        raise UserError(str(exc) if str(exc).startswith("trainer: ") else f"trainer: {exc}") from None
     from training.faults import build_schedule  # noqa: PLC0415
 
     # A script's loop length is its own (its `Attempt.steps` checks the plan against it): the ranks are
