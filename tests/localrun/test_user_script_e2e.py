@@ -1,0 +1,84 @@
+"""A training script the kit did not write, under the local job: every fault class recovered by its layer
+with a bit-identical verdict (a Hugging Face Llama, examples/hf_llama), and a bug in a script that ends
+the job once instead of spending every restart budget."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from k8s.termination import failure_cause, log_tail
+from localrun.demo import DEMO_FAULTS
+
+ROOT = Path(__file__).resolve().parents[2]
+HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
+    result = nvrx_eks("demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), timeout=560)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (summary_path,) = tmp_path.glob("demo-*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["final_params_sha256"] == summary["fault_free_params_sha256"]
+    assert {f["class"] for f in summary["faults"]} == {item.split("@")[0] for item in DEMO_FAULTS}
+    for fault in summary["faults"]:
+        assert fault["layer"] == fault["expected_layer"], fault
+        if fault["layer"] == "inprocess":
+            assert fault["steps_lost"] == 0, fault
+
+
+_BUGGY = """
+import torch
+
+from training import api as kit
+
+
+def train(attempt):
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    attempt.resume(model=model, optimizer=optimizer)
+    wrapped = attempt.data_parallel(model)
+    for step in attempt.steps(40):
+        if step == 12 and attempt.rank == 1:
+            raise ValueError("shapes do not match: a bug in the step")
+        wrapped(torch.ones(2, 4)).sum().backward()
+        with attempt.update():
+            optimizer.step()
+
+
+kit.Job().run(train)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_bug_in_the_script_ends_the_job_once_with_its_traceback(tmp_path, local_job):
+    script = tmp_path / "buggy.py"
+    script.write_text(textwrap.dedent(_BUGGY))
+    runner = type(local_job)()  # the session's runner stays on the reference job's values
+    runner.values = HF_VALUES
+    overrides = ["entrypoint.module=null", f"entrypoint.script={script}", "entrypoint.args=[]"]
+    result, events = runner.run(
+        tmp_path / "run", [*overrides, "entrypoint.preload=[]"], timeout_s=240, must_succeed=False
+    )
+    assert not result.succeeded
+    assert "PodFailurePolicy" in result.reason, result.reason
+    # One in-process restart proved it deterministic; no launcher restart, no replaced pod.
+    starts = local_job.events(events, "attempt_start")
+    assert max(e["attempt"] for e in starts) == 1, starts
+    assert {e["restart"] for e in starts} == {0}
+    assert len(result.pods) == 3
+    (bug,) = local_job.events(events, "user_code_error")
+    assert (bug["rank"], bug["step"]) == (1, 12)
+    assert "ValueError: shapes do not match: a bug in the step" in bug["traceback"]
+    assert str(script) in bug["traceback"]
+    # What `nvrx-eks job status` shows for the pod of rank 1: the rank and its error.
+    pod = next(p for p in result.pods if p.pod.endswith("-0-a0"))
+    cause = failure_cause(log_tail(Path(pod.log).read_text()))
+    assert "local rank 1" in cause.text, cause
+    assert "ValueError: shapes do not match" in cause.text, cause

@@ -1,0 +1,140 @@
+"""The public API's front door: its configuration, its entry shim and its bad-input messages, as a user's
+script meets them (one rank, a real process, the message and exit code a rank would give)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kitcore.configio import UserError
+from training import api
+from training.entry import resolve
+from training.resilience.config import CONFIG_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_config_comes_from_the_charts_json_variable(tmp_path):
+    document = {"mode": "baseline", "run_dir": str(tmp_path), "checkpoint": {"memory_every": 5}}
+    config = api.load_config({CONFIG_ENV: json.dumps(document)})
+    assert (config.mode, config.run_dir, config.checkpoint.memory_every) == ("baseline", tmp_path, 5)
+    assert api.load_config({}) == api.ResilienceConfig()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not json", f"{CONFIG_ENV} is not a JSON object"),
+        ("[1, 2]", f"{CONFIG_ENV} is not a JSON object"),
+        ('{"checkpoint": {"memory_every": -1}}', "checkpoint.memory_every"),
+        ('{"model": "tiny"}', "model"),  # the reference trainer's field: not the kit's
+    ],
+)
+def test_a_bad_config_variable_is_one_message_naming_the_field(raw, message):
+    with pytest.raises(UserError, match=message):
+        api.load_config({CONFIG_ENV: raw})
+
+
+def test_the_entry_shim_names_what_does_not_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"entrypoint.module no_such_package.train: .*install your package"):
+        resolve(["--module", "no_such_package.train"])
+    with pytest.raises(UserError, match=r"entrypoint.script missing.py: no such file"):
+        resolve(["--script", "missing.py", "--steps", "3"])
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert resolve(["--script", "train.py", "--steps", "3"]) == (
+        "script",
+        str(tmp_path / "train.py"),
+        ["--steps", "3"],
+    )
+    assert resolve(["--module", "json.tool", "-h"]) == ("module", "json.tool", ["-h"])
+
+
+_PRELUDE = """
+import sys, torch
+from training import api as kit
+
+def build():
+    model = torch.nn.Linear(4, 4)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+_MISUSES = {
+    "not_stateful": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer, data=[1, 2, 3])
+""",
+        "data: a list has no state_dict()/load_state_dict()",
+    ),
+    "steps_before_resume": (
+        """
+def train(attempt):
+    for step in attempt.steps(3):
+        pass
+""",
+        "attempt.steps() before attempt.resume()",
+    ),
+    "update_outside_steps": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer)
+    with attempt.update():
+        optimizer.step()
+""",
+        "attempt.update() outside attempt.steps()",
+    ),
+    "step_without_update": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer)
+    for step in attempt.steps(10):
+        model(torch.ones(1, 4)).sum().backward()
+""",
+        "step 0 ended without attempt.update()",
+    ),
+    "no_loop": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer)
+""",
+        "returned without running attempt.steps(N)",
+    ),
+    "fault_past_the_loop": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer)
+    for step in attempt.steps(5):
+        with attempt.update():
+            optimizer.step()
+""",
+        "faults.plan: 'exception@9' is at step 9, but the run's steps are 0..4",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MISUSES))
+def test_an_api_call_out_of_order_is_one_message_and_exit_2(case, tmp_path):
+    body, message = _MISUSES[case]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(body) + "\nkit.Job().run(train)\n")
+    config = {"run_dir": str(tmp_path / "run"), "faults": {"plan": ["exception@9"]}}
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT"}}
+    env |= {CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert message in out, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
