@@ -1,5 +1,5 @@
 """Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `report`,
-`bench peer`, `bench scale`, `bench store`, `bench checkpoint`, `local run`."""
+`bench peer`, `bench api`, `bench scale`, `bench store`, `bench checkpoint`, `local run`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from kitcore import paths
+from localrun.api_bench import DEFAULT_BLOCKS as API_BLOCKS
+from localrun.api_bench import DEFAULT_STEPS as API_STEPS
 from localrun.checkpoint_bench import commands as checkpoint_bench_commands
 from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 from localrun.scale_bench import DEFAULT_STEPS as SCALE_STEPS
@@ -98,6 +100,17 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             mix=mix,
             **kwargs,
         )
+
+    @bench.command("api")
+    def bench_api_cmd(
+        steps: Annotated[int, typer.Option(min=20, help="Steps per loop.")] = API_STEPS,
+        blocks: Annotated[int, typer.Option(min=1, help="Blocks of (plain, api) loops.")] = API_BLOCKS,
+        model: Annotated[str, typer.Option(help="Model preset (training/shapes.py).")] = "tiny",
+    ) -> None:
+        """The public API's cost per step against the same loop in plain PyTorch (localrun/api_bench.py)."""
+        from localrun.api_bench import bench_api, print_bench  # noqa: PLC0415
+
+        print_bench(bench_api(model_name=model, steps=steps, blocks=blocks))
 
     @bench.command("scale")
     def bench_scale_cmd(

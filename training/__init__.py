@@ -1,7 +1,10 @@
 """What a rank runs, and all the training image ships besides kitcore/.
 
-- The loop, at the top: `python -m training` (__main__.py, run.py, trainer.py), its config, data, model,
-  parallel layout, metrics, events and injected faults.
+- api.py: the public API any training script uses (docs/your-script.md); everything below is behind it.
+- The reference trainer, its first client: `python -m training` (__main__.py, trainer.py, config.py,
+  model.py, data.py, shapes.py); it imports nothing of the kit but api.py (an import contract).
+- What the API composes: the parallel layout, metrics, events and injected faults; entry.py runs a
+  script of your own in a launcher's worker.
 - resilience/: every seam with NVRx (in-process restart, ft_launcher, the rendezvous store's process).
 - node/: can this node train (the pod's self-check, the node-check DaemonSet), and where it sits (the
   pod's topology init container).
