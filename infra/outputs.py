@@ -17,4 +17,7 @@ OUTPUT_KEYS = (
     "TrainingNamespace",
     "TrainingServiceAccount",
     "GpuNodeGroups",
+    # The role with the cluster's admin access entry: `nvrx-eks job ... --stack` and
+    # `aws eks update-kubeconfig --role-arn` reach the API as it.
+    "AdminRoleArn",
 )

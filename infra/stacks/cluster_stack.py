@@ -246,6 +246,7 @@ class ClusterStack(Stack):
             "GpuNodeGroups": json.dumps(
                 {group.nodegroup_name: group.profile.name for group in self.gpu_node_groups}, sort_keys=True
             ),
+            "AdminRoleArn": self.training_cluster.admin_role.role_arn,
         }
         for key in OUTPUT_KEYS:
             CfnOutput(self, key, value=values[key])

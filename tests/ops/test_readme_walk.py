@@ -259,6 +259,11 @@ class Deployed:
         ecr = session.client("ecr", region_name=REGION)
         for logical in self.of_type("AWS::ECR::Repository"):
             ecr.create_repository(repositoryName=self.physical[logical])
+        s3 = session.client("s3", region_name=REGION)
+        for logical in self.of_type("AWS::S3::Bucket"):
+            s3.create_bucket(
+                Bucket=self.physical[logical], CreateBucketConfiguration={"LocationConstraint": REGION}
+            )
         iam = session.client("iam")
         trust = json.dumps({"Version": "2012-10-17", "Statement": []})
         for logical in self.of_type("AWS::IAM::Role"):
@@ -374,7 +379,7 @@ class StandInCluster:
             "status": status,
         }
 
-    def handle(self, method: str, url: str, headers: dict, body: Any) -> tuple[int, Any]:  # noqa: ANN401, PLR0911
+    def handle(self, method: str, url: str, headers: dict, body: Any) -> tuple[int, Any]:  # noqa: PLR0911
         caller = self.caller(headers)
         if caller is None:
             return 401, {"kind": "Status", "message": "Unauthorized", "code": 401}
