@@ -325,14 +325,19 @@ class CheckpointBucketConfig(_Model):
 
 
 class EcrConfig(_Model):
-    repository_name: str = "nvrx-eks/trainer"
+    repository_name: str | None = None
+    """None (the default): CloudFormation names the repository after the stack (the job tooling reads
+    its URI from the stack output ImageRepositoryUri). The repository outlives the stack (it holds
+    the images), so a fixed name blocks the next create of a stack of that name until the old
+    repository is deleted by hand."""
     keep_images: int = Field(30, ge=1)
     """Tagged images kept; untagged ones expire after a day."""
 
     @field_validator("repository_name")
     @classmethod
-    def _repository_name(cls, value: str) -> str:
-        _problem(rules.ecr_repository_problem(value))
+    def _repository_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            _problem(rules.ecr_repository_problem(value))
         return value
 
 

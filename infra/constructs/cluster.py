@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Literal
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -15,6 +15,7 @@ from constructs import Construct
 
 from infra import nag
 from infra.constructs import launch_template as lt
+from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
 from k8s import names
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class TrainingCluster(Construct):
             "SecretsKey",
             enable_key_rotation=True,
             description=f"{cluster_name}: envelope encryption of Kubernetes secrets",
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
         )
         endpoint = _ENDPOINTS[endpoint_access]
         if endpoint_access != "private":

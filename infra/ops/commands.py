@@ -155,10 +155,13 @@ def preflight(
 
             job = load_values(job_values, [])
         target = checks.target_from_config(cfg)
-        run = checks.Preflight(session=_session(profile, cfg.region), target=target)
-        results = run.run()
-        if job is not None:
-            results.append(checks.job_capacity(cfg, job))
+        # What needs no AWS call first: a job that cannot fit or an image by tag is reported without
+        # credentials (offline, in CI), and no AWS call is made for a deploy that would be refused.
+        offline = checks.offline_checks(target, config=cfg, job=job)
+        results = offline
+        if not checks.failed(offline):
+            run = checks.Preflight(session=_session(profile, cfg.region), target=target)
+            results = run.run_online() + offline
     make_console().print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:

@@ -141,6 +141,10 @@ class Preflight:
         """The account the credentials belong to (set by the first check)."""
 
     def run(self) -> list[CheckResult]:
+        return self.run_online() + offline_checks(self._target)
+
+    def run_online(self) -> list[CheckResult]:
+        """The checks that ask AWS (the first one, the caller's identity, needs credentials)."""
         results = [self._identity()]
         if self._target.kubernetes_version is not None:
             results.append(self._guarded_kubernetes(self._target.kubernetes_version))
@@ -151,7 +155,6 @@ class Preflight:
                 results.append(self._guarded("capacity reservation", group, self._reservation))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
-        results.extend(image_digest(image) for image in self._target.images)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -632,6 +635,17 @@ def image_targets(config: ClusterConfig) -> tuple[ImageTarget, ...]:
         fix=NODE_CHECK_DIGEST_FIX,
     )
     return (*charts, node_check)
+
+
+def offline_checks(
+    target: PreflightTarget, *, config: ClusterConfig | None = None, job: JobValues | None = None
+) -> list[CheckResult]:
+    """The checks that need no AWS call: every deployed image by digest, and the job's nodes + spares
+    against the node groups (with `job`). They run first, so they work without credentials."""
+    results = [image_digest(image) for image in target.images]
+    if config is not None and job is not None:
+        results.append(job_capacity(config, job))
+    return results
 
 
 def failed(results: Iterable[CheckResult]) -> list[CheckResult]:

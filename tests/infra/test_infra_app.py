@@ -569,7 +569,7 @@ def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
     bad.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace("repository_name: nvrx-eks/trainer", "repository_name: Bad//Repo")
+        .replace("\naddons:", "\necr:\n  repository_name: Bad//Repo\naddons:")
     )
     env = {
         **os.environ,
@@ -881,3 +881,84 @@ def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
     (manifest,) = _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
     (daemon_set,) = [o for o in _manifest_objects(manifest) if o["kind"] == "DaemonSet"]
     assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]
+
+
+# -- what a failed first deploy leaves, and how the private API is reached -------------------------
+
+_KEPT_DATA = ("AWS::ECR::Repository", "AWS::FSx::FileSystem", "AWS::KMS::Key")
+# Properties that give a resource a fixed physical name: kept by a Retain policy, it blocks the
+# next create of the same stack.
+_FIXED_NAMES = ("RepositoryName", "BucketName", "FileSystemName", "AliasName", "RoleName", "LogGroupName")
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_data_outlives_the_stack_but_not_a_failed_create(synthesized, name):
+    template = Template.from_json(synthesized[name])
+    for kind in _KEPT_DATA:
+        found = template.find_resources(kind)
+        assert found, kind
+        template.all_resources(
+            kind, {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
+        )
+    retained = {
+        logical: resource
+        for logical, resource in synthesized[name]["Resources"].items()
+        if resource.get("DeletionPolicy") in {"Retain", "RetainExceptOnCreate"}
+    }
+    named = {
+        logical: key
+        for logical, resource in retained.items()
+        for key in _FIXED_NAMES
+        if key in resource.get("Properties", {})
+    }
+    assert named == {}, "a kept resource with a fixed name blocks the next create"
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_the_admin_role_output_is_the_principal_of_the_admin_access_entry(synthesized, name):
+    template = Template.from_json(synthesized[name])
+    value = synthesized[name]["Outputs"]["AdminRoleArn"]["Value"]
+    template.has_resource_properties(
+        "AWS::EKS::AccessEntry",
+        {
+            "PrincipalArn": value,
+            "AccessPolicies": [
+                Match.object_like(
+                    {
+                        "AccessScope": {"Type": "cluster"},
+                        "PolicyArn": Match.object_like(
+                            {
+                                "Fn::Join": [
+                                    "",
+                                    Match.array_with(
+                                        [Match.string_like_regexp("AmazonEKSClusterAdminPolicy")]
+                                    ),
+                                ]
+                            }
+                        ),
+                    }
+                )
+            ],
+        },
+    )
+
+
+def test_gpu_nodes_give_containers_the_memlock_limit_efa_needs(synthesized):
+    import yaml  # noqa: PLC0415
+
+    template = Template.from_json(synthesized["p5-capacity-block"])
+    templates = template.find_resources(
+        "AWS::EC2::LaunchTemplate",
+        {"Properties": {"LaunchTemplateData": {"UserData": Match.any_value()}}},
+    )
+    assert templates
+    for resource in templates.values():
+        user_data = resource["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+        (node_config,) = [
+            yaml.safe_load(part.split("---\n", 1)[1])
+            for part in user_data.split("--==NVRXEKS==")
+            if "application/node.eks.aws" in part
+        ]
+        rlimits = node_config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]
+        memlock = {r["type"]: r for r in rlimits}["RLIMIT_MEMLOCK"]
+        assert memlock["soft"] == memlock["hard"] >= 2**60

@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -31,6 +32,7 @@ from infra.ops.preflight import (
 from kitcore import pins
 from kitcore.configio import UserError
 
+ROOT = Path(__file__).resolve().parents[2]
 P_QUOTA = "L-417A185B"
 G_QUOTA = "L-DB2E81BA"
 
@@ -744,3 +746,23 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
     )
     assert "nvrx-eks image pin" in result.output
     assert not (tmp_path / "state").exists()
+
+
+def test_offline_checks_fail_first_without_asking_for_credentials(preflight_cli, monkeypatch, tmp_path):
+    """A job that cannot fit is reported from the two files alone: no AWS call, so no credentials."""
+    from infra.ops import commands  # noqa: PLC0415
+
+    def no_aws(profile, region):
+        raise AssertionError("preflight asked AWS before its offline checks failed")
+
+    monkeypatch.setattr(commands, "_session", no_aws)
+    values = tmp_path / "job.yaml"
+    values.write_text(
+        (ROOT / "k8s" / "values" / "p5-2.yaml").read_text().replace("num_nodes: 2", "num_nodes: 8\nspares: 1")
+    )
+    result = preflight_cli("--job-values", str(values))
+    assert result.exit_code == 3, result.output
+    assert "FAIL job capacity [llama-8b-p5-2: 8 nodes + 1 spares]: needs 9 p5.48xlarge nodes" in (
+        " ".join(result.output.split())
+    )
+    assert "credentials" not in result.output

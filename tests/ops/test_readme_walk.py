@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -559,10 +560,13 @@ class Walk:
         assert argv[2] == "deploy", f"`{shlex.join(argv)}`: the walk deploys only"
         assert self.bootstrapped, "cdk deploy before cdk bootstrap"
         context = dict(argv[i + 1].split("=", 1) for i, word in enumerate(argv) if word == "-c")
+        import aws_cdk  # noqa: PLC0415
+
         from infra import app as infra_app  # noqa: PLC0415
 
         outdir = self.cwd / "cdk.out"
-        self.monkeypatch.setenv("CDK_OUTDIR", str(outdir))
+        # Where the CDK CLI would read the assembly (CDK_OUTDIR reaches only a jsii kernel started later).
+        self.monkeypatch.setattr(aws_cdk, "App", functools.partial(aws_cdk.App, outdir=str(outdir)))
         self.monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", ACCOUNT)
         self.monkeypatch.setenv("NVRX_EKS_CDK_COMMAND", "deploy")
         try:
