@@ -426,6 +426,11 @@ class ClusterConfig(_Model):
     """12-digit AWS account; None: CDK_DEFAULT_ACCOUNT, else a placeholder (synth stays offline)."""
     region: str
     kubernetes_version: str = pins.DEFAULT_KUBERNETES_VERSION
+    support_after_standard: Literal["upgrade", "extended"] = "upgrade"
+    """What EKS does when the version's standard support ends (the cluster's upgrade policy).
+    upgrade (default): EKS upgrades the control plane to the next version (nodes keep theirs until
+    their group is updated); extended: the cluster stays on its version for up to 12 more months at
+    EKS's extended-support price. Unset, EKS chooses extended, and its pricing starts unannounced."""
     availability_zones: list[str] = Field(min_length=2, max_length=6)
     """AZs of the VPC (EKS needs subnets in at least two)."""
     gpu_availability_zone: str | None = None

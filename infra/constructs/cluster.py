@@ -50,6 +50,7 @@ class TrainingCluster(Construct):
         *,
         cluster_name: str,
         kubernetes_version: str,
+        support_after_standard: str = "upgrade",
         vpc: ec2.IVpc,
         subnets: Sequence[ec2.ISubnet],
         endpoint_access: EndpointKind,
@@ -102,6 +103,12 @@ class TrainingCluster(Construct):
                 security_groups=[self.kubectl_security_group],
             ),
             output_config_command=False,
+        )
+        # The upgrade policy, stated (EKS's own default is extended support, billed as such):
+        # https://docs.aws.amazon.com/eks/latest/userguide/view-upgrade-policy.html
+        cfn_cluster = self.cluster.node.default_child
+        cfn_cluster.add_property_override(  # type: ignore[union-attr]
+            "UpgradePolicy.SupportType", "EXTENDED" if support_after_standard == "extended" else "STANDARD"
         )
         if log_group is not None:
             # EKS creates /aws/eks/<name>/cluster itself unless it exists: the declared group (with

@@ -65,6 +65,7 @@ class ClusterStack(Stack):
             "Eks",
             cluster_name=config.name,
             kubernetes_version=config.kubernetes_version,
+            support_after_standard=config.support_after_standard,
             vpc=network.vpc,
             subnets=network.private_subnets,
             endpoint_access=config.endpoint_access,

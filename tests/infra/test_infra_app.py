@@ -962,3 +962,20 @@ def test_gpu_nodes_give_containers_the_memlock_limit_efa_needs(synthesized):
         rlimits = node_config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]
         memlock = {r["type"]: r for r in rlimits}["RLIMIT_MEMLOCK"]
         assert memlock["soft"] == memlock["hard"] >= 2**60
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_the_cluster_states_its_upgrade_policy(synthesized, name):
+    # Unset, EKS moves a cluster past standard support into extended support and its pricing.
+    Template.from_json(synthesized[name]).has_resource_properties(
+        "AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "STANDARD"}}
+    )
+
+
+def test_extended_support_is_a_choice_in_the_config(tmp_path):
+    config = infra_app.load_config(CONFIGS / "default.yaml", ["support_after_standard=extended"])
+    app = App(outdir=str(tmp_path))
+    stack = infra_app.build(app, config, account="111111111111", nag=False)
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "EXTENDED"}}
+    )
