@@ -330,8 +330,10 @@ class EcrConfig(_Model):
     its URI from the stack output ImageRepositoryUri). The repository outlives the stack (it holds
     the images), so a fixed name blocks the next create of a stack of that name until the old
     repository is deleted by hand."""
-    keep_images: int = Field(30, ge=1)
-    """Tagged images kept; untagged ones expire after a day."""
+    keep_images: int | None = Field(None, ge=1)
+    """None (the default): every tagged image is kept; untagged ones expire after a day. A count
+    expires the oldest tags beyond it, including ones a running job or the deployed node check still
+    pulls (a replacement node could then not start them): set one only with that in mind."""
 
     @field_validator("repository_name")
     @classmethod

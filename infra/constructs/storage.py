@@ -67,7 +67,7 @@ class DurableStorage(Construct):
         expire_days: int | None,
         retain_bucket: bool,
         repository_name: str | None,
-        keep_images: int,
+        keep_images: int | None,
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -124,6 +124,9 @@ class DurableStorage(Construct):
             encryption=ecr.RepositoryEncryption.KMS,
             encryption_key=self.key,
             removal_policy=KEEP_UNLESS_CREATE_FAILS,
+            # Tagged images stay unless the config caps them: ECR cannot tell which ones a deployed
+            # object (a job's pods, the node check) still pulls, and a node that joins later needs
+            # them; each push adds two (trainer and store).
             lifecycle_rules=[
                 ecr.LifecycleRule(
                     rule_priority=1,
@@ -131,11 +134,17 @@ class DurableStorage(Construct):
                     tag_status=ecr.TagStatus.UNTAGGED,
                     max_image_age=Duration.days(1),
                 ),
-                ecr.LifecycleRule(
-                    rule_priority=2,
-                    description=f"keep the newest {keep_images} images",
-                    tag_status=ecr.TagStatus.ANY,
-                    max_image_count=keep_images,
+                *(
+                    [
+                        ecr.LifecycleRule(
+                            rule_priority=2,
+                            description=f"keep the newest {keep_images} images",
+                            tag_status=ecr.TagStatus.ANY,
+                            max_image_count=keep_images,
+                        )
+                    ]
+                    if keep_images
+                    else []
                 ),
             ],
         )

@@ -979,3 +979,22 @@ def test_extended_support_is_a_choice_in_the_config(tmp_path):
     Template.from_stack(stack).has_resource_properties(
         "AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "EXTENDED"}}
     )
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_ecr_expires_no_tagged_image_a_deployment_may_still_pull(synthesized, name):
+    (repository,) = Template.from_json(synthesized[name]).find_resources("AWS::ECR::Repository").values()
+    rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    assert [r["selection"]["tagStatus"] for r in rules] == ["untagged"]
+
+
+def test_a_capped_ecr_keeps_the_newest_images(tmp_path):
+    config = infra_app.load_config(CONFIGS / "default.yaml", ["ecr.keep_images=200"])
+    stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
+    (repository,) = Template.from_stack(stack).find_resources("AWS::ECR::Repository").values()
+    rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    assert rules[1]["selection"] == {
+        "tagStatus": "any",
+        "countType": "imageCountMoreThan",
+        "countNumber": 200,
+    }
