@@ -223,7 +223,14 @@ def main(context: Mapping[str, object] | None = None) -> None:
         account, _ = environment_for(config, os.environ)
         if deploy_gate.is_deploy():
             _gate_deploy(config, context, config_path=str(path), account=account)
-        build(app, config, account=account)
+        stack = build(app, config, account=account)
+        problem = None
+        if deploy_gate.skip_reason(context) is None:
+            problem = deploy_gate.pass_problem(
+                config, account=account, now=datetime.now(UTC), directory=deploy_gate.state_dir()
+            )
+        if problem is not None:
+            deploy_gate.refuse_deploy_in_template(stack, problem=problem, config_path=str(path))
         app.synth()
 
 

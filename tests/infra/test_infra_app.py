@@ -998,3 +998,41 @@ def test_a_capped_ecr_keeps_the_newest_images(tmp_path):
         "countType": "imageCountMoreThan",
         "countNumber": 200,
     }
+
+
+def test_a_template_synthesized_without_a_pass_is_refused_by_cloudformation(monkeypatch, tmp_path):
+    """Every deploy path checks the gate: the CDK CLI run directly (no wrapper tells the app it deploys)
+    or `cdk deploy --app cdk.out` deploys a template that carries a rule CloudFormation evaluates
+    before it creates anything."""
+    import functools  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    import aws_cdk  # noqa: PLC0415
+
+    from infra import deploy_gate  # noqa: PLC0415
+
+    monkeypatch.delenv(deploy_gate.CDK_COMMAND_ENV, raising=False)
+    monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path / "state"))
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "111111111111")
+    config = str(CONFIGS / "p5-capacity-block.yaml")
+
+    def synth(outdir: Path) -> dict:
+        monkeypatch.setattr(aws_cdk, "App", functools.partial(App, outdir=str(outdir)))
+        infra_app.main({"config": config})
+        return json.loads((outdir / "nvrx-eks-p5.template.json").read_text())
+
+    refused = synth(tmp_path / "no-pass")
+    (assertion,) = refused["Rules"][deploy_gate.GATE_RULE]["Assertions"]
+    assert assertion["Assert"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": deploy_gate.GATE_PARAMETER}, "none"]}]}
+    assert refused["Parameters"][deploy_gate.GATE_PARAMETER]["Default"] == "none"
+    assert "no passing preflight is recorded for nvrx-eks-p5" in assertion["AssertDescription"]
+    assert f"nvrx-eks preflight -c {config}" in assertion["AssertDescription"]
+    errors = [m for m in lint(json.dumps(refused), regions=["us-east-2"]) if m.rule.id.startswith("E")]
+    assert errors == []
+
+    deploy_gate.record_pass(
+        _gate_config(), account="111111111111", now=datetime.now(UTC), directory=tmp_path / "state"
+    )
+    admitted = synth(tmp_path / "pass")
+    assert deploy_gate.GATE_RULE not in admitted.get("Rules", {})
+    assert deploy_gate.GATE_PARAMETER not in admitted.get("Parameters", {})

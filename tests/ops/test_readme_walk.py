@@ -239,6 +239,32 @@ class Deployed:
             return f"arn:aws:iam::{ACCOUNT}:role/{name}"
         return f"{name}-{attribute.lower()}"
 
+    def failed_rules(self) -> list[str]:
+        """What CloudFormation checks before it creates anything: each rule assertion that fails with
+        the parameters at their defaults (the bootstrap stack's version: a current one)."""
+        values = {name: p.get("Default") for name, p in self.template.get("Parameters", {}).items()}
+        values["BootstrapVersion"] = "30"
+
+        def holds(expression: Any) -> Any:
+            if not isinstance(expression, dict):
+                return expression
+            ((function, argument),) = expression.items()
+            if function == "Ref":
+                return values[argument]
+            arguments = [holds(a) for a in argument]
+            return {
+                "Fn::Not": lambda: not arguments[0],
+                "Fn::Equals": lambda: arguments[0] == arguments[1],
+                "Fn::Contains": lambda: arguments[1] in arguments[0],
+            }[function]()
+
+        return [
+            assertion["AssertDescription"]
+            for rule in self.template.get("Rules", {}).values()
+            for assertion in rule["Assertions"]
+            if not holds(assertion["Assert"])
+        ]
+
     def outputs(self) -> dict[str, str]:
         return {key: str(self.resolve(o["Value"])) for key, o in self.template.get("Outputs", {}).items()}
 
@@ -579,6 +605,8 @@ class Walk:
         [stack] = [k for k, v in manifest["artifacts"].items() if v["type"] == "aws:cloudformation:stack"]
         template = json.loads((outdir / f"{stack}.template.json").read_text())
         self.deployed = Deployed(template, stack=stack)
+        refused = self.deployed.failed_rules()
+        assert not refused, f"CloudFormation refuses the template: {refused}"
         self.deployed.create_in(self.session)
         self.cluster.admins = self.deployed.admin_principals()
 
@@ -670,3 +698,15 @@ def test_the_walk_reads_every_command_of_the_block():
     assert commands[0].argv[0] == "source"
     assert {s.step for s in commands} >= {"0", "6"}
     assert all(c.argv[0] in {"source", "nvrx-eks", "npx", "aws", "cp"} for c in commands), commands
+
+
+def test_the_deploy_stand_in_refuses_what_cloudformation_rules_refuse():
+    gate = {"Fn::Not": [{"Fn::Equals": [{"Ref": "PreflightPass"}, "none"]}]}
+    template = {
+        "Resources": {},
+        "Parameters": {"PreflightPass": {"Type": "String", "Default": "none"}},
+        "Rules": {"PreflightPassed": {"Assertions": [{"Assert": gate, "AssertDescription": "no pass"}]}},
+    }
+    assert Deployed(template, stack="s").failed_rules() == ["no pass"]
+    template["Parameters"]["PreflightPass"]["Default"] = "given"
+    assert Deployed(template, stack="s").failed_rules() == []
