@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.config import NODE_CHECK_DIGEST_FIX
+from infra.ops import charts
 from infra.ops.aws import ServiceError, aws_errors, error_code
 from kitcore import pins
 from kitcore.configio import UserError
@@ -109,6 +110,8 @@ class PreflightTarget:
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
+    charts: tuple[pins.ChartPin, ...] = ()
+    """Helm charts whose pinned version must be published in their repository."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +158,7 @@ class Preflight:
                 results.append(self._guarded("capacity reservation", group, self._reservation))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
+        results.extend(chart_version(chart) for chart in self._target.charts)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -584,6 +588,39 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
             for group in config.gpu_node_groups
         ),
         images=image_targets(config),
+        # Every pinned chart, installed by this config or not, as for the add-on pins.
+        charts=tuple(pins.HELM_CHARTS.values()),
+    )
+
+
+CHART_CHECK = "Helm chart version"
+
+
+def chart_version(pin: pins.ChartPin) -> CheckResult:
+    """Pass when the chart's repository publishes the pinned version (the stack installs it at deploy)."""
+    subject = f"{pin.chart} {pin.version}"
+    try:
+        found, versions = charts.published(pin, charts.http_get)
+    except charts.ChartLookupError as exc:
+        return CheckResult(
+            check=CHART_CHECK,
+            subject=subject,
+            status=Status.FAIL,
+            detail=str(exc),
+            fix="run preflight where the chart repository is reachable (the deploy's handler pulls it too)",
+        )
+    if found:
+        return CheckResult(
+            check=CHART_CHECK, subject=subject, status=Status.PASS, detail=f"published in {pin.repository}"
+        )
+    seen = f"; it publishes {', '.join(versions)}" if versions else ""
+    return CheckResult(
+        check=CHART_CHECK,
+        subject=subject,
+        status=Status.FAIL,
+        detail=f"{pin.repository} does not publish {pin.chart} {pin.version}{seen}",
+        fix="pin a published version in kitcore/pins.py HELM_CHARTS (with its images), then run "
+        "`nvrx-eks image pin`",
     )
 
 

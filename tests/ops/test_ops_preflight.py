@@ -393,11 +393,11 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
-    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on and
-    # per chart image, and the line saying the pass was recorded for `cdk deploy`
+    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on, per
+    # chart version and per chart image, and the line saying the pass was recorded for `cdk deploy`
     table, recorded = result.output.split("preflight passed; recorded in")
     images = sum(len(chart.images) for chart in pins.HELM_CHARTS.values())
-    assert table.count("pass") == 8 + len(pins.EKS_ADDONS) + images
+    assert table.count("pass") == 8 + len(pins.EKS_ADDONS) + len(pins.HELM_CHARTS) + images
     # The node check by tag (no node_check.image_digest) warns and does not stop the pass.
     assert table.count("warn") == 1
     assert "state/preflight/nvrx-eks.json: `cdk deploy` of this config may start within 24 h" in recorded
