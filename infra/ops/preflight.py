@@ -75,6 +75,9 @@ class NodeGroupTarget:
     max_nodes: int
     capacity: CapacityKind = "on_demand"
     reservation_id: str | None = None
+    min_nodes: int = 0
+    desired_nodes: int = 0
+    """The sizes the template gives the group (a deploy that changes its scaling writes all three)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +110,8 @@ class PreflightTarget:
     region: str
     availability_zone: str
     node_groups: tuple[NodeGroupTarget, ...]
+    cluster_name: str | None = None
+    """The EKS cluster the stack creates (the config's `name`): a deployed one's groups are compared."""
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
@@ -156,6 +161,8 @@ class Preflight:
             results.append(self._guarded("EFA supported", group, self._efa))
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
+            if self._target.cluster_name is not None:
+                results.append(self._guarded(LIVE_SIZE_CHECK, group, self._live_size))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
         results.extend(chart_version(chart) for chart in self._target.charts)
@@ -258,6 +265,49 @@ class Preflight:
             status=Status.FAIL,
             detail=f"{group.instance_type} does not support EFA",
             fix="pick an EFA-capable type (EC2 user guide: efa-acc-inst-types), e.g. p5.48xlarge",
+        )
+
+    def _live_size(self, group: NodeGroupTarget) -> CheckResult:
+        """A deploy that changes a group's min or max writes the template's desired size too: when that
+        is below the nodes the group runs (scaled by hand for a job), the deploy would remove nodes
+        under the job."""
+        eks = self._session.client("eks")
+        with aws_errors("eks:DescribeNodegroup"):
+            try:
+                live = eks.describe_nodegroup(clusterName=self._target.cluster_name, nodegroupName=group.name)
+            except Exception as exc:
+                if error_code(exc) == "ResourceNotFoundException":
+                    return CheckResult(
+                        check=LIVE_SIZE_CHECK,
+                        subject=group.name,
+                        status=Status.PASS,
+                        detail="not deployed yet",
+                    )
+                raise
+        scaling = live["nodegroup"].get("scalingConfig", {})
+        running = int(scaling.get("desiredSize", 0))
+        same_bounds = (scaling.get("minSize"), scaling.get("maxSize")) == (group.min_nodes, group.max_nodes)
+        if running <= group.desired_nodes or same_bounds:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK,
+                subject=group.name,
+                status=Status.PASS,
+                detail=f"runs {running}; the deploy leaves it"
+                + ("" if same_bounds else f" at {group.desired_nodes} or more"),
+            )
+        return CheckResult(
+            check=LIVE_SIZE_CHECK,
+            subject=group.name,
+            status=Status.FAIL,
+            detail=(
+                f"runs {running} nodes; the deploy changes its min/max "
+                f"({scaling.get('minSize')}/{scaling.get('maxSize')} -> {group.min_nodes}/{group.max_nodes}) "
+                f"and so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
+            ),
+            fix=(
+                "deploy when no job needs the nodes (scale the group down first), or keep min_size/max_size "
+                "as deployed for now"
+            ),
         )
 
     def _reservation(self, group: NodeGroupTarget) -> CheckResult:
@@ -567,6 +617,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
     return PreflightTarget(
         region=config.region,
         availability_zone=config.gpu_availability_zone,
+        cluster_name=config.name,
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(
@@ -584,6 +635,8 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
                 max_nodes=group.max_size,
                 capacity=group.capacity.type,
                 reservation_id=group.capacity.reservation_id,
+                min_nodes=group.min_size,
+                desired_nodes=group.desired_size,
             )
             for group in config.gpu_node_groups
         ),
@@ -594,6 +647,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
 
 
 CHART_CHECK = "Helm chart version"
+LIVE_SIZE_CHECK = "live node group size"
 
 
 def chart_version(pin: pins.ChartPin) -> CheckResult:
