@@ -95,14 +95,17 @@ def _api_client(
     context: str | None,
     profile: str | None,
     region: str | None,
+    check_node_image: bool = False,
 ) -> ApiClient:
     from infra.ops import kube  # noqa: PLC0415
 
     if stack is not None:
-        from infra.ops.stack_values import read_stack  # noqa: PLC0415
+        from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
 
         session = _session(profile, region)
         info = read_stack(session, stack)
+        if check_node_image:
+            require_node_check_image(session, info)
         return kube.eks_api_client(session.assume(info.admin_role_arn), info.cluster_name)
     if cluster is not None:
         return kube.eks_api_client(_session(profile, region), cluster)
@@ -290,6 +293,7 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
             context=context,
             profile=profile,
             region=region,
+            check_node_image=True,
         )
         expected = jobs.expected_pods(manifests)
         with Progress(

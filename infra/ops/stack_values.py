@@ -60,6 +60,10 @@ class StackInfo:
         return self.outputs["AdminRoleArn"]
 
     @property
+    def node_check_image(self) -> str:
+        return self.outputs["NodeCheckImage"]
+
+    @property
     def node_groups(self) -> dict[str, str]:
         try:
             groups = json.loads(self.outputs["GpuNodeGroups"])
@@ -205,6 +209,22 @@ def pushed_images(session: AwsSession, info: StackInfo, current: str | None) -> 
         f"image: stack {info.name}'s repository does not hold {' or '.join(tried) or 'an image'}; build "
         f"and push this checkout's images (`nvrx-eks image build && nvrx-eks image push --stack "
         f"{info.name}`), then run this again (it writes the digests ECR gives them)"
+    )
+
+
+def require_node_check_image(session: AwsSession, info: StackInfo) -> None:
+    """The deployed node check's image is in the stack's repository; else a UserError: no node would be
+    verified, and a job's pods, admitted only to verified nodes, would wait for one until they time out."""
+    image = info.node_check_image
+    if with_digest(session, image) is not None:
+        return
+    name = image.partition("@")[0]
+    tag = name.rsplit(":", 1)[-1]
+    raise UserError(
+        f"stack {info.name}'s node check pulls {image}, which its repository does not hold: no node can be "
+        f"verified, so the job's pods would stay Pending; push that image (`nvrx-eks image build --tag "
+        f"{tag} && nvrx-eks image push --tag {tag} --stack {info.name}` from the checkout at {tag}), or "
+        "redeploy from the checkout whose images you pushed (`npx cdk deploy`)"
     )
 
 

@@ -31,6 +31,7 @@ OUTPUTS = {
     "TrainingServiceAccount": "trainer",
     "GpuNodeGroups": json.dumps({"p5-ondemand": "p5.48xlarge"}),
     "AdminRoleArn": "arn:aws:iam::123456789012:role/nvrx-eks-admin",
+    "NodeCheckImage": f"{REPO}:0123abcd4567",
 }
 
 
@@ -285,3 +286,22 @@ def test_the_admin_role_is_assumed_for_the_clusters_api(moto_session):
     caller = admin.client("sts").get_caller_identity()["Arn"]
     assert caller.startswith("arn:aws:sts::123456789012:assumed-role/nvrx-eks-admin/nvrx-eks")
     assert admin.region == moto_session.region
+
+
+def test_a_node_check_image_the_repository_lacks_is_named_before_a_job_is_submitted(moto_session):
+    from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
+
+    _deploy(moto_session, OUTPUTS)
+    info = read_stack(moto_session, "nvrx-eks")
+    # Deployed from checkout 0123abcd4567, images pushed from another: no node could be verified.
+    _push(moto_session, "fedcba987654")
+    with pytest.raises(UserError) as refused:
+        require_node_check_image(moto_session, info)
+    assert f"node check pulls {REPO}:0123abcd4567, which its repository does not hold" in str(refused.value)
+    assert "nvrx-eks image push --tag 0123abcd4567 --stack nvrx-eks" in str(refused.value)
+    ecr = moto_session.client("ecr")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
+    ecr.put_image(
+        repositoryName=REPO.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="0123abcd4567"
+    )
+    require_node_check_image(moto_session, info)
