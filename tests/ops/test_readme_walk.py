@@ -46,8 +46,6 @@ from typer.testing import CliRunner
 from infra.ops.aws import AwsSession
 from kitcore import pins
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's account
 REGION = "us-east-2"
@@ -674,6 +672,7 @@ def walk(aws_env, monkeypatch, tmp_path):
         yield walker
 
 
+@pytest.mark.slow  # synthesizes the whole app
 def test_the_readme_aws_steps_work_in_order(walk):
     steps = readme_steps((ROOT / "README.md").read_text())
     assert any(isinstance(s, Command) and s.argv[:3] == ["nvrx-eks", "job", "submit"] for s in steps)
