@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from infra.stacks.cluster_stack import ClusterStack
 
 DEFAULT_CONFIG = Path("infra/configs/default.yaml")
+# Context keys the CDK CLI itself writes into cdk.context.json (`cdk acknowledge ID`, `cdk
+# cli-telemetry --disable`) and reads back on every run: not config fields, and not to be refused.
+CDK_CLI_CONTEXT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})
 # A syntactically valid account id that no one owns: templates synthesize, deploys need a real one.
 PLACEHOLDER_ACCOUNT = "000000000000"
 # CDK feature flags the stack relies on, set in code so in-process synth (tests, `nvrx-eks synth`)
@@ -61,7 +64,7 @@ def overrides_from_context(context: Mapping[str, object]) -> tuple[Path, list[st
         raise UserError(f"-c config={path}: {problem}")
     overrides = []
     for key, value in sorted(context.items()):
-        if key in ("config", SKIP_CONTEXT_KEY) or ":" in key or key.startswith("@"):
+        if key in ("config", SKIP_CONTEXT_KEY, *CDK_CLI_CONTEXT_KEYS) or ":" in key or key.startswith("@"):
             continue
         if key.split(".")[0] not in ClusterConfig.model_fields:
             raise UserError(f"context key {key!r} is not a cluster config field; fields: {_field_names()}")
@@ -220,7 +223,14 @@ def main(context: Mapping[str, object] | None = None) -> None:
         account, _ = environment_for(config, os.environ)
         if deploy_gate.is_deploy():
             _gate_deploy(config, context, config_path=str(path), account=account)
-        build(app, config, account=account)
+        stack = build(app, config, account=account)
+        problem = None
+        if deploy_gate.skip_reason(context) is None:
+            problem = deploy_gate.pass_problem(
+                config, account=account, now=datetime.now(UTC), directory=deploy_gate.state_dir()
+            )
+        if problem is not None:
+            deploy_gate.refuse_deploy_in_template(stack, problem=problem, config_path=str(path))
         app.synth()
 
 

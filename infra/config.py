@@ -325,14 +325,21 @@ class CheckpointBucketConfig(_Model):
 
 
 class EcrConfig(_Model):
-    repository_name: str = "nvrx-eks/trainer"
-    keep_images: int = Field(30, ge=1)
-    """Tagged images kept; untagged ones expire after a day."""
+    repository_name: str | None = None
+    """None (the default): CloudFormation names the repository after the stack (the job tooling reads
+    its URI from the stack output ImageRepositoryUri). The repository outlives the stack (it holds
+    the images), so a fixed name blocks the next create of a stack of that name until the old
+    repository is deleted by hand."""
+    keep_images: int | None = Field(None, ge=1)
+    """None (the default): every tagged image is kept; untagged ones expire after a day. A count
+    expires the oldest tags beyond it, including ones a running job or the deployed node check still
+    pulls (a replacement node could then not start them): set one only with that in mind."""
 
     @field_validator("repository_name")
     @classmethod
-    def _repository_name(cls, value: str) -> str:
-        _problem(rules.ecr_repository_problem(value))
+    def _repository_name(cls, value: str | None) -> str | None:
+        if value is not None:
+            _problem(rules.ecr_repository_problem(value))
         return value
 
 
@@ -421,6 +428,11 @@ class ClusterConfig(_Model):
     """12-digit AWS account; None: CDK_DEFAULT_ACCOUNT, else a placeholder (synth stays offline)."""
     region: str
     kubernetes_version: str = pins.DEFAULT_KUBERNETES_VERSION
+    support_after_standard: Literal["upgrade", "extended"] = "upgrade"
+    """What EKS does when the version's standard support ends (the cluster's upgrade policy).
+    upgrade (default): EKS upgrades the control plane to the next version (nodes keep theirs until
+    their group is updated); extended: the cluster stays on its version for up to 12 more months at
+    EKS's extended-support price. Unset, EKS chooses extended, and its pricing starts unannounced."""
     availability_zones: list[str] = Field(min_length=2, max_length=6)
     """AZs of the VPC (EKS needs subnets in at least two)."""
     gpu_availability_zone: str | None = None

@@ -29,6 +29,8 @@ from kitcore.configio import UserError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from aws_cdk import Stack
+
     from infra.config import ClusterConfig
 
 # Where passes are recorded (relative to the working directory, where `npx cdk` and `nvrx-eks` run).
@@ -106,6 +108,22 @@ def read_pass(config_name: str, directory: Path) -> PreflightPass | None:
         return None
 
 
+def pass_problem(config: ClusterConfig, *, account: str, now: datetime, directory: Path) -> str | None:
+    """Why no recorded pass admits a deploy of this config and account now; None when one does."""
+    found = read_pass(config.name, directory)
+    if found is None:
+        return f"no passing preflight is recorded for {config.name} in {directory}"
+    if found.config_digest != config_digest(config):
+        return f"the config changed since preflight passed ({found.passed_at:%Y-%m-%d %H:%M} UTC)"
+    if found.account != account:
+        return f"preflight passed for account {found.account}, this deploy targets {account}"
+    if now - found.passed_at > MAX_AGE:
+        hours = (now - found.passed_at).total_seconds() / 3600
+        limit = MAX_AGE.total_seconds() / 3600
+        return f"the last passing preflight is {hours:.0f} h old (at most {limit:.0f} h)"
+    return None
+
+
 def require_recent_pass(
     config: ClusterConfig, *, config_path: str, account: str, now: datetime, directory: Path
 ) -> PreflightPass:
@@ -113,20 +131,45 @@ def require_recent_pass(
     what to run (or how to deploy without it)."""
     run = f"run `nvrx-eks preflight -c {config_path}` (with the same -c overrides) first"
     skip = f'or deploy without it: -c {SKIP_CONTEXT_KEY}="<why>"'
+    problem = pass_problem(config, account=account, now=now, directory=directory)
     found = read_pass(config.name, directory)
-    if found is None:
-        problem = f"no passing preflight is recorded for {config.name} in {directory}"
-    elif found.config_digest != config_digest(config):
-        problem = f"the config changed since preflight passed ({found.passed_at:%Y-%m-%d %H:%M} UTC)"
-    elif found.account != account:
-        problem = f"preflight passed for account {found.account}, this deploy targets {account}"
-    elif now - found.passed_at > MAX_AGE:
-        hours = (now - found.passed_at).total_seconds() / 3600
-        limit = MAX_AGE.total_seconds() / 3600
-        problem = f"the last passing preflight is {hours:.0f} h old (at most {limit:.0f} h)"
-    else:
+    if problem is None and found is not None:
         return found
     raise UserError(f"cdk deploy refused: {problem}; {run}, {skip}")
+
+
+# The gate inside the template: a stack synthesized without a pass carries a rule CloudFormation
+# checks before it creates or changes anything, so a deploy that never ran the app's own check (the
+# CDK CLI run directly, `cdk deploy --app cdk.out`, a pipeline) is refused too.
+GATE_PARAMETER = "PreflightPass"
+GATE_RULE = "PreflightPassed"
+_NO_PASS = "none"  # noqa: S105 - the parameter's default, not a password
+
+
+def refuse_deploy_in_template(stack: Stack, *, problem: str, config_path: str) -> None:
+    """Add the rule that fails any create or update of `stack`'s template, naming `problem`."""
+    from aws_cdk import CfnParameter, CfnRule, CfnRuleAssertion, Fn  # noqa: PLC0415
+
+    parameter = CfnParameter(
+        stack,
+        GATE_PARAMETER,
+        type="String",
+        default=_NO_PASS,
+        description="[cdk:skip] Set by nothing: this template was synthesized without a passing preflight.",
+    )
+    CfnRule(
+        stack,
+        GATE_RULE,
+        assertions=[
+            CfnRuleAssertion(
+                assert_=Fn.condition_not(Fn.condition_equals(parameter.value_as_string, _NO_PASS)),
+                assert_description=(
+                    f"synthesized without a passing nvrx-eks preflight ({problem}): run `nvrx-eks "
+                    f"preflight -c {config_path}`, then `npx cdk deploy` (or -c {SKIP_CONTEXT_KEY}=WHY)"
+                ),
+            )
+        ],
+    )
 
 
 def skip_reason(context: Mapping[str, object]) -> str | None:

@@ -17,4 +17,10 @@ OUTPUT_KEYS = (
     "TrainingNamespace",
     "TrainingServiceAccount",
     "GpuNodeGroups",
+    # The role with the cluster's admin access entry: `nvrx-eks job ... --stack` and
+    # `aws eks update-kubeconfig --role-arn` reach the API as it.
+    "AdminRoleArn",
+    # The image the node check's DaemonSet pulls (REPOSITORY:TAG[@DIGEST]): until the repository
+    # holds it no node is verified, so `job submit --stack` checks it first.
+    "NodeCheckImage",
 )

@@ -60,15 +60,16 @@ def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
     """Pod Security Admission labels for the training namespace
     (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
 
-    Enforced: `privileged` by default, the strictest level the training pods pass. They need two
-    things `baseline` forbids: a hostPath volume (the node-local checkpoint tier on the NVMe array,
-    a dedicated folder, never the array's root) and the IPC_LOCK capability on EFA profiles
-    (libfabric pins RDMA buffers). PSA has no per-pod exemption an EKS user can configure (exemptions
+    Enforced: `privileged` by default, the strictest level the training pods pass. They need one
+    thing `baseline` forbids: a hostPath volume (the node-local checkpoint tier on the NVMe array,
+    a dedicated folder, never the array's root). EFA needs no capability: the memory libfabric pins
+    is bounded by the container's RLIMIT_MEMLOCK, which the GPU nodes' runtime spec raises
+    (infra/constructs/launch_template.py). PSA has no per-pod exemption an EKS user can configure (exemptions
     live in the API server's admission configuration), so the namespace level is the pods' level;
     everything else the pod spec can restrict it does (k8s/job_chart.py: no privilege escalation,
     all other capabilities dropped, RuntimeDefault seccomp, the rendezvous store non-root
-    with read-only root filesystems, which is `restricted`). A cluster without the local tier and
-    without EFA can enforce `baseline`.
+    with read-only root filesystems, which is `restricted`). A cluster without the local tier can
+    enforce `baseline`.
     `warn` and `audit` stay at `baseline`, so whatever a pod here does beyond it is reported on every
     apply and in the audit log instead of passing silently.
     """

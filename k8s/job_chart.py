@@ -177,10 +177,9 @@ def trainer_security() -> k8s.SecurityContext:
     provider, NCCL) is bounded by RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK, and adding
     IPC_LOCK could not help here: a capability added for a non-root process never reaches its
     effective set (Kubernetes sets no ambient capabilities:
-    https://github.com/kubernetes/kubernetes/issues/56374). The limit is the container runtime's, and
-    on EKS it allows the registration without the capability: AWS's EFA NCCL test on p5.48xlarge runs
-    with the runtime's default capabilities, which exclude IPC_LOCK
-    (https://github.com/aws-samples/awsome-distributed-training/blob/main/micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml).
+    https://github.com/kubernetes/kubernetes/issues/56374). The limit is the container runtime's: the
+    GPU nodes' NodeConfig raises RLIMIT_MEMLOCK in containerd's base runtime spec on EFA profiles
+    (infra/constructs/launch_template.py), as AL2023's default spec sets only RLIMIT_NOFILE.
     The root filesystem is read-only: the trainer writes only to its mounts (the scratch /tmp, which
     is also $HOME, /dev/shm, the checkpoint tiers, the run folder).
     """
@@ -329,6 +328,16 @@ class RendezvousStore(Construct):
         labels = names.job_labels(values.name, "rendezvous-store")
         image, pull = _store_image(values)
         port = names.STORE_PORT
+        # Its own account: the training service account carries the checkpoint role (Pod Identity)
+        # and `get nodes`; the store calls neither AWS nor the Kubernetes API.
+        k8s.KubeServiceAccount(
+            self,
+            "account",
+            metadata=k8s.ObjectMeta(
+                name=store_service_name(values), namespace=values.namespace, labels=labels
+            ),
+            automount_service_account_token=False,
+        )
         k8s.KubeDeployment(
             self,
             "deployment",
@@ -345,7 +354,7 @@ class RendezvousStore(Construct):
                     spec=k8s.PodSpec(
                         priority_class_name=values.store_priority_class,
                         node_selector=values.system_node_selector or None,
-                        service_account_name=values.service_account,
+                        service_account_name=store_service_name(values),
                         automount_service_account_token=False,
                         containers=[
                             k8s.Container(
@@ -443,6 +452,15 @@ class NodesService(Construct):
 POD_IDENTITY_AGENT_CIDRS = ("169.254.170.23/32", "fd00:ec2::23/128")
 DNS_PORT = 53
 HTTPS_PORT = 443
+# Why the trainers' HTTPS egress names no addresses, written on the policy itself.
+HTTPS_ANYWHERE_ANNOTATION = "nvrx-eks.io/https-egress-to-any-address"
+HTTPS_ANYWHERE_WHY = (
+    "S3 (the durable checkpoint tier) answers from the public addresses of its regional prefix list, "
+    "which change and which a NetworkPolicy cannot name (the VPC's gateway endpoint routes them "
+    "privately, by route table, not by address); the API server's addresses are the endpoint's ENIs. "
+    "So TCP 443 is open to any address for the trainer pods only, and nothing else is: no other port, "
+    "and the store has no egress beyond the job's pods and DNS"
+)
 
 
 def kube_dns_peer() -> k8s.NetworkPolicyPeer:
@@ -459,11 +477,11 @@ class JobNetworkPolicies(Construct):
     The rendezvous TCPStore, ft_launcher's c10d store, NVRx's in-process store and the gloo/NCCL
     bootstrap sockets are unauthenticated and listen on all interfaces (some on ephemeral ports), so
     the rule is by pod, not by port: ingress only from pods carrying this job's label, in this
-    namespace. Egress: the job's pods, cluster DNS, the Pod Identity agent, and TCP 443 (S3 for the
-    durable tier, STS, and the API server for the topology init container, `topology_init`); nothing
-    else, so the node's instance metadata service (169.254.169.254:80,
-    the node role's credentials) is out of reach. EFA traffic (RDMA through libfabric) bypasses the
-    kernel's IP stack and is not subject to these rules.
+    namespace. Egress of every job pod: the job's pods and cluster DNS. The trainer pods also reach the
+    Pod Identity agent and TCP 443 (S3 for the durable tier, and the API server for the topology init
+    container, `topology_init`); the store reaches nothing else. The node's instance metadata service
+    (169.254.169.254:80, the node role's credentials) is out of everyone's reach. EFA traffic (RDMA
+    through libfabric) bypasses the kernel's IP stack and is not subject to these rules.
 
     Enforced only where the cluster runs a network policy engine: the VPC CNI's network policy agent
     (add-on setting `enableNetworkPolicy`, turned on by the cluster stack). It admits the node's own
@@ -501,6 +519,25 @@ class JobNetworkPolicies(Construct):
                     k8s.NetworkPolicyEgressRule(
                         to=[kube_dns_peer()], ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)]
                     ),
+                ],
+            ),
+        )
+        trainers = k8s.LabelSelector(
+            match_labels={names.JOB_LABEL: values.name, names.COMPONENT_LABEL: "trainer"}
+        )
+        k8s.KubeNetworkPolicy(
+            self,
+            "https",
+            metadata=k8s.ObjectMeta(
+                name=f"{values.name}-https",
+                namespace=values.namespace,
+                labels=labels,
+                annotations={HTTPS_ANYWHERE_ANNOTATION: HTTPS_ANYWHERE_WHY},
+            ),
+            spec=k8s.NetworkPolicySpec(
+                pod_selector=trainers,
+                policy_types=["Egress"],
+                egress=[
                     k8s.NetworkPolicyEgressRule(
                         to=[
                             k8s.NetworkPolicyPeer(ip_block=k8s.IpBlock(cidr=cidr))

@@ -73,8 +73,9 @@ class NodeCheckSpec:
     local_nvme_path: str = names.NVME_RAID_ROOT
     """The RAID0 mount of the instance-store NVMe."""
     dcgm_host: str | None = None
-    """nv-hostengine address for `dcgmi diag` (None: dcgmi's default; the check is skipped, with a
-    note, where dcgmi or a host engine is absent)."""
+    """nv-hostengine address for `dcgmi diag` (None: the node's own engine, at the node's IP on
+    DCGM_PORT, where the node monitoring agent serves it; the check is skipped, with a note, where
+    dcgmi or a host engine is absent)."""
     extra_tolerations: tuple[tuple[str, str], ...] = ()
     """(key, effect) of taints the cluster config adds to GPU node groups: the check runs there too."""
 
@@ -268,6 +269,13 @@ class NodeVerification(Construct):
             env=[
                 k8s.EnvVar(name="NODE_NAME", value_from=field("spec.nodeName")),
                 k8s.EnvVar(name="POD_NAMESPACE", value_from=field("metadata.namespace")),
+                # dcgmi's own default is localhost, the pod itself: the engine is the node's (the
+                # DCGM exporter reaches it the same way, infra/addon_values.py).
+                *(
+                    []
+                    if spec.dcgm_host
+                    else [k8s.EnvVar(name="NVRX_EKS_DCGM_HOST", value_from=field("status.hostIP"))]
+                ),
                 # Every GPU visible, none allocated (the NVIDIA runtime is the AL2023 NVIDIA AMI's
                 # default); utility: nvidia-smi and NVML only.
                 k8s.EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),

@@ -159,7 +159,8 @@ rely on its barrier rendezvous, control process and hot spares)."""
 # support costs more per cluster-hour and gets no new add-on builds). Dates from the EKS user guide's
 # release calendar, https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html ; as of
 # PINS_REVIEWED: 1.34's standard support ends 2026-12-02 (not offered), 1.35 (EKS release 2026-01-28)
-# runs to 2027-03-27. 1.36 (upstream GA 2026-06) is not offered until its add-on pins have a source.
+# runs to 2027-03-27. 1.36 (on EKS since 2026-06) is not offered until its add-on pins have a source
+# and the app has a kubectl layer for it.
 # The table is checked offline; `nvrx-eks preflight` asks EKS (DescribeClusterVersions) whether the
 # config's version is still in standard support on the day of the deploy.
 PINS_REVIEWED = date(2026, 12, 2)

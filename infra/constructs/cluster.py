@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Literal
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -15,6 +15,7 @@ from constructs import Construct
 
 from infra import nag
 from infra.constructs import launch_template as lt
+from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
 from k8s import names
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class TrainingCluster(Construct):
         *,
         cluster_name: str,
         kubernetes_version: str,
+        support_after_standard: str = "upgrade",
         vpc: ec2.IVpc,
         subnets: Sequence[ec2.ISubnet],
         endpoint_access: EndpointKind,
@@ -69,7 +71,7 @@ class TrainingCluster(Construct):
             "SecretsKey",
             enable_key_rotation=True,
             description=f"{cluster_name}: envelope encryption of Kubernetes secrets",
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
         )
         endpoint = _ENDPOINTS[endpoint_access]
         if endpoint_access != "private":
@@ -101,6 +103,12 @@ class TrainingCluster(Construct):
                 security_groups=[self.kubectl_security_group],
             ),
             output_config_command=False,
+        )
+        # The upgrade policy, stated (EKS's own default is extended support, billed as such):
+        # https://docs.aws.amazon.com/eks/latest/userguide/view-upgrade-policy.html
+        cfn_cluster = self.cluster.node.default_child
+        cfn_cluster.add_property_override(  # type: ignore[union-attr]
+            "UpgradePolicy.SupportType", "EXTENDED" if support_after_standard == "extended" else "STANDARD"
         )
         if log_group is not None:
             # EKS creates /aws/eks/<name>/cluster itself unless it exists: the declared group (with

@@ -78,12 +78,29 @@ def network_interfaces(
     ]
 
 
+# The containers' rlimits on EFA nodes (nodeadm `containerd.baseRuntimeSpec`, merged over the AL2023
+# default spec). The trainer runs as a non-root user without CAP_IPC_LOCK, so the memory libfabric and
+# NCCL register with EFA is bounded by RLIMIT_MEMLOCK, which a container inherits from this spec; the
+# AL2023 default sets only RLIMIT_NOFILE. nodeadm merges with Go's mergo, which replaces lists, so
+# RLIMIT_NOFILE is repeated at the AL2023 default (soft 65536, hard 1048576). MEMLOCK is 2^62 bytes,
+# not RLIM_INFINITY (2^64 - 1): nodeadm round-trips the spec through encoding/json's float64, which
+# turns 2^64 - 1 into 2^64, a value the runtime's uint64 refuses; 2^62 survives exactly and is
+# beyond any host's memory, so no registration is ever refused for it.
+MEMLOCK_BYTES = 2**62
+EFA_RLIMITS: tuple[dict[str, object], ...] = (
+    {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576},
+    {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_BYTES, "hard": MEMLOCK_BYTES},
+)
+
+
 def nodeadm_node_config(profile: InstanceProfile) -> dict[str, object]:
     """The NodeConfig merged into the EKS-generated one by nodeadm (AL2023)."""
     spec: dict[str, object] = {}
     if profile.nvme_count > 0:
         # nodeadm mounts the array at k8s/names.py NVME_RAID_ROOT (the node-local checkpoint tier).
         spec["instance"] = {"localStorage": {"strategy": "RAID0"}}
+    if profile.efa_devices > 0:
+        spec["containerd"] = {"baseRuntimeSpec": {"process": {"rlimits": [dict(r) for r in EFA_RLIMITS]}}}
     return {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig", "spec": spec}
 
 

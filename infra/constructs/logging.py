@@ -13,6 +13,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+
 CONTROL_PLANE_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 
 
@@ -32,7 +34,7 @@ class LogEncryption(Construct):
             "Key",
             enable_key_rotation=True,
             description=f"{cluster_name}: CloudWatch Logs (VPC flow logs, EKS control plane)",
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
         )
         # CloudWatch Logs encrypts with the key as its service principal; the encryption context
         # names the log group, so the grant covers this account's groups in this region only.

@@ -16,6 +16,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+
 # Lustre client traffic: 988 and 1018-1023 (TCP), from clients and between file servers.
 # https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html
 LUSTRE_PORTS = (ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023))
@@ -64,8 +66,8 @@ class DurableStorage(Construct):
         noncurrent_version_days: int,
         expire_days: int | None,
         retain_bucket: bool,
-        repository_name: str,
-        keep_images: int,
+        repository_name: str | None,
+        keep_images: int | None,
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
@@ -74,7 +76,7 @@ class DurableStorage(Construct):
             "DataKey",
             enable_key_rotation=True,
             description="nvrx-eks: checkpoints (S3, FSx) and training images (ECR)",
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
         )
         self._allow_fsx_s3_role(stack)
         self.bucket, self.access_logs = self._buckets(
@@ -121,7 +123,10 @@ class DurableStorage(Construct):
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,
             encryption=ecr.RepositoryEncryption.KMS,
             encryption_key=self.key,
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
+            # Tagged images stay unless the config caps them: ECR cannot tell which ones a deployed
+            # object (a job's pods, the node check) still pulls, and a node that joins later needs
+            # them; each push adds two (trainer and store).
             lifecycle_rules=[
                 ecr.LifecycleRule(
                     rule_priority=1,
@@ -129,11 +134,17 @@ class DurableStorage(Construct):
                     tag_status=ecr.TagStatus.UNTAGGED,
                     max_image_age=Duration.days(1),
                 ),
-                ecr.LifecycleRule(
-                    rule_priority=2,
-                    description=f"keep the newest {keep_images} images",
-                    tag_status=ecr.TagStatus.ANY,
-                    max_image_count=keep_images,
+                *(
+                    [
+                        ecr.LifecycleRule(
+                            rule_priority=2,
+                            description=f"keep the newest {keep_images} images",
+                            tag_status=ecr.TagStatus.ANY,
+                            max_image_count=keep_images,
+                        )
+                    ]
+                    if keep_images
+                    else []
                 ),
             ],
         )
@@ -168,7 +179,7 @@ class DurableStorage(Construct):
     def _buckets(
         self, *, prefix: str, noncurrent_version_days: int, expire_days: int | None, retain: bool
     ) -> tuple[s3.Bucket, s3.Bucket]:
-        removal = RemovalPolicy.RETAIN if retain else RemovalPolicy.DESTROY
+        removal = KEEP_UNLESS_CREATE_FAILS if retain else RemovalPolicy.DESTROY
         # Server access logs cannot be delivered to an SSE-KMS bucket: S3-managed keys here.
         access_logs = s3.Bucket(
             self,
@@ -235,7 +246,7 @@ class DurableStorage(Construct):
             kms_key=self.key,
             security_group=security_group,
             file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
-            removal_policy=RemovalPolicy.RETAIN,
+            removal_policy=KEEP_UNLESS_CREATE_FAILS,
             lustre_configuration=fsx.LustreConfiguration(
                 deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
                 per_unit_storage_throughput=throughput_per_tib,

@@ -90,6 +90,37 @@ class AwsSession:
             )
         return region
 
+    def assume(self, role_arn: str, *, session_name: str = "nvrx-eks") -> AwsSession:
+        """A session acting as `role_arn` (sts:AssumeRole with this session's credentials), in the same
+        region; botocore assumes it again before the credentials expire, as for a profile's role_arn."""
+        import boto3  # noqa: PLC0415
+        import botocore.session  # noqa: PLC0415
+        from botocore.credentials import (  # noqa: PLC0415
+            AssumeRoleCredentialFetcher,
+            DeferredRefreshableCredentials,
+        )
+
+        source = self.session._session  # noqa: SLF001 - botocore's session holds the credential chain
+        with aws_errors("sts:AssumeRole"):
+            credentials = source.get_credentials()
+            if credentials is None:
+                raise UserError(
+                    "no AWS credentials found: set AWS_PROFILE (and run `aws sso login` for SSO "
+                    "profiles), or export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+                )
+            fetcher = AssumeRoleCredentialFetcher(
+                client_creator=source.create_client,
+                source_credentials=credentials,
+                role_arn=role_arn,
+                extra_args={"RoleSessionName": session_name},
+            )
+            fetcher.fetch_credentials()  # a role the caller may not assume fails here, named
+        core = botocore.session.Session()
+        core._credentials = DeferredRefreshableCredentials(  # noqa: SLF001 - no public setter
+            refresh_using=fetcher.fetch_credentials, method="assume-role"
+        )
+        return AwsSession(session=boto3.Session(botocore_session=core, region_name=self.region))
+
     def client(self, service: str) -> Any:  # noqa: ANN401 - boto3 clients are dynamically typed
         if service not in self._clients:
             self._clients[service] = self.session.client(

@@ -40,6 +40,15 @@ Cluster = Annotated[
         "ClusterName); default: the current kubeconfig context.",
     ),
 ]
+Stack = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        help="Deployed cluster stack: reach its EKS API as the stack's admin role (output AdminRoleArn, "
+        "assumed with your AWS credentials); the endpoint is private by default, so run this inside "
+        "the VPC. Default: --cluster, else the current kubeconfig context.",
+    ),
+]
 Kubeconfig = Annotated[
     str | None, typer.Option("--kubeconfig", help="kubeconfig file (default: ~/.kube/config).")
 ]
@@ -80,14 +89,24 @@ def _session(profile: str | None, region: str | None) -> AwsSession:
 
 def _api_client(
     *,
+    stack: str | None = None,
     cluster: str | None,
     kubeconfig: str | None,
     context: str | None,
     profile: str | None,
     region: str | None,
+    check_node_image: bool = False,
 ) -> ApiClient:
     from infra.ops import kube  # noqa: PLC0415
 
+    if stack is not None:
+        from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
+
+        session = _session(profile, region)
+        info = read_stack(session, stack)
+        if check_node_image:
+            require_node_check_image(session, info)
+        return kube.eks_api_client(session.assume(info.admin_role_arn), info.cluster_name)
     if cluster is not None:
         return kube.eks_api_client(_session(profile, region), cluster)
     return kube.kubeconfig_api_client(config_file=kubeconfig, context=context)
@@ -139,10 +158,13 @@ def preflight(
 
             job = load_values(job_values, [])
         target = checks.target_from_config(cfg)
-        run = checks.Preflight(session=_session(profile, cfg.region), target=target)
-        results = run.run()
-        if job is not None:
-            results.append(checks.job_capacity(cfg, job))
+        # What needs no AWS call first: a job that cannot fit or an image by tag is reported without
+        # credentials (offline, in CI), and no AWS call is made for a deploy that would be refused.
+        offline = checks.offline_checks(target, config=cfg, job=job)
+        results = offline
+        if not checks.failed(offline):
+            run = checks.Preflight(session=_session(profile, cfg.region), target=target)
+            results = run.run_online() + offline
     make_console().print(checks.render_table(results))
     failures = checks.failed(results)
     if failures:
@@ -182,11 +204,13 @@ def values(
 ) -> None:
     """Write the job values the deployed stack decides into a values file, keeping everything else.
 
-    Sets image (ECR repository, your tag kept, the digest ECR gives that tag), store_image (the same
-    tag's store image, with its digest), namespace,
+    Sets image (in the stack's ECR repository by digest: your tag or digest if the repository holds
+    it, else the tag `nvrx-eks image push` gives this checkout), store_image (the same tag's store
+    image, by its digest), namespace,
     service_account, instance_profile, storage.fsx_pvc, storage.s3_bucket, storage.s3_prefix and
     aws_region; comments and other values stay.
-    Exit codes: 0 ok; 2 missing stack/outputs, bad values file, no credentials; 4 AWS unavailable.
+    Exit codes: 0 ok; 2 missing stack/outputs, images not pushed, bad values file, no credentials; 4 AWS
+    unavailable.
     """
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -198,24 +222,21 @@ def values(
         doc = stack_values.load_roundtrip(output)  # a bad file is reported before any AWS call
         session = _session(profile, region)
         info = stack_values.read_stack(session, stack)
-        updates = stack_values.stack_updates(info, stack_values.plain(doc), node_group=node_group)
-        updates["store_image"] = stack_values.store_image_for(updates["image"])
-        unpushed = []
-        for field in ("image", "store_image"):
-            pinned = stack_values.with_digest(session, updates[field])
-            if pinned is None:
-                unpushed.append(f"{field} (push {updates[field]}, then run this again for its digest)")
-            updates[field] = pinned or updates[field]
+        current = stack_values.plain(doc)
+        updates = stack_values.stack_updates(info, current, node_group=node_group)
+        # Only images the stack's repository holds, by digest: a tag or digest copied from an example
+        # or another registry would reach the cluster as a pull that never succeeds.
+        updates["image"], updates["store_image"] = stack_values.pushed_images(
+            session, info, current.get("image")
+        )
         changed = stack_values.apply_updates(doc, updates)
         changed += [f"{field} (removed: now aws_region)" for field in stack_values.drop_region_env(doc)]
         missing: list[str] = []
         try:
             JobValues.model_validate(stack_values.plain(doc))
         except ValidationError as exc:
-            # Fields only the user can choose (name, num_nodes) may still be missing in a new file, and
-            # the image's digest until its tag is pushed.
+            # Fields only the user can choose (name, num_nodes) may still be missing in a new file.
             missing = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "missing"]
-            missing += unpushed
             if len(missing) != exc.error_count():
                 raise UserError(
                     describe_validation_error(exc, source=f"{output} after the stack values")
@@ -229,6 +250,7 @@ def values(
 def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     values_file: Annotated[Path, typer.Option("-f", "--values", parser=_JOB_VALUES, help="Job values YAML.")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the values.")] = None,
+    stack: Stack = None,
     cluster: Cluster = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
@@ -265,7 +287,13 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
             )
         manifests = jobs.render(job_values)
         api_client = _api_client(
-            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
+            stack=stack,
+            cluster=cluster,
+            kubeconfig=kubeconfig,
+            context=context,
+            profile=profile,
+            region=region,
+            check_node_image=True,
         )
         expected = jobs.expected_pods(manifests)
         with Progress(
@@ -292,15 +320,25 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
                 on_progress=_show,
             )
     print(f"applied: {', '.join(result.applied)}")
-    print(jobs.follow_hint(job_name=result.job_name, namespace=result.namespace, num_pods=expected))
+    print(
+        jobs.follow_hint(
+            job_name=result.job_name,
+            namespace=result.namespace,
+            num_pods=expected,
+            reach=f" --stack {stack}" if stack else f" --cluster {cluster}" if cluster else "",
+        )
+    )
 
 
 def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
-    name: Annotated[str, typer.Argument(help="Job name (the values' `name`).")],
+    name: Annotated[
+        str | None, typer.Argument(help="Job name (default: the `name` of the -f values file).")
+    ] = None,
     namespace: Annotated[
         str | None,
         typer.Option("-n", "--namespace", help="Namespace of the job (default: the values', else training)."),
     ] = None,
+    stack: Stack = None,
     cluster: Cluster = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
@@ -328,6 +366,7 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     from rich.table import Table  # noqa: PLC0415
 
     from infra.ops import jobs  # noqa: PLC0415
+    from kitcore.configio import UserError  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
@@ -339,8 +378,16 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
             job_values = load_model(JobValues, values_file)
             located = jobs.checkpoint_url(job_values)
             namespace = namespace or job_values.namespace
+            name = name or job_values.name
+        if name is None:
+            raise UserError("name the job: `nvrx-eks job status NAME`, or `-f VALUES` (its `name`)")
         api_client = _api_client(
-            cluster=cluster, kubeconfig=kubeconfig, context=context, profile=profile, region=region
+            stack=stack,
+            cluster=cluster,
+            kubeconfig=kubeconfig,
+            context=context,
+            profile=profile,
+            region=region,
         )
         session = _session(profile, region) if checkpoints else None
         status = jobs.job_status(

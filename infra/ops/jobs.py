@@ -203,12 +203,13 @@ def _fatal_hint(pod: PodView) -> str:
     return ""
 
 
-def follow_hint(*, job_name: str, namespace: str, num_pods: int) -> str:
+def follow_hint(*, job_name: str, namespace: str, num_pods: int, reach: str = "") -> str:
+    """What to run next; `reach`: the options the submit reached the cluster with (` --stack NAME`)."""
     selector = job_selector(job_name)
     return (
         f"follow the logs:  kubectl logs -n {namespace} -f -l {selector} --prefix "
         f"--max-log-requests {max(num_pods, 5)}\n"
-        f"job summary:      nvrx-eks job status {job_name} -n {namespace}"
+        f"job summary:      nvrx-eks job status {job_name} -n {namespace}{reach}"
     )
 
 

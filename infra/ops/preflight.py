@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from infra.config import NODE_CHECK_DIGEST_FIX
+from infra.ops import charts
 from infra.ops.aws import ServiceError, aws_errors, error_code
 from kitcore import pins
 from kitcore.configio import UserError
@@ -74,6 +75,9 @@ class NodeGroupTarget:
     max_nodes: int
     capacity: CapacityKind = "on_demand"
     reservation_id: str | None = None
+    min_nodes: int = 0
+    desired_nodes: int = 0
+    """The sizes the template gives the group (a deploy that changes its scaling writes all three)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,9 +110,13 @@ class PreflightTarget:
     region: str
     availability_zone: str
     node_groups: tuple[NodeGroupTarget, ...]
+    cluster_name: str | None = None
+    """The EKS cluster the stack creates (the config's `name`): a deployed one's groups are compared."""
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
+    charts: tuple[pins.ChartPin, ...] = ()
+    """Helm charts whose pinned version must be published in their repository."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +149,10 @@ class Preflight:
         """The account the credentials belong to (set by the first check)."""
 
     def run(self) -> list[CheckResult]:
+        return self.run_online() + offline_checks(self._target)
+
+    def run_online(self) -> list[CheckResult]:
+        """The checks that ask AWS (the first one, the caller's identity, needs credentials)."""
         results = [self._identity()]
         if self._target.kubernetes_version is not None:
             results.append(self._guarded_kubernetes(self._target.kubernetes_version))
@@ -149,9 +161,11 @@ class Preflight:
             results.append(self._guarded("EFA supported", group, self._efa))
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
+            if self._target.cluster_name is not None:
+                results.append(self._guarded(LIVE_SIZE_CHECK, group, self._live_size))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
-        results.extend(image_digest(image) for image in self._target.images)
+        results.extend(chart_version(chart) for chart in self._target.charts)
         return results
 
     # -- checks ---------------------------------------------------------------------------------
@@ -251,6 +265,49 @@ class Preflight:
             status=Status.FAIL,
             detail=f"{group.instance_type} does not support EFA",
             fix="pick an EFA-capable type (EC2 user guide: efa-acc-inst-types), e.g. p5.48xlarge",
+        )
+
+    def _live_size(self, group: NodeGroupTarget) -> CheckResult:
+        """A deploy that changes a group's min or max writes the template's desired size too: when that
+        is below the nodes the group runs (scaled by hand for a job), the deploy would remove nodes
+        under the job."""
+        eks = self._session.client("eks")
+        with aws_errors("eks:DescribeNodegroup"):
+            try:
+                live = eks.describe_nodegroup(clusterName=self._target.cluster_name, nodegroupName=group.name)
+            except Exception as exc:
+                if error_code(exc) == "ResourceNotFoundException":
+                    return CheckResult(
+                        check=LIVE_SIZE_CHECK,
+                        subject=group.name,
+                        status=Status.PASS,
+                        detail="not deployed yet",
+                    )
+                raise
+        scaling = live["nodegroup"].get("scalingConfig", {})
+        running = int(scaling.get("desiredSize", 0))
+        same_bounds = (scaling.get("minSize"), scaling.get("maxSize")) == (group.min_nodes, group.max_nodes)
+        if running <= group.desired_nodes or same_bounds:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK,
+                subject=group.name,
+                status=Status.PASS,
+                detail=f"runs {running}; the deploy leaves it"
+                + ("" if same_bounds else f" at {group.desired_nodes} or more"),
+            )
+        return CheckResult(
+            check=LIVE_SIZE_CHECK,
+            subject=group.name,
+            status=Status.FAIL,
+            detail=(
+                f"runs {running} nodes; the deploy changes its min/max "
+                f"({scaling.get('minSize')}/{scaling.get('maxSize')} -> {group.min_nodes}/{group.max_nodes}) "
+                f"and so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
+            ),
+            fix=(
+                "deploy when no job needs the nodes (scale the group down first), or keep min_size/max_size "
+                "as deployed for now"
+            ),
         )
 
     def _reservation(self, group: NodeGroupTarget) -> CheckResult:
@@ -560,6 +617,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
     return PreflightTarget(
         region=config.region,
         availability_zone=config.gpu_availability_zone,
+        cluster_name=config.name,
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(
@@ -577,10 +635,46 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
                 max_nodes=group.max_size,
                 capacity=group.capacity.type,
                 reservation_id=group.capacity.reservation_id,
+                min_nodes=group.min_size,
+                desired_nodes=group.desired_size,
             )
             for group in config.gpu_node_groups
         ),
         images=image_targets(config),
+        # Every pinned chart, installed by this config or not, as for the add-on pins.
+        charts=tuple(pins.HELM_CHARTS.values()),
+    )
+
+
+CHART_CHECK = "Helm chart version"
+LIVE_SIZE_CHECK = "live node group size"
+
+
+def chart_version(pin: pins.ChartPin) -> CheckResult:
+    """Pass when the chart's repository publishes the pinned version (the stack installs it at deploy)."""
+    subject = f"{pin.chart} {pin.version}"
+    try:
+        found, versions = charts.published(pin, charts.http_get)
+    except charts.ChartLookupError as exc:
+        return CheckResult(
+            check=CHART_CHECK,
+            subject=subject,
+            status=Status.FAIL,
+            detail=str(exc),
+            fix="run preflight where the chart repository is reachable (the deploy's handler pulls it too)",
+        )
+    if found:
+        return CheckResult(
+            check=CHART_CHECK, subject=subject, status=Status.PASS, detail=f"published in {pin.repository}"
+        )
+    seen = f"; it publishes {', '.join(versions)}" if versions else ""
+    return CheckResult(
+        check=CHART_CHECK,
+        subject=subject,
+        status=Status.FAIL,
+        detail=f"{pin.repository} does not publish {pin.chart} {pin.version}{seen}",
+        fix="pin a published version in kitcore/pins.py HELM_CHARTS (with its images), then run "
+        "`nvrx-eks image pin`",
     )
 
 
@@ -632,6 +726,17 @@ def image_targets(config: ClusterConfig) -> tuple[ImageTarget, ...]:
         fix=NODE_CHECK_DIGEST_FIX,
     )
     return (*charts, node_check)
+
+
+def offline_checks(
+    target: PreflightTarget, *, config: ClusterConfig | None = None, job: JobValues | None = None
+) -> list[CheckResult]:
+    """The checks that need no AWS call: every deployed image by digest, and the job's nodes + spares
+    against the node groups (with `job`). They run first, so they work without credentials."""
+    results = [image_digest(image) for image in target.images]
+    if config is not None and job is not None:
+        results.append(job_capacity(config, job))
+    return results
 
 
 def failed(results: Iterable[CheckResult]) -> list[CheckResult]:

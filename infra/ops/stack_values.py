@@ -56,6 +56,14 @@ class StackInfo:
         return self.outputs["Region"]
 
     @property
+    def admin_role_arn(self) -> str:
+        return self.outputs["AdminRoleArn"]
+
+    @property
+    def node_check_image(self) -> str:
+        return self.outputs["NodeCheckImage"]
+
+    @property
     def node_groups(self) -> dict[str, str]:
         try:
             groups = json.loads(self.outputs["GpuNodeGroups"])
@@ -154,30 +162,75 @@ _NOT_PUSHED = frozenset({"ImageNotFoundException", "RepositoryNotFoundException"
 
 
 def with_digest(session: AwsSession, image: str) -> str | None:
-    """`image` (REPOSITORY:TAG in the stack's ECR repository) pinned to the digest ECR gives its tag
-    (job values take images by digest only), or None while the tag is not pushed."""
-    if _BY_DIGEST.search(image):
-        return image
+    """`image` (REPOSITORY:TAG or REPOSITORY[:TAG]@DIGEST in the stack's ECR repository) pinned to the
+    digest ECR holds for it (job values take images by digest only), or None when the repository does
+    not hold it: a tag never pushed, or a digest (an example's, another repository's) that is not
+    there, or not under that tag."""
     from botocore.exceptions import ClientError  # noqa: PLC0415
 
-    name, _, tag = image.rpartition(":")
-    registry, _, repository = name.partition("/")
+    name, at, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    tag = last.rsplit(":", 1)[1] if ":" in last else ""
+    registry, _, repository = name.removesuffix(f":{tag}" if tag else "").partition("/")
+    if (at and not _BY_DIGEST.search(image)) or not (at or tag):
+        return None
+    image_id = {"imageDigest": digest} if at else {"imageTag": tag}
     with aws_errors("ecr:DescribeImages"):
         try:
             details = session.client("ecr").describe_images(
-                registryId=registry.split(".", 1)[0], repositoryName=repository, imageIds=[{"imageTag": tag}]
+                registryId=registry.split(".", 1)[0], repositoryName=repository, imageIds=[image_id]
             )["imageDetails"]
         except ClientError as exc:
             if error_code(exc) in _NOT_PUSHED:
                 return None
             raise
-    return f"{image}@{details[0]['imageDigest']}" if details else None
+    if not details or (tag and tag not in details[0].get("imageTags", [])):
+        return None
+    return image if at else f"{image}@{details[0]['imageDigest']}"
+
+
+def pushed_images(session: AwsSession, info: StackInfo, current: str | None) -> tuple[str, str]:
+    """(image, store_image) by digest, both in the stack's repository: the values' own tag or digest
+    moved to that repository if it is there, else the tag `nvrx-eks image push` gives this checkout.
+    Neither pushed: a UserError naming what was looked for and the commands that push it."""
+    repository = info.outputs["ImageRepositoryUri"]
+    candidates = [image_for(repository, current)] if current else []
+    revision = source_revision()
+    if revision is not None:
+        candidates.append(f"{repository}:{revision}")
+    tried = []
+    for candidate in dict.fromkeys(candidates):
+        image = with_digest(session, candidate)
+        store = with_digest(session, store_image_for(candidate))
+        if image is not None and store is not None:
+            return image, store
+        tried.append(candidate if image is None else store_image_for(candidate))
+    raise UserError(
+        f"image: stack {info.name}'s repository does not hold {' or '.join(tried) or 'an image'}; build "
+        f"and push this checkout's images (`nvrx-eks image build && nvrx-eks image push --stack "
+        f"{info.name}`), then run this again (it writes the digests ECR gives them)"
+    )
+
+
+def require_node_check_image(session: AwsSession, info: StackInfo) -> None:
+    """The deployed node check's image is in the stack's repository; else a UserError: no node would be
+    verified, and a job's pods, admitted only to verified nodes, would wait for one until they time out."""
+    image = info.node_check_image
+    if with_digest(session, image) is not None:
+        return
+    name = image.partition("@")[0]
+    tag = name.rsplit(":", 1)[-1]
+    raise UserError(
+        f"stack {info.name}'s node check pulls {image}, which its repository does not hold: no node can be "
+        f"verified, so the job's pods would stay Pending; push that image (`nvrx-eks image build --tag "
+        f"{tag} && nvrx-eks image push --tag {tag} --stack {info.name}` from the checkout at {tag}), or "
+        "redeploy from the checkout whose images you pushed (`npx cdk deploy`)"
+    )
 
 
 def stack_updates(info: StackInfo, current: dict[str, Any], *, node_group: str | None) -> dict[str, Any]:
     """The nested values the stack decides, given the file's current values."""
     updates: dict[str, Any] = {
-        "image": image_for(info.outputs["ImageRepositoryUri"], current.get("image")),
         "instance_profile": pick_instance_profile(
             info, node_group=node_group, current=current.get("instance_profile")
         ),

@@ -65,6 +65,7 @@ class ClusterStack(Stack):
             "Eks",
             cluster_name=config.name,
             kubernetes_version=config.kubernetes_version,
+            support_after_standard=config.support_after_standard,
             vpc=network.vpc,
             subnets=network.private_subnets,
             endpoint_access=config.endpoint_access,
@@ -193,8 +194,9 @@ class ClusterStack(Stack):
             Annotations.of(self).add_warning_v2(
                 IMAGE_BY_TAG_WARNING, f"the node check's image is pulled by tag; {NODE_CHECK_DIGEST_FIX}"
             )
+        self.node_check_image = f"{image}@{check.image_digest}" if check.image_digest else image
         node_check = NodeCheckSpec(
-            image=f"{image}@{check.image_digest}" if check.image_digest else image,
+            image=self.node_check_image,
             interval_s=check.interval_s,
             local_nvme_path=names.NVME_RAID_ROOT,
             dcgm_host=check.dcgm_host,
@@ -246,6 +248,8 @@ class ClusterStack(Stack):
             "GpuNodeGroups": json.dumps(
                 {group.nodegroup_name: group.profile.name for group in self.gpu_node_groups}, sort_keys=True
             ),
+            "AdminRoleArn": self.training_cluster.admin_role.role_arn,
+            "NodeCheckImage": self.node_check_image,
         }
         for key in OUTPUT_KEYS:
             CfnOutput(self, key, value=values[key])

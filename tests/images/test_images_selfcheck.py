@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import stat
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def p5_node(tmp_path) -> Node:
         env=env,
         torch_probe=_gpu_torch,
         which=lambda name: str(fi_info) if name == "fi_info" else None,
+        memlock=lambda: resource.RLIM_INFINITY,
     )
 
 
@@ -233,3 +235,20 @@ def test_the_chart_sets_what_the_selfcheck_requires():
 
     for key, want in selfcheck.REQUIRED_EFA_ENV.items():
         assert EFA_NCCL_ENV.get(key) == want, key
+
+
+@pytest.mark.parametrize(
+    ("limit", "status"),
+    [
+        (64 * 1024, Status.NODE),  # the kernel's default: NCCL's EFA setup fails on every rank
+        (8 << 20, Status.NODE),
+        (2**62, Status.OK),  # what the GPU nodes' NodeConfig sets
+        (resource.RLIM_INFINITY, Status.OK),
+    ],
+)
+def test_a_memlock_limit_below_the_nodes_memory_is_a_node_problem(p5_node, tmp_path, limit, status):
+    p5_node.memlock = lambda: limit
+    check = _by_name(p5_node, tmp_path)["memlock limit"]
+    assert check.status is status, check
+    # A node problem: the Job's failure policy retries the index elsewhere instead of failing the job.
+    assert _code(p5_node, tmp_path) == (selfcheck.NODE_PROBLEM_EXIT_CODE if status is Status.NODE else 0)

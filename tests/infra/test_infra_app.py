@@ -569,7 +569,7 @@ def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
     bad.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace("repository_name: nvrx-eks/trainer", "repository_name: Bad//Repo")
+        .replace("\naddons:", "\necr:\n  repository_name: Bad//Repo\naddons:")
     )
     env = {
         **os.environ,
@@ -881,3 +881,158 @@ def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
     (manifest,) = _resources(template, "Custom::AWSCDK-EKS-KubernetesResource").values()
     (daemon_set,) = [o for o in _manifest_objects(manifest) if o["kind"] == "DaemonSet"]
     assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]
+
+
+# -- what a failed first deploy leaves, and how the private API is reached -------------------------
+
+_KEPT_DATA = ("AWS::ECR::Repository", "AWS::FSx::FileSystem", "AWS::KMS::Key")
+# Properties that give a resource a fixed physical name: kept by a Retain policy, it blocks the
+# next create of the same stack.
+_FIXED_NAMES = ("RepositoryName", "BucketName", "FileSystemName", "AliasName", "RoleName", "LogGroupName")
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_data_outlives_the_stack_but_not_a_failed_create(synthesized, name):
+    template = Template.from_json(synthesized[name])
+    for kind in _KEPT_DATA:
+        found = template.find_resources(kind)
+        assert found, kind
+        template.all_resources(
+            kind, {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
+        )
+    retained = {
+        logical: resource
+        for logical, resource in synthesized[name]["Resources"].items()
+        if resource.get("DeletionPolicy") in {"Retain", "RetainExceptOnCreate"}
+    }
+    named = {
+        logical: key
+        for logical, resource in retained.items()
+        for key in _FIXED_NAMES
+        if key in resource.get("Properties", {})
+    }
+    assert named == {}, "a kept resource with a fixed name blocks the next create"
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_the_admin_role_output_is_the_principal_of_the_admin_access_entry(synthesized, name):
+    template = Template.from_json(synthesized[name])
+    value = synthesized[name]["Outputs"]["AdminRoleArn"]["Value"]
+    template.has_resource_properties(
+        "AWS::EKS::AccessEntry",
+        {
+            "PrincipalArn": value,
+            "AccessPolicies": [
+                Match.object_like(
+                    {
+                        "AccessScope": {"Type": "cluster"},
+                        "PolicyArn": Match.object_like(
+                            {
+                                "Fn::Join": [
+                                    "",
+                                    Match.array_with(
+                                        [Match.string_like_regexp("AmazonEKSClusterAdminPolicy")]
+                                    ),
+                                ]
+                            }
+                        ),
+                    }
+                )
+            ],
+        },
+    )
+
+
+def test_gpu_nodes_give_containers_the_memlock_limit_efa_needs(synthesized):
+    import yaml  # noqa: PLC0415
+
+    template = Template.from_json(synthesized["p5-capacity-block"])
+    templates = template.find_resources(
+        "AWS::EC2::LaunchTemplate",
+        {"Properties": {"LaunchTemplateData": {"UserData": Match.any_value()}}},
+    )
+    assert templates
+    for resource in templates.values():
+        user_data = resource["Properties"]["LaunchTemplateData"]["UserData"]["Fn::Base64"]
+        (node_config,) = [
+            yaml.safe_load(part.split("---\n", 1)[1])
+            for part in user_data.split("--==NVRXEKS==")
+            if "application/node.eks.aws" in part
+        ]
+        rlimits = node_config["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]
+        memlock = {r["type"]: r for r in rlimits}["RLIMIT_MEMLOCK"]
+        assert memlock["soft"] == memlock["hard"] >= 2**60
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_the_cluster_states_its_upgrade_policy(synthesized, name):
+    # Unset, EKS moves a cluster past standard support into extended support and its pricing.
+    Template.from_json(synthesized[name]).has_resource_properties(
+        "AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "STANDARD"}}
+    )
+
+
+def test_extended_support_is_a_choice_in_the_config(tmp_path):
+    config = infra_app.load_config(CONFIGS / "default.yaml", ["support_after_standard=extended"])
+    app = App(outdir=str(tmp_path))
+    stack = infra_app.build(app, config, account="111111111111", nag=False)
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::EKS::Cluster", {"UpgradePolicy": {"SupportType": "EXTENDED"}}
+    )
+
+
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_ecr_expires_no_tagged_image_a_deployment_may_still_pull(synthesized, name):
+    (repository,) = Template.from_json(synthesized[name]).find_resources("AWS::ECR::Repository").values()
+    rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    assert [r["selection"]["tagStatus"] for r in rules] == ["untagged"]
+
+
+def test_a_capped_ecr_keeps_the_newest_images(tmp_path):
+    config = infra_app.load_config(CONFIGS / "default.yaml", ["ecr.keep_images=200"])
+    stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
+    (repository,) = Template.from_stack(stack).find_resources("AWS::ECR::Repository").values()
+    rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    assert rules[1]["selection"] == {
+        "tagStatus": "any",
+        "countType": "imageCountMoreThan",
+        "countNumber": 200,
+    }
+
+
+def test_a_template_synthesized_without_a_pass_is_refused_by_cloudformation(monkeypatch, tmp_path):
+    """Every deploy path checks the gate: the CDK CLI run directly (no wrapper tells the app it deploys)
+    or `cdk deploy --app cdk.out` deploys a template that carries a rule CloudFormation evaluates
+    before it creates anything."""
+    import functools  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    import aws_cdk  # noqa: PLC0415
+
+    from infra import deploy_gate  # noqa: PLC0415
+
+    monkeypatch.delenv(deploy_gate.CDK_COMMAND_ENV, raising=False)
+    monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path / "state"))
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "111111111111")
+    config = str(CONFIGS / "p5-capacity-block.yaml")
+
+    def synth(outdir: Path) -> dict:
+        monkeypatch.setattr(aws_cdk, "App", functools.partial(App, outdir=str(outdir)))
+        infra_app.main({"config": config})
+        return json.loads((outdir / "nvrx-eks-p5.template.json").read_text())
+
+    refused = synth(tmp_path / "no-pass")
+    (assertion,) = refused["Rules"][deploy_gate.GATE_RULE]["Assertions"]
+    assert assertion["Assert"] == {"Fn::Not": [{"Fn::Equals": [{"Ref": deploy_gate.GATE_PARAMETER}, "none"]}]}
+    assert refused["Parameters"][deploy_gate.GATE_PARAMETER]["Default"] == "none"
+    assert "no passing preflight is recorded for nvrx-eks-p5" in assertion["AssertDescription"]
+    assert f"nvrx-eks preflight -c {config}" in assertion["AssertDescription"]
+    errors = [m for m in lint(json.dumps(refused), regions=["us-east-2"]) if m.rule.id.startswith("E")]
+    assert errors == []
+
+    deploy_gate.record_pass(
+        _gate_config(), account="111111111111", now=datetime.now(UTC), directory=tmp_path / "state"
+    )
+    admitted = synth(tmp_path / "pass")
+    assert deploy_gate.GATE_RULE not in admitted.get("Rules", {})
+    assert deploy_gate.GATE_PARAMETER not in admitted.get("Parameters", {})

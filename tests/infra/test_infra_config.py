@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from infra.app import overrides_from_context
 from infra.config import ClusterConfig
 from kitcore.configio import UserError, load_model
 
-CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "infra" / "configs"
 
 
 def _load(tmp_path: Path, overrides: list[str] | None = None, **patch: object) -> ClusterConfig:
@@ -219,3 +221,16 @@ def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
 def test_unknown_context_key_is_refused():
     with pytest.raises(UserError, match="context key 'regoin' is not a cluster config field"):
         overrides_from_context({"regoin": "us-west-2"})
+
+
+def test_context_keys_the_cdk_cli_writes_are_accepted():
+    # `cdk acknowledge ID` and `cdk cli-telemetry` save these into cdk.context.json, which every later
+    # synth and deploy reads: refusing them would stop every `npx cdk` run after the first acknowledge.
+    cli = (ROOT / "node_modules" / "aws-cdk" / "lib" / "cli" / "cdk-toolkit.js").read_text()
+    written = set(re.findall(r"context\.set\('([^']+)'", cli))
+    assert "acknowledged-issue-numbers" in written
+    path, overrides = overrides_from_context(
+        {key: [34892] for key in written} | {"config": str(CONFIGS / "default.yaml")}
+    )
+    assert overrides == []
+    load_model(ClusterConfig, path, overrides)

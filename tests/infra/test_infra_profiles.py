@@ -77,7 +77,19 @@ def test_local_profile_has_no_efa_and_no_raid():
 def test_nvme_profiles_ask_nodeadm_for_raid0():
     config = nodeadm_node_config(get_profile("p5.48xlarge"))
     assert config["kind"] == "NodeConfig"
-    assert config["spec"] == {"instance": {"localStorage": {"strategy": "RAID0"}}}
+    assert config["spec"]["instance"] == {"localStorage": {"strategy": "RAID0"}}
+
+
+def test_efa_profiles_give_containers_the_memlock_limit_and_keep_nofile():
+    rlimits = nodeadm_node_config(get_profile("p5.48xlarge"))["spec"]["containerd"]["baseRuntimeSpec"]
+    by_type = {r["type"]: r for r in rlimits["process"]["rlimits"]}
+    # nodeadm replaces the default spec's rlimits list: NOFILE stays at the AL2023 default.
+    assert by_type["RLIMIT_NOFILE"] == {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+    memlock = by_type["RLIMIT_MEMLOCK"]
+    assert memlock["soft"] == memlock["hard"] >= 2**40
+    # nodeadm merges through float64 (Go encoding/json): the value must come back as the same uint64.
+    assert int(float(memlock["hard"])) == memlock["hard"] < 2**64
+    assert "containerd" not in nodeadm_node_config(get_profile("local-cpu"))["spec"]
 
 
 def test_unknown_and_local_types_are_refused_for_ec2():

@@ -133,6 +133,8 @@ def test_daemon_set_runs_the_check_on_gpu_nodes_without_taking_devices(docs):
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    # dcgmi asks the node's engine (the node's IP), not localhost, which is the pod itself.
+    assert env["NVRX_EKS_DCGM_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False

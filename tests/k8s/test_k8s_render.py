@@ -44,7 +44,8 @@ def test_example_values_exist():
 
 def test_every_object_validates_against_k8s_schema(rendered):
     for docs in rendered.values():
-        assert len(docs) == 6  # 2 NetworkPolicies, the store Deployment + Service, the nodes Service, the Job
+        # 3 NetworkPolicies, the store's ServiceAccount, Deployment and Service, the nodes Service, the Job
+        assert len(docs) == 8
         for doc in docs:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 

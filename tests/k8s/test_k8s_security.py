@@ -333,11 +333,29 @@ def test_only_the_jobs_own_pods_reach_its_pods(tmp_path):
 
 
 def test_egress_is_peers_dns_pod_identity_and_https_but_not_instance_metadata(tmp_path):
-    egress = _policies(_docs(LOCAL, tmp_path))["egress"]
+    docs = _docs(LOCAL, tmp_path)
+    policies = _policies(docs)
+    egress = policies["egress"]
     assert egress["policyTypes"] == ["Egress"]
-    rules = egress["egress"]
-    assert rules[0] == {"to": [{"podSelector": {"matchLabels": {"nvrx-eks/job": "nvrx-local"}}}]}
-    assert {(p["protocol"], p["port"]) for p in rules[1]["ports"]} == {("UDP", 53), ("TCP", 53)}
+    # Every pod of the job, the store included: its peers and DNS, nothing else.
+    assert egress["egress"][0] == {"to": [{"podSelector": {"matchLabels": {"nvrx-eks/job": "nvrx-local"}}}]}
+    assert {(p["protocol"], p["port"]) for p in egress["egress"][1]["ports"]} == {("UDP", 53), ("TCP", 53)}
+    assert len(egress["egress"]) == 2
+    # The trainers alone reach AWS: the Pod Identity agent and HTTPS.
+    https = policies["https"]
+    assert https["podSelector"] == {
+        "matchLabels": {"nvrx-eks/job": "nvrx-local", "app.kubernetes.io/component": "trainer"}
+    }
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert (
+        https["podSelector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (store,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert (
+        not https["podSelector"]["matchLabels"].items()
+        <= store["spec"]["template"]["metadata"]["labels"].items()
+    )
+    rules = https["egress"]
     # Port 80 only to the Pod Identity agent: IMDS (169.254.169.254:80, the node role) is not reachable.
     port_80 = [r for r in rules if any(p["port"] == 80 for p in r.get("ports", []))]
     assert [peer["ipBlock"]["cidr"] for r in port_80 for peer in r["to"]] == [
@@ -346,6 +364,22 @@ def test_egress_is_peers_dns_pod_identity_and_https_but_not_instance_metadata(tm
     ]
     unrestricted = [r for r in rules if "to" not in r]
     assert unrestricted == [{"ports": [{"port": 443, "protocol": "TCP"}]}]
+    # HTTPS to any address is the one open rule, and the policy says why beside it.
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-https")]
+    assert "S3" in policy["metadata"]["annotations"]["nvrx-eks.io/https-egress-to-any-address"]
+
+
+def test_the_store_runs_as_its_own_account_without_the_trainers_rights(tmp_path):
+    docs = _docs(LOCAL, tmp_path)
+    (store,) = [d for d in docs if d["kind"] == "Deployment"]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    account = store["spec"]["template"]["spec"]["serviceAccountName"]
+    # Not the training account (its Pod Identity role and `get nodes`): one rendered with the job.
+    assert account != job["spec"]["template"]["spec"]["serviceAccountName"]
+    (rendered,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert rendered["metadata"]["name"] == account
+    assert rendered["automountServiceAccountToken"] is False
+    assert store["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 def test_metrics_ports_are_opened_only_when_served(tmp_path):

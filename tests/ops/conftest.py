@@ -57,3 +57,30 @@ def plain_session(aws_env):
 def make_session(aws_env):
     """Factory for sessions created inside a test (after it changed the environment)."""
     return new_session
+
+
+def published_pins(url: str, headers) -> object:
+    """Helm repositories that publish every pinned chart version (no test reaches the network)."""
+    import yaml  # noqa: PLC0415
+
+    from infra.ops.charts import Answer  # noqa: PLC0415
+    from kitcore import pins  # noqa: PLC0415
+
+    for pin in pins.HELM_CHARTS.values():
+        if url == f"{pin.repository.rstrip('/')}/index.yaml":
+            index = {
+                "apiVersion": "v1",
+                "entries": {pin.chart: [{"name": pin.chart, "version": pin.version}]},
+            }
+            return Answer(200, yaml.safe_dump(index).encode())
+        host, _, path = pin.repository.removeprefix("oci://").partition("/")
+        if url == f"https://{host}/v2/{path}/manifests/{pin.version}":
+            return Answer(200, b"{}")
+    return Answer(404)
+
+
+@pytest.fixture(autouse=True)
+def _charts_published(monkeypatch):
+    from infra.ops import charts  # noqa: PLC0415
+
+    monkeypatch.setattr(charts, "http_get", published_pins)

@@ -147,6 +147,7 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
         base = "/api/v1" if group == "v1" else f"/apis/{group}"
         plural = {
             "NetworkPolicy": "networkpolicies",
+            "ServiceAccount": "serviceaccounts",
             "Service": "services",
             "Deployment": "deployments",
             "Job": "jobs",
@@ -314,14 +315,22 @@ def test_submit_cli_applies_waits_and_prints_how_to_follow(cli, manifests, tmp_p
     result = cli("job", "submit", "-f", str(path), api_client=client)
     assert result.exit_code == 0, result.output
     assert (
-        "applied: NetworkPolicy/demo-ingress, NetworkPolicy/demo-egress, Service/demo-rdzv" in result.output
+        "applied: ServiceAccount/demo-rdzv, NetworkPolicy/demo-ingress, NetworkPolicy/demo-egress, "
+        "NetworkPolicy/demo-https, Service/demo-rdzv" in result.output
     )
     assert "kubectl logs -n training -f -l nvrx-eks/job=demo" in result.output
     patched = [c.body for c in rec.calls if c.method == "PATCH"]
-    # NetworkPolicies before any pod, Services before the store's Deployment before the Job; each body
-    # is a rendered manifest.
+    # The store's account and the NetworkPolicies before any pod, Services before the store's Deployment
+    # before the Job; each body is a rendered manifest.
     kinds = [m["kind"] for m in patched]
-    assert kinds == ["NetworkPolicy", "NetworkPolicy", "Service", "Service", "Deployment", "Job"]
+    assert kinds == [
+        "ServiceAccount",
+        *["NetworkPolicy"] * 3,
+        "Service",
+        "Service",
+        "Deployment",
+        "Job",
+    ]
     key = lambda m: (m["kind"], m["metadata"]["name"])  # noqa: E731
     assert sorted(patched, key=key) == sorted(manifests, key=key)
 

@@ -7,6 +7,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -31,6 +32,7 @@ from infra.ops.preflight import (
 from kitcore import pins
 from kitcore.configio import UserError
 
+ROOT = Path(__file__).resolve().parents[2]
 P_QUOTA = "L-417A185B"
 G_QUOTA = "L-DB2E81BA"
 
@@ -362,6 +364,9 @@ def _with_chart_digests(monkeypatch, *, unpublished: tuple[str, ...] = ()) -> No
     monkeypatch.setattr(pins, "HELM_CHARTS", charts)
 
 
+CLI_GROUPS = ("g6-dev", "p5-ondemand")
+
+
 @pytest.fixture
 def preflight_cli(moto_session, monkeypatch, tmp_path):
     import typer  # noqa: PLC0415
@@ -387,15 +392,17 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
 
 def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
-    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on and
-    # per chart image, and the line saying the pass was recorded for `cdk deploy`
+    # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on, per
+    # chart version and per chart image, and the line saying the pass was recorded for `cdk deploy`
     table, recorded = result.output.split("preflight passed; recorded in")
     images = sum(len(chart.images) for chart in pins.HELM_CHARTS.values())
-    assert table.count("pass") == 8 + len(pins.EKS_ADDONS) + images
+    # + 2 x live node group size (not deployed yet)
+    assert table.count("pass") == 10 + len(pins.EKS_ADDONS) + len(pins.HELM_CHARTS) + images
+    assert table.count("not deployed yet") == 2
     # The node check by tag (no node_check.image_digest) warns and does not stop the pass.
     assert table.count("warn") == 1
     assert "state/preflight/nvrx-eks.json: `cdk deploy` of this config may start within 24 h" in recorded
@@ -403,7 +410,7 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
 
 def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session, tmp_path):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
     result = preflight_cli()
     assert result.exit_code == 3
     assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
@@ -422,7 +429,7 @@ def test_preflight_cli_records_its_pass_for_cdk_deploy(preflight_cli, moto_sessi
 
     record = tmp_path / "state" / "preflight" / "nvrx-eks.json"
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
     assert preflight_cli().exit_code == 0
     data = json.loads(record.read_text())
     config = load_model(ClusterConfig, tmp_path / "cluster.yaml")
@@ -567,10 +574,23 @@ def _configuration_schema(stubber: Stubber, name: str, version: str, schema: dic
     )
 
 
-def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
+def _stub_pinned_addons(
+    session,
+    kubernetes: str,
+    offered: dict[str, list[str]] | None = None,
+    *,
+    node_groups: tuple[str, ...] = (),
+) -> Stubber:
     """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
-    `offered` says otherwise."""
+    `offered` says otherwise; before them, `node_groups` not deployed yet (their live size rows)."""
     stubber = _standard_support(Stubber(session.client("eks")), kubernetes)
+    for group in node_groups:
+        stubber.add_client_error(
+            "describe_nodegroup",
+            service_error_code="ResourceNotFoundException",
+            http_status_code=404,
+            expected_params={"clusterName": "nvrx-eks", "nodegroupName": group},
+        )
     for pin in pins.EKS_ADDONS.values():
         versions = (offered or {}).get(pin.name, [pin.version_for(kubernetes)])
         stubber.add_response(
@@ -734,7 +754,7 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
     preflight_cli, moto_session, tmp_path, monkeypatch
 ):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION)
+    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
     _with_chart_digests(monkeypatch, unpublished=("aws-efa-k8s-device-plugin",))
     result = preflight_cli()
     assert result.exit_code == 3
@@ -744,3 +764,62 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
     )
     assert "nvrx-eks image pin" in result.output
     assert not (tmp_path / "state").exists()
+
+
+def test_offline_checks_fail_first_without_asking_for_credentials(preflight_cli, monkeypatch, tmp_path):
+    """A job that cannot fit is reported from the two files alone: no AWS call, so no credentials."""
+    from infra.ops import commands  # noqa: PLC0415
+
+    def no_aws(profile, region):
+        raise AssertionError("preflight asked AWS before its offline checks failed")
+
+    monkeypatch.setattr(commands, "_session", no_aws)
+    values = tmp_path / "job.yaml"
+    values.write_text(
+        (ROOT / "k8s" / "values" / "p5-2.yaml").read_text().replace("num_nodes: 2", "num_nodes: 8\nspares: 1")
+    )
+    result = preflight_cli("--job-values", str(values))
+    assert result.exit_code == 3, result.output
+    assert "FAIL job capacity [llama-8b-p5-2: 8 nodes + 1 spares]: needs 9 p5.48xlarge nodes" in (
+        " ".join(result.output.split())
+    )
+    assert "credentials" not in result.output
+
+
+def _live_group(session, *, min_size: int, max_size: int, desired: int) -> None:
+    eks = session.client("eks")
+    eks.create_cluster(name="nvrx-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
+    eks.create_nodegroup(
+        clusterName="nvrx-eks",
+        nodegroupName="p5",
+        nodeRole="arn:aws:iam::123456789012:role/node",
+        subnets=["subnet-1"],
+        scalingConfig={"minSize": min_size, "maxSize": max_size, "desiredSize": desired},
+    )
+
+
+def _live_row(session, **group):
+    target = dataclasses.replace(
+        _target(NodeGroupTarget(name="p5", instance_type="p5.48xlarge", **group)), cluster_name="nvrx-eks"
+    )
+    return Preflight(session=session, target=target)._live_size(target.node_groups[0])
+
+
+def test_a_deploy_that_would_shrink_a_group_running_a_job_fails(moto_session):
+    # Scaled by hand to 2 for a job; the config raises max to 4 and keeps desired 0: CloudFormation
+    # would write min 0 / max 4 / desired 0 and take both nodes away.
+    _live_group(moto_session, min_size=0, max_size=2, desired=2)
+    row = _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=0)
+    assert row.status is Status.FAIL
+    assert row.detail == (
+        "runs 2 nodes; the deploy changes its min/max (0/2 -> 0/4) and so writes desired size 0, removing 2"
+    )
+    # Bounds as deployed: the deploy leaves the scaling alone.
+    assert _live_row(moto_session, min_nodes=0, max_nodes=2, desired_nodes=0).status is Status.PASS
+    # A desired size that keeps the running nodes passes too.
+    assert _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=2).status is Status.PASS
+
+
+def test_a_group_not_deployed_yet_passes(moto_session):
+    row = _live_row(moto_session, min_nodes=0, max_nodes=2, desired_nodes=0)
+    assert (row.status, row.detail) == (Status.PASS, "not deployed yet")

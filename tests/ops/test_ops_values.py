@@ -30,6 +30,8 @@ OUTPUTS = {
     "TrainingNamespace": "train",
     "TrainingServiceAccount": "trainer",
     "GpuNodeGroups": json.dumps({"p5-ondemand": "p5.48xlarge"}),
+    "AdminRoleArn": "arn:aws:iam::123456789012:role/nvrx-eks-admin",
+    "NodeCheckImage": f"{REPO}:0123abcd4567",
 }
 
 
@@ -140,13 +142,54 @@ def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, 
 
 def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
+    _push(moto_session, source_revision())
     path = tmp_path / "new.yaml"
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert result.exit_code == 0, result.output
-    # The tag is not pushed yet: no digest to pin, so the image is left to complete, with the way.
-    assert "still to fill in before `nvrx-eks job submit`: name, num_nodes, image (push " in result.output
-    assert "then run this again for its digest" in result.output
+    assert "still to fill in before `nvrx-eks job submit`: name, num_nodes" in result.output
     assert yaml.safe_load(path.read_text())["storage"]["fsx_pvc"] == "fsx-ckpt"
+
+
+EXAMPLE_IMAGE = f"{REPO}:0123abcd4567@sha256:{'01' * 32}"
+
+
+def test_images_not_in_the_repository_are_refused_naming_the_push(cli, moto_session, tmp_path):
+    # Nothing pushed: the example's tag and digest, moved onto the stack's repository, would name an
+    # image no node can pull; the file stays as it was and the message says what pushes one.
+    _deploy(moto_session, OUTPUTS)
+    path = tmp_path / "v.yaml"
+    original = f"name: a\nnum_nodes: 1\nimage: {EXAMPLE_IMAGE}\n"
+    path.write_text(original)
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 2, result.output
+    assert (
+        f"image: stack nvrx-eks's repository does not hold {EXAMPLE_IMAGE} or {REPO}:{source_revision()};"
+        in (" ".join(result.output.split()))
+    )
+    assert "nvrx-eks image build && nvrx-eks image push --stack nvrx-eks" in result.output
+    assert path.read_text() == original
+
+
+def test_an_examples_digest_gives_way_to_this_checkouts_pushed_images(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    digest = _push(moto_session, source_revision())
+    path = tmp_path / "v.yaml"
+    path.write_text(f"name: a\nnum_nodes: 1\nimage: {EXAMPLE_IMAGE}\nstore_image: {EXAMPLE_IMAGE}\n")
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(path.read_text())
+    assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
+    assert data["store_image"].startswith(f"{REPO}:{source_revision()}-store@sha256:")
+
+
+def test_a_pushed_tag_the_file_names_is_kept_and_its_store_must_be_there(cli, moto_session, tmp_path):
+    _deploy(moto_session, OUTPUTS)
+    digest = _push(moto_session, "v3")
+    path = tmp_path / "v.yaml"
+    path.write_text("name: a\nnum_nodes: 1\nimage: old.example.com/team/trainer:v3\n")
+    result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(path.read_text())["image"] == f"{REPO}:v3@{digest}"
 
 
 def test_missing_stack_is_a_user_error(cli, tmp_path):
@@ -168,6 +211,7 @@ def test_stack_without_the_kit_outputs_names_them(cli, moto_session, tmp_path):
 def test_several_node_group_types_need_a_choice(cli, moto_session, tmp_path):
     groups = {"g6-dev": "g6.8xlarge", "p5-ondemand": "p5.48xlarge"}
     _deploy(moto_session, {**OUTPUTS, "GpuNodeGroups": json.dumps(groups)})
+    _push(moto_session, source_revision())
     path = tmp_path / "v.yaml"
     path.write_text("name: a\nnum_nodes: 1\n")
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
@@ -180,6 +224,7 @@ def test_several_node_group_types_need_a_choice(cli, moto_session, tmp_path):
 
 def test_values_that_stop_validating_are_refused(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
+    _push(moto_session, source_revision())
     path = tmp_path / "v.yaml"
     original = "name: a\nnum_nodes: 0\n"
     path.write_text(original)
@@ -226,3 +271,37 @@ def test_example_values_name_no_moving_tag():
 def test_contract_output_keys():
     # The stack writes exactly the keys the job tooling reads (infra/outputs.py).
     assert set(OUTPUT_KEYS) == set(OUTPUTS)
+
+
+def test_job_status_without_a_name_or_values_names_both_ways(cli):
+    result = cli("job", "status")
+    assert result.exit_code == 2
+    assert "name the job: `nvrx-eks job status NAME`, or `-f VALUES`" in result.output
+
+
+def test_the_admin_role_is_assumed_for_the_clusters_api(moto_session):
+    # `job submit/status --stack` sign the EKS token as the stack's admin role (its access entry).
+    role = moto_session.client("iam").create_role(RoleName="nvrx-eks-admin", AssumeRolePolicyDocument="{}")
+    admin = moto_session.assume(role["Role"]["Arn"])
+    caller = admin.client("sts").get_caller_identity()["Arn"]
+    assert caller.startswith("arn:aws:sts::123456789012:assumed-role/nvrx-eks-admin/nvrx-eks")
+    assert admin.region == moto_session.region
+
+
+def test_a_node_check_image_the_repository_lacks_is_named_before_a_job_is_submitted(moto_session):
+    from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
+
+    _deploy(moto_session, OUTPUTS)
+    info = read_stack(moto_session, "nvrx-eks")
+    # Deployed from checkout 0123abcd4567, images pushed from another: no node could be verified.
+    _push(moto_session, "fedcba987654")
+    with pytest.raises(UserError) as refused:
+        require_node_check_image(moto_session, info)
+    assert f"node check pulls {REPO}:0123abcd4567, which its repository does not hold" in str(refused.value)
+    assert "nvrx-eks image push --tag 0123abcd4567 --stack nvrx-eks" in str(refused.value)
+    ecr = moto_session.client("ecr")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
+    ecr.put_image(
+        repositoryName=REPO.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="0123abcd4567"
+    )
+    require_node_check_image(moto_session, info)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -125,6 +126,8 @@ class Node:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     torch_probe: Callable[[], TorchInfo] = probe_torch
     which: Callable[[str], str | None] = shutil.which
+    memlock: Callable[[], int] = field(default=lambda: resource.getrlimit(resource.RLIMIT_MEMLOCK)[0])
+    """The process's soft RLIMIT_MEMLOCK in bytes (resource.RLIM_INFINITY: unlimited)."""
 
 
 def run_checks(node: Node, *, profile: InstanceProfile, checkpoint_dirs: Sequence[Path]) -> list[Check]:
@@ -133,7 +136,7 @@ def run_checks(node: Node, *, profile: InstanceProfile, checkpoint_dirs: Sequenc
     checks = [_mode(profile, torch_info), _torch(torch_info, gpu_mode=gpu_mode)]
     checks += [_gpus(node, profile, torch_info), _nccl(torch_info, gpu_mode=gpu_mode)]
     checks += [_efa_devices(node, profile), _ofi_plugin(node, profile), _fi_info(node, profile)]
-    checks += [_env(node, profile), _nvrx(node), _shm(node, profile)]
+    checks += [_memlock(node, profile), _env(node, profile), _nvrx(node), _shm(node, profile)]
     checks += [_tier(path) for path in checkpoint_dirs] or [
         Check("checkpoint tiers", Status.WARN, "none given (--checkpoint-dir or " + CHECKPOINT_DIRS_ENV + ")")
     ]
@@ -306,6 +309,28 @@ def _nvrx(node: Node) -> Check:
 
     extension = "" if straggler_extension_available() else " (no CUPTI straggler extension: GPU images only)"
     return Check("NVRx", Status.OK, f"{installed}{extension}")
+
+
+def _memlock(node: Node, profile: InstanceProfile) -> Check:
+    """EFA registers the memory NCCL and libfabric send from, bounded by RLIMIT_MEMLOCK: the trainer
+    holds no CAP_IPC_LOCK, so a limit below the node's memory fails NCCL's setup on every rank of
+    the node. The limit comes from the node's container runtime (the GPU nodes' NodeConfig raises
+    it), so a small one is the node's problem: another node may have it right."""
+    name = "memlock limit"
+    if not profile.efa_devices:
+        return Check(name, Status.SKIP, "no EFA")
+    limit = node.memlock()
+    if limit == resource.RLIM_INFINITY:
+        return Check(name, Status.OK, "unlimited")
+    need = profile.memory_gib * _GIB
+    if limit < need:
+        return Check(
+            name,
+            Status.NODE,
+            f"{limit} bytes, below the node's {profile.memory_gib} GiB: EFA memory registration would "
+            "fail (containerd's base runtime spec sets RLIMIT_MEMLOCK; see the node's NodeConfig)",
+        )
+    return Check(name, Status.OK, f"{limit / _GIB:,.0f} GiB")
 
 
 def _shm(node: Node, profile: InstanceProfile) -> Check:
