@@ -150,6 +150,7 @@ class _Kept:
     last_done: int
     light: dict[str, Any]
     rng: dict[str, Any]
+    buffers: dict[str, dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -445,7 +446,7 @@ def params_sha256(modules: Sequence[torch.nn.Module]) -> str | None:
     for index, module in enumerate(modules):
         for name, tensor in sorted(module.state_dict().items()):
             digest.update(f"{index}.{name}".encode() if index else name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -495,6 +496,8 @@ class Attempt:
         self._fence_s = 0.0
         self._light: dict[str, Any] = {}
         self._rng: dict[str, Any] = {}
+        self._buffers: dict[str, dict[str, torch.Tensor]] = {}
+        self._buffer_refs: dict[str, dict[str, torch.Tensor]] | None = None
         self._loss: float | None = None
         self._steps_called = False
         self._started = time.time()
@@ -558,7 +561,7 @@ class Attempt:
                 tier, restored_step = restored.tier, restored.step
         self._capture_boundary()
         ctx.job._state.kept = _Kept(  # noqa: SLF001
-            objects=objects, last_done=self.last_done, light=self._light, rng=self._rng
+            objects=objects, last_done=self.last_done, light=self._light, rng=self._rng, buffers=self._buffers
         )
         load_s = time.perf_counter() - load_started
         nbytes = state_bytes(self._state())
@@ -642,6 +645,11 @@ class Attempt:
             if _is_heavy(obj):
                 if obj is not old:
                     obj.load_state_dict(old.state_dict())
+                # A forward after the boundary (the failed step's) moved buffers such as BatchNorm's
+                # running statistics: back to the boundary's.
+                own = dict(obj.named_buffers()) if _is_module(obj) else {}
+                for buffer, value in kept.buffers.get(name, {}).items():
+                    own[buffer].copy_(value)
             else:
                 obj.load_state_dict(copy.deepcopy(kept.light[name]))
         _set_rng_state(kept.rng)
@@ -823,15 +831,27 @@ class Attempt:
             self._loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)  # type: ignore[arg-type]
 
     def _capture_boundary(self) -> None:
-        """The small tracked state (everything but modules and optimizers) and the RNGs, as they are at
-        this step boundary: what a restart re-enters with, and what a snapshot saves."""
-        self._light = {
-            n: copy.deepcopy(o.state_dict()) for n, o in (self._objects or {}).items() if not _is_heavy(o)
+        """The small tracked state (everything but modules and optimizers, and the modules' persistent
+        buffers, which a forward changes outside `update()`) and the RNGs, as they are at this step
+        boundary: what a restart re-enters with, and what a snapshot saves."""
+        objects = self._objects or {}
+        self._light = {n: copy.deepcopy(o.state_dict()) for n, o in objects.items() if not _is_heavy(o)}
+        if self._buffer_refs is None:
+            self._buffer_refs = {n: _persistent_buffers(o) for n, o in objects.items() if _is_module(o)}
+        self._buffers = {
+            n: {b: t.detach().clone() for b, t in refs.items()}
+            for n, refs in self._buffer_refs.items()
+            if refs
         }
         self._rng = _rng_state()
         kept = self._ctx.job._state.kept  # noqa: SLF001
         if kept is not None and kept.objects is self._objects:
-            kept.last_done, kept.light, kept.rng = self.last_done, self._light, self._rng
+            kept.last_done, kept.light, kept.rng, kept.buffers = (
+                self.last_done,
+                self._light,
+                self._rng,
+                self._buffers,
+            )
 
     def _end_step(self, step: int) -> None:
         ctx = self._ctx
@@ -868,6 +888,13 @@ class Attempt:
     def step_loss(self) -> float | None:
         """The loss `update(loss=...)` was given in the current step."""
         return self._loss
+
+
+def _persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a module's state holds (BatchNorm's running statistics, a step counter), by name;
+    non-persistent ones (masks, rotary tables) are constants the module rebuilds."""
+    saved = set(module.state_dict(keep_vars=True))
+    return {name: buffer for name, buffer in module.named_buffers() if name in saved}
 
 
 def _is_module(obj: object) -> bool:

@@ -138,3 +138,67 @@ def test_an_api_call_out_of_order_is_one_message_and_exit_2(case, tmp_path):
     assert done.returncode == 2, out[-3000:]
     assert message in out, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
+
+
+class _Interrupted(Exception):  # noqa: N818 - stands in for the in-process restart's interrupt
+    pass
+
+
+def _batchnorm_run(run_dir: Path, *, fail_at: int | None) -> str | None:
+    """A model with BatchNorm (its forward moves running statistics, outside any update) trained for 10
+    steps through the API's attempts; `fail_at`: the first attempt stops after that step's forward, as
+    an in-process restart would stop it, and the next attempt resumes from memory."""
+    import contextlib  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from training import parallel  # noqa: PLC0415
+    from training.events import EventLog  # noqa: PLC0415
+
+    run_dir.mkdir(parents=True)
+    config = api.ResilienceConfig(run_dir=run_dir)
+    context = api._Context(
+        job=api.Job(config),
+        cfg=config,
+        world=parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
+        store=dist.FileStore(str(run_dir / "store"), 1),
+        events=EventLog(run_dir=run_dir, rank=0),
+        resilience=SimpleNamespace(
+            atomic=contextlib.nullcontext, step_done=lambda step: None, state_dict=dict, load_state_dict=print
+        ),
+        checkpointer=SimpleNamespace(
+            fence=lambda: None, save=lambda step, state: None, wait=lambda: None, load_latest=lambda: None
+        ),
+        metrics=SimpleNamespace(step=lambda **_: None),
+    )
+
+    def train(attempt: api.Attempt, *, stop: int | None) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        attempt.resume(model=model, optimizer=optimizer)
+        for step in attempt.steps(10):
+            inputs = torch.randn(16, 4, generator=torch.Generator().manual_seed(step))
+            loss = model(inputs).pow(2).mean()
+            if step == stop:
+                raise _Interrupted
+            loss.backward()
+            with attempt.update():
+                optimizer.step()
+
+    try:
+        if fail_at is not None:
+            with contextlib.suppress(_Interrupted):
+                context.attempt(lambda attempt: train(attempt, stop=fail_at))
+        return context.attempt(lambda attempt: train(attempt, stop=None))
+    finally:
+        parallel.release_retired_groups()
+        dist.destroy_process_group()
+
+
+def test_an_in_process_restart_rewinds_buffers_a_forward_moved(tmp_path):
+    """BatchNorm's running statistics change in the forward, outside `update()`: the failed step's
+    forward moved them, and resuming from memory must take the boundary's, or the run drifts."""
+    assert _batchnorm_run(tmp_path / "faulted", fail_at=6) == _batchnorm_run(tmp_path / "clean", fail_at=None)
