@@ -67,9 +67,9 @@ def _through_the_api(model_name: str, steps: int, seed: int, run_dir: Path) -> l
 
     def train(attempt: api.Attempt) -> None:
         model = build_model(model_name, seed=seed, device=attempt.device)
+        wrapped = attempt.data_parallel(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False)
         attempt.resume(model=model, optimizer=optimizer)
-        wrapped = attempt.data_parallel(model)
         source = SyntheticTokens(seed=seed, vocab_size=shape.vocab_size, seq_len=shape.seq_len)
         data = DataSource(source=source, batch_size=4, world_size=1)
         started = time.perf_counter()

@@ -7,10 +7,9 @@ script's training function each time it (re)starts it::
     from training import api as kit
 
     def train(attempt: kit.Attempt) -> None:
-        model = build_model()                          # the script's own code, unchanged
+        model = attempt.data_parallel(build_model())   # instead of DistributedDataParallel(model)
         optimizer = torch.optim.AdamW(model.parameters())
         attempt.resume(model=model, optimizer=optimizer, data=loader)   # newest state, nearest tier
-        model = attempt.data_parallel(model)           # instead of DistributedDataParallel(model)
         for step in attempt.steps(num_steps):          # heartbeats, checkpoints, events, faults
             loss = model(**loader.next_batch()).loss
             loss.backward()
@@ -475,8 +474,8 @@ def memcpy_gbps(num_bytes: int) -> float:
 
 class Attempt:
     """One run of the training function: the process group of this attempt, and the calls that tie the
-    script's loop to the kit. Built by `Job.run`; its calls must come in order: `resume`, then
-    `data_parallel` (optional), then `steps` with one `update` per step."""
+    script's loop to the kit. Built by `Job.run`; its calls must come in order: `data_parallel` (before
+    the optimizer is built), `resume`, then `steps` with one `update` per step."""
 
     def __init__(self, context: _Context, *, number: int) -> None:
         self._ctx = context
@@ -719,7 +718,9 @@ class Attempt:
     def data_parallel(
         self, module: torch.nn.Module, *, blocks: Sequence[torch.nn.Module] = ()
     ) -> torch.nn.Module:
-        """`module` ready for this attempt's process group, in place of DistributedDataParallel.
+        """`module` ready for this attempt's process group, in place of DistributedDataParallel. Call it
+        before building the optimizer and before `resume`: FSDP2 replaces the parameters with sharded
+        ones, which the optimizer must hold and the checkpoint's shards load into.
 
         CUDA: FSDP2 (`fully_shard` on each of `blocks`, then on `module`); gradients are reduce-scattered
         in backward. CPU: the module itself; `update()` averages its gradients in one flat all-reduce
@@ -727,8 +728,11 @@ class Attempt:
         step, and gloo's ring sums each element in an order that depends on its bucket position, so a
         resumed DDP run drifts from an uninterrupted one in the last bits)."""
 
-        if self._objects is None:
-            raise UserError("attempt.data_parallel() before attempt.resume(): resume the state first")
+        if self._objects is not None:
+            raise UserError(
+                "attempt.data_parallel() after attempt.resume(): wrap the model first, then build the "
+                "optimizer on its parameters and resume (FSDP2 replaces the parameters in place)"
+            )
         wrapped = parallel.wrap(module, self._ctx.world, blocks=blocks)
         self._parallel.append(wrapped)
         return wrapped

@@ -54,11 +54,11 @@ class ReferenceTrainer:
     def __call__(self, attempt: kit.Attempt) -> None:
         cfg = self.cfg
         model = build_model(cfg.model, seed=cfg.seed, device=attempt.device)
+        wrapped = attempt.data_parallel(model, blocks=model.layers)  # FSDP2 on CUDA: before the optimizer
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, foreach=False
         )
         attempt.resume(model=model, optimizer=optimizer)
-        wrapped = attempt.data_parallel(model, blocks=model.layers)
         source: SyntheticTokens | TokenFile
         if cfg.data.token_file is not None:
             source = TokenFile(path=cfg.data.token_file, seq_len=self.shape.seq_len)

@@ -5,9 +5,10 @@ the data pipeline, the optimizer and the LR schedule are this script's own. The 
 are everything the kit asks of a plain torchrun DDP script (docs/your-script.md shows the diff):
 
 - the training moves into a function the kit calls, and calls again after an in-process restart;
+- `attempt.data_parallel(model)` replaces `DistributedDataParallel(model)` (before the optimizer:
+  on GPUs it is FSDP2, which replaces the parameters);
 - `attempt.resume(...)` takes the state (model, optimizer, scheduler, the loader's position) and
   restores it from the nearest copy: the previous attempt's memory, a partner's RAM, disk, durable;
-- `attempt.data_parallel(model)` replaces `DistributedDataParallel(model)`;
 - `attempt.steps(n)` replaces `range(n)`; `attempt.update()` wraps the optimizer's step;
 - `kit.Job().run(train)` replaces `init_process_group()` and the call to the training function.
 
@@ -100,6 +101,7 @@ class ShardedLoader:
 def train(attempt: kit.Attempt, args: argparse.Namespace) -> None:  # kit: called again after a restart
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(MODEL)
+    ddp = attempt.data_parallel(model, blocks=model.model.layers)  # kit: was DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     corpus = Corpus(seed=args.seed, seq_len=args.seq_len, vocab=MODEL.vocab_size)
@@ -107,7 +109,6 @@ def train(attempt: kit.Attempt, args: argparse.Namespace) -> None:  # kit: calle
         corpus, batch_size=args.batch_size, rank=attempt.rank, world_size=attempt.world_size, seed=args.seed
     )
     attempt.resume(model=model, optimizer=optimizer, scheduler=scheduler, data=loader)  # kit
-    ddp = attempt.data_parallel(model, blocks=model.model.layers)  # kit: was DistributedDataParallel(model)
     for step in attempt.steps(args.steps):  # kit: was range(args.steps)
         loss = ddp(**loader.next_batch()).loss
         loss.backward()

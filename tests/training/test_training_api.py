@@ -73,6 +73,15 @@ def train(attempt):
 """,
         "data: a list has no state_dict()/load_state_dict()",
     ),
+    "data_parallel_after_resume": (
+        """
+def train(attempt):
+    model, optimizer = build()
+    attempt.resume(model=model, optimizer=optimizer)
+    attempt.data_parallel(model)
+""",
+        "attempt.data_parallel() after attempt.resume(): wrap the model first",
+    ),
     "steps_before_resume": (
         """
 def train(attempt):
