@@ -13,11 +13,22 @@ same steps, interleaved in blocks so the machine's drift hits both alike:
 It prints each loop's median step time, their ratio, and the parts of the API's per-step work timed on
 their own. Step times are medians of many steps; a single run's absolute times are this machine's
 and not comparable across machines (docs/measurements.md keeps the dated figures).
+
+`--against REV`: the reference trainer (`python -m training`, one rank, its default checkpoint
+cadences) at REV and in this checkout, interleaved runs, each step's full cost as the interval between
+consecutive `step` events (the loop's work between them: the step, the checkpointer's decision and
+copy, the events, the metrics, the layers' hooks). That is the question a change to the API must
+answer: does the reference loop, the API's first client, pay more per step than before.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import timeit
@@ -142,3 +153,63 @@ def print_bench(result: dict[str, Any]) -> None:
     )
     for name, micros in result["parts_us"].items():
         print(f"  part: {name:16} {micros:.1f} us per call")
+
+
+def _reference_intervals(source: Path, run_dir: Path, steps: int) -> list[float]:
+    """Seconds between consecutive steps of `python -m training` run from the tree at `source`."""
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT"}}
+    env |= {"PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "training", "--steps", str(steps), "--run-dir", str(run_dir)]
+    subprocess.run(
+        [*argv, "--log-every", str(steps)],
+        cwd=run_dir.parent,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    events = [json.loads(line) for line in (run_dir / "events" / "rank-0.jsonl").read_text().splitlines()]
+    times = [e["t"] for e in events if e["kind"] == "step"]
+    return [later - earlier for earlier, later in itertools.pairwise(times[10:])]
+
+
+def bench_against(rev: str, *, steps: int = 300, repeats: int = 3) -> dict[str, Any]:
+    """The reference loop's median step interval at `rev` and in this checkout, `repeats` runs each."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="nvrx-eks-bench-api-") as tmp:
+        old = Path(tmp) / "old"
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", str(old), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            medians: dict[str, list[float]] = {"before": [], "now": []}
+            for repeat in range(repeats):
+                for label, source in (("before", old), ("now", repo)):
+                    run_dir = Path(tmp) / f"{label}-{repeat}"
+                    medians[label].append(statistics.median(_reference_intervals(source, run_dir, steps)))
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(old)], check=False)
+    before, now = statistics.median(medians["before"]), statistics.median(medians["now"])
+    return {
+        "rev": rev,
+        "steps": steps,
+        "repeats": repeats,
+        "medians_s": medians,
+        "now_over_before": now / before,
+    }
+
+
+def print_against(result: dict[str, Any]) -> None:
+    print(
+        f"reference trainer, one CPU rank, {result['steps']} steps, {result['repeats']} interleaved runs "
+        "each; median interval between steps"
+    )
+    for label in ("before", "now"):
+        runs = ", ".join(f"{m * 1e3:.2f}" for m in result["medians_s"][label])
+        name = f"at {result['rev']}" if label == "before" else "this checkout"
+        print(f"  {name:16} {runs} ms")
+    print(
+        f"  now / before     {result['now_over_before']:.4f} ({(result['now_over_before'] - 1) * 100:+.2f}%)"
+    )

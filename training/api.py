@@ -490,6 +490,7 @@ class Attempt:
         """Newest step whose update is complete on this rank (-1: none)."""
         self._objects: dict[str, Any] | None = None
         self._parallel: list[torch.nn.Module] = []
+        self._parameters: list[torch.nn.Parameter] = []
         self._step: int | None = None
         self._step_started = 0.0
         self._fence_s = 0.0
@@ -735,6 +736,7 @@ class Attempt:
             )
         wrapped = parallel.wrap(module, self._ctx.world, blocks=blocks)
         self._parallel.append(wrapped)
+        self._parameters = [p for module in self._parallel for p in module.parameters()]
         return wrapped
 
     def steps(self, num_steps: int) -> Iterator[int]:
@@ -801,7 +803,7 @@ class Attempt:
                 "attempt.update() with no data-parallel module: pass the model through "
                 "attempt.data_parallel(model) after resume(), or the ranks' gradients are never averaged"
             )
-        params = [p for module in self._parallel for p in module.parameters()]
+        params = self._parameters
         pending = [
             p
             for module in self._parallel

@@ -1,0 +1,20 @@
+"""`nvrx-eks bench api` runs both loops and prints their medians and ratio (localrun/api_bench.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_api_prints_both_loops_and_their_ratio(nvrx_eks):
+    result = nvrx_eks("bench", "api", "--steps", "20", "--blocks", "1", timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    plain = re.search(r"plain PyTorch loop\s+median step ([\d.]+) ms", result.stdout)
+    api = re.search(r"through training.api median step ([\d.]+) ms", result.stdout)
+    ratio = re.search(r"api / plain\s+([\d.]+)", result.stdout)
+    assert plain and api and ratio, result.stdout
+    assert float(ratio[1]) == pytest.approx(float(api[1]) / float(plain[1]), rel=1e-3)
+    assert "part: rng capture" in result.stdout
