@@ -15,6 +15,9 @@ def test_bench_api_prints_both_loops_and_their_ratio(nvrx_eks):
     plain = re.search(r"plain PyTorch loop\s+median step ([\d.]+) ms", result.stdout)
     api = re.search(r"through training.api median step ([\d.]+) ms", result.stdout)
     ratio = re.search(r"api / plain\s+([\d.]+)", result.stdout)
-    assert plain and api and ratio, result.stdout
-    assert float(ratio[1]) == pytest.approx(float(api[1]) / float(plain[1]), rel=1e-3)
+    assert plain, result.stdout
+    assert api, result.stdout
+    assert ratio, result.stdout
+    # The medians are printed to 0.01 ms, the ratio from the unrounded ones.
+    assert float(ratio[1]) == pytest.approx(float(api[1]) / float(plain[1]), rel=5e-3)
     assert "part: rng capture" in result.stdout
