@@ -16,12 +16,14 @@ export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 # tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
 NVRX_VERSION := $(shell sed -n 's/^nvidia-resiliency-ext==//p' constraints.txt)
 NVRX_WHEEL := build/wheels/nvidia_resiliency_ext-$(NVRX_VERSION)-py3-none-any.whl
+# The one torch release of the kit (kitcore/pins.py TORCH_VERSION; the images install the same).
+TORCH_VERSION := $(shell sed -n 's/^TORCH_VERSION = "\(.*\)"$$/\1/p' kitcore/pins.py)
 
-$(VENV)/.installed: pyproject.toml constraints.txt tools/nvrx-wheel.sh
+$(VENV)/.installed: pyproject.toml constraints.txt tools/nvrx-wheel.sh kitcore/pins.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel
 	# The CPU build of torch from this machine's disk, first, so nothing later pulls a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
 	test -f $(NVRX_WHEEL) || tools/nvrx-wheel.sh $(PY) $(NVRX_VERSION) build/wheels
 	$(PY) -m pip install --quiet --find-links build/wheels -c constraints.txt -e '.[dev]'
 	$(PY) -m pip check

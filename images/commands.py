@@ -184,25 +184,28 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             )
 
     @image.command("lock")
-    def lock(engine: Engine = None, dry_run: DryRun = False) -> None:
-        """Regenerate images/requirements.lock by resolving inside the pinned base image."""
+    def lock(dry_run: DryRun = False) -> None:
+        """Regenerate images/torch-requirements.lock and images/requirements.lock: pip's resolver for the
+        image's Python and platform (no container engine needed)."""
         from images.build import (  # noqa: PLC0415
             LOCK_FILE,
+            NOT_TORCH,
+            TORCH_LOCK_FILE,
+            TORCH_PROVIDED,
             image_requirements,
             lock_argv,
             lock_header,
             parse_report,
             render_lock,
+            torch_lock_header,
         )
-        from kitcore.pins import IMAGE  # noqa: PLC0415
 
-        argv = lock_argv(
-            engine=_engine(engine, dry_run=dry_run),
-            base_image=IMAGE.base_image,
-            requirements=image_requirements(),
-        )
+        argv = lock_argv(python=sys.executable, requirements=image_requirements())
         stdout = _run(argv, dry_run=dry_run, capture=True)
         if dry_run:
             return
-        LOCK_FILE.write_text(render_lock(parse_report(stdout), header=lock_header()))
+        report = parse_report(stdout)
+        TORCH_LOCK_FILE.write_text(render_lock(report, header=torch_lock_header(), provided=NOT_TORCH))
+        LOCK_FILE.write_text(render_lock(report, header=lock_header(), provided=TORCH_PROVIDED))
+        print(TORCH_LOCK_FILE)
         print(LOCK_FILE)

@@ -236,13 +236,14 @@ def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
         build.find_engine("podman")
 
 
-def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engine):
-    argv = build.lock_argv(
-        engine="docker", base_image=IMAGE.base_image, requirements=build.image_requirements()
-    )
-    assert argv[argv.index("--entrypoint") + 2] == IMAGE.base_image
+def test_lock_resolves_for_the_image_python_and_splits_torch_from_the_rest():
+    argv = build.lock_argv(python="python3", requirements=build.image_requirements())
+    assert argv[argv.index("--python-version") + 1] == "3.12"
+    assert "manylinux_2_39_x86_64" in argv
+    assert "manylinux_2_40_x86_64" not in argv  # newer than the base's glibc
+    assert "--isolated" in argv
+    assert f"torch=={IMAGE.torch_version}" in argv
     assert f"nvidia-resiliency-ext=={IMAGE.nvrx_version}" in argv
-    assert "--report" in argv
     report = {
         "install": [
             {
@@ -250,9 +251,10 @@ def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engi
                 "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}},
             }
             for n, v in (
-                ("torch", "2.9.0"),
+                ("torch", "2.13.0"),
                 ("nvidia-resiliency-ext", "0.7.0"),
-                ("nvidia-nccl-cu12", "2.27"),
+                ("nvidia-nccl-cu13", "2.29.7"),
+                ("cuda-bindings", "13.5.0"),
                 ("Typer", "1"),
             )
         ]
@@ -260,6 +262,12 @@ def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engi
     text = build.render_lock(report, header=build.lock_header())
     assert build.locked_versions(text) == {"nvidia-resiliency-ext": "0.7.0", "typer": "1"}
     assert text.startswith("# The training image's")
+    torch_lock = build.render_lock(report, header=build.torch_lock_header(), provided=build.NOT_TORCH)
+    assert build.locked_versions(torch_lock) == {
+        "torch": "2.13.0",
+        "nvidia-nccl-cu13": "2.29.7",
+        "cuda-bindings": "13.5.0",
+    }
 
 
 def test_the_lock_file_is_what_the_lock_renderer_writes():

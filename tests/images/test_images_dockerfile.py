@@ -16,11 +16,11 @@ import pytest
 
 from images.build import (
     BASE_PARTS,
-    BASE_PROVIDED,
     BUILD_ARG_NAMES,
     DOCKERFILE,
     LOCK_FILE,
     REPO_ROOT,
+    TORCH_PROVIDED,
     build_args,
     locked_versions,
 )
@@ -65,7 +65,10 @@ def test_arg_defaults_equal_the_pins_and_the_build_passes_every_pin():
     assert args["GIT_REVISION"] == "abc123"
     # Every ARG the Dockerfile declares is one the build sets (none silently left at a default).
     declared = set(re.findall(r"^ARG (\w+)", TEXT, flags=re.MULTILINE))
-    assert declared - args.keys() == {"SOURCE_URL"}
+    assert declared - args.keys() == {"SOURCE_URL", "ACCELERATOR"}
+    # ACCELERATOR is the build's variant, not a pin: its default is the shipped image (the local image
+    # check alone passes cpu).
+    assert _arg_defaults(TEXT)["ACCELERATOR"] == "cuda"
 
 
 def test_stage_arg_defaults_agree_with_each_other():
@@ -77,12 +80,27 @@ def test_stage_arg_defaults_agree_with_each_other():
 
 def test_build_tools_stay_out_of_the_runtime_stage():
     stages = _stages()
-    assert list(stages) == ["wheel", "ofi", "runtime"]
-    runtime = stages["runtime"]
-    assert "apt-get install" not in runtime
-    assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", runtime)
-    assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
+    assert list(stages) == [
+        "torch_cuda",
+        "torch_cpu",
+        "torch",
+        "wheel",
+        "ofi",
+        "efa_cuda",
+        "efa_cpu",
+        "runtime",
+    ]
+    # The runtime stands on the EFA stage of the build's variant, which stands on its torch stage.
+    assert re.search(r"^FROM efa_\$\{ACCELERATOR\} AS runtime$", TEXT, flags=re.MULTILINE)
+    assert re.search(r"^FROM torch_\$\{ACCELERATOR\} AS torch$", TEXT, flags=re.MULTILINE)
+    for stage in ("runtime", "efa_cuda", "efa_cpu"):
+        assert "apt-get install" not in stages[stage]
+        assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", stages[stage])
+    assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in stages["efa_cuda"]
     assert "--enable-platform-aws" in stages["ofi"]
+    # The shipped torch is the locked one, with hashes; the local variant only checks its base's.
+    assert "--require-hashes --no-deps -r /tmp/torch-requirements.lock" in stages["torch_cuda"]
+    assert "pip install" not in stages["torch_cpu"]
 
 
 def test_locked_dependencies_install_before_the_source():
@@ -152,7 +170,7 @@ def test_every_download_goes_through_the_checksum_script():
     # No unverified fetch left: nothing calls curl directly or pipes a download into tar.
     assert not re.search(r"(RUN|&&)\s+curl\s", TEXT)
     assert "| tar" not in TEXT
-    for stage in ("ofi", "runtime"):
+    for stage in ("ofi", "efa_cuda"):
         body = _stages()[stage]
         assert "source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified" in body
         assert '"${EFA_INSTALLER_SHA256}" /tmp/efa.tar.gz' in body
@@ -250,6 +268,6 @@ def test_every_import_of_the_copied_code_is_installed_by_the_image():
             if name in sys.stdlib_module_names or name in {"training", "kitcore"}:
                 continue
             dists = {d.lower().replace("_", "-") for d in distributions.get(name, [])}
-            if not dists or not any(d in locked or BASE_PROVIDED.match(d) for d in dists):
+            if not dists or not any(d in locked or TORCH_PROVIDED.match(d) for d in dists):
                 missing[name] = str(path.relative_to(REPO_ROOT))
     assert missing == {}
