@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo check test lint format bench bench-checkpoint gpu-check observe-check synth render setup clean
+.PHONY: demo check test lint format bench bench-checkpoint gpu-check observe-check image-check synth render setup clean
 
 # NVRx at the image's pin (constraints.txt agrees with kitcore/pins.py): its only published wheel is cp312,
 # tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
@@ -69,6 +69,12 @@ gpu-check: setup
 # query evaluated, promtool's unit tests of the rules (localrun/observe.py). Under 5 minutes.
 observe-check: setup
 	$(PY) -m localrun.observe
+
+# The shipped images built here with podman (Debian's podman, runc and mmdebstrap, which .ci/run
+# installs) and run as the rendered pods run them: the pod's user, read-only root, no capabilities, its
+# mounts and environment (localrun/image_check.py). Built images are cached: a rerun builds nothing new.
+image-check: setup
+	$(PY) -m localrun.image_check
 
 synth: setup
 	npx cdk synth --quiet

@@ -31,7 +31,7 @@ TORCH_LOCK_FILE = Path(__file__).resolve().parent / "torch-requirements.lock"
 STORE_DOCKERFILE = Path(__file__).resolve().parent / "store.Dockerfile"
 STORE_LOCK_FILE = Path(__file__).resolve().parent / "store-requirements.lock"
 STORE_TAG_SUFFIX = STORE_IMAGE_TAG_SUFFIX
-ENGINES = ("docker", "finch")
+ENGINES = ("docker", "finch", "podman")
 DEFAULT_NAME = "nvrx-eks-training"
 # The GPU instance types in kitcore/profiles.py are all x86_64.
 PLATFORM = "linux/amd64"
@@ -62,9 +62,10 @@ STORE_BUILD_ARG_NAMES: dict[str, str] = {
 # What the trainer imports beyond torch and numpy (images/torch-requirements.lock), with the ranges
 # pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
 IMAGE_DEPENDENCIES = ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3")
+
 # Installed from images/torch-requirements.lock (torch, what it pulls, numpy): never in requirements.lock.
 TORCH_PROVIDED = re.compile(
-    r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|"
+    r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|typing-extensions|"
     r"cuda-.*|nvidia-(?!resiliency-ext$|ml-py$).*)$"
 )
 _ECR_URI = re.compile(
@@ -139,7 +140,7 @@ def check_tag(tag: str) -> str:
 
 
 def find_engine(preferred: str | None = None) -> str:
-    """The container engine to run: the one asked for, else docker, else finch."""
+    """The container engine to run: the one asked for, else the first of ENGINES on PATH."""
     candidates = (preferred,) if preferred else ENGINES
     for engine in candidates:
         if engine not in ENGINES:
@@ -147,7 +148,7 @@ def find_engine(preferred: str | None = None) -> str:
         if shutil.which(engine):
             return engine
     raise UserError(
-        f"no container engine found ({' or '.join(candidates)} on PATH): install Docker or Finch, "
+        f"no container engine found ({' or '.join(candidates)} on PATH): install Docker, Finch or Podman, "
         "or build on a machine that has one"
     )
 
@@ -163,6 +164,10 @@ def build_argv(
 ) -> list[str]:
     """`<engine> build` with every build arg, for `platform`, tagged `image` (name:tag)."""
     argv = [engine, "build", "--file", str(dockerfile), "--platform", platform, "--tag", image]
+    if engine == "podman":
+        # Podman writes OCI images by default, which have no SHELL: the Dockerfiles' `pipefail` would be
+        # dropped with a warning. Docker's format keeps it.
+        argv += ["--format", "docker"]
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     return [*argv, str(context)]

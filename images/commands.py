@@ -1,4 +1,4 @@
-"""`nvrx-eks image build | push | lock | pin`: the training image, with docker or finch.
+"""`nvrx-eks image build | push | lock | pin`: the training image, with docker, finch or podman.
 
 Docker is not needed to read this: every command prints the exact command lines it runs, and
 `--dry-run` prints them without running anything (images/README.md shows the build end to end).
@@ -14,7 +14,8 @@ from typing import Annotated
 import typer
 
 Engine = Annotated[
-    str | None, typer.Option("--engine", help="docker or finch (default: the first one on PATH).")
+    str | None,
+    typer.Option("--engine", help="docker, finch or podman (default: the first one on PATH, in that order)."),
 ]
 Name = Annotated[str, typer.Option("--name", help="Local image name (the tag comes from --tag).")]
 Tag = Annotated[
@@ -101,7 +102,12 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
     if not dry_run:
         # Fail closed here, before the engine pulls the bases: the Dockerfiles would refuse too.
         check_verifiable(pins.IMAGE, pins.STORE_IMAGE)
+    asked = engine
     engine = _engine(engine, dry_run=dry_run)
+    print(
+        f"engine: {engine} ({'--engine' if asked else 'the first of docker, finch, podman on PATH'})",
+        file=sys.stderr,
+    )
     builds = (
         (f"{name}:{tag}", build_args(git_revision=tag, pins=pins.IMAGE), None),
         (

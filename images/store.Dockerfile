@@ -28,7 +28,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN --mount=type=bind,source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified \
     if [ "${TORCH_SOURCE}" = base ]; then \
-        python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"; \
+        python -c "import importlib.metadata as m; v = m.version('torch'); assert v.split('+')[0] == '${TORCH_VERSION}', v"; \
     else \
         apt-get update \
         && apt-get install -y --no-install-recommends curl ca-certificates \
@@ -41,7 +41,9 @@ RUN --mount=type=bind,source=images/fetch-verified.sh,target=/usr/local/bin/fetc
     fi
 
 # NVRx at the pin and what it and torch import, with hashes (`nvrx-eks image lock` regenerates the lock).
-COPY images/store-requirements.lock /tmp/requirements.lock
+# The local image check passes a lock of its own (Python 3.11 wheels, other hashes).
+ARG REQUIREMENTS_LOCK=images/store-requirements.lock
+COPY ${REQUIREMENTS_LOCK} /tmp/requirements.lock
 RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock \
     && rm /tmp/requirements.lock \
     && python -c "import importlib.metadata as m; v = m.version('nvidia-resiliency-ext'); assert v == '${NVRX_VERSION}', v"

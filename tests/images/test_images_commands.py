@@ -10,6 +10,7 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import boto3
@@ -233,7 +234,26 @@ def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(UserError, match="no container engine found"):
         build.find_engine()
     with pytest.raises(UserError, match="not supported"):
-        build.find_engine("podman")
+        build.find_engine("nerdctl")
+
+
+def test_build_takes_podman_where_docker_is_absent_and_says_so(tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    script = tmp_path / "bin" / "podman"
+    script.parent.mkdir()
+    record = f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n{record}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(script.parent))  # no docker, no finch
+    monkeypatch.setattr(pins, "IMAGE", VERIFIED)
+    monkeypatch.setattr(pins, "STORE_IMAGE", STORE_VERIFIED)
+    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t3"])
+    assert result.exit_code == 0, result.output
+    assert "engine: podman (the first of docker, finch, podman on PATH)" in result.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [argv[0] for argv in calls] == ["build", "build"]
+    # Docker's image format: OCI images have no SHELL, and the Dockerfiles' pipefail must hold.
+    assert all(argv[argv.index("--format") + 1] == "docker" for argv in calls)
 
 
 def test_lock_resolves_for_the_image_python_and_splits_torch_from_the_rest():
