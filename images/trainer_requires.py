@@ -41,6 +41,14 @@ def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
     return text[: block.start(1)] + "\n".join(kept) + "\n" + text[block.end(1) :]
 
 
+def rewrite(path: Path) -> None:
+    """Replace `path` by its cut, as a new file: never written in place, because a builder may hand the
+    build a hard link to the build context's file (podman's did: an in-place write cut the checkout's
+    own pyproject.toml)."""
+    partial = path.with_name(f".{path.name}.cut")
+    partial.write_text(cut(path.read_text()))
+    partial.replace(path)
+
+
 if __name__ == "__main__":
-    path = Path(sys.argv[1])
-    path.write_text(cut(path.read_text()))
+    rewrite(Path(sys.argv[1]))

@@ -289,3 +289,14 @@ def test_the_trainer_wheel_declares_only_what_the_image_installs(tmp_path):
     assert names <= locked.keys()
     # Nothing else of pyproject.toml changes (name, version, packages).
     assert project["name"] == "nvrx-eks"
+
+
+def test_the_cut_never_writes_through_a_hard_link_to_the_checkout(tmp_path):
+    # A builder may give the build a hard link to the context's file: the cut replaces the name only.
+    original = tmp_path / "checkout-pyproject.toml"
+    original.write_text((REPO_ROOT / "pyproject.toml").read_text())
+    linked = tmp_path / "pyproject.toml"
+    linked.hardlink_to(original)
+    subprocess.run([sys.executable, str(DOCKERFILE.parent / "trainer_requires.py"), str(linked)], check=True)
+    assert original.read_text() == (REPO_ROOT / "pyproject.toml").read_text()
+    assert "aws-cdk-lib" not in linked.read_text()
