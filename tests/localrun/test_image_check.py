@@ -68,6 +68,7 @@ def _podman_missing() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # from a clean machine: the bases, both images, the job twice
 @pytest.mark.skipif(_podman_missing() is not None, reason=str(_podman_missing()))
 def test_image_check_builds_both_images_and_every_container_check_passes(tmp_path):
     code = image_check.main(["--out", str(tmp_path)])
@@ -75,7 +76,9 @@ def test_image_check_builds_both_images_and_every_container_check_passes(tmp_pat
     failed = [c for c in result["checks"] if not c["passed"]]
     assert code == 0, failed
     assert not failed
-    # One torch release: the venv's and each image's.
+    # One torch release: the venv's and each image's; the job in containers is bit-identical.
     assert result["torch"]["store"] == result["torch"]["trainer"] == result["torch"]["local"]
+    (job,) = [c for c in result["checks"] if c["name"] == "job in containers"]
+    assert "bit-identical" in job["detail"]
     for image in result["images"].values():
         assert image["size_bytes"] > 0
