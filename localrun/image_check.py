@@ -407,109 +407,6 @@ def run_argv(
     return [*argv, image, *(expand.sub(lambda m: environment.get(m[1], m[0]), arg) for arg in line)]
 
 
-def _hosts(template: dict[str, Any], nodes: int) -> dict[str, str]:
-    """The job's names, as the pods' own arguments spell them, on loopback: the store's Service and each
-    node's address (one loopback address per node, as the local executor gives them)."""
-    (trainer,) = [c for c in template["spec"]["containers"] if c["name"] == "trainer"]
-    args = " ".join([*trainer.get("command", []), *trainer.get("args", [])])
-    store = re.search(r"--rdzv-endpoint=([^:\s]+):", args)
-    node = re.search(r"--local-addr=(\S+)", args)
-    if not store or not node:
-        raise SystemExit("image-check: the trainer's command names no store endpoint or local address")
-    hosts = {store[1]: "127.0.0.1"}
-    for index in range(nodes):
-        hosts[node[1].replace("$(NODE_RANK)", str(index))] = f"127.0.0.{2 + index}"
-    return hosts
-
-
-@dataclass
-class JobRun:
-    succeeded: bool
-    seconds: float
-    exit_codes: dict[str, int]
-    final_params_sha256: str | None
-    detail: str
-
-
-def run_job(
-    *, trainer: Built, store: Built, templates: dict[str, Any], work: Path, timeout_s: float
-) -> JobRun:
-    """The rendered job, fault-free, with every pod a container of the built images in one podman pod:
-    the store's Deployment pod, then one trainer pod per index (its self-check init container first)."""
-    from localrun.executor import local_node_labels  # noqa: PLC0415
-    from training.checkpoint.domains import write_labels  # noqa: PLC0415
-    from training.metrics import summarize  # noqa: PLC0415
-
-    job_spec = templates["job_spec"]
-    nodes = int(job_spec.get("completions") or job_spec.get("parallelism") or 2)
-    pod = f"nvrx-eks-image-check-{os.getpid()}"
-    hosts = _hosts(templates["trainer"], nodes)
-    _run(
-        podman("pod", "create", "--name", pod, *(f"--add-host={n}:{ip}" for n, ip in hosts.items())),
-        capture=True,
-    )
-    started = time.monotonic()
-    names: list[str] = []
-    try:
-        store_argv = run_argv(
-            store.name, templates["store"], "store", volumes=work / "pods" / "store", pod=pod
-        )
-        names.append(f"{pod}-store")
-        _run([*store_argv[:4], "--detach", "--name", names[-1], *store_argv[5:]], capture=True)
-        for index in range(nodes):
-            node = f"node-{index}"
-            volumes = work / "pods" / f"trainer-{index}"
-            env = {
-                "NODE_RANK": str(index),
-                "GROUP_RANK": str(index),
-                "JOB_COMPLETION_INDEX": str(index),
-                "NVRX_EKS_FAILURE_DOMAIN": "",
-            }
-            kwargs = {"volumes": volumes, "pod": pod, "env": env, "shared": work / "shared"}
-            selfcheck = run_argv(trainer.name, templates["trainer"], "selfcheck", **kwargs)
-            done = _run(selfcheck, capture=True, check=False)
-            if done.returncode:
-                codes = {f"selfcheck-{index}": done.returncode}
-                detail = done.stdout + done.stderr
-                return JobRun(
-                    succeeded=False, seconds=0, exit_codes=codes, final_params_sha256=None, detail=detail
-                )
-            write_labels(
-                volumes / "topology" / "node.json", node=node, labels=local_node_labels(index, nodes)
-            )
-            (volumes / "topology").chmod(0o777)
-            argv = run_argv(trainer.name, templates["trainer"], "trainer", **kwargs)
-            names.append(f"{pod}-trainer-{index}")
-            _run([*argv[:4], "--detach", "--name", names[-1], *argv[5:]], capture=True)
-        codes: dict[str, int] = {}
-        for name in names[1:]:
-            left = max(1.0, timeout_s - (time.monotonic() - started))
-            waited = subprocess.run(
-                podman("wait", name), capture_output=True, text=True, timeout=left, check=False
-            )
-            codes[name.removeprefix(f"{pod}-")] = int(waited.stdout.strip() or -1)
-        seconds = time.monotonic() - started
-        logs = "".join(
-            f"--- {name}\n" + _run(podman("logs", name), capture=True, check=False).stderr[-2000:]
-            for name in names
-        )
-        (work / "job-logs.txt").write_text(logs)
-        run_dirs = sorted((work / "shared").glob("fsx/runs/*"))
-        sha = summarize(run_dirs[0]).final_params_sha256 if run_dirs else None
-        return JobRun(all(code == 0 for code in codes.values()), seconds, codes, sha, logs[-3000:])
-    except subprocess.TimeoutExpired:
-        seconds = time.monotonic() - started
-        return JobRun(
-            succeeded=False,
-            seconds=seconds,
-            exit_codes={},
-            final_params_sha256=None,
-            detail=f"past {timeout_s:.0f} s",
-        )
-    finally:
-        _run(podman("pod", "rm", "--force", pod), capture=True, check=False)
-
-
 @dataclass
 class Check:
     image: str
@@ -529,20 +426,52 @@ def _check(image: str, name: str, argv: list[str], *, expect: object = None) -> 
     )
 
 
-def _process_reference(work: Path) -> str | None:
-    """The local job's final-parameter hash run as processes (the demo's cached fault-free reference)."""
-    from rich.console import Console  # noqa: PLC0415
-
+def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
     from k8s.load import load_values  # noqa: PLC0415
-    from localrun.chaos import fault_free_sha256  # noqa: PLC0415
+    from kitcore.console import make_console  # noqa: PLC0415
+    from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
+    from localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
+    from localrun.report import summary_document  # noqa: PLC0415
+    from localrun.runtimes import Podman  # noqa: PLC0415
+    from training.metrics import summarize  # noqa: PLC0415
 
-    values = load_values(REPO_ROOT / "k8s/values/local-cpu.yaml")
-    return fault_free_sha256(
-        values,
-        cache_dir=REPO_ROOT / "runs" / ".cache",
-        run_dir=work / "processes",
-        console=Console(stderr=True),
+    console = make_console()
+    plan = ",".join(DEMO_FAULTS)
+    values = load_values(
+        REPO_ROOT / "k8s/values/local-cpu.yaml",
+        (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}"),
     )
+    reference = fault_free_sha256(
+        values, cache_dir=REPO_ROOT / "runs" / ".cache", run_dir=work / "fault-free", console=console
+    )
+    runtime = Podman(trainer_image=trainer.name, store_image=store.name)
+    started = time.monotonic()
+    label = "chaos in containers"
+    outcome = run_job(
+        values,
+        run_dir=work / "containers",
+        console=console,
+        label=label,
+        timeout_s=timeout_s,
+        runtime=runtime,
+    )
+    seconds = time.monotonic() - started
+    document = summary_document(summarize(outcome.trainer_run_dir), fault_free_sha256=reference)
+    recovered = all(f["layer"] == f.get("expected_layer") for f in document["faults"])
+    classes = {f["class"] for f in document["faults"]}
+    expected = {item.split("@")[0] for item in DEMO_FAULTS}
+    passed = outcome.job.succeeded and recovered and document["bit_identical"] and classes >= expected
+    (work / "summary.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    verdict = "bit-identical" if document["bit_identical"] else "DIFFERENT"
+    detail = (
+        f"{seconds:.0f} s, job {outcome.job.reason}, {len(document['faults'])} faults "
+        f"({'each recovered by its layer' if recovered else 'NOT each by its layer'}, classes "
+        f"{sorted(classes)}), final params {str(document['final_params_sha256'])[:16]} vs fault-free "
+        f"processes {str(reference)[:16]}: {verdict}"
+    )
+    if not passed:
+        detail += f"\npod logs: {work / 'containers' / 'pods'}"
+    return Check("trainer", "demo fault plan in containers", passed, detail)
 
 
 def check_images(
@@ -595,19 +524,11 @@ def check_images(
             run_argv(trainer.name, templates["trainer"], "selfcheck", volumes=tv),
         )
     )
-    # The whole job, every pod a container, against the same job run as processes (the fault-free
-    # reference the demo caches): one torch, one trainer, so the final parameters must be bit-identical.
-    job = run_job(
-        trainer=trainer, store=store, templates=templates, work=work / "job", timeout_s=job_timeout_s
-    )
-    reference = _process_reference(work)
-    identical = job.succeeded and job.final_params_sha256 is not None and job.final_params_sha256 == reference
-    detail = (
-        f"{job.seconds:.0f} s, exits {job.exit_codes}, final params {str(job.final_params_sha256)[:16]} "
-        f"vs processes {str(reference)[:16]}: {'bit-identical' if identical else 'DIFFERENT'}"
-    )
+    # The demo's job under its fault plan, every pod a container (the executor's podman runtime),
+    # against the same job fault-free as processes: one torch, one trainer, so every fault recovered
+    # by its layer and the final parameters bit-identical.
     checks.append(
-        Check("trainer", "job in containers", identical, detail if identical else f"{detail}\n{job.detail}")
+        chaos_in_containers(trainer=trainer, store=store, work=work / "chaos", timeout_s=job_timeout_s)
     )
     return checks, probes
 

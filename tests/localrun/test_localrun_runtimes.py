@@ -1,0 +1,73 @@
+"""The executor's two ways to run a container: as a process, or in podman as the rendered pod would."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kitcore.pins import TRAINER_UID
+from localrun.runtimes import RUNC, Podman, Processes
+
+POD_SPEC = {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
+CONTAINER = {
+    "name": "trainer",
+    "securityContext": {
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    },
+}
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+
+
+def test_processes_run_the_command_as_prepared():
+    argv, env = Processes().command(["python", "-m", "training"], {"A": "1"}, container=CONTAINER)
+    assert (argv, env) == (["python", "-m", "training"], {"A": "1"})
+
+
+def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
+    volume, tmp, chaos = tmp_path / "fsx", tmp_path / "tmp", tmp_path / "chaos"
+    env = {**os.environ, "TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1"}
+    env["PATH"] = "/venv/bin:" + os.environ["PATH"]
+    runtime = Podman(trainer_image="train:x", store_image="store:x")
+    argv, _ = runtime.command(
+        ["python", "-m", "training.launch", f"--run-dir={volume}/runs"],
+        env,
+        container=CONTAINER,
+        pod_spec=POD_SPEC,
+        store=False,
+        folders=[volume, chaos],
+        run_key="run",
+    )
+    assert argv[:4] == ["podman", "--runtime", RUNC, "run"]
+    assert _pairs(argv, "--user") == [f"{TRAINER_UID}:{TRAINER_UID}"]
+    assert {"--read-only", "--read-only-tmpfs=false"} <= set(argv)
+    assert _pairs(argv, "--cap-drop") == ["ALL"]
+    assert _pairs(argv, "--network") == ["host"]  # the executor's loopback names and ports hold inside
+    # Each folder at its own path, so the executor's rewritten paths hold inside; /dev/shm as processes.
+    assert set(_pairs(argv, "--volume")) == {f"{p}:{p}:rw" for p in (volume, chaos, tmp, Path("/dev/shm"))}
+    # Only what the pod and the executor set: never this machine's PATH or environment.
+    inner = dict(item.split("=", 1) for item in _pairs(argv, "--env"))
+    assert inner == {"TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1", "HOME": str(tmp)}
+    image_at = argv.index("train:x")
+    assert argv[image_at + 1 :] == ["python", "-m", "training.launch", f"--run-dir={volume}/runs"]
+
+
+def test_podman_runs_the_store_pod_from_the_store_image(tmp_path):
+    argv, _ = Podman(trainer_image="train:x", store_image="store:x").command(
+        ["python", "-m", "training.control"],
+        {"TMPDIR": str(tmp_path)},
+        container={"name": "store", "securityContext": {"runAsUser": 65534}},
+        pod_spec={},
+        store=True,
+        folders=[],
+        run_key="run",
+    )
+    assert "store:x" in argv
+    assert "train:x" not in argv
+    assert _pairs(argv, "--user") == ["65534:65534"]
