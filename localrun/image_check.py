@@ -5,7 +5,9 @@ images/store.Dockerfile and the training image from images/Dockerfile, then each
 the rendered local job would run it (the pod's user, read-only root filesystem, dropped capabilities,
 the runtime's default seccomp filter, its mounts and environment), so a write outside the mounts, a
 missing module or file, or an entrypoint that does not start as the pod's user fails here, not on a
-GPU node.
+GPU node. Then the demo's job runs under its fault plan with every pod a container of these images (the
+local executor's podman runtime, localrun/runtimes.py): every fault must be recovered by its layer and
+the final parameters must be bit-identical to the same job run fault-free as processes.
 
 What differs from the shipped images, and why:
 - No container registry is reachable from the machines this runs on, so the bases are made here: a
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import shlex
 import shutil
@@ -54,10 +55,8 @@ from images.build import (
     store_build_args,
 )
 from kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
+from localrun.runtimes import RUNC, ULIMITS
 
-RUNC = "/usr/sbin/runc"
-# Podman's default container rlimits fail here ("setrlimit RLIMIT_NOFILE: Operation not permitted").
-ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 LOCAL_PREFIX = "localhost/nvrx-eks-local"
@@ -96,16 +95,6 @@ def build_volumes() -> list[str]:
         "--volume",
         f"{pip_conf}:/etc/pip.conf:ro",
     ]
-
-
-def containers_conf() -> Path:
-    """Podman's configuration for this check: the rlimits every container gets, the pod's own infra
-    container included (`podman pod create` takes no --ulimit, and the default ones fail here)."""
-    BUILD_DIR.mkdir(exist_ok=True)
-    conf = BUILD_DIR / "containers.conf"
-    limits = ", ".join(f'"{value}"' for value in ULIMITS[1::2])
-    conf.write_text(f"[containers]\ndefault_ulimits = [{limits}]\n")
-    return conf
 
 
 def podman(*args: str) -> list[str]:
@@ -355,26 +344,16 @@ def render(*, trainer: Built, store: Built, out: Path) -> dict[str, dict[str, An
 
 
 def run_argv(
-    image: str,
-    template: dict[str, Any],
-    container: str,
-    *,
-    volumes: Path,
-    command: list[str] | None = None,
-    pod: str | None = None,
-    env: dict[str, str] | None = None,
-    shared: Path | None = None,
+    image: str, template: dict[str, Any], container: str, *, volumes: Path, command: list[str] | None = None
 ) -> list[str]:
-    """`podman run` of one container of a rendered pod: its user, read-only root, capabilities,
-    seccomp, environment and mounts (each volume a folder of its own under `volumes`, a claim's under
-    `shared` when given, a Memory emptyDir a tmpfs). Alone without a network, or in podman pod `pod`
-    (one network namespace for the job's containers, the names in their arguments added as hosts).
-    `env` sets what the downward API would (the pod's index); other downward-API values stand in as
-    index 0's. `$(VAR)` in the command expands from the container's environment, as Kubernetes does."""
+    """`podman run` of one container of a rendered pod, alone and without a network: its user,
+    read-only root, capabilities, seccomp, environment and mounts (each volume a folder of its own under
+    `volumes`, a Memory emptyDir a tmpfs). Downward-API values stand in as index 0's. `command` replaces
+    the container's own (a probe); `$(VAR)` in the container's own expands from its environment."""
     spec = template["spec"]
     (c,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == container]
     security = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
-    argv = podman("run", "--rm", *ULIMITS, *(("--pod", pod) if pod else ("--network", "none")))
+    argv = podman("run", "--rm", *ULIMITS, "--network", "none")
     if "runAsUser" in security:
         argv += ["--user", f"{security['runAsUser']}:{security.get('runAsGroup', security['runAsUser'])}"]
     if security.get("readOnlyRootFilesystem"):
@@ -387,8 +366,7 @@ def run_argv(
         argv += ["--security-opt", "no-new-privileges"]
     if security.get("seccompProfile", {}).get("type") not in (None, "RuntimeDefault"):
         raise SystemExit(f"image-check: {container}: seccomp {security['seccompProfile']} is not mapped")
-    environment = {e["name"]: (env or {}).get(e["name"], e.get("value", "0")) for e in c.get("env", [])}
-    environment.update(env or {})
+    environment = {e["name"]: e.get("value", "0") for e in c.get("env", [])}
     for name, value in environment.items():
         argv += ["--env", f"{name}={value}"]
     by_name = {v["name"]: v for v in spec.get("volumes", [])}
@@ -397,8 +375,7 @@ def run_argv(
         if volume.get("emptyDir", {}).get("medium") == "Memory":
             argv += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
             continue
-        claim = "persistentVolumeClaim" in volume and shared is not None
-        folder = (shared if claim else volumes) / mount["name"]
+        folder = volumes / mount["name"]
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o777)  # the pod's own-dirs init container hands its folders to the pod's user
         argv += ["--volume", f"{folder}:{mount['mountPath']}:{'ro' if mount.get('readOnly') else 'rw'}"]
@@ -576,16 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    started = time.monotonic()
-    previous = os.environ.get("CONTAINERS_CONF")
-    os.environ["CONTAINERS_CONF"] = str(containers_conf())
-    try:
-        return _check_all(options.out, started)
-    finally:
-        if previous is None:
-            os.environ.pop("CONTAINERS_CONF", None)
-        else:
-            os.environ["CONTAINERS_CONF"] = previous
+    return _check_all(options.out, time.monotonic())
 
 
 def _check_all(out: Path, started: float) -> int:

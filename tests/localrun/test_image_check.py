@@ -76,9 +76,10 @@ def test_image_check_builds_both_images_and_every_container_check_passes(tmp_pat
     failed = [c for c in result["checks"] if not c["passed"]]
     assert code == 0, failed
     assert not failed
-    # One torch release: the venv's and each image's; the job in containers is bit-identical.
+    # One torch release: the venv's and each image's; the demo's faults in containers, bit-identical.
     assert result["torch"]["store"] == result["torch"]["trainer"] == result["torch"]["local"]
-    (job,) = [c for c in result["checks"] if c["name"] == "job in containers"]
-    assert "bit-identical" in job["detail"]
+    (chaos,) = [c for c in result["checks"] if c["name"] == "demo fault plan in containers"]
+    assert "each recovered by its layer" in chaos["detail"]
+    assert chaos["detail"].endswith("bit-identical")
     for image in result["images"].values():
         assert image["size_bytes"] > 0
