@@ -56,3 +56,16 @@ def test_the_training_image_locks_the_pinned_torch_with_hashes():
     # The two locks install one after the other with --no-deps: a package in both has one version.
     rest = locked_versions(LOCK_FILE.read_text())
     assert {n: v for n, v in rest.items() if n in versions} == {n: versions[n] for n in rest if n in versions}
+
+
+def test_the_torch_lock_holds_what_torch_imports_so_torch_imports_where_it_is_installed():
+    # The torch stage imports torch right after installing this lock (its version check): every
+    # unconditional requirement of the pinned release (this venv's build of it) must be in it.
+    locked = locked_versions(TORCH_LOCK_FILE.read_text()).keys()
+    required = {
+        re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()
+        for spec in metadata.requires("torch") or []
+        if ";" not in spec
+    }
+    assert required
+    assert required <= locked, sorted(required - locked)
