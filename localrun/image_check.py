@@ -57,6 +57,9 @@ from images.build import (
 from kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
 from localrun.runtimes import RUNC, ULIMITS
 
+STORE_UID = 65534
+"""`nobody`, the store pod's user (images/store.Dockerfile, k8s/job_chart.py)."""
+
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 LOCAL_PREFIX = "localhost/nvrx-eks-local"
@@ -403,6 +406,13 @@ def _check(image: str, name: str, argv: list[str], *, expect: object = None) -> 
     )
 
 
+def _left_in_shm() -> set[str]:
+    """What the pods' users (the trainer's, the store's) own in the machine's /dev/shm."""
+    users = {IMAGE.trainer_uid, STORE_UID}
+    shm = Path("/dev/shm")  # noqa: S108 - the machine's shared memory, inspected, not written
+    return {p.name for p in shm.iterdir() if p.lstat().st_uid in users}
+
+
 def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
     from k8s.load import load_values  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
@@ -422,6 +432,7 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
         values, cache_dir=REPO_ROOT / "runs" / ".cache", run_dir=work / "fault-free", console=console
     )
     runtime = Podman(trainer_image=trainer.name, store_image=store.name)
+    left_before = _left_in_shm()
     started = time.monotonic()
     label = "chaos in containers"
     outcome = run_job(
@@ -437,7 +448,11 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
     recovered = all(f["layer"] == f.get("expected_layer") for f in document["faults"])
     classes = {f["class"] for f in document["faults"]}
     expected = {item.split("@")[0] for item in DEMO_FAULTS}
-    passed = outcome.job.succeeded and recovered and document["bit_identical"] and classes >= expected
+    # A pod's /dev/shm dies with it: nothing its containers made may stay in the machine's.
+    left = sorted(_left_in_shm() - left_before)
+    passed = (
+        outcome.job.succeeded and recovered and document["bit_identical"] and classes >= expected and not left
+    )
     (work / "summary.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     verdict = "bit-identical" if document["bit_identical"] else "DIFFERENT"
     detail = (
@@ -446,6 +461,8 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
         f"{sorted(classes)}), final params {str(document['final_params_sha256'])[:16]} vs fault-free "
         f"processes {str(reference)[:16]}: {verdict}"
     )
+    if left:
+        detail += f"\nleft in the machine's /dev/shm by the pods: {left[:5]} ({len(left)})"
     if not passed:
         detail += f"\npod logs: {work / 'containers' / 'pods'}"
     return Check("trainer", "demo fault plan in containers", passed, detail)
@@ -472,7 +489,7 @@ def check_images(
     store_modules = ["training.control", "torch.distributed"]
     trainer_modules = ["training", "training.launch", "training.selfcheck", "nvidia_resiliency_ext"]
     for built, kind, container, uid, modules in (
-        (store, "store", "store", 65534, store_modules),
+        (store, "store", "store", STORE_UID, store_modules),
         (trainer, "trainer", "trainer", IMAGE.trainer_uid, trainer_modules),
     ):
         volumes = work / "volumes" / kind

@@ -9,10 +9,13 @@ is the executor's and the same for both.
 container's uid, a read-only root filesystem (without podman's own tmpfs at /tmp), no capabilities, no
 privilege escalation, the runtime's default seccomp filter. It shares the machine's network (the
 executor's loopback names and ports then mean the same inside) and mounts each of the pod's folders at
-its own path (the executor's path rewriting then holds too), the machine's /dev/shm at /dev/shm as the
-executor's processes use it. Only the environment the pod declares and the executor adds goes in,
-never this machine's. The container's processes carry the pod's marker like processes do, so the
-executor finds and kills them the same way (a node deletion, the pod's end).
+its own path (the executor's path rewriting then holds too). /dev/shm is the container's own, as a pod's
+is (the memory tier's folders, which the executor keeps under the machine's /dev/shm, are mounted into
+it at their paths): when a container's first process dies, the kernel kills the rest of its PID
+namespace at once, multiprocessing's resource trackers with it, and the POSIX semaphores they would have
+unlinked stay in that /dev/shm; the machine's would keep them. Only the environment the pod declares and
+the executor adds goes in, never this machine's. The container's processes carry the pod's marker like
+processes do, so the executor finds and kills them the same way (a node deletion, the pod's end).
 """
 
 from __future__ import annotations
@@ -109,12 +112,10 @@ class Podman:
         for key, value in sorted(inner.items()):
             run += ["--env", f"{key}={value}"]
         mounts = sorted({*folders, Path(inner["TMPDIR"])} if "TMPDIR" in inner else set(folders))
-        shm = Path("/dev/shm")  # noqa: S108 - the pod's shared memory, as processes have it
         for folder in mounts:
             _hand_over(folder, uid)
-            if shm not in folder.parents:  # the memory tier's folders come with /dev/shm
-                run += ["--volume", f"{folder}:{folder}:rw"]
-        run += ["--volume", f"{shm}:{shm}:rw"]
+            run += ["--volume", f"{folder}:{folder}:rw"]
+        run += ["--shm-size", _shm_size(pod_spec)]
         image = self.store_image if store else self.trainer_image
         return [*run, image, *argv], dict(os.environ)
 
@@ -128,6 +129,20 @@ class Podman:
         ids = listed.stdout.split()
         if ids:
             subprocess.run(["podman", "rm", "--force", *ids], capture_output=True, check=False)
+
+
+def _shm_size(pod_spec: dict[str, Any]) -> str:
+    """The container's own /dev/shm: the size limit of the pod's Memory emptyDir mounted there."""
+    mounted = {
+        m["name"]
+        for c in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+        for m in c.get("volumeMounts", [])
+        if m["mountPath"].rstrip("/") == "/dev/shm"  # noqa: S108 - a mount path we compare, not a file
+    }
+    for volume in pod_spec.get("volumes", []):
+        if volume["name"] in mounted and (volume.get("emptyDir") or {}).get("sizeLimit"):
+            return volume["emptyDir"]["sizeLimit"].replace("Gi", "g").replace("Mi", "m")
+    return "64m"  # podman's default, and a pod's without a shm volume
 
 
 def _hand_over(folder: Path, uid: int | None) -> None:

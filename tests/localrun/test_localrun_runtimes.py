@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from kitcore.pins import TRAINER_UID
 from localrun.runtimes import RUNC, Podman, Processes
 
-POD_SPEC = {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}
+POD_SPEC = {
+    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+    "containers": [{"name": "trainer", "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
+}
 CONTAINER = {
     "name": "trainer",
     "securityContext": {
@@ -32,6 +37,7 @@ def test_processes_run_the_command_as_prepared():
 
 def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     volume, tmp, chaos = tmp_path / "fsx", tmp_path / "tmp", tmp_path / "chaos"
+    memory = Path("/dev/shm/nvrx-eks-local/test-run") / tmp_path.name / "checkpoint-memory"
     env = {**os.environ, "TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1"}
     env["PATH"] = "/venv/bin:" + os.environ["PATH"]
     runtime = Podman(trainer_image="train:x", store_image="store:x")
@@ -41,16 +47,21 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
         container=CONTAINER,
         pod_spec=POD_SPEC,
         store=False,
-        folders=[volume, chaos],
+        folders=[volume, chaos, memory],
         run_key="run",
     )
+    shutil.rmtree(memory.parents[1], ignore_errors=True)
     assert argv[:4] == ["podman", "--runtime", RUNC, "run"]
     assert _pairs(argv, "--user") == [f"{TRAINER_UID}:{TRAINER_UID}"]
     assert {"--read-only", "--read-only-tmpfs=false"} <= set(argv)
     assert _pairs(argv, "--cap-drop") == ["ALL"]
     assert _pairs(argv, "--network") == ["host"]  # the executor's loopback names and ports hold inside
-    # Each folder at its own path, so the executor's rewritten paths hold inside; /dev/shm as processes.
-    assert set(_pairs(argv, "--volume")) == {f"{p}:{p}:rw" for p in (volume, chaos, tmp, Path("/dev/shm"))}
+    # Each folder at its own path, so the executor's rewritten paths hold inside, the memory tier's
+    # under the machine's /dev/shm too; /dev/shm itself is the container's own, as a pod's is (the
+    # machine's kept the semaphores of every resource tracker a container's end killed).
+    assert set(_pairs(argv, "--volume")) == {f"{p}:{p}:rw" for p in (volume, chaos, tmp, memory)}
+    assert "/dev/shm:/dev/shm:rw" not in _pairs(argv, "--volume")
+    assert _pairs(argv, "--shm-size") == ["1g"]
     # Only what the pod and the executor set: never this machine's PATH or environment.
     inner = dict(item.split("=", 1) for item in _pairs(argv, "--env"))
     assert inner == {"TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1", "HOME": str(tmp)}
