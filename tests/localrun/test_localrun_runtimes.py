@@ -82,3 +82,18 @@ def test_podman_runs_the_store_pod_from_the_store_image(tmp_path):
     assert "store:x" in argv
     assert "train:x" not in argv
     assert _pairs(argv, "--user") == ["65534:65534"]
+
+
+def test_local_run_names_its_runtimes_and_refuses_others(tmp_path):
+    import typer  # noqa: PLC0415
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from kitcore.configio import UserError  # noqa: PLC0415
+    from localrun.commands import register  # noqa: PLC0415
+
+    app, local, bench = typer.Typer(), typer.Typer(), typer.Typer()
+    app.add_typer(local, name="local")
+    register(app=app, local=local, bench=bench)
+    result = CliRunner().invoke(app, ["local", "run", str(tmp_path), "--runtime", "docker"])
+    assert isinstance(result.exception, UserError)
+    assert "--runtime 'docker': one of processes, podman" in str(result.exception)
