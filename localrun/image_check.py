@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from images.build import (
     DOCKERFILE,
@@ -56,6 +56,9 @@ from images.build import (
 )
 from kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
 from localrun.runtimes import RUNC, ULIMITS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 STORE_UID = 65534
 """`nobody`, the store pod's user (images/store.Dockerfile, k8s/job_chart.py)."""
@@ -339,11 +342,7 @@ def render(*, trainer: Built, store: Built, out: Path) -> dict[str, dict[str, An
     docs = [d for f in sorted((out / "dist").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     (job,) = [d for d in docs if d["kind"] == "Job"]
     (store_deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    return {
-        "trainer": job["spec"]["template"],
-        "store": store_deployment["spec"]["template"],
-        "job_spec": job["spec"],
-    }
+    return {"trainer": job["spec"]["template"], "store": store_deployment["spec"]["template"]}
 
 
 def run_argv(
@@ -395,12 +394,13 @@ class Check:
     detail: str
 
 
-def _check(image: str, name: str, argv: list[str], *, expect: object = None) -> Check:
+def _check(image: str, name: str, argv: list[str], *, expect: Callable[[str], bool] | None = None) -> Check:
+    """Run `argv`: passed when it exits 0 and `expect` accepts its stdout."""
     done = _run(argv, capture=True, check=False)
     output = (done.stdout + done.stderr).strip()
     passed = done.returncode == 0
     if passed and expect is not None:
-        passed = expect(done.stdout) if callable(expect) else True
+        passed = expect(done.stdout)
     return Check(
         image, name, passed, output[-1500:] if not passed else output.splitlines()[-1] if output else ""
     )
@@ -414,6 +414,8 @@ def _left_in_shm() -> set[str]:
 
 
 def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
+    """The demo's job and fault plan with every pod a container (the executor's podman runtime), against
+    the same job fault-free as processes (the demo's cached reference, run once if missing)."""
     from k8s.load import load_values  # noqa: PLC0415
     from kitcore.console import make_console  # noqa: PLC0415
     from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
@@ -476,7 +478,7 @@ def check_images(
     checks: list[Check] = []
     probes: dict[str, Any] = {}
 
-    def probe_ok(kind: str, uid: int) -> object:
+    def probe_ok(kind: str, uid: int) -> Callable[[str], bool]:
         def ok(stdout: str) -> bool:
             probe = json.loads(stdout.strip().splitlines()[-1])
             probes[kind] = probe
