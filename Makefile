@@ -10,18 +10,20 @@ PY := $(VENV)/bin/python
 # which npx, the CDK CLI and jsii (under aws-cdk-lib and cdk8s) all start from PATH.
 export PATH := $(CURDIR)/node_modules/.bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo check test lint format bench bench-checkpoint gpu-check observe-check synth render setup clean
+.PHONY: demo check test lint format bench bench-checkpoint gpu-check observe-check image-check synth render setup clean
 
 # NVRx at the image's pin (constraints.txt agrees with kitcore/pins.py): its only published wheel is cp312,
 # tools/nvrx-wheel.sh makes the Python-only wheel this machine installs (see there).
 NVRX_VERSION := $(shell sed -n 's/^nvidia-resiliency-ext==//p' constraints.txt)
 NVRX_WHEEL := build/wheels/nvidia_resiliency_ext-$(NVRX_VERSION)-py3-none-any.whl
+# The one torch release of the kit (kitcore/pins.py TORCH_VERSION; the images install the same).
+TORCH_VERSION := $(shell sed -n 's/^TORCH_VERSION = "\(.*\)"$$/\1/p' kitcore/pins.py)
 
-$(VENV)/.installed: pyproject.toml constraints.txt tools/nvrx-wheel.sh
+$(VENV)/.installed: pyproject.toml constraints.txt tools/nvrx-wheel.sh kitcore/pins.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel
 	# The CPU build of torch from this machine's disk, first, so nothing later pulls a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
 	test -f $(NVRX_WHEEL) || tools/nvrx-wheel.sh $(PY) $(NVRX_VERSION) build/wheels
 	$(PY) -m pip install --quiet --find-links build/wheels -c constraints.txt -e '.[dev]'
 	$(PY) -m pip check
@@ -67,6 +69,12 @@ gpu-check: setup
 # query evaluated, promtool's unit tests of the rules (localrun/observe.py). Under 5 minutes.
 observe-check: setup
 	$(PY) -m localrun.observe
+
+# The shipped images built here with podman (Debian's podman, runc and mmdebstrap, which .ci/run
+# installs) and run as the rendered pods run them: the pod's user, read-only root, no capabilities, its
+# mounts and environment (localrun/image_check.py). Built images are cached: a rerun builds nothing new.
+image-check: setup
+	$(PY) -m localrun.image_check
 
 synth: setup
 	npx cdk synth --quiet

@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = Path(__file__).resolve().parent / "Dockerfile"
 LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
+TORCH_LOCK_FILE = Path(__file__).resolve().parent / "torch-requirements.lock"
 STORE_DOCKERFILE = Path(__file__).resolve().parent / "store.Dockerfile"
 STORE_LOCK_FILE = Path(__file__).resolve().parent / "store-requirements.lock"
 STORE_TAG_SUFFIX = STORE_IMAGE_TAG_SUFFIX
-ENGINES = ("docker", "finch")
+ENGINES = ("docker", "finch", "podman")
 DEFAULT_NAME = "nvrx-eks-training"
 # The GPU instance types in kitcore/profiles.py are all x86_64.
 PLATFORM = "linux/amd64"
@@ -41,6 +42,7 @@ BASE_PARTS = frozenset({"base_repository", "base_tag", "base_digest"})
 BUILD_ARG_NAMES: dict[str, str] = {
     "base_image": "BASE_IMAGE",
     "nvrx_version": "NVRX_VERSION",
+    "torch_version": "TORCH_VERSION",
     "efa_installer": "EFA_INSTALLER_VERSION",
     "aws_ofi_nccl": "AWS_OFI_NCCL_VERSION",
     "efa_installer_sha256": "EFA_INSTALLER_SHA256",
@@ -57,13 +59,14 @@ STORE_BUILD_ARG_NAMES: dict[str, str] = {
     "nvrx_version": "NVRX_VERSION",
     "python_abi": "PYTHON_ABI",
 }
-# What the trainer imports beyond the base image (torch, numpy and CUDA come with the base), with the
-# ranges pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
+# What the trainer imports beyond torch and numpy (images/torch-requirements.lock), with the ranges
+# pyproject.toml tests; NVRx is pinned exactly from kitcore/pins.py.
 IMAGE_DEPENDENCIES = ("pydantic", "pyyaml", "typer", "rich", "prometheus-client", "boto3")
-# Installed by the NGC base and kept under its /etc/pip/constraint.txt: never in our lock.
-BASE_PROVIDED = re.compile(
-    r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|"
-    r"nvidia-(?!resiliency-ext$|ml-py$).*)$"
+
+# Installed from images/torch-requirements.lock (torch, what it pulls, numpy): never in requirements.lock.
+TORCH_PROVIDED = re.compile(
+    r"^(torch|triton|numpy|setuptools|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|typing-extensions|"
+    r"cuda-.*|nvidia-(?!resiliency-ext$|ml-py$).*)$"
 )
 _ECR_URI = re.compile(
     r"^(?P<registry>\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?)/(?P<repo>[a-z0-9._/-]+)$"
@@ -137,7 +140,7 @@ def check_tag(tag: str) -> str:
 
 
 def find_engine(preferred: str | None = None) -> str:
-    """The container engine to run: the one asked for, else docker, else finch."""
+    """The container engine to run: the one asked for, else the first of ENGINES on PATH."""
     candidates = (preferred,) if preferred else ENGINES
     for engine in candidates:
         if engine not in ENGINES:
@@ -145,7 +148,7 @@ def find_engine(preferred: str | None = None) -> str:
         if shutil.which(engine):
             return engine
     raise UserError(
-        f"no container engine found ({' or '.join(candidates)} on PATH): install Docker or Finch, "
+        f"no container engine found ({' or '.join(candidates)} on PATH): install Docker, Finch or Podman, "
         "or build on a machine that has one"
     )
 
@@ -161,6 +164,10 @@ def build_argv(
 ) -> list[str]:
     """`<engine> build` with every build arg, for `platform`, tagged `image` (name:tag)."""
     argv = [engine, "build", "--file", str(dockerfile), "--platform", platform, "--tag", image]
+    if engine == "podman":
+        # Podman writes OCI images by default, which have no SHELL: the Dockerfiles' `pipefail` would be
+        # dropped with a warning. Docker's format keeps it.
+        argv += ["--format", "docker"]
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     return [*argv, str(context)]
@@ -213,23 +220,36 @@ def ecr_password(ecr_client: Any, registry: str) -> str:  # noqa: ANN401 - boto3
 def image_requirements(
     *, pins: ImagePins = IMAGE, pyproject: Path = REPO_ROOT / "pyproject.toml"
 ) -> list[str]:
-    """What the lock resolves: NVRx at the pin plus the trainer's dependencies at pyproject's ranges."""
+    """What the locks resolve: torch and NVRx at the pins, numpy (the trainer's data path imports it)
+    and the trainer's dependencies at pyproject's ranges."""
     declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     by_name = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower(): spec for spec in declared}
     missing = [name for name in IMAGE_DEPENDENCIES if name not in by_name]
     if missing:
         raise RuntimeError(f"image dependencies not declared in pyproject.toml: {missing}")
-    return [f"nvidia-resiliency-ext=={pins.nvrx_version}", *(by_name[n] for n in IMAGE_DEPENDENCIES)]
-
-
-def lock_argv(
-    *, engine: str, base_image: str, requirements: Iterable[str], platform: str = PLATFORM
-) -> list[str]:
-    """Resolve `requirements` inside the base image: its Python, glibc, installed packages and pip
-    constraints decide, and pip's JSON report (stdout) lists exactly what the image must add."""
     return [
-        engine, "run", "--rm", "--platform", platform, "--entrypoint", "python", base_image,
-        "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *requirements,
+        f"torch=={pins.torch_version}",
+        "numpy",
+        f"nvidia-resiliency-ext=={pins.nvrx_version}",
+        *(by_name[n] for n in IMAGE_DEPENDENCIES),
+    ]
+
+
+def lock_argv(*, python: str, requirements: Iterable[str], pins: ImagePins = IMAGE) -> list[str]:
+    """Resolve `requirements` for the image's Python and platform with this machine's pip. The image
+    starts from a CUDA base without Python packages (everything comes from the two locks), so the base
+    has nothing to say; `--isolated` keeps this machine's pip configuration (local indexes, constraints)
+    out. pip's JSON report (stdout) lists exactly what the image installs."""
+    abi = pins.python_abi.removeprefix("cp")
+    glibc_minor = int(pins.min_glibc.split(".")[1])
+    # manylinux_2_39 means "glibc 2.39 or older": pip takes the platforms literally, so list them all.
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(glibc_minor, 16, -1)]
+    platforms += ["manylinux2014_x86_64", "linux_x86_64"]
+    return [
+        python, "-m", "pip", "--isolated", "install", "--dry-run", "--quiet", "--ignore-installed",
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", f"{abi[0]}.{abi[1:]}",
+        *(arg for platform in platforms for arg in ("--platform", platform)),
+        "--report", "-", *requirements,
     ]  # fmt: skip
 
 
@@ -238,7 +258,7 @@ STORE_PROVIDED = re.compile(r"^torch$")
 
 
 def render_lock(
-    report: dict[str, Any], *, header: str = "", provided: re.Pattern[str] = BASE_PROVIDED
+    report: dict[str, Any], *, header: str = "", provided: re.Pattern[str] = TORCH_PROVIDED
 ) -> str:
     """A `--require-hashes` requirements file from a pip installation report, without what the image
     gets otherwise (`provided`)."""
@@ -258,10 +278,24 @@ def render_lock(
 
 def lock_header(*, pins: ImagePins = IMAGE) -> str:
     return (
-        "# The training image's Python dependencies beyond its base, with hashes. Generated by\n"
-        "# `nvrx-eks image lock` (pip's resolver run inside the base image); do not edit by hand.\n"
+        "# The training image's Python dependencies beyond torch (images/torch-requirements.lock), with\n"
+        "# hashes. Generated by `nvrx-eks image lock` (pip's resolver for the image's Python and\n"
+        "# platform); do not edit by hand.\n"
         f"# base: {pins.base_image}  nvrx: {pins.nvrx_version}  abi: {pins.python_abi}\n"
     )
+
+
+def torch_lock_header(*, pins: ImagePins = IMAGE) -> str:
+    return (
+        "# torch (PyPI's CUDA build, its CUDA libraries as pip packages), what it pulls and numpy, for\n"
+        "# the training image, with hashes. Generated by `nvrx-eks image lock` (pip's resolver for the\n"
+        "# image's Python and platform); do not edit by hand.\n"
+        f"# torch: {pins.torch_version}  abi: {pins.python_abi}  min glibc: {pins.min_glibc}\n"
+    )
+
+
+NOT_TORCH = re.compile(f"^(?!{TORCH_PROVIDED.pattern[1:-1]}$)")
+"""What the torch lock leaves out: everything but torch, what it pulls and numpy."""
 
 
 def parse_report(stdout: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`nvrx-eks image build | push | lock | pin`: the training image, with docker or finch.
+"""`nvrx-eks image build | push | lock | pin`: the training image, with docker, finch or podman.
 
 Docker is not needed to read this: every command prints the exact command lines it runs, and
 `--dry-run` prints them without running anything (images/README.md shows the build end to end).
@@ -14,7 +14,8 @@ from typing import Annotated
 import typer
 
 Engine = Annotated[
-    str | None, typer.Option("--engine", help="docker or finch (default: the first one on PATH).")
+    str | None,
+    typer.Option("--engine", help="docker, finch or podman (default: the first one on PATH, in that order)."),
 ]
 Name = Annotated[str, typer.Option("--name", help="Local image name (the tag comes from --tag).")]
 Tag = Annotated[
@@ -101,7 +102,12 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
     if not dry_run:
         # Fail closed here, before the engine pulls the bases: the Dockerfiles would refuse too.
         check_verifiable(pins.IMAGE, pins.STORE_IMAGE)
+    asked = engine
     engine = _engine(engine, dry_run=dry_run)
+    print(
+        f"engine: {engine} ({'--engine' if asked else 'the first of docker, finch, podman on PATH'})",
+        file=sys.stderr,
+    )
     builds = (
         (f"{name}:{tag}", build_args(git_revision=tag, pins=pins.IMAGE), None),
         (
@@ -184,25 +190,28 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             )
 
     @image.command("lock")
-    def lock(engine: Engine = None, dry_run: DryRun = False) -> None:
-        """Regenerate images/requirements.lock by resolving inside the pinned base image."""
+    def lock(dry_run: DryRun = False) -> None:
+        """Regenerate images/torch-requirements.lock and images/requirements.lock: pip's resolver for the
+        image's Python and platform (no container engine needed)."""
         from images.build import (  # noqa: PLC0415
             LOCK_FILE,
+            NOT_TORCH,
+            TORCH_LOCK_FILE,
+            TORCH_PROVIDED,
             image_requirements,
             lock_argv,
             lock_header,
             parse_report,
             render_lock,
+            torch_lock_header,
         )
-        from kitcore.pins import IMAGE  # noqa: PLC0415
 
-        argv = lock_argv(
-            engine=_engine(engine, dry_run=dry_run),
-            base_image=IMAGE.base_image,
-            requirements=image_requirements(),
-        )
+        argv = lock_argv(python=sys.executable, requirements=image_requirements())
         stdout = _run(argv, dry_run=dry_run, capture=True)
         if dry_run:
             return
-        LOCK_FILE.write_text(render_lock(parse_report(stdout), header=lock_header()))
+        report = parse_report(stdout)
+        TORCH_LOCK_FILE.write_text(render_lock(report, header=torch_lock_header(), provided=NOT_TORCH))
+        LOCK_FILE.write_text(render_lock(report, header=lock_header(), provided=TORCH_PROVIDED))
+        print(TORCH_LOCK_FILE)
         print(LOCK_FILE)

@@ -12,10 +12,13 @@ ARG BASE_IMAGE=docker.io/library/python:3.12-slim-trixie@sha256:d86b4c74b936c438
 
 FROM ${BASE_IMAGE} AS store
 ARG BASE_IMAGE
-ARG TORCH_VERSION=2.9.0
+ARG TORCH_VERSION=2.13.0
 ARG TORCH_SHA256=unpublished
 ARG NVRX_VERSION=0.7.0
 ARG PYTHON_ABI=cp312
+# wheel: PyTorch's CPU wheel, downloaded and checked below. base: the local image check's base
+# already holds the CPU build of the same release (its network reaches no PyTorch index); only checked.
+ARG TORCH_SOURCE=wheel
 ARG GIT_REVISION=unknown
 ARG SOURCE_URL=https://github.com/nvrx-eks/nvrx-eks
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -24,17 +27,23 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # archive keeps only the current build of a package, so an exact pin breaks the build at the next update.
 # hadolint ignore=DL3008
 RUN --mount=type=bind,source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified \
-    apt-get update \
-    && apt-get install -y --no-install-recommends curl ca-certificates \
-    && fetch-verified "https://download.pytorch.org/whl/cpu/torch-${TORCH_VERSION}%2Bcpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
-        "${TORCH_SHA256}" "/tmp/torch-${TORCH_VERSION}+cpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
-    && python -m pip install --no-cache-dir --no-deps /tmp/torch-*.whl \
-    && rm -f /tmp/torch-*.whl \
-    && apt-get purge -y --auto-remove curl \
-    && rm -rf /var/lib/apt/lists/*
+    if [ "${TORCH_SOURCE}" = base ]; then \
+        python -c "import importlib.metadata as m; v = m.version('torch'); assert v.split('+')[0] == '${TORCH_VERSION}', v"; \
+    else \
+        apt-get update \
+        && apt-get install -y --no-install-recommends curl ca-certificates \
+        && fetch-verified "https://download.pytorch.org/whl/cpu/torch-${TORCH_VERSION}%2Bcpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
+            "${TORCH_SHA256}" "/tmp/torch-${TORCH_VERSION}+cpu-${PYTHON_ABI}-${PYTHON_ABI}-manylinux_2_28_x86_64.whl" \
+        && python -m pip install --no-cache-dir --no-deps /tmp/torch-*.whl \
+        && rm -f /tmp/torch-*.whl \
+        && apt-get purge -y --auto-remove curl \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
 
 # NVRx at the pin and what it and torch import, with hashes (`nvrx-eks image lock` regenerates the lock).
-COPY images/store-requirements.lock /tmp/requirements.lock
+# The local image check passes a lock of its own (Python 3.11 wheels, other hashes).
+ARG REQUIREMENTS_LOCK=images/store-requirements.lock
+COPY ${REQUIREMENTS_LOCK} /tmp/requirements.lock
 RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requirements.lock \
     && rm /tmp/requirements.lock \
     && python -c "import importlib.metadata as m; v = m.version('nvidia-resiliency-ext'); assert v == '${NVRX_VERSION}', v"

@@ -17,6 +17,14 @@ UNPUBLISHED_SHA256 = "unpublished"
 # check run as it whatever the image says). Above 10000: no clash with a host account's uid.
 TRAINER_UID = 10001
 
+# The one torch release the kit runs: the local environment (constraints.txt, the Makefile's CPU build),
+# the training image (PyTorch's CUDA wheel from PyPI, images/torch-requirements.lock) and the store image
+# (PyTorch's CPU wheel). TCPStore, DCP, FSDP2 and the process-group code change between releases, so the
+# release that the tests exercise is the one that ships; tests/images checks every place against it.
+# 2.13.0's Linux x86_64 wheel on PyPI is built for CUDA 13.0 (cuda-toolkit 13.0.3) with NCCL 2.29.7
+# (outside NVRx 0.7.0's excluded 2.28.3-2.28.8), hence IMAGE's CUDA 13.0 base.
+TORCH_VERSION = "2.13.0"
+
 
 @dataclass(frozen=True)
 class ImagePins:
@@ -26,6 +34,8 @@ class ImagePins:
     nvrx_version: str
     efa_installer: str
     aws_ofi_nccl: str
+    torch_version: str = TORCH_VERSION
+    """torch from PyPI (its CUDA build), installed over the base from images/torch-requirements.lock."""
     base_digest: str = UNPUBLISHED_SHA256
     """sha256:... of the tag's manifest (index) as the registry served it to `nvrx-eks image pin`."""
     efa_installer_sha256: str = UNPUBLISHED_SHA256
@@ -61,17 +71,21 @@ class ImagePins:
 # The training image (images/Dockerfile receives these as build args; `nvrx-eks image build` passes
 # every field, and tests/images checks the Dockerfile's ARG defaults against them).
 #
-# Base: NGC PyTorch 25.09 (Ubuntu 24.04 -> glibc 2.39, Python 3.12, CUDA 13.0, PyTorch 2.9). The AWS
-# Deep Learning Containers for PyTorch training were considered first (EFA and aws-ofi-nccl come
-# preinstalled) but are Ubuntu 22.04 (glibc 2.35) or Amazon Linux 2023 (glibc 2.34) builds, on which no
-# NVRx release newer than 0.4.1 installs; this kit needs 0.7 (barrier rendezvous, current launcher).
-# NVRx 0.7.0's README asks for PyTorch >= 2.8, CUDA >= 12.8 and an NCCL outside 2.28.3-2.28.8 (an
-# in-process restart issue). Check a newer tag's NCCL against that range before raising the base; the
-# start-up self-check (training/node/selfcheck.py) refuses a node whose NCCL falls in it.
-# https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/
-# EFA installer 1.46.0 with aws-ofi-nccl 1.17.2 is the pairing AWS's own samples build on the 25.09
-# NGC generation (awsome-distributed-training, NCCL 2.27.7); the plugin is built from its release
-# tarball so the version is ours, not whichever one the installer bundles.
+# Base: NVIDIA's CUDA 13.0.2 development image on Ubuntu 24.04 (glibc 2.39, Python 3.12 from Ubuntu),
+# and torch at TORCH_VERSION from PyPI on top, its CUDA libraries as pip packages (CUDA 13.0, matching
+# the base's toolkit that aws-ofi-nccl compiles against). Why not NGC PyTorch: each NGC release carries
+# its own pre-release build of torch (25.09: a 2.9 build), never the release the kit is tested with, and
+# installing another torch over it breaks the NGC packages built against its own; a plain CUDA base
+# with torch from the lock runs exactly TORCH_VERSION. The AWS Deep Learning Containers were considered
+# too (EFA and aws-ofi-nccl preinstalled) but are Ubuntu 22.04 (glibc 2.35) or Amazon Linux 2023 (glibc
+# 2.34) builds, on which no NVRx release newer than 0.4.1 installs; this kit needs 0.7 (barrier
+# rendezvous, current launcher). NVRx 0.7.0's README asks for PyTorch >= 2.8, CUDA >= 12.8 and an NCCL
+# outside 2.28.3-2.28.8 (an in-process restart issue): torch 2.13.0 brings NCCL 2.29.7; the start-up
+# self-check (training/node/selfcheck.py) refuses a node whose NCCL falls in the range.
+# https://catalog.ngc.nvidia.com/orgs/nvidia/containers/cuda
+# EFA installer 1.46.0 with aws-ofi-nccl 1.17.2 is the pairing AWS's own samples build on this CUDA
+# generation (awsome-distributed-training); the plugin is built from its release tarball so the
+# version is ours, not whichever one the installer bundles.
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html
 # https://github.com/aws/aws-ofi-nccl/releases/tag/v1.17.2
 #
@@ -79,16 +93,17 @@ class ImagePins:
 # downloads both tarballs over TLS, asks the registry for the tag's digest, and writes the three
 # values below (and the Dockerfile's ARG defaults). Until then the checksums hold UNPUBLISHED_SHA256
 # and `nvrx-eks image build` refuses to start, naming that command. The base digest below is the one
-# a public x86_64 build pins for 25.09-py3 (found by code search, not read from NGC); `image pin`
-# replaces it with the registry's answer. After a version change here, run it again. A wrong digest
-# fails the pull and a wrong checksum fails the build (closed).
+# several public x86_64 builds pin for this tag (found by code search, not read from the registry);
+# `image pin` replaces it with the registry's answer. After a version change here, run it again. A
+# wrong digest fails the pull and a wrong checksum fails the build (closed).
 IMAGE = ImagePins(
-    base_repository="nvcr.io/nvidia/pytorch",
-    base_tag="25.09-py3",
+    base_repository="nvcr.io/nvidia/cuda",
+    base_tag="13.0.2-devel-ubuntu24.04",
     nvrx_version="0.7.0",
     efa_installer="1.46.0",
     aws_ofi_nccl="1.17.2",
-    base_digest="sha256:f3b4a33fd60d5e0358287bb44d57e91eda45e8f1681fef1bfd6c969371417130",
+    torch_version=TORCH_VERSION,
+    base_digest="sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6",
     efa_installer_sha256=UNPUBLISHED_SHA256,
     aws_ofi_nccl_sha256=UNPUBLISHED_SHA256,
 )
@@ -103,7 +118,7 @@ class StoreImagePins:
     base_repository: str
     base_tag: str
     torch_version: str
-    """The CPU build of torch, the release the training image's base carries (one TCPStore protocol)."""
+    """The CPU build of torch at TORCH_VERSION, the training image's release (one TCPStore protocol)."""
     nvrx_version: str
     base_digest: str = UNPUBLISHED_SHA256
     torch_sha256: str = UNPUBLISHED_SHA256
@@ -129,13 +144,12 @@ class StoreImagePins:
 # CPython 3.12 for its cp312 wheel), https://hub.docker.com/_/python ; its digest is one a public
 # Dockerfile pins for this tag (found by code search, not read from the registry): `nvrx-eks image pin`
 # replaces it with the registry's answer and records the torch wheel's checksum, which holds
-# UNPUBLISHED_SHA256 until then (the build refuses it). torch 2.9.0: the PyTorch of IMAGE's NGC 25.09
-# base (its release notes above), so the launchers' TCPStore clients and the store speak one release.
-# https://download.pytorch.org/whl/cpu/torch/
+# UNPUBLISHED_SHA256 until then (the build refuses it). torch at TORCH_VERSION, IMAGE's release, so
+# the launchers' TCPStore clients and the store speak one release. https://download.pytorch.org/whl/cpu/torch/
 STORE_IMAGE = StoreImagePins(
     base_repository="docker.io/library/python",
     base_tag="3.12-slim-trixie",
-    torch_version="2.9.0",
+    torch_version=TORCH_VERSION,
     nvrx_version=IMAGE.nvrx_version,
     base_digest="sha256:d86b4c74b936c438cd4cc3a9f7256b9a7c27ad68c7caf8c205e18d9845af0164",
     torch_sha256=UNPUBLISHED_SHA256,

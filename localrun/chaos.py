@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from k8s.values import JobValues
     from localrun.executor import JobResult
+    from localrun.runtimes import Runtime
 
 _TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
 
@@ -73,9 +74,16 @@ def _progress_line(events_root: Path, *, steps: int) -> tuple[int, str, int]:
 
 
 def run_job(
-    values: JobValues, *, run_dir: Path, console: Console, label: str, timeout_s: float = 600.0
+    values: JobValues,
+    *,
+    run_dir: Path,
+    console: Console,
+    label: str,
+    timeout_s: float = 600.0,
+    runtime: Runtime | None = None,
 ) -> ChaosResult:
-    """Render `values` into `run_dir/dist`, run it locally with a progress bar, return the outcome."""
+    """Render `values` into `run_dir/dist`, run it locally with a progress bar, return the outcome.
+    `runtime`: how each container runs (localrun/runtimes.py; default: processes)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
     from k8s.job_chart import render  # noqa: PLC0415
@@ -105,7 +113,7 @@ def run_job(
         watcher = threading.Thread(target=watch, name="progress", daemon=True)
         watcher.start()
         try:
-            result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s)
+            result = run_local(dist, run_dir=run_dir, timeout_s=timeout_s, runtime=runtime)
         finally:
             stop.set()
             watcher.join()

@@ -218,7 +218,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         )
 
     @local.command("run")
-    def run_cmd(
+    def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         dist_dir: Annotated[
             Path,
             typer.Argument(
@@ -258,9 +258,33 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
                 help="Seconds a deleted node's replacement pod stays Pending (its new node coming).",
             ),
         ] = 0.0,
+        runtime_name: Annotated[
+            str,
+            typer.Option(
+                "--runtime",
+                help="processes (this virtualenv, fast) or podman (each container in the images below, "
+                "as its pod runs it: `make image-check` builds them).",
+            ),
+        ] = "processes",
+        image: Annotated[
+            str, typer.Option("--image", help="With --runtime podman: the training image.")
+        ] = "localhost/nvrx-eks-local/training:check",
+        store_image: Annotated[
+            str, typer.Option("--store-image", help="With --runtime podman: the rendezvous store's image.")
+        ] = "localhost/nvrx-eks-local/store:check",
     ) -> None:
-        """Run a rendered job as local processes (the executor plays the Job controller)."""
+        """Run a rendered job as local processes, or each pod's containers in podman (the executor plays
+        the Job controller)."""
+        from kitcore.configio import UserError  # noqa: PLC0415
         from localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
+        from localrun.runtimes import Podman, Processes, Runtime  # noqa: PLC0415
+
+        runtimes: dict[str, Runtime] = {
+            "processes": Processes(),
+            "podman": Podman(trainer_image=image, store_image=store_image),
+        }
+        if runtime_name not in runtimes:
+            raise UserError(f"--runtime {runtime_name!r}: one of {', '.join(runtimes)}")
 
         deletions = [NodeDeletion.parse(item) for item in delete_node or []]
         # --store-port N: the store's declared port(s) map to N, as `kubectl port-forward` would.
@@ -273,7 +297,9 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             ports=ports,
             echo=lambda line: print(line, flush=True),
             node_provision_s=node_provision_s,
+            runtime=runtimes[runtime_name],
         )
+        print(f"runtime: {runtimes[runtime_name].name}")
         for pod in result.pods:
             print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
         print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")

@@ -89,10 +89,13 @@ from k8s.names import CLUSTER_CA_CONFIG_MAP
 from k8s.termination import failure_cause, log_tail
 from kitcore.configio import UserError, read_yaml_documents
 from localrun.node_api import LOOPBACK, LocalApiServer
+from localrun.runtimes import Processes
 from training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from localrun.runtimes import Runtime
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
@@ -533,10 +536,13 @@ class LocalJob:
         ports: dict[int, int] | None = None,
         echo: Callable[[str], None] | None = None,
         node_provision_s: float = 0.0,
+        runtime: Runtime | None = None,
     ) -> None:
         """`ports`: store container port -> local port, where one must be fixed (default: a free one
         each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet);
-        `node_provision_s`: how long the replacement of a deleted node's pod stays Pending."""
+        `node_provision_s`: how long the replacement of a deleted node's pod stays Pending; `runtime`:
+        how a container runs (localrun/runtimes.py: processes, the default, or podman)."""
+        self.runtime: Runtime = runtime or Processes()
         self.rendered = load_rendered(dist_dir)
         self.run_dir = Path(run_dir).resolve()
         self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
@@ -826,6 +832,9 @@ class LocalJob:
         while time.time() < end and not self._store.done.is_set():
             if self._store.proc is not None and _listens(self._store.proc.pid, port):
                 return True
+            # In a container the listening process is no child of ours: it carries the pod's marker.
+            if any(_listens(p.pid, port) for p in marked_processes(self._store.marker)):
+                return True
             time.sleep(0.1)
         return False
 
@@ -864,6 +873,7 @@ class LocalJob:
         containers = [
             self._container(
                 c,
+                pod_spec=pod_spec,
                 index=index,
                 annotations=annotations,
                 volumes=mounts,
@@ -953,6 +963,7 @@ class LocalJob:
         self,
         spec: dict[str, Any],
         *,
+        pod_spec: dict[str, Any],
         index: int | None,
         annotations: dict[str, str],
         volumes: dict[str, Path | None],
@@ -994,6 +1005,16 @@ class LocalJob:
 
         argv = [local(a) for a in [*spec.get("command", []), *spec.get("args", [])]]
         env |= {k: local(v) for k, v in declared.items()}
+        mounted = [folder for _, folder in path_map if folder is not None]
+        argv, env = self.runtime.command(
+            argv,
+            env,
+            container=spec,
+            pod_spec=pod_spec,
+            store=index is None,
+            folders=[*mounted, self.chaos_dir],
+            run_key=self.run_key,
+        )
         return _Container(name=spec["name"], argv=argv, env=env)
 
     def _node_name(self, index: int | None) -> str:
@@ -1047,6 +1068,7 @@ class LocalJob:
             self.history.insert(0, self._store.outcome)
         self.history[:0] = self._ended_stores
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
+        self.runtime.close(self.run_key)
         if self.api is not None:
             self.api.close()
         shutil.rmtree(self.shm_dir, ignore_errors=True)
@@ -1065,6 +1087,7 @@ def run_local(
     ports: dict[int, int] | None = None,
     echo: Callable[[str], None] | None = None,
     node_provision_s: float = 0.0,
+    runtime: Runtime | None = None,
 ) -> JobResult:
     """Run a rendered job folder to the end; delete nodes on schedule or on chaos-dir request.
 
@@ -1079,6 +1102,7 @@ def run_local(
         ports=ports,
         echo=echo,
         node_provision_s=node_provision_s,
+        runtime=runtime,
     )
     result = job.run(deletions=deletions)
     (job.run_dir / "job.json").write_text(json.dumps(asdict(result), indent=2, default=str))

@@ -19,7 +19,9 @@ app = typer.Typer(
     add_completion=False,
 )
 job_app = typer.Typer(help="Render, submit and inspect training jobs.", no_args_is_help=True)
-local_app = typer.Typer(help="Run rendered jobs as local processes (no cluster).", no_args_is_help=True)
+local_app = typer.Typer(
+    help="Run rendered jobs as local processes or podman containers (no cluster).", no_args_is_help=True
+)
 image_app = typer.Typer(help="Build and push the training image.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks that print ratios measured in one run.", no_args_is_help=True)
 app.add_typer(job_app, name="job")

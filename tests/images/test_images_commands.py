@@ -10,6 +10,7 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import boto3
@@ -233,16 +234,36 @@ def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(UserError, match="no container engine found"):
         build.find_engine()
     with pytest.raises(UserError, match="not supported"):
-        build.find_engine("podman")
+        build.find_engine("nerdctl")
 
 
-def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engine):
-    argv = build.lock_argv(
-        engine="docker", base_image=IMAGE.base_image, requirements=build.image_requirements()
-    )
-    assert argv[argv.index("--entrypoint") + 2] == IMAGE.base_image
+def test_build_takes_podman_where_docker_is_absent_and_says_so(tmp_path, monkeypatch):
+    log = tmp_path / "calls.jsonl"
+    script = tmp_path / "bin" / "podman"
+    script.parent.mkdir()
+    record = f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')"
+    script.write_text(f"#!{sys.executable}\nimport json, sys\n{record}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(script.parent))  # no docker, no finch
+    monkeypatch.setattr(pins, "IMAGE", VERIFIED)
+    monkeypatch.setattr(pins, "STORE_IMAGE", STORE_VERIFIED)
+    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t3"])
+    assert result.exit_code == 0, result.output
+    assert "engine: podman (the first of docker, finch, podman on PATH)" in result.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [argv[0] for argv in calls] == ["build", "build"]
+    # Docker's image format: OCI images have no SHELL, and the Dockerfiles' pipefail must hold.
+    assert all(argv[argv.index("--format") + 1] == "docker" for argv in calls)
+
+
+def test_lock_resolves_for_the_image_python_and_splits_torch_from_the_rest():
+    argv = build.lock_argv(python="python3", requirements=build.image_requirements())
+    assert argv[argv.index("--python-version") + 1] == "3.12"
+    assert "manylinux_2_39_x86_64" in argv
+    assert "manylinux_2_40_x86_64" not in argv  # newer than the base's glibc
+    assert "--isolated" in argv
+    assert f"torch=={IMAGE.torch_version}" in argv
     assert f"nvidia-resiliency-ext=={IMAGE.nvrx_version}" in argv
-    assert "--report" in argv
     report = {
         "install": [
             {
@@ -250,9 +271,10 @@ def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engi
                 "download_info": {"archive_info": {"hashes": {"sha256": "ab" * 32}}},
             }
             for n, v in (
-                ("torch", "2.9.0"),
+                ("torch", "2.13.0"),
                 ("nvidia-resiliency-ext", "0.7.0"),
-                ("nvidia-nccl-cu12", "2.27"),
+                ("nvidia-nccl-cu13", "2.29.7"),
+                ("cuda-bindings", "13.5.0"),
                 ("Typer", "1"),
             )
         ]
@@ -260,6 +282,12 @@ def test_lock_resolves_inside_the_pinned_base_image_and_renders_hashes(fake_engi
     text = build.render_lock(report, header=build.lock_header())
     assert build.locked_versions(text) == {"nvidia-resiliency-ext": "0.7.0", "typer": "1"}
     assert text.startswith("# The training image's")
+    torch_lock = build.render_lock(report, header=build.torch_lock_header(), provided=build.NOT_TORCH)
+    assert build.locked_versions(torch_lock) == {
+        "torch": "2.13.0",
+        "nvidia-nccl-cu13": "2.29.7",
+        "cuda-bindings": "13.5.0",
+    }
 
 
 def test_the_lock_file_is_what_the_lock_renderer_writes():

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from dataclasses import fields
 from importlib import metadata
 from pathlib import Path
@@ -16,14 +17,16 @@ import pytest
 
 from images.build import (
     BASE_PARTS,
-    BASE_PROVIDED,
     BUILD_ARG_NAMES,
     DOCKERFILE,
     LOCK_FILE,
     REPO_ROOT,
+    TORCH_LOCK_FILE,
+    TORCH_PROVIDED,
     build_args,
     locked_versions,
 )
+from images.trainer_requires import TRAINER_REQUIRES
 from kitcore import pins
 from kitcore.pins import IMAGE
 
@@ -65,7 +68,11 @@ def test_arg_defaults_equal_the_pins_and_the_build_passes_every_pin():
     assert args["GIT_REVISION"] == "abc123"
     # Every ARG the Dockerfile declares is one the build sets (none silently left at a default).
     declared = set(re.findall(r"^ARG (\w+)", TEXT, flags=re.MULTILINE))
-    assert declared - args.keys() == {"SOURCE_URL"}
+    assert declared - args.keys() == {"SOURCE_URL", "ACCELERATOR", "REQUIREMENTS_LOCK"}
+    # ACCELERATOR and REQUIREMENTS_LOCK are the build's variant, not pins: their defaults are the shipped
+    # image's (the local image check alone passes others).
+    assert _arg_defaults(TEXT)["ACCELERATOR"] == "cuda"
+    assert _arg_defaults(TEXT)["REQUIREMENTS_LOCK"] == "images/requirements.lock"
 
 
 def test_stage_arg_defaults_agree_with_each_other():
@@ -77,17 +84,32 @@ def test_stage_arg_defaults_agree_with_each_other():
 
 def test_build_tools_stay_out_of_the_runtime_stage():
     stages = _stages()
-    assert list(stages) == ["wheel", "ofi", "runtime"]
-    runtime = stages["runtime"]
-    assert "apt-get install" not in runtime
-    assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", runtime)
-    assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
+    assert list(stages) == [
+        "torch_cuda",
+        "torch_cpu",
+        "torch",
+        "wheel",
+        "ofi",
+        "efa_cuda",
+        "efa_cpu",
+        "runtime",
+    ]
+    # The runtime stands on the EFA stage of the build's variant, which stands on its torch stage.
+    assert re.search(r"^FROM efa_\$\{ACCELERATOR\} AS runtime$", TEXT, flags=re.MULTILINE)
+    assert re.search(r"^FROM torch_\$\{ACCELERATOR\} AS torch$", TEXT, flags=re.MULTILINE)
+    for stage in ("runtime", "efa_cuda", "efa_cpu"):
+        assert "apt-get install" not in stages[stage]
+        assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", stages[stage])
+    assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in stages["efa_cuda"]
     assert "--enable-platform-aws" in stages["ofi"]
+    # The shipped torch is the locked one, with hashes; the local variant only checks its base's.
+    assert "--require-hashes --no-deps -r /tmp/torch-requirements.lock" in stages["torch_cuda"]
+    assert "pip install" not in stages["torch_cpu"]
 
 
 def test_locked_dependencies_install_before_the_source():
     runtime = _stages()["runtime"]
-    lock_at = runtime.index("COPY images/requirements.lock")
+    lock_at = runtime.index("COPY ${REQUIREMENTS_LOCK} /tmp/requirements.lock")
     source_at = runtime.index("COPY --from=wheel")
     assert lock_at < source_at
     assert "--require-hashes --no-deps -r /tmp/requirements.lock" in runtime
@@ -122,19 +144,16 @@ def test_lock_pins_nvrx_at_the_image_pin_with_hashes_and_leaves_the_base_alone()
 
 @pytest.mark.parametrize("python_abi", ["cp311", "cp312"])
 def test_the_base_check_in_the_dockerfile_refuses_a_base_nvrx_cannot_install_on(python_abi, tmp_path):
-    # Run the RUN heredoc's Python with the ARG values substituted, as the shell in the build does.
-    body = re.search(r"RUN python - <<EOF\n(.*?)\nEOF", TEXT, flags=re.DOTALL)
-    assert body
-    script = body.group(1)
-    for key, value in {
-        "PYTHON_ABI": python_abi,
-        "MIN_GLIBC": "2.36",
-        "NVRX_VERSION": IMAGE.nvrx_version,
-    }.items():
-        script = script.replace("${" + key + "}", value)
-    (tmp_path / "check.py").write_text(script)
+    # The script the runtime stage runs, with the arguments it passes (podman's builder here has no
+    # RUN heredocs, so the check is a file).
+    runtime = _stages()["runtime"]
+    assert 'python /tmp/check_base.py "${PYTHON_ABI}" "${MIN_GLIBC}" "${NVRX_VERSION}"' in runtime
+    script = DOCKERFILE.parent / "check_base.py"
     done = subprocess.run(
-        [sys.executable, str(tmp_path / "check.py")], capture_output=True, text=True, check=False
+        [sys.executable, str(script), python_abi, "2.36", IMAGE.nvrx_version],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     # This machine: cp311 on Debian 12 (glibc 2.36). The check passes only for the matching ABI.
     here = f"cp{sys.version_info.major}{sys.version_info.minor}"
@@ -152,7 +171,7 @@ def test_every_download_goes_through_the_checksum_script():
     # No unverified fetch left: nothing calls curl directly or pipes a download into tar.
     assert not re.search(r"(RUN|&&)\s+curl\s", TEXT)
     assert "| tar" not in TEXT
-    for stage in ("ofi", "runtime"):
+    for stage in ("ofi", "efa_cuda"):
         body = _stages()[stage]
         assert "source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified" in body
         assert '"${EFA_INSTALLER_SHA256}" /tmp/efa.tar.gz' in body
@@ -250,6 +269,34 @@ def test_every_import_of_the_copied_code_is_installed_by_the_image():
             if name in sys.stdlib_module_names or name in {"training", "kitcore"}:
                 continue
             dists = {d.lower().replace("_", "-") for d in distributions.get(name, [])}
-            if not dists or not any(d in locked or BASE_PROVIDED.match(d) for d in dists):
+            if not dists or not any(d in locked or TORCH_PROVIDED.match(d) for d in dists):
                 missing[name] = str(path.relative_to(REPO_ROOT))
     assert missing == {}
+
+
+def test_the_trainer_wheel_declares_only_what_the_image_installs(tmp_path):
+    # The wheel stage's cut of pyproject.toml: what stays is TRAINER_REQUIRES at pyproject's ranges, each
+    # installed by one of the image's locks, so `pip check` in the image is clean.
+    assert "python /tmp/trainer_requires.py pyproject.toml" in _stages()["wheel"]
+    target = tmp_path / "pyproject.toml"
+    target.write_text((REPO_ROOT / "pyproject.toml").read_text())
+    script = REPO_ROOT / "images" / "trainer_requires.py"
+    subprocess.run([sys.executable, str(script), str(target)], check=True, timeout=30)
+    project = tomllib.loads(target.read_text())["project"]
+    names = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]}
+    assert names == set(TRAINER_REQUIRES)
+    locked = locked_versions(LOCK_FILE.read_text()) | locked_versions(TORCH_LOCK_FILE.read_text())
+    assert names <= locked.keys()
+    # Nothing else of pyproject.toml changes (name, version, packages).
+    assert project["name"] == "nvrx-eks"
+
+
+def test_the_cut_never_writes_through_a_hard_link_to_the_checkout(tmp_path):
+    # A builder may give the build a hard link to the context's file: the cut replaces the name only.
+    original = tmp_path / "checkout-pyproject.toml"
+    original.write_text((REPO_ROOT / "pyproject.toml").read_text())
+    linked = tmp_path / "pyproject.toml"
+    linked.hardlink_to(original)
+    subprocess.run([sys.executable, str(DOCKERFILE.parent / "trainer_requires.py"), str(linked)], check=True)
+    assert original.read_text() == (REPO_ROOT / "pyproject.toml").read_text()
+    assert "aws-cdk-lib" not in linked.read_text()

@@ -99,9 +99,9 @@ class _Registry(BaseHTTPRequestHandler):
         store_manifest = f"/v2/library/python/manifests/{STORE_IMAGE.base_tag}"
         if (host, url.path) in tarballs:
             self._send(200, tarballs[host, url.path])
-        elif host == "nvcr.io" and url.path == f"/v2/nvidia/pytorch/manifests/{IMAGE.base_tag}":
+        elif host == "nvcr.io" and url.path == f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}":
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                challenge = 'Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/pytorch:pull"'
+                challenge = 'Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/cuda:pull"'
                 self._send(401, b"{}", **{"WWW-Authenticate": challenge})
             elif "application/vnd.oci.image.index.v1+json" not in self.headers.get("Accept", ""):
                 self._send(406)
@@ -119,7 +119,7 @@ class _Registry(BaseHTTPRequestHandler):
             self._send(200, MANIFEST, **{"Docker-Content-Digest": MANIFEST_DIGEST})
         elif host == "nvcr.io" and url.path == "/proxy_auth":
             query = urllib.parse.parse_qs(url.query)
-            assert query == {"scope": ["repository:nvidia/pytorch:pull"]}
+            assert query == {"scope": ["repository:nvidia/cuda:pull"]}
             self._send(200, json.dumps({"token": TOKEN}).encode())
         else:
             self._send(404)
@@ -176,7 +176,7 @@ def test_resolve_hashes_both_tarballs_and_asks_the_registry_with_its_token(serve
         "efa_installer_sha256": hashlib.sha256(EFA_BYTES).hexdigest(),
         "aws_ofi_nccl_sha256": hashlib.sha256(OFI_BYTES).hexdigest(),
     }
-    manifest = f"/v2/nvidia/pytorch/manifests/{IMAGE.base_tag}"
+    manifest = f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}"
     # First anonymous, refused; then the token; then the manifest with it.
     assert [s for s in seen if s[0] == "nvcr.io"] == [
         ("nvcr.io", manifest, None),
@@ -188,7 +188,7 @@ def test_resolve_hashes_both_tarballs_and_asks_the_registry_with_its_token(serve
 def test_without_the_digest_header_the_manifest_bytes_are_hashed(served, monkeypatch):
     opener, _ = served
     monkeypatch.setattr(_Registry, "send_digest_header", False)
-    assert pinning.registry_digest("nvcr.io/nvidia/pytorch", IMAGE.base_tag, opener=opener) == MANIFEST_DIGEST
+    assert pinning.registry_digest(IMAGE.base_repository, IMAGE.base_tag, opener=opener) == MANIFEST_DIGEST
 
 
 def _ecr(asked: list[str]) -> Callable[[str], str]:

@@ -55,7 +55,11 @@ def test_arg_defaults_equal_the_store_pins_and_the_build_passes_every_pin():
     for name, arg in STORE_BUILD_ARG_NAMES.items():
         assert defaults[arg] == args[arg] == str(getattr(STORE_IMAGE, name)), arg
     declared = set(re.findall(r"^ARG (\w+)", TEXT, flags=re.MULTILINE))
-    assert declared - args.keys() == {"SOURCE_URL"}
+    assert declared - args.keys() == {"SOURCE_URL", "TORCH_SOURCE", "REQUIREMENTS_LOCK"}
+    assert _arg_defaults()["REQUIREMENTS_LOCK"] == "images/store-requirements.lock"
+    # TORCH_SOURCE is the build's variant, not a pin: its default is the shipped image's checked wheel
+    # (the local image check alone passes base).
+    assert _arg_defaults()["TORCH_SOURCE"] == "wheel"
     # One NVRx for both images, the base by digest, torch's wheel from the URL the pins name.
     assert STORE_IMAGE.nvrx_version == IMAGE.nvrx_version
     assert DIGEST.search(STORE_IMAGE.base_image)

@@ -1,0 +1,153 @@
+"""How the local executor runs a pod's container: as a process (the default: fast) or in podman.
+
+One interface, `Runtime.command`: given the container's command line and environment as the executor
+prepared them (names on loopback, volumes as local folders, `$(VAR)` expanded), it returns what to
+start. Everything else (the Job controller, node deletion, the store's restarts, the chaos contract)
+is the executor's and the same for both.
+
+`Podman` runs the same command line in a container of the rendered image, as the pod would: the
+container's uid, a read-only root filesystem (without podman's own tmpfs at /tmp), no capabilities, no
+privilege escalation, the runtime's default seccomp filter. It shares the machine's network (the
+executor's loopback names and ports then mean the same inside) and mounts each of the pod's folders at
+its own path (the executor's path rewriting then holds too). /dev/shm is the container's own, as a pod's
+is (the memory tier's folders, which the executor keeps under the machine's /dev/shm, are mounted into
+it at their paths): when a container's first process dies, the kernel kills the rest of its PID
+namespace at once, multiprocessing's resource trackers with it, and the POSIX semaphores they would have
+unlinked stay in that /dev/shm; the machine's would keep them. Only the environment the pod declares and
+the executor adds goes in, never this machine's. The container's processes carry the pod's marker like
+processes do, so the executor finds and kills them the same way (a node deletion, the pod's end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+RUNC = "/usr/sbin/runc"
+# Podman's default runtime (crun) and its default container rlimits both fail on Debian 12 machines of
+# this kind: runc and explicit limits work.
+ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+RUN_LABEL = "io.nvrx-eks.local-run"
+
+
+class Runtime(Protocol):
+    name: str
+
+    def command(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        container: dict[str, Any],
+        pod_spec: dict[str, Any],
+        store: bool,
+        folders: list[Path],
+        run_key: str,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment that start `container` of a pod."""
+        ...
+
+    def close(self, run_key: str) -> None:
+        """Remove what the run left (nothing for processes)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Processes:
+    """The container's command as a local process with this virtualenv (`image: local`)."""
+
+    name: str = "processes"
+
+    def command(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        **_: object,
+    ) -> tuple[list[str], dict[str, str]]:
+        return argv, env
+
+    def close(self, run_key: str) -> None:
+        del run_key
+
+
+@dataclass(frozen=True)
+class Podman:
+    """Each container in podman, from `trainer_image` (the Job's pods) or `store_image` (the store's)."""
+
+    trainer_image: str
+    store_image: str
+    name: str = "podman"
+
+    def command(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        container: dict[str, Any],
+        pod_spec: dict[str, Any],
+        store: bool,
+        folders: list[Path],
+        run_key: str,
+    ) -> tuple[list[str], dict[str, str]]:
+        security = {**pod_spec.get("securityContext", {}), **container.get("securityContext", {})}
+        run = ["podman", "--runtime", RUNC, "run", "--rm", *ULIMITS, "--network", "host"]
+        run += ["--label", f"{RUN_LABEL}={run_key}", "--workdir", "/tmp"]  # noqa: S108 - the pod's own /tmp
+        uid = security.get("runAsUser")
+        if uid is not None:
+            run += ["--user", f"{uid}:{security.get('runAsGroup', uid)}"]
+        if security.get("readOnlyRootFilesystem"):
+            run += ["--read-only", "--read-only-tmpfs=false"]
+        for cap in security.get("capabilities", {}).get("drop", []):
+            run += ["--cap-drop", cap]
+        if security.get("allowPrivilegeEscalation") is False:
+            run += ["--security-opt", "no-new-privileges"]
+        # Only what the pod declares and the executor adds; the image keeps its own PATH and HOME
+        # becomes the pod's temporary folder (its /tmp), as the chart sets it for a real image.
+        inner = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "PATH"}
+        inner.setdefault("HOME", env.get("TMPDIR", "/tmp"))  # noqa: S108 - the pod's own /tmp
+        for key, value in sorted(inner.items()):
+            run += ["--env", f"{key}={value}"]
+        mounts = sorted({*folders, Path(inner["TMPDIR"])} if "TMPDIR" in inner else set(folders))
+        for folder in mounts:
+            _hand_over(folder, uid)
+            run += ["--volume", f"{folder}:{folder}:rw"]
+        run += ["--shm-size", _shm_size(pod_spec)]
+        image = self.store_image if store else self.trainer_image
+        return [*run, image, *argv], dict(os.environ)
+
+    def close(self, run_key: str) -> None:
+        listed = subprocess.run(
+            ["podman", "ps", "--all", "--quiet", "--filter", f"label={RUN_LABEL}={run_key}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        ids = listed.stdout.split()
+        if ids:
+            subprocess.run(["podman", "rm", "--force", *ids], capture_output=True, check=False)
+
+
+def _shm_size(pod_spec: dict[str, Any]) -> str:
+    """The container's own /dev/shm: the size limit of the pod's Memory emptyDir mounted there."""
+    mounted = {
+        m["name"]
+        for c in [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+        for m in c.get("volumeMounts", [])
+        if m["mountPath"].rstrip("/") == "/dev/shm"  # noqa: S108 - a mount path we compare, not a file
+    }
+    for volume in pod_spec.get("volumes", []):
+        if volume["name"] in mounted and (volume.get("emptyDir") or {}).get("sizeLimit"):
+            return volume["emptyDir"]["sizeLimit"].replace("Gi", "g").replace("Mi", "m")
+    return "64m"  # podman's default, and a pod's without a shm volume
+
+
+def _hand_over(folder: Path, uid: int | None) -> None:
+    """The pod's own-dirs init container, for a local folder: the container's user owns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if uid is not None and os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            os.chown(folder, int(uid), int(uid))

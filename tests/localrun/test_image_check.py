@@ -1,0 +1,85 @@
+"""`make image-check`: the shipped images, built here with podman and run as the rendered pods do."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kitcore.pins import TRAINER_UID
+from localrun import image_check
+from localrun.image_check import Built
+
+TRAINER = Built(
+    name="localhost/nvrx-eks-local/training:check", seconds=0, size_bytes=0, digest="sha256:" + "a" * 64
+)
+STORE = Built(
+    name="localhost/nvrx-eks-local/store:check", seconds=0, size_bytes=0, digest="sha256:" + "b" * 64
+)
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return image_check.render(trainer=TRAINER, store=STORE, out=tmp_path_factory.mktemp("render"))
+
+
+def test_the_trainer_container_runs_as_its_rendered_pod(templates, tmp_path):
+    argv = image_check.run_argv(TRAINER.name, templates["trainer"], "trainer", volumes=tmp_path)
+    assert argv[:3] == ["podman", "--runtime", image_check.RUNC]
+    assert _pairs(argv, "--user") == [f"{TRAINER_UID}:{TRAINER_UID}"]
+    # Read-only root without podman's own tmpfs at /tmp: only the pod's mounts are writable.
+    assert "--read-only" in argv
+    assert "--read-only-tmpfs=false" in argv
+    assert _pairs(argv, "--cap-drop") == ["ALL"]
+    assert _pairs(argv, "--security-opt") == ["no-new-privileges"]
+    assert "HOME=/tmp" in _pairs(argv, "--env")
+    mounts = {spec.split(":")[1]: spec for spec in _pairs(argv, "--volume")}
+    # The scratch emptyDir at /tmp, the checkpoint tiers and the FSx claim are folders; shared memory
+    # and the memory tier are tmpfs, as their Memory emptyDirs are.
+    assert {"/tmp", "/fsx", "/local"} <= mounts.keys()
+    assert {spec.split(":")[0] for spec in _pairs(argv, "--tmpfs")} == {"/dev/shm", "/checkpoint-memory"}
+    # The rendered command, not the image's default: the launcher.
+    image_at = argv.index(TRAINER.name)
+    assert argv[image_at + 1 : image_at + 4] == ["python", "-m", "training.launch"]
+
+
+def test_the_store_container_runs_as_nobody_with_its_tmp(templates, tmp_path):
+    argv = image_check.run_argv(STORE.name, templates["store"], "store", volumes=tmp_path)
+    assert _pairs(argv, "--user") == ["65534:65534"]
+    assert "--read-only" in argv
+    assert [spec.split(":")[1] for spec in _pairs(argv, "--volume")] == ["/tmp"]
+    assert argv[argv.index(STORE.name) + 1 : argv.index(STORE.name) + 4] == [
+        "python",
+        "-m",
+        "training.control",
+    ]
+
+
+def _podman_missing() -> str | None:
+    missing = [t for t in ("podman", "mmdebstrap") if not shutil.which(t)]
+    missing += [] if Path(image_check.RUNC).exists() else [image_check.RUNC]
+    return f"{', '.join(missing)} not installed (apt-get install podman runc mmdebstrap)" if missing else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # from a clean machine: the bases, both images, the job twice
+@pytest.mark.skipif(_podman_missing() is not None, reason=str(_podman_missing()))
+def test_image_check_builds_both_images_and_every_container_check_passes(tmp_path):
+    code = image_check.main(["--out", str(tmp_path)])
+    result = json.loads((tmp_path / "image-check.json").read_text())
+    failed = [c for c in result["checks"] if not c["passed"]]
+    assert code == 0, failed
+    assert not failed
+    # One torch release: the venv's and each image's; the demo's faults in containers, bit-identical.
+    assert result["torch"]["store"] == result["torch"]["trainer"] == result["torch"]["local"]
+    (chaos,) = [c for c in result["checks"] if c["name"] == "demo fault plan in containers"]
+    assert "each recovered by its layer" in chaos["detail"]
+    assert chaos["detail"].endswith("bit-identical")
+    for image in result["images"].values():
+        assert image["size_bytes"] > 0
