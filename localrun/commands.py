@@ -101,24 +101,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
             **kwargs,
         )
 
-    @bench.command("api")
-    def bench_api_cmd(
-        steps: Annotated[int, typer.Option(min=20, help="Steps per loop.")] = API_STEPS,
-        blocks: Annotated[int, typer.Option(min=1, help="Blocks of (plain, api) loops.")] = API_BLOCKS,
-        model: Annotated[str, typer.Option(help="Model preset (training/shapes.py).")] = "tiny",
-        against: Annotated[
-            str | None,
-            typer.Option(help="A git revision: the reference trainer's step cost there and here instead."),
-        ] = None,
-    ) -> None:
-        """The public API's cost per step against the same loop in plain PyTorch, or the reference
-        trainer's against a git revision (localrun/api_bench.py)."""
-        from localrun.api_bench import bench_against, bench_api, print_against, print_bench  # noqa: PLC0415
-
-        if against:
-            print_against(bench_against(against, steps=max(steps, 40), repeats=blocks))
-        else:
-            print_bench(bench_api(model_name=model, steps=steps, blocks=blocks))
+    _register_bench_api(bench)
 
     @bench.command("scale")
     def bench_scale_cmd(
@@ -322,3 +305,26 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         print(report_run(run_dir))
 
     checkpoint_bench_commands.register(bench)
+
+
+def _register_bench_api(bench: typer.Typer) -> None:
+    """`bench api` (localrun/api_bench.py)."""
+
+    @bench.command("api")
+    def bench_api_cmd(
+        steps: Annotated[int, typer.Option(min=20, help="Steps per loop.")] = API_STEPS,
+        blocks: Annotated[int, typer.Option(min=1, help="Blocks of (plain, api) loops.")] = API_BLOCKS,
+        model: Annotated[str, typer.Option(help="Model preset (training/shapes.py).")] = "tiny",
+        against: Annotated[
+            str | None,
+            typer.Option(help="A git revision: the reference trainer's step cost there and here instead."),
+        ] = None,
+    ) -> None:
+        """The public API's cost per step against the same loop in plain PyTorch, or the reference
+        trainer's against a git revision (localrun/api_bench.py)."""
+        from localrun.api_bench import bench_against, bench_api, print_against, print_bench  # noqa: PLC0415
+
+        if against:
+            print_against(bench_against(against, steps=max(steps, 40), repeats=blocks))
+        else:
+            print_bench(bench_api(model_name=model, steps=steps, blocks=blocks))
