@@ -205,6 +205,7 @@ def _batchnorm_run(run_dir: Path, *, fail_at: int | None) -> str | None:
     finally:
         parallel.release_retired_groups()
         dist.destroy_process_group()
+        context.events.close()
 
 
 def test_an_in_process_restart_rewinds_buffers_a_forward_moved(tmp_path):
