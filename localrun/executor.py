@@ -547,8 +547,6 @@ class LocalJob:
         self.run_dir = Path(run_dir).resolve()
         self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
         self.venv_bin = venv_bin or Path(sys.executable).parent
-        self.project_dir = Path.cwd().resolve()
-        """Where `nvrx-eks` runs: the project whose scripts an `image: local` job runs."""
         self.extra_env = extra_env or {}
         self.timeout_s = timeout_s
         self.node_provision_s = node_provision_s
@@ -946,8 +944,6 @@ class LocalJob:
         """What every container gets before its own env: this machine's, the pod's, the kubelet's."""
         env = dict(os.environ)
         env["PATH"] = f"{self.venv_bin}{os.pathsep}{env.get('PATH', '')}"
-        # A script of your own is found as in an image built on the kit's: its project on the Python path.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.project_dir), env.get("PYTHONPATH")) if p)
         env["TMPDIR"] = str(tmp)
         hostname = f"{self.rendered.job_name}-{index}" if index is not None else spec["name"]
         env |= {"HOSTNAME": hostname, CHAOS_ENV: str(self.chaos_dir)}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,9 +58,12 @@ class Runtime(Protocol):
 
 @dataclass(frozen=True)
 class Processes:
-    """The container's command as a local process with this virtualenv (`image: local`)."""
+    """The container's command as a local process with this virtualenv (`image: local`), and the
+    project `nvrx-eks` runs in on its Python path: a script of your own (the job values' `entrypoint`)
+    is found there as an image built on the kit's finds it in its working folder."""
 
     name: str = "processes"
+    project_dir: Path = field(default_factory=lambda: Path.cwd().resolve())
 
     def command(
         self,
@@ -68,7 +71,8 @@ class Processes:
         env: dict[str, str],
         **_: object,
     ) -> tuple[list[str], dict[str, str]]:
-        return argv, env
+        path = os.pathsep.join(p for p in (str(self.project_dir), env.get("PYTHONPATH")) if p)
+        return argv, {**env, "PYTHONPATH": path}
 
     def close(self, run_key: str) -> None:
         del run_key

@@ -30,9 +30,11 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == flag]
 
 
-def test_processes_run_the_command_as_prepared():
-    argv, env = Processes().command(["python", "-m", "training"], {"A": "1"}, container=CONTAINER)
-    assert (argv, env) == (["python", "-m", "training"], {"A": "1"})
+def test_processes_run_the_command_as_prepared_with_the_project_on_the_path(tmp_path):
+    argv, env = Processes(project_dir=tmp_path).command(
+        ["python", "-m", "training"], {"A": "1"}, container=CONTAINER
+    )
+    assert (argv, env) == (["python", "-m", "training"], {"A": "1", "PYTHONPATH": str(tmp_path)})
 
 
 def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):

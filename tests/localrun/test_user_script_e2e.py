@@ -40,9 +40,9 @@ from training import api as kit
 
 def train(attempt):
     model = torch.nn.Linear(4, 4)
+    wrapped = attempt.data_parallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     attempt.resume(model=model, optimizer=optimizer)
-    wrapped = attempt.data_parallel(model)
     for step in attempt.steps(40):
         if step == 12 and attempt.rank == 1:
             raise ValueError("shapes do not match: a bug in the step")
