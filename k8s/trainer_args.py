@@ -16,23 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kitcore.configio import UserError, load_model
+from kitcore.configio import UserError
+from training.resilience.config import config_leaves, resilience_config
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
     from training.resilience.config import ResilienceConfig
-
-
-def _flatten(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    leaves: list[tuple[tuple[str, ...], Any]] = []
-    for key, value in tree.items():
-        path = (*prefix, str(key))
-        # `faults.weights` is a mapping-valued field, not a section: the trainer takes it as one flag.
-        if isinstance(value, dict) and path != ("faults", "weights"):
-            leaves += _flatten(value, path)
-        else:
-            leaves.append((path, value))
-    return leaves
 
 
 def _scalar(value: object) -> str:
@@ -88,7 +77,7 @@ def trainer_args(values: JobValues) -> list[str]:
     """`--flag value` pairs for `python -m training`, chart-owned fields first."""
     args: list[str] = []
     for tree in (chart_owned_fields(values), values.trainer):
-        for path, value in _flatten(tree):
+        for path, value in config_leaves(tree):
             args += ["--" + "-".join(path).replace("_", "-"), _scalar(value)]
     return args
 
@@ -128,12 +117,8 @@ def resilience_env(values: JobValues) -> dict[str, str]:
 
 
 def _check_script_config(values: JobValues) -> ResilienceConfig:
-    from training.resilience.config import ResilienceConfig  # noqa: PLC0415
-
-    overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in _flatten(values.trainer)]
-    owned = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in _flatten(chart_owned_fields(values))]
     try:
-        return load_model(ResilienceConfig, None, [*owned, *overrides], source="trainer (entrypoint)")
+        return resilience_config(resilience_document(values), source="trainer (entrypoint)")
     except UserError as exc:
         raise UserError(f"trainer: {exc}") from None
 

@@ -65,13 +65,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from kitcore.configio import UserError, exit_on_user_error, load_model
+from kitcore.configio import UserError, exit_on_user_error
 from training import parallel
 from training.events import EventLog, imported_since_fork, process_created_at
 from training.faults import FaultInjector, InjectedFaultError, build_schedule
 from training.inputs import check_runtime_inputs
 from training.metrics import Metrics, checkpoint_intervals
-from training.resilience.config import CONFIG_ENV, ResilienceConfig, check_fault_plan
+from training.resilience.config import CONFIG_ENV, ResilienceConfig, check_fault_plan, resilience_config
 from training.resilience.layers import for_mode, install_termination_handler
 
 if TYPE_CHECKING:
@@ -125,19 +125,7 @@ def load_config(env: dict[str, str] | None = None) -> ResilienceConfig:
         ) from None
     if not isinstance(document, dict):
         raise UserError(f"{CONFIG_ENV} is not a JSON object; the chart renders it from the job values")
-    overrides = [f"{key}={json.dumps(value)}" for key, value in _flatten(document)]
-    return load_model(ResilienceConfig, None, overrides, source=CONFIG_ENV)
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    leaves: list[tuple[str, Any]] = []
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and path != "faults.weights":
-            leaves += _flatten(value, f"{path}.")
-        else:
-            leaves.append((path, value))
-    return leaves
+    return resilience_config(document, source=CONFIG_ENV)
 
 
 @dataclass

@@ -11,12 +11,14 @@ model, data and optimizer fields. Torch-free: the charts validate it when they r
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kitcore.configio import load_model
 from training.checkpoint.config import CheckpointConfig
 
 CONFIG_ENV = "NVRX_EKS_CONFIG"
@@ -252,6 +254,29 @@ class ResilienceConfig(_Section):
             digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
             update["memory_dir"] = default_memory / digest
         return self.checkpoint.model_copy(update=update)
+
+
+MAPPING_FIELDS = frozenset({("faults", "weights")})
+"""Fields whose value is a mapping, not a section: one leaf each."""
+
+
+def config_leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, value) for every leaf of a configuration tree, sections walked, mapping fields whole: the
+    reference trainer's flags and a script's `NVRX_EKS_CONFIG` are both made of them."""
+    leaves: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        if isinstance(value, dict) and path not in MAPPING_FIELDS:
+            leaves += config_leaves(value, path)
+        else:
+            leaves.append((path, value))
+    return leaves
+
+
+def resilience_config(document: dict[str, Any], *, source: str) -> ResilienceConfig:
+    """A `ResilienceConfig` from a tree (the chart's JSON document), every bad field in one UserError."""
+    overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in config_leaves(document)]
+    return load_model(ResilienceConfig, None, overrides, source=source)
 
 
 def check_fault_plan(faults: FaultsConfig, *, steps: int | None) -> None:
