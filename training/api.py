@@ -59,7 +59,7 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -96,7 +96,6 @@ RESERVED_NAMES = frozenset({"rng", "progress", "resilience"})
 """Keys of the checkpoint the kit writes itself beside the tracked objects."""
 
 log = logging.getLogger("training")
-T = TypeVar("T")
 
 
 @runtime_checkable
@@ -141,21 +140,12 @@ class _Kept:
 
 
 @dataclass
-class _Failure:
-    """Where an attempt ended: the same signature twice is the script's bug (`UserCodeError`)."""
-
-    signature: str
-    step: int
-    text: str
-
-
-@dataclass
 class _JobState:
     kept: _Kept | None = None
-    failures: list[_Failure] = field(default_factory=list)
+    failures: set[str] = field(default_factory=set)
+    """Signatures of the failures this process saw (`_Context._judge`)."""
     injector: FaultInjector | None = None
     attempts: int = 0
-    digest: str | None = None
 
 
 class Job:
@@ -350,9 +340,9 @@ class _Context:
         signature = f"{type(exc).__qualname__}|{str(exc)[:500]}|{where}|{step}"
         text = "".join(traceback.format_exception(exc))[-4000:]
         failures = self.job._state.failures  # noqa: SLF001
-        seen = any(f.signature == signature for f in failures) or _seen_on_disk(self.cfg, signature)
+        seen = signature in failures or _seen_on_disk(self.cfg, signature)
         _record_on_disk(self.cfg, self.world.rank, signature)
-        failures.append(_Failure(signature=signature, step=step, text=text))
+        failures.add(signature)
         if seen:
             self.events.emit(
                 "user_code_error", step=step, error=f"{type(exc).__name__}: {exc}"[:300], traceback=text
