@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from kitcore.configio import UserError
-from training.resilience.config import config_leaves, resilience_config
+from training.resilience.config import CONFIG_ENV, PLAN_ITEM, config_leaves, resilience_config
 
 if TYPE_CHECKING:
     from k8s.values import JobValues
@@ -105,7 +105,6 @@ def resilience_document(values: JobValues) -> dict[str, Any]:
 def resilience_env(values: JobValues) -> dict[str, str]:
     """The variables a script's ranks read the kit's settings from (none for the reference trainer,
     whose settings are its flags)."""
-    from training.resilience.config import CONFIG_ENV  # noqa: PLC0415
     from training.resilience.launch import PRELOAD_ENV  # noqa: PLC0415
 
     if values.entrypoint is None:
@@ -116,13 +115,6 @@ def resilience_env(values: JobValues) -> dict[str, str]:
     return env
 
 
-def _check_script_config(values: JobValues) -> ResilienceConfig:
-    try:
-        return resilience_config(resilience_document(values), source="trainer (entrypoint)")
-    except UserError as exc:
-        raise UserError(f"trainer: {exc}") from None
-
-
 def check_trainer_args(values: JobValues) -> ResilienceConfig:
     """Parse the rendered arguments with the trainer's parser (a script's: its resilience config); a bad
     one is a `trainer` field error."""
@@ -130,14 +122,17 @@ def check_trainer_args(values: JobValues) -> ResilienceConfig:
 
     config: ResilienceConfig
     try:
-        config = _check_script_config(values) if values.entrypoint else parse_args(trainer_args(values))
+        if values.entrypoint:
+            config = resilience_config(resilience_document(values), source="trainer (entrypoint)")
+        else:
+            config = parse_args(trainer_args(values))
     except UserError as exc:
-        raise UserError(str(exc) if str(exc).startswith("trainer: ") else f"trainer: {exc}") from None
+        raise UserError(f"trainer: {exc}") from None
     from training.faults import build_schedule  # noqa: PLC0415
 
     # A script's loop length is its own (its `Attempt.steps` checks the plan against it): the ranks are
     # checked here over the plan's own span.
-    plan_steps = [int(item.partition("@")[2].partition(":")[0]) for item in config.faults.plan]
+    plan_steps = [int(PLAN_ITEM.match(item)["step"]) for item in config.faults.plan]  # type: ignore[index]
     steps = getattr(config, "steps", max(plan_steps, default=0) + 1)
     try:
         # The ranks a fault plan targets exist only once the world size is known: here it is.
