@@ -41,7 +41,7 @@ setup: $(VENV)/.installed node_modules/.installed
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/lint-imports
+	$(PY) tools/lint_imports.py
 	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile -q
 
 # CI: every test, the slow end-to-end ones included.
@@ -62,19 +62,19 @@ bench-checkpoint: setup
 # The GPU-only paths on a machine with one GPU, under 5 minutes (localrun/gpu_check.py); elsewhere it
 # prints "no CUDA: skipped" and exits 0.
 gpu-check: setup
-	$(PY) -m localrun.gpu_check
+	$(PY) -m nvrx_eks.localrun.gpu_check
 
 # The dashboard and the alert rules against a real Prometheus (Debian's `prometheus`, which .ci/run
 # installs): the local job with faults scraped through the PodMonitor's relabeling, every dashboard
 # query evaluated, promtool's unit tests of the rules (localrun/observe.py). Under 5 minutes.
 observe-check: setup
-	$(PY) -m localrun.observe
+	$(PY) -m nvrx_eks.localrun.observe
 
 # The shipped images built here with podman (Debian's podman, runc and mmdebstrap, which .ci/run
 # installs) and run as the rendered pods run them: the pod's user, read-only root, no capabilities, its
 # mounts and environment (localrun/image_check.py). Built images are cached: a rerun builds nothing new.
 image-check: setup
-	$(PY) -m localrun.image_check
+	$(PY) -m nvrx_eks.localrun.image_check
 
 synth: setup
 	npx cdk synth --quiet

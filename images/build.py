@@ -16,10 +16,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.revision import source_revision
-from k8s.names import STORE_IMAGE_TAG_SUFFIX
-from kitcore.configio import UserError
-from kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
+from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.k8s.names import STORE_IMAGE_TAG_SUFFIX
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

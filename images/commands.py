@@ -37,7 +37,7 @@ def _run(argv: list[str], *, dry_run: bool, stdin: str | None = None, capture: b
 
 
 def _engine(engine: str | None, *, dry_run: bool) -> str:
-    from images.build import ENGINES, find_engine  # noqa: PLC0415
+    from nvrx_eks.images.build import ENGINES, find_engine  # noqa: PLC0415
 
     if dry_run:  # print what would run even where no engine is installed
         return engine or ENGINES[0]
@@ -45,7 +45,7 @@ def _engine(engine: str | None, *, dry_run: bool) -> str:
 
 
 def _tag(tag: str | None) -> str:
-    from images.build import check_tag, git_revision  # noqa: PLC0415
+    from nvrx_eks.images.build import check_tag, git_revision  # noqa: PLC0415
 
     return check_tag(tag or git_revision())
 
@@ -55,9 +55,9 @@ def pin(dry_run: DryRun = False) -> None:
     the store image's base digest and torch wheel checksum, and the digest of every Helm chart image
     (downloads them and asks the registries: run once on a machine with internet; the chart image in
     ECR needs AWS credentials too)."""
-    from images import pin as pinning  # noqa: PLC0415
-    from images.build import DOCKERFILE, STORE_DOCKERFILE  # noqa: PLC0415
-    from kitcore import pins  # noqa: PLC0415
+    from nvrx_eks.images import pin as pinning  # noqa: PLC0415
+    from nvrx_eks.images.build import DOCKERFILE, STORE_DOCKERFILE  # noqa: PLC0415
+    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     before = pins.IMAGE
     values = pinning.resolve(before)
@@ -88,7 +88,7 @@ def pin(dry_run: DryRun = False) -> None:
 def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> None:
     """Build the training image (images/Dockerfile) and the rendezvous store's image
     (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py."""
-    from images.build import (  # noqa: PLC0415
+    from nvrx_eks.images.build import (  # noqa: PLC0415
         STORE_DOCKERFILE,
         STORE_TAG_SUFFIX,
         build_args,
@@ -96,7 +96,7 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
         check_verifiable,
         store_build_args,
     )
-    from kitcore import pins  # noqa: PLC0415
+    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     tag = _tag(tag)
     if not dry_run:
@@ -152,7 +152,7 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     ) -> None:
         """Push the built images to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST for the
         trainer (job values `image`) and REPOSITORY:TAG-store@DIGEST for the store (`store_image`)."""
-        from images.build import (  # noqa: PLC0415
+        from nvrx_eks.images.build import (  # noqa: PLC0415
             STORE_TAG_SUFFIX,
             ecr_password,
             login_argv,
@@ -160,9 +160,9 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             push_argvs,
             pushed_digest,
         )
-        from infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
-        from infra.ops.stack_values import read_stack  # noqa: PLC0415
-        from kitcore.configio import UserError  # noqa: PLC0415
+        from nvrx_eks.infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
+        from nvrx_eks.infra.ops.stack_values import read_stack  # noqa: PLC0415
+        from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
         if bool(stack) == bool(repository):
             raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
@@ -193,7 +193,7 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     def lock(dry_run: DryRun = False) -> None:
         """Regenerate images/torch-requirements.lock and images/requirements.lock: pip's resolver for the
         image's Python and platform (no container engine needed)."""
-        from images.build import (  # noqa: PLC0415
+        from nvrx_eks.images.build import (  # noqa: PLC0415
             LOCK_FILE,
             NOT_TORCH,
             TORCH_LOCK_FILE,

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.error import HTTPError, URLError
 
-from kitcore.configio import UserError
-from kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, ChartPin, ImagePins, StoreImagePins
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, ChartPin, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -115,7 +115,7 @@ def _bearer_token(challenge: str, *, opener: Opener, scheme: str) -> str:
 def ecr_token(region: str) -> str:
     """ECR's registry credentials in `region` (ecr:GetAuthorizationToken with the caller's AWS
     credentials): base64 `AWS:<password>`, which the registry takes as HTTP Basic."""
-    from infra.ops.aws import AwsSession, ServiceError, aws_errors  # noqa: PLC0415 - boto3 only for ECR
+    from nvrx_eks.infra.ops.aws import AwsSession, ServiceError, aws_errors  # noqa: PLC0415 - boto3 only for ECR
 
     try:
         with aws_errors("ecr:GetAuthorizationToken"):

@@ -16,16 +16,16 @@ from aws_cdk import Annotations, Duration
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
-from infra import nag
-from infra.addon_values import (
+from nvrx_eks.infra import nag
+from nvrx_eks.infra.addon_values import (
     CLOUDWATCH_CONFIGURATION,
     DCGM_EXPORTER_REMOTE_ENGINE,
     NODE_MONITORING_CONFIGURATION,
     VPC_CNI_CONFIGURATION,
 )
-from k8s import names
-from kitcore import pins
-from kitcore.configio import merge
+from nvrx_eks.k8s import names
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.configio import merge
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

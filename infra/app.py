@@ -17,19 +17,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import deploy_gate
-from infra.config import ClusterConfig
-from infra.deploy_gate import SKIP_CONTEXT_KEY
-from infra.revision import source_revision
-from kitcore import paths
-from kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
+from nvrx_eks.infra import deploy_gate
+from nvrx_eks.infra.config import ClusterConfig
+from nvrx_eks.infra.deploy_gate import SKIP_CONTEXT_KEY
+from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
 
     from aws_cdk import App
 
-    from infra.stacks.cluster_stack import ClusterStack
+    from nvrx_eks.infra.stacks.cluster_stack import ClusterStack
 
 DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 # Context keys the CDK CLI itself writes into cdk.context.json (`cdk acknowledge ID`, `cdk
@@ -85,8 +85,8 @@ def build(app: App, config: ClusterConfig, *, account: str, nag: bool = True) ->
     """Add the cluster stack (and cdk-nag) to `app`."""
     from aws_cdk import Environment  # noqa: PLC0415 - heavy import, only when building
 
-    from infra.nag import add_checks  # noqa: PLC0415
-    from infra.stacks.cluster_stack import ClusterStack  # noqa: PLC0415
+    from nvrx_eks.infra.nag import add_checks  # noqa: PLC0415
+    from nvrx_eks.infra.stacks.cluster_stack import ClusterStack  # noqa: PLC0415
 
     for flag, value in FEATURE_FLAGS.items():
         app.node.set_context(flag, value)

@@ -19,7 +19,7 @@ def synth_seconds(config_path: Path) -> tuple[float, int]:
     """Seconds for one in-process synth of `config_path`, and the stack's resource count."""
     from aws_cdk import App  # noqa: PLC0415
 
-    from infra.app import PLACEHOLDER_ACCOUNT, build, load_config  # noqa: PLC0415
+    from nvrx_eks.infra.app import PLACEHOLDER_ACCOUNT, build, load_config  # noqa: PLC0415
 
     config = load_config(config_path)
     with tempfile.TemporaryDirectory(prefix="nvrx-eks-bench-") as outdir:

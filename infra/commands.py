@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kitcore import paths
+from nvrx_eks.kitcore import paths
 
 DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 
@@ -30,7 +30,7 @@ SetOption = Annotated[
 
 def synth(config: ConfigOption = DEFAULT_CONFIG, set_: SetOption = None) -> None:
     """Synthesize the CDK app offline (cdk-nag included) and summarize the stack and GPU node groups."""
-    from infra.app import synth_summary  # noqa: PLC0415 - aws_cdk is heavy; only when asked
+    from nvrx_eks.infra.app import synth_summary  # noqa: PLC0415 - aws_cdk is heavy; only when asked
 
     print(synth_summary(config, set_ or ()))
 
@@ -47,7 +47,7 @@ def bench_synth(
     repeats: Annotated[int, typer.Option(min=1, max=5, help="Synths per config in this process.")] = 2,
 ) -> None:
     """Time in-process synthesis of the whole app per config; the first synth pays jsii start-up."""
-    from infra.bench_synth import run  # noqa: PLC0415
+    from nvrx_eks.infra.bench_synth import run  # noqa: PLC0415
 
     run(configs or [DEFAULT_CONFIG, Path("infra/configs/p5-capacity-block.yaml")], repeats=repeats)
 

@@ -14,11 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra import service_rules as rules
-from k8s import names
-from kitcore import naming, pins
-from kitcore.configio import UserError
-from kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.infra import service_rules as rules
+from nvrx_eks.k8s import names
+from nvrx_eks.kitcore import naming, pins
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 
 # FSx for Lustre PERSISTENT_2 (SSD): 1.2 TiB, 2.4 TiB, then steps of 2.4 TiB; throughput tiers in
 # MB/s per TiB. https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-storage-capacity.html

@@ -24,14 +24,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from aws_cdk import Stack
 
-    from infra.config import ClusterConfig
+    from nvrx_eks.infra.config import ClusterConfig
 
 # Where passes are recorded (relative to the working directory, where `npx cdk` and `nvrx-eks` run).
 STATE_DIR_ENV = "NVRX_EKS_STATE_DIR"

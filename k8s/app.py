@@ -1,4 +1,5 @@
-"""`cdk8s synth` entry point (cdk8s.yaml: `.venv/bin/python -m k8s.app`): render one values file to dist/.
+"""`cdk8s synth` entry point (cdk8s.yaml: `.venv/bin/python -m nvrx_eks.k8s.app`): render one values file to
+dist/.
 
 The values file is k8s/values/local-cpu.yaml unless NVRX_EKS_VALUES names another; NVRX_EKS_SET takes
 space-separated `key=value` overrides. `nvrx-eks job render -f FILE -o DIR` does the same for any file.
@@ -9,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from kitcore.configio import exit_on_user_error
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import exit_on_user_error
 
 DEFAULT_VALUES = Path(__file__).parent / "values" / "local-cpu.yaml"
 

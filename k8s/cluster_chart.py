@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Literal
 import cdk8s
 from cdk8s_plus_33 import k8s
 
-from k8s import names
-from k8s.node_verification import NodeCheckSpec, NodeVerification
-from k8s.observability import Monitoring
-from training.node.nodecheck import VERIFIED_LABEL
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.node_verification import NodeCheckSpec, NodeVerification
+from nvrx_eks.k8s.observability import Monitoring
+from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 
 if TYPE_CHECKING:
     from constructs import Construct

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kitcore import paths
+from nvrx_eks.kitcore import paths
 
 
 def register(*, job: typer.Typer, **_: typer.Typer) -> None:
@@ -39,10 +39,10 @@ def register(*, job: typer.Typer, **_: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Render the job's manifests (rendezvous store, headless Service, Indexed Job) as plain YAML."""
-        from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
-        from k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
-        from k8s.load import load_checked  # noqa: PLC0415
-        from k8s.trainer_args import memory_budget  # noqa: PLC0415
+        from nvrx_eks.k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
+        from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
+        from nvrx_eks.k8s.load import load_checked  # noqa: PLC0415
+        from nvrx_eks.k8s.trainer_args import memory_budget  # noqa: PLC0415
 
         values, config = load_checked(values_file, overrides or [])
         warning = durable_cadence_warning(trainer=values.trainer, hints=values.plan)

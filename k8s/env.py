@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from cdk8s_plus_33 import k8s
 
-from k8s.values import REGION_ENV
-from training.node.selfcheck import PROFILE_ENV
+from nvrx_eks.k8s.values import REGION_ENV
+from nvrx_eks.training.node.selfcheck import PROFILE_ENV
 
 if TYPE_CHECKING:
-    from k8s.values import JobValues
+    from nvrx_eks.k8s.values import JobValues
 
 # https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html and the aws-ofi-nccl docs.
 EFA_NCCL_ENV: dict[str, str] = {

@@ -19,8 +19,10 @@ setting is what it is:
   a collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py)
   says every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's
   pod exits otherwise and is charged, so the budget still bounds the replacements.
-- Init containers: `python -m training.selfcheck` (can this node train?), then, with the peer replica,
-  `python -m training.topology` (the node's zone and network nodes, for the partners: `topology_init`).
+- Init containers: `python -m nvrx_eks.training.selfcheck` (can this node train?), then, with the peer
+  replica,
+  `python -m nvrx_eks.training.topology` (the node's zone and network nodes, for the partners:
+  `topology_init`).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
   on the system nodes with a priority class above training pods: no training pod hosts the store, so
@@ -39,25 +41,36 @@ import cdk8s
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
-from k8s import names
-from k8s.env import container_env
-from k8s.launcher import control_command, launcher_command
-from k8s.nvrx_versions import LOCAL_IMAGE
-from k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from k8s.trainer_args import chart_owned_fields, durable_dir, entry_command, local_dir, resilience_env
-from k8s.values import ALLOCATABLE_FRACTION
-from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
-from kitcore.pins import TRAINER_UID
-from training.checkpoint.domains import DOMAIN_LABELS, FAILURE_DOMAIN_ENV, TOPOLOGY_FILE_ENV, ZONE_LABEL
-from training.metrics import METRICS_HOST_ENV
-from training.node.kubeapi import SA_DIR
-from training.node.nodecheck import VERIFIED_LABEL
-from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
-from training.node.topology import NODE_NAME_ENV
-from training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.env import container_env
+from nvrx_eks.k8s.launcher import control_command, launcher_command
+from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
+from nvrx_eks.k8s.observability import metrics_port, metrics_ports, scrape_annotations
+from nvrx_eks.k8s.trainer_args import (
+    chart_owned_fields,
+    durable_dir,
+    entry_command,
+    local_dir,
+    resilience_env,
+)
+from nvrx_eks.k8s.values import ALLOCATABLE_FRACTION
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from nvrx_eks.kitcore.pins import TRAINER_UID
+from nvrx_eks.training.checkpoint.domains import (
+    DOMAIN_LABELS,
+    FAILURE_DOMAIN_ENV,
+    TOPOLOGY_FILE_ENV,
+    ZONE_LABEL,
+)
+from nvrx_eks.training.metrics import METRICS_HOST_ENV
+from nvrx_eks.training.node.kubeapi import SA_DIR
+from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
+from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
+from nvrx_eks.training.node.topology import NODE_NAME_ENV
+from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
-    from k8s.values import JobValues
+    from nvrx_eks.k8s.values import JobValues
 
 TRAINER_CONTAINER = "trainer"
 STORE_CONTAINER = "store"
@@ -251,7 +264,7 @@ NODE_READER_TOKEN_S = 600
 
 def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Volume], k8s.VolumeMount]:
     """The trainer pod's topology init container, its two volumes, and the trainer's read-only mount of
-    the file it writes (`python -m training.topology`, training/node/topology.py).
+    the file it writes (`python -m nvrx_eks.training.topology`, training/node/topology.py).
 
     The network-node labels are on the Node only, and reading a Node takes the API. Why this way:
     - An init container, not the trainer: the token exists only while it runs, in its own mount
@@ -297,7 +310,7 @@ def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Vol
         command=[
             "python",
             "-m",
-            "training.topology",
+            "nvrx_eks.training.topology",
             f"--out={TOPOLOGY_FILE}",
             f"--token-dir={SA_DIR}",
         ],
@@ -635,9 +648,9 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m training.selfcheck` proving every checkpoint tier of the pod writable."""
+    """`python -m nvrx_eks.training.selfcheck` proving every checkpoint tier of the pod writable."""
     dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
-    return ["python", "-m", "training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    return ["python", "-m", "nvrx_eks.training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:

@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from k8s.values import JobValues
+    from nvrx_eks.k8s.values import JobValues
 
 
-FT_LAUNCHER = ("python", "-m", "training.launch")
+FT_LAUNCHER = ("python", "-m", "nvrx_eks.training.launch")
 """ft_launcher, through training/resilience/launch.py: the same flags, workers forked from a warm
 forkserver."""
-NVRX_CONTROL = ("python", "-m", "training.control")
+NVRX_CONTROL = ("python", "-m", "nvrx_eks.training.control")
 """NVRx's external control process (`nvrx-control`, the same flags) through
 training/resilience/control.py, run by the rendezvous store's Deployment."""
 
@@ -66,7 +66,7 @@ def launcher_command(
     values: JobValues, *, store_endpoint: str, node_address: str, entry: list[str]
 ) -> list[str]:
     """The training container's command: ft_launcher (torchrun for the baseline), then `entry`, what
-    every rank runs (`-m training ARGS`, or a script's own module or path and arguments)."""
+    every rank runs (`-m nvrx_eks.training ARGS`, or a script's own module or path and arguments)."""
     b, t = values.budgets, values.timeouts
     common = [
         _nnodes(values),

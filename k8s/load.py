@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from k8s.trainer_args import check_trainer_args
-from k8s.values import JobValues
-from kitcore.configio import load_model
+from nvrx_eks.k8s.trainer_args import check_trainer_args
+from nvrx_eks.k8s.values import JobValues
+from nvrx_eks.kitcore.configio import load_model
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
-    from training.resilience.config import ResilienceConfig
+    from nvrx_eks.training.resilience.config import ResilienceConfig
 
 
 def load_values(path: Path | None, overrides: Iterable[str] = ()) -> JobValues:

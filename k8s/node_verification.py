@@ -1,6 +1,6 @@
 """The node-check DaemonSet and its permissions, as one construct of the cluster chart.
 
-`python -m training.nodecheck` runs on every GPU node (label `nvrx-eks/gpu=true`, tolerating the
+`python -m nvrx_eks.training.nodecheck` runs on every GPU node (label `nvrx-eks/gpu=true`, tolerating the
 GPU taint and its own `nvrx-eks/unverified` taint) and records its verdict on its own Node: the
 `nvrx-eks/verified` label with a time, or the `nvrx-eks/unverified` taint, a node condition and an
 Event. Training pods require the label (k8s/job_chart.py).
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
-from k8s import names
-from k8s.job_chart import (
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.job_chart import (
     DNS_PORT,
     HTTPS_PORT,
     RUNTIME_DEFAULT_SECCOMP,
@@ -48,8 +48,8 @@ from k8s.job_chart import (
     owner_setup_container,
     trainer_security,
 )
-from kitcore.pins import TRAINER_UID
-from training.node import nodecheck
+from nvrx_eks.kitcore.pins import TRAINER_UID
+from nvrx_eks.training.node import nodecheck
 
 NODE_CHECK = nodecheck.COMPONENT
 """The node check's DaemonSet, service account and RBAC objects, and its Events' reporting component."""
@@ -256,7 +256,7 @@ class NodeVerification(Construct):
         def host_path(name: str, path: str, kind: str) -> k8s.Volume:
             return k8s.Volume(name=name, host_path=k8s.HostPathVolumeSource(path=path, type=kind))
 
-        command = ["python", "-m", "training.nodecheck", f"--interval-s={spec.interval_s}"]
+        command = ["python", "-m", "nvrx_eks.training.nodecheck", f"--interval-s={spec.interval_s}"]
         if spec.dcgm_host:
             command.append(f"--dcgm-host={spec.dcgm_host}")
         nvme_mount = k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME)

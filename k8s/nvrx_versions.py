@@ -14,8 +14,8 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-from kitcore.configio import UserError
-from kitcore.pins import IMAGE, NVRX_SUPPORTED_SINCE
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import IMAGE, NVRX_SUPPORTED_SINCE
 
 LOCAL_IMAGE = "local"
 """`image: local` means: no container image, run with this virtualenv (local executor)."""

@@ -30,12 +30,12 @@ import cdk8s
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
-from k8s import names
-from k8s.alerts import rule_groups
-from kitcore.profiles import PROFILES
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.alerts import rule_groups
+from nvrx_eks.kitcore.profiles import PROFILES
 
 if TYPE_CHECKING:
-    from k8s.values import JobValues
+    from nvrx_eks.k8s.values import JobValues
 
 PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1"
 DASHBOARDS_DIR = Path(__file__).parent / "dashboards"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from training.resilience.launch import STOPPED_EXIT_CODES
+from nvrx_eks.training.resilience.launch import STOPPED_EXIT_CODES
 
 TAIL_LINES = 80
 TAIL_BYTES = 2048

@@ -1,7 +1,7 @@
 """What each rank runs, rendered from job values and checked with the trainer's own parser.
 
 The reference trainer: the values' `trainer` tree uses its field names (training/config.py
-`TrainConfig`); each leaf becomes `--a-b VALUE`, the same flags `python -m training --help` lists.
+`TrainConfig`); each leaf becomes `--a-b VALUE`, the same flags `python -m nvrx_eks.training --help` lists.
 A script of your own (`entrypoint`): the same tree holds only the kit's resilience fields
 (training/resilience/config.py `ResilienceConfig`), handed to it whole as one JSON variable
 (`NVRX_EKS_CONFIG`), since its command line is its own. Either way the chart adds the fields it owns
@@ -16,12 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kitcore.configio import UserError
-from training.resilience.config import CONFIG_ENV, PLAN_ITEM, config_leaves, resilience_config
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.resilience.config import (
+    CONFIG_ENV,
+    PLAN_ITEM,
+    REFERENCE_TRAINER,
+    config_leaves,
+    resilience_config,
+)
 
 if TYPE_CHECKING:
-    from k8s.values import JobValues
-    from training.resilience.config import ResilienceConfig
+    from nvrx_eks.k8s.values import JobValues
+    from nvrx_eks.training.resilience.config import ResilienceConfig
 
 
 def _scalar(value: object) -> str:
@@ -33,7 +39,7 @@ def _scalar(value: object) -> str:
 
 
 def _trainer_has(section: str, name: str) -> bool:
-    from training.config import TrainConfig  # noqa: PLC0415 - imports torch (model presets)
+    from nvrx_eks.training.config import TrainConfig  # noqa: PLC0415 - imports torch (model presets)
 
     sub = TrainConfig.model_fields[section].annotation
     return name in getattr(sub, "model_fields", {})
@@ -74,7 +80,7 @@ def chart_owned_fields(values: JobValues) -> dict[str, Any]:
 
 
 def trainer_args(values: JobValues) -> list[str]:
-    """`--flag value` pairs for `python -m training`, chart-owned fields first."""
+    """`--flag value` pairs for `python -m nvrx_eks.training`, chart-owned fields first."""
     args: list[str] = []
     for tree in (chart_owned_fields(values), values.trainer):
         for path, value in config_leaves(tree):
@@ -83,9 +89,10 @@ def trainer_args(values: JobValues) -> list[str]:
 
 
 def entry_command(values: JobValues) -> list[str]:
-    """What the launcher runs in every rank: `-m training ARGS`, or the entrypoint's module or script."""
+    """What the launcher runs in every rank: `-m nvrx_eks.training ARGS`, or the entrypoint's module or
+    script."""
     if values.entrypoint is None:
-        return ["-m", "training", *trainer_args(values)]
+        return ["-m", REFERENCE_TRAINER, *trainer_args(values)]
     return values.entrypoint.command()
 
 
@@ -105,7 +112,7 @@ def resilience_document(values: JobValues) -> dict[str, Any]:
 def resilience_env(values: JobValues) -> dict[str, str]:
     """The variables a script's ranks read the kit's settings from (none for the reference trainer,
     whose settings are its flags)."""
-    from training.resilience.launch import PRELOAD_ENV  # noqa: PLC0415
+    from nvrx_eks.training.resilience.launch import PRELOAD_ENV  # noqa: PLC0415
 
     if values.entrypoint is None:
         return {}
@@ -118,7 +125,7 @@ def resilience_env(values: JobValues) -> dict[str, str]:
 def check_trainer_args(values: JobValues) -> ResilienceConfig:
     """Parse the rendered arguments with the trainer's parser (a script's: its resilience config); a bad
     one is a `trainer` field error."""
-    from training.config import parse_args  # noqa: PLC0415 - imports torch (model presets)
+    from nvrx_eks.training.config import parse_args  # noqa: PLC0415 - imports torch (model presets)
 
     config: ResilienceConfig
     try:
@@ -128,7 +135,7 @@ def check_trainer_args(values: JobValues) -> ResilienceConfig:
             config = parse_args(trainer_args(values))
     except UserError as exc:
         raise UserError(f"trainer: {exc}") from None
-    from training.faults import build_schedule  # noqa: PLC0415
+    from nvrx_eks.training.faults import build_schedule  # noqa: PLC0415
 
     # A script's loop length is its own (its `Attempt.steps` checks the plan against it): the ranks are
     # checked here over the plan's own span.
@@ -186,8 +193,8 @@ def memory_budget(values: JobValues, config: ResilienceConfig) -> MemoryBudget |
     for a script of your own, whose state size only its ranks know (they report it as `state_bytes`).
 
     State per rank: the whole model on CPU (replicated data parallel); a 1/world share on GPU (FSDP2)."""
-    from training.config import TrainConfig  # noqa: PLC0415
-    from training.shapes import PRESETS  # noqa: PLC0415
+    from nvrx_eks.training.config import TrainConfig  # noqa: PLC0415
+    from nvrx_eks.training.shapes import PRESETS  # noqa: PLC0415
 
     if not isinstance(config, TrainConfig):
         return None

@@ -20,12 +20,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from k8s import names
-from k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
-from k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
-from kitcore import naming
-from kitcore.configio import UserError
-from kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
+from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
+from nvrx_eks.kitcore import naming
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
@@ -336,8 +337,8 @@ class Entrypoint(_Section):
     def _module_name(cls, value: str | None) -> str | None:
         if value is not None and not _MODULE_NAME.match(value):
             raise ValueError(f"{value!r} is not a module name: dotted identifiers, e.g. mytrain.main")
-        if value == "training":
-            raise ValueError("training is the reference trainer: remove entrypoint to run it")
+        if value == REFERENCE_TRAINER:
+            raise ValueError(f"{REFERENCE_TRAINER} is the reference trainer: remove entrypoint to run it")
         return value
 
     @field_validator("preload")
@@ -390,9 +391,9 @@ class JobValues(_Section):
     timeouts: Timeouts = Timeouts()
     storage: Storage = Storage()
     entrypoint: Entrypoint | None = None
-    """Your own training script instead of the reference trainer (`python -m training`)."""
+    """Your own training script instead of the reference trainer (`python -m nvrx_eks.training`)."""
     trainer: dict[str, Any] = Field(default_factory=lambda: {"model": "tiny", "steps": 200})
-    """The reference trainer's fields as a tree (`python -m training --help`): model, steps, seed,
+    """The reference trainer's fields as a tree (`python -m nvrx_eks.training --help`): model, steps, seed,
     checkpoint cadences, fault schedule, in-process timeouts... checked by the trainer's own parser at
     render time. With an `entrypoint`, only the kit's resilience fields (checkpoint, inprocess, ft,
     dist, faults, metrics, seed; default: none set), checked the same way."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import UserError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ It prints each loop's median step time, their ratio, and the parts of the API's 
 their own. Step times are medians of many steps; a single run's absolute times are this machine's
 and not comparable across machines (docs/measurements.md keeps the dated figures).
 
-`--against REV`: the reference trainer (`python -m training`, one rank, its default checkpoint
+`--against REV`: the reference trainer (`python -m nvrx_eks.training`, one rank, its default checkpoint
 cadences) at REV and in this checkout, interleaved runs, each step's full cost as the interval between
 consecutive `step` events (the loop's work between them: the step, the checkpointer's decision and
 copy, the events, the metrics, the layers' hooks). That is the question a change to the API must
@@ -43,8 +43,8 @@ def _plain(model_name: str, steps: int, seed: int) -> list[float]:
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: N812, PLC0415
 
-    from training.data import DataSource, SyntheticTokens  # noqa: PLC0415
-    from training.model import PRESETS, build_model  # noqa: PLC0415
+    from nvrx_eks.training.data import DataSource, SyntheticTokens  # noqa: PLC0415
+    from nvrx_eks.training.model import PRESETS, build_model  # noqa: PLC0415
 
     shape = PRESETS[model_name]
     model = build_model(model_name, seed=seed, device=torch.device("cpu"))
@@ -69,9 +69,9 @@ def _through_the_api(model_name: str, steps: int, seed: int, run_dir: Path) -> l
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: N812, PLC0415
 
-    from training import api  # noqa: PLC0415
-    from training.data import DataSource, SyntheticTokens  # noqa: PLC0415
-    from training.model import PRESETS, build_model  # noqa: PLC0415
+    from nvrx_eks.training import api  # noqa: PLC0415
+    from nvrx_eks.training.data import DataSource, SyntheticTokens  # noqa: PLC0415
+    from nvrx_eks.training.model import PRESETS, build_model  # noqa: PLC0415
 
     shape = PRESETS[model_name]
     times: list[float] = []
@@ -106,7 +106,7 @@ def _parts() -> dict[str, float]:
     """Microseconds per call of the API's per-step work, each timed alone."""
     import torch  # noqa: PLC0415
 
-    from training import api  # noqa: PLC0415
+    from nvrx_eks.training import api  # noqa: PLC0415
 
     tensor = torch.ones(1)
     number = 2000
@@ -156,10 +156,10 @@ def print_bench(result: dict[str, Any]) -> None:
 
 
 def _reference_intervals(source: Path, run_dir: Path, steps: int) -> list[float]:
-    """Seconds between consecutive steps of `python -m training` run from the tree at `source`."""
+    """Seconds between consecutive steps of `python -m nvrx_eks.training` run from the tree at `source`."""
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT"}}
     env |= {"PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "training", "--steps", str(steps), "--run-dir", str(run_dir)]
+    argv = [sys.executable, "-m", "nvrx_eks.training", "--steps", str(steps), "--run-dir", str(run_dir)]
     subprocess.run(
         [*argv, "--log-every", str(steps)],
         cwd=run_dir.parent,

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.events import read_events
+from nvrx_eks.training.events import read_events
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from k8s.values import JobValues
-    from localrun.executor import JobResult
-    from localrun.runtimes import Runtime
+    from nvrx_eks.k8s.values import JobValues
+    from nvrx_eks.localrun.executor import JobResult
+    from nvrx_eks.localrun.runtimes import Runtime
 
 _TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
 
@@ -37,8 +37,8 @@ class ChaosResult:
 
 def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
     """The local folder behind the trainer's `--run-dir` for a job the executor ran in `run_dir`."""
-    from k8s.trainer_args import chart_owned_fields  # noqa: PLC0415
-    from localrun.executor import pvc_folder  # noqa: PLC0415
+    from nvrx_eks.k8s.trainer_args import chart_owned_fields  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import pvc_folder  # noqa: PLC0415
 
     mount = values.storage.fsx_mount_path.rstrip("/")
     inside = chart_owned_fields(values)["run_dir"].removeprefix(mount).lstrip("/")
@@ -86,8 +86,8 @@ def run_job(
     `runtime`: how each container runs (localrun/runtimes.py; default: processes)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-    from k8s.job_chart import render  # noqa: PLC0415
-    from localrun.executor import run_local  # noqa: PLC0415
+    from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import run_local  # noqa: PLC0415
 
     dist = run_dir / "dist"
     render(values, str(dist))
@@ -170,7 +170,7 @@ def fault_free_sha256(
     values: JobValues, *, cache_dir: Path, run_dir: Path, console: Console, timeout_s: float = 600.0
 ) -> str | None:
     """The fault-free run's final-parameter hash: from the cache, else by running it once."""
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     key = fault_free_key(values)
     cached = cache_dir / f"fault-free-{key}.json"

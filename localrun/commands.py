@@ -8,14 +8,19 @@ from typing import Annotated
 
 import typer
 
-from kitcore import paths
-from localrun.api_bench import DEFAULT_BLOCKS as API_BLOCKS
-from localrun.api_bench import DEFAULT_STEPS as API_STEPS
-from localrun.checkpoint_bench import commands as checkpoint_bench_commands
-from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
-from localrun.scale_bench import DEFAULT_STEPS as SCALE_STEPS
-from localrun.scale_bench import PLAN as SCALE_PLAN
-from localrun.store_bench import DEFAULT_AGENTS, DEFAULT_BARRIER_CLIENTS, DEFAULT_BARRIER_SIMS, RESTART_ROUNDS
+from nvrx_eks.kitcore import paths
+from nvrx_eks.localrun.api_bench import DEFAULT_BLOCKS as API_BLOCKS
+from nvrx_eks.localrun.api_bench import DEFAULT_STEPS as API_STEPS
+from nvrx_eks.localrun.checkpoint_bench import commands as checkpoint_bench_commands
+from nvrx_eks.localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+from nvrx_eks.localrun.scale_bench import DEFAULT_STEPS as SCALE_STEPS
+from nvrx_eks.localrun.scale_bench import PLAN as SCALE_PLAN
+from nvrx_eks.localrun.store_bench import (
+    DEFAULT_AGENTS,
+    DEFAULT_BARRIER_CLIENTS,
+    DEFAULT_BARRIER_SIMS,
+    RESTART_ROUNDS,
+)
 
 LocalValues = Annotated[
     Path,
@@ -47,7 +52,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         ] = False,
     ) -> None:
         """The kit end to end on this machine: synth, render, chaos run with every fault class, report."""
-        from localrun.demo import demo  # noqa: PLC0415
+        from nvrx_eks.localrun.demo import demo  # noqa: PLC0415
 
         code = demo(
             values_path=values_file,
@@ -88,7 +93,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         runs_root: RunsRoot = Path("runs"),
     ) -> None:
         """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
-        from localrun.peer_bench import run_peer_bench  # noqa: PLC0415
+        from nvrx_eks.localrun.peer_bench import run_peer_bench  # noqa: PLC0415
 
         kwargs = {"modes": tuple(modes)} if modes else {}
         run_peer_bench(
@@ -131,7 +136,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
     ) -> None:
         """Recovery against node count: an exception, a SIGKILL, a node loss and a store loss at each
         size, phase by phase; writes the rows as JSON and a PNG of recovery by phase against nodes."""
-        from localrun.scale_bench import parse_nodes, run_scale_bench  # noqa: PLC0415
+        from nvrx_eks.localrun.scale_bench import parse_nodes, run_scale_bench  # noqa: PLC0415
 
         run_scale_bench(
             values_path=values_file,
@@ -184,7 +189,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         Deployment's process; prints where the barrier's time goes (the store's loop or the clients)."""
         import time  # noqa: PLC0415
 
-        from localrun.store_bench import ROUND_GOAL_S, parse_sims, run_store_bench  # noqa: PLC0415
+        from nvrx_eks.localrun.store_bench import ROUND_GOAL_S, parse_sims, run_store_bench  # noqa: PLC0415
 
         document = run_store_bench(
             agents=agents or list(DEFAULT_AGENTS),
@@ -258,9 +263,9 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
     ) -> None:
         """Run a rendered job as local processes, or each pod's containers in podman (the executor plays
         the Job controller)."""
-        from kitcore.configio import UserError  # noqa: PLC0415
-        from localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
-        from localrun.runtimes import Podman, Processes, Runtime  # noqa: PLC0415
+        from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+        from nvrx_eks.localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
+        from nvrx_eks.localrun.runtimes import Podman, Processes, Runtime  # noqa: PLC0415
 
         runtimes: dict[str, Runtime] = {
             "processes": Processes(),
@@ -300,7 +305,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         ],
     ) -> None:
         """Write RUN_DIR/report.html: fault table, totals, timeline and bit-identity verdict, one page."""
-        from localrun.report import report_run  # noqa: PLC0415 - keeps the CLI import light
+        from nvrx_eks.localrun.report import report_run  # noqa: PLC0415 - keeps the CLI import light
 
         print(report_run(run_dir))
 
@@ -322,7 +327,7 @@ def _register_bench_api(bench: typer.Typer) -> None:
     ) -> None:
         """The public API's cost per step against the same loop in plain PyTorch, or the reference
         trainer's against a git revision (localrun/api_bench.py)."""
-        from localrun.api_bench import bench_against, bench_api, print_against, print_bench  # noqa: PLC0415
+        from nvrx_eks.localrun.api_bench import bench_against, bench_api, print_against, print_bench  # noqa: PLC0415
 
         if against:
             print_against(bench_against(against, steps=max(steps, 40), repeats=blocks))

@@ -40,17 +40,17 @@ def demo(
     timeout_s: float = 600.0,
 ) -> int:
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
-    from k8s.load import load_values  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
-    from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from localrun.report import (  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.report import (  # noqa: PLC0415
         plot_timeline,
         print_report,
         summary_document,
         write_html_report,
         write_summary,
     )
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     console = make_console()
     started = time.monotonic()
@@ -69,7 +69,7 @@ def demo(
     if skip_synth:
         console.print("skipped (--skip-synth)")
     else:
-        from infra.app import synth_summary  # noqa: PLC0415
+        from nvrx_eks.infra.app import synth_summary  # noqa: PLC0415
 
         console.print(synth_summary(cluster_config, ()))
 

@@ -85,17 +85,17 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from k8s.names import CLUSTER_CA_CONFIG_MAP
-from k8s.termination import failure_cause, log_tail
-from kitcore.configio import UserError, read_yaml_documents
-from localrun.node_api import LOOPBACK, LocalApiServer
-from localrun.runtimes import Processes
-from training.checkpoint.domains import NETWORK_NODE_LABELS
+from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP
+from nvrx_eks.k8s.termination import failure_cause, log_tail
+from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
+from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
+from nvrx_eks.localrun.runtimes import Processes
+from nvrx_eks.training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from localrun.runtimes import Runtime
+    from nvrx_eks.localrun.runtimes import Runtime
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"

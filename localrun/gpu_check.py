@@ -80,8 +80,8 @@ def _d2h_bandwidth(nbytes: int) -> float:
 def _staging_stall(workdir: Path) -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
-    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     per = int(STAGING_STATE_GB * 1e9) // 4 // 8
     state = {"model": {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}, "data": {"step": 0}}
@@ -168,7 +168,7 @@ def _nvrx_rows(workdir: Path) -> dict[str, Any]:
         LocalCheckpointManager,
     )
 
-    from localrun.checkpoint_bench.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
+    from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
 
     state, nbytes = _gpu_state(NVRX_STATE_GB)
     floor_s = nbytes / _d2h_bandwidth(nbytes)
@@ -247,14 +247,14 @@ def _nvrx_rows_in_tmpfs() -> dict[str, Any]:
 
 
 def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     cmd = [
         str(Path(sys.executable).parent / "torchrun"),
         "--standalone",
         "--nproc-per-node=1",
         "-m",
-        "training",
+        "nvrx_eks.training",
         "--dist-device",
         "cuda",
         "--mode",

@@ -43,7 +43,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from images.build import (
+from nvrx_eks.images.build import (
     DOCKERFILE,
     LOCK_FILE,
     REPO_ROOT,
@@ -54,8 +54,8 @@ from images.build import (
     locked_versions,
     store_build_args,
 )
-from kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
-from localrun.runtimes import RUNC, ULIMITS
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
+from nvrx_eks.localrun.runtimes import RUNC, ULIMITS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -416,13 +416,13 @@ def _left_in_shm() -> set[str]:
 def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
     """The demo's job and fault plan with every pod a container (the executor's podman runtime), against
     the same job fault-free as processes (the demo's cached reference, run once if missing)."""
-    from k8s.load import load_values  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
-    from localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
-    from localrun.report import summary_document  # noqa: PLC0415
-    from localrun.runtimes import Podman  # noqa: PLC0415
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
+    from nvrx_eks.localrun.report import summary_document  # noqa: PLC0415
+    from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     console = make_console()
     plan = ",".join(DEMO_FAULTS)
@@ -488,8 +488,13 @@ def check_images(
 
         return ok
 
-    store_modules = ["training.control", "torch.distributed"]
-    trainer_modules = ["training", "training.launch", "training.selfcheck", "nvidia_resiliency_ext"]
+    store_modules = ["nvrx_eks.training.control", "torch.distributed"]
+    trainer_modules = [
+        "nvrx_eks.training",
+        "nvrx_eks.training.launch",
+        "nvrx_eks.training.selfcheck",
+        "nvidia_resiliency_ext",
+    ]
     for built, kind, container, uid, modules in (
         (store, "store", "store", STORE_UID, store_modules),
         (trainer, "trainer", "trainer", IMAGE.trainer_uid, trainer_modules),

@@ -76,7 +76,7 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 def needs_gpu(expr: str) -> bool:
     """Whether the query reads the DCGM exporter, which runs only on a GPU node."""
-    from k8s.observability import DCGM_EXPORTER_METRICS  # noqa: PLC0415
+    from nvrx_eks.k8s.observability import DCGM_EXPORTER_METRICS  # noqa: PLC0415
 
     return any(re.search(rf"\b{name}\b", expr) for name in DCGM_EXPORTER_METRICS)
 
@@ -94,7 +94,7 @@ class Prometheus:
     """A Prometheus process on loopback with its own config and store, for the life of a `with`."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], rules: dict[str, Any]) -> None:
-        from localrun.executor import free_port  # noqa: PLC0415
+        from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
         self.workdir = workdir
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -219,7 +219,7 @@ class PodDiscovery:
                 self._write()
 
     def _targets(self) -> list[dict[str, Any]]:
-        from k8s.observability import meta_label  # noqa: PLC0415
+        from nvrx_eks.k8s.observability import meta_label  # noqa: PLC0415
 
         if self._template is None:
             return []
@@ -262,7 +262,7 @@ class PodDiscovery:
 
 def prometheus_config(pod_monitor: dict[str, Any], targets_file: Path) -> dict[str, Any]:
     """Prometheus's config: the PodMonitor's scrape configurations, discovering from `targets_file`."""
-    from k8s.observability import scrape_configs  # noqa: PLC0415
+    from nvrx_eks.k8s.observability import scrape_configs  # noqa: PLC0415
 
     interval = f"{SCRAPE_INTERVAL_S}s"
     configs = [
@@ -278,7 +278,7 @@ def prometheus_config(pod_monitor: dict[str, Any], targets_file: Path) -> dict[s
 
 def run_promtool_tests(rules: dict[str, Any], workdir: Path) -> tuple[bool, int, str]:
     """`promtool test rules` on the alert rules' unit tests; (passed, tests, output)."""
-    from k8s.alerts import RULES_FILE, RULES_TEST  # noqa: PLC0415
+    from nvrx_eks.k8s.alerts import RULES_FILE, RULES_TEST  # noqa: PLC0415
 
     folder = workdir / "promtool"
     folder.mkdir(parents=True, exist_ok=True)
@@ -312,7 +312,7 @@ def evaluate_dashboard(
     prometheus: Prometheus, *, namespace: str, start: float, end: float
 ) -> tuple[list[QueryResult], int]:
     """Every trainer query of every shipped dashboard over [start, end]; and how many need a GPU."""
-    from k8s.observability import dashboards  # noqa: PLC0415
+    from nvrx_eks.k8s.observability import dashboards  # noqa: PLC0415
 
     range_s = max(1, round(end - start))
     # Grafana's $__rate_interval: max(4 x scrape interval, query step + scrape interval).
@@ -384,10 +384,10 @@ def observe_check(*, console: Console, workdir: Path | None = None, timeout_s: f
 
 
 def _run(console: Console, work: Path, *, timeout_s: float) -> Findings:
-    from k8s.load import load_values  # noqa: PLC0415
-    from k8s.observability import monitoring_objects  # noqa: PLC0415
-    from localrun.chaos import run_job  # noqa: PLC0415
-    from localrun.executor import free_port  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.observability import monitoring_objects  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     values = load_values(
         VALUES,
@@ -490,7 +490,7 @@ def report(console: Console, found: Findings) -> bool:
 
 
 def main() -> None:
-    from kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     sys.exit(observe_check(console=make_console()))
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kitcore.runtime import runtime_versions
+from nvrx_eks.kitcore.runtime import runtime_versions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -137,7 +137,7 @@ def _scenario(steps: int, device_step_s: float, fault_seed: int, mix: str) -> di
 
 
 def _seed_of(mix: str, fault_seed: int | None) -> int:
-    from kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
     if mix not in FAULT_MIXES:
         raise UserError(f"--mix {mix!r}: choose one of {', '.join(FAULT_MIXES)}")
@@ -156,11 +156,11 @@ def run_peer_bench(
     timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
     """Run each mode one after another; print the comparison; write and return peer.json."""
-    from k8s.load import load_values  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
-    from localrun.chaos import run_job  # noqa: PLC0415
-    from localrun.report import print_phases  # noqa: PLC0415
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.report import print_phases  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     console = make_console()
     fault_seed = _seed_of(mix, fault_seed)

@@ -1,6 +1,6 @@
 """Where a recovery's seconds went, from the trainer's own event streams (training/events.py).
 
-`python -m localrun.phases RUN [RUN ...]` prints, per fault, the seconds from the fault to each
+`python -m nvrx_eks.localrun.phases RUN [RUN ...]` prints, per fault, the seconds from the fault to each
 milestone of its recovery, every one the *last* rank's (the job is only as far as its slowest rank):
 
 - detect: the first `detected` (in-process) or `terminated` (launcher stopping a worker) event;
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.events import read_events
+from nvrx_eks.training.events import read_events
 
 MILESTONES = ("detect", "gone", "spawn", "start", "ready", "restore", "step")
 

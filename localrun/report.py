@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kitcore.configio import UserError, read_json, validate_file
-from kitcore.runtime import runtime_versions
-from training.events import read_events
+from nvrx_eks.kitcore.configio import UserError, read_json, validate_file
+from nvrx_eks.kitcore.runtime import runtime_versions
+from nvrx_eks.training.events import read_events
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from training.metrics import RunSummary
+    from nvrx_eks.training.metrics import RunSummary
 
 # The keys other tools read from summary.json (issue: "summary.json keys").
 SUMMARY_KEYS = (
@@ -606,7 +606,7 @@ def report_run(run_dir: Path) -> Path:
         document = read_json(summary, what=what)
         validate_file(_SummaryShape, document, summary, what=what)
     else:
-        from training.metrics import summarize  # noqa: PLC0415
+        from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
         document = summary_document(summarize(trainer_dir), fault_free_sha256=None)
     return write_html_report(run_dir, document, trainer_dir)

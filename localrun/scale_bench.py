@@ -22,9 +22,9 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
-from kitcore.runtime import runtime_versions
-from localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.runtime import runtime_versions
+from nvrx_eks.localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from rich.table import Table
 
-    from training.metrics import FaultSummary
+    from nvrx_eks.training.metrics import FaultSummary
 
 DEFAULT_NODES = (2, 4, 8)
 DEFAULT_STEPS = 50
@@ -144,12 +144,12 @@ def run_scale_bench(
     timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """Run each size one after another; print the table; write the JSON and the PNG beside it."""
-    from k8s.load import load_values  # noqa: PLC0415
-    from k8s.trainer_args import check_trainer_args  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
-    from localrun.chaos import run_job  # noqa: PLC0415
-    from localrun.report import print_phases  # noqa: PLC0415
-    from training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.trainer_args import check_trainer_args  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.report import print_phases  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
 
     console = make_console()
     bench_dir = (runs_root / time.strftime("scale-%Y%m%d-%H%M%S")).resolve()
@@ -238,7 +238,7 @@ def scale_table(rows: Sequence[dict[str, Any]], *, steps: int, device_step_s: fl
     """A row per fault per size: recovery, its phases, steps lost, the layer and whether it recovered."""
     from rich.table import Table  # noqa: PLC0415
 
-    from localrun.report import PHASE_COLUMNS  # noqa: PLC0415
+    from nvrx_eks.localrun.report import PHASE_COLUMNS  # noqa: PLC0415
 
     table = Table(
         title=f"Recovery against nodes (1 CPU rank each): {steps} steps, {device_step_s:g} s emulated "
@@ -276,7 +276,7 @@ def plot_scale(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.patches import Patch  # noqa: PLC0415
 
-    from localrun.report import PHASE_NAMES  # noqa: PLC0415
+    from nvrx_eks.localrun.report import PHASE_NAMES  # noqa: PLC0415
 
     sizes = sorted({r["nodes"] for r in rows})
     classes = [cls for cls, _, _ in PLAN]

@@ -1,6 +1,7 @@
 """`nvrx-eks bench store`: the rendezvous store under load, on loopback.
 
-The store is the process the store Deployment runs: `python -m training.control` with the command line
+The store is the process the store Deployment runs: `python -m nvrx_eks.training.control` with the command
+line
 k8s/launcher.py `control_command` renders (NVRx's control process: it hosts the TCPStore and closes every
 rendezvous round). Against it:
 
@@ -46,8 +47,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
-from kitcore.runtime import runtime_versions
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.runtime import runtime_versions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -109,8 +110,8 @@ class _Store:
     """The store Deployment's process, on a free loopback port; ended (SIGTERM, then SIGKILL) on exit."""
 
     def __init__(self, *, nodes: int, log: Path) -> None:
-        from k8s.launcher import control_command  # noqa: PLC0415
-        from k8s.load import load_values  # noqa: PLC0415
+        from nvrx_eks.k8s.launcher import control_command  # noqa: PLC0415
+        from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
         self.port = _free_port()
         values = load_values(_VALUES, [f"num_nodes={nodes}"])
@@ -166,7 +167,7 @@ class _Agents:
         from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
         from nvidia_resiliency_ext.shared_utils.log_manager import LogConfig  # noqa: PLC0415
 
-        from training.resilience.nvrx_compat import poll_rendezvous_faster  # noqa: PLC0415
+        from nvrx_eks.training.resilience.nvrx_compat import poll_rendezvous_faster  # noqa: PLC0415
 
         # Each real agent logs on its own node; thousands of them writing one process's stderr would
         # time this process's logging, not the store. The store's own log stays as deployed.
@@ -386,7 +387,7 @@ def _thread_cpu(pid: int) -> dict[int, float]:
 
 
 def _client_worker(port: int, key: str, count: int, world: int, threads: int, deadline_s: float) -> None:
-    """A process of simulated clients (`python -m localrun.store_bench`), one step per line on stdin,
+    """A process of simulated clients (`python -m nvrx_eks.localrun.store_bench`), one step per line on stdin,
     one JSON line on stdout after each: import torch (while the store starts), connect, run the barrier
     and report the stamps and this process's CPU."""
     import resource  # noqa: PLC0415
@@ -484,7 +485,7 @@ def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: floa
                 ]
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "localrun.store_bench", *argv],
+                        [sys.executable, "-m", "nvrx_eks.localrun.store_bench", *argv],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=log,
@@ -599,7 +600,7 @@ def run_store_bench(
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every agent count, then the barrier once per client simulation; prints tables, writes --json-out."""
-    from kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     sims = list(DEFAULT_BARRIER_SIMS) if barrier_sims is None else barrier_sims
     check_limits(max([*agents, barrier_clients]))

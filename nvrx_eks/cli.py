@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from kitcore.configio import exit_on_user_error
+from nvrx_eks.kitcore.configio import exit_on_user_error
 from nvrx_eks.node import use_pinned_node
 
 app = typer.Typer(
@@ -32,12 +32,12 @@ app.add_typer(bench_app, name="bench")
 
 def _register_all() -> None:
     # Imported here so `nvrx-eks --help` stays fast: each module imports its heavy libraries lazily.
-    from images import commands as image_commands  # noqa: PLC0415
-    from infra import commands as infra_commands  # noqa: PLC0415
-    from infra.ops import commands as ops_commands  # noqa: PLC0415
-    from k8s import commands as k8s_commands  # noqa: PLC0415
-    from localrun import commands as localrun_commands  # noqa: PLC0415
-    from planner import commands as planner_commands  # noqa: PLC0415
+    from nvrx_eks.images import commands as image_commands  # noqa: PLC0415
+    from nvrx_eks.infra import commands as infra_commands  # noqa: PLC0415
+    from nvrx_eks.infra.ops import commands as ops_commands  # noqa: PLC0415
+    from nvrx_eks.k8s import commands as k8s_commands  # noqa: PLC0415
+    from nvrx_eks.localrun import commands as localrun_commands  # noqa: PLC0415
+    from nvrx_eks.planner import commands as planner_commands  # noqa: PLC0415
 
     infra_commands.register(app=app, bench=bench_app)
     ops_commands.register(app=app, job=job_app)

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kitcore.configio import UserError, read_json, validate_file
-from planner.config import PLAN_NAME_MAX
+from nvrx_eks.kitcore.configio import UserError, read_json, validate_file
+from nvrx_eks.planner.config import PLAN_NAME_MAX
 
 if TYPE_CHECKING:
     from pathlib import Path

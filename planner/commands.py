@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kitcore import paths
+from nvrx_eks.kitcore import paths
 
 if TYPE_CHECKING:
-    from planner.calibrate import Calibration
-    from planner.config import Mode, Plan
-    from planner.model import Projection
+    from nvrx_eks.planner.calibrate import Calibration
+    from nvrx_eks.planner.config import Mode, Plan
+    from nvrx_eks.planner.model import Projection
 
 # Job values' mode -> the plan's mode (k8s/values.py Mode; `both` is the kit's default).
 VALUES_MODES: dict[str, str] = {
@@ -30,9 +30,15 @@ def load_plan(
     """The validated plan, the fields the user gave (file + --set), and the calibration if any."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from kitcore.configio import UserError, describe_validation_error, merge, parse_overrides, read_yaml  # noqa: PLC0415
-    from planner.calibrate import calibrate  # noqa: PLC0415
-    from planner.config import Plan  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import (  # noqa: PLC0415
+        UserError,
+        describe_validation_error,
+        merge,
+        parse_overrides,
+        read_yaml,
+    )
+    from nvrx_eks.planner.calibrate import calibrate  # noqa: PLC0415
+    from nvrx_eks.planner.config import Plan  # noqa: PLC0415
 
     given = merge(read_yaml(path) if path is not None else {}, parse_overrides(overrides))
     cal = calibrate(run_dir) if run_dir is not None else None
@@ -85,7 +91,7 @@ def _plain(node: Any) -> Any:  # noqa: ANN401 - a ruamel tree
 def _load_values_doc(values_path: Path, yaml: Any) -> Any:  # noqa: ANN401 - ruamel tree
     from ruamel.yaml.error import YAMLError  # noqa: PLC0415
 
-    from kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
     try:
         doc = yaml.load(values_path.read_text())
@@ -105,9 +111,9 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     from pydantic import ValidationError  # noqa: PLC0415
     from ruamel.yaml import CommentedMap  # noqa: PLC0415
 
-    from k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
-    from k8s.values import JobValues  # noqa: PLC0415
-    from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
+    from nvrx_eks.k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
+    from nvrx_eks.k8s.values import JobValues  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     yaml = _roundtrip_yaml()
     doc = _load_values_doc(values_path, yaml)
@@ -206,10 +212,10 @@ def register(*, app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
-        from kitcore.console import make_console  # noqa: PLC0415
-        from planner import report  # noqa: PLC0415
-        from planner.model import project_all  # noqa: PLC0415
-        from planner.simulate import simulate as run_sim  # noqa: PLC0415
+        from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+        from nvrx_eks.planner import report  # noqa: PLC0415
+        from nvrx_eks.planner.model import project_all  # noqa: PLC0415
+        from nvrx_eks.planner.simulate import simulate as run_sim  # noqa: PLC0415
 
         plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
         projection = project_all(plan)

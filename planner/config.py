@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kitcore.configio import UserError
-from kitcore.profiles import InstanceProfile, get_profile
-from training.resilience.config import FaultClass
-from training.shapes import PRESETS, ModelShape
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.resilience.config import FaultClass
+from nvrx_eks.training.shapes import PRESETS, ModelShape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

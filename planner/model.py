@@ -54,7 +54,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from planner.config import (
+from nvrx_eks.planner.config import (
     MODES,
     SECONDS_PER_DAY,
     TIERS,

@@ -10,8 +10,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from planner.config import MODES, SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Mode, Plan, TierName
-from planner.model import KINDS, ModeResult, Projection, evaluate, project
+from nvrx_eks.planner.config import MODES, SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Mode, Plan, TierName
+from nvrx_eks.planner.model import KINDS, ModeResult, Projection, evaluate, project
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from planner.calibrate import ScaleFit
-    from planner.simulate import SimResult
+    from nvrx_eks.planner.calibrate import ScaleFit
+    from nvrx_eks.planner.simulate import SimResult
 
 # Where a default comes from when neither the plan file nor a measurement set the field.
 DEFAULT_SOURCES = {

@@ -25,13 +25,13 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner.config import SECONDS_PER_DAY, TIERS, FaultKind, Mode, Plan, TierName, fault_kind
-from planner.model import layer_recovery_s, route, tier_costs
+from nvrx_eks.planner.config import SECONDS_PER_DAY, TIERS, FaultKind, Mode, Plan, TierName, fault_kind
+from nvrx_eks.planner.model import layer_recovery_s, route, tier_costs
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from planner.model import TierCosts
+    from nvrx_eks.planner.model import TierCosts
 
 
 @dataclass(frozen=True)

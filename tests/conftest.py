@@ -14,7 +14,7 @@ from nvrx_eks.node import use_pinned_node
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from localrun.executor import JobResult
+    from nvrx_eks.localrun.executor import JobResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,10 +83,10 @@ class LocalJobRunner:
         must_succeed: bool = True,
     ) -> tuple[JobResult, Path]:
         """(the executor's result, the trainer's events folder); never leaves a process behind."""
-        from k8s.job_chart import render  # noqa: PLC0415 - heavy imports, only in the tests that run jobs
-        from k8s.load import load_values  # noqa: PLC0415
-        from localrun.chaos import trainer_run_dir  # noqa: PLC0415
-        from localrun.executor import marked_processes, run_local  # noqa: PLC0415
+        from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415 - heavy imports, only in the tests that run jobs
+        from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+        from nvrx_eks.localrun.chaos import trainer_run_dir  # noqa: PLC0415
+        from nvrx_eks.localrun.executor import marked_processes, run_local  # noqa: PLC0415
 
         values = load_values(self.values, overrides)
         render(values, str(run_dir / "dist"))

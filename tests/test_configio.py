@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from kitcore.configio import UserError, load_model, parse_overrides, read_yaml
+from nvrx_eks.kitcore.configio import UserError, load_model, parse_overrides, read_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_VALUES = REPO / "k8s" / "values" / "local-cpu.yaml"
@@ -118,7 +118,7 @@ def test_every_cli_reports_a_bad_override_as_one_message(command, tmp_path):
 
 
 def test_trainer_flags_report_a_bad_value_as_one_message():
-    proc = _cli("-m", "training", "--faults-weights", "{exception: 0.6", timeout=60)
+    proc = _cli("-m", "nvrx_eks.training", "--faults-weights", "{exception: 0.6", timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "faults.weights" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -136,7 +136,7 @@ def test_values_and_config_files_that_cannot_be_read(case, tmp_path):
         # The error as one line: typer's error box (a path refused while parsing) and its wrapping removed.
         assert message in re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", proc.stderr))
         assert "Traceback" not in proc.stderr
-    proc = _cli("-m", "training", "--config", str(path), timeout=60)
+    proc = _cli("-m", "nvrx_eks.training", "--config", str(path), timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     # `values -o FILE` updates an existing values file: read (and refused) before any AWS call.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from kitcore.console import make_console
+from nvrx_eks.kitcore.console import make_console
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
@@ -68,9 +68,9 @@ def test_plan_into_a_pipe_cuts_no_cell(nvrx_eks, tmp_path):
 
 _PRINT_TABLES = """
 import json, sys
-from kitcore.console import make_console
-from localrun.peer_bench import comparison_table
-from localrun.report import print_report
+from nvrx_eks.kitcore.console import make_console
+from nvrx_eks.localrun.peer_bench import comparison_table
+from nvrx_eks.localrun.report import print_report
 document = json.loads(sys.stdin.read())
 console = make_console()
 table = comparison_table(document["modes"], steps=400, device_step_s=1.0, fault_seed=50, mix="hardware")

@@ -1,7 +1,8 @@
 """The kit's layers import one way and nothing imports in a circle (pyproject `[tool.importlinter]`).
 
-The contracts are import-linter's, run as users and CI run them; the second test proves they bite by
-running them on a copy of the tree with one upward import and one cycle added.
+The contracts are import-linter's, run as `make check` runs them (tools/lint_imports.py: over the kit laid
+out as installed, one package nvrx_eks); the second test proves they bite by running them on a copy of
+the tree with one upward import and one cycle added.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache", str(root / "pyproject.toml")],
+        [sys.executable, str(REPO / "tools" / "lint_imports.py"), str(root)],
         cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": str(LINT_IMPORTS.parent)},
+        env={"PATH": str(Path(sys.executable).parent)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -40,13 +40,17 @@ def test_layers_and_no_cycles_hold_on_the_tree() -> None:
     ("module", "line", "expected"),
     [
         # The trainer must ship without the cluster package.
-        ("training/config.py", "import infra.config", "training.config -> infra.config"),
+        ("training/config.py", "import nvrx_eks.infra.config", "training.config -> nvrx_eks.infra.config"),
         # The reference trainer reaches the kit through the public API only, as a user's script does.
-        ("training/trainer.py", "import training.checkpoint.base", "training.trainer -> training.checkpoint"),
+        (
+            "training/trainer.py",
+            "import nvrx_eks.training.checkpoint.base",
+            "training.trainer -> nvrx_eks.training.checkpoint",
+        ),
         # A type-only import still couples the modules: the charts' values must not know the launcher.
         (
             "k8s/values.py",
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import k8s.launcher",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import nvrx_eks.k8s.launcher",
             ".values -> .launcher",
         ),
     ],

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import ClusterConfig
-from k8s.load import load_values
-from kitcore.configio import UserError, load_model
+from nvrx_eks.infra.config import ClusterConfig
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "infra" / "configs" / "default.yaml"

@@ -1,7 +1,7 @@
 """What a rank runs, and all the training image ships besides kitcore/.
 
 - api.py: the public API any training script uses (docs/your-script.md); everything below is behind it.
-- The reference trainer, its first client: `python -m training` (__main__.py, trainer.py, config.py,
+- The reference trainer, its first client: `python -m nvrx_eks.training` (__main__.py, trainer.py, config.py,
   model.py, data.py, shapes.py); it imports nothing of the kit but api.py (an import contract).
 - What the API composes: the parallel layout, metrics, events and injected faults; entry.py runs a
   script of your own in a launcher's worker.

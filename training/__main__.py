@@ -1,19 +1,19 @@
-"""`python -m training`: parse, build, run (the loop itself is training/trainer.py)."""
+"""`python -m nvrx_eks.training`: parse, build, run (the loop itself is training/trainer.py)."""
 
 from __future__ import annotations
 
 import sys
 
-from kitcore.configio import exit_on_user_error
-from training.config import parse_args
+from nvrx_eks.kitcore.configio import exit_on_user_error
+from nvrx_eks.training.config import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
     with exit_on_user_error():
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     # torch loads only once the config is valid: a bad flag is answered at once.
-    from training import api as kit  # noqa: PLC0415
-    from training.trainer import ReferenceTrainer  # noqa: PLC0415
+    from nvrx_eks.training import api as kit  # noqa: PLC0415
+    from nvrx_eks.training.trainer import ReferenceTrainer  # noqa: PLC0415
 
     trainer = ReferenceTrainer(cfg)
     job = kit.Job(

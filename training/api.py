@@ -4,7 +4,7 @@ A training script -- the reference trainer (training/trainer.py) or a user's own
 of the kit through two objects: a `Job`, built once per process, and the `Attempt` it hands to the
 script's training function each time it (re)starts it::
 
-    from training import api as kit
+    from nvrx_eks.training import api as kit
 
     def train(attempt: kit.Attempt) -> None:
         model = attempt.data_parallel(build_model())   # instead of DistributedDataParallel(model)
@@ -65,21 +65,26 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from kitcore.configio import UserError, exit_on_user_error
-from training import parallel
-from training.events import EventLog, imported_since_fork, process_created_at
-from training.faults import FaultInjector, InjectedFaultError, build_schedule
-from training.inputs import check_runtime_inputs
-from training.metrics import Metrics, checkpoint_intervals
-from training.resilience.config import CONFIG_ENV, ResilienceConfig, check_fault_plan, resilience_config
-from training.resilience.layers import for_mode, install_termination_handler
+from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
+from nvrx_eks.training import parallel
+from nvrx_eks.training.events import EventLog, imported_since_fork, process_created_at
+from nvrx_eks.training.faults import FaultInjector, InjectedFaultError, build_schedule
+from nvrx_eks.training.inputs import check_runtime_inputs
+from nvrx_eks.training.metrics import Metrics, checkpoint_intervals
+from nvrx_eks.training.resilience.config import (
+    CONFIG_ENV,
+    ResilienceConfig,
+    check_fault_plan,
+    resilience_config,
+)
+from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
-    from training.checkpoint.base import Checkpointer
-    from training.parallel import World
-    from training.resilience.layers import Resilience
+    from nvrx_eks.training.checkpoint.base import Checkpointer
+    from nvrx_eks.training.parallel import World
+    from nvrx_eks.training.resilience.layers import Resilience
 
 __all__ = [
     "CONFIG_ENV",
@@ -284,7 +289,7 @@ class _Process:
 def _make_checkpointer(cfg: ResilienceConfig, world: World, events: EventLog) -> Checkpointer:
     """The configured checkpointer. No fallback: a tier that cannot start fails the rank with its error,
     never a silent downgrade to a slower implementation."""
-    from training.checkpoint import build_checkpointer  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint import build_checkpointer  # noqa: PLC0415
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         events.emit(kind if kind.startswith("checkpoint") else f"checkpoint_{kind}", **fields)

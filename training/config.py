@@ -2,7 +2,7 @@
 
 `TrainConfig` is the kit's `ResilienceConfig` (training/resilience/config.py) and the reference
 trainer's own fields (model preset, steps, data, optimizer).
-`python -m training [--config FILE] [--FLAG VALUE ...]`: every field of `TrainConfig` (nested
+`python -m nvrx_eks.training [--config FILE] [--FLAG VALUE ...]`: every field of `TrainConfig` (nested
 sections included) is a flag, generated from the model so the two never drift: `--steps`,
 `--run-dir`, `--inprocess-soft-timeout-s`, `--faults-plan`, ... `--help` lists each with its
 description and default. A YAML file gives the same fields as a tree; flags override it. Bad input is
@@ -17,9 +17,9 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kitcore.configio import UserError, load_model
-from training.resilience.config import ResilienceConfig, check_fault_plan
-from training.shapes import PRESETS
+from nvrx_eks.kitcore.configio import UserError, load_model
+from nvrx_eks.training.resilience.config import ResilienceConfig, check_fault_plan
+from nvrx_eks.training.shapes import PRESETS
 
 
 class _Section(BaseModel):
@@ -95,12 +95,12 @@ def _describe(field: Any) -> str:  # noqa: ANN401
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # type: ignore[override]  # noqa: ANN401
         # One message and exit 2 through UserError, like every other bad input.
-        raise UserError(f"{message} (run `python -m training --help` for every flag)")
+        raise UserError(f"{message} (run `python -m nvrx_eks.training --help` for every flag)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m training",
+        prog="python -m nvrx_eks.training",
         description="Reference trainer: Llama-style decoder with NVRx in-process and in-job restart.",
         epilog="Values are parsed as YAML scalars (lists and mappings too: --faults-weights "
         "'{exception: 0.6, hang: 0.4}'). A --config file gives the same fields as a tree; flags win.",

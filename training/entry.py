@@ -16,7 +16,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from kitcore.configio import UserError, exit_on_user_error
+from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
 
 USAGE = "training/entry.py (--module MODULE | --script PATH) [ARGS...]"
 

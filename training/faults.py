@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from kitcore.configio import UserError
-from training.resilience.config import PLAN_ITEM, FaultsConfig, Mode
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.resilience.config import PLAN_ITEM, FaultsConfig, Mode
 
 if TYPE_CHECKING:
-    from training.events import EventLog
+    from nvrx_eks.training.events import EventLog
 
 SOFT = frozenset({"exception", "hang", "skip_collective", "oom"})
 CHAOS_DIR_ENV = "NVRX_EKS_CHAOS_DIR"

@@ -17,13 +17,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitcore.configio import UserError
-from kitcore.paths import name_problem, path_problem
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.paths import name_problem, path_problem
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from training.resilience.config import ResilienceConfig
+    from nvrx_eks.training.resilience.config import ResilienceConfig
 
 MAX_PORT = 65535
 
@@ -197,8 +197,9 @@ def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
         # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).
         problems.append(
             f"mode {cfg.mode} needs a launcher's RANK and WORLD_SIZE (NVRx's in-process restart reads "
-            "them); start it with torchrun or `python -m training.launch`, or for one rank set RANK=0 "
-            "WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; or use mode baseline to run alone"
+            "them); start it with torchrun or `python -m nvrx_eks.training.launch`, or for one rank "
+            "set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; "
+            "or use mode baseline to run alone"
         )
     if cfg.mode not in {"ft_launcher", "both"}:
         return problems
@@ -210,7 +211,8 @@ def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
         *problems,
         (
             f"mode {cfg.mode} runs under ft_launcher, and this process was not started by it "
-            f"({FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is unset); start it with `python -m training.launch` "
+            f"({FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is unset); start it with `python -m "
+            f"nvrx_eks.training.launch` "
             "(k8s/launcher.py renders the command), or use mode inprocess or baseline to run alone"
         ),
     ]

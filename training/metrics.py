@@ -30,16 +30,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.events import read_events
-from training.faults import launcher_layer
-from training.forks import close_in_forks
+from nvrx_eks.training.events import read_events
+from nvrx_eks.training.faults import launcher_layer
+from nvrx_eks.training.forks import close_in_forks
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from prometheus_client import CollectorRegistry
 
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 from torch import nn
 
-from training.shapes import PRESETS, ModelShape
+from nvrx_eks.training.shapes import PRESETS, ModelShape
 
 __all__ = ["PRESETS", "Decoder", "ModelShape", "build_model", "num_parameters"]
 

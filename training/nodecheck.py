@@ -1,7 +1,7 @@
-"""`python -m training.nodecheck`, the module path the node-check DaemonSet runs
+"""`python -m nvrx_eks.training.nodecheck`, the module path the node-check DaemonSet runs
 (k8s/node_verification.py): is this GPU node fit to train? (training/node/nodecheck.py)."""
 
-from training.node.nodecheck import cli
+from nvrx_eks.training.node.nodecheck import cli
 
 if __name__ == "__main__":
     cli()

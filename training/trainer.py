@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from training.data import DataSource, SyntheticTokens, TokenFile, token_file_problems
-from training.model import PRESETS, build_model
+from nvrx_eks.training.data import DataSource, SyntheticTokens, TokenFile, token_file_problems
+from nvrx_eks.training.model import PRESETS, build_model
 
 if TYPE_CHECKING:
-    from training import api as kit
-    from training.config import TrainConfig
+    from nvrx_eks.training import api as kit
+    from nvrx_eks.training.config import TrainConfig
 
 log = logging.getLogger("training")
 

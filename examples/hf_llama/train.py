@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from training import api as kit  # kit
+from nvrx_eks.training import api as kit  # kit
 
 log = logging.getLogger("hf_llama")
 

@@ -13,10 +13,10 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
-from infra import nag
-from infra.constructs import launch_template as lt
-from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
-from k8s import names
+from nvrx_eks.infra import nag
+from nvrx_eks.infra.constructs import launch_template as lt
+from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.k8s import names
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

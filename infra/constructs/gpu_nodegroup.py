@@ -13,15 +13,15 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from infra.constructs import launch_template as lt
-from k8s import names
+from nvrx_eks.infra.constructs import launch_template as lt
+from nvrx_eks.k8s import names
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from aws_cdk import aws_iam as iam
 
-    from kitcore.profiles import InstanceProfile
+    from nvrx_eks.kitcore.profiles import InstanceProfile
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 

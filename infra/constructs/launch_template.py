@@ -15,7 +15,7 @@ from aws_cdk import aws_ec2 as ec2
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from kitcore.profiles import InstanceProfile
+    from nvrx_eks.kitcore.profiles import InstanceProfile
 
 # IMDSv2 only, and a hop limit of 1: the PUT that fetches a session token cannot cross the extra
 # network hop into a pod's network namespace, so ordinary (non-hostNetwork) pods cannot read the

@@ -13,7 +13,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
 
 CONTROL_PLANE_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 

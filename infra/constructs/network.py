@@ -10,8 +10,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra import nag
-from infra.config import PRIVATE_SUBNET_MASK, PUBLIC_SUBNET_MASK
+from nvrx_eks.infra import nag
+from nvrx_eks.infra.config import PRIVATE_SUBNET_MASK, PUBLIC_SUBNET_MASK
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

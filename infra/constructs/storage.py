@@ -16,7 +16,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
 
 # Lustre client traffic: 988 and 1018-1023 (TCP), from clients and between file servers.
 # https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html

@@ -15,7 +15,7 @@ import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

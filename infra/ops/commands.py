@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from k8s import names
-from kitcore import paths
+from nvrx_eks.k8s import names
+from nvrx_eks.kitcore import paths
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from kubernetes.client import ApiClient
 
-    from infra.ops.aws import AwsSession
+    from nvrx_eks.infra.ops.aws import AwsSession
 
 _EXIT_CODES = (
     "Exit codes: 0 ok; 2 fix the input/credentials/permissions (the message says how); 3 a preflight "
@@ -61,9 +61,9 @@ def _exit_codes() -> Iterator[None]:
     """One message on stderr and the documented exit code for every failure class, no traceback."""
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
-    from infra.ops.aws import EXIT_JOB_FAILED, EXIT_SERVICE, ServiceError  # noqa: PLC0415
-    from infra.ops.jobs import JobStartError  # noqa: PLC0415
-    from kitcore.configio import USER_ERROR_EXIT_CODE, UserError  # noqa: PLC0415
+    from nvrx_eks.infra.ops.aws import EXIT_JOB_FAILED, EXIT_SERVICE, ServiceError  # noqa: PLC0415
+    from nvrx_eks.infra.ops.jobs import JobStartError  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError  # noqa: PLC0415
 
     try:
         yield
@@ -82,7 +82,7 @@ def _exit_codes() -> Iterator[None]:
 
 
 def _session(profile: str | None, region: str | None) -> AwsSession:
-    from infra.ops.aws import AwsSession  # noqa: PLC0415
+    from nvrx_eks.infra.ops.aws import AwsSession  # noqa: PLC0415
 
     return AwsSession(profile=profile, region=region)
 
@@ -97,10 +97,10 @@ def _api_client(
     region: str | None,
     check_node_image: bool = False,
 ) -> ApiClient:
-    from infra.ops import kube  # noqa: PLC0415
+    from nvrx_eks.infra.ops import kube  # noqa: PLC0415
 
     if stack is not None:
-        from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
+        from nvrx_eks.infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
 
         session = _session(profile, region)
         info = read_stack(session, stack)
@@ -141,12 +141,12 @@ def preflight(
     """
     from datetime import UTC, datetime  # noqa: PLC0415
 
-    from infra import deploy_gate  # noqa: PLC0415
-    from infra.config import ClusterConfig  # noqa: PLC0415
-    from infra.ops import preflight as checks  # noqa: PLC0415
-    from infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
-    from kitcore.configio import load_model  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra.config import ClusterConfig  # noqa: PLC0415
+    from nvrx_eks.infra.ops import preflight as checks  # noqa: PLC0415
+    from nvrx_eks.infra.ops.aws import EXIT_CHECKS_FAILED  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
         cfg = load_model(ClusterConfig, config, overrides or [])
@@ -154,7 +154,7 @@ def preflight(
         # reported as itself, not as whatever the credentials chain says first.
         job = None
         if job_values is not None:
-            from k8s.load import load_values  # noqa: PLC0415
+            from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
             job = load_values(job_values, [])
         target = checks.target_from_config(cfg)
@@ -214,9 +214,9 @@ def values(
     """
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from infra.ops import stack_values  # noqa: PLC0415
-    from k8s.values import JobValues  # noqa: PLC0415
-    from kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
+    from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
+    from nvrx_eks.k8s.values import JobValues  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError, describe_validation_error  # noqa: PLC0415
 
     with _exit_codes():
         doc = stack_values.load_roundtrip(output)  # a bad file is reported before any AWS call
@@ -269,11 +269,11 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
-    from infra.ops import jobs  # noqa: PLC0415
-    from k8s.load import load_values  # noqa: PLC0415
-    from k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
-    from kitcore.configio import UserError  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.infra.ops import jobs  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     console = make_console(stderr=True)
     with _exit_codes():
@@ -365,15 +365,15 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     """
     from rich.table import Table  # noqa: PLC0415
 
-    from infra.ops import jobs  # noqa: PLC0415
-    from kitcore.configio import UserError  # noqa: PLC0415
-    from kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.infra.ops import jobs  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
         located = None
         if values_file is not None:  # read before any cluster or AWS call (see preflight)
-            from k8s.values import JobValues  # noqa: PLC0415
-            from kitcore.configio import load_model  # noqa: PLC0415
+            from nvrx_eks.k8s.values import JobValues  # noqa: PLC0415
+            from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
 
             job_values = load_model(JobValues, values_file)
             located = jobs.checkpoint_url(job_values)

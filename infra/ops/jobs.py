@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.ops.aws import ServiceError, aws_errors
-from infra.ops.kube import (
+from nvrx_eks.infra.ops.aws import ServiceError, aws_errors
+from nvrx_eks.infra.ops.kube import (
     PodCounts,
     PodView,
     apply_order,
@@ -28,15 +28,15 @@ from infra.ops.kube import (
     list_pods,
     server_side_apply,
 )
-from kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kubernetes.client import ApiClient
 
-    from infra.ops.aws import AwsSession
-    from k8s.values import JobValues
+    from nvrx_eks.infra.ops.aws import AwsSession
+    from nvrx_eks.k8s.values import JobValues
 
 _STEP_KEY = re.compile(r"(?:^|/)step-(\d{9})/rank-(\d{5})\.json$")
 _S3_URL = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](?:/[^\s'\"]*)?")
@@ -47,7 +47,7 @@ class JobStartError(Exception):
 
 
 def job_selector(name: str) -> str:
-    from k8s.names import JOB_LABEL  # noqa: PLC0415
+    from nvrx_eks.k8s.names import JOB_LABEL  # noqa: PLC0415
 
     return f"{JOB_LABEL}={name}"
 
@@ -344,7 +344,7 @@ def render(values: JobValues) -> list[dict]:
 
     import yaml  # noqa: PLC0415
 
-    from k8s.job_chart import render as render_chart  # noqa: PLC0415 - cdk8s/jsii are heavy
+    from nvrx_eks.k8s.job_chart import render as render_chart  # noqa: PLC0415 - cdk8s/jsii are heavy
 
     with tempfile.TemporaryDirectory(prefix="nvrx-eks-render-") as out_dir:
         files = render_chart(values, out_dir)

@@ -17,15 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from infra.ops.aws import ServiceError, aws_errors, error_code
-from kitcore.configio import UserError
+from nvrx_eks.infra.ops.aws import ServiceError, aws_errors, error_code
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from kubernetes.client import ApiClient
 
-    from infra.ops.aws import AwsSession
+    from nvrx_eks.infra.ops.aws import AwsSession
 
 TOKEN_PREFIX = "k8s-aws-v1."  # noqa: S105 - the token format's version prefix, not a secret
 CLUSTER_ID_HEADER = "x-k8s-aws-id"
@@ -278,7 +278,7 @@ class PodView:
 def _termination(terminated: Any) -> str | None:  # noqa: ANN401 - V1ContainerStateTerminated
     """Reason and exit code, and for a failure the cause from its termination message (the trainer's
     FallbackToLogsOnError log tail: the launcher's failed ranks, k8s/termination.py)."""
-    from k8s.termination import failure_cause  # noqa: PLC0415
+    from nvrx_eks.k8s.termination import failure_cause  # noqa: PLC0415
 
     if terminated is None:
         return None
@@ -289,7 +289,7 @@ def _termination(terminated: Any) -> str | None:  # noqa: ANN401 - V1ContainerSt
 
 
 def pod_view(pod: Any) -> PodView:  # noqa: ANN401 - V1Pod
-    from k8s.names import COMPONENT_LABEL  # noqa: PLC0415
+    from nvrx_eks.k8s.names import COMPONENT_LABEL  # noqa: PLC0415
 
     labels = pod.metadata.labels or {}
     annotations = pod.metadata.annotations or {}

@@ -19,19 +19,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra.addon_values import MANAGED_ADDON_CONFIGURATION
-from infra.config import NODE_CHECK_DIGEST_FIX
-from infra.ops import charts
-from infra.ops.aws import ServiceError, aws_errors, error_code
-from kitcore import pins
-from kitcore.configio import UserError
+from nvrx_eks.infra.addon_values import MANAGED_ADDON_CONFIGURATION
+from nvrx_eks.infra.config import NODE_CHECK_DIGEST_FIX
+from nvrx_eks.infra.ops import charts
+from nvrx_eks.infra.ops.aws import ServiceError, aws_errors, error_code
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from infra.config import ClusterConfig
-    from infra.ops.aws import AwsSession
-    from k8s.values import JobValues
+    from nvrx_eks.infra.config import ClusterConfig
+    from nvrx_eks.infra.ops.aws import AwsSession
+    from nvrx_eks.k8s.values import JobValues
 
 CapacityKind = Literal["on_demand", "capacity_reservation", "capacity_block"]
 """As in infra/config.py CapacityConfig.type."""

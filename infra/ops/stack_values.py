@@ -12,16 +12,16 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra.ops.aws import aws_errors, error_code
-from infra.outputs import OUTPUT_KEYS
-from infra.revision import source_revision
-from k8s.names import STORE_IMAGE_TAG_SUFFIX
-from kitcore.configio import UserError, read_text
+from nvrx_eks.infra.ops.aws import aws_errors, error_code
+from nvrx_eks.infra.outputs import OUTPUT_KEYS
+from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.k8s.names import STORE_IMAGE_TAG_SUFFIX
+from nvrx_eks.kitcore.configio import UserError, read_text
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from infra.ops.aws import AwsSession
+    from nvrx_eks.infra.ops.aws import AwsSession
 
 # Job values fields -> the stack output each comes from (instance_profile and image are derived).
 FIELD_SOURCES: dict[tuple[str, ...], str] = {

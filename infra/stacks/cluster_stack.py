@@ -14,30 +14,30 @@ from aws_cdk import Annotations, CfnOutput, Environment, Stack
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
-from infra import nag
-from infra.addons import (
+from nvrx_eks.infra import nag
+from nvrx_eks.infra.addons import (
     IMAGE_BY_TAG_WARNING,
     AddonContext,
     deploy_addons,
     pod_identity_principal,
     standard_addons,
 )
-from infra.config import NODE_CHECK_DIGEST_FIX
-from infra.constructs.cluster import TrainingCluster
-from infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
-from infra.constructs.logging import LogEncryption
-from infra.constructs.network import Network
-from infra.constructs.storage import DurableStorage, LustreClientSecurityGroup
-from infra.outputs import OUTPUT_KEYS
-from k8s import names
-from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
-from k8s.node_verification import NodeCheckSpec
-from kitcore.configio import UserError
+from nvrx_eks.infra.config import NODE_CHECK_DIGEST_FIX
+from nvrx_eks.infra.constructs.cluster import TrainingCluster
+from nvrx_eks.infra.constructs.gpu_nodegroup import GpuNodeGroup, Taint
+from nvrx_eks.infra.constructs.logging import LogEncryption
+from nvrx_eks.infra.constructs.network import Network
+from nvrx_eks.infra.constructs.storage import DurableStorage, LustreClientSecurityGroup
+from nvrx_eks.infra.outputs import OUTPUT_KEYS
+from nvrx_eks.k8s import names
+from nvrx_eks.k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+from nvrx_eks.k8s.node_verification import NodeCheckSpec
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from constructs import Construct
 
-    from infra.config import ClusterConfig
+    from nvrx_eks.infra.config import ClusterConfig
 
 
 class ClusterStack(Stack):

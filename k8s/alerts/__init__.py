@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k8s import names
-from training.node import nodecheck
+from nvrx_eks.k8s import names
+from nvrx_eks.training.node import nodecheck
 
 RULES_TEST = Path(__file__).parent / "rules_test.yaml"
 """promtool's unit tests of every rule; its `rule_files` entry names RULES_FILE in the same folder."""

@@ -36,14 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kitcore.runtime import runtime_versions
-from localrun.checkpoint_bench.benchstate import forward_backward, make_state, memcpy_bandwidth, state_bytes
-from localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
+from nvrx_eks.kitcore.runtime import runtime_versions
+from nvrx_eks.localrun.checkpoint_bench.benchstate import (
+    forward_backward,
+    make_state,
+    memcpy_bandwidth,
+    state_bytes,
+)
+from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,8 @@ def run_loop(
     step."""
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     config = CheckpointConfig(
         memory_dir=root / "shm",
@@ -350,9 +355,9 @@ def _verdict(ok: bool) -> str:
 
 def _restore_times(config: CheckpointConfig) -> dict[str, float]:
     """Seconds to read and verify step 1 back from each tier."""
-    from training.checkpoint.memory import MemoryTier  # noqa: PLC0415
-    from training.checkpoint.restore import StoreSource  # noqa: PLC0415
-    from training.checkpoint.storage import disk_stores  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.memory import MemoryTier  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.restore import StoreSource  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.storage import disk_stores  # noqa: PLC0415
 
     memory = MemoryTier(root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu"))
     times = {"memory": timed(lambda: memory.load(1, 0))}
@@ -373,9 +378,9 @@ def bench(
     json_out: Path | None = None,
     nvrx: bool = True,
 ) -> None:
-    from localrun.checkpoint_bench.torture import run_trials  # noqa: PLC0415
-    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
+    from nvrx_eks.localrun.checkpoint_bench.torture import run_trials  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
     shm = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir="/dev/shm"))

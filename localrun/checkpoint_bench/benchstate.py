@@ -26,7 +26,7 @@ def make_state(total_bytes: int) -> dict[str, Any]:
 
 
 def state_bytes(state: dict[str, Any]) -> int:
-    from training.checkpoint.shard import flatten  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.shard import flatten  # noqa: PLC0415
 
     return flatten(state)[2].data_bytes
 

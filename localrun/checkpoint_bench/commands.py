@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kitcore import paths
+from nvrx_eks.kitcore import paths
 
 
 def register(bench: typer.Typer) -> None:
@@ -50,7 +50,7 @@ def register(bench: typer.Typer) -> None:
     ) -> None:
         """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP and NVRx's own
         checkpointing, restore per tier, kill -9."""
-        from localrun.checkpoint_bench.bench import bench as run  # noqa: PLC0415
+        from nvrx_eks.localrun.checkpoint_bench.bench import bench as run  # noqa: PLC0415
 
         run(
             state_gb=state_gb,

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from localrun.checkpoint_bench.benchstate import forward_backward, make_state
+from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
 
 ROW_TIMEOUT_S = 600
 """A row's child process is killed past this: a worker that dies leaves NVRx's queue waiting forever

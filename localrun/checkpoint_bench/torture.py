@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from training.checkpoint.slot import committed
+from nvrx_eks.training.checkpoint.slot import committed
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 STATE_ELEMENTS = 1 << 18  # 1 MiB of float32 per tensor: big enough that writes take a while
 
@@ -43,7 +43,7 @@ def expected_state(step: int) -> dict[str, Any]:
 
 
 def _config(root: Path) -> CheckpointConfig:
-    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
 
     return CheckpointConfig(
         memory_dir=root / "shm",
@@ -73,8 +73,8 @@ def newest_committed(root: Path) -> int | None:
 
 def child(root: Path, delay_s: float, report_path: Path) -> None:
     os.setsid()  # its own process group: the parent's killpg takes the whole child
-    from training.checkpoint.stats import make_emitter  # noqa: PLC0415
-    from training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.stats import make_emitter  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
     config = _config(root)
     ckpt = TieredCheckpointer(
@@ -114,7 +114,9 @@ def child(root: Path, delay_s: float, report_path: Path) -> None:
 
 def _fork_server() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "training.checkpoint.tiered", "training.checkpoint.factory"])
+    context.set_forkserver_preload(
+        ["torch", "nvrx_eks.training.checkpoint.tiered", "nvrx_eks.training.checkpoint.factory"]
+    )
     return context
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from training.checkpoint import CheckpointConfig, build_checkpointer
-from training.checkpoint.shard import ShardError, decode, to_bytes
-from training.checkpoint.storage import FileStore
+from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
+from nvrx_eks.training.checkpoint.shard import ShardError, decode, to_bytes
+from nvrx_eks.training.checkpoint.storage import FileStore
 
 CPU = torch.device("cpu")
 

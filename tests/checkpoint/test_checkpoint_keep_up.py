@@ -31,10 +31,10 @@ import pytest
 import torch
 import yaml
 
-from training.checkpoint.agreement import Agreement, Flags
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.storage import FileStore
-from training.checkpoint.tiered import TieredCheckpointer
+from nvrx_eks.training.checkpoint.agreement import Agreement, Flags
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.storage import FileStore
+from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,8 +73,8 @@ def test_render_refuses_too_few_staging_slots_with_the_fix(tmp_path, nvrx_eks):
 
 def test_every_example_runs_the_same_derived_slots():
     """The p5 and local examples set no slot count: each gets the slots its tiers need."""
-    from k8s.load import load_values  # noqa: PLC0415
-    from k8s.trainer_args import check_trainer_args, trainer_args  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.trainer_args import check_trainer_args, trainer_args  # noqa: PLC0415
 
     for path in sorted(VALUES.glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
@@ -127,7 +127,7 @@ def test_agreed_flags_name_the_newest_step_every_rank_committed():
 def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
     """One rank, a durable persist that takes far longer than its cadence: the tier falls behind and
     says so (event), the rank's metric shows its age, the run report warns."""
-    from training.metrics import Metrics, checkpoint_warnings  # noqa: PLC0415
+    from nvrx_eks.training.metrics import Metrics, checkpoint_warnings  # noqa: PLC0415
 
     config = CheckpointConfig(
         memory_dir=tmp_path / "shm",
@@ -175,7 +175,7 @@ def _gated_persist(loop: list[int], lag: dict[int, int]) -> Callable[..., dict[s
     (else 2), and the loop then waits for it (`_settle`): the save after that reads its outcome, so
     each write takes lag + 1 steps from its launch whatever the machine's load. `loop[0]`: the newest
     step the loop saved."""
-    from training.checkpoint import persist  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
 
     original = persist.persist_slot
 
@@ -216,8 +216,8 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
     process, it read as behind at step 14), nor is 4 after predecessors' writes of 3, 3 and 2 (judged
     by the newest alone, 2, it read as behind at step 15). Taking 7, it is behind one cadence plus
     the 3 steps of the slowest recent write, and says so."""
-    from training.checkpoint import persist  # noqa: PLC0415
-    from training.metrics import checkpoint_warnings  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
+    from nvrx_eks.training.metrics import checkpoint_warnings  # noqa: PLC0415
 
     loop = [-1]
     monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, lag))
@@ -356,7 +356,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
     """One node of two ranks. `first`: rank 1's step-4 persists stall mid-write and it is killed (-9)
     at step 5. `second`: both restart, restore, train steps 5-6."""
     if phase == "first" and rank == 1:
-        from training.checkpoint import persist  # noqa: PLC0415
+        from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
 
         checked = persist._checked
 
@@ -457,7 +457,7 @@ def _loss_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, 
 def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]:
     """Two ranks; rank 1's durable persist of step 8 fails; snapshots every 2 steps, durable every 8."""
     if rank == 1:
-        from training.checkpoint import persist  # noqa: PLC0415
+        from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
 
         original = persist.persist_slot
 
@@ -494,8 +494,8 @@ def _restart_main(rank: int, world_size: int, root: Path, phase: str) -> dict[st
     and durable every 4; every write takes 3 steps (`_gated_persist`). `first`: steps 0-11, then,
     with step 8 on both disks, rank 1 is killed (-9): one step before the due step 12. `second`:
     both restart, restore (RAM, step 10) and train steps 11-25. Events: `<root>/run/events`."""
-    from training.checkpoint import persist  # noqa: PLC0415
-    from training.events import EventLog  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
+    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
 
     loop = [-1]
     persist.persist_slot = _gated_persist(loop, {})
@@ -669,8 +669,8 @@ def test_a_kill_just_before_a_due_step_leaves_no_disk_tier_behind(tmp_path):
     every rank holds is at most one cadence plus one write old, and the report warns of nothing
     (judged against one step, the restarted process's first write read as both tiers behind at
     step 14: newest 8, 6 steps old, allowed 4 + 1)."""
-    from training.events import read_events  # noqa: PLC0415
-    from training.metrics import checkpoint_warnings  # noqa: PLC0415
+    from nvrx_eks.training.events import read_events  # noqa: PLC0415
+    from nvrx_eks.training.metrics import checkpoint_warnings  # noqa: PLC0415
 
     first = _run_ranks(tmp_path, "restart", "first")
     assert first[1] == {"killed": True}, first
@@ -714,7 +714,7 @@ def test_an_exchange_finished_before_an_in_process_restart_is_reported_as_it_end
     partners' copy never pinned), the second as abandoned; neither is left unreported."""
     import threading  # noqa: PLC0415
 
-    from training.checkpoint.replica import ReplicaWorker, _Exchange  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.replica import ReplicaWorker, _Exchange  # noqa: PLC0415
 
     worker = ReplicaWorker(
         rank=0, world_size=2, ranks_per_node=1, replicas=1, memory_dir=tmp_path, timeout_s=5

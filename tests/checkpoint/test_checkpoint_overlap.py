@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.stats import make_emitter
-from training.checkpoint.tiered import TieredCheckpointer
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.stats import make_emitter
+from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
 CPU = torch.device("cpu")
 
@@ -179,7 +179,7 @@ def _replica_rank_main(rank: int, world_size: int, root: Path) -> None:
 
 def _start_exchanges_late(seconds: float) -> None:
     """In this rank's process: every replica exchange starts `seconds` late (a slow network)."""
-    from training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.replica import ReplicaWorker  # noqa: PLC0415
 
     exchange = ReplicaWorker._exchange
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from training.checkpoint.domains import domain, levels
-from training.checkpoint.replica import node_ring, partner_ranks, source_ranks
-from training.checkpoint.restore_anywhere import _plan, node_memory, read_slot
-from training.checkpoint.shard import ShardError
+from nvrx_eks.training.checkpoint.domains import domain, levels
+from nvrx_eks.training.checkpoint.replica import node_ring, partner_ranks, source_ranks
+from nvrx_eks.training.checkpoint.restore_anywhere import _plan, node_memory, read_slot
+from nvrx_eks.training.checkpoint.shard import ShardError
 
 
 def test_partners_are_the_same_local_rank_on_the_next_nodes():

@@ -7,8 +7,8 @@ import pytest
 import torch
 from moto import mock_aws
 
-from training.checkpoint.shard import ShardError, to_bytes
-from training.checkpoint.storage import S3Store
+from nvrx_eks.training.checkpoint.shard import ShardError, to_bytes
+from nvrx_eks.training.checkpoint.storage import S3Store
 
 
 @pytest.fixture

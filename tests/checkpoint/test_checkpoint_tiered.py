@@ -9,15 +9,15 @@ import psutil
 import pytest
 import torch
 
-from localrun.checkpoint_bench.torture import run_trials
-from training.checkpoint.config import CheckpointConfig
-from training.checkpoint.memory import MemoryTier
-from training.checkpoint.persist import persist_slot
-from training.checkpoint.restore import StoreSource, load_newest
-from training.checkpoint.shard import encode_header, flatten
-from training.checkpoint.stats import make_emitter
-from training.checkpoint.storage import FileStore, disk_stores
-from training.checkpoint.tiered import TieredCheckpointer
+from nvrx_eks.localrun.checkpoint_bench.torture import run_trials
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.memory import MemoryTier
+from nvrx_eks.training.checkpoint.persist import persist_slot
+from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
+from nvrx_eks.training.checkpoint.shard import encode_header, flatten
+from nvrx_eks.training.checkpoint.stats import make_emitter
+from nvrx_eks.training.checkpoint.storage import FileStore, disk_stores
+from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
 CPU = torch.device("cpu")
 

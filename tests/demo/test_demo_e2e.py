@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localrun.demo import DEMO_FAULTS
+from nvrx_eks.localrun.demo import DEMO_FAULTS
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from k8s.load import load_values
-from localrun.chaos import _progress_line, fault_free_key, without_faults
-from localrun.peer_bench import durable_every, mode_setups
-from localrun.report import (
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.chaos import _progress_line, fault_free_key, without_faults
+from nvrx_eks.localrun.peer_bench import durable_every, mode_setups
+from nvrx_eks.localrun.report import (
     FAULT_KEYS,
     SUMMARY_KEYS,
     plot_timeline,
@@ -22,7 +22,7 @@ from localrun.report import (
     summary_document,
     write_summary,
 )
-from training.metrics import summarize
+from nvrx_eks.training.metrics import summarize
 
 LOCAL_VALUES = Path("k8s/values/local-cpu.yaml")
 

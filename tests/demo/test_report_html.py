@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localrun.report import (
+from nvrx_eks.localrun.report import (
     LABEL_FONT_PX,
     LABEL_GAP_PX,
     LANE_HEIGHT_PX,
@@ -33,8 +33,8 @@ from localrun.report import (
     write_html_report,
     write_summary,
 )
-from training.events import read_events
-from training.metrics import summarize
+from nvrx_eks.training.events import read_events
+from nvrx_eks.training.metrics import summarize
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(

@@ -19,11 +19,11 @@ import typer
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from images import build
-from images.commands import register
-from kitcore import pins
-from kitcore.configio import UserError
-from kitcore.pins import IMAGE, STORE_IMAGE
+from nvrx_eks.images import build
+from nvrx_eks.images.commands import register
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE
 
 URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
 
@@ -198,7 +198,7 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
 
 
 def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypatch):
-    from infra.ops import stack_values  # noqa: PLC0415
+    from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
 
     seen = {}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from images.build import (
+from nvrx_eks.images.build import (
     BASE_PARTS,
     BUILD_ARG_NAMES,
     DOCKERFILE,
@@ -26,9 +26,9 @@ from images.build import (
     build_args,
     locked_versions,
 )
-from images.trainer_requires import TRAINER_REQUIRES
-from kitcore import pins
-from kitcore.pins import IMAGE
+from nvrx_eks.images.trainer_requires import TRAINER_REQUIRES
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.pins import IMAGE
 
 TEXT = DOCKERFILE.read_text()
 
@@ -239,7 +239,7 @@ def test_the_image_runs_as_the_pinned_non_root_user():
 def test_the_image_carries_only_the_trainer_and_the_core_below_it():
     # The layer contract (tests/test_layers.py) keeps the trainer's imports inside these two packages.
     copied = [line.split()[1] for line in _stages()["wheel"].splitlines() if line.startswith("COPY ")]
-    assert copied == ["pyproject.toml", "kitcore/", "training/"]
+    assert copied == ["pyproject.toml", "nvrx_eks/__init__.py", "kitcore/", "training/"]
 
 
 def _imported_top_names(package: Path) -> dict[str, Path]:
@@ -266,7 +266,7 @@ def test_every_import_of_the_copied_code_is_installed_by_the_image():
     missing = {}
     for package in ("training", "kitcore"):
         for name, path in _imported_top_names(REPO_ROOT / package).items():
-            if name in sys.stdlib_module_names or name in {"training", "kitcore"}:
+            if name in sys.stdlib_module_names or name == "nvrx_eks":
                 continue
             dists = {d.lower().replace("_", "-") for d in distributions.get(name, [])}
             if not dists or not any(d in locked or TORCH_PROVIDED.match(d) for d in dists):
@@ -287,7 +287,11 @@ def test_the_trainer_wheel_declares_only_what_the_image_installs(tmp_path):
     assert names == set(TRAINER_REQUIRES)
     locked = locked_versions(LOCK_FILE.read_text()) | locked_versions(TORCH_LOCK_FILE.read_text())
     assert names <= locked.keys()
-    # Nothing else of pyproject.toml changes (name, version, packages).
+    # The wheel holds the packages the stage copied, under the kit's one name; nothing else changes.
+    packages = tomllib.loads(target.read_text())["tool"]["setuptools"]["packages"]
+    assert packages[:2] == ["nvrx_eks", "nvrx_eks.kitcore"]
+    assert {p.split(".")[1] for p in packages[1:]} == {"kitcore", "training"}
+    assert "nvrx_eks.training.resilience" in packages
     assert project["name"] == "nvrx-eks"
 
 

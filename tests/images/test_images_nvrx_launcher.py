@@ -13,12 +13,13 @@ import pytest
 from nvidia_resiliency_ext.fault_tolerance import launcher
 from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 
-from k8s.job_chart import node_address, store_endpoint
-from k8s.launcher import FT_LAUNCHER, launcher_command
-from k8s.load import load_values
-from k8s.trainer_args import entry_command
-from kitcore.pins import IMAGE
-from training.resilience.launch import launcher_argv, trainer_script
+from nvrx_eks.k8s.job_chart import node_address, store_endpoint
+from nvrx_eks.k8s.launcher import FT_LAUNCHER, launcher_command
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.trainer_args import entry_command
+from nvrx_eks.kitcore.pins import IMAGE
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.resilience.launch import launcher_argv, trainer_script
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "k8s" / "values" / "p5-2.yaml"
@@ -60,14 +61,14 @@ def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(mode):
     assert cfg.rank_heartbeat_timeout == 300
     assert cfg.initial_rank_heartbeat_timeout == 1200
     assert args.ft_restart_policy == "any-failed"
-    # The trainer's own arguments arrive untouched after `-m training`.
-    assert args.training_script_args == command[command.index("training") + 1 :]
+    # The trainer's own arguments arrive untouched after `-m nvrx_eks.training`.
+    assert args.training_script_args == command[command.index(REFERENCE_TRAINER) + 1 :]
 
 
 @pytest.mark.parametrize("extra", REMOVED_IN_PIN, ids=lambda e: e[0])
 def test_the_pinned_parser_really_rejects_flags_it_lacks(extra, capsys):
     base = _chart_command("ft_launcher")
-    at = base.index("training") - 1  # the trainer's `-m training`
+    at = base.index(REFERENCE_TRAINER) - 1  # the trainer's `-m nvrx_eks.training`
     with pytest.raises(SystemExit) as info:
         launcher.parse_args(launcher_argv([*base[len(FT_LAUNCHER) : at], *extra, *base[at:]]))
     assert info.value.code == 2

@@ -25,11 +25,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from images import build
-from images import pin as pinning
-from images.commands import register
-from kitcore.configio import UserError
-from kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256, ChartImage
+from nvrx_eks.images import build
+from nvrx_eks.images import pin as pinning
+from nvrx_eks.images.commands import register
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256, ChartImage
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

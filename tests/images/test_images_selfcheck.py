@@ -1,4 +1,5 @@
-"""`python -m training.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device trees."""
+"""`python -m nvrx_eks.training.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device
+trees."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kitcore.profiles import get_profile
-from training.node import selfcheck
-from training.node.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
-from training.resilience import nvrx_compat
+from nvrx_eks.kitcore.profiles import get_profile
+from nvrx_eks.training.node import selfcheck
+from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
+from nvrx_eks.training.resilience import nvrx_compat
 
 REPO = Path(__file__).resolve().parents[2]
 P5 = get_profile("p5.48xlarge")
@@ -23,10 +24,11 @@ INSTALLED_NVRX = metadata.version("nvidia-resiliency-ext")
 
 
 def _selfcheck(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m training.selfcheck ARGS` in a fresh interpreter, without this shell's NVRX_EKS_* env."""
+    """`python -m nvrx_eks.training.selfcheck ARGS` in a fresh interpreter, without this shell's NVRX_EKS_*
+    env."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")}
     return subprocess.run(
-        [sys.executable, "-m", "training.selfcheck", *args],
+        [sys.executable, "-m", "nvrx_eks.training.selfcheck", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -231,7 +233,7 @@ def test_shared_memory_below_one_gib_per_gpu_worker_is_refused(p5_node, tmp_path
 
 
 def test_the_chart_sets_what_the_selfcheck_requires():
-    from k8s.env import EFA_NCCL_ENV  # noqa: PLC0415
+    from nvrx_eks.k8s.env import EFA_NCCL_ENV  # noqa: PLC0415
 
     for key, want in selfcheck.REQUIRED_EFA_ENV.items():
         assert EFA_NCCL_ENV.get(key) == want, key

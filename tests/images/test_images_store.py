@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from images.build import (
+from nvrx_eks.images.build import (
     BASE_PARTS,
     STORE_BUILD_ARG_NAMES,
     STORE_DOCKERFILE,
@@ -22,11 +22,11 @@ from images.build import (
     locked_versions,
     store_build_args,
 )
-from k8s.job_chart import render
-from k8s.load import load_values
-from k8s.names import STORE_PORT
-from kitcore.configio import UserError
-from kitcore.pins import IMAGE, STORE_IMAGE
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.names import STORE_PORT
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = STORE_DOCKERFILE.read_text()
@@ -86,20 +86,24 @@ def test_the_lock_has_nvrx_at_the_pin_with_hashes_and_leaves_torch_to_its_verifi
 
 
 def test_the_image_holds_exactly_what_the_store_command_imports_from_this_project(tmp_path):
-    """The files the Dockerfile copies, alone on sys.path, run `python -m training.control`'s imports."""
-    copied = [
-        path
-        for line in TEXT.splitlines()
-        if line.startswith("COPY ") and "--from" not in line and "requirements" not in line
-        for path in line.split()[1:-1]
-    ]
-    for path in copied:
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / path, tmp_path / path)
+    """The files the Dockerfile copies, alone on sys.path, run `python -m nvrx_eks.training.control`'s
+    imports."""
+    copied = []  # where each copied file lands under WORKDIR /app
+    for line in TEXT.splitlines():
+        if line.startswith("COPY ") and "--from" not in line and "requirements" not in line:
+            *sources, dest = line.split()[1:]
+            for source in sources:
+                target = tmp_path / dest / Path(source).name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / source, target)
+                copied.append(str(target.relative_to(tmp_path)))
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import training.control, training.resilience.control, training.resilience.nvrx_compat;"
-        "mods = [m for n, m in sys.modules.items() if n.split('.')[0] in ('training', 'kitcore')];"
+        # Only the copied files: this environment's editable install would find the rest of the kit.
+        "sys.meta_path = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')];"
+        "import nvrx_eks.training.control, nvrx_eks.training.resilience.control;"
+        "import nvrx_eks.training.resilience.nvrx_compat;"
+        "mods = [m for n, m in sys.modules.items() if n.split('.')[0] == 'nvrx_eks'];"
         "print('\\n'.join(sorted(m.__file__ for m in mods)))"
     )
     done = subprocess.run(
@@ -128,7 +132,7 @@ def test_the_rendered_store_runs_the_store_image_and_the_trainers_the_training_i
     (container,) = store["spec"]["template"]["spec"]["containers"]
     assert container["image"] == values.store_image != values.image
     assert DIGEST.search(container["image"])
-    assert container["command"][:3] == ["python", "-m", "training.control"]
+    assert container["command"][:3] == ["python", "-m", "nvrx_eks.training.control"]
     assert container["securityContext"]["runAsUser"] == 65534
     assert any(p["containerPort"] == STORE_PORT for p in container["ports"])
     (job,) = [d for d in docs if d["kind"] == "Job"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-from images.build import (
+from nvrx_eks.images.build import (
     DOCKERFILE,
     LOCK_FILE,
     REPO_ROOT,
@@ -16,8 +16,8 @@ from images.build import (
     locked_versions,
     store_build_args,
 )
-from kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
-from training.node.selfcheck import BAD_NCCL
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
+from nvrx_eks.training.node.selfcheck import BAD_NCCL
 
 
 def _release(version: str) -> str:

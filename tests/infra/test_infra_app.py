@@ -16,12 +16,12 @@ from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import lint
 from kube_objects import container_images
 
-from infra import app as infra_app
-from infra.nag import acknowledge, add_checks
-from infra.stacks.cluster_stack import OUTPUT_KEYS
-from k8s import names
-from kitcore import pins
-from kitcore.configio import UserError
+from nvrx_eks.infra import app as infra_app
+from nvrx_eks.infra.nag import acknowledge, add_checks
+from nvrx_eks.infra.stacks.cluster_stack import OUTPUT_KEYS
+from nvrx_eks.k8s import names
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.configio import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "infra" / "configs"
@@ -286,7 +286,7 @@ def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
         "CDK_OUTDIR": str(tmp_path / "out"),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "infra.app"],
+        [sys.executable, "-m", "nvrx_eks.infra.app"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -608,7 +608,7 @@ def test_the_node_check_runs_from_the_first_deploy(synthesized):
     """No node_check.image_tag: the DaemonSet names the tag `nvrx-eks image push` gives this checkout,
     so the first deploy already has it (it starts once the image is pushed; no second deploy), and
     Kueue admits to verified nodes only."""
-    from infra.revision import source_revision  # noqa: PLC0415
+    from nvrx_eks.infra.revision import source_revision  # noqa: PLC0415
 
     template = Template.from_json(synthesized["p5-capacity-block"])
     (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
@@ -662,8 +662,8 @@ def test_system_nodes_have_room_for_the_training_image_the_store_runs(synthesize
 def test_the_default_job_finds_what_the_default_stack_made(synthesized, tmp_path):
     """The p5 job values, rendered as shipped, against the default stack's template: every name the
     job uses is one the stack creates or outputs."""
-    from k8s.job_chart import render  # noqa: PLC0415
-    from k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
     template = synthesized["default"]
     outputs = {key: output["Value"] for key, output in template["Outputs"].items()}
@@ -757,7 +757,7 @@ def _gate_config(*overrides: str):
 def test_deploy_without_a_passing_preflight_is_refused_before_anything_is_built(
     monkeypatch, tmp_path, capsys
 ):
-    from infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
 
     monkeypatch.setenv(deploy_gate.CDK_COMMAND_ENV, "deploy")
     monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path))
@@ -778,7 +778,7 @@ def test_deploy_without_a_passing_preflight_is_refused_before_anything_is_built(
 
 
 def test_deploy_with_a_reason_to_skip_says_so_and_builds(monkeypatch, tmp_path, capsys):
-    from infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
 
     monkeypatch.setenv(deploy_gate.CDK_COMMAND_ENV, "deploy")
     monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path))
@@ -796,7 +796,7 @@ def test_deploy_with_a_reason_to_skip_says_so_and_builds(monkeypatch, tmp_path, 
 def test_a_recent_pass_of_the_same_config_and_account_lets_the_deploy_start(tmp_path):
     from datetime import UTC, datetime, timedelta  # noqa: PLC0415
 
-    from infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
 
     passed = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
     deploy_gate.record_pass(_gate_config(), account="111111111111", now=passed, directory=tmp_path)
@@ -1009,7 +1009,7 @@ def test_a_template_synthesized_without_a_pass_is_refused_by_cloudformation(monk
 
     import aws_cdk  # noqa: PLC0415
 
-    from infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
 
     monkeypatch.delenv(deploy_gate.CDK_COMMAND_ENV, raising=False)
     monkeypatch.setenv(deploy_gate.STATE_DIR_ENV, str(tmp_path / "state"))

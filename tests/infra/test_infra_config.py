@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.app import overrides_from_context
-from infra.config import ClusterConfig
-from kitcore.configio import UserError, load_model
+from nvrx_eks.infra.app import overrides_from_context
+from nvrx_eks.infra.config import ClusterConfig
+from nvrx_eks.kitcore.configio import UserError, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "infra" / "configs"

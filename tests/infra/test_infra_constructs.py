@@ -13,7 +13,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Annotations, Match, Template
 
-from infra.addons import (
+from nvrx_eks.infra.addons import (
     IMAGE_BY_TAG_WARNING,
     KUEUE_VALUES,
     AddonContext,
@@ -23,12 +23,12 @@ from infra.addons import (
     deploy_addons,
     standard_addons,
 )
-from infra.app import FEATURE_FLAGS
-from infra.constructs.gpu_nodegroup import GpuNodeGroup
-from infra.constructs.launch_template import IMDS_HOP_LIMIT
-from infra.constructs.storage import DurableStorage
-from kitcore import pins
-from kitcore.profiles import get_profile
+from nvrx_eks.infra.app import FEATURE_FLAGS
+from nvrx_eks.infra.constructs.gpu_nodegroup import GpuNodeGroup
+from nvrx_eks.infra.constructs.launch_template import IMDS_HOP_LIMIT
+from nvrx_eks.infra.constructs.storage import DurableStorage
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.profiles import get_profile
 
 ENV = Environment(account="111111111111", region="us-east-1")
 BLOCK = "cr-0123456789abcdef0"
@@ -478,7 +478,7 @@ def test_a_chart_image_without_a_digest_is_pulled_by_tag_and_synth_warns_naming_
 
 
 def test_admin_role_trust_is_the_named_principals_when_given():
-    from infra.constructs.cluster import _admin_principal  # noqa: PLC0415
+    from nvrx_eks.infra.constructs.cluster import _admin_principal  # noqa: PLC0415
 
     stack = Stack(App(), "Admin", env=ENV)
     one = "arn:aws:iam::111111111111:role/platform-admins"

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from aws_cdk import App
 
-from infra import app as infra_app
-from infra.config import SYSTEM_NODEGROUP_NAME, ec2_instance_types
-from k8s.load import load_values
-from kitcore.configio import UserError
-from kitcore.profiles import PROFILES
+from nvrx_eks.infra import app as infra_app
+from nvrx_eks.infra.config import SYSTEM_NODEGROUP_NAME, ec2_instance_types
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "infra" / "configs" / "default.yaml"

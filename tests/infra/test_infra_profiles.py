@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.constructs.launch_template import efa_interface_layout, nodeadm_node_config
-from kitcore.configio import UserError
-from kitcore.profiles import PROFILES, get_profile
+from nvrx_eks.infra.constructs.launch_template import efa_interface_layout, nodeadm_node_config
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.profiles import PROFILES, get_profile
 
 EC2_GPU = [name for name, p in PROFILES.items() if p.is_ec2]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import ClusterConfig
-from kitcore.configio import UserError, load_model
+from nvrx_eks.infra.config import ClusterConfig
+from nvrx_eks.kitcore.configio import UserError, load_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "infra" / "configs"
 

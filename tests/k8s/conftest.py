@@ -5,8 +5,8 @@ from __future__ import annotations
 import cdk8s
 import pytest
 
-from k8s.cluster_chart import ClusterObjectsChart, KueueQuota
-from k8s.node_verification import NodeCheckSpec
+from nvrx_eks.k8s.cluster_chart import ClusterObjectsChart, KueueQuota
+from nvrx_eks.k8s.node_verification import NodeCheckSpec
 
 NAMESPACE = "training"
 

@@ -16,10 +16,10 @@ import promql_parser
 import pytest
 import yaml
 
-from k8s import alerts
-from k8s.observability import TARGET_RELABELINGS, monitoring_objects, scrape_configs
-from localrun.observe import prometheus_config, run_promtool_tests
-from training.metrics import Metrics
+from nvrx_eks.k8s import alerts
+from nvrx_eks.k8s.observability import TARGET_RELABELINGS, monitoring_objects, scrape_configs
+from nvrx_eks.localrun.observe import prometheus_config, run_promtool_tests
+from nvrx_eks.training.metrics import Metrics
 
 NAMESPACE = "training"
 needs_promtool = pytest.mark.skipif(
@@ -166,8 +166,8 @@ def test_the_scrape_configuration_is_derived_from_the_pod_monitor(objects):
 
 
 def test_the_pod_monitor_selects_the_pods_the_job_chart_renders(objects, tmp_path):
-    from k8s.job_chart import render  # noqa: PLC0415
-    from k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
     root = Path(__file__).resolve().parents[2]
     files = render(load_values(root / "k8s" / "values" / "p5-2.yaml"), str(tmp_path))

@@ -10,11 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA
-from k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
-from training.node import nodecheck
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.node_verification import HOST_DEV, HOST_NVME, HOST_SYS, NODE_CHECK, NODE_NAME_EXTRA
+from nvrx_eks.k8s.observability import DCGM_EXPORTER_PORT, GRAFANA_DASHBOARD_LABEL
+from nvrx_eks.training.node import nodecheck
 
 K8S_VERSION = "1.33"
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_daemon_set_runs_the_check_on_gpu_nodes_without_taking_devices(docs):
     assert tolerated == {"nvidia.com/gpu", nodecheck.UNVERIFIED_TAINT}  # it must run on a node it tainted
     assert pod["serviceAccountName"] == NODE_CHECK
     (c,) = pod["containers"]
-    assert c["command"][:3] == ["python", "-m", "training.nodecheck"]
+    assert c["command"][:3] == ["python", "-m", "nvrx_eks.training.nodecheck"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -162,8 +162,8 @@ def test_kueue_flavor_admits_to_verified_nodes_only(docs, cluster_objects):
 
 
 def test_kueue_objects_are_on_the_api_version_the_pinned_release_serves(docs):
-    from k8s.cluster_chart import KUEUE_API_VERSION  # noqa: PLC0415
-    from kitcore import pins  # noqa: PLC0415
+    from nvrx_eks.k8s.cluster_chart import KUEUE_API_VERSION  # noqa: PLC0415
+    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     kueue = [d for d in docs if d["kind"] in {"ResourceFlavor", "ClusterQueue", "LocalQueue"}]
     assert len(kueue) == 3
@@ -176,7 +176,7 @@ def test_kueue_objects_are_on_the_api_version_the_pinned_release_serves(docs):
 def test_a_lost_node_is_replaced_before_kueue_evicts_the_job(values_file):
     """Kueue 0.19+ evicts a workload whose pods stay not-ready past WaitForPodsReady's recovery timeout;
     the job's own wait for a replacement pod must end first."""
-    from k8s.cluster_chart import KUEUE_PODS_READY_TIMEOUT_S  # noqa: PLC0415
+    from nvrx_eks.k8s.cluster_chart import KUEUE_PODS_READY_TIMEOUT_S  # noqa: PLC0415
 
     values = load_values(values_file)
     assert values.timeouts.pod_reschedule_s < KUEUE_PODS_READY_TIMEOUT_S

@@ -15,8 +15,8 @@ from typing import Any
 import promql_parser
 import pytest
 
-from k8s.observability import DCGM_EXPORTER_METRICS, dashboards
-from training.metrics import Metrics
+from nvrx_eks.k8s.observability import DCGM_EXPORTER_METRICS, dashboards
+from nvrx_eks.training.metrics import Metrics
 
 # Grafana's variables, replaced by values of their kind before parsing.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}

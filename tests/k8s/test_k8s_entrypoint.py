@@ -10,13 +10,13 @@ import pytest
 import yaml
 from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-from k8s.job_chart import render
-from k8s.launcher import FT_LAUNCHER
-from k8s.load import load_values
-from kitcore.configio import UserError
-from training import api
-from training.resilience.config import CONFIG_ENV
-from training.resilience.launch import PRELOAD_ENV, entry_script, launcher_argv
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.launcher import FT_LAUNCHER
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training import api
+from nvrx_eks.training.resilience.config import CONFIG_ENV
+from nvrx_eks.training.resilience.launch import PRELOAD_ENV, entry_script, launcher_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
@@ -77,7 +77,10 @@ def test_a_script_path_is_run_as_python_would(tmp_path):
     [
         (["entrypoint.script=/workspace/train.py"], "- entrypoint: give exactly one of module"),
         (["entrypoint.module=my-train"], "- entrypoint.module: 'my-train' is not a module name"),
-        (["entrypoint.module=training"], "training is the reference trainer: remove entrypoint"),
+        (
+            ["entrypoint.module=nvrx_eks.training"],
+            "nvrx_eks.training is the reference trainer: remove entrypoint",
+        ),
         (["entrypoint.preload=[transformers, 'not a module']"], "'not a module': not module names"),
         # The reference trainer's fields are not the kit's: a script's own are its args.
         (

@@ -13,9 +13,9 @@ import pytest
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional
 
-from k8s.node_verification import NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec, NodeVerification
-from training.node import nodecheck
-from training.node.selfcheck import Check, Status
+from nvrx_eks.k8s.node_verification import NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec, NodeVerification
+from nvrx_eks.training.node import nodecheck
+from nvrx_eks.training.node.selfcheck import Check, Status
 
 NAMESPACE = "training"
 USER = f"system:serviceaccount:{NAMESPACE}:{NODE_CHECK}"

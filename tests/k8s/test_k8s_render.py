@@ -11,11 +11,12 @@ import yaml
 from nvidia_resiliency_ext.fault_tolerance.control_plane import get_args_parser as control_parser
 from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
 
-from k8s.job_chart import render
-from k8s.launcher import FT_LAUNCHER
-from k8s.load import load_values
-from training.config import parse_args
-from training.resilience.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.launcher import FT_LAUNCHER
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.training.config import parse_args
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -142,7 +143,7 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     assert check["command"] == [
         "python",
         "-m",
-        "training.selfcheck",
+        "nvrx_eks.training.selfcheck",
         f"--checkpoint-dir={tiers.memory_dir}",
         f"--checkpoint-dir={tiers.local_dir}",
         f"--checkpoint-dir={tiers.durable_dir}",
@@ -158,7 +159,7 @@ def test_store_is_separate_and_prioritized(rendered):
     assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
     (store,) = pod["containers"]
     # NVRx's own control process hosts the store and closes the rounds: parsed by its real parser.
-    assert store["command"][:3] == ["python", "-m", "training.control"]
+    assert store["command"][:3] == ["python", "-m", "nvrx_eks.training.control"]
     control = control_parser().parse_args(store["command"][3:])
     assert control.rdzv_endpoint == "0.0.0.0:29400"
     assert control.rdzv_id == "llama-8b-p5-2"
@@ -172,8 +173,9 @@ def test_store_is_separate_and_prioritized(rendered):
 
 def _split(command: list[str]) -> tuple[list[str], list[str]]:
     """Launcher args (as the launcher receives them) and trainer args of a rendered command
-    (`torchrun ... -m training ARGS`, or `python -m training.launch ... -m training ARGS`)."""
-    i = command.index("training") - 1
+    (`torchrun ... -m nvrx_eks.training ARGS`, or `python -m nvrx_eks.training.launch ... -m
+    nvrx_eks.training ARGS`)."""
+    i = command.index(REFERENCE_TRAINER) - 1
     if command[0] == "torchrun":
         return command[1 : i + 2], command[i + 2 :]
     assert command[: len(FT_LAUNCHER)] == list(FT_LAUNCHER), command
@@ -193,7 +195,7 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     args = get_args_parser().parse_args(launcher)
     if mode == "baseline":
         assert args.module
-        assert args.training_script == "training"
+        assert args.training_script == REFERENCE_TRAINER
     else:  # forked from the warm forkserver, the trainer's __main__ as a callable (resilience/launch.py)
         assert args.run_path
         assert args.start_method == "forkserver"
@@ -251,7 +253,7 @@ def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
             if c["name"] not in {"selfcheck", "trainer", "store"}:
                 continue
-            cut = c["command"].index("training") + 1 if "training" in c["command"] else None
+            cut = c["command"].index(REFERENCE_TRAINER) + 1 if REFERENCE_TRAINER in c["command"] else None
             launcher = c["command"][:cut]
             flags = [arg.split("=")[0] for arg in launcher]
             conf = next((a for a in launcher if a.startswith("--rdzv-conf=")), "")
@@ -290,7 +292,7 @@ def test_the_peer_replicas_failure_domain_is_the_nodes_zone_and_network_nodes_an
     # The network-node labels are the Node's only: the last init container reads its own Node (by the
     # downward API's spec.nodeName) and writes them where the trainer reads them, read-only.
     topology = pod["initContainers"][-1]
-    assert topology["command"][:3] == ["python", "-m", "training.topology"]
+    assert topology["command"][:3] == ["python", "-m", "nvrx_eks.training.topology"]
     args = dict(a.removeprefix("--").split("=", 1) for a in topology["command"][3:])
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in topology["env"]} == {
         "NODE_NAME": "spec.nodeName"

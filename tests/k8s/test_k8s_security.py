@@ -16,20 +16,20 @@ import pytest
 import yaml
 from kube_objects import container_images
 
-from k8s.cluster_chart import ClusterObjectsChart
-from k8s.job_chart import (
+from nvrx_eks.k8s.cluster_chart import ClusterObjectsChart
+from nvrx_eks.k8s.job_chart import (
     NODE_READER_TOKEN_VOLUME,
     OWNER_SETUP_CONTAINER,
     TOPOLOGY_CONTAINER,
     render,
     trainer_owned_folders,
 )
-from k8s.load import load_values
-from k8s.node_verification import DCGM_PORT, HOST_NVME, NODE_CHECK, NodeCheckSpec, NodeVerification
-from k8s.nvrx_versions import LOCAL_IMAGE
-from k8s.values import NVME_RAID_ROOT
-from kitcore.configio import UserError
-from kitcore.pins import TRAINER_UID
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.node_verification import DCGM_PORT, HOST_NVME, NODE_CHECK, NodeCheckSpec, NodeVerification
+from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
+from nvrx_eks.k8s.values import NVME_RAID_ROOT
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import TRAINER_UID
 
 VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values"
 LOCAL, P5 = VALUES / "local-cpu.yaml", VALUES / "p5-2.yaml"

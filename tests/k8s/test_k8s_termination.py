@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k8s.termination import TAIL_BYTES, failure_cause, log_tail
+from nvrx_eks.k8s.termination import TAIL_BYTES, failure_cause, log_tail
 
 # The lines NVRx 0.4.1's ft_launcher logs when it runs out of restarts (seen in this kit's local runs).
 FAULTY = (

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from k8s.load import load_values
-from kitcore.configio import UserError
-from kitcore.pins import IMAGE
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.pins import IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "k8s" / "values" / "local-cpu.yaml"
@@ -210,7 +210,7 @@ def test_every_rendered_pod_carries_the_region_of_the_values(region, tmp_path):
     """Both variables the SDKs read, in the trainer and its self-check, from `aws_region` alone."""
     import yaml  # noqa: PLC0415
 
-    from k8s.job_chart import render  # noqa: PLC0415
+    from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415
 
     files = render(load_values(P5, [f"aws_region={region}"]), str(tmp_path))
     docs = [d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d]

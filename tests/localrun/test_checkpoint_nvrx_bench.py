@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
+from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kitcore.pins import TRAINER_UID
-from localrun import image_check
-from localrun.image_check import Built
+from nvrx_eks.kitcore.pins import TRAINER_UID
+from nvrx_eks.localrun import image_check
+from nvrx_eks.localrun.image_check import Built
 
 TRAINER = Built(
     name="localhost/nvrx-eks-local/training:check", seconds=0, size_bytes=0, digest="sha256:" + "a" * 64
@@ -46,7 +46,7 @@ def test_the_trainer_container_runs_as_its_rendered_pod(templates, tmp_path):
     assert {spec.split(":")[0] for spec in _pairs(argv, "--tmpfs")} == {"/dev/shm", "/checkpoint-memory"}
     # The rendered command, not the image's default: the launcher.
     image_at = argv.index(TRAINER.name)
-    assert argv[image_at + 1 : image_at + 4] == ["python", "-m", "training.launch"]
+    assert argv[image_at + 1 : image_at + 4] == ["python", "-m", "nvrx_eks.training.launch"]
 
 
 def test_the_store_container_runs_as_nobody_with_its_tmp(templates, tmp_path):
@@ -57,7 +57,7 @@ def test_the_store_container_runs_as_nobody_with_its_tmp(templates, tmp_path):
     assert argv[argv.index(STORE.name) + 1 : argv.index(STORE.name) + 4] == [
         "python",
         "-m",
-        "training.control",
+        "nvrx_eks.training.control",
     ]
 
 

@@ -25,9 +25,9 @@ from typing import Any
 import psutil
 import pytest
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ FAULTS = "sigkill@3:1,node_loss@6:3"  # rank 1 kills itself, then rank 3's node 
 _JOB = """
 import json, os, sys
 from pathlib import Path
-from localrun.executor import run_local
+from nvrx_eks.localrun.executor import run_local
 dist, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
 before = set(os.listdir("/dev/shm"))
 result = run_local(dist, run_dir=run_dir, timeout_s=float(sys.argv[3]))

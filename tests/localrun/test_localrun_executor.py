@@ -19,13 +19,18 @@ import psutil
 import pytest
 import yaml
 
-from k8s.job_chart import render
-from k8s.load import load_values
-from localrun.executor import COMPLETION_INDEX_ANNOTATION, LocalJob, local_node_labels, marked_processes
-from localrun.node_api import LocalApiServer
-from training.checkpoint.domains import NodeDomain, domain, levels, node_domain
-from training.events import read_events
-from training.resilience.launch import COLLATERAL_EXIT_CODE
+from nvrx_eks.k8s.job_chart import render
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.executor import (
+    COMPLETION_INDEX_ANNOTATION,
+    LocalJob,
+    local_node_labels,
+    marked_processes,
+)
+from nvrx_eks.localrun.node_api import LocalApiServer
+from nvrx_eks.training.checkpoint.domains import NodeDomain, domain, levels, node_domain
+from nvrx_eks.training.events import read_events
+from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 # The demo's configuration (mode both: in-process layer, whose monitor processes leave the launcher's

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from k8s.load import load_values
-from k8s.trainer_args import check_trainer_args
-from kitcore.configio import UserError
-from localrun.peer_bench import DEFAULT_SEEDS, mode_setups, run_peer_bench
-from training.faults import build_schedule
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.trainer_args import check_trainer_args
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.localrun.peer_bench import DEFAULT_SEEDS, mode_setups, run_peer_bench
+from nvrx_eks.training.faults import build_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "k8s" / "values" / "local-cpu.yaml"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from localrun.phases import fault_phases, find_event_dirs, main, medians
+from nvrx_eks.localrun.phases import fault_phases, find_event_dirs, main, medians
 
 
 def _ev(t, kind, rank, pid, **fields):

@@ -6,8 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-from kitcore.pins import TRAINER_UID
-from localrun.runtimes import RUNC, Podman, Processes
+from nvrx_eks.kitcore.pins import TRAINER_UID
+from nvrx_eks.localrun.runtimes import RUNC, Podman, Processes
 
 POD_SPEC = {
     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -44,7 +44,7 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     env["PATH"] = "/venv/bin:" + os.environ["PATH"]
     runtime = Podman(trainer_image="train:x", store_image="store:x")
     argv, _ = runtime.command(
-        ["python", "-m", "training.launch", f"--run-dir={volume}/runs"],
+        ["python", "-m", "nvrx_eks.training.launch", f"--run-dir={volume}/runs"],
         env,
         container=CONTAINER,
         pod_spec=POD_SPEC,
@@ -68,12 +68,12 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     inner = dict(item.split("=", 1) for item in _pairs(argv, "--env"))
     assert inner == {"TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1", "HOME": str(tmp)}
     image_at = argv.index("train:x")
-    assert argv[image_at + 1 :] == ["python", "-m", "training.launch", f"--run-dir={volume}/runs"]
+    assert argv[image_at + 1 :] == ["python", "-m", "nvrx_eks.training.launch", f"--run-dir={volume}/runs"]
 
 
 def test_podman_runs_the_store_pod_from_the_store_image(tmp_path):
     argv, _ = Podman(trainer_image="train:x", store_image="store:x").command(
-        ["python", "-m", "training.control"],
+        ["python", "-m", "nvrx_eks.training.control"],
         {"TMPDIR": str(tmp_path)},
         container={"name": "store", "securityContext": {"runAsUser": 65534}},
         pod_spec={},
@@ -90,8 +90,8 @@ def test_local_run_names_its_runtimes_and_refuses_others(tmp_path):
     import typer  # noqa: PLC0415
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from kitcore.configio import UserError  # noqa: PLC0415
-    from localrun.commands import register  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.localrun.commands import register  # noqa: PLC0415
 
     app, local, bench = typer.Typer(), typer.Typer(), typer.Typer()
     app.add_typer(local, name="local")

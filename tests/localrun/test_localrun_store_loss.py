@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from k8s.termination import failure_cause, log_tail
-from training.metrics import summarize
+from nvrx_eks.k8s.termination import failure_cause, log_tail
+from nvrx_eks.training.metrics import summarize
 
 if TYPE_CHECKING:
     from conftest import LocalJobRunner

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s.alerts import RULES_TEST
-from k8s.observability import dashboards
-from kitcore.console import make_console
-from localrun import observe
-from localrun.executor import LocalJob
+from nvrx_eks.k8s.alerts import RULES_TEST
+from nvrx_eks.k8s.observability import dashboards
+from nvrx_eks.kitcore.console import make_console
+from nvrx_eks.localrun import observe
+from nvrx_eks.localrun.executor import LocalJob
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = [tool for tool in ("prometheus", "promtool") if shutil.which(tool) is None]

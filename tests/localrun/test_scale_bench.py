@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from k8s.load import load_values
-from k8s.trainer_args import check_trainer_args
-from kitcore.configio import UserError
-from localrun.scale_bench import (
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.k8s.trainer_args import check_trainer_args
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.localrun.scale_bench import (
     MEMORY_EVERY,
     fault_plan,
     goals,
@@ -19,8 +19,8 @@ from localrun.scale_bench import (
     parse_nodes,
     scale_rows,
 )
-from training.faults import build_schedule
-from training.metrics import FaultPhases, FaultSummary
+from nvrx_eks.training.faults import build_schedule
+from nvrx_eks.training.metrics import FaultPhases, FaultSummary
 
 VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 PHASES = FaultPhases(

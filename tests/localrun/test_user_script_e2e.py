@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from k8s.termination import failure_cause, log_tail
-from localrun.demo import DEMO_FAULTS
+from nvrx_eks.k8s.termination import failure_cause, log_tail
+from nvrx_eks.localrun.demo import DEMO_FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
@@ -35,7 +35,7 @@ def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_pat
 _BUGGY = """
 import torch
 
-from training import api as kit
+from nvrx_eks.training import api as kit
 
 
 def train(attempt):

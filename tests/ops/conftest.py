@@ -6,7 +6,7 @@ import botocore.session
 import pytest
 from moto import mock_aws
 
-from infra.ops.aws import AwsSession
+from nvrx_eks.infra.ops.aws import AwsSession
 
 REGION = "us-east-1"
 # One botocore data loader for the whole run: it caches the parsed service models (EC2's is large),
@@ -63,8 +63,8 @@ def published_pins(url: str, headers) -> object:
     """Helm repositories that publish every pinned chart version (no test reaches the network)."""
     import yaml  # noqa: PLC0415
 
-    from infra.ops.charts import Answer  # noqa: PLC0415
-    from kitcore import pins  # noqa: PLC0415
+    from nvrx_eks.infra.ops.charts import Answer  # noqa: PLC0415
+    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     for pin in pins.HELM_CHARTS.values():
         if url == f"{pin.repository.rstrip('/')}/index.yaml":
@@ -81,6 +81,6 @@ def published_pins(url: str, headers) -> object:
 
 @pytest.fixture(autouse=True)
 def _charts_published(monkeypatch):
-    from infra.ops import charts  # noqa: PLC0415
+    from nvrx_eks.infra.ops import charts  # noqa: PLC0415
 
     monkeypatch.setattr(charts, "http_get", published_pins)

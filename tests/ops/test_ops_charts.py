@@ -7,10 +7,10 @@ import json
 
 import yaml
 
-from infra.ops import charts
-from infra.ops.charts import Answer
-from infra.ops.preflight import CHART_CHECK, Status, chart_version
-from kitcore import pins
+from nvrx_eks.infra.ops import charts
+from nvrx_eks.infra.ops.charts import Answer
+from nvrx_eks.infra.ops.preflight import CHART_CHECK, Status, chart_version
+from nvrx_eks.kitcore import pins
 
 HTTP_PIN = pins.ChartPin(
     chart="dcgm-exporter", repository="https://example.test/charts", version="4.1.1", namespace="x"

@@ -14,10 +14,16 @@ import urllib3
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.rest import RESTResponse
 
-from infra.ops import jobs
-from infra.ops.kube import APPLY_CONTENT_TYPE, CLUSTER_ID_HEADER, FIELD_MANAGER, TOKEN_PREFIX, eks_token
-from k8s.values import JobValues
-from kitcore.configio import UserError
+from nvrx_eks.infra.ops import jobs
+from nvrx_eks.infra.ops.kube import (
+    APPLY_CONTENT_TYPE,
+    CLUSTER_ID_HEADER,
+    FIELD_MANAGER,
+    TOKEN_PREFIX,
+    eks_token,
+)
+from nvrx_eks.k8s.values import JobValues
+from nvrx_eks.kitcore.configio import UserError
 
 IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1@sha256:{'ab' * 32}"
 STORE_IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1-store@sha256:{'cd' * 32}"
@@ -279,7 +285,7 @@ def cli(monkeypatch):
     import typer  # noqa: PLC0415
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from infra.ops import commands  # noqa: PLC0415
+    from nvrx_eks.infra.ops import commands  # noqa: PLC0415
 
     app = typer.Typer()
     job = typer.Typer()
@@ -381,7 +387,7 @@ def test_status_cli_prints_pods_restarts_and_checkpoint(cli, manifests, moto_ses
 def test_eks_client_authenticates_with_a_fresh_token(plain_session):
     from botocore.stub import Stubber  # noqa: PLC0415
 
-    from infra.ops.kube import eks_api_client  # noqa: PLC0415
+    from nvrx_eks.infra.ops.kube import eks_api_client  # noqa: PLC0415
 
     ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-checked-offline\n-----END CERTIFICATE-----\n")
     with Stubber(plain_session.client("eks")) as stubber:
@@ -408,7 +414,7 @@ def test_eks_client_authenticates_with_a_fresh_token(plain_session):
 def test_missing_eks_cluster_is_a_user_error(plain_session):
     from botocore.stub import Stubber  # noqa: PLC0415
 
-    from infra.ops.kube import eks_api_client  # noqa: PLC0415
+    from nvrx_eks.infra.ops.kube import eks_api_client  # noqa: PLC0415
 
     with Stubber(plain_session.client("eks")) as stubber:
         stubber.add_client_error(

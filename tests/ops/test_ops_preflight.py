@@ -13,9 +13,9 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
-from infra.addon_values import MANAGED_ADDON_CONFIGURATION
-from infra.ops.aws import ServiceError
-from infra.ops.preflight import (
+from nvrx_eks.infra.addon_values import MANAGED_ADDON_CONFIGURATION
+from nvrx_eks.infra.ops.aws import ServiceError
+from nvrx_eks.infra.ops.preflight import (
     BLOCK_SIZE_TAG,
     IMAGE_CHECK,
     AddonTarget,
@@ -29,8 +29,8 @@ from infra.ops.preflight import (
     quota_for,
     target_from_config,
 )
-from kitcore import pins
-from kitcore.configio import UserError
+from nvrx_eks.kitcore import pins
+from nvrx_eks.kitcore.configio import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 P_QUOTA = "L-417A185B"
@@ -372,7 +372,7 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
     import typer  # noqa: PLC0415
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from infra.ops import commands  # noqa: PLC0415
+    from nvrx_eks.infra.ops import commands  # noqa: PLC0415
 
     monkeypatch.setattr(commands, "_session", lambda profile, region: moto_session)
     monkeypatch.setenv("NVRX_EKS_STATE_DIR", str(tmp_path / "state"))
@@ -423,9 +423,9 @@ def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_se
 def test_preflight_cli_records_its_pass_for_cdk_deploy(preflight_cli, moto_session, tmp_path):
     import json  # noqa: PLC0415
 
-    from infra import deploy_gate  # noqa: PLC0415
-    from infra.config import ClusterConfig  # noqa: PLC0415
-    from kitcore.configio import load_model  # noqa: PLC0415
+    from nvrx_eks.infra import deploy_gate  # noqa: PLC0415
+    from nvrx_eks.infra.config import ClusterConfig  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
 
     record = tmp_path / "state" / "preflight" / "nvrx-eks.json"
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
@@ -489,7 +489,7 @@ def test_preflight_cli_bad_config_exits_2(preflight_cli):
 
 
 def test_retry_policy_is_standard_unless_the_profile_says_otherwise(make_session, tmp_path, monkeypatch):
-    from infra.ops.aws import DEFAULT_MAX_ATTEMPTS, retry_config  # noqa: PLC0415
+    from nvrx_eks.infra.ops.aws import DEFAULT_MAX_ATTEMPTS, retry_config  # noqa: PLC0415
 
     config = retry_config(make_session().session)
     assert config.retries == {"mode": "standard", "total_max_attempts": DEFAULT_MAX_ATTEMPTS}
@@ -503,10 +503,10 @@ def test_retry_policy_is_standard_unless_the_profile_says_otherwise(make_session
 def test_job_capacity_counts_spares_against_the_node_groups_max_size():
     from pathlib import Path  # noqa: PLC0415
 
-    from infra.config import ClusterConfig  # noqa: PLC0415
-    from infra.ops.preflight import Status, job_capacity  # noqa: PLC0415
-    from k8s.load import load_values  # noqa: PLC0415
-    from kitcore.configio import load_model  # noqa: PLC0415
+    from nvrx_eks.infra.config import ClusterConfig  # noqa: PLC0415
+    from nvrx_eks.infra.ops.preflight import Status, job_capacity  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
 
     root = Path(__file__).resolve().parents[2]
     config = load_model(ClusterConfig, root / "infra/configs/default.yaml", [])
@@ -624,8 +624,8 @@ def _quietly_identified(session) -> None:
 
 
 def test_target_checks_every_pinned_addon_at_the_clusters_version(tmp_path):
-    from infra.config import ClusterConfig  # noqa: PLC0415
-    from kitcore.configio import load_model  # noqa: PLC0415
+    from nvrx_eks.infra.config import ClusterConfig  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
 
     config_file = tmp_path / "cluster.yaml"
     config_file.write_text(CONFIG + 'kubernetes_version: "1.35"\n')
@@ -707,8 +707,8 @@ def test_addon_access_denied_is_that_rows_failure(plain_session):
 
 
 def _config(tmp_path, *overrides: str):
-    from infra.config import ClusterConfig  # noqa: PLC0415
-    from kitcore.configio import load_model  # noqa: PLC0415
+    from nvrx_eks.infra.config import ClusterConfig  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import load_model  # noqa: PLC0415
 
     config_file = tmp_path / "cluster.yaml"
     config_file.write_text(CONFIG)
@@ -768,7 +768,7 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
 
 def test_offline_checks_fail_first_without_asking_for_credentials(preflight_cli, monkeypatch, tmp_path):
     """A job that cannot fit is reported from the two files alone: no AWS call, so no credentials."""
-    from infra.ops import commands  # noqa: PLC0415
+    from nvrx_eks.infra.ops import commands  # noqa: PLC0415
 
     def no_aws(profile, region):
         raise AssertionError("preflight asked AWS before its offline checks failed")

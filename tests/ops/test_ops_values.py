@@ -10,11 +10,11 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from infra.ops import commands
-from infra.ops.stack_values import OUTPUT_KEYS, image_for
-from infra.revision import source_revision
-from k8s.values import JobValues
-from kitcore.configio import UserError
+from nvrx_eks.infra.ops import commands
+from nvrx_eks.infra.ops.stack_values import OUTPUT_KEYS, image_for
+from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.k8s.values import JobValues
+from nvrx_eks.kitcore.configio import UserError
 
 REPO = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer"
 OUTPUTS = {
@@ -251,7 +251,7 @@ def test_image_keeps_the_users_tag_or_digest(current, expected):
 
 
 def test_image_without_a_tag_is_never_latest(monkeypatch):
-    from infra.ops import stack_values  # noqa: PLC0415
+    from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
 
     assert image_for(REPO, None) == f"{REPO}:{source_revision()}"
     assert not image_for(REPO, "x:latest").endswith(":latest")
@@ -289,7 +289,7 @@ def test_the_admin_role_is_assumed_for_the_clusters_api(moto_session):
 
 
 def test_a_node_check_image_the_repository_lacks_is_named_before_a_job_is_submitted(moto_session):
-    from infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
+    from nvrx_eks.infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
 
     _deploy(moto_session, OUTPUTS)
     info = read_stack(moto_session, "nvrx-eks")

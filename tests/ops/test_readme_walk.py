@@ -43,8 +43,8 @@ from kubernetes.client.rest import RESTClientObject, RESTResponse
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from infra.ops.aws import AwsSession
-from kitcore import pins
+from nvrx_eks.infra.ops.aws import AwsSession
+from nvrx_eks.kitcore import pins
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's account
@@ -586,7 +586,7 @@ class Walk:
         context = dict(argv[i + 1].split("=", 1) for i, word in enumerate(argv) if word == "-c")
         import aws_cdk  # noqa: PLC0415
 
-        from infra import app as infra_app  # noqa: PLC0415
+        from nvrx_eks.infra import app as infra_app  # noqa: PLC0415
 
         outdir = self.cwd / "cdk.out"
         # Where the CDK CLI would read the assembly (CDK_OUTDIR reaches only a jsii kernel started later).
@@ -641,7 +641,7 @@ def walk(aws_env, monkeypatch, tmp_path):
             return made
 
         monkeypatch.setattr(AwsSession, "client", client)
-        from images import commands as image_commands  # noqa: PLC0415
+        from nvrx_eks.images import commands as image_commands  # noqa: PLC0415
 
         monkeypatch.setattr(image_commands, "_run", walker.engine)
         monkeypatch.setattr(image_commands, "_engine", lambda engine, dry_run: engine or "docker")
@@ -657,7 +657,7 @@ def walk(aws_env, monkeypatch, tmp_path):
 
         monkeypatch.setattr(RESTClientObject, "request", request)
         # The stand-in answers at once: pods that do not run at the first poll never will.
-        from infra.ops import jobs  # noqa: PLC0415
+        from nvrx_eks.infra.ops import jobs  # noqa: PLC0415
 
         wait = jobs.wait_for_pods
         monkeypatch.setattr(

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from k8s.durable_cost import PlanHints, durable_cadence_warning
-from k8s.values import JobValues
-from kitcore.configio import UserError, load_model
-from localrun.peer_bench import PEER_PUBLISHED
-from planner.commands import load_plan, write_values
-from planner.config import (
+from nvrx_eks.k8s.durable_cost import PlanHints, durable_cadence_warning
+from nvrx_eks.k8s.values import JobValues
+from nvrx_eks.kitcore.configio import UserError, load_model
+from nvrx_eks.localrun.peer_bench import PEER_PUBLISHED
+from nvrx_eks.planner.commands import load_plan, write_values
+from nvrx_eks.planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,
     LLAMA3_INTERRUPTIONS,
     MODES,
@@ -27,9 +27,9 @@ from planner.config import (
     llama3_mix,
     poisson_tail,
 )
-from planner.model import daly, project, project_all, recommend
-from planner.report import fleet_sweep, plot_fleet, plot_interval
-from planner.simulate import simulate
+from nvrx_eks.planner.model import daly, project, project_all, recommend
+from nvrx_eks.planner.report import fleet_sweep, plot_fleet, plot_interval
+from nvrx_eks.planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "planner" / "examples"
@@ -77,7 +77,7 @@ def test_llama3_mix_sums_to_the_table_and_is_mostly_node_loss():
 
 
 def test_soft_classes_match_the_trainers():
-    from training.faults import SOFT  # noqa: PLC0415 - imports torch
+    from nvrx_eks.training.faults import SOFT  # noqa: PLC0415 - imports torch
 
     assert SOFT == SOFT_CLASSES
 
@@ -325,7 +325,7 @@ def test_measured_costs_override_the_plan_files_and_say_so(peer_run):
     plan, given, cal = load_plan(PEER, [], peer_run)
     assert plan.recovery.inprocess_s == pytest.approx(0.85)  # measured, not the file's 10 s
     assert plan.workload.steps == 2000  # the scenario stays the plan file's
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     inputs = provenance(plan, given=given, labels=cal.labels)
     assert inputs["recovery.inprocess_s"]["source"].startswith("measured")
@@ -337,7 +337,7 @@ def test_measured_costs_override_the_plan_files_and_say_so(peer_run):
 def test_the_memory_snapshot_floor_follows_the_instance_types_host_link():
     """p5 links each GPU to the host over PCIe Gen4, p5en over Gen5: the same state per GPU stalls the
     loop twice as long per snapshot on p5, and the report names the link it assumed."""
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     stalls, sources = {}, {}
     for name in ("p5.48xlarge", "p5en.48xlarge"):
@@ -352,7 +352,7 @@ def test_the_memory_snapshot_floor_follows_the_instance_types_host_link():
 
 
 def test_a_plans_own_copy_bandwidth_wins_over_the_host_link():
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     plan, given, _ = load_plan(PEER, ["checkpoint.copy_gbps=10"], None)
     assert plan.stall_s("memory") == pytest.approx(plan.state_per_gpu / 10e9)
@@ -524,7 +524,7 @@ def _scale_run(tmp_path: Path, doc: dict | None = None) -> Path:
 def test_bench_scale_recovery_is_fitted_and_evaluated_at_the_fleet_size(tmp_path, nodes):
     import numpy as np  # noqa: PLC0415
 
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     rows = json.loads(SCALE.read_text())["rows"]
     plan, given, cal = load_plan(PEER, [f"fleet.nodes={nodes}"], _scale_run(tmp_path))
@@ -558,7 +558,7 @@ def _with_store_loss(doc: dict) -> dict:
 def test_bench_scale_store_loss_rows_fit_the_store_loss_recovery_not_the_node_swap(tmp_path, nodes):
     import numpy as np  # noqa: PLC0415
 
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     doc = _with_store_loss(json.loads(SCALE.read_text()))
     plan, given, cal = load_plan(PEER, [f"fleet.nodes={nodes}"], _scale_run(tmp_path, doc))
@@ -577,7 +577,7 @@ def test_bench_scale_store_loss_rows_fit_the_store_loss_recovery_not_the_node_sw
 
 
 def test_a_recovery_given_with_set_wins_over_bench_scale(tmp_path):
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     plan, given, cal = load_plan(PEER, ["recovery.node_swap_s=42", "fleet.nodes=64"], _scale_run(tmp_path))
     assert plan.recovery.node_swap_s == pytest.approx(42.0)
@@ -687,7 +687,7 @@ def test_a_store_loss_restarts_every_pod_from_disk_not_ram():
 def test_store_losses_are_a_rate_per_job_with_a_named_default():
     """One store per job: its losses do not scale with the fleet; the default is an assumption the
     report names, and --set replaces it."""
-    from planner.report import provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     plan, given, _ = load_plan(LLAMA, [], None)
     kit = project(plan, "kit")
@@ -765,7 +765,7 @@ def test_the_report_prints_what_each_fault_kind_costs():
 
     from rich.console import Console  # noqa: PLC0415
 
-    from planner.report import print_report, provenance  # noqa: PLC0415
+    from nvrx_eks.planner.report import print_report, provenance  # noqa: PLC0415
 
     plan, given, _ = load_plan(LLAMA, [], None)
     projection = project_all(plan)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kitcore.configio import UserError
-from training import api
-from training.entry import resolve
-from training.resilience.config import CONFIG_ENV
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training import api
+from nvrx_eks.training.entry import resolve
+from nvrx_eks.training.resilience.config import CONFIG_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ def test_the_entry_shim_names_what_does_not_run(tmp_path, monkeypatch):
 
 _PRELUDE = """
 import sys, torch
-from training import api as kit
+from nvrx_eks.training import api as kit
 
 def build():
     model = torch.nn.Linear(4, 4)
@@ -163,8 +163,8 @@ def _batchnorm_run(run_dir: Path, *, fail_at: int | None) -> str | None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training import parallel  # noqa: PLC0415
-    from training.events import EventLog  # noqa: PLC0415
+    from nvrx_eks.training import parallel  # noqa: PLC0415
+    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
 
     run_dir.mkdir(parents=True)
     config = api.ResilienceConfig(run_dir=run_dir)

@@ -31,10 +31,10 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training import api, parallel  # noqa: PLC0415
-    from training.config import parse_args  # noqa: PLC0415
-    from training.events import EventLog  # noqa: PLC0415
-    from training.trainer import ReferenceTrainer  # noqa: PLC0415
+    from nvrx_eks.training import api, parallel  # noqa: PLC0415
+    from nvrx_eks.training.config import parse_args  # noqa: PLC0415
+    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
+    from nvrx_eks.training.trainer import ReferenceTrainer  # noqa: PLC0415
 
     root = Path(run_dir)
     cfg = parse_args(["--steps", str(STEPS), "--model", "tiny", "--run-dir", run_dir, "--mode", "baseline"])

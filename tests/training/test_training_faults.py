@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from training.metrics import summarize
+from nvrx_eks.training.metrics import summarize
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from conftest import LocalJobRunner
 
-    from localrun.executor import JobResult
+    from nvrx_eks.localrun.executor import JobResult
 
 pytestmark = pytest.mark.slow
 

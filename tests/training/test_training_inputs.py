@@ -59,7 +59,7 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int | None, str]:
 def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
     port = str(_free_port())
     missing = tmp_path / "tokens.bin"
-    args = ["-m", "training", "--mode", "both", "--steps", "5", "--run-dir", str(tmp_path / "run")]
+    args = ["-m", "nvrx_eks.training", "--mode", "both", "--steps", "5", "--run-dir", str(tmp_path / "run")]
     args += ["--data-token-file", str(missing)]
     ranks = [
         _start(
@@ -91,7 +91,7 @@ def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
 )
 def test_bad_runtime_input_is_one_message_and_exit_2(setup, env, message, tmp_path):
     run_dir = tmp_path / "run"
-    args = ["-m", "training", "--steps", "3"]
+    args = ["-m", "nvrx_eks.training", "--steps", "3"]
     if setup == "run_dir_file":
         run_dir.write_text("")
     elif setup == "run_dir_below_file":
@@ -113,7 +113,7 @@ def test_bad_runtime_input_is_one_message_and_exit_2(setup, env, message, tmp_pa
 
 
 def test_a_port_past_65535_is_a_field_error():
-    code, out = _finish(_start(["-m", "training", "--metrics-prometheus-port", "70000"], _env()))
+    code, out = _finish(_start(["-m", "nvrx_eks.training", "--metrics-prometheus-port", "70000"], _env()))
     assert code == 2, out[-3000:]
     assert "metrics.prometheus_port: Input should be less than or equal to 65535" in out
 
@@ -124,13 +124,13 @@ def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        import training.api
+        import nvrx_eks.training.api
         class Boom(RuntimeError):
             pass
         def fail(*args, **kwargs):
             raise Boom("the trainer could not be built")
-        training.api._Context = fail
-        from training.__main__ import main
+        nvrx_eks.training.api._Context = fail
+        from nvrx_eks.training.__main__ import main
         sys.argv = ["training", "--steps", "3", "--run-dir", {str(tmp_path / "run")!r}]
         main()
         """

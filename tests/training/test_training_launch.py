@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from training.resilience.launch import (
+from nvrx_eks.training.resilience.launch import (
     S3_MODULES,
     VALUELESS_FLAGS,
     WARM_MODULES,
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_trainer_module_becomes_the_run_path_of_its_main_in_a_forkserver():
-    argv = ["--nnodes=2:2", "--max-restarts=3", "-m", "training", "--mode", "both", "-m", "x"]
+    argv = ["--nnodes=2:2", "--max-restarts=3", "-m", "nvrx_eks.training", "--mode", "both", "-m", "x"]
     assert launcher_argv(argv) == [
         "--nnodes=2:2",
         "--max-restarts=3",
@@ -47,7 +47,7 @@ def test_the_trainer_module_becomes_the_run_path_of_its_main_in_a_forkserver():
 
 
 def test_an_explicit_start_method_is_kept():
-    argv = ["--start-method=spawn", "-m", "training", "--steps", "3"]
+    argv = ["--start-method=spawn", "-m", "nvrx_eks.training", "--steps", "3"]
     assert launcher_argv(argv)[:3] == ["--start-method=spawn", "--run-path", trainer_script()]
 
 
@@ -61,7 +61,7 @@ def test_an_explicit_start_method_is_kept():
     ],
 )
 def test_an_explicit_start_method_is_kept_in_every_spelling_ft_launcher_accepts(given):
-    ft_argv = launcher_argv([*given, "--nnodes=1", "-m", "training", "--steps", "3"])
+    ft_argv = launcher_argv([*given, "--nnodes=1", "-m", "nvrx_eks.training", "--steps", "3"])
     assert ft_argv == [*given, "--nnodes=1", "--run-path", trainer_script(), "--steps", "3"]
     assert start_method(ft_argv) == "spawn"
 
@@ -73,7 +73,7 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
 
     import nvidia_resiliency_ext.fault_tolerance.launcher as nvrx_launcher  # noqa: PLC0415
 
-    from training.resilience import launch  # noqa: PLC0415
+    from nvrx_eks.training.resilience import launch  # noqa: PLC0415
 
     warmed: list[object] = []
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", warmed.append)
@@ -88,7 +88,7 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
     monkeypatch.setattr(launch, "poll_rendezvous_faster", lambda: None)
     ran: list[list[str]] = []
     monkeypatch.setattr(nvrx_launcher, "main", ran.append)
-    monkeypatch.setattr(sys, "argv", ["training.launch", *given, "-m", "training"])
+    monkeypatch.setattr(sys, "argv", ["nvrx_eks.training.launch", *given, "-m", "nvrx_eks.training"])
     launch.main()
     assert warmed == [list(WARM_MODULES), "started"]
     assert ran == [[*given, "--run-path", trainer_script()]]
@@ -96,12 +96,12 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
 
 def test_launcher_flags_are_read_in_both_forms_and_never_from_the_trainers_arguments():
     ft_argv = launcher_argv(
-        ["--rdzv-endpoint", "store:29400", "--rdzv_id=job", "--nnodes=2:3", "-m", "training"]
+        ["--rdzv-endpoint", "store:29400", "--rdzv_id=job", "--nnodes=2:3", "-m", "nvrx_eks.training"]
     )
     read = [_flag([*ft_argv, "--nnodes", "9"], f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes")]
     assert read == ["store:29400", "job", "2:3"]
-    assert _flag(launcher_argv(["-m", "training", "--nnodes", "9"]), "--nnodes") is None
-    assert start_method(launcher_argv(["-m", "training", "--start-method", "spawn"])) == "forkserver"
+    assert _flag(launcher_argv(["-m", "nvrx_eks.training", "--nnodes", "9"]), "--nnodes") is None
+    assert start_method(launcher_argv(["-m", "nvrx_eks.training", "--start-method", "spawn"])) == "forkserver"
 
 
 def test_a_command_without_a_training_script_is_refused():
@@ -243,8 +243,8 @@ def test_the_launchers_last_line_names_each_failed_rank_within_the_termination_m
 
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
 
-    from k8s.termination import failure_cause, log_tail  # noqa: PLC0415
-    from training.resilience.launch import failure_summary  # noqa: PLC0415
+    from nvrx_eks.k8s.termination import failure_cause, log_tail  # noqa: PLC0415
+    from nvrx_eks.training.resilience.launch import failure_summary  # noqa: PLC0415
 
     error_file = tmp_path / "error.json"
     stack = "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 200
@@ -273,7 +273,7 @@ _FAILED_AGENT = """
 import sys
 from nvidia_resiliency_ext.fault_tolerance import launcher
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from training.resilience.launch import main
+from nvrx_eks.training.resilience.launch import main
 
 CODES = [int(code) for code in sys.argv[1].split(",")]
 
@@ -285,8 +285,8 @@ def launch_agent(config, entrypoint, args):
     raise ChildFailedError(name="training", failures=failures)
 
 launcher.launch_agent = launch_agent
-sys.argv = ["training.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
-            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test", "-m", "training"]
+sys.argv = ["nvrx_eks.training.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
+            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test", "-m", "nvrx_eks.training"]
 main()
 """
 
@@ -303,7 +303,7 @@ main()
 def test_a_launcher_whose_ranks_were_only_stopped_exits_with_the_collateral_code(exit_codes, collateral):
     """The Job's podFailurePolicy does not charge the collateral exit (k8s/job_chart.py); a pod where a
     rank failed by itself keeps ft_launcher's 1 and is charged."""
-    from training.resilience.launch import COLLATERAL_EXIT_CODE  # noqa: PLC0415
+    from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE  # noqa: PLC0415
 
     run = subprocess.run(
         [sys.executable, "-c", _FAILED_AGENT, exit_codes],
@@ -321,11 +321,10 @@ def test_a_launcher_whose_ranks_were_only_stopped_exits_with_the_collateral_code
 
 _FORKED_IMPORTS = r"""
 import json, multiprocessing, sys
-import training.events
-
+import nvrx_eks.training.events
 def child(queue):
     import xmlrpc.client  # a package nothing here imported before the fork
-    queue.put(training.events.imported_since_fork())
+    queue.put(nvrx_eks.training.events.imported_since_fork())
 
 if __name__ == "__main__":
     queue = multiprocessing.get_context("fork").SimpleQueue()
@@ -333,7 +332,7 @@ if __name__ == "__main__":
     process.start()
     forked = queue.get()
     process.join()
-    print(json.dumps({"forked": forked, "parent": training.events.imported_since_fork()}))
+    print(json.dumps({"forked": forked, "parent": nvrx_eks.training.events.imported_since_fork()}))
 """
 
 
@@ -362,7 +361,7 @@ def test_a_forked_process_names_the_modules_it_imported_itself_and_a_fresh_one_s
     ],
 )
 def test_a_trainer_with_an_s3_durable_tier_gets_the_sdk_warm(trainer_args, s3):
-    ft_argv = launcher_argv(["--nnodes=2", "-m", "training", "--model", "8b", *trainer_args])
+    ft_argv = launcher_argv(["--nnodes=2", "-m", "nvrx_eks.training", "--model", "8b", *trainer_args])
     assert warm_modules(ft_argv) == [*WARM_MODULES, *(S3_MODULES if s3 else ())]
 
 

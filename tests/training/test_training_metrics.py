@@ -8,8 +8,8 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from training.events import EventLog
-from training.metrics import RECOVERY_PHASES, Metrics
+from nvrx_eks.training.events import EventLog
+from nvrx_eks.training.metrics import RECOVERY_PHASES, Metrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -148,8 +148,8 @@ def test_a_failing_listener_never_stops_the_event_stream(tmp_path):
 def test_each_tier_publishes_its_interval_and_counts_from_zero(tmp_path):
     """The stale-checkpoint alert divides by the interval; the dashboard's increase() over skips and
     failures reads 0 before the first one, not no data."""
-    from training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from training.metrics import checkpoint_intervals  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
+    from nvrx_eks.training.metrics import checkpoint_intervals  # noqa: PLC0415
 
     config = CheckpointConfig(
         memory_every=2, local_dir=tmp_path, local_every=10, durable_dir=None, peer_replicas=1
@@ -179,8 +179,8 @@ def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch):
     import socket  # noqa: PLC0415
     import urllib.request  # noqa: PLC0415
 
-    from localrun.executor import free_port  # noqa: PLC0415
-    from training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
+    from nvrx_eks.training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
 
     port = free_port()
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.3")
@@ -206,8 +206,8 @@ def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked
     import sys  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from localrun.executor import free_port  # noqa: PLC0415
-    from training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
+    from nvrx_eks.training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
 
     port = free_port()
     rank = (
@@ -250,8 +250,8 @@ def test_a_taken_metrics_port_waits_for_its_holder_and_never_stops_the_rank(capl
 
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from localrun.executor import free_port  # noqa: PLC0415
-    from training.metrics import serve_metrics  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
+    from nvrx_eks.training.metrics import serve_metrics  # noqa: PLC0415
 
     port = free_port()
     holder = socket.socket()

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from kitcore.profiles import get_profile
-from training.node import nodecheck
-from training.node.nodecheck import (
+from nvrx_eks.kitcore.profiles import get_profile
+from nvrx_eks.training.node import nodecheck
+from nvrx_eks.training.node.nodecheck import (
     CONDITION_TYPE,
     UNVERIFIED_TAINT,
     VERIFIED_AT_LABEL,
@@ -356,7 +356,7 @@ def test_real_commands_missing_or_hanging(tmp_path):
 
 def test_once_outside_a_cluster_is_one_clear_message():
     done = subprocess.run(
-        [sys.executable, "-m", "training.nodecheck", "--once", "--node", NAME],
+        [sys.executable, "-m", "nvrx_eks.training.nodecheck", "--once", "--node", NAME],
         capture_output=True,
         text=True,
         timeout=60,

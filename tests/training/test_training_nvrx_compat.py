@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kitcore.pins import NVRX_SUPPORTED_SINCE
-from training.resilience import nvrx_compat
+from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
+from nvrx_eks.training.resilience import nvrx_compat
 
 
 def test_every_internal_the_kit_uses_has_the_expected_shape():
@@ -45,7 +45,7 @@ _CLEANUP = """
 import os, sys
 from nvidia_resiliency_ext.fault_tolerance import launcher
 if sys.argv[1] == "kept":
-    from training.resilience.nvrx_compat import keep_launcher_process_group
+    from nvrx_eks.training.resilience.nvrx_compat import keep_launcher_process_group
     keep_launcher_process_group()
 from nvidia_resiliency_ext.fault_tolerance import utils
 slept = []
@@ -146,7 +146,7 @@ def test_a_restart_round_does_not_wait_for_a_node_whose_launcher_stopped_beating
 
 _BEATING_LAUNCHER = """
 import sys, time
-from training.resilience.nvrx_compat import LauncherBeat
+from nvrx_eks.training.resilience.nvrx_compat import LauncherBeat
 alive = LauncherBeat(sys.argv[1], run_id="job", infra_rank=3, every_s=0.05).start()
 sys.stdin.read()  # beats until the test closes its stdin, then exits as a launcher does
 if sys.argv[2] == "done":
@@ -321,7 +321,7 @@ def worker(local_rank):
 
 if __name__ == "__main__":
     if sys.argv[1] == "every":
-        from training.resilience.nvrx_compat import report_every_failed_worker
+        from nvrx_eks.training.resilience.nvrx_compat import report_every_failed_worker
         report_every_failed_worker()
     context = start_processes(
         name="trainer", entrypoint=worker, args={0: (0,), 1: (1,)}, envs={0: {}, 1: {}},
@@ -353,7 +353,7 @@ def worker(local_rank):
 
 if __name__ == "__main__":
     if sys.argv[1] == "plain":
-        from training.resilience.nvrx_compat import format_tracebacks_without_dynamo
+        from nvrx_eks.training.resilience.nvrx_compat import format_tracebacks_without_dynamo
         format_tracebacks_without_dynamo()
     context = start_processes(
         name="trainer", entrypoint=worker, args={0: (0,)}, envs={0: {}},
@@ -384,7 +384,7 @@ from torch.distributed import TCPStore
 from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier
 
 if sys.argv[1] == "mended":
-    from training.resilience.nvrx_compat import poll_rendezvous_faster
+    from nvrx_eks.training.resilience.nvrx_compat import poll_rendezvous_faster
     poll_rendezvous_faster()
 slept = []
 clock = [0.0]  # a virtual clock, exact in binary at 0: each sleep advances it without waiting
@@ -462,7 +462,7 @@ def test_a_monitor_thread_that_dies_of_its_store_calls_back_and_one_stopped_on_p
 _FORKED_CONNECTION = r"""
 import multiprocessing, socket, sys, time
 from types import SimpleNamespace
-from training.resilience import nvrx_compat
+from nvrx_eks.training.resilience import nvrx_compat
 
 ours, launchers = socket.socketpair()
 client = SimpleNamespace(rank_monitor_socket=ours)

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from training.metrics import summarize
+from nvrx_eks.training.metrics import summarize
 
 if TYPE_CHECKING:
     from conftest import LocalJobRunner
 
-    from localrun.executor import JobResult
+    from nvrx_eks.localrun.executor import JobResult
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training import parallel
+from nvrx_eks.training import parallel
 
 
 def test_standalone_store_binds_a_free_port_when_29500_is_taken(monkeypatch, capsys):
@@ -79,7 +79,7 @@ def test_the_in_process_store_waits_for_its_host_only_on_client_ranks(monkeypatc
     # Every rank's in-process store is built at once after a restart; a client that tried to connect
     # before rank 0 listened waited out torch's reconnect backoff (0.3-0.8 s here), so a client first
     # waits until the host listens. The host rank binds at once, as NVRx's store does.
-    from training.resilience import nvrx_compat  # noqa: PLC0415
+    from nvrx_eks.training.resilience import nvrx_compat  # noqa: PLC0415
 
     port, started = _free_port(), []
     waited: list[tuple[str, int]] = []

@@ -1,6 +1,6 @@
 """Trainer input that only fails once the run is under way, checked before anything starts.
 
-Each case is `python -m training` as a user starts it (no launcher unless the case says so): exit 2,
+Each case is `python -m nvrx_eks.training` as a user starts it (no launcher unless the case says so): exit 2,
 the field and the fix, no traceback, and no step trained; never a traceback at the first persist or
 heartbeat, a checkpoint_failed warning every due step, or an input silently ignored.
 """
@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT_S = 90
-BASE = ["-m", "training", "--steps", "4", "--checkpoint-memory-every", "2", "--log-every", "1"]
+BASE = ["-m", "nvrx_eks.training", "--steps", "4", "--checkpoint-memory-every", "2", "--log-every", "1"]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -66,7 +66,7 @@ CASES = {
     "ft_launcher mode without the launcher": (
         lambda t: ["--mode", "ft_launcher"],
         "mode ft_launcher runs under ft_launcher",
-        "start it with `python -m training.launch`",
+        "start it with `python -m nvrx_eks.training.launch`",
     ),
     "run dir name too long": (
         lambda t: ["--run-dir", str(t / ("x" * 300))],
@@ -134,7 +134,7 @@ SLOW_STEPS = [
 def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpoints(mode, tmp_path):
     """The second run's preset cannot load the first's checkpoint: exit 2 naming --model, not a
     load_state_dict traceback (or, in process, a restart per attempt until the budget is spent)."""
-    from localrun.executor import free_port  # noqa: PLC0415
+    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     env = _env(tmp_path) | (ONE_RANK | {"MASTER_PORT": str(free_port())} if mode == "inprocess" else {})
     args = [*BASE, "--mode", mode, "--run-dir", str(tmp_path / "run"), "--checkpoint-durable-every", "2"]

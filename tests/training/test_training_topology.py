@@ -1,4 +1,5 @@
-"""`python -m training.topology`, the trainer pod's topology init container, against a real loopback API
+"""`python -m nvrx_eks.training.topology`, the trainer pod's topology init container, against a real loopback
+API
 server (HTTPS with its own CA, a bearer token: localrun/node_api.py), and the partners its labels give.
 
 Each test also reads the domain back as the trainer does (`node_domain`), so the file's two ends are
@@ -16,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from localrun.executor import free_port
-from localrun.node_api import LocalApiServer
-from training.checkpoint.domains import (
+from nvrx_eks.localrun.executor import free_port
+from nvrx_eks.localrun.node_api import LocalApiServer
+from nvrx_eks.training.checkpoint.domains import (
     FAILURE_DOMAIN_ENV,
     TOPOLOGY_FILE_ENV,
     NodeDomain,
     levels,
     node_domain,
 )
-from training.checkpoint.replica import partner_ranks, source_ranks
-from training.node import topology
-from training.node.kubeapi import ApiError
+from nvrx_eks.training.checkpoint.replica import partner_ranks, source_ranks
+from nvrx_eks.training.node import topology
+from nvrx_eks.training.node.kubeapi import ApiError
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -220,7 +221,7 @@ def test_the_module_path_the_manifest_runs_writes_the_file_and_logs_the_domain(t
         [
             sys.executable,
             "-m",
-            "training.topology",
+            "nvrx_eks.training.topology",
             f"--out={out}",
             f"--token-dir={_token_dir(tmp_path, api)}",
         ],

@@ -15,14 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kitcore.configio import UserError
-from training.config import TrainConfig, build_parser, parse_args
-from training.data import DataSource, SyntheticTokens
-from training.faults import build_schedule, expected_layer
-from training.metrics import summarize
-from training.model import build_model
-from training.parallel import wait as parallel_wait
-from training.trainer import emulate_device_wait
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.config import TrainConfig, build_parser, parse_args
+from nvrx_eks.training.data import DataSource, SyntheticTokens
+from nvrx_eks.training.faults import build_schedule, expected_layer
+from nvrx_eks.training.metrics import summarize
+from nvrx_eks.training.model import build_model
+from nvrx_eks.training.parallel import wait as parallel_wait
+from nvrx_eks.training.trainer import emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_the_launcher_heartbeat_floor_covers_the_longer_of_the_two_recovery_wait
 
 def test_cli_bad_input_exits_2_without_traceback():
     result = subprocess.run(
-        [sys.executable, "-m", "training", "--steps", "-1"],
+        [sys.executable, "-m", "nvrx_eks.training", "--steps", "-1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -247,7 +247,7 @@ def test_the_wall_breakdown_names_every_second_once(tmp_path):
 def test_rng_state_restores_from_a_view():
     # Restored tensors are views into one shard buffer; torch reads a generator state from the start
     # of the storage, so the trainer clones it (a view at an offset crashed a restarted rank: SIGSEGV).
-    from training.checkpoint.shard import decode, to_bytes  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.shard import decode, to_bytes  # noqa: PLC0415
 
     torch.manual_seed(7)
     expected = torch.get_rng_state()
@@ -262,7 +262,7 @@ def test_rng_state_restores_from_a_view():
 def test_gradient_average_is_one_flat_all_reduce_in_parameter_order(tmp_path):
     import torch.distributed as dist  # noqa: PLC0415
 
-    from training.parallel import World, start_average_gradients  # noqa: PLC0415
+    from nvrx_eks.training.parallel import World, start_average_gradients  # noqa: PLC0415
 
     model = build_model("tiny", seed=0, device=torch.device("cpu"))
     model(torch.zeros(2, 32, dtype=torch.long)).sum().backward()
@@ -281,7 +281,7 @@ def test_gradient_average_is_one_flat_all_reduce_in_parameter_order(tmp_path):
 
 
 def test_help_does_not_import_torch_for_the_model_presets():
-    code = "import sys, training.shapes, training.config; print('training.model' in sys.modules)"
+    code = "import sys, training.shapes, training.config; print('nvrx_eks.training.model' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
     )
@@ -339,7 +339,7 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
     before the completion (the rank then never updates, nor can its peers) or after the update."""
     from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
 
-    from training.resilience.layers import InProcessLayer  # noqa: PLC0415
+    from nvrx_eks.training.resilience.layers import InProcessLayer  # noqa: PLC0415
 
     # NVRx's own atomic section and monitor-thread protocol: raise into the main thread under the lock.
     call_wrapper = SimpleNamespace(atomic_lock=threading.RLock())
@@ -356,7 +356,7 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
 
     import torch  # noqa: PLC0415
 
-    from training import api, parallel  # noqa: PLC0415
+    from nvrx_eks.training import api, parallel  # noqa: PLC0415
 
     updates: list[int] = []
     context = SimpleNamespace(
@@ -390,8 +390,8 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
-from training.events import EventLog
-from training.resilience.layers import install_termination_handler
+from nvrx_eks.training.events import EventLog
+from nvrx_eks.training.resilience.layers import install_termination_handler
 
 install_termination_handler(EventLog(run_dir=Path(sys.argv[1]), rank=0))
 store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
@@ -444,7 +444,7 @@ def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after
     heartbeat and once outlasted the launcher's heartbeat timeout: the launcher killed every rank of a
     finished job. Monitoring ends as the last step's run returns, before any outer teardown; a run that
     fails keeps it (the rank may be restarted)."""
-    from training.resilience.layers import FtLauncherLayer  # noqa: PLC0415
+    from nvrx_eks.training.resilience.layers import FtLauncherLayer  # noqa: PLC0415
 
     calls: list[str] = []
     layer = FtLauncherLayer.__new__(FtLauncherLayer)

@@ -2,7 +2,7 @@
 
 Use it like this (the loop calls `save` after every step; it does nothing unless a tier is due)::
 
-    from training.checkpoint import CheckpointConfig, build_checkpointer
+    from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
 
     ckpt = build_checkpointer(cfg.checkpoint, rank=rank, world_size=world, node_index=node,
                               device=device, on_event=events.emit)   # on_event is optional
@@ -28,19 +28,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from training.checkpoint.base import Checkpointer, Restored
-    from training.checkpoint.config import CheckpointConfig
-    from training.checkpoint.factory import build_checkpointer
+    from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.factory import build_checkpointer
 
 __all__ = ["CheckpointConfig", "Checkpointer", "Restored", "build_checkpointer"]
 
 # Lazy: the charts and the CLI import training.checkpoint.config (through training.config), which must
 # not import torch.
 _HOMES = {
-    "Checkpointer": "training.checkpoint.base",
-    "Restored": "training.checkpoint.base",
-    "CheckpointConfig": "training.checkpoint.config",
-    "build_checkpointer": "training.checkpoint.factory",
+    "Checkpointer": "nvrx_eks.training.checkpoint.base",
+    "Restored": "nvrx_eks.training.checkpoint.base",
+    "CheckpointConfig": "nvrx_eks.training.checkpoint.config",
+    "build_checkpointer": "nvrx_eks.training.checkpoint.factory",
 }
 
 

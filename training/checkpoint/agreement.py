@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.replica import ReplicaWorker
+from nvrx_eks.training.checkpoint.replica import ReplicaWorker
 
 
 @dataclass(frozen=True)

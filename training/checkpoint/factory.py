@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.stats import make_emitter
-from training.checkpoint.storage import disk_stores
+from nvrx_eks.training.checkpoint.stats import make_emitter
+from nvrx_eks.training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
 
-    from training.checkpoint.base import Checkpointer
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.base import Checkpointer
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
 def build_checkpointer(
@@ -32,7 +32,7 @@ def build_checkpointer(
     """
     emit = make_emitter(on_event)
     if config.implementation == "sync":
-        from training.checkpoint.sync import SyncCheckpointer  # noqa: PLC0415
+        from nvrx_eks.training.checkpoint.sync import SyncCheckpointer  # noqa: PLC0415
 
         return SyncCheckpointer(
             stores=disk_stores(config),
@@ -42,7 +42,7 @@ def build_checkpointer(
             device=device,
             emit=emit,
         )
-    from training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
+    from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
     return TieredCheckpointer(
         config=config,

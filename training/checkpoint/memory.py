@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from training.checkpoint.shard import Layout, ShardError, decode, views
-from training.checkpoint.slot import SlotFiles
+from nvrx_eks.training.checkpoint.shard import Layout, ShardError, decode, views
+from nvrx_eks.training.checkpoint.slot import SlotFiles
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -34,7 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.storage import open_store
+from nvrx_eks.training.checkpoint.storage import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

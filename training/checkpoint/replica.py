@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.domains import levels
-from training.checkpoint.slot import SlotFiles
+from nvrx_eks.training.checkpoint.domains import levels
+from nvrx_eks.training.checkpoint.slot import SlotFiles
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.base import Restored
-from training.checkpoint.shard import ShardError
+from nvrx_eks.training.checkpoint.base import Restored
+from nvrx_eks.training.checkpoint.shard import ShardError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from training.checkpoint.storage import ShardStore
+    from nvrx_eks.training.checkpoint.storage import ShardStore
 
 logger = logging.getLogger(__name__)
 

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.base import Restored
-from training.checkpoint.replica import PEER_DIR
-from training.checkpoint.restore import all_ok
-from training.checkpoint.shard import ShardError, decode
-from training.checkpoint.slot import committed
+from nvrx_eks.training.checkpoint.base import Restored
+from nvrx_eks.training.checkpoint.replica import PEER_DIR
+from nvrx_eks.training.checkpoint.restore import all_ok
+from nvrx_eks.training.checkpoint.shard import ShardError, decode
+from nvrx_eks.training.checkpoint.slot import committed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from training.checkpoint.restore import StoreSource
+    from nvrx_eks.training.checkpoint.restore import StoreSource
 
 TIER_ORDER = ("memory", "peer_memory", "local", "durable")
 """Where a shard comes from at restore, fastest first."""

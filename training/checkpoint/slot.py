@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.shard import ShardError
+from nvrx_eks.training.checkpoint.shard import ShardError
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-logger = logging.getLogger("training.checkpoint")
+logger = logging.getLogger("nvrx_eks.training.checkpoint")
 
 
 @dataclass

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.shard import ShardError, decode
+from nvrx_eks.training.checkpoint.shard import ShardError, decode
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _CHUNK = 64 << 20

@@ -10,17 +10,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint.base import Checkpointer, Restored
-from training.checkpoint.restore import StoreSource, load_newest
-from training.checkpoint.shard import encode_header, flatten, tensor_chunks
-from training.checkpoint.stats import CheckpointStats
+from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
+from nvrx_eks.training.checkpoint.shard import encode_header, flatten, tensor_chunks
+from nvrx_eks.training.checkpoint.stats import CheckpointStats
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
 
-    from training.checkpoint.storage import ShardStore
+    from nvrx_eks.training.checkpoint.storage import ShardStore
 
 
 class SyncCheckpointer(Checkpointer):

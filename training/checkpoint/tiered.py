@@ -25,22 +25,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
-from training.checkpoint.base import Checkpointer, Restored
-from training.checkpoint.domains import node_domain
-from training.checkpoint.memory import MemoryTier, Slot
-from training.checkpoint.persist import PersistWorker
-from training.checkpoint.replica import ReplicaWorker, ranks_per_node
-from training.checkpoint.restore import StoreSource, load_newest
-from training.checkpoint.restore_anywhere import restore_from_anywhere
-from training.checkpoint.shard import encode_header, flatten
-from training.checkpoint.stats import CheckpointStats
-from training.checkpoint.storage import disk_stores
+from nvrx_eks.training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
+from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+from nvrx_eks.training.checkpoint.domains import node_domain
+from nvrx_eks.training.checkpoint.memory import MemoryTier, Slot
+from nvrx_eks.training.checkpoint.persist import PersistWorker
+from nvrx_eks.training.checkpoint.replica import ReplicaWorker, ranks_per_node
+from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
+from nvrx_eks.training.checkpoint.restore_anywhere import restore_from_anywhere
+from nvrx_eks.training.checkpoint.shard import encode_header, flatten
+from nvrx_eks.training.checkpoint.stats import CheckpointStats
+from nvrx_eks.training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
 PEER_PIN = "peer-pinned"

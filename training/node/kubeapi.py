@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

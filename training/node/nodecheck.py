@@ -1,4 +1,4 @@
-"""`python -m training.nodecheck`: is this GPU node fit to train? The node-check DaemonSet's loop.
+"""`python -m nvrx_eks.training.nodecheck`: is this GPU node fit to train? The node-check DaemonSet's loop.
 
 The cluster chart (k8s/cluster_chart.py) runs this on every GPU node, at start and every
 `--interval-s`. Each round checks the node, then records the verdict on the Node object:
@@ -45,11 +45,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kitcore.configio import UserError, exit_on_user_error
-from kitcore.profiles import InstanceProfile, get_profile
-from training.node import selfcheck
-from training.node.kubeapi import ApiError, InClusterApi
-from training.node.selfcheck import Check, Status
+from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.node import selfcheck
+from nvrx_eks.training.node.kubeapi import ApiError, InClusterApi
+from nvrx_eks.training.node.selfcheck import Check, Status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -511,7 +511,7 @@ def loop(
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m training.nodecheck", description=__doc__.split("\n\n")[0]
+        prog="python -m nvrx_eks.training.nodecheck", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--node", default=env.get("NODE_NAME"), help="this node's name (default $NODE_NAME)")
     parser.add_argument("--namespace", default=env.get("POD_NAMESPACE", "default"), help="for Events")

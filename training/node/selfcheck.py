@@ -1,4 +1,4 @@
-"""`python -m training.selfcheck`: can this node train? Run first in every training pod.
+"""`python -m nvrx_eks.training.selfcheck`: can this node train? Run first in every training pod.
 
 Checks torch/CUDA/NCCL, the GPU count against the instance profile, EFA devices and that NCCL will
 take the aws-ofi-nccl plugin (not TCP sockets), the environment the job chart sets, NVRx at the
@@ -30,10 +30,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
-from kitcore.console import make_console
-from kitcore.pins import IMAGE
-from kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
+from nvrx_eks.kitcore.console import make_console
+from nvrx_eks.kitcore.pins import IMAGE
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -305,7 +305,7 @@ def _nvrx(node: Node) -> Check:
     # The straggler detector's compiled CUPTI extension ships in the cp312 wheel only (the image);
     # nothing in the kit uses it (training/resilience/nvrx_compat.py), so its absence is a note, not a
     # problem.
-    from training.resilience.nvrx_compat import straggler_extension_available  # noqa: PLC0415
+    from nvrx_eks.training.resilience.nvrx_compat import straggler_extension_available  # noqa: PLC0415
 
     extension = "" if straggler_extension_available() else " (no CUPTI straggler extension: GPU images only)"
     return Check("NVRx", Status.OK, f"{installed}{extension}")
@@ -403,7 +403,7 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m training.selfcheck",
+        prog="python -m nvrx_eks.training.selfcheck",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog="Exit codes: 0 can train; 2 configuration/image problem; 75 node problem.",
     )

@@ -1,4 +1,5 @@
-"""`python -m training.topology`: this node's zone and network nodes, for the peer replica's partners.
+"""`python -m nvrx_eks.training.topology`: this node's zone and network nodes, for the peer replica's
+partners.
 
 The peer replica chooses partners in other failure domains: the zone, and inside a zone the EC2
 network nodes above each node (training/checkpoint/domains.py). Kubernetes copies only a node's zone
@@ -24,9 +25,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kitcore.configio import UserError
-from training.checkpoint.domains import DOMAIN_LABELS, domain, write_labels
-from training.node.kubeapi import SA_DIR, ApiError, InClusterApi
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.checkpoint.domains import DOMAIN_LABELS, domain, write_labels
+from nvrx_eks.training.node.kubeapi import SA_DIR, ApiError, InClusterApi
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -75,7 +76,9 @@ def _why(exc: Exception) -> str:
 
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m training.topology", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx_eks.training.topology", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True, help="the file to write (the trainer reads it)")
     parser.add_argument(
         "--node", default=env.get(NODE_NAME_ENV, ""), help=f"this node's name (default ${NODE_NAME_ENV})"

@@ -18,8 +18,12 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kitcore.configio import load_model
-from training.checkpoint.config import CheckpointConfig
+from nvrx_eks.kitcore.configio import load_model
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+
+REFERENCE_TRAINER = "nvrx_eks.training"
+"""The module `python -m` runs for the reference trainer (training/__main__.py): a job whose values name
+no entrypoint runs it."""
 
 CONFIG_ENV = "NVRX_EKS_CONFIG"
 """A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'

@@ -1,4 +1,4 @@
-"""`python -m training.control`: the job's rendezvous store, NVRx's control process with one mend.
+"""`python -m nvrx_eks.training.control`: the job's rendezvous store, NVRx's control process with one mend.
 
 The command line is `nvrx-control`'s own (NVRx's external control process: it hosts the TCPStore every
 launcher connects to, and closes each rendezvous round). What this adds, before NVRx's `main` runs:
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from training.resilience.nvrx_compat import (
+from nvrx_eks.training.resilience.nvrx_compat import (
     check_supported_nvrx,
     keep_previous_actives_first,
     poll_rendezvous_faster,

@@ -1,6 +1,7 @@
-"""`python -m training.launch`: ft_launcher whose restarted workers fork from a warm process.
+"""`python -m nvrx_eks.training.launch`: ft_launcher whose restarted workers fork from a warm process.
 
-The command line is ft_launcher's own, unchanged, ending in `-m training ARGS` as for ft_launcher. What
+The command line is ft_launcher's own, unchanged, ending in `-m nvrx_eks.training ARGS` (or
+the job's own module or script) as for ft_launcher. What
 this adds: the workers are not fresh interpreters. ft_launcher's `--run-path` runs the trainer through a
 Python callable, and `--start-method=forkserver` (torch.distributed.elastic's multiprocessing, not ours)
 starts each worker as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload`
@@ -43,8 +44,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kitcore.configio import USER_ERROR_EXIT_CODE
-from training.resilience.nvrx_compat import (
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.resilience.nvrx_compat import (
     LauncherBeat,
     capture_worker_failures,
     check_supported_nvrx,
@@ -64,16 +66,16 @@ WARM_MODULES = (
     # which multiprocessing imports again in every child as `__mp_main__`.
     "torch.distributed.elastic.multiprocessing.api",
     "nvidia_resiliency_ext.fault_tolerance.launcher",
-    "training.launch",
+    "nvrx_eks.training.launch",
     # The trainer: its entry point and what it imports on the way to the first step.
-    "training.inputs",
-    "training.config",
-    "training.api",
-    "training.trainer",
-    "training.entry",
-    "training.checkpoint.factory",
-    "training.checkpoint.tiered",
-    "training.checkpoint.sync",
+    "nvrx_eks.training.inputs",
+    "nvrx_eks.training.config",
+    "nvrx_eks.training.api",
+    "nvrx_eks.training.trainer",
+    "nvrx_eks.training.entry",
+    "nvrx_eks.training.checkpoint.factory",
+    "nvrx_eks.training.checkpoint.tiered",
+    "nvrx_eks.training.checkpoint.sync",
     "nvidia_resiliency_ext.inprocess",
     "prometheus_client",
     "psutil",
@@ -155,14 +157,14 @@ def _entry_at(argv: list[str]) -> int | None:
 
 def launcher_argv(argv: list[str]) -> list[str]:
     """ft_launcher's arguments, with the training script (a fresh interpreter each) replaced by
-    `--run-path` (a callable in a worker forked from the warm forkserver): `-m training` by
+    `--run-path` (a callable in a worker forked from the warm forkserver): `-m nvrx_eks.training` by
     training/__main__.py, any other `-m MODULE` or `SCRIPT` by training/entry.py, which runs it."""
     at = _entry_at(argv)
     if at is None:
         raise SystemExit("training.launch: the command line must end in `-m MODULE ARGS` or `SCRIPT ARGS`")
     if argv[at] in ("-m", "--module"):
         module, rest = argv[at + 1], argv[at + 2 :]
-        run = [trainer_script()] if module == "training" else [entry_script(), "--module", module]
+        run = [trainer_script()] if module == REFERENCE_TRAINER else [entry_script(), "--module", module]
     else:
         run, rest = [entry_script(), "--script", argv[at]], argv[at + 1 :]
     start = [] if _flag(argv, "--start-method") is not None else ["--start-method=forkserver"]
@@ -246,7 +248,7 @@ def hand_over(ft_argv: list[str]) -> None:
 
     from torch.distributed import TCPStore  # noqa: PLC0415
 
-    from training.resilience.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
+    from nvrx_eks.training.resilience.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
 
     host, _, port = endpoint.rpartition(":")
     try:

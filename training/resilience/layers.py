@@ -48,15 +48,15 @@ import threading
 import typing
 from typing import TYPE_CHECKING, Any
 
-from kitcore.configio import UserError
-from training import parallel
-from training.resilience import nvrx_compat
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training import parallel
+from nvrx_eks.training.resilience import nvrx_compat
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from training.events import EventLog
-    from training.resilience.config import ResilienceConfig
+    from nvrx_eks.training.events import EventLog
+    from nvrx_eks.training.resilience.config import ResilienceConfig
 
 
 class Layer:

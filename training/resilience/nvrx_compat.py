@@ -156,8 +156,8 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
-from kitcore.pins import NVRX_SUPPORTED_SINCE
-from training.forks import close_in_forks
+from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
+from nvrx_eks.training.forks import close_in_forks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -315,7 +315,7 @@ def host_first_store() -> type:
             "check training/resilience/nvrx_compat.py against this release"
         )
     require_internal(TCPStore, "__init__", ("self", "host_name", "port", "world_size", "timeout"))
-    from training.parallel import wait_until_listening  # noqa: PLC0415
+    from nvrx_eks.training.parallel import wait_until_listening  # noqa: PLC0415
 
     class HostFirstTCPStore(TCPStore):
         def __init__(
