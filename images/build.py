@@ -30,6 +30,8 @@ LOCK_FILE = Path(__file__).resolve().parent / "requirements.lock"
 TORCH_LOCK_FILE = Path(__file__).resolve().parent / "torch-requirements.lock"
 STORE_DOCKERFILE = Path(__file__).resolve().parent / "store.Dockerfile"
 STORE_LOCK_FILE = Path(__file__).resolve().parent / "store-requirements.lock"
+USER_DOCKERFILE = Path(__file__).resolve().parent / "user.Dockerfile"
+"""A training project's image on the kit's (`nvrx-eks image build --project`)."""
 STORE_TAG_SUFFIX = STORE_IMAGE_TAG_SUFFIX
 ENGINES = ("docker", "finch", "podman")
 DEFAULT_NAME = "nvrx-eks-training"
@@ -72,6 +74,13 @@ _ECR_URI = re.compile(
     r"^(?P<registry>\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?)/(?P<repo>[a-z0-9._/-]+)$"
 )
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+# The OCI distribution spec's repository name: lower-case path components joined by `/`, each
+# alphanumerics with `.`, `_`, `__` or dashes between; a registry host (with a port) may come first.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MAX_IMAGE_NAME = 255
+"""Registries (ECR, Docker Hub) refuse a longer repository name, host included."""
 
 
 def build_args(
@@ -97,6 +106,8 @@ def store_build_args(*, git_revision: str, pins: StoreImagePins = STORE_IMAGE) -
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MAX_IMAGE_NAME = 255
+"""Registries (ECR, Docker Hub) refuse a longer repository name, host included."""
 
 
 def check_verifiable(pins: ImagePins = IMAGE, store: StoreImagePins = STORE_IMAGE) -> None:
@@ -313,3 +324,61 @@ def parse_report(stdout: str) -> dict[str, Any]:
 def locked_versions(text: str) -> dict[str, str]:
     """name -> version of a lock file (for checks against the pins)."""
     return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==([^\s\\]+)", text, flags=re.MULTILINE))
+
+
+def check_image_name(name: str, *, option: str = "--name") -> str:
+    """`name` when it is a valid image repository name (registry host optional), else a UserError."""
+    if len(name) > MAX_IMAGE_NAME or not _REPOSITORY.match(name):
+        raise UserError(
+            f"{option} {name!r} is not an image name: lower-case letters, digits and '.', '_', '-' "
+            "between them, path components joined by '/' (e.g. my-training)"
+        )
+    return name
+
+
+def check_kit_image(reference: str) -> str:
+    """`reference` when it names one build of the kit's image: NAME:TAG (a local build), or
+    [NAME[:TAG]]@sha256:DIGEST (a pushed one). A bare name is refused: it would mean whichever image
+    `latest` names on the day of the build."""
+    name, _, digest = reference.partition("@")
+    name, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "")
+    problems = [
+        *(["the name"] if not _REPOSITORY.match(name) else []),
+        *(["the tag"] if tag and not _TAG.match(tag) else []),
+        *(["the digest (sha256: and 64 hex digits)"] if digest and not _DIGEST.match(digest) else []),
+    ]
+    if problems or not (tag or digest):
+        why = f"{' and '.join(problems)} is not valid" if problems else "it names no tag or digest"
+        raise UserError(
+            f"--base {reference!r}: {why}; give the kit's training image by digest, as "
+            "`nvrx-eks image push` prints it (REPOSITORY:TAG@sha256:...), or a local NAME:TAG from "
+            "`nvrx-eks image build`"
+        )
+    return reference
+
+
+def project_problems(project: Path) -> list[str]:
+    """What keeps `project` (a training project's folder, the build context) from building on the kit's
+    image, each a sentence with the fix."""
+    problems = []
+    if not (project / "requirements.txt").is_file():
+        problems.append(
+            f"{project} has no requirements.txt: add one listing the project's own dependencies "
+            "(empty when it has none; the kit's image already has torch and NVRx)"
+        )
+    if (project / "nvrx_eks").exists():
+        problems.append(
+            f"{project / 'nvrx_eks'} would shadow the kit's own package (nvrx_eks) in the image: rename it"
+        )
+    return problems
+
+
+def user_build_args(*, kit_image: str, pins: ImagePins = IMAGE) -> dict[str, str]:
+    """images/user.Dockerfile's build args: the kit's image to build on and its trainer's uid."""
+    return {"KIT_IMAGE": check_kit_image(kit_image), "TRAINER_UID": str(pins.trainer_uid)}
+
+
+def default_project_image_name(project: Path) -> str:
+    """The image name for a project folder: its name in lower case, other characters as '-'."""
+    name = re.sub(r"[^a-z0-9]+", "-", project.resolve().name.lower()).strip("-")
+    return name or "training"

@@ -1,4 +1,5 @@
-"""`nvrx-eks image build | push | lock | pin`: the training image, with docker, finch or podman.
+"""`nvrx-eks image build | push | lock | pin`: the training image, with docker, finch or podman; and
+`image build --project DIR --base KIT_IMAGE`: a training project's image on the kit's.
 
 Docker is not needed to read this: every command prints the exact command lines it runs, and
 `--dry-run` prints them without running anything (images/README.md shows the build end to end).
@@ -9,9 +10,15 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from typing import Annotated
+from pathlib import Path  # noqa: TC003 - typer evaluates the options' annotations at runtime
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from nvrx_eks.kitcore import paths
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 Engine = Annotated[
     str | None,
@@ -123,20 +130,102 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
         print(image_name)
 
 
+def _build_project(
+    *, project: Path, base: str, engine: str | None, name: str | None, tag: str | None, dry_run: bool
+) -> None:
+    """Build `project` (its folder the context, images/user.Dockerfile the recipe) on the kit's image."""
+    from nvrx_eks.images.build import (  # noqa: PLC0415
+        USER_DOCKERFILE,
+        build_argv,
+        check_image_name,
+        default_project_image_name,
+        git_revision,
+        project_problems,
+        user_build_args,
+    )
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+
+    args = user_build_args(kit_image=base)
+    image_name = check_image_name(name or default_project_image_name(project))
+    problems = project_problems(project)
+    if problems:
+        raise UserError("--project: " + "; ".join(problems))
+    tag = _tag_of(tag, project, git_revision)
+    engine = _engine(engine, dry_run=dry_run)
+    _run(
+        build_argv(
+            engine=engine,
+            image=f"{image_name}:{tag}",
+            args=args,
+            dockerfile=USER_DOCKERFILE,
+            context=project,
+        ),
+        dry_run=dry_run,
+    )
+    print(f"{image_name}:{tag}")
+
+
+def _tag_of(tag: str | None, project: Path, revision: Callable[[Path], str]) -> str:
+    from nvrx_eks.images.build import check_tag  # noqa: PLC0415
+
+    return check_tag(tag or revision(project))
+
+
+def build(
+    engine: Engine = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="Local image name (default: nvrx-eks-training; with --project, the project folder's).",
+        ),
+    ] = None,
+    tag: Tag = None,
+    project: Annotated[
+        Path | None,
+        typer.Option(
+            "--project",
+            help="A training project's folder: build it on the kit's image (--base) instead.",
+            parser=paths.read_folder("training project folder", "."),
+        ),
+    ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            "--base",
+            help="With --project: the kit's training image, REPOSITORY:TAG@sha256:DIGEST as "
+            "`image push` prints it, or a local NAME:TAG.",
+        ),
+    ] = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Build the training image (images/Dockerfile) and the rendezvous store's image
+    (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py. With
+    --project DIR --base KIT_IMAGE: DIR's code and requirements.txt on the kit's image
+    (images/user.Dockerfile), tagged with DIR's git revision."""
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+
+    if project is None:
+        if base is not None:
+            raise UserError("--base is the kit's image for a project's build: give --project DIR too")
+        _build(engine=engine, name=name or "nvrx-eks-training", tag=tag, dry_run=dry_run)
+        return
+    if base is None:
+        raise UserError(
+            "--project needs --base: the kit's training image the project builds on "
+            "(`nvrx-eks image push` prints REPOSITORY:TAG@sha256:...)"
+        )
+    _build_project(project=project, base=base, engine=engine, name=name, tag=tag, dry_run=dry_run)
+
+
 def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     """Attach `image build`, `image push`, `image lock` and `image pin`."""
     image.command("pin")(pin)
 
-    @image.command("build")
-    def build(
-        engine: Engine = None, name: Name = "nvrx-eks-training", tag: Tag = None, dry_run: DryRun = False
-    ) -> None:
-        """Build the training image (images/Dockerfile) and the rendezvous store's image
-        (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py."""
-        _build(engine=engine, name=name, tag=tag, dry_run=dry_run)
+    image.command("build")(build)
 
     @image.command("push")
-    def push(
+    def push(  # noqa: PLR0917 - typer passes options by keyword; a command has one parameter per option
         stack: Annotated[
             str | None, typer.Option("--stack", help="Cluster stack whose ImageRepositoryUri to push to.")
         ] = None,
@@ -148,6 +237,14 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         engine: Engine = None,
         name: Name = "nvrx-eks-training",
         tag: Tag = None,
+        store: Annotated[
+            bool,
+            typer.Option(
+                "--store/--no-store",
+                help="Push the store's image (TAG-store) too, as `image build` makes it; --no-store for a "
+                "project's image (`image build --project`).",
+            ),
+        ] = True,
         dry_run: DryRun = False,
     ) -> None:
         """Push the built images to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST for the
@@ -176,7 +273,7 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             with aws_errors("ecr:GetAuthorizationToken"):
                 password = ecr_password(session.client("ecr"), registry)
         _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
-        tags = (tag, f"{tag}{STORE_TAG_SUFFIX}")
+        tags = (tag, f"{tag}{STORE_TAG_SUFFIX}") if store else (tag,)
         for each in tags:
             for argv in push_argvs(engine=engine, local_image=f"{name}:{each}", repository_uri=uri, tag=each):
                 _run(argv, dry_run=dry_run)

@@ -7,7 +7,9 @@ the runtime's default seccomp filter, its mounts and environment), so a write ou
 missing module or file, or an entrypoint that does not start as the pod's user fails here, not on a
 GPU node. Then the demo's job runs under its fault plan with every pod a container of these images (the
 local executor's podman runtime, localrun/runtimes.py): every fault must be recovered by its layer and
-the final parameters must be bit-identical to the same job run fault-free as processes.
+the final parameters must be bit-identical to the same job run fault-free as processes. Last, a training
+project whose own package is named `training` (examples/own_package) is built on the training image as
+`nvrx-eks image build --project` builds it, and runs as the job's entrypoint in containers of that image.
 
 What differs from the shipped images, and why:
 - No container registry is reachable from the machines this runs on, so the bases are made here: a
@@ -50,9 +52,11 @@ from nvrx_eks.images.build import (
     STORE_DOCKERFILE,
     STORE_LOCK_FILE,
     TORCH_LOCK_FILE,
+    USER_DOCKERFILE,
     build_args,
     locked_versions,
     store_build_args,
+    user_build_args,
 )
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
 from nvrx_eks.localrun.runtimes import RUNC, ULIMITS
@@ -271,7 +275,7 @@ class Built:
     digest: str
 
 
-def build_image(*, name: str, dockerfile: Path, args: dict[str, str]) -> Built:
+def build_image(*, name: str, dockerfile: Path, args: dict[str, str], context: Path = REPO_ROOT) -> Built:
     # Docker's image format: the OCI one has no SHELL, and the Dockerfiles' `pipefail` must hold.
     argv = podman(
         "build", "--format", "docker", *ULIMITS, *build_volumes(), "--file", str(dockerfile), "--tag", name
@@ -279,7 +283,7 @@ def build_image(*, name: str, dockerfile: Path, args: dict[str, str]) -> Built:
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     started = time.monotonic()
-    _run([*argv, str(REPO_ROOT)])
+    _run([*argv, str(context)])
     seconds = time.monotonic() - started
     info = json.loads(_run(podman("image", "inspect", name), capture=True).stdout)[0]
     return Built(name=name, seconds=seconds, size_bytes=int(info["Size"]), digest=f"sha256:{info['Id']}")
@@ -470,8 +474,62 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
     return Check("trainer", "demo fault plan in containers", passed, detail)
 
 
+OWN_PACKAGE = REPO_ROOT / "examples" / "own_package"
+"""A training project whose own package is named `training`, like the kit's trainer folder."""
+OWN_PACKAGE_FAULTS = "exception@8:1,sigkill@16:2"
+
+
+def build_project(*, trainer: Built, project: Path = OWN_PACKAGE) -> Built:
+    """`project` on the training image, as `nvrx-eks image build --project` builds it: the same recipe
+    (images/user.Dockerfile) and build arguments, the project folder as the context."""
+    return build_image(
+        name=f"{LOCAL_PREFIX}/own-package:check",
+        dockerfile=USER_DOCKERFILE,
+        args=user_build_args(kit_image=trainer.name),
+        context=project,
+    )
+
+
+def project_in_containers(*, project: Built, store: Built, work: Path, timeout_s: float) -> Check:
+    """The project's `training.loop` as the job's entrypoint, every pod a container of its image, with
+    a fault for each in-pod layer: its modules, the forkserver's preload and every restarted worker
+    must be the project's own `training`, next to the kit's `nvrx_eks.training`."""
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+
+    values = load_values(
+        REPO_ROOT / "k8s/values/local-hf-llama.yaml",
+        (
+            "entrypoint.module=training.loop",
+            "entrypoint.args=[--steps, '30']",
+            "entrypoint.preload=[training.loop]",
+            f"trainer.faults.plan={OWN_PACKAGE_FAULTS}",
+        ),
+    )
+    started = time.monotonic()
+    outcome = run_job(
+        values,
+        run_dir=work,
+        console=make_console(),
+        label="project image",
+        timeout_s=timeout_s,
+        runtime=Podman(trainer_image=project.name, store_image=store.name),
+    )
+    seconds = time.monotonic() - started
+    faults = summarize(outcome.trainer_run_dir).faults if outcome.job.succeeded else []
+    layers = [(f.cls, f.layer) for f in faults]
+    passed = outcome.job.succeeded and layers == [("exception", "inprocess"), ("sigkill", "ft_launcher")]
+    detail = f"{seconds:.0f} s, job {outcome.job.reason}, faults recovered by {layers}"
+    if not passed:
+        detail += f"\npod logs: {work / 'pods'}"
+    return Check("project", "own `training` package in containers", passed, detail)
+
+
 def check_images(
-    *, trainer: Built, store: Built, work: Path, job_timeout_s: float = 600
+    *, trainer: Built, store: Built, work: Path, job_timeout_s: float = 600, project: Built | None = None
 ) -> tuple[list[Check], dict[str, Any]]:
     templates = render(trainer=trainer, store=store, out=work)
     local_torch = _local_torch()
@@ -531,6 +589,12 @@ def check_images(
     checks.append(
         chaos_in_containers(trainer=trainer, store=store, work=work / "chaos", timeout_s=job_timeout_s)
     )
+    if project is not None:
+        checks.append(
+            project_in_containers(
+                project=project, store=store, work=work / "project", timeout_s=job_timeout_s
+            )
+        )
     return checks, probes
 
 
@@ -582,13 +646,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_all(out: Path, started: float) -> int:
     store, trainer, bases_seconds = build_all()
+    project = build_project(trainer=trainer)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    checks, probes = check_images(trainer=trainer, store=store, work=out)
+    checks, probes = check_images(trainer=trainer, store=store, work=out, project=project)
     total = time.monotonic() - started
     print()
     print(f"{'image':40} {'size':>10} {'build':>9}")
-    for built in (store, trainer):
+    for built in (store, trainer, project):
         print(f"{built.name:40} {built.size_bytes / 2**20:>7.0f} MiB {built.seconds:>7.1f} s")
     print(f"{'local bases (Debian 12, venv, CPU torch)':40} {'':>10} {bases_seconds:>7.1f} s")
     local_python = sys.version.split()[0]
@@ -607,7 +672,7 @@ def _check_all(out: Path, started: float) -> int:
         "bases_build_s": round(bases_seconds, 1),
         "images": {
             b.name: {"size_bytes": b.size_bytes, "build_s": round(b.seconds, 1), "id": b.digest}
-            for b in (store, trainer)
+            for b in (store, trainer, project)
         },
         "python": {"local": sys.version.split()[0], **{k: p["python"] for k, p in probes.items()}},
         "torch": {"local": _local_torch(), **{k: p["torch"] for k, p in probes.items()}},

@@ -295,3 +295,111 @@ def test_the_lock_file_is_what_the_lock_renderer_writes():
     text = Path(build.LOCK_FILE).read_text()
     assert f"nvrx: {IMAGE.nvrx_version}" in text
     assert f"base: {IMAGE.base_image}" in text
+
+
+def _project(tmp_path: Path, *, requirements: bool = True) -> tuple[Path, str]:
+    """A training project in git (its own `training` package); (folder, its short commit)."""
+    project = tmp_path / "My Project"
+    (project / "training").mkdir(parents=True)
+    (project / "training" / "__init__.py").write_text("")
+    if requirements:
+        (project / "requirements.txt").write_text("")
+    for args in (
+        ("init", "-q"),
+        ("add", "."),
+        ("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "c"),
+    ):
+        subprocess.run(["git", "-C", str(project), *args], check=True, capture_output=True)
+    commit = subprocess.run(
+        ["git", "-C", str(project), "rev-parse", "--short=12", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return project, commit
+
+
+KIT_IMAGE = f"{URI}:t1@sha256:{'d' * 64}"
+
+
+def test_a_project_builds_on_the_kits_image_with_its_folder_as_the_context(fake_engine, tmp_path):
+    project, commit = _project(tmp_path)
+    result = CliRunner().invoke(_app(), ["image", "build", "--project", str(project), "--base", KIT_IMAGE])
+    assert result.exit_code == 0, result.output
+    (call,) = fake_engine()
+    argv = call["argv"]
+    assert argv[argv.index("--file") + 1] == str(build.USER_DOCKERFILE)
+    assert argv[-1] == str(project)
+    # Named after the folder, tagged with the project's own revision (not the kit's).
+    assert argv[argv.index("--tag") + 1] == f"my-project:{commit}"
+    passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+    assert passed == {"KIT_IMAGE": KIT_IMAGE, "TRAINER_UID": str(IMAGE.trainer_uid)}
+    assert result.stdout.split() == [f"my-project:{commit}"]
+
+
+def test_the_project_recipe_keeps_the_kits_versions_user_and_package():
+    text = build.USER_DOCKERFILE.read_text()
+    # Every build arg the command passes is declared; the kit's installed versions constrain the
+    # project's requirements; the image ends as the trainer's user, with the project on the path.
+    assert set(build.user_build_args(kit_image=KIT_IMAGE)) <= set(
+        re.findall(r"^ARG (\w+)", text, re.MULTILINE)
+    )
+    assert "pip list --format=freeze > /tmp/kit-constraints.txt" in text
+    assert "-c /tmp/kit-constraints.txt -r /tmp/project-requirements.txt" in text
+    assert re.findall(r"^USER (\S+)$", text, flags=re.MULTILINE)[-1] == "${TRAINER_UID}:${TRAINER_UID}"
+    assert "ENV PYTHONPATH=/workspace" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--base", KIT_IMAGE], "--base is the kit's image for a project's build: give --project DIR too"),
+        (["--project", "{project}"], "--project needs --base"),
+        (["--project", "{project}", "--base", URI], "it names no tag or digest"),
+        (["--project", "{project}", "--base", f"{URI}@sha256:abc"], "the digest (sha256: and 64 hex digits)"),
+        (
+            ["--project", "{project}", "--base", KIT_IMAGE, "--name", "My_Image"],
+            "--name 'My_Image' is not an",
+        ),
+        (["--project", "{project}/nowhere", "--base", KIT_IMAGE], "no such folder"),
+        (["--project", "{bare}", "--base", KIT_IMAGE], "has no requirements.txt: add one"),
+        (["--project", "{shadowing}", "--base", KIT_IMAGE], "would shadow the kit's own package (nvrx_eks)"),
+    ],
+)
+def test_a_bad_project_build_is_one_message_and_runs_nothing(fake_engine, tmp_path, args, message):
+    project, _ = _project(tmp_path / "ok")
+    bare, _ = _project(tmp_path / "bare", requirements=False)
+    shadowing, _ = _project(tmp_path / "shadowing")
+    (shadowing / "nvrx_eks").mkdir()
+    folders = {"project": project, "bare": bare, "shadowing": shadowing}
+    result = CliRunner().invoke(_app(), ["image", "build", *(a.format(**folders) for a in args)])
+    # A UserError is the CLI's one-line message and exit 2 (nvrx_eks.cli); a bad path is click's.
+    refused = str(result.exception) if isinstance(result.exception, UserError) else result.output
+    assert isinstance(result.exception, UserError) or result.exit_code == 2, result.output
+    assert message in " ".join(refused.split()), refused
+    assert fake_engine() == []
+
+
+def test_push_without_the_store_pushes_a_projects_one_image(fake_engine):
+    result = CliRunner().invoke(
+        _app(),
+        [
+            "image",
+            "push",
+            "--repository",
+            URI,
+            "--name",
+            "my-project",
+            "--tag",
+            "t5",
+            "--no-store",
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    pushed = [shlex.split(line[2:]) for line in result.stderr.splitlines() if line.startswith("$ ")]
+    assert [argv[1:] for argv in pushed if argv[1] in {"tag", "push"}] == [
+        ["tag", "my-project:t5", f"{URI}:t5"],
+        ["push", f"{URI}:t5"],
+    ]
+    assert result.stdout.split() == [f"{URI}:t5"]

@@ -1,6 +1,7 @@
 """A training script the kit did not write, under the local job: every fault class recovered by its layer
-with a bit-identical verdict (a Hugging Face Llama, examples/hf_llama), and a bug in a script that ends
-the job once instead of spending every restart budget."""
+with a bit-identical verdict (a Hugging Face Llama, examples/hf_llama), a project whose own package is
+named `training` (examples/own_package), and a bug in a script that ends the job once instead of
+spending every restart budget."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nvrx_eks.localrun.demo import DEMO_FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
+OWN_PACKAGE = ROOT / "examples" / "own_package"
 
 
 @pytest.mark.slow
@@ -30,6 +32,31 @@ def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_pat
         assert fault["layer"] == fault["expected_layer"], fault
         if fault["layer"] == "inprocess":
             assert fault["steps_lost"] == 0, fault
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_project_with_its_own_training_package_runs_under_the_kits_launcher(
+    tmp_path, local_job, monkeypatch
+):
+    """The project's `training.loop`, `training.data` and `training.model` share their names with the
+    kit's trainer folder; the kit is `nvrx_eks.training`, so the job's module, the forkserver's preload
+    and every restarted worker import the project's own, and its faults are recovered as any script's."""
+    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+
+    monkeypatch.chdir(OWN_PACKAGE)  # the executor puts the folder nvrx-eks runs in on the pods' path
+    runner = type(local_job)()
+    runner.values = HF_VALUES
+    overrides = [
+        "entrypoint.module=training.loop",
+        "entrypoint.args=[--steps, '30']",
+        "entrypoint.preload=[training.loop]",
+        "trainer.faults.plan=exception@8:1,sigkill@16:2",
+    ]
+    _, trainer_run_dir = runner.run(tmp_path / "run", overrides, timeout_s=240)
+    faults = summarize(trainer_run_dir).faults
+    assert [(f.cls, f.layer) for f in faults] == [("exception", "inprocess"), ("sigkill", "ft_launcher")]
+    assert all(f.layer == f.expected_layer for f in faults), faults
 
 
 _BUGGY = """
