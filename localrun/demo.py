@@ -101,7 +101,7 @@ def demo(
 
     console.rule("5. Report")
     document = summary_document(summarize(outcome.trainer_run_dir), fault_free_sha256=reference)
-    print_report(console, document)
+    print_report(console, document, run_dir)
     summary_path = write_summary(run_dir, document)
     timeline = plot_timeline(outcome.trainer_run_dir, document, out=run_dir / "timeline.png")
     console.print(f"summary:  {summary_path}")

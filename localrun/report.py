@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +20,6 @@ from nvrx_eks.training.events import read_events
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from rich.console import Console
 
@@ -105,8 +105,56 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def print_report(console: Console, document: dict[str, Any]) -> None:
-    """One row per fault, then the run's totals."""
+FLEET_PLAN = Path("planner/examples/llama3-16k-h100.yaml")
+"""The plan a run's recoveries are projected onto for a real job's figures (`nvrx-eks plan --from`)."""
+
+
+def totals_in_scale(document: dict[str, Any], run_dir: Path | None = None) -> list[str]:
+    """What a run's totals measure, in sentences: the run's own scale (steps, step time, faults per
+    second, state), why its goodput and stall ratio read as they do, and the command that projects the
+    same recoveries onto a real job's fault rates."""
+    faults, wall, step = len(document["faults"]), document.get("wall_s"), document.get("mean_step_s")
+    lines = []
+    if wall and step:
+        every = f" (one every {wall / faults:.1f} s)" if faults else ""
+        recovery = document.get("recovery_s")
+        spent = f"; recoveries took {recovery:.1f} s of it" if recovery is not None else ""
+        lines.append(
+            f"These totals measure this run: {document['steps']} steps of {step * 1e3:.0f} ms, "
+            f"{faults} faults in {wall:.1f} s{every}{spent}."
+        )
+    if faults:
+        lines.append(
+            "Goodput is productive step time over wall time: a few fixed seconds per recovery against a "
+            "run this short keep it low. A real job meets faults hours apart, not seconds."
+        )
+    per_call, floor = document.get("stall_per_checkpoint_s"), document.get("stall_floor_s")
+    if per_call is not None and floor:
+        lines.append(
+            f"stall / floor is the loop's {per_call * 1e3:.1f} ms per checkpoint against "
+            f"{floor * 1e3:.2f} ms, "
+            "one copy of this run's state at the host's measured copy bandwidth: with a state this small the "
+            "per-call work dominates (`nvrx-eks bench checkpoint` measures it at real state sizes)."
+        )
+    source = run_dir if run_dir is not None else Path("RUN_DIR")
+    lines.append(
+        "A real job's figures from these recoveries, at a fleet's fault rates: "
+        f"`nvrx-eks plan {FLEET_PLAN} --from {_shown(source)}`."
+    )
+    return lines
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder when it is below it (shorter to copy), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def print_report(console: Console, document: dict[str, Any], run_dir: Path | None = None) -> None:
+    """One row per fault, then the run's totals and what they measure (`run_dir`: the run's folder, for
+    the planner's command line)."""
     from rich.table import Table  # noqa: PLC0415
 
     faults = Table(title=f"Faults ({document['mode']}, {document['steps']} steps)", title_justify="left")
@@ -148,6 +196,8 @@ def print_report(console: Console, document: dict[str, Any]) -> None:
     verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"
     totals.add_row("bit-identical to fault-free", verdict)
     console.print(totals)
+    for line in totals_in_scale(document, run_dir):
+        console.print(line, markup=False, highlight=False)
     for line in document.get("checkpoint_warnings", []):
         console.print(f"[yellow]warning:[/yellow] {line}", markup=True, highlight=False)
 
@@ -520,7 +570,9 @@ def _warnings(document: dict[str, Any]) -> str:
     return f'<h2>Warnings</h2>\n<ul id="warnings" class="bad">\n{items}\n</ul>\n'
 
 
-def render_html(document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str) -> str:
+def render_html(
+    document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str, run_dir: Path | None = None
+) -> str:
     identical = document["bit_identical"]
     verdict = (
         '<span id="verdict" class="verdict ok">bit-identical to the fault-free run</span>'
@@ -553,6 +605,7 @@ bars to scale): {_phase_legend()}</p>
 <table id="totals"><tbody>
 {_totals_rows(document)}
 </tbody></table>
+<div id="scale">{"".join(f"<p>{_esc(line)}</p>" for line in totals_in_scale(document, run_dir))}</div>
 {_warnings(document)}</body></html>
 """
 
@@ -566,7 +619,8 @@ def write_html_report(
         raise ValueError(f"{trainer_run_dir}: no events (expected events/rank-*.jsonl)")
     path = out_dir / REPORT_FILE
     path.write_text(
-        render_html(document, events, title=title or f"nvrx-eks run {out_dir.name}"), encoding="utf-8"
+        render_html(document, events, title=title or f"nvrx-eks run {out_dir.name}", run_dir=out_dir),
+        encoding="utf-8",
     )
     return path
 

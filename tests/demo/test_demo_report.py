@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import platform
 import struct
@@ -16,13 +17,19 @@ from nvrx_eks.localrun.chaos import _progress_line, fault_free_key, without_faul
 from nvrx_eks.localrun.peer_bench import durable_every, mode_setups
 from nvrx_eks.localrun.report import (
     FAULT_KEYS,
+    FLEET_PLAN,
     SUMMARY_KEYS,
     plot_timeline,
     print_report,
+    render_html,
     summary_document,
+    totals_in_scale,
     write_summary,
 )
+from nvrx_eks.training.events import read_events
 from nvrx_eks.training.metrics import summarize
+
+REPO = Path(__file__).resolve().parents[2]
 
 LOCAL_VALUES = Path("k8s/values/local-cpu.yaml")
 
@@ -266,3 +273,20 @@ def test_peer_scenario_values_are_valid_for_every_mode():
     assert modes == {"baseline", "inprocess", "ft_launcher", "both"}
     (kit,) = (setup for setup in mode_setups(steps=steps, fault_seed=40) if setup.name == "kit")
     assert "trainer.faults.seed=40" in kit.overrides
+
+
+def test_the_totals_say_what_they_measure_and_where_a_real_jobs_figures_come_from(tmp_path):
+    _soft_fault_run(tmp_path)
+    document = summary_document(summarize(tmp_path), fault_free_sha256="f" * 64)
+    console = Console(record=True, width=400)
+    print_report(console, document, tmp_path)
+    text = console.export_text()
+    faults = len(document["faults"])
+    wall = document["wall_s"]
+    assert f"{document['steps']} steps of {document['mean_step_s'] * 1e3:.0f} ms" in text
+    assert f"{faults} faults in {wall:.1f} s (one every {wall / faults:.1f} s)" in text
+    assert f"`nvrx-eks plan {FLEET_PLAN} --from {tmp_path}`" in text
+    # The same sentences on the report page, and the plan they point at exists and loads.
+    page = render_html(document, read_events(tmp_path), title="t", run_dir=tmp_path)
+    assert all(html.escape(line) in page for line in totals_in_scale(document, tmp_path))
+    assert (REPO / FLEET_PLAN).is_file()
