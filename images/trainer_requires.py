@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 TRAINER_REQUIRES = (
     "torch",
@@ -35,37 +39,31 @@ trainer and the core below it."""
 def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
     """`text` (a pyproject.toml) with only the `keep` entries left in [project] dependencies and only
     TRAINER_PACKAGES (and their subpackages) in [tool.setuptools] packages."""
-    return _cut_packages(_cut_dependencies(text, keep))
+    text, declared = _keep_entries(text, "dependencies", lambda name: name.lower() in keep)
+    if declared != len(keep):
+        raise SystemExit(f"pyproject.toml declares {declared} of {keep}")
+    text, _ = _keep_entries(
+        text,
+        "packages",
+        lambda name: (
+            name == "nvrx_eks" or any(name == p or name.startswith(p + ".") for p in TRAINER_PACKAGES)
+        ),
+    )
+    return text
 
 
-def _cut_packages(text: str) -> str:
-    block = re.search(r"^packages = \[\n(.*?)^\]", text, flags=re.DOTALL | re.MULTILINE)
+def _keep_entries(text: str, key: str, keeps: Callable[[str], bool]) -> tuple[str, int]:
+    """`text` with only the entries of its `key = [` list (one quoted entry per line) whose name
+    `keeps`, and how many stayed. A name is the entry up to its first version operator or quote."""
+    block = re.search(rf"^{key} = \[\n(.*?)^\]", text, flags=re.DOTALL | re.MULTILINE)
     if block is None:
-        raise SystemExit("pyproject.toml has no `packages = [` block")
+        raise SystemExit(f"pyproject.toml has no `{key} = [` block")
     kept = [
         line
         for line in block.group(1).splitlines()
-        if (name := re.match(r'\s*"([A-Za-z0-9_.]+)"', line))
-        and (
-            name.group(1) == "nvrx_eks"
-            or any(name.group(1) == p or name.group(1).startswith(p + ".") for p in TRAINER_PACKAGES)
-        )
+        if (name := re.match(r'\s*"([A-Za-z0-9_.-]+)', line)) and keeps(name.group(1))
     ]
-    return text[: block.start(1)] + "\n".join(kept) + "\n" + text[block.end(1) :]
-
-
-def _cut_dependencies(text: str, keep: tuple[str, ...]) -> str:
-    block = re.search(r"^dependencies = \[\n(.*?)^\]", text, flags=re.DOTALL | re.MULTILINE)
-    if block is None:
-        raise SystemExit("pyproject.toml has no `dependencies = [` block")
-    kept = [
-        line
-        for line in block.group(1).splitlines()
-        if (name := re.match(r'\s*"([A-Za-z0-9_.-]+)', line)) and name.group(1).lower() in keep
-    ]
-    if len(kept) != len(keep):
-        raise SystemExit(f"pyproject.toml declares {len(kept)} of {keep}")
-    return text[: block.start(1)] + "\n".join(kept) + "\n" + text[block.end(1) :]
+    return text[: block.start(1)] + "\n".join(kept) + "\n" + text[block.end(1) :], len(kept)
 
 
 def rewrite(path: Path) -> None:
