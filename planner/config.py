@@ -6,21 +6,18 @@ planner/calibrate.py), or from a default below whose source is named beside it. 
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal, Self, get_args
+from typing import Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from scipy.stats import poisson
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.resilience.config import FaultClass
 from nvrx_eks.training.shapes import PRESETS, ModelShape
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "kit"]
 MODES: tuple[Mode, ...] = ("baseline", "inprocess", "ft_launcher", "kit")
@@ -499,20 +496,19 @@ class Plan(_Section):
         return None if self.workload.steps is None else self.workload.steps * self.workload.step_s
 
 
-def poisson_tails(mean: float) -> Iterator[float]:
-    """P(X >= 0), P(X >= 1), ... for X ~ Poisson(mean), one pass, each term in log space: exp(-mean)
-    underflows to 0 past mean ~745 (a fleet of thousands of nodes down for days), and the tail then
-    read 1 for every k, so sizing spares never ended."""
-    cdf = 0.0
-    k = 0
-    while True:
-        yield max(0.0, 1.0 - cdf)
-        cdf += math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1)) if mean > 0 else float(k == 0)
-        k += 1
-
-
 def poisson_tail(mean: float, k: int) -> float:
-    """P(X >= k) for X ~ Poisson(mean)."""
+    """P(X >= k) for X ~ Poisson(mean): scipy's survival function, exact in the far tail (where one minus
+    a summed CDF keeps no digit) and in constant time for a fleet's mean of thousands of nodes out."""
     if k <= 0:
         return 1.0
-    return next(itertools.islice(poisson_tails(mean), k, None))
+    return float(poisson.sf(k - 1, mean))
+
+
+def poisson_fewest(mean: float, tail_at_most: float) -> float:
+    """The smallest k with P(X >= k) <= `tail_at_most` for X ~ Poisson(mean) (scipy's inverse survival
+    function); inf where no count reaches it (an infinite mean, or a bound of 0)."""
+    if tail_at_most >= 1.0:
+        return 0
+    if tail_at_most <= 0.0 or not math.isfinite(mean):
+        return math.inf
+    return float(poisson.isf(tail_at_most, mean)) + 1

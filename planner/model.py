@@ -63,8 +63,8 @@ from nvrx_eks.planner.config import (
     Plan,
     TierName,
     fault_kind,
+    poisson_fewest,
     poisson_tail,
-    poisson_tails,
 )
 
 if TYPE_CHECKING:
@@ -202,12 +202,10 @@ def size_spares(plan: Plan, *, node_rate_per_node_s: float, wall_s: float) -> Sp
     def never_wait(spares: int) -> float:
         return math.exp(-losses * poisson_tail(mean_out, spares))
 
-    # One pass over the tails (never_wait grows with the spares): the first count that meets the target.
-    recommended = MAX_SPARES
-    for count, tail in enumerate(poisson_tails(mean_out)):
-        if math.exp(-losses * tail) >= fleet.spare_target or count >= MAX_SPARES:
-            recommended = count
-            break
+    # The fewest spares that meet the target: exp(-losses * P(out >= k)) >= target, that is
+    # P(out >= k) <= -ln(target) / losses (never_wait grows with the spares).
+    bound = -math.log(fleet.spare_target) / losses if losses > 0 else 1.0
+    recommended = int(min(poisson_fewest(mean_out, bound), MAX_SPARES))
     spares = fleet.spares if fleet.spares is not None else recommended
     tail = poisson_tail(mean_out, spares)
     return Spares(

@@ -27,7 +27,7 @@ from nvrx_eks.planner.config import (
     llama3_mix,
     poisson_tail,
 )
-from nvrx_eks.planner.model import daly, project, project_all, recommend
+from nvrx_eks.planner.model import daly, project, project_all, recommend, size_spares
 from nvrx_eks.planner.report import fleet_sweep, plot_fleet, plot_interval
 from nvrx_eks.planner.simulate import simulate
 
@@ -312,6 +312,35 @@ def test_poisson_tails_hold_where_exp_of_minus_the_mean_underflows():
     assert poisson_tail(1000.0, 900) > 0.99  # exp(-1000) is 0.0 in floating point
     assert poisson_tail(1000.0, 1100) < 0.01
     assert poisson_tail(0.0, 1) == 0.0
+
+
+def _upper_tail_in_log_space(mean: float, k: int) -> float:
+    """P(X >= k) summed upward from k, every term in log space: exact where 1 - CDF keeps no digit."""
+    log_terms = [-mean + j * math.log(mean) - math.lgamma(j + 1) for j in range(k, k + 4000)]
+    top = max(log_terms)
+    return math.exp(top) * math.fsum(math.exp(x - top) for x in log_terms)
+
+
+@pytest.mark.parametrize(("mean", "k"), [(1000.0, 1300), (50.0, 140), (2.5e5, 2.5e5 + 5000)])
+def test_poisson_tails_stay_exact_far_in_the_tail(mean, k):
+    # Where a spare count is sized for a 0.99 target over thousands of node losses, the tail that
+    # matters is far below 1e-16: one minus a summed CDF reads 0 there.
+    exact = _upper_tail_in_log_space(mean, int(k))
+    assert exact < 1e-16
+    assert poisson_tail(mean, int(k)) == pytest.approx(exact, rel=1e-6, abs=0)
+
+
+@pytest.mark.parametrize("nodes", [16, 2048, 200_000])
+def test_the_recommended_spares_are_the_fewest_that_meet_the_target(nodes):
+    plan = load_plan(LLAMA, [f"fleet.nodes={nodes}", "fleet.spares=null"], None)[0]
+    spares = size_spares(plan, node_rate_per_node_s=1e-6, wall_s=30 * 86400.0)
+    target = plan.fleet.spare_target
+
+    def meets(count: int) -> bool:
+        return math.exp(-spares.node_losses * poisson_tail(spares.mean_out, count)) >= target
+
+    assert meets(spares.recommended)
+    assert spares.recommended == 0 or not meets(spares.recommended - 1)
 
 
 def test_from_a_folder_without_measurements_is_a_user_error(tmp_path):
