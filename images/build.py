@@ -1,8 +1,8 @@
 """Command lines that build, lock and push the training image (docker or finch).
 
 Everything here returns argv lists; `images/commands.py` runs them. Versions come only from
-kitcore/pins.py (passed as build args), the tag only from the git revision, and the registry only from
-the stack output `ImageRepositoryUri` (or an explicit URI), so nothing is typed twice.
+kitcore/pins.py (passed as build args), the tag only from the images' inputs (infra/revision.py), and
+the registry only from the stack output `ImageRepositoryUri` (or an explicit URI), so nothing is typed twice.
 """
 
 from __future__ import annotations

@@ -26,7 +26,11 @@ Engine = Annotated[
 ]
 Name = Annotated[str, typer.Option("--name", help="Local image name (the tag comes from --tag).")]
 Tag = Annotated[
-    str | None, typer.Option("--tag", help="Image tag (default: the git revision, `-dirty` if modified).")
+    str | None,
+    typer.Option(
+        "--tag",
+        help="Image tag (default: img- and a hash of the images' inputs; with --project, its git revision).",
+    ),
 ]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the command lines; run nothing.")]
 
@@ -52,9 +56,12 @@ def _engine(engine: str | None, *, dry_run: bool) -> str:
 
 
 def _tag(tag: str | None) -> str:
-    from nvrx_eks.images.build import check_tag, git_revision  # noqa: PLC0415
+    """The given tag, else the images' content tag (infra/revision.py image_revision): the one the
+    stack's node check and the job values' fallback name for this checkout."""
+    from nvrx_eks.images.build import check_tag  # noqa: PLC0415
+    from nvrx_eks.infra.revision import image_revision  # noqa: PLC0415
 
-    return check_tag(tag or git_revision())
+    return check_tag(tag or image_revision())
 
 
 def pin(dry_run: DryRun = False) -> None:
@@ -103,6 +110,7 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
         check_verifiable,
         store_build_args,
     )
+    from nvrx_eks.infra.revision import source_revision  # noqa: PLC0415
     from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     tag = _tag(tag)
@@ -115,11 +123,13 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
         f"engine: {engine} ({'--engine' if asked else 'the first of docker, finch, podman on PATH'})",
         file=sys.stderr,
     )
+    # The images' revision label: the commit they were built from, where there is one.
+    revision = source_revision() or "unknown"
     builds = (
-        (f"{name}:{tag}", build_args(git_revision=tag, pins=pins.IMAGE), None),
+        (f"{name}:{tag}", build_args(git_revision=revision, pins=pins.IMAGE), None),
         (
             f"{name}:{tag}{STORE_TAG_SUFFIX}",
-            store_build_args(git_revision=tag, pins=pins.STORE_IMAGE),
+            store_build_args(git_revision=revision, pins=pins.STORE_IMAGE),
             STORE_DOCKERFILE,
         ),
     )
@@ -258,7 +268,7 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
             pushed_digest,
         )
         from nvrx_eks.infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
-        from nvrx_eks.infra.ops.stack_values import read_stack  # noqa: PLC0415
+        from nvrx_eks.infra.ops.stack_values import read_stack, with_digest  # noqa: PLC0415
         from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
         if bool(stack) == bool(repository):
@@ -275,6 +285,12 @@ def register(*, image: typer.Typer, **_: typer.Typer) -> None:
         _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
         tags = (tag, f"{tag}{STORE_TAG_SUFFIX}") if store else (tag,)
         for each in tags:
+            # The repository's tags are immutable and a default tag names the image inputs: a tag it
+            # holds already names an image built from the same inputs, which every deployed object may
+            # name. Pushing again would fail; it is kept, and its digest printed below.
+            if not dry_run and with_digest(session, f"{uri}:{each}") is not None:
+                print(f"{uri}:{each} is in the repository already: kept, not pushed again", file=sys.stderr)
+                continue
             for argv in push_argvs(engine=engine, local_image=f"{name}:{each}", repository_uri=uri, tag=each):
                 _run(argv, dry_run=dry_run)
         # Jobs take images by digest (k8s/values.py): the registry says which one each tag now names.

@@ -37,11 +37,14 @@ trainer and the core below it."""
 
 
 def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
-    """`text` (a pyproject.toml) with only the `keep` entries left in [project] dependencies and only
-    TRAINER_PACKAGES (and their subpackages) in [tool.setuptools] packages."""
+    """`text` (a pyproject.toml) with only the `keep` entries left in [project] dependencies, only
+    TRAINER_PACKAGES (and their subpackages) in [tool.setuptools] packages, and no readme."""
     text, declared = _keep_entries(text, "dependencies", lambda name: name.lower() in keep)
     if declared != len(keep):
         raise SystemExit(f"pyproject.toml declares {declared} of {keep}")
+    # The README is the kit's page, not the trainer's: left out of the image, an edit to it does not
+    # change the images' tag (infra/revision.py hashes what the image recipes copy).
+    text = re.sub(r'^readme = "README.md"\n', "", text, count=1, flags=re.MULTILINE)
     text, _ = _keep_entries(
         text,
         "packages",

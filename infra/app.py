@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from nvrx_eks.infra import deploy_gate
 from nvrx_eks.infra.config import ClusterConfig
 from nvrx_eks.infra.deploy_gate import SKIP_CONTEXT_KEY
-from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.kitcore import paths
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error, load_model
 
@@ -103,17 +103,12 @@ def build(app: App, config: ClusterConfig, *, account: str, nag: bool = True) ->
 
 
 def with_node_check_tag(config: ClusterConfig) -> ClusterConfig:
-    """The config with node_check.image_tag set: the given tag, else this checkout's revision (the
-    tag `nvrx-eks image build/push` gives the image built from it)."""
+    """The config with node_check.image_tag set: the given tag, else the content tag of this checkout's
+    images (infra/revision.py), the tag `nvrx-eks image build/push` give them: a checkout whose image
+    inputs are unchanged names the images already pushed."""
     if config.node_check.image_tag is not None:
         return config
-    tag = source_revision()
-    if tag is None:
-        raise UserError(
-            "node_check.image_tag: this is not a git checkout, so the image tag `nvrx-eks image push` "
-            "will use is unknown; pass -c node_check.image_tag=TAG (the tag you push)"
-        )
-    node_check = config.node_check.model_copy(update={"image_tag": tag})
+    node_check = config.node_check.model_copy(update={"image_tag": image_revision()})
     return config.model_copy(update={"node_check": node_check})
 
 

@@ -362,8 +362,9 @@ class NodeCheckConfig(_Model):
 
     image_tag: str | None = None
     """Tag of the training image in the stack's ECR repository. None: the tag `nvrx-eks image push`
-    gives the image built from this checkout (its git revision), so the check is deployed with the
-    cluster and starts once that image is pushed (the kubelet retries the pull); no second deploy."""
+    gives the images built from this checkout (a hash of their inputs, infra/revision.py), so the check
+    is deployed with the cluster and starts once that image is pushed (the kubelet retries the pull); no
+    second deploy, and a later commit that leaves the images' inputs alone names the same image."""
     image_digest: str | None = None
     """sha256:... of `image_tag` as `nvrx-eks image push` printed it: the DaemonSet then pulls
     REPOSITORY:TAG@DIGEST. None: by tag, which the repository's immutable tags keep on one image (synth

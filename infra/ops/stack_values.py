@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.infra.ops.aws import aws_errors, error_code
 from nvrx_eks.infra.outputs import OUTPUT_KEYS
-from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.k8s.names import STORE_IMAGE_TAG_SUFFIX
 from nvrx_eks.kitcore.configio import UserError, read_text
 
@@ -128,9 +128,9 @@ def pick_instance_profile(info: StackInfo, *, node_group: str | None, current: s
 def image_for(repository_uri: str, current: str | None, *, default_tag: str | None = None) -> str:
     """The repository from the stack with the user's tag or digest kept.
 
-    Without one: `default_tag`, else this checkout's revision, the tag `nvrx-eks image push` gives
-    the image built from it. Never `latest`: the repository's tags are immutable and a moving tag
-    would say nothing about which trainer a job ran.
+    Without one: `default_tag`, else this checkout's image content tag (infra/revision.py), the tag
+    `nvrx-eks image push` gives the image built from it. Never `latest`: the repository's tags are
+    immutable and a moving tag would say nothing about which trainer a job ran.
     """
     if current:
         name, at, digest = current.partition("@")
@@ -140,13 +140,7 @@ def image_for(repository_uri: str, current: str | None, *, default_tag: str | No
             return f"{repository_uri}{f':{tag}' if tag else ''}@{digest}"
         if tag and tag != "latest":
             return f"{repository_uri}:{tag}"
-    tag = default_tag or source_revision()
-    if tag is None:
-        raise UserError(
-            f"no image tag to use: set image: {repository_uri}:<tag> in the values file, with the tag "
-            "`nvrx-eks image push` printed"
-        )
-    return f"{repository_uri}:{tag}"
+    return f"{repository_uri}:{default_tag or image_revision()}"
 
 
 def store_image_for(image: str) -> str:
@@ -195,9 +189,7 @@ def pushed_images(session: AwsSession, info: StackInfo, current: str | None) -> 
     Neither pushed: a UserError naming what was looked for and the commands that push it."""
     repository = info.outputs["ImageRepositoryUri"]
     candidates = [image_for(repository, current)] if current else []
-    revision = source_revision()
-    if revision is not None:
-        candidates.append(f"{repository}:{revision}")
+    candidates.append(f"{repository}:{image_revision()}")
     tried = []
     for candidate in dict.fromkeys(candidates):
         image = with_digest(session, candidate)
@@ -222,9 +214,10 @@ def require_node_check_image(session: AwsSession, info: StackInfo) -> None:
     tag = name.rsplit(":", 1)[-1]
     raise UserError(
         f"stack {info.name}'s node check pulls {image}, which its repository does not hold: no node can be "
-        f"verified, so the job's pods would stay Pending; push that image (`nvrx-eks image build --tag "
-        f"{tag} && nvrx-eks image push --tag {tag} --stack {info.name}` from the checkout at {tag}), or "
-        "redeploy from the checkout whose images you pushed (`npx cdk deploy`)"
+        f"verified, so the job's pods would stay Pending; push that image (`nvrx-eks image build && "
+        f"nvrx-eks image push --stack {info.name}` from a checkout whose images are tagged {tag}: "
+        "`nvrx-eks image build --dry-run` prints its tag), or redeploy from the checkout whose images you "
+        "pushed (`npx cdk deploy`)"
     )
 
 

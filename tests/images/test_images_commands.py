@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from nvrx_eks.images import build
 from nvrx_eks.images.commands import register
+from nvrx_eks.infra.revision import image_revision, source_revision
 from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE
@@ -114,7 +115,8 @@ def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkey
     assert argv[argv.index("--platform") + 1] == "linux/amd64"
     assert argv[-1] == str(build.REPO_ROOT)
     passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
-    assert passed == build.build_args(git_revision="t1", pins=VERIFIED)
+    # The revision label is the commit built from; the tag is --tag (by default the images' content tag).
+    assert passed == build.build_args(git_revision=source_revision() or "unknown", pins=VERIFIED)
     assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
     assert passed["BASE_IMAGE"] == IMAGE.base_image
     assert passed["EFA_INSTALLER_SHA256"] == "a" * 64
@@ -123,10 +125,19 @@ def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkey
     assert argv[argv.index("--file") + 1] == str(build.STORE_DOCKERFILE)
     assert argv[argv.index("--tag") + 1] == "nvrx-eks-training:t1-store"
     passed = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
-    assert passed == build.store_build_args(git_revision="t1", pins=STORE_VERIFIED)
+    assert passed == build.store_build_args(git_revision=source_revision() or "unknown", pins=STORE_VERIFIED)
     assert passed["TORCH_SHA256"] == "c" * 64
     assert passed["NVRX_VERSION"] == IMAGE.nvrx_version
     assert result.stdout.split() == ["nvrx-eks-training:t1", "nvrx-eks-training:t1-store"]
+
+
+def test_the_default_tag_is_the_images_content_tag(fake_engine):
+    result = CliRunner().invoke(_app(), ["image", "build", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == [
+        f"nvrx-eks-training:{image_revision()}",
+        f"nvrx-eks-training:{image_revision()}-store",
+    ]
 
 
 def test_dry_run_prints_the_command_and_runs_nothing(fake_engine):
@@ -159,6 +170,10 @@ def test_the_tag_defaults_to_the_git_revision(tmp_path):
 
 
 def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engine, monkeypatch):
+    from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
+
+    # The registry holds the tags only after the (fake) push: before it, neither is there.
+    monkeypatch.setattr(stack_values, "with_digest", lambda *_: None)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -195,6 +210,32 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
     # The job values' image and store_image: tags and the digests the registry gave the pushed tags.
     assert result.stdout.split()[-2:] == [f"{URI}:t3@{pushed}", f"{URI}:t3-store@{pushed_store}"]
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", pushed)
+
+
+def test_push_keeps_a_tag_the_repository_holds_and_prints_its_digest(fake_engine, monkeypatch):
+    """The repository's tags are immutable and the default tag names the images' inputs: a tag it holds
+    names an image built from the same inputs, so the push keeps it instead of failing."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ecr = boto3.client("ecr")
+        ecr.create_repository(repositoryName=URI.split("/", 1)[1], imageTagMutability="IMMUTABLE")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "layers": [],
+        }
+        held = ecr.put_image(
+            repositoryName=URI.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="t6"
+        )["image"]["imageId"]["imageDigest"]
+        result = CliRunner().invoke(
+            _app(), ["image", "push", "--repository", URI, "--tag", "t6", "--no-store"]
+        )
+    assert result.exit_code == 0, result.output
+    assert [call["argv"][0] for call in fake_engine()] == ["login"]
+    assert f"{URI}:t6 is in the repository already: kept, not pushed again" in result.stderr
+    assert result.stdout.split() == [f"{URI}:t6@{held}"]
 
 
 def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypatch):

@@ -18,6 +18,7 @@ from kube_objects import container_images
 
 from nvrx_eks.infra import app as infra_app
 from nvrx_eks.infra.nag import acknowledge, add_checks
+from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.infra.stacks.cluster_stack import OUTPUT_KEYS
 from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import pins
@@ -608,21 +609,17 @@ def test_the_node_check_runs_from_the_first_deploy(synthesized):
     """No node_check.image_tag: the DaemonSet names the tag `nvrx-eks image push` gives this checkout,
     so the first deploy already has it (it starts once the image is pushed; no second deploy), and
     Kueue admits to verified nodes only."""
-    from nvrx_eks.infra.revision import source_revision  # noqa: PLC0415
-
     template = Template.from_json(synthesized["p5-capacity-block"])
     (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
     text = json.dumps(manifest["Properties"]["Manifest"])
     assert '\\"kind\\":\\"DaemonSet\\"' in text
-    assert f":{source_revision()}" in text
+    assert f":{image_revision()}" in text
     assert '\\"nodeLabels\\":{\\"nvrx-eks/verified\\":\\"true\\"}' in text
 
 
-def test_node_check_tag_outside_a_git_checkout_is_one_message(monkeypatch):
-    monkeypatch.setattr(infra_app, "source_revision", lambda: None)
+def test_the_node_check_tag_is_the_images_content_tag_unless_given():
     config = infra_app.load_config(CONFIGS / "default.yaml")
-    with pytest.raises(UserError, match=r"node_check\.image_tag: this is not a git checkout"):
-        infra_app.with_node_check_tag(config)
+    assert infra_app.with_node_check_tag(config).node_check.image_tag == image_revision()
     tagged = infra_app.load_config(CONFIGS / "default.yaml", ["node_check.image_tag=v1"])
     assert infra_app.with_node_check_tag(tagged).node_check.image_tag == "v1"
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from nvrx_eks.infra.ops import commands
 from nvrx_eks.infra.ops.stack_values import OUTPUT_KEYS, image_for
-from nvrx_eks.infra.revision import source_revision
+from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.k8s.values import JobValues
 from nvrx_eks.kitcore.configio import UserError
 
@@ -89,7 +89,7 @@ def _push(session, tag: str, *, store: bool = True) -> str:
 
 def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
-    digest = _push(moto_session, source_revision())
+    digest = _push(moto_session, image_revision())
     path = tmp_path / "values.yaml"
     path.write_text(USER_FILE)
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
@@ -104,9 +104,9 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     assert data["mode"] == "ft_launcher"
     # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image, with
     # the digest ECR gives that tag (job values take images by digest only).
-    assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
+    assert data["image"] == f"{REPO}:{image_revision()}@{digest}"
     # The store's small image, pushed beside it as `<tag>-store`, by its own digest.
-    assert data["store_image"] == f"{REPO}:{source_revision()}-store@{digest}"
+    assert data["store_image"] == f"{REPO}:{image_revision()}-store@{digest}"
     assert data["namespace"] == "train"
     assert data["service_account"] == "trainer"
     assert data["instance_profile"] == "p5.48xlarge"
@@ -129,7 +129,7 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
 
 def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
-    _push(moto_session, source_revision())
+    _push(moto_session, image_revision())
     path = tmp_path / "values.yaml"
     path.write_text(USER_FILE + "env:\n  AWS_REGION: us-east-1\n  OMP_NUM_THREADS: 8\n")
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
@@ -142,7 +142,7 @@ def test_a_region_in_env_written_by_an_earlier_version_moves_to_aws_region(cli, 
 
 def test_a_new_file_gets_the_stack_fields_and_names_what_is_left(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
-    _push(moto_session, source_revision())
+    _push(moto_session, image_revision())
     path = tmp_path / "new.yaml"
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert result.exit_code == 0, result.output
@@ -163,7 +163,7 @@ def test_images_not_in_the_repository_are_refused_naming_the_push(cli, moto_sess
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert result.exit_code == 2, result.output
     assert (
-        f"image: stack nvrx-eks's repository does not hold {EXAMPLE_IMAGE} or {REPO}:{source_revision()};"
+        f"image: stack nvrx-eks's repository does not hold {EXAMPLE_IMAGE} or {REPO}:{image_revision()};"
         in (" ".join(result.output.split()))
     )
     assert "nvrx-eks image build && nvrx-eks image push --stack nvrx-eks" in result.output
@@ -172,14 +172,14 @@ def test_images_not_in_the_repository_are_refused_naming_the_push(cli, moto_sess
 
 def test_an_examples_digest_gives_way_to_this_checkouts_pushed_images(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
-    digest = _push(moto_session, source_revision())
+    digest = _push(moto_session, image_revision())
     path = tmp_path / "v.yaml"
     path.write_text(f"name: a\nnum_nodes: 1\nimage: {EXAMPLE_IMAGE}\nstore_image: {EXAMPLE_IMAGE}\n")
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
     assert result.exit_code == 0, result.output
     data = yaml.safe_load(path.read_text())
-    assert data["image"] == f"{REPO}:{source_revision()}@{digest}"
-    assert data["store_image"].startswith(f"{REPO}:{source_revision()}-store@sha256:")
+    assert data["image"] == f"{REPO}:{image_revision()}@{digest}"
+    assert data["store_image"].startswith(f"{REPO}:{image_revision()}-store@sha256:")
 
 
 def test_a_pushed_tag_the_file_names_is_kept_and_its_store_must_be_there(cli, moto_session, tmp_path):
@@ -211,7 +211,7 @@ def test_stack_without_the_kit_outputs_names_them(cli, moto_session, tmp_path):
 def test_several_node_group_types_need_a_choice(cli, moto_session, tmp_path):
     groups = {"g6-dev": "g6.8xlarge", "p5-ondemand": "p5.48xlarge"}
     _deploy(moto_session, {**OUTPUTS, "GpuNodeGroups": json.dumps(groups)})
-    _push(moto_session, source_revision())
+    _push(moto_session, image_revision())
     path = tmp_path / "v.yaml"
     path.write_text("name: a\nnum_nodes: 1\n")
     result = cli("values", "--stack", "nvrx-eks", "-o", str(path))
@@ -224,7 +224,7 @@ def test_several_node_group_types_need_a_choice(cli, moto_session, tmp_path):
 
 def test_values_that_stop_validating_are_refused(cli, moto_session, tmp_path):
     _deploy(moto_session, OUTPUTS)
-    _push(moto_session, source_revision())
+    _push(moto_session, image_revision())
     path = tmp_path / "v.yaml"
     original = "name: a\nnum_nodes: 0\n"
     path.write_text(original)
@@ -250,15 +250,10 @@ def test_image_keeps_the_users_tag_or_digest(current, expected):
     assert image_for(REPO, current, default_tag="0123abcd4567") == expected
 
 
-def test_image_without_a_tag_is_never_latest(monkeypatch):
-    from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
-
-    assert image_for(REPO, None) == f"{REPO}:{source_revision()}"
-    assert not image_for(REPO, "x:latest").endswith(":latest")
-    # Outside a git checkout there is no revision to name: say what to set instead of guessing.
-    monkeypatch.setattr(stack_values, "source_revision", lambda: None)
-    with pytest.raises(UserError, match=r"no image tag to use: set image: .*:<tag>"):
-        image_for(REPO, "local")
+def test_image_without_a_tag_is_never_latest():
+    assert image_for(REPO, None) == f"{REPO}:{image_revision()}"
+    assert image_for(REPO, "x:latest") == f"{REPO}:{image_revision()}"
+    assert image_for(REPO, "local") == f"{REPO}:{image_revision()}"
 
 
 def test_example_values_name_no_moving_tag():
@@ -293,12 +288,15 @@ def test_a_node_check_image_the_repository_lacks_is_named_before_a_job_is_submit
 
     _deploy(moto_session, OUTPUTS)
     info = read_stack(moto_session, "nvrx-eks")
-    # Deployed from checkout 0123abcd4567, images pushed from another: no node could be verified.
+    # Deployed with image inputs tagged 0123abcd4567, images pushed from others: no node could be verified.
     _push(moto_session, "fedcba987654")
     with pytest.raises(UserError) as refused:
         require_node_check_image(moto_session, info)
     assert f"node check pulls {REPO}:0123abcd4567, which its repository does not hold" in str(refused.value)
-    assert "nvrx-eks image push --tag 0123abcd4567 --stack nvrx-eks" in str(refused.value)
+    assert (
+        "nvrx-eks image push --stack nvrx-eks` from a checkout whose images are tagged 0123abcd4567"
+        in " ".join(str(refused.value).split())
+    )
     ecr = moto_session.client("ecr")
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": []}
     ecr.put_image(
