@@ -35,13 +35,14 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed node_modules/.installed
 
-# The edit loop, about 2 minutes on 2 cores: lint, the import contracts, and every package's tests not
-# marked slow or gpu, one worker per core (a file's tests stay on one worker, so its module fixtures, such
+# The edit loop, about 2 minutes on 2 cores: lint, the import contracts, the type check (mypy, a few
+# seconds once its cache is warm), and every package's tests not marked slow or gpu, one worker per core (a file's tests stay on one worker, so its module fixtures, such
 # as a synthesized stack, are built once).
 check: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) tools/lint_imports.py
+	$(PY) tools/typecheck.py
 	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile -q
 
 # CI: every test, the slow end-to-end ones included: the fast ones on every core as `make check` runs

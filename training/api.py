@@ -80,7 +80,7 @@ from nvrx_eks.training.resilience.config import (
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from nvrx_eks.training.checkpoint.base import Checkpointer
     from nvrx_eks.training.parallel import World
@@ -269,7 +269,7 @@ class _Process:
             gc.freeze()
             marks["gc_s"] = time.time() - started - sum(marks.values())
             events.emit("process_ready", setup_s=time.time() - started, cpu_s=time.process_time(), **marks)
-            digest = resilience.wrap(lambda: context.attempt(self.train))()
+            digest: str | None = resilience.wrap(lambda: context.attempt(self.train))()
         finally:
             if metrics is not None:
                 metrics.write()
@@ -278,8 +278,8 @@ class _Process:
             resilience.close()
             if checkpointer is not None:
                 checkpointer.close()
-            if parallel.dist.is_initialized():
-                parallel.dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
             parallel.release_retired_groups()
         events.emit("process_end", wall_s=time.time() - started)
         events.close()
@@ -700,7 +700,7 @@ class Attempt:
 
     # ----- the loop ----------------------------------------------------------------------------------
     def data_parallel(
-        self, module: torch.nn.Module, *, blocks: Sequence[torch.nn.Module] = ()
+        self, module: torch.nn.Module, *, blocks: Iterable[torch.nn.Module] = ()
     ) -> torch.nn.Module:
         """`module` ready for this attempt's process group, in place of DistributedDataParallel. Call it
         before building the optimizer and before `resume`: FSDP2 replaces the parameters with sharded

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -93,7 +93,7 @@ def _describe(field: Any) -> str:  # noqa: ANN401
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # type: ignore[override]  # noqa: ANN401
+    def error(self, message: str) -> NoReturn:
         # One message and exit 2 through UserError, like every other bad input.
         raise UserError(f"{message} (run `python -m nvrx_eks.training --help` for every flag)")
 

@@ -35,6 +35,7 @@ from nvrx_eks.training.faults import launcher_layer
 from nvrx_eks.training.forks import close_in_forks
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Mapping
 
     from prometheus_client import CollectorRegistry
@@ -72,7 +73,8 @@ class FaultPhases:
 
     @property
     def total_s(self) -> float:
-        return sum(asdict(self).values())
+        phases: dict[str, float] = asdict(self)
+        return sum(phases.values())
 
 
 @dataclass(frozen=True)
@@ -379,7 +381,11 @@ def serve_metrics(registry: CollectorRegistry, *, host: str, port: int, wait_s: 
             if exc.errno != errno.EADDRINUSE:
                 raise
         else:
-            close_in_forks(lambda listener=server.socket: listener)
+
+            def listener(bound: socket.socket = server.socket) -> socket.socket:
+                return bound
+
+            close_in_forks(listener)
             return True
         if time.monotonic() >= deadline:
             logging.getLogger("training").error(

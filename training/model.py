@@ -49,7 +49,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        projected: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+        return projected
 
 
 class FeedForward(nn.Module):
@@ -60,7 +61,8 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(shape.dim, shape.ffn_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class Block(nn.Module):
@@ -73,7 +75,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+        out: torch.Tensor = x + self.feed_forward(self.ffn_norm(x))
+        return out
 
 
 class Decoder(nn.Module):
@@ -104,7 +107,8 @@ class Decoder(nn.Module):
         x = self.tok_embeddings(tokens)
         for layer in self.layers:
             x = layer(x, self.rope_cos, self.rope_sin)
-        return self.output(self.norm(x))
+        logits: torch.Tensor = self.output(self.norm(x))
+        return logits
 
 
 def build_model(preset: str, *, seed: int, device: torch.device) -> Decoder:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
             time.sleep(LISTEN_POLL_S)
 
 
-_retired_groups: list[dist.ProcessGroup] = []
+_retired_groups: list[dist.ProcessGroup | None] = []
 
 
 def retire_default_group() -> None:
@@ -185,7 +185,7 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
         time.sleep(0.01)
 
 
-def wrap(model: nn.Module, world: World, *, blocks: Sequence[nn.Module] = ()) -> nn.Module:
+def wrap(model: nn.Module, world: World, *, blocks: Iterable[nn.Module] = ()) -> nn.Module:
     """FSDP2 on CUDA (each of `blocks`, then the root; sharding is in place; gradients reduced in
     backward); the module itself on CPU (gradients averaged by `start_average_gradients`)."""
     if world.device.type == "cuda":

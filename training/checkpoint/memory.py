@@ -189,7 +189,8 @@ class MemoryTier:
         if copy is not None:
             return copy.result
         if event is not None:
-            return event.synchronize
+            synchronize: Callable[[], None] = event.synchronize
+            return synchronize
         return lambda: None
 
     def fence(self, *, block: bool = True) -> None:

@@ -111,6 +111,14 @@ def _neighbours(
     return [ring[(at + sign * k) % nodes] * ranks_per_node + local for k in range(1, replicas + 1)]
 
 
+def _request(work: dist.Work | None) -> dist.Work:
+    """A point-to-point send's request. torch answers None only to a rank outside `group`, and every
+    rank is in the replication group, so None is a broken invariant, not a send to skip."""
+    if work is None:
+        raise RuntimeError("a send from a rank outside the replication group")
+    return work
+
+
 def partner_ranks(
     rank: int, *, world_size: int, ranks_per_node: int, replicas: int, domains: Sequence[str] | None = None
 ) -> list[int]:
@@ -251,14 +259,20 @@ class ReplicaWorker:
                 str(gathered[node * self.ranks_per_node])
                 for node in range(len(gathered) // self.ranks_per_node)
             ]
-            layout = {
-                "world_size": self.world_size,
-                "ranks_per_node": self.ranks_per_node,
-                "replicas": self.replicas,
-                "domains": self.domains,
-            }
-            self.targets = partner_ranks(self.rank, **layout)
-            self.sources = source_ranks(self.rank, **layout)
+            self.targets = partner_ranks(
+                self.rank,
+                world_size=self.world_size,
+                ranks_per_node=self.ranks_per_node,
+                replicas=self.replicas,
+                domains=self.domains,
+            )
+            self.sources = source_ranks(
+                self.rank,
+                world_size=self.world_size,
+                ranks_per_node=self.ranks_per_node,
+                replicas=self.replicas,
+                domains=self.domains,
+            )
         return made
 
     def submit(
@@ -371,10 +385,10 @@ class ReplicaWorker:
                 head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
                 sends = []
                 for target in self.targets:
-                    sends.append(dist.isend(meta, target, group=group))
-                    sends.append(dist.isend(head, target, group=group))
+                    sends.append(_request(dist.isend(meta, target, group=group)))
+                    sends.append(_request(dist.isend(head, target, group=group)))
                     if data is not None:
-                        sends.append(dist.isend(data, target, group=group))
+                        sends.append(_request(dist.isend(data, target, group=group)))
                 received = sum(self._receive(src, group, target_slot) for src in self.sources)
                 for work in sends:
                     work.wait()

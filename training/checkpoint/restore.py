@@ -19,7 +19,7 @@ from nvrx_eks.training.checkpoint.base import Restored
 from nvrx_eks.training.checkpoint.shard import ShardError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from nvrx_eks.training.checkpoint.storage import ShardStore
 
@@ -68,7 +68,7 @@ def all_ok(ok: bool, device: torch.device) -> bool:
 
 
 def load_newest(
-    sources: list[Source],
+    sources: Sequence[Source],
     *,
     rank: int,
     world_size: int,

@@ -12,7 +12,7 @@ import io
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -155,7 +155,8 @@ def decode(blob: memoryview | bytearray | bytes) -> dict[str, Any]:
         data = torch.frombuffer(view, dtype=torch.uint8, offset=data_start, count=layout.data_bytes)
     else:
         data = torch.empty(0, dtype=torch.uint8)
-    return _fill(skeleton, views(data, layout))
+    # encode() pickled the skeleton of a state dict: filled, it is a dict again.
+    return cast("dict[str, Any]", _fill(skeleton, views(data, layout)))
 
 
 def tensor_chunks(tensors: list[torch.Tensor], layout: Layout) -> Iterator[memoryview]:
@@ -166,7 +167,7 @@ def tensor_chunks(tensors: list[torch.Tensor], layout: Layout) -> Iterator[memor
             yield memoryview(b"\0" * (ref.offset - position))
         if ref.nbytes:
             flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            yield memoryview(flat.numpy())
+            yield flat.numpy().data
         position = ref.offset + ref.nbytes
     if layout.data_bytes > position:
         yield memoryview(b"\0" * (layout.data_bytes - position))

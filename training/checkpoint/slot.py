@@ -61,9 +61,11 @@ class SlotFiles:
     def read_manifest(self) -> dict[str, Any] | None:
         """The committed manifest, or None (no slot, or one half-written or being replaced)."""
         try:
-            return json.loads(self.manifest.read_text())
+            manifest: dict[str, Any] = json.loads(self.manifest.read_text())
         except (OSError, ValueError):
             return None
+        else:
+            return manifest
 
     def read(self, manifest: dict[str, Any]) -> bytearray:
         """The slot as one encoded shard (header + data), for `shard.decode` or a transfer."""

@@ -295,7 +295,9 @@ class S3Store(ShardStore):
     """`s3://bucket/prefix`: an object is visible only once its upload completes, so the shard object
     is the temporary stage and the manifest object, put after it, is the commit."""
 
-    def __init__(self, *, tier: str, url: str, client: object = None) -> None:
+    # `client`: boto3's S3 client (or a test's stand-in); boto3 builds its classes at run time and ships
+    # no types, so the checker sees it as Any whichever way it is spelled.
+    def __init__(self, *, tier: str, url: str, client: Any = None) -> None:  # noqa: ANN401
         super().__init__(tier=tier)
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         self.bucket = bucket

@@ -306,8 +306,8 @@ class TieredCheckpointer(Checkpointer):
             s.holders - {PEER_PIN} for s in self.memory.slots
         ):
             self._settle()
-            for slot in self.memory.slots:  # a copy of another layout is no restore point now
-                slot.holders.discard(PEER_PIN)
+            for stale in self.memory.slots:  # a copy of another layout is no restore point now
+                stale.holders.discard(PEER_PIN)
             self.memory.ensure(layout)
         deciding, blocking = time.perf_counter(), self.agreement.blocking_rounds
         slots = len(self.memory.slots)

@@ -63,7 +63,8 @@ class InClusterApi:
         )
         try:
             with urllib.request.urlopen(request, context=self.context, timeout=self.timeout_s) as response:  # noqa: S310
-                return json.loads(response.read() or b"{}")
+                answer: dict[str, Any] = json.loads(response.read() or b"{}")
+                return answer
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, exc.read().decode(errors="replace")[:300]) from None
 

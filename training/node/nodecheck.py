@@ -409,6 +409,7 @@ def status_patch(node: Mapping[str, Any], result: Verdict, now: datetime) -> dic
     status = "True" if result.passed else "False"
     before = previous_condition(node)
     changed = before is None or before.get("status") != status
+    transition = _rfc3339(now) if before is None or changed else before.get("lastTransitionTime")
     return {
         "status": {
             "conditions": [
@@ -418,7 +419,7 @@ def status_patch(node: Mapping[str, Any], result: Verdict, now: datetime) -> dic
                     "reason": result.reason,
                     "message": result.message,
                     "lastHeartbeatTime": _rfc3339(now),
-                    "lastTransitionTime": _rfc3339(now) if changed else before.get("lastTransitionTime"),
+                    "lastTransitionTime": transition,
                 }
             ]
         }

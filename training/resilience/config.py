@@ -33,7 +33,7 @@ Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 FaultClass = Literal[
     "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"
 ]
-FAULT_CLASSES: tuple[str, ...] = get_args(FaultClass)
+FAULT_CLASSES: tuple[FaultClass, ...] = get_args(FaultClass)
 HARNESS_ONLY = frozenset({"store_loss"})
 """Classes only a harness can fire: the rendezvous store's pod is not a training pod's to delete."""
 PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")

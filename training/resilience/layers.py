@@ -108,7 +108,7 @@ class InProcessLayer(Layer):
 
         events = self.events
 
-        class _KeepGlooGroups(inprocess.abort.Abort):
+        class _KeepGlooGroups(inprocess.abort.Abort):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # The monitor thread runs `abort` before it interrupts the main thread. NVRx's default
             # destroys every process group, which on gloo blocks until the in-flight collective times
             # out (gloo cannot abort it), and with it the interrupt: up to a collective timeout per restart.
@@ -119,7 +119,7 @@ class InProcessLayer(Layer):
 
         on_restart_decided = self.on_restart_decided
 
-        class _SignalRestartThenAbort(inprocess.abort.Abort):
+        class _SignalRestartThenAbort(inprocess.abort.Abort):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # The first thing the monitor thread does once a restart is decided, on every rank whose
             # interpreter can still run a thread: tell the outer layer (ft_launcher's heartbeat) that
             # this rank is alive and recovering, then abort as `inner` does. A rank that holds the GIL
@@ -132,13 +132,13 @@ class InProcessLayer(Layer):
                     on_restart_decided()
                 return self.inner(state)
 
-        class _Finalize(inprocess.finalize.Finalize):
+        class _Finalize(inprocess.finalize.Finalize):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # Runs on every surviving rank once a restart is decided: the detection event.
             def __call__(self, state: Any) -> Any:  # noqa: ANN401
                 events.emit("detected", layer="inprocess", cause=repr(state.fn_exception)[:300])
                 return state
 
-        class _InputIsFinal(inprocess.health_check.HealthCheck):
+        class _InputIsFinal(inprocess.health_check.HealthCheck):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # Input the user must fix (kitcore UserError: resuming another model's checkpoint, ...)
             # fails the same way on every attempt: end the wrapper (a failed health check) instead of
             # restarting until the budget is spent; wrap() hands the UserError on (exit 2).

@@ -162,6 +162,8 @@ from nvrx_eks.training.forks import close_in_forks
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
 NVRX_VERSION = version("nvidia-resiliency-ext")
 
 
@@ -252,7 +254,7 @@ MONITOR_THREAD_STOPPED = "stop_loop"
 """The in-process monitor thread's event that the Wrapper sets when it stops the thread on purpose."""
 
 
-def _monitor_thread_type() -> type:
+def _monitor_thread_type() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
     from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
 
     source = inspect.getsource(MonitorThread)
@@ -317,7 +319,7 @@ def host_first_store() -> type:
     require_internal(TCPStore, "__init__", ("self", "host_name", "port", "world_size", "timeout"))
     from nvrx_eks.training.parallel import wait_until_listening  # noqa: PLC0415
 
-    class HostFirstTCPStore(TCPStore):
+    class HostFirstTCPStore(TCPStore):  # type: ignore[misc]  # NVRx ships no types: its TCPStore is Any
         def __init__(
             self,
             host_name: str | None = None,
@@ -364,7 +366,7 @@ def _training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier 
     if state.is_shutdown():
         return None
     state._sync_from_per_round_state()  # noqa: SLF001 - the first round that is not closed
-    closed = state._round - 1  # noqa: SLF001
+    closed: int = state._round - 1  # noqa: SLF001
     if closed < 0 or state.store.check([f"{state.prefix}:round_done_{closed + 1}"]):
         return None  # no round closed yet, or the next one is open already
     return closed
@@ -473,7 +475,7 @@ WORKER_POLL = ("_poll", ("self",))
 """torch's MultiprocessContext poll of its worker processes: one failure per call."""
 
 
-def _multiprocess_context() -> type:
+def _multiprocess_context() -> type[MultiprocessContext]:
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext  # noqa: PLC0415
 
     return MultiprocessContext
@@ -506,7 +508,7 @@ def report_every_failed_worker() -> None:
         return result
 
     _poll.nvrx_eks_every_failure = True  # type: ignore[attr-defined]
-    context._poll = _poll  # noqa: SLF001
+    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
 
 
 USER_ERROR_REASON = "user_error"
@@ -582,7 +584,7 @@ def stop_on_user_error(exit_code: int) -> None:
 
     _poll.nvrx_eks_every_failure = getattr(poll, "nvrx_eks_every_failure", False)  # type: ignore[attr-defined]
     _handle_restart_decision.nvrx_eks_user_error = True  # type: ignore[attr-defined]
-    context._poll = _poll  # noqa: SLF001
+    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
     agent._handle_restart_decision = _handle_restart_decision  # noqa: SLF001
 
 
@@ -635,15 +637,16 @@ def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
 
     @functools.wraps(step2)  # keeps the signature `require_internal` checks
     def _compute_step2_poll_interval(min_nodes: int, segment_check_interval: float) -> float:
-        return min(step2(min_nodes, segment_check_interval), max(poll_s, min_nodes / 2000.0))
+        interval: float = min(step2(min_nodes, segment_check_interval), max(poll_s, min_nodes / 2000.0))
+        return interval
 
     __init__.nvrx_eks_fast_poll = True  # type: ignore[attr-defined]
-    barrier.time = _StepZeroTime()  # type: ignore[assignment]
+    barrier.time = _StepZeroTime()
     state.__init__ = __init__
     state._compute_step2_poll_interval = staticmethod(_compute_step2_poll_interval)  # noqa: SLF001
 
 
-def _barrier_state() -> type:
+def _barrier_state() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
     from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
         _RendezvousBarrierState,
     )
@@ -713,7 +716,7 @@ def format_tracebacks_without_dynamo() -> None:
 
     from torch._logging._internal import TorchLogsFormatter  # noqa: PLC0415
 
-    fmt = TorchLogsFormatter.format
+    fmt: Callable[[Any, logging.LogRecord], str] = TorchLogsFormatter.format
     if getattr(fmt, "nvrx_eks_plain_tracebacks", False) or not formatter_imports_dynamo():
         return
     plain = logging.Formatter()
@@ -732,7 +735,7 @@ def format_tracebacks_without_dynamo() -> None:
             record.exc_info = exc_info
 
     format.nvrx_eks_plain_tracebacks = True  # type: ignore[attr-defined]
-    TorchLogsFormatter.format = format
+    TorchLogsFormatter.format = format  # type: ignore[method-assign]  # torch's method, patched in place
 
 
 def formatter_imports_dynamo() -> bool:
@@ -849,7 +852,7 @@ class LauncherBeat:
             self._stop.wait(self.every_s)
         if self._done and store is not None:
             with contextlib.suppress(Exception):
-                store.set(key, LAUNCHER_DONE)
+                store.set(key, LAUNCHER_DONE)  # type: ignore[arg-type]  # torch's stub says str; bytes work
         del store, watch
 
 
