@@ -652,10 +652,10 @@ def _check_all(out: Path, started: float) -> int:
     checks, probes = check_images(trainer=trainer, store=store, work=out, project=project)
     total = time.monotonic() - started
     print()
-    print(f"{'image':40} {'size':>10} {'build':>9}")
+    print(f"{'image':44} {'size':>10} {'build':>9}")
     for built in (store, trainer, project):
-        print(f"{built.name:40} {built.size_bytes / 2**20:>7.0f} MiB {built.seconds:>7.1f} s")
-    print(f"{'local bases (Debian 12, venv, CPU torch)':40} {'':>10} {bases_seconds:>7.1f} s")
+        print(f"{built.name:44} {built.size_bytes / 2**20:>7.0f} MiB {built.seconds:>7.1f} s")
+    print(f"{'local bases (Debian 12, venv, CPU torch)':44} {'':>10} {bases_seconds:>7.1f} s")
     local_python = sys.version.split()[0]
     for kind, probe in probes.items():
         python, torch = probe["python"], probe["torch"]

@@ -81,5 +81,9 @@ def test_image_check_builds_both_images_and_every_container_check_passes(tmp_pat
     (chaos,) = [c for c in result["checks"] if c["name"] == "demo fault plan in containers"]
     assert "each recovered by its layer" in chaos["detail"]
     assert chaos["detail"].endswith("bit-identical")
+    # A project whose own package is named `training`, built as `image build --project` builds it, runs
+    # as the job's entrypoint beside the kit's nvrx_eks.training, its faults recovered by their layers.
+    (project,) = [c for c in result["checks"] if c["image"] == "project"]
+    assert "('exception', 'inprocess'), ('sigkill', 'ft_launcher')" in project["detail"]
     for image in result["images"].values():
         assert image["size_bytes"] > 0
