@@ -1,0 +1,37 @@
+"""Each concept the kit shares between its parts is defined in one module and imported everywhere else.
+
+A second definition drifts from the first (a mode the planner spells differently, a phase the report
+names apart from the trainer, a probe measured two ways): each pattern below is a definition's
+signature, and only its home may contain it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks", "tools")
+
+FLOOR = "training/checkpoint/floor.py"
+HOMES = {
+    "the host-memory copy probe": (r"def (?:\w*memcpy\w*|\w*copy_bandwidth)\(", FLOOR),
+    "a state's snapshot bytes": (r"^def state_bytes\(", FLOOR),
+}
+
+
+def _sources() -> dict[str, str]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text()
+        for part in PARTS
+        for path in sorted((ROOT / part).rglob("*.py"))
+    }
+
+
+@pytest.mark.parametrize("concept", sorted(HOMES))
+def test_a_concept_is_defined_in_its_home_only(concept: str) -> None:
+    pattern, home = HOMES[concept]
+    found = sorted(path for path, text in _sources().items() if re.search(pattern, text, re.MULTILINE))
+    assert found == [home], f"{concept}: defined in {found}, its one home is {home}: import it from there"
