@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.checkpoint.config import TIER_ORDER
 from nvrx_eks.training.events import read_events
 from nvrx_eks.training.faults import launcher_layer
 from nvrx_eks.training.forks import close_in_forks
@@ -45,7 +46,7 @@ CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
 
 # Where a fault's state came back from, fastest first; a fault row reports the slowest any rank used.
-TIER_ORDER = ("memory", "peer_memory", "local", "durable", "none")
+RESTORED_FROM = (*TIER_ORDER, "none")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class FaultSummary:
     recovery_s: float | None
     steps_lost: int | None
     tier: str = "none"
-    """Where the state came back from (TIER_ORDER; the slowest rank's): `memory` also for in process."""
+    """Where the state came back from (RESTORED_FROM; the slowest rank's): `memory` also for in process."""
     phases: FaultPhases | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,7 +213,7 @@ def _phases(
 
 def _slowest_tier(first_startup: dict[int, dict[str, Any]]) -> str:
     tiers = ["memory" if e["tier"] == "inprocess" else e["tier"] for e in first_startup.values()]
-    return max(tiers, key=lambda t: TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER))
+    return max(tiers, key=lambda t: RESTORED_FROM.index(t) if t in RESTORED_FROM else len(RESTORED_FROM))
 
 
 def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode: str) -> FaultSummary:
