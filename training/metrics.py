@@ -49,6 +49,11 @@ CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 RESTORED_FROM = (*TIER_ORDER, "none")
 
 
+RECOVERY_PHASES = ("detect", "teardown", "rendezvous", "start", "restore", "first_step")
+"""The phases of a recovery in order: `FaultPhases` has a `<phase>_s` field for each, the report, the
+benchmarks and `python -m nvrx_eks.localrun.phases` name them so."""
+
+
 @dataclass(frozen=True)
 class FaultPhases:
     """Seconds from the fault to the next productive step, phase by phase (they add up).
@@ -257,6 +262,13 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     )
 
 
+def fault_summaries(events: list[dict[str, Any]]) -> list[FaultSummary]:
+    """One row per `fault_injected` event of a run's merged event streams, in order."""
+    starts = [e for e in events if e["kind"] == "process_start"]
+    mode = starts[0].get("mode", "?") if starts else "?"
+    return [_fault_summary(f, events, mode=mode) for f in events if f["kind"] == "fault_injected"]
+
+
 def checkpoint_warnings(events: list[dict[str, Any]]) -> list[str]:
     """Per tier that fell behind on some rank: when, how far, why, and whether it caught up."""
     lines = []
@@ -309,7 +321,7 @@ def summarize(run_dir: Path) -> RunSummary:
     mean_step = statistics.fmean(e["step_s"] for e in rank0) if rank0 else 0.0
 
     mode = starts[0].get("mode", "?")
-    faults = [_fault_summary(f, events, mode=mode) for f in events if f["kind"] == "fault_injected"]
+    faults = fault_summaries(events)
     recovery = [
         (f_ev["t"], f_ev["t"] + f.recovery_s)
         for f_ev, f in zip((e for e in events if e["kind"] == "fault_injected"), faults, strict=True)
@@ -402,9 +414,10 @@ def serve_metrics(registry: CollectorRegistry, *, host: str, port: int, wait_s: 
 METRIC_PREFIX = "trainer_"
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 PHASE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-RECOVERY_PHASES = ("teardown", "process_start", "rendezvous", "restore", "first_step")
-"""What one rank sees of a recovery, in order: teardown (in-process: the restart's detection on this rank
--> its next attempt), process_start (a new process: start -> torch loaded and layers built),
+RANK_PHASES = tuple(phase for phase in RECOVERY_PHASES if phase != "detect")
+"""What one rank sees of a recovery (`recovery_phase_seconds`' phase label), named as the run's phases:
+teardown (in-process: the restart's detection on this rank -> its next attempt), start (a new process:
+start -> torch loaded and layers built),
 rendezvous (attempt start -> process group formed and ranks lined up), restore (state loaded or kept),
 first_step (ready -> the first step done). Detection itself is per fault, in the run's summary."""
 
@@ -610,6 +623,7 @@ class Metrics:
 
     def _phase(self, phase: str, seconds: float) -> None:
         assert self._layer is not None  # noqa: S101
+        assert phase in RANK_PHASES, phase  # noqa: S101
         self.phase_seconds.labels(self._rank, self._layer, phase).observe(max(0.0, seconds))
 
     def observe(self, event: dict[str, Any]) -> None:
@@ -656,7 +670,7 @@ class Metrics:
             else:
                 return  # the run's first start: no recovery
             if self._process_start_s is not None:
-                self._phase("process_start", self._process_start_s)
+                self._phase("start", self._process_start_s)
         if self._layer is None:
             return
         load_s = float(event.get("load_s", 0.0))
