@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-# training/checkpoint/config.py CheckpointConfig.durable_every's default, for values that omit it.
-DEFAULT_DURABLE_EVERY = 500
+DEFAULT_DURABLE_EVERY: int = CheckpointConfig.model_fields["durable_every"].default
+"""The trainer's durable cadence when the values leave it out."""
 
 
 class PlanHints(BaseModel):

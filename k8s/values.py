@@ -16,7 +16,7 @@ import posixpath
 import re
 from functools import cached_property
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -26,9 +26,9 @@ from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
 from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER, Mode
 
-Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
 # Kubernetes rules beyond the names (kitcore/naming.py has those): an environment variable name and a
 # Secret's key (k8s.io/apimachinery/pkg/util/validation).
@@ -700,8 +700,9 @@ class JobValues(_Section):
             return self.storage.peer_replicas
         # The replica copies memory snapshots: none with the synchronous checkpointer or no RAM tier.
         checkpoint = self.trainer.get("checkpoint") or {}
-        tiered = checkpoint.get("implementation", "tiered") == "tiered"
-        snapshots = tiered and checkpoint.get("memory_every") != 0
+        defaults = CheckpointConfig.model_fields
+        tiered = checkpoint.get("implementation", defaults["implementation"].default) == "tiered"
+        snapshots = tiered and checkpoint.get("memory_every", defaults["memory_every"].default) != 0
         return 1 if self.num_nodes > 1 and snapshots else 0
 
     @property

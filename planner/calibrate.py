@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvrx_eks.kitcore.configio import UserError, read_json, validate_file
-from nvrx_eks.planner.config import PLAN_NAME_MAX
+from nvrx_eks.planner.config import PLAN_NAME_MAX, TIERS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -63,8 +63,6 @@ def recovery_field(cls: str | None, layer: str | None) -> str | None:
     return LAYER_FIELDS.get(layer or "")
 
 
-# localrun/peer_bench.py mode names -> the plan's (its `kit` is the plan's `kit`).
-PEER_MODES = ("baseline", "inprocess", "ft_launcher", "kit")
 # The local executor's topology (k8s/values/local-cpu.yaml): two "nodes" of two CPU ranks.
 LOCAL_NODES = 2
 LOCAL_REPAIR_S = 1.0
@@ -285,9 +283,15 @@ def _itemized(rows: dict[str, dict[str, Any]]) -> bool:
     return bool(rows) and all(row.get(k) is not None for row in rows.values() for k in keys)
 
 
+def _by_mode(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """peer.json's arms keyed by the mode each ran, the plan's name for it (the `kit` arm runs `both`
+    with the kit's tiering and a spare)."""
+    return {str(row.get("mode") or name): row for name, row in arms.items()}
+
+
 def _from_peer(path: Path, cal: Calibration) -> None:
     doc = _read(path)
-    scenario, modes = doc["scenario"], doc["modes"]
+    scenario, modes = doc["scenario"], _by_mode(doc["modes"])
     label = f"measured: {path}"
     steps = int(scenario["steps"])
     rows = _completed(modes)
@@ -348,12 +352,12 @@ def _stall_per_checkpoint(row: dict[str, Any]) -> float:
 
 
 def _measured_costs(rows: dict[str, dict[str, Any]]) -> _PeerCosts:
-    single_tier = [_stall_per_checkpoint(r) for n, r in rows.items() if n != "kit"]
+    single_tier = [_stall_per_checkpoint(r) for n, r in rows.items() if n != "both"]
     return _PeerCosts(
         step_s={n: float(r["mean_step_s"]) for n, r in rows.items()},
         startup_s={n: float(r["startup_s"]) for n, r in rows.items()},
         durable_stall_s=statistics.median(single_tier) if single_tier else 0.0,
-        memory_stall_s=_stall_per_checkpoint(rows["kit"]) if "kit" in rows else None,
+        memory_stall_s=_stall_per_checkpoint(rows["both"]) if "both" in rows else None,
     )
 
 
@@ -377,7 +381,7 @@ def _peer_scenario(
         )
     tiers = {f.get("tier") for row in modes.values() for f in row.get("faults") or []}
     replicated = "peer_memory" in tiers or not any(f["class"] == "node_loss" for f in drawn)
-    kit_overrides = modes.get("kit", {}).get("overrides", [])
+    kit_overrides = modes.get("both", {}).get("overrides", [])
     kit_memory, kit_local = _cadence(kit_overrides, "memory"), _cadence(kit_overrides, "local")
     every = int(scenario["durable_every"])
     cal.scenario = {
@@ -410,7 +414,7 @@ def _peer_scenario(
             "baseline": {"tiers": {"durable": every}},
             "inprocess": {"tiers": {"durable": every}},
             "ft_launcher": {"tiers": {"durable": every}},
-            "kit": {"tiers": {"memory": kit_memory or 2, "local": kit_local or 10, "durable": every}},
+            "both": {"tiers": {"memory": kit_memory or 2, "local": kit_local or 10, "durable": every}},
         },
     }
     if costs is not None:
@@ -424,7 +428,7 @@ def _peer_scenario(
         cal.scenario_labels["modes.*.step_s"] = f"{label} (each mode's mean step)"
     scenario_labels = cal.scenario_labels
     if kit_memory is None:
-        scenario_labels["modes.kit.tiers"] = (
+        scenario_labels["modes.both.tiers"] = (
             "assumed: localrun/peer_bench.py kit tiering (RAM every 2, disk every 10)"
         )
     scenario_labels["checkpoint.peer_replica"] = (
@@ -478,7 +482,7 @@ def _from_checkpoint_bench(path: Path, cal: Calibration) -> None:
     if doc.get("durable_write_s") is not None:
         cal.set("checkpoint.durable.write_s", float(doc["durable_write_s"]), label)
     for tier, seconds in (doc.get("restore_s") or {}).items():
-        if tier in {"memory", "local", "durable"}:
+        if tier in TIERS:
             cal.set(f"checkpoint.{tier}.restore_s", float(seconds), label)
 
 

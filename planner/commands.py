@@ -12,16 +12,8 @@ from nvrx_eks.kitcore import paths
 
 if TYPE_CHECKING:
     from nvrx_eks.planner.calibrate import Calibration
-    from nvrx_eks.planner.config import Mode, Plan
+    from nvrx_eks.planner.config import Plan
     from nvrx_eks.planner.model import Projection
-
-# Job values' mode -> the plan's mode (k8s/values.py Mode; `both` is the kit's default).
-VALUES_MODES: dict[str, str] = {
-    "baseline": "baseline",
-    "inprocess": "inprocess",
-    "ft_launcher": "ft_launcher",
-}
-VALUES_MODES["both"] = "kit"
 
 
 def load_plan(
@@ -117,9 +109,9 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
 
     yaml = _roundtrip_yaml()
     doc = _load_values_doc(values_path, yaml)
-    values_mode = str(doc.get("mode", "both"))
-    mode: Mode = VALUES_MODES.get(values_mode, "kit")  # type: ignore[assignment]
-    if mode not in projection.modes:
+    values_mode = str(doc.get("mode", JobValues.model_fields["mode"].default))
+    mode = next((name for name in projection.modes if name == values_mode), None)
+    if mode is None:
         raise UserError(f"--write {values_path}: its mode {values_mode} is not among the plan's modes")
     intervals = projection.modes[mode].intervals
     durable = intervals["durable"].every_steps

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from functools import cached_property
 from typing import Literal, Self, get_args
 
@@ -16,15 +17,16 @@ from scipy.stats import poisson
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
-from nvrx_eks.training.resilience.config import FaultClass
+from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
+from nvrx_eks.training.resilience.config import MODES, FaultClass, Mode
 from nvrx_eks.training.shapes import PRESETS, ModelShape
 
-Mode = Literal["baseline", "inprocess", "ft_launcher", "kit"]
-MODES: tuple[Mode, ...] = ("baseline", "inprocess", "ft_launcher", "kit")
-TierName = Literal["memory", "local", "durable"]
-TIERS: tuple[TierName, ...] = ("memory", "local", "durable")
+TierName = CadenceTier
+TIERS = CADENCE_TIERS
 FaultKind = Literal["soft", "process", "node", "store"]
 SECONDS_PER_DAY = 86400.0
+RENAMED_MODE = "kit"
+"""The planner's former name for the mode `both`: a plan file naming it is read as `both`, with a warning."""
 
 # ---- published defaults, each with its source ------------------------------------------------------
 # Llama 3 (Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.4 and Table 5): 419 unexpected
@@ -255,7 +257,7 @@ def _default_modes() -> dict[Mode, ModeSetup]:
         "baseline": one,
         "inprocess": one,
         "ft_launcher": one,
-        "kit": ModeSetup(tiers={"memory": "auto", "local": "auto", "durable": "auto"}),
+        "both": ModeSetup(tiers={"memory": "auto", "local": "auto", "durable": "auto"}),
     }
 
 
@@ -402,6 +404,21 @@ class Plan(_Section):
                 f"{len(value.encode())} bytes is too long for the plot folder runs/plan-<name> (a file "
                 f"system name holds 255 bytes); shorten it to at most {PLAN_NAME_MAX}"
             )
+        return value
+
+    @field_validator("modes", mode="before")
+    @classmethod
+    def _renamed_mode(cls, value: object) -> object:
+        if isinstance(value, dict) and RENAMED_MODE in value:
+            if "both" in value:
+                raise ValueError(f"names both and {RENAMED_MODE}, the same mode: keep both")
+            warnings.warn(
+                f"modes.{RENAMED_MODE} is now modes.both, the job values' name for the mode; {RENAMED_MODE} "
+                "is read as both for now: rename it in the plan file (and in --set modes.* overrides)",
+                FutureWarning,
+                stacklevel=2,
+            )
+            value = {("both" if name == RENAMED_MODE else name): setup for name, setup in value.items()}
         return value
 
     @field_validator("modes")

@@ -3,7 +3,7 @@
 What a fault costs depends on who recovers it (docs/architecture.md, the fault table) and where the
 state comes back from. Per mode and fault kind (`route`):
 
-| kind    | baseline              | inprocess             | ft_launcher          | kit                   |
+| kind    | baseline              | inprocess             | ft_launcher          | both                  |
 |---------|-----------------------|-----------------------|----------------------|-----------------------|
 | soft    | job restart, own node | in-process, none      | launcher, own node   | in-process, none      |
 | process | job restart, own node | job restart, own node | launcher, own node   | launcher, own node    |
@@ -55,17 +55,16 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.planner.config import (
-    MODES,
     SECONDS_PER_DAY,
     TIERS,
     FaultKind,
-    Mode,
     Plan,
     TierName,
     fault_kind,
     poisson_fewest,
     poisson_tail,
 )
+from nvrx_eks.training.resilience.config import MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -85,13 +84,13 @@ class Route:
 def route(plan: Plan, mode: Mode, kind: FaultKind) -> Route:
     written = tuple(t for t in TIERS if t in plan.modes[mode].tiers)
     remote = tuple(t for t in written if t == "durable" or (t == "memory" and plan.checkpoint.peer_replica))
-    if kind == "soft" and mode in {"inprocess", "kit"}:
+    if kind == "soft" and mode in {"inprocess", "both"}:
         return Route("inprocess", ())
     if kind == "store":
         return Route("store_restart", tuple(t for t in written if t != "memory"))
     if kind == "node":
-        return Route("node_swap" if mode in {"ft_launcher", "kit"} else "job_restart", remote)
-    if mode in {"ft_launcher", "kit"}:
+        return Route("node_swap" if mode in {"ft_launcher", "both"} else "job_restart", remote)
+    if mode in {"ft_launcher", "both"}:
         return Route("ft_launcher", written)
     return Route("job_restart", written)
 

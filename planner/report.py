@@ -10,8 +10,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from nvrx_eks.planner.config import MODES, SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Mode, Plan, TierName
+from nvrx_eks.planner.config import SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Plan, TierName
 from nvrx_eks.planner.model import KINDS, ModeResult, Projection, evaluate, project
+from nvrx_eks.training.resilience.config import MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -161,7 +162,7 @@ def document(
 
 
 def _headline_mode(projection: Projection) -> Mode:
-    return "kit" if "kit" in projection.modes else next(iter(projection.modes))
+    return "both" if "both" in projection.modes else next(iter(projection.modes))
 
 
 def _pct(value: float | None) -> str:

@@ -25,13 +25,14 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nvrx_eks.planner.config import SECONDS_PER_DAY, TIERS, FaultKind, Mode, Plan, TierName, fault_kind
+from nvrx_eks.planner.config import SECONDS_PER_DAY, TIERS, FaultKind, Plan, TierName, fault_kind
 from nvrx_eks.planner.model import layer_recovery_s, route, tier_costs
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from nvrx_eks.planner.model import TierCosts
+    from nvrx_eks.training.resilience.config import Mode
 
 
 @dataclass(frozen=True)

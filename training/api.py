@@ -67,6 +67,7 @@ import torch.distributed as dist
 
 from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
 from nvrx_eks.training import parallel
+from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
 from nvrx_eks.training.events import EventLog, imported_since_fork, process_created_at
 from nvrx_eks.training.faults import FaultInjector, InjectedFaultError, build_schedule
 from nvrx_eks.training.inputs import check_runtime_inputs
@@ -432,29 +433,6 @@ def params_sha256(modules: Sequence[torch.nn.Module]) -> str | None:
     return digest.hexdigest()
 
 
-def state_bytes(state: Any) -> int:  # noqa: ANN401
-
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, list | tuple):
-        return sum(state_bytes(v) for v in state)
-    return 0
-
-
-def memcpy_gbps(num_bytes: int) -> float:
-    """Copy bandwidth into a pre-faulted buffer (the checkpoint stall floor's denominator)."""
-
-    size = max(1 << 20, min(num_bytes, 256 << 20))
-    src = torch.ones(size, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # fault the pages in
-    started = time.perf_counter()
-    dst.copy_(src)
-    return size / max(time.perf_counter() - started, 1e-9) / 1e9
-
-
 class Attempt:
     """One run of the training function: the process group of this attempt, and the calls that tie the
     script's loop to the kit. Built by `Job.run`; its calls must come in order: `data_parallel` (before
@@ -557,7 +535,7 @@ class Attempt:
             startup_s=time.time() - self._started,
             load_s=load_s,
             state_bytes=nbytes,
-            memcpy_gbps=memcpy_gbps(nbytes),
+            memcpy_gbps=copy_bandwidth(nbytes) / 1e9,
             imported_since_fork=imported_since_fork(),
         )
         return self.last_done + 1

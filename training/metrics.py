@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.checkpoint.config import TIER_ORDER
 from nvrx_eks.training.events import read_events
 from nvrx_eks.training.faults import launcher_layer
 from nvrx_eks.training.forks import close_in_forks
@@ -46,7 +47,12 @@ CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
 
 # Where a fault's state came back from, fastest first; a fault row reports the slowest any rank used.
-TIER_ORDER = ("memory", "peer_memory", "local", "durable", "none")
+RESTORED_FROM = (*TIER_ORDER, "none")
+
+
+RECOVERY_PHASES = ("detect", "teardown", "rendezvous", "start", "restore", "first_step")
+"""The phases of a recovery in order: `FaultPhases` has a `<phase>_s` field for each, the report, the
+benchmarks and `python -m nvrx_eks.localrun.phases` name them so."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class FaultSummary:
     recovery_s: float | None
     steps_lost: int | None
     tier: str = "none"
-    """Where the state came back from (TIER_ORDER; the slowest rank's): `memory` also for in process."""
+    """Where the state came back from (RESTORED_FROM; the slowest rank's): `memory` also for in process."""
     phases: FaultPhases | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,7 +220,7 @@ def _phases(
 
 def _slowest_tier(first_startup: dict[int, dict[str, Any]]) -> str:
     tiers = ["memory" if e["tier"] == "inprocess" else e["tier"] for e in first_startup.values()]
-    return max(tiers, key=lambda t: TIER_ORDER.index(t) if t in TIER_ORDER else len(TIER_ORDER))
+    return max(tiers, key=lambda t: RESTORED_FROM.index(t) if t in RESTORED_FROM else len(RESTORED_FROM))
 
 
 def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode: str) -> FaultSummary:
@@ -256,6 +262,13 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
         tier=_slowest_tier(first_startup) if first_startup else "none",
         phases=phases,
     )
+
+
+def fault_summaries(events: list[dict[str, Any]]) -> list[FaultSummary]:
+    """One row per `fault_injected` event of a run's merged event streams, in order."""
+    starts = [e for e in events if e["kind"] == "process_start"]
+    mode = starts[0].get("mode", "?") if starts else "?"
+    return [_fault_summary(f, events, mode=mode) for f in events if f["kind"] == "fault_injected"]
 
 
 def checkpoint_warnings(events: list[dict[str, Any]]) -> list[str]:
@@ -310,7 +323,7 @@ def summarize(run_dir: Path) -> RunSummary:
     mean_step = statistics.fmean(e["step_s"] for e in rank0) if rank0 else 0.0
 
     mode = starts[0].get("mode", "?")
-    faults = [_fault_summary(f, events, mode=mode) for f in events if f["kind"] == "fault_injected"]
+    faults = fault_summaries(events)
     recovery = [
         (f_ev["t"], f_ev["t"] + f.recovery_s)
         for f_ev, f in zip((e for e in events if e["kind"] == "fault_injected"), faults, strict=True)
@@ -407,9 +420,10 @@ def serve_metrics(registry: CollectorRegistry, *, host: str, port: int, wait_s: 
 METRIC_PREFIX = "trainer_"
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 PHASE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-RECOVERY_PHASES = ("teardown", "process_start", "rendezvous", "restore", "first_step")
-"""What one rank sees of a recovery, in order: teardown (in-process: the restart's detection on this rank
--> its next attempt), process_start (a new process: start -> torch loaded and layers built),
+RANK_PHASES = tuple(phase for phase in RECOVERY_PHASES if phase != "detect")
+"""What one rank sees of a recovery (`recovery_phase_seconds`' phase label), named as the run's phases:
+teardown (in-process: the restart's detection on this rank -> its next attempt), start (a new process:
+start -> torch loaded and layers built),
 rendezvous (attempt start -> process group formed and ranks lined up), restore (state loaded or kept),
 first_step (ready -> the first step done). Detection itself is per fault, in the run's summary."""
 
@@ -615,6 +629,7 @@ class Metrics:
 
     def _phase(self, phase: str, seconds: float) -> None:
         assert self._layer is not None  # noqa: S101
+        assert phase in RANK_PHASES, phase  # noqa: S101
         self.phase_seconds.labels(self._rank, self._layer, phase).observe(max(0.0, seconds))
 
     def observe(self, event: dict[str, Any]) -> None:
@@ -661,7 +676,7 @@ class Metrics:
             else:
                 return  # the run's first start: no recovery
             if self._process_start_s is not None:
-                self._phase("process_start", self._process_start_s)
+                self._phase("start", self._process_start_s)
         if self._layer is None:
             return
         load_s = float(event.get("load_s", 0.0))

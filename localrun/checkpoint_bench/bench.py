@@ -37,13 +37,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nvrx_eks.kitcore.runtime import runtime_versions
-from nvrx_eks.localrun.checkpoint_bench.benchstate import (
-    forward_backward,
-    make_state,
-    memcpy_bandwidth,
-    state_bytes,
-)
+from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
 from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
+from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -387,7 +383,7 @@ def bench(
     try:
         state = make_state(int(state_gb * (1 << 30)))
         nbytes = state_bytes(state)
-        bandwidth = memcpy_bandwidth(nbytes)
+        bandwidth = copy_bandwidth(nbytes, repeats=3)
         floor = nbytes / bandwidth
         print(
             f"state {nbytes / 1e9:.2f} GB; memcpy {bandwidth / 1e9:.2f} GB/s; floor {floor * 1e3:.0f} ms; "

@@ -1,4 +1,4 @@
-"""What every `bench checkpoint` row shares: the model-like state, the floor's rate, the emulated step.
+"""What every `bench checkpoint` row shares: the model-like state and the emulated step.
 
 The kit's rows (bench.py) and NVRx's rows (nvrx_bench.py) build their state and run their step from
 here, so both measure the same bytes in the same tensors on the same loop.
@@ -23,24 +23,6 @@ def make_state(total_bytes: int) -> dict[str, Any]:
         },
         "data": {"step": 0, "epoch": 0},
     }
-
-
-def state_bytes(state: dict[str, Any]) -> int:
-    from nvrx_eks.training.checkpoint.shard import flatten  # noqa: PLC0415
-
-    return flatten(state)[2].data_bytes
-
-
-def memcpy_bandwidth(nbytes: int) -> float:
-    """Bytes/s of one contiguous copy into a reused, pre-faulted buffer (best of 3): the floor's rate."""
-    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
-    dst = torch.zeros(nbytes, dtype=torch.uint8)
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - started)
-    return nbytes / best
 
 
 def forward_backward(kind: str, seconds: float, work: torch.Tensor) -> None:

@@ -1,14 +1,22 @@
-"""localrun/phases.py: each recovery's milestones, read from event streams."""
+"""localrun/phases.py: each recovery's phases, read from event streams, named as the report names them."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
+
+import pytest
 
 from nvrx_eks.localrun.phases import fault_phases, find_event_dirs, main, medians
+from nvrx_eks.training.metrics import RECOVERY_PHASES, fault_summaries
 
 
 def _ev(t, kind, rank, pid, **fields):
     return {"t": t, "kind": kind, "rank": rank, "pid": pid, **fields}
+
+
+SIGKILL = {"class": "sigkill", "expected_layer": "ft_launcher"}
+EXCEPTION = {"class": "exception", "expected_layer": "inprocess"}
 
 
 def _sigkill_run(offset=0.0):
@@ -18,38 +26,39 @@ def _sigkill_run(offset=0.0):
         _ev(o + 0.0, "process_start", 0, 100, world_size=2, created_t=o - 1.0),
         _ev(o + 0.0, "process_start", 1, 101, world_size=2, created_t=o - 1.0),
         _ev(o + 9.9, "step", 0, 100, step=7),
-        _ev(o + 10.0, "fault_injected", 1, 101, **{"class": "sigkill"}, step=8, target_rank=1),
+        _ev(o + 10.0, "fault_injected", 1, 101, **SIGKILL, step=8, target_rank=1),
         _ev(o + 10.3, "terminated", 0, 100),
         _ev(o + 12.0, "process_start", 0, 200, world_size=2, created_t=o + 11.0),
         _ev(o + 12.5, "process_start", 1, 201, world_size=2, created_t=o + 11.2),
         _ev(o + 14.0, "process_ready", 0, 200),
         _ev(o + 14.4, "process_ready", 1, 201),
-        _ev(o + 14.6, "startup_done", 1, 201, tier="memory", load_s=0.01),
-        _ev(o + 14.7, "startup_done", 0, 200, tier="memory", load_s=0.02),
+        _ev(o + 14.6, "startup_done", 1, 201, tier="memory", load_s=0.01, restored_step=6),
+        _ev(o + 14.7, "startup_done", 0, 200, tier="memory", load_s=0.02, restored_step=6),
         _ev(o + 14.8, "step", 1, 201, step=7),
         _ev(o + 14.9, "step", 0, 200, step=7),
-        _ev(o + 20.0, "fault_injected", 0, 200, **{"class": "exception"}, step=12, target_rank=0),
+        _ev(o + 20.0, "fault_injected", 0, 200, **EXCEPTION, step=12, target_rank=0),
         _ev(o + 20.1, "detected", 1, 201),
-        _ev(o + 20.2, "startup_done", 0, 200, tier="inprocess", load_s=0.0),
-        _ev(o + 20.25, "startup_done", 1, 201, tier="inprocess", load_s=0.0),
+        _ev(o + 20.2, "startup_done", 0, 200, tier="inprocess", load_s=0.0, restored_step=11),
+        _ev(o + 20.25, "startup_done", 1, 201, tier="inprocess", load_s=0.0, restored_step=11),
         _ev(o + 20.4, "step", 0, 200, step=12),
         _ev(o + 20.5, "step", 1, 201, step=12),
     ]
 
 
-def test_launcher_restart_milestones_are_the_slowest_ranks():
+def test_each_recovery_is_the_phases_summary_json_gives():
     sigkill, exception = fault_phases(_sigkill_run())
-    assert sigkill["layer"] == "launcher"
-    expected = {"detect": 0.3, "gone": 0.3, "spawn": 1.2, "start": 2.5, "ready": 4.4, "restore": 4.7}
-    for key, value in expected.items():
-        assert abs(sigkill[key] - value) < 1e-6, key
-    assert abs(sigkill["step_t"] - 4.9) < 1e-6
+    expected = {"detect": 0.3, "teardown": 0.0, "rendezvous": 0.98, "start": 3.4, "restore": 0.02}
+    for key, value in {**expected, "first_step": 0.2, "total": 4.9}.items():
+        assert sigkill[key] == pytest.approx(value), key
     assert sigkill["tier"] == "memory"
-    assert sigkill["load_s"] == 0.02
     assert exception["layer"] == "inprocess"
-    assert exception["gone"] is None
-    assert abs(exception["restore"] - 0.25) < 1e-6
-    assert abs(exception["step_t"] - 0.5) < 1e-6
+    assert exception["start"] == 0.0
+    assert exception["rendezvous"] == pytest.approx(0.15)
+    assert exception["total"] == pytest.approx(0.5)
+    # The same figures, under the same names, as the run's summary (training.metrics.FaultPhases).
+    summary = fault_summaries(_sigkill_run())[0].phases
+    assert summary is not None
+    assert {f"{phase}_s": sigkill[phase] for phase in RECOVERY_PHASES} == asdict(summary)
 
 
 def test_cli_reads_demo_folders_and_prints_medians(tmp_path, capsys):
@@ -69,4 +78,4 @@ def test_cli_reads_demo_folders_and_prints_medians(tmp_path, capsys):
     assert "median of 2 runs" in out
     assert "sigkill@8:1" in out
     med = medians([fault_phases(_sigkill_run()), fault_phases(_sigkill_run(100.0))])
-    assert abs(med[0]["ready"] - 4.4) < 1e-6
+    assert med[0]["start"] == pytest.approx(3.4)

@@ -8,6 +8,7 @@ import math
 import shutil
 import statistics
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -28,7 +29,7 @@ from nvrx_eks.planner.config import (
     poisson_tail,
 )
 from nvrx_eks.planner.model import daly, project, project_all, recommend, size_spares
-from nvrx_eks.planner.report import fleet_sweep, plot_fleet, plot_interval
+from nvrx_eks.planner.report import document, fleet_sweep, plot_fleet, plot_interval
 from nvrx_eks.planner.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def test_llama3_rates_and_cadence_land_near_their_effective_training_time():
     )
     assert LLAMA3_EFFECTIVE_TRAINING_TIME - 0.02 <= result.training_goodput <= 0.95
     # The kit's layers recover the same faults with far less lost: spares, RAM and in-process.
-    assert project(plan, "kit").training_goodput > result.training_goodput + 0.05
+    assert project(plan, "both").training_goodput > result.training_goodput + 0.05
 
 
 def test_llama3_mix_sums_to_the_table_and_is_mostly_node_loss():
@@ -84,7 +85,7 @@ def test_soft_classes_match_the_trainers():
 
 # ---- closed form against the simulation ------------------------------------------------------------
 @pytest.mark.parametrize(("path", "runs"), [(PEER, 400), (LLAMA, 20)])
-@pytest.mark.parametrize("mode", ["baseline", "inprocess", "ft_launcher", "kit"])
+@pytest.mark.parametrize("mode", ["baseline", "inprocess", "ft_launcher", "both"])
 def test_closed_form_agrees_with_the_simulation_within_one_point(path, runs, mode):
     plan = _plan(path)
     result = project(plan, mode)
@@ -95,10 +96,10 @@ def test_closed_form_agrees_with_the_simulation_within_one_point(path, runs, mod
 
 def test_closed_form_agrees_with_the_simulation_when_spares_are_scarce_but_sized():
     plan = _plan(LLAMA, "fleet.repair_hours=4")
-    result = project(plan, "kit")
+    result = project(plan, "both")
     assert result.spares.spares == result.spares.recommended > 0
-    sim = simulate(plan, "kit", {t: i.every_steps for t, i in result.intervals.items()}, spares=3, runs=20)
-    starved = project(_plan(LLAMA, "fleet.repair_hours=4", "fleet.spares=3"), "kit")
+    sim = simulate(plan, "both", {t: i.every_steps for t, i in result.intervals.items()}, spares=3, runs=20)
+    starved = project(_plan(LLAMA, "fleet.repair_hours=4", "fleet.spares=3"), "both")
     # Below the recommendation the job waits for capacity, and both see it.
     assert starved.badput["capacity_wait"] > 0.01
     assert sim.badput["capacity_wait"] > 0.01
@@ -119,7 +120,7 @@ def test_daly_reduces_to_young_for_a_small_stall():
 
 def test_an_async_tier_is_never_recommended_below_its_background_write():
     plan = _plan(LLAMA, "checkpoint.durable.bandwidth_gbps=20")  # 324 s per durable write
-    intervals = recommend(plan, "kit", wall_guess_s=1.0)
+    intervals = recommend(plan, "both", wall_guess_s=1.0)
     durable = intervals["durable"]
     assert durable.seconds >= durable.write_s == pytest.approx(324, rel=0.01)
     assert durable.bound == "write time"
@@ -136,15 +137,15 @@ def test_a_blocking_tier_follows_young_daly_on_its_own_restores():
 
 def test_a_tier_no_fault_restores_from_is_capped():
     # The kit's local tier without store losses: process deaths load RAM, node losses the durable tier.
-    local = recommend(_plan(LLAMA, "faults.store_loss_per_day=0"), "kit", wall_guess_s=1.0)["local"]
+    local = recommend(_plan(LLAMA, "faults.store_loss_per_day=0"), "both", wall_guess_s=1.0)["local"]
     assert local.mtbf_s is None
     assert local.bound.startswith("max interval")
 
 
 def test_spares_meet_the_target_and_one_fewer_does_not():
-    spares = project(_plan(LLAMA), "kit").spares
+    spares = project(_plan(LLAMA), "both").spares
     assert spares.p_never_wait >= 0.99
-    fewer = project(_plan(LLAMA, f"fleet.spares={spares.recommended - 1}"), "kit").spares
+    fewer = project(_plan(LLAMA, f"fleet.spares={spares.recommended - 1}"), "both").spares
     assert fewer.p_never_wait < 0.99
 
 
@@ -274,7 +275,7 @@ def test_a_short_runs_projection_takes_each_modes_own_start_step_and_stall(tmp_p
     (run / "peer.json").write_text(json.dumps({"scenario": scenario, "modes": modes}))
     plan, _, cal = load_plan(None, [], run)
     assert cal is not None
-    assert plan.for_mode("kit").workload.startup_s == pytest.approx(1.6)
+    assert plan.for_mode("both").workload.startup_s == pytest.approx(1.6)
     assert plan.for_mode("inprocess").workload.step_s == pytest.approx(0.030)
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.03)
     assert plan.checkpoint.durable.stall_s == pytest.approx(0.075)
@@ -299,7 +300,7 @@ def test_projection_from_the_hardware_mix_run_is_within_5_points_of_what_it_meas
     assert plan.checkpoint.peer_replica
     assert plan.fleet.repair_hours * 3600 <= 1.0
     projection = project_all(plan)
-    assert set(cal.measured_goodput) == {"baseline", "inprocess", "ft_launcher", "kit"}
+    assert set(cal.measured_goodput) == {"baseline", "inprocess", "ft_launcher", "both"}
     for mode, measured in cal.measured_goodput.items():
         projected = projection.modes[mode].training_goodput
         assert abs(projected - measured) <= 0.05, (mode, projected, measured)
@@ -398,7 +399,7 @@ def test_a_plans_own_copy_bandwidth_wins_over_the_host_link():
         (["fleet.instance_profile=p9.huge"], "fleet.instance_profile: unknown instance type 'p9.huge'"),
         (["faults.mix={meteor: 1}"], "faults.mix: unknown fault class 'meteor'"),
         (["faults.per_node_day=0.005"], "faults: give exactly one of count"),
-        (["modes.kit.tiers.durable=0"], "modes.kit.tiers: durable: a cadence is a number of steps >= 1"),
+        (["modes.both.tiers.durable=0"], "modes.both.tiers: durable: a cadence is a number of steps >= 1"),
         (["workload.days=3"], "workload: give exactly one of steps"),
     ],
 )
@@ -424,7 +425,7 @@ def test_json_and_write_from_the_cli(nvrx_eks, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc["modes"]) == {"baseline", "inprocess", "ft_launcher", "kit"}
+    assert set(doc["modes"]) == {"baseline", "inprocess", "ft_launcher", "both"}
     for row in doc["modes"].values():
         assert 0 < row["training_goodput"] < 1
         assert set(row["badput"]) >= {"checkpoint_stall", "lost_work", "recovery"}
@@ -456,6 +457,35 @@ def test_write_keeps_comments_and_peer_tiering_for_single_layer_modes(tmp_path):
     assert "# 16 x p5.48xlarge" in values.read_text()
     # The peer's 500 steps of 0.25 s are shorter than its 275 s durable write: said at once.
     assert any("shorter than the 275 s durable write" in line for line in changed)
+
+
+def test_the_plan_names_each_mode_as_the_job_values_do(tmp_path):
+    plan_mode, _ = get_args(Plan.model_fields["modes"].annotation)
+    assert get_args(plan_mode) == get_args(JobValues.model_fields["mode"].annotation) == MODES
+    # A summary.json of a job in mode `both` is measured goodput beside the plan's `both` row.
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "mode": "both",
+                "training_goodput": 0.9,
+                "faults": [{"class": "sigkill", "layer": "ft_launcher", "recovery_s": 13.0}],
+            }
+        )
+    )
+    plan, _, cal = load_plan(PEER, [], tmp_path)
+    assert cal is not None
+    doc = document(project_all(plan), sims={}, measured=cal.measured_goodput, inputs={}, plots=[])
+    assert doc["modes"]["both"]["measured_goodput"] == pytest.approx(0.9)
+
+
+def test_a_plan_naming_kit_is_read_as_both_with_a_warning(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text(PEER.read_text().replace("  both: {tiers:", "  kit: {tiers:"))
+    with pytest.warns(FutureWarning, match=r"modes\.kit is now modes\.both"):
+        plan = _plan(old)
+    assert plan.modes == _plan(PEER).modes
+    with pytest.raises(UserError, match="the same mode"):
+        _plan(PEER, "modes.kit.tiers={durable: 10}")
 
 
 def test_render_warns_when_the_durable_interval_undercuts_the_write():
@@ -602,7 +632,7 @@ def test_bench_scale_store_loss_rows_fit_the_store_loss_recovery_not_the_node_sw
     assert plan.recovery.node_swap_s == pytest.approx(fitted("node_loss"), abs=1e-3)
     source = provenance(plan, given=given, labels=cal.labels)["recovery.store_loss_s"]["source"]
     assert "bench scale store_loss 2-8 nodes" in source
-    assert project(plan, "kit").fault_costs["store"].recovery_s == pytest.approx(plan.recovery.store_loss_s)
+    assert project(plan, "both").fault_costs["store"].recovery_s == pytest.approx(plan.recovery.store_loss_s)
 
 
 def test_a_recovery_given_with_set_wins_over_bench_scale(tmp_path):
@@ -663,7 +693,7 @@ def test_the_fleet_sweep_re_evaluates_the_fitted_recovery_at_every_size(tmp_path
         assert [s for _, s in points] == pytest.approx([fit.at(g // gpn) for g, _ in points], abs=1e-3)
         own = dict(points)[plan.fleet.gpus]
         assert own == pytest.approx(getattr(plan.recovery, dotted.removeprefix("recovery.")), abs=1e-3)
-    for mode in ("inprocess", "ft_launcher", "kit"):  # the modes whose faults the fitted layers recover
+    for mode in ("inprocess", "ft_launcher", "both"):  # the modes whose faults the fitted layers recover
         ours, theirs = dict(fitted.goodput[mode]), dict(held.goodput[mode])
         assert ours[plan.fleet.gpus] == pytest.approx(theirs[plan.fleet.gpus], abs=1e-9), mode
         feasible = [gpus for gpus, goodput in theirs.items() if goodput > 0]
@@ -695,7 +725,7 @@ def test_a_store_loss_restarts_every_pod_from_disk_not_ram():
     pod, the RAM tier goes with the processes, and the job loses back to its node-local checkpoint."""
     assert fault_kind("store_loss") == "store"
     plan = _plan(PEER, "faults.mix={exception: 0.5, store_loss: 0.5}")
-    kit = project(plan, "kit")
+    kit = project(plan, "both")
     store, soft = kit.fault_costs["store"], kit.fault_costs["soft"]
     assert kit.faults["store"] == pytest.approx(plan.faults.count * plan.faults.mix["store_loss"])
     assert store.layer == "store_restart"
@@ -708,7 +738,7 @@ def test_a_store_loss_restarts_every_pod_from_disk_not_ram():
         cost = project(plan, mode).fault_costs["store"]
         assert cost.tier in {"local", "durable"}, mode
     # Its own recovery when the plan gives one.
-    assert project(_plan(PEER, "faults.mix={store_loss: 1}", "recovery.store_loss_s=7"), "kit").fault_costs[
+    assert project(_plan(PEER, "faults.mix={store_loss: 1}", "recovery.store_loss_s=7"), "both").fault_costs[
         "store"
     ].recovery_s == pytest.approx(7.0)
 
@@ -719,17 +749,17 @@ def test_store_losses_are_a_rate_per_job_with_a_named_default():
     from nvrx_eks.planner.report import provenance  # noqa: PLC0415
 
     plan, given, _ = load_plan(LLAMA, [], None)
-    kit = project(plan, "kit")
+    kit = project(plan, "both")
     assert kit.faults["store"] == pytest.approx(STORE_LOSS_PER_DAY * plan.workload.days)
     source = provenance(plan, given=given, labels={})["faults.store_loss_per_day"]
     assert source["value"] == pytest.approx(STORE_LOSS_PER_DAY)
     assert source["source"].startswith("default: assumed, no public figure")
     assert "recovery.store_loss_s" in provenance(plan, given=given, labels={})
     doubled, _, _ = load_plan(LLAMA, ["fleet.nodes=4096"], None)
-    assert project(doubled, "kit").faults["store"] == pytest.approx(kit.faults["store"])
-    assert project(doubled, "kit").faults["node"] > 1.9 * kit.faults["node"]
+    assert project(doubled, "both").faults["store"] == pytest.approx(kit.faults["store"])
+    assert project(doubled, "both").faults["node"] > 1.9 * kit.faults["node"]
     more, given, _ = load_plan(LLAMA, ["faults.store_loss_per_day=1"], None)
-    result = project(more, "kit")
+    result = project(more, "both")
     assert result.faults["store"] == pytest.approx(plan.workload.days)
     assert result.fault_costs["store"].tier == "local"
     assert result.training_goodput < kit.training_goodput
@@ -755,7 +785,7 @@ def test_a_store_loss_rate_where_it_cannot_apply_names_the_field(path, overrides
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("mode", ["ft_launcher", "kit"])
+@pytest.mark.parametrize("mode", ["ft_launcher", "both"])
 def test_closed_form_agrees_with_the_simulation_when_store_losses_are_half_the_faults(mode):
     plan = _plan(PEER, "faults.mix={exception: 0.5, store_loss: 0.5}")
     result = project(plan, mode)

@@ -6,11 +6,16 @@ Field names are a contract: the trainer generates `--checkpoint-*` flags from th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Implementation = Literal["tiered", "sync"]
+CadenceTier = Literal["memory", "local", "durable"]
+"""The tiers written on a cadence of their own (`<tier>_every`), fastest first."""
+CADENCE_TIERS: tuple[CadenceTier, ...] = get_args(CadenceTier)
+TIER_ORDER = ("memory", "peer_memory", "local", "durable")
+"""Where a restore finds a shard, fastest first: a partner node's copy of the memory tier is second."""
 
 
 class CheckpointConfig(BaseModel):

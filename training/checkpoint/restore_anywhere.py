@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from nvrx_eks.training.checkpoint.base import Restored
+from nvrx_eks.training.checkpoint.config import TIER_ORDER
 from nvrx_eks.training.checkpoint.replica import PEER_DIR
 from nvrx_eks.training.checkpoint.restore import all_ok
 from nvrx_eks.training.checkpoint.shard import ShardError, decode
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from nvrx_eks.training.checkpoint.restore import StoreSource
-
-TIER_ORDER = ("memory", "peer_memory", "local", "durable")
-"""Where a shard comes from at restore, fastest first."""
 
 
 def read_slot(folder: Path, step: int, shard: int) -> bytearray:

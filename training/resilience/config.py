@@ -30,6 +30,8 @@ CONFIG_ENV = "NVRX_EKS_CONFIG"
 `trainer` tree over the fields it owns (k8s/trainer_args.py `resilience_env`)."""
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
+"""The resilience layers around the loop, one name from the job values through the trainer to the planner."""
+MODES: tuple[Mode, ...] = get_args(Mode)
 FaultClass = Literal[
     "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"
 ]

@@ -1,0 +1,62 @@
+"""Each concept the kit shares between its parts is defined in one module and imported everywhere else.
+
+A second definition drifts from the first (a mode the planner spells differently, a phase the report
+names apart from the trainer, a probe measured two ways): each pattern below is a definition's
+signature, and only its home may contain it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from nvrx_eks.localrun.report import PHASE_COLUMNS, PHASE_NAMES
+from nvrx_eks.training.metrics import RECOVERY_PHASES, FaultPhases
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks", "tools")
+
+FLOOR = "training/checkpoint/floor.py"
+CHECKPOINT_CONFIG = "training/checkpoint/config.py"
+METRICS = "training/metrics.py"
+HOMES: dict[str, tuple[str, str | None]] = {
+    "the resilience mode": (r'Literal\[\s*"baseline"', "training/resilience/config.py"),
+    "the checkpoint tiers in order": (
+        r'=\s*(?:Literal)?[(\[]\s*"memory",\s*"(?:peer_memory|local)"',
+        CHECKPOINT_CONFIG,
+    ),
+    # None: a checkpoint cadence's default is a number in CheckpointConfig's fields, read from there.
+    "a checkpoint cadence's default": (r"DEFAULT_\w*EVERY\w*\s*(?::\s*int)?\s*=\s*\d", None),
+    "the recovery phases": (
+        r'[(\[]\s*"(?:detect|teardown)",\s*"(?:teardown|rendezvous|process_start)"',
+        METRICS,
+    ),
+    "the host-memory copy probe": (r"def (?:\w*memcpy\w*|\w*copy_bandwidth)\(", FLOOR),
+    "a state's snapshot bytes": (r"^def state_bytes\(", FLOOR),
+}
+
+
+def _sources() -> dict[str, str]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text()
+        for part in PARTS
+        for path in sorted((ROOT / part).rglob("*.py"))
+    }
+
+
+@pytest.mark.parametrize("concept", sorted(HOMES))
+def test_a_concept_is_defined_in_its_home_only(concept: str) -> None:
+    pattern, home = HOMES[concept]
+    found = sorted(path for path, text in _sources().items() if re.search(pattern, text, re.MULTILINE))
+    assert found == ([] if home is None else [home]), (
+        f"{concept}: defined in {found}, its one home is {home or 'CheckpointConfig'}: import it from there"
+    )
+
+
+def test_the_report_names_the_recovery_phases_of_the_summary() -> None:
+    phases = [f"{phase}_s" for phase in RECOVERY_PHASES]
+    assert [field.name for field in fields(FaultPhases)] == phases
+    assert list(PHASE_NAMES) == [column for column, _ in PHASE_COLUMNS] == phases
