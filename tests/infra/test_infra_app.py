@@ -552,7 +552,7 @@ def test_the_one_nat_gateway_is_in_the_gpu_zone(synthesized):
 def test_only_kubernetes_versions_in_standard_support_are_offered():
     assert pins.DEFAULT_KUBERNETES_VERSION in pins.SUPPORTED_KUBERNETES_VERSIONS
     # Each offered version is in EKS standard support past the day the pins were reviewed
-    # (1.34's ended that day, 2026-12-02: not offered).
+    # (1.34's ended 2026-12-02, before that day: not offered).
     for version in pins.SUPPORTED_KUBERNETES_VERSIONS:
         assert pins.STANDARD_SUPPORT_ENDS[version] > pins.PINS_REVIEWED, version
     assert "1.34" not in pins.SUPPORTED_KUBERNETES_VERSIONS
