@@ -172,79 +172,159 @@ rely on its barrier rendezvous, control process and hot spares)."""
 # Kubernetes versions offered: only those in EKS standard support, with the day it ends (extended
 # support costs more per cluster-hour and gets no new add-on builds). Dates from the EKS user guide's
 # release calendar, https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html ; as of
-# PINS_REVIEWED: 1.34's standard support ends 2026-12-02 (not offered), 1.35 (EKS release 2026-01-28)
-# runs to 2027-03-27. 1.36 (on EKS since 2026-06) is not offered until its add-on pins have a source
-# and the app has a kubectl layer for it.
+# PINS_REVIEWED: 1.34's standard support ended 2026-12-02 (not offered), 1.35 (EKS release 2026-01-28)
+# runs to 2027-03-27, 1.36 (EKS release 2026-06-02) to 2027-08-02, 14 months after its release as the
+# guide's rule says. 1.36's dates as that calendar's table states them, read through endoflife.date's
+# copy of it (https://github.com/endoflife-date/endoflife.date/blob/master/products/amazon-eks.md,
+# whose amazon-eks releases are taken from that table's "End of standard support" column).
 # The table is checked offline; `nvrx-eks preflight` asks EKS (DescribeClusterVersions) whether the
 # config's version is still in standard support on the day of the deploy.
-PINS_REVIEWED = date(2026, 12, 2)
-STANDARD_SUPPORT_ENDS: dict[str, date] = {"1.35": date(2027, 3, 27)}
+PINS_REVIEWED = date(2026, 12, 4)
+STANDARD_SUPPORT_ENDS: dict[str, date] = {"1.35": date(2027, 3, 27), "1.36": date(2027, 8, 2)}
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(STANDARD_SUPPORT_ENDS)
-DEFAULT_KUBERNETES_VERSION = "1.35"
-# aws-cdk.lambda-layer-kubectl-v35 (PyPI, 2.2.2): kubectl + helm for the cluster's kubectl provider
-# (add_helm_chart, add_cdk8s_chart), within kubectl's +/-1 minor skew of every version above.
+# The newest offered version whose add-on pins are confirmed at least as far as every older one's:
+# 1.36 (only aws-fsx-csi-driver is unconfirmed, as on 1.35), and its standard support outlasts 1.35's
+# by four months, which a cluster made under the default `upgrade` policy would otherwise spend
+# being upgraded by EKS on 2027-03-27.
+DEFAULT_KUBERNETES_VERSION = "1.36"
+# aws-cdk.lambda-layer-kubectl-v36 (PyPI, 2.0.1: kubectl 1.36.3, Helm 4.2.3): kubectl + helm for the
+# cluster's kubectl provider (add_helm_chart, add_cdk8s_chart). kubectl 1.36 is within kubectl's +/-1
+# minor skew of both offered versions (1.35 and 1.36) and stays within it of the next pair (1.36 and
+# 1.37) once 1.35 leaves standard support; the v35 layer would fall out of skew with 1.37.
 # https://kubernetes.io/releases/version-skew-policy/#kubectl
-KUBECTL_LAYER_MINOR = "1.35"
+KUBECTL_LAYER_MINOR = "1.36"
+
+
+@dataclass(frozen=True)
+class AddonVersion:
+    """One EKS managed add-on version for one Kubernetes minor, and where it was seen."""
+
+    version: str
+    source: str
+    """The public place the version was read from, or why it is unconfirmed."""
+    confirmed: bool
+    """False: no public source lists this version for this Kubernetes version; only
+    `nvrx-eks preflight` (DescribeAddonVersions) settles it, and `cdk deploy` needs its pass."""
 
 
 @dataclass(frozen=True)
 class AddonPin:
-    """One EKS managed add-on: its version per supported Kubernetes minor, and where it was seen."""
+    """One EKS managed add-on: its version per supported Kubernetes minor."""
 
     name: str
-    versions: dict[str, str]
-    source: str
-    """The public place the version was read from, or why it is unconfirmed."""
-    confirmed: bool
-    """False: no public source lists this version for these Kubernetes versions; only
-    `nvrx-eks preflight` (DescribeAddonVersions) settles it, and `cdk deploy` needs its pass."""
+    versions: dict[str, AddonVersion]
 
     def version_for(self, kubernetes_version: str) -> str:
-        return self.versions[kubernetes_version]
-
-
-def _same(version: str) -> dict[str, str]:
-    return dict.fromkeys(SUPPORTED_KUBERNETES_VERSIONS, version)
+        return self.versions[kubernetes_version].version
 
 
 # EKS managed add-ons (https://docs.aws.amazon.com/eks/latest/userguide/workloads-add-ons-available-eks.html).
 # An add-on version must be listed by DescribeAddonVersions for the cluster's Kubernetes version, or
-# CreateAddon fails and the stack rolls back. No AWS access where these were chosen, so each pin names
-# its public source and whether that source ties it to Kubernetes 1.35; `nvrx-eks preflight` checks
-# every pin against EKS for the config's version and lists the valid ones, and `cdk deploy` refuses to
-# start without that preflight's recent pass (infra/deploy_gate.py). List what EKS offers with:
-#   aws eks describe-addon-versions --kubernetes-version 1.35 --addon-name vpc-cni \
+# CreateAddon fails and the stack rolls back. No AWS access where these were chosen, so each version
+# names its public source and whether that source ties it to its Kubernetes minor; `nvrx-eks preflight`
+# checks every pin against EKS for the config's version and lists the valid ones, and `cdk deploy`
+# refuses to start without that preflight's recent pass (infra/deploy_gate.py). List what EKS offers:
+#   aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name vpc-cni \
 #     --query 'addons[].addonVersions[].addonVersion'
+# Every source below was found by code search in public repositories, none is an AWS table.
 _TF_135 = "a public Terraform configuration of an EKS 1.35 cluster (found by code search; not an AWS table)"
+# A public lab write-up of an EKS 1.36 cluster (eksctl reports Kubernetes "1.36", its nodes v1.36.3):
+# its `eksctl get addon` lists what the cluster runs, and its DescribeAddonVersions for 1.36 the default.
+_LAB_136 = "a public lab write-up of an EKS 1.36 cluster running it (found by code search; not an AWS table)"
+# A public compatibility matrix records what a 1.36 deploy resolved the EKS default add-ons to, and
+# public Terraform configurations set Kubernetes 1.36 with the add-ons that cluster runs.
+_RUN_136 = (
+    "public records of EKS 1.36 clusters running it: a lab write-up, a compatibility matrix of a 1.36 "
+    "deploy, Terraform configurations (found by code search; not an AWS table)"
+)
+_NODE_MONITORING_CHART = (
+    "https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml"
+)
 EKS_ADDONS: dict[str, AddonPin] = {
     pin.name: pin
     for pin in (
-        AddonPin("vpc-cni", _same("v1.21.1-eksbuild.3"), source=_TF_135, confirmed=True),
-        AddonPin("coredns", _same("v1.13.2-eksbuild.1"), source=_TF_135, confirmed=True),
-        AddonPin("kube-proxy", _same("v1.35.0-eksbuild.2"), source=_TF_135, confirmed=True),
-        AddonPin("eks-pod-identity-agent", _same("v1.3.10-eksbuild.3"), source=_TF_135, confirmed=True),
         AddonPin(
-            "amazon-cloudwatch-observability", _same("v5.3.0-eksbuild.1"), source=_TF_135, confirmed=True
+            "vpc-cni",
+            {
+                "1.35": AddonVersion("v1.21.1-eksbuild.3", _TF_135, confirmed=True),
+                "1.36": AddonVersion("v1.22.4-eksbuild.3", _RUN_136, confirmed=True),
+            },
+        ),
+        AddonPin(
+            "coredns",
+            {
+                "1.35": AddonVersion("v1.13.2-eksbuild.1", _TF_135, confirmed=True),
+                # The default the lab's 1.36 cluster was created with, and the one the matrix's 1.36
+                # deploy resolved to.
+                "1.36": AddonVersion("v1.14.3-eksbuild.16", _RUN_136, confirmed=True),
+            },
+        ),
+        AddonPin(
+            "kube-proxy",
+            {
+                "1.35": AddonVersion("v1.35.0-eksbuild.2", _TF_135, confirmed=True),
+                # The lab's 1.36 cluster runs it with no newer build on offer; a Terraform configuration
+                # pins it too.
+                "1.36": AddonVersion("v1.36.0-eksbuild.25", _RUN_136, confirmed=True),
+            },
+        ),
+        AddonPin(
+            "eks-pod-identity-agent",
+            {
+                "1.35": AddonVersion("v1.3.10-eksbuild.3", _TF_135, confirmed=True),
+                # A Terraform configuration pinning "the defaults AWS reports for 1.36" (its
+                # describe-addon-versions --kubernetes-version 1.36), and the matrix's 1.36 deploy.
+                "1.36": AddonVersion("v1.3.10-eksbuild.3", _RUN_136, confirmed=True),
+            },
+        ),
+        AddonPin(
+            "amazon-cloudwatch-observability",
+            {
+                "1.35": AddonVersion("v5.3.0-eksbuild.1", _TF_135, confirmed=True),
+                # The lab's DescribeAddonVersions --kubernetes-version 1.36 lists it as the default
+                # (v6.4.0 and v6.5.0 also offered), and its 1.36 cluster runs it.
+                "1.36": AddonVersion("v6.6.0-eksbuild.1", _LAB_136, confirmed=True),
+            },
         ),
         AddonPin(
             "eks-node-monitoring-agent",
-            _same("v1.7.0-eksbuild.1"),
-            # The agent image tag of AWS's own chart for the add-on (nodeAgent.image.tag); the add-on's
-            # versions carry the same name, but no source ties this one to Kubernetes 1.35.
-            source="https://github.com/aws/eks-node-monitoring-agent/blob/main/charts/eks-node-monitoring-agent/values.yaml",
-            confirmed=False,
+            {
+                # The agent image tag of AWS's own chart for the add-on (nodeAgent.image.tag); the
+                # add-on's versions carry the same name, but no source ties this one to Kubernetes 1.35.
+                "1.35": AddonVersion("v1.7.0-eksbuild.1", _NODE_MONITORING_CHART, confirmed=False),
+                # A public Terraform configuration installs it beside kube-proxy v1.36.0-eksbuild.25,
+                # a build EKS lists for 1.36 only, so on a 1.36 cluster; AWS's chart runs this tag.
+                "1.36": AddonVersion(
+                    "v1.7.2-eksbuild.1",
+                    "a public Terraform configuration of an EKS 1.36 cluster (its kube-proxy is a 1.36 "
+                    f"build; found by code search, not an AWS table); the tag of {_NODE_MONITORING_CHART}",
+                    confirmed=True,
+                ),
+            },
         ),
-        # No public source ties an aws-fsx-csi-driver add-on version to Kubernetes 1.35: AWS's add-on
-        # page names the add-on, not its builds; the public configurations found pin the upstream
-        # driver image (v1.2.0 to v1.9.0, https://github.com/kubernetes-sigs/aws-fsx-csi-driver), whose
-        # add-on builds carry an -eksbuild.N suffix, never an add-on version for 1.35. So it stays
-        # unconfirmed: `nvrx-eks preflight` asks DescribeAddonVersions for it with every other pin (and
-        # lists the valid ones when it is not offered), and `cdk deploy` needs that preflight's pass.
+        # No public source ties an aws-fsx-csi-driver add-on version to a Kubernetes minor: AWS's
+        # add-on page names the add-on, not its builds; the public configurations found pin the
+        # upstream driver image (v1.2.0 to v1.9.0, https://github.com/kubernetes-sigs/aws-fsx-csi-driver)
+        # or an add-on version without a Kubernetes version beside it. So it stays unconfirmed:
+        # `nvrx-eks preflight` asks DescribeAddonVersions for it with every other pin (and lists the
+        # valid ones when it is not offered), and `cdk deploy` needs that preflight's pass.
         AddonPin(
             "aws-fsx-csi-driver",
-            _same("v1.6.0-eksbuild.1"),
-            source="none found: unconfirmed for Kubernetes 1.35 (nvrx-eks preflight checks it against EKS)",
-            confirmed=False,
+            {
+                "1.35": AddonVersion(
+                    "v1.6.0-eksbuild.1",
+                    "none found: unconfirmed for Kubernetes 1.35 (nvrx-eks preflight checks it against EKS)",
+                    confirmed=False,
+                ),
+                # The newest add-on build found pinned in public code (a copy of gco/stacks/constants.py
+                # of https://github.com/awslabs/global-capacity-orchestrator-on-aws), with no Kubernetes
+                # version beside it.
+                "1.36": AddonVersion(
+                    "v1.10.0-eksbuild.1",
+                    "none found: unconfirmed for Kubernetes 1.36 (nvrx-eks preflight checks it against EKS)",
+                    confirmed=False,
+                ),
+            },
         ),
     )
 }

@@ -10,7 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
+from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 from constructs import Construct
 
 from nvrx_eks.infra import nag
@@ -97,8 +97,9 @@ class TrainingCluster(Construct):
             # Only explicit access entries: the CloudFormation execution role needs no cluster rights.
             bootstrap_cluster_creator_admin_permissions=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
-                # kubectl 1.35 is within kubectl's one-minor skew of every supported cluster version.
-                kubectl_layer=KubectlV35Layer(self, "KubectlLayer"),
+                # kubectl 1.36 is within kubectl's one-minor skew of every supported cluster version
+                # (kitcore/pins.py KUBECTL_LAYER_MINOR).
+                kubectl_layer=KubectlV36Layer(self, "KubectlLayer"),
                 private_subnets=list(subnets),
                 security_groups=[self.kubectl_security_group],
             ),

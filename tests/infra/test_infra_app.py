@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,7 @@ def test_cluster_encrypts_secrets_and_logs_the_control_plane(synthesized):
         "AWS::EKS::Cluster",
         {
             "Name": "nvrx-eks",
-            "Version": "1.35",
+            "Version": pins.DEFAULT_KUBERNETES_VERSION,
             "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
             "Logging": {
                 "ClusterLogging": {
@@ -125,6 +126,7 @@ def test_network_has_endpoints_and_flow_logs(synthesized):
 
 def test_addons_are_installed_at_pinned_versions(synthesized):
     template = Template.from_json(synthesized["p5-capacity-block"])
+    kubernetes = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml").kubernetes_version
     for name in (
         "vpc-cni",
         "coredns",
@@ -135,7 +137,8 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
         "amazon-cloudwatch-observability",
     ):
         template.has_resource_properties(
-            "AWS::EKS::Addon", {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for("1.35")}
+            "AWS::EKS::Addon",
+            {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for(kubernetes)},
         )
     template.has_resource_properties(
         "AWS::EKS::Addon",
@@ -264,6 +267,11 @@ def test_synth_summary_describes_gpu_groups():
         (
             {"config": str(CONFIGS / "default.yaml"), "kubernetes_version": "1.20"},
             "kubernetes_version: 1.20 is not supported",
+        ),
+        (
+            # A minor EKS has not released yet, or one without pins: the same one message.
+            {"config": str(CONFIGS / "default.yaml"), "kubernetes_version": "1.37"},
+            "kubernetes_version: 1.37 is not supported",
         ),
     ],
 )
@@ -545,7 +553,7 @@ def test_the_one_nat_gateway_is_in_the_gpu_zone(synthesized):
 def test_only_kubernetes_versions_in_standard_support_are_offered():
     assert pins.DEFAULT_KUBERNETES_VERSION in pins.SUPPORTED_KUBERNETES_VERSIONS
     # Each offered version is in EKS standard support past the day the pins were reviewed
-    # (1.34's ended that day, 2026-12-02: not offered).
+    # (1.34's ended 2026-12-02, before that day: not offered).
     for version in pins.SUPPORTED_KUBERNETES_VERSIONS:
         assert pins.STANDARD_SUPPORT_ENDS[version] > pins.PINS_REVIEWED, version
     assert "1.34" not in pins.SUPPORTED_KUBERNETES_VERSIONS
@@ -556,11 +564,46 @@ def test_only_kubernetes_versions_in_standard_support_are_offered():
 def test_every_addon_pin_names_its_source():
     for pin in pins.EKS_ADDONS.values():
         assert sorted(pin.versions) == sorted(pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
-        assert pin.source, pin.name
-        # An unconfirmed pin says so in its source, and only preflight's DescribeAddonVersions settles it.
-        assert pin.confirmed or pin.source.startswith(("https://", "none found")), pin.name
+        for minor, pinned in pin.versions.items():
+            assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", pinned.version), (pin.name, minor)
+            assert pinned.source, (pin.name, minor)
+            # An unconfirmed pin says so in its source; only preflight's DescribeAddonVersions settles it.
+            assert pinned.confirmed or pinned.source.startswith(("https://", "none found")), (pin.name, minor)
     for minor in pins.SUPPORTED_KUBERNETES_VERSIONS:
         assert pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
+
+
+def test_the_default_version_has_the_most_confirmed_pins_of_the_newest():
+    def confirmed(minor: str) -> int:
+        return sum(pin.versions[minor].confirmed for pin in pins.EKS_ADDONS.values())
+
+    default = pins.DEFAULT_KUBERNETES_VERSION
+    newer = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) > _minor(default)]
+    older = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) < _minor(default)]
+    assert all(confirmed(default) >= confirmed(v) for v in older)
+    assert all(confirmed(v) < confirmed(default) for v in newer)
+    # kubectl within one minor of every offered version.
+    assert all(
+        abs(_minor(v) - _minor(pins.KUBECTL_LAYER_MINOR)) <= 1 for v in pins.SUPPORTED_KUBERNETES_VERSIONS
+    )
+
+
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
+@pytest.mark.parametrize("kubernetes", pins.SUPPORTED_KUBERNETES_VERSIONS)
+def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path, kubernetes):
+    config = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", [f'kubernetes_version="{kubernetes}"'])
+    stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
+    template = Template.from_stack(stack)
+    template.has_resource_properties("AWS::EKS::Cluster", {"Version": kubernetes})
+    addons = {
+        resource["Properties"]["AddonName"]: resource["Properties"]["AddonVersion"]
+        for resource in template.find_resources("AWS::EKS::Addon").values()
+    }
+    assert addons == {name: pins.EKS_ADDONS[name].version_for(kubernetes) for name in addons}
+    assert sorted(addons) == sorted(pins.EKS_ADDONS)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import yaml
 
 from nvrx_eks.infra.app import overrides_from_context
 from nvrx_eks.infra.config import ClusterConfig
+from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +123,7 @@ def test_capacity_block_config_targets_its_block():
             {"kubernetes_version": "1.29"},
             (
                 r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
-                r"use one of 1\.35"
+                rf"use one of {re.escape(', '.join(pins.SUPPORTED_KUBERNETES_VERSIONS))}"
             ),
         ),
         (
@@ -210,10 +211,11 @@ def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
     path.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace('kubernetes_version: "1.35"', "kubernetes_version: 1.30")
+        .replace(f'kubernetes_version: "{pins.DEFAULT_KUBERNETES_VERSION}"', "kubernetes_version: 1.30")
     )
+    quoted = re.escape(f'"{pins.DEFAULT_KUBERNETES_VERSION}"')
     with pytest.raises(
-        UserError, match=r'kubernetes_version: write the version as a quoted string such as "1.35"'
+        UserError, match=rf"kubernetes_version: write the version as a quoted string such as {quoted}"
     ):
         load_model(ClusterConfig, path)
 

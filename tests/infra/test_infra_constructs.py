@@ -383,17 +383,18 @@ def test_addon_with_missing_dependency_fails_at_synth():
         deploy_addons(ctx, [HelmAddon("kueue"), HelmAddon("kueue")])
 
 
-def test_managed_addons_are_pinned_per_kubernetes_version():
+@pytest.mark.parametrize("kubernetes", pins.SUPPORTED_KUBERNETES_VERSIONS)
+def test_managed_addons_are_pinned_per_kubernetes_version(kubernetes):
     stack = Stack(App(), "Pinned", env=ENV)
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="test")
-    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version="1.35", node_dependencies=[])  # type: ignore[arg-type]
+    ctx = AddonContext(scope=stack, cluster=cluster, kubernetes_version=kubernetes, node_dependencies=[])  # type: ignore[arg-type]
     deploy_addons(ctx, [ManagedAddon("kube-proxy"), ManagedAddon("vpc-cni")])
     template = Template.from_stack(stack)
     template.has_resource_properties(
         "AWS::EKS::Addon",
         {
             "AddonName": "kube-proxy",
-            "AddonVersion": Match.string_like_regexp(r"^v1\.35\."),
+            "AddonVersion": pins.EKS_ADDONS["kube-proxy"].version_for(kubernetes),
             "ResolveConflicts": "OVERWRITE",
         },
     )
