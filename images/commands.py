@@ -11,14 +11,11 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path  # noqa: TC003 - typer evaluates the options' annotations at runtime
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from nvrx_eks.kitcore import paths
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 Engine = Annotated[
     str | None,
@@ -148,6 +145,7 @@ def _build_project(
         USER_DOCKERFILE,
         build_argv,
         check_image_name,
+        check_tag,
         default_project_image_name,
         git_revision,
         project_problems,
@@ -160,7 +158,7 @@ def _build_project(
     problems = project_problems(project)
     if problems:
         raise UserError("--project: " + "; ".join(problems))
-    tag = _tag_of(tag, project, git_revision)
+    tag = check_tag(tag or git_revision(project))
     engine = _engine(engine, dry_run=dry_run)
     _run(
         build_argv(
@@ -173,12 +171,6 @@ def _build_project(
         dry_run=dry_run,
     )
     print(f"{image_name}:{tag}")
-
-
-def _tag_of(tag: str | None, project: Path, revision: Callable[[Path], str]) -> str:
-    from nvrx_eks.images.build import check_tag  # noqa: PLC0415
-
-    return check_tag(tag or revision(project))
 
 
 def build(
