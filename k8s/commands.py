@@ -40,17 +40,16 @@ def register(*, job: typer.Typer, **_: typer.Typer) -> None:
     ) -> None:
         """Render the job's manifests (rendezvous store, headless Service, Indexed Job) as plain YAML."""
         from nvrx_eks.k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
-        from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii, torch via the trainer's parser)
-        from nvrx_eks.k8s.load import load_checked  # noqa: PLC0415
-        from nvrx_eks.k8s.trainer_args import memory_budget  # noqa: PLC0415
+        from nvrx_eks.k8s.job_chart import render  # noqa: PLC0415 - heavy (jsii)
+        from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
-        values, config = load_checked(values_file, overrides or [])
-        warning = durable_cadence_warning(trainer=values.trainer, hints=values.plan)
+        values = load_values(values_file, overrides or [])
+        warning = durable_cadence_warning(values.trainer.checkpoint, hints=values.plan)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         # What the memory tier holds per node, against what it and the node have (stderr: stdout
         # lists the files written). A script's state size is known only to its ranks.
-        budget = memory_budget(values, config)
+        budget = values.memory_budget
         needed = budget.describe() if budget else "what your script's state needs (its ranks log state_bytes)"
         print(
             f"host memory for checkpoints per node: {needed} of the "

@@ -2,26 +2,21 @@
 
 A durable checkpoint due while the previous one is still being written is skipped (coalesced) by the
 trainer's checkpointer, so a cadence shorter than the write time silently lengthens the real interval
--- the peer's async checkpoints fell to 29.6% efficiency when its ~275 s FSx write outran a 100-step
-interval. The job values do not know the write time on their own; `nvrx-eks plan --write` records what
-the plan knew (`plan: {step_s, durable_write_s, source}`), and this module compares the two. It sits
-in k8s so the chart never imports the planner, which uses the same functions.
+(and the work a durable restore loses). The job values do not know the write time on their own;
+`nvrx-eks plan --write` records what the plan knew (`plan: {step_s, durable_write_s, source}`), and
+this module compares the two. It sits in k8s so the chart never imports the planner, which uses the
+same functions.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nvrx_eks.training.checkpoint.config import CheckpointConfig
-
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-DEFAULT_DURABLE_EVERY: int = CheckpointConfig.model_fields["durable_every"].default
-"""The trainer's durable cadence when the values leave it out."""
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
 class PlanHints(BaseModel):
@@ -47,16 +42,11 @@ def min_durable_every(*, step_s: float, write_s: float) -> int:
     return max(1, math.ceil(write_s / step_s - 1e-9))
 
 
-def durable_every_of(trainer: Mapping[str, Any]) -> int:
-    checkpoint = trainer.get("checkpoint") or {}
-    return int(checkpoint.get("durable_every", DEFAULT_DURABLE_EVERY))
-
-
-def durable_cadence_warning(*, trainer: Mapping[str, Any], hints: PlanHints | None) -> str | None:
-    """A warning when the values' durable interval is shorter than the durable write time, else None."""
+def durable_cadence_warning(checkpoint: CheckpointConfig, *, hints: PlanHints | None) -> str | None:
+    """A warning when the job's durable interval is shorter than the durable write time, else None."""
     if hints is None:
         return None
-    every = durable_every_of(trainer)
+    every = checkpoint.durable_every
     if every == 0:  # the tier is off
         return None
     interval = every * hints.step_s

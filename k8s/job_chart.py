@@ -46,13 +46,7 @@ from nvrx_eks.k8s.env import container_env
 from nvrx_eks.k8s.launcher import control_command, launcher_command
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from nvrx_eks.k8s.trainer_args import (
-    chart_owned_fields,
-    durable_dir,
-    entry_command,
-    local_dir,
-    resilience_env,
-)
+from nvrx_eks.k8s.rank_config import entry_command, resilience_env
 from nvrx_eks.k8s.values import ALLOCATABLE_FRACTION
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.kitcore.pins import TRAINER_UID
@@ -249,8 +243,8 @@ def owner_setup_container(
 def trainer_owned_folders(values: JobValues) -> list[str]:
     """The folders the trainer writes on volumes whose root belongs to root: the node-local tier on the
     NVMe hostPath, the durable tier and the run folder on FSx (the emptyDirs are world-writable)."""
-    run_dir = chart_owned_fields(values)["run_dir"]
-    return [d for d in (local_dir(values), durable_dir(values), run_dir) if d]
+    config = values.trainer
+    return [str(d) for d in (config.checkpoint.local_dir, config.checkpoint.durable_dir, config.run_dir) if d]
 
 
 TOPOLOGY_CONTAINER = "topology"
@@ -567,8 +561,7 @@ class JobNetworkPolicies(Construct):
     def _metrics_rule(values: JobValues) -> list[k8s.NetworkPolicyIngressRule]:
         """With trainer.metrics.prometheus_port set, scrapers anywhere in the cluster may reach the
         ranks' /metrics ports (port + local rank), and nothing else of the pod."""
-        metrics = values.trainer.get("metrics")
-        first = metrics.get("prometheus_port") if isinstance(metrics, dict) else None
+        first = metrics_port(values)
         if not first:
             return []
         last = first + values.profile.workers_per_node - 1
@@ -649,7 +642,8 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 def selfcheck_command(values: JobValues) -> list[str]:
     """`python -m nvrx_eks.training.selfcheck` proving every checkpoint tier of the pod writable."""
-    dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
+    c = values.trainer.checkpoint
+    dirs = [c.memory_dir, c.local_dir, c.durable_dir]
     return ["python", "-m", "nvrx_eks.training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
 
 
@@ -705,7 +699,8 @@ class TrainingJob(Construct):
         volumes, mounts = _volumes(values)
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
         env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
-        env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(resilience_env(values).items())]
+        script_env = resilience_env(values.entrypoint, values.trainer)
+        env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(script_env.items())]
         if values.peer_replicas:
             env.append(_failure_domain_env())
         if values.image != LOCAL_IMAGE:
@@ -716,7 +711,7 @@ class TrainingJob(Construct):
             values,
             store_endpoint=store_endpoint(values),
             node_address=node_address(values),
-            entry=entry_command(values),
+            entry=entry_command(values.entrypoint, values.trainer),
         )
         security = trainer_security()
         # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs

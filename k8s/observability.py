@@ -79,9 +79,7 @@ DCGM_EXPORTER_METRICS = frozenset(
 
 def metrics_port(values: JobValues) -> int | None:
     """The trainer's `metrics.prometheus_port` in the job values (None: textfiles only, not served)."""
-    metrics = values.trainer.get("metrics")
-    port = metrics.get("prometheus_port") if isinstance(metrics, dict) else None
-    return int(port) if port is not None else None
+    return values.trainer.metrics.prometheus_port
 
 
 def metrics_port_name(local_rank: int) -> str:

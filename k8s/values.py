@@ -1,9 +1,10 @@
 """Typed job values: the one template a platform team parameterizes (YAML file + `key=value` overrides).
 
-Loaded with `k8s.load.load_values(path, overrides)`; every bad value ends as one
-message naming the field and the fix. Cross-field rules (restart budgets that agree across layers,
-timeouts in order, an NVRx release the kit does not support) are checked here, before anything is
-rendered.
+Loaded with `k8s.load.load_values(path, overrides)`; every bad value ends as one message naming the
+field and the fix. The `trainer` section is the trainer's own typed configuration with the chart's
+fields set (k8s/rank_config.py), so it is validated once, with the rest. Cross-field rules (restart
+budgets that agree across layers, timeouts in order, what the memory tier must hold, an NVRx release
+the kit does not support) are checked here, before anything is rendered.
 
 `image: local` means "no container image: the local executor runs the command with this machine's
 virtualenv", whose NVRx is the image's pin (`make setup`); `nvrx_version` names another one (a custom
@@ -12,132 +13,40 @@ image), refused below the pin's minor release (k8s/nvrx_versions.py).
 
 from __future__ import annotations
 
-import posixpath
 import re
 from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from nvrx_eks.k8s import names
 from nvrx_eks.k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE, resolve_nvrx_version
+from nvrx_eks.k8s.rank_config import MemoryBudget, memory_budget, rank_config
+from nvrx_eks.k8s.sections import (
+    NVME_RAID_ROOT,
+    REGION_ENV,
+    Budgets,
+    Entrypoint,
+    SecretRef,
+    Section,
+    Storage,
+    Timeouts,
+    check_aws_region,
+    check_dns_subdomain,
+    check_env_name,
+    check_image_digest,
+    check_image_reference,
+    check_label_key,
+    check_label_value,
+)
 from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
-from nvrx_eks.training.checkpoint.config import CheckpointConfig
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER, Mode
+from nvrx_eks.training.resilience.config import Mode, ResilienceConfig
 
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
-# Kubernetes rules beyond the names (kitcore/naming.py has those): an environment variable name and a
-# Secret's key (k8s.io/apimachinery/pkg/util/validation).
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-# OCI image reference, the grammar of github.com/distribution/reference (reference.go):
-#   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" path-component]*
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?"
-_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_REFERENCE = re.compile(
-    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
-)
-_MAX_IMAGE_NAME = 255  # the name part (reference.go NameTotalLengthMax)
-# An AWS Region code: partition prefix, optional qualifier, direction, number (us-east-1, eu-central-2,
-# us-gov-west-1, cn-northwest-1, us-isob-east-1).
-# https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-regions.html
-_AWS_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
-REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
-"""Where the AWS SDKs look for the region (boto3 reads AWS_DEFAULT_REGION, the other SDKs and the CLI
-AWS_REGION): the chart sets both from `aws_region`."""
-
-
-def _raise(problem: str | None) -> None:
-    if problem:
-        raise ValueError(problem)
-
-
-def check_dns_subdomain(value: str) -> str:
-    _raise(naming.dns_subdomain_problem(value))
-    return value
-
-
-def check_label_value(value: str) -> str:
-    _raise(naming.label_value_problem(value))
-    return value
-
-
-def check_label_key(key: str) -> str:
-    _raise(naming.qualified_name_problem(key))
-    return key
-
-
-def check_image_reference(value: str) -> str:
-    name = value.partition("@")[0]
-    head, _, last = name.rpartition("/")
-    name = f"{head}/{last.partition(':')[0]}" if head else last.partition(":")[0]
-    if not _IMAGE_REFERENCE.match(value) or len(name) > _MAX_IMAGE_NAME:
-        raise ValueError(
-            f"{value!r} is not an image reference: [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] with a "
-            "lowercase repository, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks-training:v1 "
-            "(`nvrx-eks values --stack NAME -o VALUES` sets it from the stack)"
-        )
-    return value
-
-
-_DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
-def check_image_digest(value: str) -> str:
-    """A container image by digest: a tag can be moved to other contents after the job was rendered,
-    so every node (and every replacement pod) would not be certain to run the same trainer."""
-    if not _DIGEST_SUFFIX.search(value):
-        raise ValueError(
-            f"{value!r} has no digest: pin the image as REPOSITORY:TAG@sha256:DIGEST, the reference "
-            "`nvrx-eks image push` prints (for an image already pushed: `aws ecr describe-images "
-            "--repository-name NAME --image-ids imageTag=TAG --query 'imageDetails[0].imageDigest'`)"
-        )
-    return value
-
-
-def check_aws_region(value: str) -> str:
-    if not _AWS_REGION.match(value):
-        raise ValueError(
-            f"{value!r} is not an AWS Region code (e.g. us-east-1); use the Region the cluster stack is in "
-            "(its output Region; `nvrx-eks values --stack NAME -o VALUES` sets it)"
-        )
-    return value
-
-
-def check_s3_bucket(value: str) -> str:
-    problem = naming.s3_bucket_problem(value)
-    if problem:
-        raise ValueError(f"{problem} (the stack output CheckpointBucketName is one)")
-    return value
-
-
-# The NVMe RAID0 array holds the kubelet's and containerd's state and the pod logs (k8s/names.py), so
-# only a folder of our own below it may be mounted into pods.
-NVME_RAID_ROOT = names.NVME_RAID_ROOT
-_NODE_STATE_PATHS = tuple(
-    PurePosixPath(p)
-    for p in (
-        NVME_RAID_ROOT,
-        f"{NVME_RAID_ROOT}/kubelet",
-        f"{NVME_RAID_ROOT}/containerd",
-        f"{NVME_RAID_ROOT}/pods",
-        "/var/lib/kubelet",
-        "/var/lib/containerd",
-        "/var/log",
-        "/etc",
-        "/run",
-        "/proc",
-        "/sys",
-        "/dev",
-    )
-)
 # Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
 # quarter. Both are memory-backed emptyDirs and count against the pod's memory limit.
 SHM_FRACTION = 8
@@ -148,220 +57,7 @@ ALLOCATABLE_FRACTION = 0.9
 _MAX_NAME = 40
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Budgets(_Section):
-    """Restart budgets per layer. They must nest: in-process < launcher < Job, so each layer gives up
-    only after the one below it did."""
-
-    inprocess_max_iterations: int = Field(3, ge=1)
-    """In-process restarts of the wrapped training function per process (modes inprocess/both). NVRx
-    counts every in-process restart of the process's life, not a window: size it for all soft faults a
-    process may see before a launcher restart gives it a fresh count."""
-    launcher_max_restarts: int = Field(6, ge=0)
-    """Worker-group restart rounds of the job (`--max-restarts`). ft_launcher counts them by rendezvous
-    round, job-wide: every restart of any node's workers (a SIGKILL, a deadlock, a node loss) is one
-    round for all, and a replacement pod's launcher starts with what is left. Once spent, every launcher
-    leaves and closes the rendezvous; the Job's budget replaces the pods, which start a fresh one."""
-    job_backoff_limit_per_index: int = Field(8, ge=0)
-    """Failed pods tolerated per Job index (a node loss is a DisruptionTarget and costs none)."""
-    expected_node_losses: int = Field(2, ge=0)
-    """Node losses the job should survive over its life; launcher_max_restarts must cover them."""
-
-
-class Timeouts(_Section):
-    """Seconds. Launcher heartbeat <= initial heartbeat; pod reschedule < rendezvous join.
-
-    In-process timeouts are the trainer's (`trainer.inprocess.*`, checked by its parser)."""
-
-    launcher_heartbeat_s: float = Field(60.0, gt=0)
-    """ft_launcher rank heartbeat timeout: a rank silent this long is killed (deadlock below Python)."""
-    launcher_initial_heartbeat_s: float = Field(300.0, gt=0)
-    """The same before a rank's first heartbeat (imports, model build, checkpoint load)."""
-    pod_reschedule_s: float = Field(600.0, gt=0)
-    """How long a replacement pod may take to be scheduled and started (new node included)."""
-    # The three rendezvous timeouts reach NVRx as `--rdzv-conf` integers (`get_as_int`), and it refuses
-    # a zero last call only once the agent starts ("must be positive"): every pod then failed in turn
-    # until the Job's budget was gone. Whole seconds, at least 1, are checked here instead.
-    rdzv_join_s: int = Field(900, ge=1)
-    """Rendezvous join timeout: survivors wait this long for a replacement node."""
-    rdzv_last_call_s: int = Field(15, ge=1)
-    """With hot spares (`spares` >= 1): how long a restart round waits for a missing previous active node
-    once enough nodes are present, before a spare takes its place. Longer than an agent's rejoin after a
-    worker restart (a SIGKILL, a deadlock), so such a round never takes a spare: with spares it must be at
-    least `workers_stop_s`, the time a node may take to stop its workers before it rejoins. A previous
-    active node whose launcher stopped beating (lost with its node) is not waited for at all
-    (training/resilience/nvrx_compat.py `wait_only_for_live_previous_actives`); unused without spares."""
-    rdzv_close_s: int = Field(60, ge=1)
-    workers_stop_s: float = Field(15.0, gt=0)
-    term_s: float = Field(30.0, gt=0)
-    monitor_interval_s: float = Field(0.5, gt=0)
-    heartbeat_check_s: float = Field(1.0, gt=0)
-    """How often ft_launcher's rank monitors compare each rank's last heartbeat with its timeout
-    (`--ft-workload-check-interval`): a deadlock is detected within heartbeat timeout + this. NVRx's
-    default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
-
-
-class Storage(_Section):
-    """Checkpoint locations per tier."""
-
-    memory_mount_path: str = "/checkpoint-memory"
-    """Where the pod's memory-backed emptyDir (tier 1, host RAM) is mounted; the trainer's
-    checkpoint.memory_dir. It lives and dies with the pod: launcher restarts inside the pod restore
-    from it, a replacement pod (node loss) starts with an empty one."""
-    memory_tier_gib: int | None = Field(None, ge=1)
-    """sizeLimit of that emptyDir (counts against the pod's memory limit); default: a quarter of the
-    instance profile's memory. Size it above ranks per node x staging slots (derived from the tiers,
-    training/checkpoint/config.py `slots_needed`) x state bytes per rank; `job render` checks it."""
-
-    fsx_pvc: str = names.CHECKPOINT_PVC
-    """PVC of the FSx for Lustre file system: run folder (events, metrics) and durable tier."""
-    fsx_mount_path: str = "/fsx"
-    fsx_export_dir: str = "durable"
-    """Folder of the FSx file system linked to S3 (the cluster config's `fsx.file_system_path`): the
-    durable tier writes below it, so FSx exports each committed checkpoint to
-    s3://<s3_bucket>/<s3_prefix><name> on its own."""
-    local_nvme_path: str | None = f"{NVME_RAID_ROOT}/nvrx-checkpoints"
-    """Host folder of the local tier on the node's NVMe RAID0 (created if missing); None: no local
-    tier. A dedicated folder below the array, never the array's root: with AL2023 `localStorage:
-    RAID0` the root also holds the kubelet's and containerd's state and the pod logs, and a pod that
-    mounts it read-write can read other pods' tokens and rewrite other containers' files."""
-    local_mount_path: str = "/local"
-    s3_bucket: str | None = None
-    s3_prefix: str = "checkpoints/"
-    peer_replicas: int | None = Field(None, ge=0)
-    """Copies of each node's memory snapshots kept in the RAM of other nodes (the trainer's
-    checkpoint.peer_replicas): a lost node's shards come back from its partners' memory. Default: 1
-    when the job has more than one node and memory snapshots (the tiered checkpointer). Costs R x the
-    node's snapshot in each node's memory tier."""
-
-    @field_validator("local_nvme_path")
-    @classmethod
-    def _not_node_state(cls, value: str | None) -> str | None:
-        if value is None or not value.startswith("/"):
-            return value  # None, or a relative path the absolute-path check reports
-        path = PurePosixPath(posixpath.normpath(value))
-        for guarded in _NODE_STATE_PATHS:
-            # The array's root and its ancestors are refused; below the root, only its state folders.
-            below = guarded != PurePosixPath(NVME_RAID_ROOT) and path.is_relative_to(guarded)
-            if guarded.is_relative_to(path) or below:
-                raise ValueError(
-                    f"{value!r} would mount {guarded} (the node's own state) into the pod; use a dedicated "
-                    f"folder below the NVMe array, e.g. {NVME_RAID_ROOT}/nvrx-checkpoints"
-                )
-        if path.parent == PurePosixPath("/") or path == PurePosixPath(NVME_RAID_ROOT).parent:
-            raise ValueError(f"{value!r} is a top-level host folder; use {NVME_RAID_ROOT}/nvrx-checkpoints")
-        return str(path)
-
-    @field_validator("s3_bucket")
-    @classmethod
-    def _bucket(cls, value: str | None) -> str | None:
-        return check_s3_bucket(value) if value is not None else None
-
-    @field_validator("fsx_pvc")
-    @classmethod
-    def _pvc(cls, value: str) -> str:
-        return check_dns_subdomain(value)
-
-    @field_validator("fsx_mount_path", "local_mount_path", "local_nvme_path", "memory_mount_path")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"{value!r} must be an absolute path (start with /)")
-        return value
-
-
-# Trainer fields the chart derives from the values above; setting them under `trainer` is an error.
-CHART_OWNED_TRAINER_FIELDS = (
-    "mode",
-    "run_dir",
-    "checkpoint.memory_dir",
-    "checkpoint.local_dir",
-    "checkpoint.durable_dir",
-    "checkpoint.s3_uri",
-    "checkpoint.peer_replicas",
-    "inprocess.max_iterations",
-)
-
-
-class SecretRef(_Section):
-    secret: str
-    key: str
-
-    @field_validator("secret")
-    @classmethod
-    def _secret_name(cls, value: str) -> str:
-        return check_dns_subdomain(value)
-
-    @field_validator("key")
-    @classmethod
-    def _secret_key(cls, value: str) -> str:
-        if len(value) > naming.DNS_SUBDOMAIN_MAX or not _SECRET_KEY.match(value):
-            raise ValueError(f"{value!r} is not a Secret key: letters, digits, '-', '_' and '.'")
-        return value
-
-
-_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-class Entrypoint(_Section):
-    """Your own training script, run by the launcher in every rank in place of the reference trainer.
-
-    It uses the kit through training/api.py (`Job().run(train)`); the values' `trainer:` section then
-    holds only the kit's resilience fields (training/resilience/config.py `ResilienceConfig`), which the
-    chart hands to it as `NVRX_EKS_CONFIG`. docs/your-script.md walks through it."""
-
-    module: str | None = None
-    """A module on the image's Python path, run as `python -m MODULE ARGS` (e.g. mytrain.main)."""
-    script: str | None = None
-    """Or a script, run as `python SCRIPT ARGS`: its path in the image (relative: to the working folder
-    or the Python path)."""
-    args: list[str] = Field(default_factory=list)
-    """The script's own arguments."""
-    preload: list[str] = Field(default_factory=list)
-    """Modules the script imports before its first step (e.g. transformers): each pod imports them once,
-    into the warm process every restarted rank is forked from, instead of every rank at every restart."""
-
-    @field_validator("args", mode="before")
-    @classmethod
-    def _args_as_text(cls, value: Any) -> Any:  # noqa: ANN401
-        # `--steps: 80` style numbers in YAML lists are the arguments' text.
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value]
-        return value
-
-    @field_validator("module")
-    @classmethod
-    def _module_name(cls, value: str | None) -> str | None:
-        if value is not None and not _MODULE_NAME.match(value):
-            raise ValueError(f"{value!r} is not a module name: dotted identifiers, e.g. mytrain.main")
-        if value == REFERENCE_TRAINER:
-            raise ValueError(f"{REFERENCE_TRAINER} is the reference trainer: remove entrypoint to run it")
-        return value
-
-    @field_validator("preload")
-    @classmethod
-    def _preload_names(cls, value: list[str]) -> list[str]:
-        bad = [name for name in value if not _MODULE_NAME.match(name)]
-        if bad:
-            raise ValueError(f"{', '.join(map(repr, bad))}: not module names (dotted identifiers)")
-        return value
-
-    @model_validator(mode="after")
-    def _one_of(self) -> Entrypoint:
-        if (self.module is None) == (self.script is None):
-            raise ValueError("give exactly one of module (python -m MODULE) or script (python SCRIPT)")
-        return self
-
-    def command(self) -> list[str]:
-        """What follows the launcher's own flags: `-m MODULE ARGS` or `SCRIPT ARGS`."""
-        head = ["-m", self.module] if self.module is not None else [str(self.script)]
-        return [*head, *self.args]
-
-
-class JobValues(_Section):
+class JobValues(Section):
     """One training job. Top-level names are a contract with the ops and demo tooling."""
 
     name: str
@@ -392,18 +88,41 @@ class JobValues(_Section):
     storage: Storage = Storage()
     entrypoint: Entrypoint | None = None
     """Your own training script instead of the reference trainer (`python -m nvrx_eks.training`)."""
-    trainer: dict[str, Any] = Field(default_factory=lambda: {"model": "tiny", "steps": 200})
-    """The reference trainer's fields as a tree (`python -m nvrx_eks.training --help`): model, steps, seed,
-    checkpoint cadences, fault schedule, in-process timeouts... checked by the trainer's own parser at
-    render time. With an `entrypoint`, only the kit's resilience fields (checkpoint, inprocess, ft,
-    dist, faults, metrics, seed; default: none set), checked the same way."""
+    # Serialized as what it is: the reference trainer's TrainConfig has fields ResilienceConfig lacks.
+    trainer: SerializeAsAny[ResilienceConfig] = Field(None, validate_default=True)  # type: ignore[assignment]
+    """What every rank runs with, as a tree. The reference trainer's fields (`python -m nvrx_eks.training
+    --help`: model, steps, seed, checkpoint cadences, fault schedule, in-process timeouts...; default:
+    model tiny, 200 steps); with an `entrypoint`, only the kit's resilience fields (checkpoint,
+    inprocess, ft, dist, faults, metrics, seed; default: none set). Validated as the trainer's own
+    configuration with the fields the chart owns set from mode, storage and budgets
+    (k8s/rank_config.py), so it reads as the ranks will: values.trainer.checkpoint.memory_every."""
 
-    @model_validator(mode="before")
+    @field_validator("trainer", mode="before")
     @classmethod
-    def _no_reference_defaults_for_a_script(cls, data: Any) -> Any:  # noqa: ANN401
-        if isinstance(data, dict) and data.get("entrypoint") is not None and "trainer" not in data:
-            return {**data, "trainer": {}}
-        return data
+    def _the_ranks_config(cls, section: Any, info: ValidationInfo) -> ResilienceConfig:  # noqa: ANN401
+        given = info.data
+        needed = ("name", "num_nodes", "mode", "budgets", "storage", "entrypoint")
+        if any(field not in given for field in needed):
+            # One of them is invalid and reported, so these values fail anyway: the section is checked
+            # once they are right.
+            return ResilienceConfig()
+        script = given["entrypoint"] is not None
+        if section is None:
+            section = {} if script else {"model": "tiny", "steps": 200}
+        if not isinstance(section, dict):
+            # A ValueError: pydantic reports it as this field's error (a TypeError would escape).
+            raise ValueError(  # noqa: TRY004
+                "a mapping of the trainer's fields (`python -m nvrx_eks.training --help`)"
+            )
+        return rank_config(
+            section,
+            script=script,
+            name=given["name"],
+            mode=given["mode"],
+            storage=given["storage"],
+            budgets=given["budgets"],
+            num_nodes=given["num_nodes"],
+        )
 
     kueue_queue: str | None = None
     """Kueue LocalQueue to submit to (the Job is created suspended; Kueue admits it)."""
@@ -433,7 +152,9 @@ class JobValues(_Section):
     @field_validator("name", "namespace")
     @classmethod
     def _dns_label(cls, value: str) -> str:
-        _raise(naming.dns_label_problem(value, max_length=_MAX_NAME))
+        problem = naming.dns_label_problem(value, max_length=_MAX_NAME)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("image")
@@ -501,11 +222,7 @@ class JobValues(_Section):
     @classmethod
     def _env_names(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(
-                    f"{key!r} is not an environment variable name: letters, digits, '_', '-' and '.', "
-                    "not starting with a digit"
-                )
+            check_env_name(key)
         return value
 
     @field_validator("instance_profile")
@@ -515,19 +232,6 @@ class JobValues(_Section):
             get_profile(value)
         except UserError as exc:
             raise ValueError(str(exc)) from None
-        return value
-
-    @field_validator("trainer")
-    @classmethod
-    def _trainer_fields_not_chart_owned(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for dotted in CHART_OWNED_TRAINER_FIELDS:
-            node: Any = value
-            for part in dotted.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            if node is not None:
-                raise ValueError(
-                    f"{dotted} is set by the chart (from mode, storage and budgets); remove it from trainer"
-                )
         return value
 
     @field_validator("aws_region")
@@ -610,12 +314,9 @@ class JobValues(_Section):
                 f"timeouts: rdzv_join_s ({t.rdzv_join_s:g}) must exceed pod_reschedule_s "
                 f"({t.pod_reschedule_s:g}): survivors must wait longer than a replacement takes to start"
             )
-        replicas = self.storage.peer_replicas
-        if replicas is not None and replicas >= self.num_nodes and replicas:
-            raise ValueError(
-                f"storage.peer_replicas ({replicas}) must be below num_nodes ({self.num_nodes}): each copy "
-                f"lives on another node; use at most {self.num_nodes - 1}"
-            )
+        peers = self.trainer.checkpoint.peer_nodes_problem(self.num_nodes)
+        if peers:
+            raise ValueError(f"storage.{peers} (num_nodes)")
         in_ram = self.shm_gib + self.memory_tier_gib
         if in_ram > self.pod_memory_gib:
             raise ValueError(
@@ -629,19 +330,42 @@ class JobValues(_Section):
                 "a container image (set image to the ECR URI)"
             )
         self._check_devices()
+        self._check_the_ranks_config()
         try:
             _ = self.resolved_nvrx_version
         except UserError as exc:
             raise ValueError(str(exc)) from None
         return self
 
+    def _check_the_ranks_config(self) -> None:
+        """Rules between the trainer's configuration and the rest of the job."""
+        config = self.trainer
+        ranks = config.faults.ranks_problem(self.world_size)
+        if ranks:
+            raise ValueError(f"trainer.{ranks} ({self.num_nodes} nodes x {self.profile.workers_per_node})")
+        t = self.timeouts
+        silence = config.inprocess_recovery_silence_s
+        if self.mode in {"inprocess", "both"} and t.launcher_heartbeat_s <= silence:
+            raise ValueError(
+                f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed the longest "
+                "silence of a rank recovering in process (trainer max(inprocess.soft_timeout_s, "
+                f"dist.timeout_s) + inprocess.interval_s = {silence:g}): the launcher must not kill a "
+                "rank the in-process layer is still restarting"
+            )
+        budget = self.memory_budget
+        if budget is not None and budget.needed_gib > self.memory_tier_gib:
+            raise ValueError(
+                f"storage.memory_tier_gib: the node's checkpoints in RAM need {budget.describe()}, more "
+                f"than the memory tier's {self.memory_tier_gib} GiB: raise storage.memory_tier_gib (the "
+                f"{self.instance_profile} profile has {self.profile.memory_gib} GiB), lower "
+                "storage.peer_replicas or trainer.checkpoint.num_staging_slots"
+            )
+
     def _check_devices(self) -> None:
         """Devices the instance profile cannot give the pod (the scheduler would never place it, or
         the ranks would fail on the node)."""
         p = self.profile
-        dist = self.trainer.get("dist")
-        device = dist.get("device") if isinstance(dist, dict) else None
-        if device == "cuda" and not p.gpus:
+        if self.trainer.dist.device == "cuda" and not p.gpus:
             raise ValueError(
                 f"trainer.dist.device is cuda, but instance_profile {p.name} has no GPUs; use a GPU "
                 "profile (e.g. p5.48xlarge) or device cpu/auto"
@@ -695,15 +419,14 @@ class JobValues(_Section):
 
     @property
     def peer_replicas(self) -> int:
-        """Copies of each node's snapshots on other nodes (storage.peer_replicas, default 1 if > 1 node)."""
-        if self.storage.peer_replicas is not None:
-            return self.storage.peer_replicas
-        # The replica copies memory snapshots: none with the synchronous checkpointer or no RAM tier.
-        checkpoint = self.trainer.get("checkpoint") or {}
-        defaults = CheckpointConfig.model_fields
-        tiered = checkpoint.get("implementation", defaults["implementation"].default) == "tiered"
-        snapshots = tiered and checkpoint.get("memory_every", defaults["memory_every"].default) != 0
-        return 1 if self.num_nodes > 1 and snapshots else 0
+        """Copies of each node's snapshots on other nodes (storage.peer_replicas; default 1 with more than
+        one node and memory snapshots): the ranks' checkpoint.peer_replicas."""
+        return self.trainer.checkpoint.peer_replicas
+
+    @property
+    def memory_budget(self) -> MemoryBudget | None:
+        """What the memory tier holds per node; None for a script, whose state only its ranks know."""
+        return memory_budget(self.trainer, self.profile, self.num_nodes)
 
     @property
     def world_size(self) -> int:

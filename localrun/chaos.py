@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.config import TrainConfig
 from nvrx_eks.training.events import read_events
+from nvrx_eks.training.resilience.config import FaultsConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,11 +39,10 @@ class ChaosResult:
 
 def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
     """The local folder behind the trainer's `--run-dir` for a job the executor ran in `run_dir`."""
-    from nvrx_eks.k8s.trainer_args import chart_owned_fields  # noqa: PLC0415
     from nvrx_eks.localrun.executor import pvc_folder  # noqa: PLC0415
 
     mount = values.storage.fsx_mount_path.rstrip("/")
-    inside = chart_owned_fields(values)["run_dir"].removeprefix(mount).lstrip("/")
+    inside = str(values.trainer.run_dir).removeprefix(mount).lstrip("/")
     return pvc_folder(run_dir, values.storage.fsx_pvc) / inside
 
 
@@ -92,7 +93,7 @@ def run_job(
     dist = run_dir / "dist"
     render(values, str(dist))
     events_root = trainer_run_dir(values, run_dir)
-    steps = script_steps(values) if values.entrypoint else int(values.trainer.get("steps", 0))
+    steps = values.trainer.steps if isinstance(values.trainer, TrainConfig) else script_steps(values)
     stop = threading.Event()
     with Progress(
         TextColumn(f"[bold]{label}[/bold]"),
@@ -162,8 +163,7 @@ def fault_free_key(values: JobValues) -> str:
 
 
 def without_faults(values: JobValues) -> JobValues:
-    trainer = {k: v for k, v in values.trainer.items() if k != "faults"}
-    return values.model_copy(update={"trainer": trainer})
+    return values.model_copy(update={"trainer": values.trainer.model_copy(update={"faults": FaultsConfig()})})
 
 
 def fault_free_sha256(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from nvrx_eks.training.config import TrainConfig
+
 DEFAULT_VALUES = Path("k8s/values/local-cpu.yaml")
 DEFAULT_CLUSTER_CONFIG = Path("infra/configs/default.yaml")
 
@@ -74,9 +76,8 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    runs = (
-        " ".join(values.entrypoint.command()) if values.entrypoint else f"{values.trainer.get('steps')} steps"
-    )
+    trainer, entry = values.trainer, values.entrypoint
+    runs = f"{trainer.steps} steps" if isinstance(trainer, TrainConfig) else " ".join(entry.command())
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"

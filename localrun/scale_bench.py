@@ -145,7 +145,6 @@ def run_scale_bench(
 ) -> dict[str, Any]:
     """Run each size one after another; print the table; write the JSON and the PNG beside it."""
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
-    from nvrx_eks.k8s.trainer_args import check_trainer_args  # noqa: PLC0415
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
     from nvrx_eks.localrun.report import print_phases  # noqa: PLC0415
@@ -158,8 +157,6 @@ def run_scale_bench(
         (count, load_values(values_path, overrides(nodes=count, steps=steps, device_step_s=device_step_s)))
         for count in nodes
     ]
-    for _, values in planned:
-        check_trainer_args(values)
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for count, values in planned:

@@ -141,7 +141,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
         raise UserError(describe_validation_error(exc, source=f"--write {values_path}")) from None
     # The same check `job render` makes (k8s/durable_cost.py): a fixed durable cadence the plan kept
     # may still undercut the write.
-    warning = durable_cadence_warning(trainer=written.trainer, hints=written.plan)
+    warning = durable_cadence_warning(written.trainer.checkpoint, hints=written.plan)
     if warning:
         changed.append(f"warning: {warning}")
     buffer = StringIO()

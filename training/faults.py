@@ -81,22 +81,14 @@ def launcher_layer(mode: str) -> str:
 
 def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int) -> list[Fault]:
     """The plan's faults plus `count` drawn ones; identical on every rank and every restart."""
+    problem = cfg.ranks_problem(world_size)
+    if problem:
+        raise UserError(problem)
     faults: list[tuple[str, int, int]] = []
     for item in cfg.plan:
         match = PLAN_ITEM.match(item)
         assert match is not None  # noqa: S101 - validated by FaultsConfig
-        rank = int(match["rank"] or 0)
-        if rank >= world_size:
-            raise UserError(
-                f"faults.plan: {item!r} targets rank {rank}, but the job has ranks 0..{world_size - 1}; "
-                "pick a rank below the world size"
-            )
-        faults.append((match["cls"], int(match["step"]), rank))
-    if cfg.target_rank is not None and cfg.target_rank >= world_size:
-        raise UserError(
-            f"faults.target_rank ({cfg.target_rank}) is not a rank of this job (0..{world_size - 1}); "
-            "pick a rank below the world size"
-        )
+        faults.append((match["cls"], int(match["step"]), int(match["rank"] or 0)))
     if cfg.count:
         rng = random.Random(cfg.seed if cfg.seed is not None else seed)  # noqa: S311 - not crypto
         last = cfg.last_step if cfg.last_step is not None else steps - 1

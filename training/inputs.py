@@ -151,26 +151,19 @@ def _s3_credentials(cfg: ResilienceConfig) -> list[str]:
 
 
 def _peer_nodes(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
-    """Peer replicas live on other nodes: at least replicas + 1 nodes (the launcher's WORLD_SIZE over
-    LOCAL_WORLD_SIZE; one node without a launcher). With fewer the tier would not run at all."""
-    replicas = cfg.checkpoint.peer_replicas
-    if not replicas:
+    """Peer replicas against this run's nodes (the launcher's WORLD_SIZE over LOCAL_WORLD_SIZE; one node
+    without a launcher). With too few the tier would not run at all."""
+    if not cfg.checkpoint.peer_replicas:
         return []
     try:
         world = int(env.get("WORLD_SIZE", "1"))
         per_node = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         return []  # reported by _environment
-    nodes = max(1, world // per_node)
-    if replicas < nodes:
+    problem = cfg.checkpoint.peer_nodes_problem(max(1, world // per_node))
+    if problem is None:
         return []
-    return [
-        (
-            f"checkpoint.peer_replicas={replicas} keeps copies on other nodes, and this run has {nodes} "
-            f"node(s) (WORLD_SIZE {world} / LOCAL_WORLD_SIZE {per_node}); set it to "
-            f"{'0' if nodes == 1 else f'at most {nodes - 1}'}, or run on {replicas + 1} or more nodes"
-        )
-    ]
+    return [f"checkpoint.{problem} (WORLD_SIZE {world} / LOCAL_WORLD_SIZE {per_node})"]
 
 
 def _device(cfg: ResilienceConfig) -> list[str]:

@@ -280,7 +280,8 @@ def latest_checkpoint(session: AwsSession, url: str) -> CheckpointInfo:
 
 
 def checkpoint_url(values: JobValues) -> str | None:
-    """The job's checkpoint location in S3 (same formula as k8s/trainer_args.py), None without a bucket."""
+    """Where FSx exports the job's durable tier in S3 (storage.fsx_export_dir is linked to
+    s3://BUCKET/PREFIX), None without a bucket."""
     s = values.storage
     if not s.s3_bucket:
         return None

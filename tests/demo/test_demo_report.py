@@ -26,8 +26,10 @@ from nvrx_eks.localrun.report import (
     totals_in_scale,
     write_summary,
 )
+from nvrx_eks.training.config import TrainConfig
 from nvrx_eks.training.events import read_events
 from nvrx_eks.training.metrics import summarize
+from nvrx_eks.training.resilience.config import FaultsConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -253,7 +255,7 @@ def test_fault_free_reference_key_ignores_faults_only():
     longer = load_values(LOCAL_VALUES, ["trainer.steps=99"])
     assert fault_free_key(plain) == fault_free_key(faulty)
     assert fault_free_key(plain) != fault_free_key(longer)
-    assert "faults" not in without_faults(faulty).trainer
+    assert without_faults(faulty).trainer.faults == FaultsConfig()
 
 
 def test_peer_scenario_values_are_valid_for_every_mode():
@@ -265,11 +267,12 @@ def test_peer_scenario_values_are_valid_for_every_mode():
         values = load_values(LOCAL_VALUES, (f"mode={setup.mode}", *setup.overrides))
         modes.add(values.mode)
         trainer = values.trainer
-        assert trainer["checkpoint"]["durable_every"] == 30
+        assert isinstance(trainer, TrainConfig)
+        assert trainer.checkpoint.durable_every == 30
         # The scenario itself is the same for every mode.
-        assert (trainer["steps"], trainer["emulated_device_step_s"]) == (steps, 0.5)
-        assert (trainer["faults"]["count"], trainer["faults"]["seed"]) == (5, 42)
-        assert trainer["faults"]["weights"] == {"exception": 0.6, "hang": 0.4}
+        assert (trainer.steps, trainer.emulated_device_step_s) == (steps, 0.5)
+        assert (trainer.faults.count, trainer.faults.seed) == (5, 42)
+        assert trainer.faults.weights == {"exception": 0.6, "hang": 0.4}
     assert modes == {"baseline", "inprocess", "ft_launcher", "both"}
     (kit,) = (setup for setup in mode_setups(steps=steps, fault_seed=40) if setup.name == "kit")
     assert "trainer.faults.seed=40" in kit.overrides

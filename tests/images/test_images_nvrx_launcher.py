@@ -16,7 +16,7 @@ from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 from nvrx_eks.k8s.job_chart import node_address, store_endpoint
 from nvrx_eks.k8s.launcher import FT_LAUNCHER, launcher_command
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.k8s.trainer_args import entry_command
+from nvrx_eks.k8s.rank_config import entry_command
 from nvrx_eks.kitcore.pins import IMAGE
 from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
 from nvrx_eks.training.resilience.launch import launcher_argv, trainer_script
@@ -39,7 +39,7 @@ def _chart_command(mode: str) -> list[str]:
         values,
         store_endpoint=store_endpoint(values),
         node_address=node_address(values),
-        entry=entry_command(values),
+        entry=entry_command(values.entrypoint, values.trainer),
     )
 
 

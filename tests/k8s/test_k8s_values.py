@@ -45,7 +45,11 @@ P5 = LOCAL.with_name("p5-2.yaml")
             ["storage.memory_tier_gib=3"],
             "storage.memory_tier_gib: /dev/shm (1 GiB) + memory tier (3 GiB) exceed the pod's memory (3 GiB",
         ),
-        (LOCAL, ["trainer.checkpoint.memory_dir=/dev/shm/x"], "checkpoint.memory_dir is set by the chart"),
+        (
+            LOCAL,
+            ["trainer.checkpoint.memory_dir=/dev/shm/x"],
+            "trainer.checkpoint.memory_dir: set by the chart",
+        ),
         (LOCAL, ["timeouts.rdzv_join_s=30"], "rdzv_join_s (30) must exceed pod_reschedule_s (60)"),
         # NVRx refuses these only once every pod's agent starts (a zero last call), or truncates them.
         (
@@ -72,9 +76,9 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["nvrx_version=banana"], "nvrx_version 'banana' is not a version number"),
         (LOCAL, ["instance_profile=p5.48xlarge"], "image: local runs on this machine's CPUs"),
         (LOCAL, ["env.AWS_SECRET_ACCESS_KEY=x"], "AWS_SECRET_ACCESS_KEY looks like a secret"),
-        (LOCAL, ["trainer.run_dir=/tmp/x"], "run_dir is set by the chart"),
-        (LOCAL, ["trainer.model=gigantic"], "trainer: trainer config: 1 invalid value(s)"),
-        (LOCAL, ["trainer.no_such_flag=1"], "trainer: unrecognized arguments: --no-such-flag"),
+        (LOCAL, ["trainer.run_dir=/tmp/x"], "trainer.run_dir: set by the chart"),
+        (LOCAL, ["trainer.model=gigantic"], "trainer.model: unknown preset 'gigantic'; choose one of"),
+        (LOCAL, ["trainer.no_such_flag=1"], "trainer.no_such_flag: Extra inputs are not permitted"),
         (
             LOCAL,
             ["timeouts.launcher_heartbeat_s=3"],

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.k8s.trainer_args import check_trainer_args
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.localrun.peer_bench import DEFAULT_SEEDS, mode_setups, run_peer_bench
 from nvrx_eks.training.faults import build_schedule
@@ -19,7 +18,7 @@ LOCAL = REPO / "k8s" / "values" / "local-cpu.yaml"
 def _drawn(mix: str, steps: int = 400) -> list[tuple[str, int]]:
     (kit,) = (s for s in mode_setups(steps=steps, fault_seed=DEFAULT_SEEDS[mix], mix=mix) if s.name == "kit")
     values = load_values(LOCAL, [f"mode={kit.mode}", *kit.overrides])
-    config = check_trainer_args(values)  # the trainer's config as the rendered job passes it
+    config = values.trainer  # the trainer's config as the rendered job passes it
     schedule = build_schedule(config.faults, steps=steps, world_size=values.world_size, seed=config.seed)
     ranks_per_node = values.profile.workers_per_node
     return [(f.cls, f.rank // ranks_per_node) for f in schedule]

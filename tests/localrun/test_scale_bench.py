@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.k8s.trainer_args import check_trainer_args
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.localrun.scale_bench import (
     MEMORY_EVERY,
@@ -104,7 +103,7 @@ def test_each_size_is_the_local_job_with_one_rank_per_node_and_the_node_loss_on_
     assert values.num_nodes == 8
     assert values.profile.workers_per_node == 1
     assert values.world_size == 8
-    config = check_trainer_args(values)
+    config = values.trainer
     schedule = build_schedule(config.faults, steps=config.steps, world_size=values.world_size, seed=0)
     assert [(f.cls, f.step, f.rank) for f in schedule] == [
         ("exception", 10, 0),
@@ -157,7 +156,7 @@ def test_bench_scale_at_two_nodes_writes_rows_and_png_and_each_class_recovers(tm
         "node_loss": "job_controller",
         "store_loss": "job_controller",
     }
-    local_every = check_trainer_args(load_values(VALUES)).checkpoint.local_every
+    local_every = load_values(VALUES).trainer.checkpoint.local_every
     for row in rows:
         assert row["recovered"], row
         # The phases run on to the next productive step: past the last rank's restart.

@@ -17,7 +17,7 @@ P5_VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "p5-2.yaml"
     ("override", "field"),
     [
         ("trainer.model=gigantic", "model: unknown preset 'gigantic'"),
-        ("trainer.no_such_flag=1", "unrecognized arguments: --no-such-flag"),
+        ("trainer.no_such_flag=1", "trainer.no_such_flag: Extra inputs are not permitted"),
         ("timeouts.launcher_heartbeat_s=31", "timeouts.launcher_heartbeat_s (31) must exceed"),
     ],
 )

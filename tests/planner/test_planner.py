@@ -31,6 +31,7 @@ from nvrx_eks.planner.config import (
 from nvrx_eks.planner.model import daly, project, project_all, recommend, size_spares
 from nvrx_eks.planner.report import document, fleet_sweep, plot_fleet, plot_interval
 from nvrx_eks.planner.simulate import simulate
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "planner" / "examples"
@@ -436,13 +437,13 @@ def test_json_and_write_from_the_cli(nvrx_eks, tmp_path):
     text = values.read_text()
     assert "# a replacement node (auto-repair / new instance) takes minutes" in text  # comments kept
     written = load_model(JobValues, values)
-    checkpoint = written.trainer["checkpoint"]
-    assert checkpoint["durable_every"] == doc["intervals"]["durable"]["every_steps"]
-    assert checkpoint["memory_every"] == doc["intervals"]["memory"]["every_steps"]
-    assert checkpoint["durable_every"] % checkpoint["memory_every"] == 0
+    checkpoint = written.trainer.checkpoint
+    assert checkpoint.durable_every == doc["intervals"]["durable"]["every_steps"]
+    assert checkpoint.memory_every == doc["intervals"]["memory"]["every_steps"]
+    assert checkpoint.durable_every % checkpoint.memory_every == 0
     assert written.plan is not None
     assert written.plan.durable_write_s == pytest.approx(3.24)
-    assert durable_cadence_warning(trainer=written.trainer, hints=written.plan) is None
+    assert durable_cadence_warning(checkpoint, hints=written.plan) is None
 
 
 def test_write_keeps_comments_and_peer_tiering_for_single_layer_modes(tmp_path):
@@ -452,7 +453,8 @@ def test_write_keeps_comments_and_peer_tiering_for_single_layer_modes(tmp_path):
     plan = _plan(PEER)
     changed = write_values(values, plan, project_all(plan))
     written = load_model(JobValues, values)
-    assert written.trainer["checkpoint"] == {"memory_every": 500, "local_every": 0, "durable_every": 500}
+    checkpoint = written.trainer.checkpoint
+    assert (checkpoint.memory_every, checkpoint.local_every, checkpoint.durable_every) == (500, 0, 500)
     assert "trainer.checkpoint.local_every=0" in changed
     assert "# 16 x p5.48xlarge" in values.read_text()
     # The peer's 500 steps of 0.25 s are shorter than its 275 s durable write: said at once.
@@ -490,14 +492,14 @@ def test_a_plan_naming_kit_is_read_as_both_with_a_warning(tmp_path):
 
 def test_render_warns_when_the_durable_interval_undercuts_the_write():
     hints = PlanHints(step_s=0.25, durable_write_s=275.0, source="peer")
-    warning = durable_cadence_warning(trainer={"checkpoint": {"durable_every": 100}}, hints=hints)
+    warning = durable_cadence_warning(CheckpointConfig(durable_every=100), hints=hints)
     assert warning is not None
     assert "25 s at 0.25 s/step, shorter than the 275 s durable write" in warning
     assert "durable_every >= 1100" in warning
-    assert durable_cadence_warning(trainer={"checkpoint": {"durable_every": 1100}}, hints=hints) is None
-    assert durable_cadence_warning(trainer={}, hints=None) is None
+    assert durable_cadence_warning(CheckpointConfig(durable_every=1100), hints=hints) is None
+    assert durable_cadence_warning(CheckpointConfig(), hints=None) is None
     # Values without a durable_every get the trainer's default (500 steps = 125 s here).
-    assert durable_cadence_warning(trainer={}, hints=hints) is not None
+    assert durable_cadence_warning(CheckpointConfig(), hints=hints) is not None
 
 
 def test_render_prints_the_warning(nvrx_eks, tmp_path):

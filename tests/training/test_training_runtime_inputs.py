@@ -75,7 +75,7 @@ CASES = {
     ),
     "peer replicas on a single node": (
         lambda t: ["--checkpoint-implementation", "tiered", "--checkpoint-peer-replicas", "1"],
-        "checkpoint.peer_replicas=1 keeps copies on other nodes, and this run has 1 node(s)",
+        "checkpoint.peer_replicas=1 keeps copies on other nodes, and this job has 1 node(s)",
         "set it to 0",
     ),
     "cuda on a machine without one": (

@@ -77,9 +77,25 @@ class CheckpointConfig(BaseModel):
     """fsync files and folders before a checkpoint counts as committed (turn off only in benchmarks
     that want the page-cache figure)."""
 
+    @property
+    def snapshots_in_memory(self) -> bool:
+        """The tiered checkpointer with memory snapshots on: what the peer replica copies."""
+        return self.implementation == "tiered" and self.memory_every > 0
+
+    def peer_nodes_problem(self, nodes: int) -> str | None:
+        """Peer replicas live on other nodes: R copies need at least R + 1 nodes."""
+        replicas = self.peer_replicas
+        if not replicas or replicas < nodes:
+            return None
+        return (
+            f"peer_replicas={replicas} keeps copies on other nodes, and this job has {nodes} node(s); "
+            f"set it to {'0' if nodes == 1 else f'at most {nodes - 1}'}, or run on {replicas + 1} or more "
+            "nodes"
+        )
+
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if self.peer_replicas and (self.implementation != "tiered" or not self.memory_every):
+        if self.peer_replicas and not self.snapshots_in_memory:
             raise ValueError(
                 "peer_replicas copies memory snapshots: it needs implementation=tiered and memory_every >= 1"
             )

@@ -97,11 +97,9 @@ class TieredCheckpointer(Checkpointer):
         per_node = ranks_per_node()
         nodes = world_size // per_node
         if config.peer_replicas and nodes > 1:
-            if config.peer_replicas >= nodes:
-                raise ValueError(
-                    f"checkpoint.peer_replicas={config.peer_replicas} needs more nodes than replicas "
-                    f"(this job has {nodes}): lower it to at most {nodes - 1}"
-                )
+            problem = config.peer_nodes_problem(nodes)
+            if problem:
+                raise ValueError(f"checkpoint.{problem}")
             where = node_domain()
             self.workers["peer"] = ReplicaWorker(
                 rank=rank,
@@ -505,7 +503,8 @@ class TieredCheckpointer(Checkpointer):
 
         A lost node's shards come back at the step of their newest copy on a partner, and the
         survivors' own shards must exist at that same step: the survivors' slot of that step is not
-        reused meanwhile (one slot of `num_staging_slots`; the budget in k8s/trainer_args.py counts it)."""
+        reused meanwhile (one slot of `num_staging_slots`; the chart's memory budget,
+        k8s/rank_config.py `memory_budget`, counts it)."""
         for slot in self.memory.slots:
             slot.holders.discard(PEER_PIN)
         self.memory.slots[index].holders.add(PEER_PIN)

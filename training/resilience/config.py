@@ -27,7 +27,7 @@ no entrypoint runs it."""
 
 CONFIG_ENV = "NVRX_EKS_CONFIG"
 """A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'
-`trainer` tree over the fields it owns (k8s/trainer_args.py `resilience_env`)."""
+`trainer` tree over the fields it owns (k8s/rank_config.py `resilience_env`)."""
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 """The resilience layers around the loop, one name from the job values through the trainer to the planner."""
@@ -176,7 +176,28 @@ class FaultsConfig(_Section):
     def _positive(cls, value: dict[str, float]) -> dict[str, float]:
         if any(w < 0 for w in value.values()) or not any(w > 0 for w in value.values()):
             raise ValueError("weights must be >= 0 with at least one > 0")
-        return value
+        # The draw walks the classes in order: one order, whatever order the mapping was written in
+        # (the job values' YAML, the chart's flags, a script's JSON), so every reader draws the same.
+        return dict(sorted(value.items()))
+
+    def ranks_problem(self, world_size: int) -> str | None:
+        """The ranks a fault targets exist only once the world size is known: the chart checks them
+        against the job's, the fault schedule against the run's."""
+        for item in self.plan:
+            match = PLAN_ITEM.match(item)
+            assert match is not None  # noqa: S101 - checked by _check_plan
+            rank = int(match["rank"] or 0)
+            if rank >= world_size:
+                return (
+                    f"faults.plan: {item!r} targets rank {rank}, but the job has ranks 0..{world_size - 1}; "
+                    "pick a rank below the world size"
+                )
+        if self.target_rank is not None and self.target_rank >= world_size:
+            return (
+                f"faults.target_rank ({self.target_rank}) is not a rank of this job (0..{world_size - 1}); "
+                "pick a rank below the world size"
+            )
+        return None
 
 
 class MetricsConfig(_Section):
