@@ -426,7 +426,7 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
     from nvrx_eks.localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
     from nvrx_eks.localrun.report import summary_document  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
     plan = ",".join(DEMO_FAULTS)
@@ -498,7 +498,7 @@ def project_in_containers(*, project: Built, store: Built, work: Path, timeout_s
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     values = load_values(
         REPO_ROOT / "k8s/values/local-hf-llama.yaml",

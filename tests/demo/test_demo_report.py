@@ -26,8 +26,8 @@ from nvrx_eks.localrun.report import (
     totals_in_scale,
     write_summary,
 )
+from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.metrics import summarize
 
 REPO = Path(__file__).resolve().parents[2]
 
