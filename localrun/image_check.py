@@ -546,11 +546,11 @@ def check_images(
 
         return ok
 
-    store_modules = ["nvrx_eks.training.control", "torch.distributed"]
+    store_modules = ["nvrx_eks.training.resilience.control", "torch.distributed"]
     trainer_modules = [
         "nvrx_eks.training",
-        "nvrx_eks.training.launch",
-        "nvrx_eks.training.selfcheck",
+        "nvrx_eks.training.resilience.launch",
+        "nvrx_eks.training.node.selfcheck",
         "nvidia_resiliency_ext",
     ]
     for built, kind, container, uid, modules in (
