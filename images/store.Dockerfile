@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 #
 # The rendezvous store's image: Python, the CPU build of torch (its TCPStore), NVRx and the one module of
-# the trainer package the store runs, `python -m nvrx_eks.training.control` (k8s/launcher.py NVRX_CONTROL).
+# the trainer package the store runs, `python -m nvrx_eks.training.resilience.control` (k8s/launcher.py NVRX_CONTROL).
 # No CUDA, NCCL or EFA: the store serves a TCP socket on a system node.
 #
 # Build it with `nvrx-eks image build` (it builds this image beside the training image): it passes every
@@ -48,13 +48,13 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requ
     && rm /tmp/requirements.lock \
     && python -c "import importlib.metadata as m; v = m.version('nvidia-resiliency-ext'); assert v == '${NVRX_VERSION}', v"
 
-# Only what `python -m nvrx_eks.training.control` imports from this project (tests/images checks the
+# Only what `python -m nvrx_eks.training.resilience.control` imports from this project (tests/images checks the
 # list against the module's imports): the control module, NVRx's compatibility shims and the pins, laid
 # out as the installed kit lays them out (one package, nvrx_eks, over the repository's folders).
 WORKDIR /app
 COPY nvrx_eks/__init__.py nvrx_eks/
 COPY kitcore/__init__.py kitcore/pins.py nvrx_eks/kitcore/
-COPY training/__init__.py training/control.py training/forks.py nvrx_eks/training/
+COPY training/__init__.py training/forks.py nvrx_eks/training/
 COPY training/resilience/__init__.py training/resilience/control.py training/resilience/nvrx_compat.py nvrx_eks/training/resilience/
 
 ENV PYTHONPATH=/app \
@@ -71,4 +71,4 @@ LABEL org.opencontainers.image.title="nvrx-eks rendezvous store" \
 
 # `nobody`: the store Deployment runs it as that uid with a read-only root filesystem (job_chart.py).
 USER 65534:65534
-CMD ["python", "-m", "nvrx_eks.training.control", "--help"]
+CMD ["python", "-m", "nvrx_eks.training.resilience.control", "--help"]

@@ -19,9 +19,9 @@ setting is what it is:
   a collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py)
   says every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's
   pod exits otherwise and is charged, so the budget still bounds the replacements.
-- Init containers: `python -m nvrx_eks.training.selfcheck` (can this node train?), then, with the peer
+- Init containers: `python -m nvrx_eks.training.node.selfcheck` (can this node train?), then, with the peer
   replica,
-  `python -m nvrx_eks.training.topology` (the node's zone and network nodes, for the partners:
+  `python -m nvrx_eks.training.node.topology` (the node's zone and network nodes, for the partners:
   `topology_init`).
 - Host RAM (checkpoint tier 1) is a memory-backed emptyDir of the pod, sized from the profile.
 - The rendezvous store is its own Deployment + Service running NVRx's control process (k8s/launcher.py),
@@ -258,7 +258,7 @@ NODE_READER_TOKEN_S = 600
 
 def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Volume], k8s.VolumeMount]:
     """The trainer pod's topology init container, its two volumes, and the trainer's read-only mount of
-    the file it writes (`python -m nvrx_eks.training.topology`, training/node/topology.py).
+    the file it writes (`python -m nvrx_eks.training.node.topology`, training/node/topology.py).
 
     The network-node labels are on the Node only, and reading a Node takes the API. Why this way:
     - An init container, not the trainer: the token exists only while it runs, in its own mount
@@ -304,7 +304,7 @@ def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Vol
         command=[
             "python",
             "-m",
-            "nvrx_eks.training.topology",
+            "nvrx_eks.training.node.topology",
             f"--out={TOPOLOGY_FILE}",
             f"--token-dir={SA_DIR}",
         ],
@@ -641,10 +641,10 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m nvrx_eks.training.selfcheck` proving every checkpoint tier of the pod writable."""
+    """`python -m nvrx_eks.training.node.selfcheck` proving every checkpoint tier of the pod writable."""
     c = values.trainer.checkpoint
     dirs = [c.memory_dir, c.local_dir, c.durable_dir]
-    return ["python", "-m", "nvrx_eks.training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    return ["python", "-m", "nvrx_eks.training.node.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:

@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from nvrx_eks.k8s.values import JobValues
 
 
-FT_LAUNCHER = ("python", "-m", "nvrx_eks.training.launch")
+FT_LAUNCHER = ("python", "-m", "nvrx_eks.training.resilience.launch")
 """ft_launcher, through training/resilience/launch.py: the same flags, workers forked from a warm
 forkserver."""
-NVRX_CONTROL = ("python", "-m", "nvrx_eks.training.control")
+NVRX_CONTROL = ("python", "-m", "nvrx_eks.training.resilience.control")
 """NVRx's external control process (`nvrx-control`, the same flags) through
 training/resilience/control.py, run by the rendezvous store's Deployment."""
 

@@ -1,6 +1,6 @@
 """The node-check DaemonSet and its permissions, as one construct of the cluster chart.
 
-`python -m nvrx_eks.training.nodecheck` runs on every GPU node (label `nvrx-eks/gpu=true`, tolerating the
+`python -m nvrx_eks.training.node.nodecheck` runs on every GPU node (label `nvrx-eks/gpu=true`, tolerating the
 GPU taint and its own `nvrx-eks/unverified` taint) and records its verdict on its own Node: the
 `nvrx-eks/verified` label with a time, or the `nvrx-eks/unverified` taint, a node condition and an
 Event. Training pods require the label (k8s/job_chart.py).
@@ -256,7 +256,7 @@ class NodeVerification(Construct):
         def host_path(name: str, path: str, kind: str) -> k8s.Volume:
             return k8s.Volume(name=name, host_path=k8s.HostPathVolumeSource(path=path, type=kind))
 
-        command = ["python", "-m", "nvrx_eks.training.nodecheck", f"--interval-s={spec.interval_s}"]
+        command = ["python", "-m", "nvrx_eks.training.node.nodecheck", f"--interval-s={spec.interval_s}"]
         if spec.dcgm_host:
             command.append(f"--dcgm-host={spec.dcgm_host}")
         nvme_mount = k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME)

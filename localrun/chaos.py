@@ -170,7 +170,7 @@ def fault_free_sha256(
     values: JobValues, *, cache_dir: Path, run_dir: Path, console: Console, timeout_s: float = 600.0
 ) -> str | None:
     """The fault-free run's final-parameter hash: from the cache, else by running it once."""
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     key = fault_free_key(values)
     cached = cache_dir / f"fault-free-{key}.json"

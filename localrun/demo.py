@@ -52,7 +52,7 @@ def demo(
         write_html_report,
         write_summary,
     )
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
     started = time.monotonic()

@@ -10,7 +10,7 @@ Four checks, each printing its numbers, then `gpu-check.json` in the run folder:
 3. an in-process restart that aborts NCCL: one GPU, mode `inprocess`, an exception and a real CUDA
    allocation failure injected; NVRx's default abort (AbortTorchDistributed) tears the NCCL communicator
    down and the same process goes on from memory. Each fault's layer, recovery and steps lost come
-   from the run's own events (training.metrics.summarize);
+   from the run's own events (localrun.summary.summarize);
 4. NVRx's GPU-only checkpointing rows, which `bench checkpoint` prints as "not measurable on CPU"
    (localrun/checkpoint_bench/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
    BasicTensorAwareStateDict) and the async queue with DCP over CUDA IPC, on check 2's loop shape,
@@ -247,7 +247,7 @@ def _nvrx_rows_in_tmpfs() -> dict[str, Any]:
 
 
 def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     cmd = [
         str(Path(sys.executable).parent / "torchrun"),

@@ -426,7 +426,7 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
     from nvrx_eks.localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
     from nvrx_eks.localrun.report import summary_document  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
     plan = ",".join(DEMO_FAULTS)
@@ -498,7 +498,7 @@ def project_in_containers(*, project: Built, store: Built, work: Path, timeout_s
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     values = load_values(
         REPO_ROOT / "k8s/values/local-hf-llama.yaml",
@@ -546,11 +546,11 @@ def check_images(
 
         return ok
 
-    store_modules = ["nvrx_eks.training.control", "torch.distributed"]
+    store_modules = ["nvrx_eks.training.resilience.control", "torch.distributed"]
     trainer_modules = [
         "nvrx_eks.training",
-        "nvrx_eks.training.launch",
-        "nvrx_eks.training.selfcheck",
+        "nvrx_eks.training.resilience.launch",
+        "nvrx_eks.training.node.selfcheck",
         "nvidia_resiliency_ext",
     ]
     for built, kind, container, uid, modules in (

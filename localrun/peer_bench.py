@@ -17,7 +17,7 @@ it a step is 25x shorter than a GPU step and every fixed cost -- process start, 
 gloo's unabortable collective timeout -- weighs 25x more against training than it would on a GPU.
 `--device-step-s 0` measures at CPU speed. Faults, recoveries and checkpoints are all real.
 
-Every figure comes from the runs' own event streams (`training.metrics.summarize`).
+Every figure comes from the runs' own event streams (`localrun.summary.summarize`).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def run_peer_bench(
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
     from nvrx_eks.localrun.report import print_phases  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
     fault_seed = _seed_of(mix, fault_seed)

@@ -1,7 +1,7 @@
 """Where a recovery's seconds went, from the trainer's own event streams (training/events.py).
 
 `python -m nvrx_eks.localrun.phases RUN [RUN ...]` prints, per fault, the seconds of each recovery
-phase as the run's summary.json and report give them (training.metrics.FaultPhases): detect,
+phase as the run's summary.json and report give them (localrun.summary.FaultPhases): detect,
 teardown, rendezvous, worker start, restore (the slowest load), first step; each phase ends when its
 slowest rank is through it, so they add up to the fault -> next productive step. With several runs
 (e.g. three demos) it also prints the median per fault class. A RUN is a demo run folder, a chaos
@@ -17,8 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.localrun.summary import fault_summaries
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.metrics import RECOVERY_PHASES, fault_summaries
+from nvrx_eks.training.metrics import RECOVERY_PHASES
 
 
 def find_event_dirs(root: Path) -> list[Path]:

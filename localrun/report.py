@@ -1,6 +1,6 @@
 """What a run cost, for people and for tools: the fault table, `summary.json` and a PNG timeline.
 
-Everything here is derived from the run's event streams through `training.metrics.summarize`; the
+Everything here is derived from the run's event streams through `localrun.summary.summarize`; the
 report adds presentation only, so the numbers a test asserts are the numbers a user reads.
 """
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from nvrx_eks.training.metrics import RunSummary
+    from nvrx_eks.localrun.summary import RunSummary
 
 # The keys other tools read from summary.json (issue: "summary.json keys").
 SUMMARY_KEYS = (
@@ -40,7 +40,7 @@ SUMMARY_KEYS = (
 FAULT_KEYS = ("class", "step", "rank", "layer", "detect_s", "recovery_s", "steps_lost", "tier", "phases")
 """Each fault row of summary.json: `tier` is where the state came back from (memory, peer_memory, local,
 durable, none; the slowest rank's), `phases` the seconds from the fault to the next productive step as
-{detect_s, teardown_s, rendezvous_s, start_s, restore_s, first_step_s} (training.metrics.FaultPhases),
+{detect_s, teardown_s, rendezvous_s, start_s, restore_s, first_step_s} (localrun.summary.FaultPhases),
 or null when the run ended before every rank trained again."""
 
 
@@ -213,7 +213,7 @@ PHASE_COLUMNS = (
 
 
 def print_phases(console: Console, faults: list[dict[str, Any]]) -> None:
-    """Where each recovery's seconds went, fault to next productive step (training.metrics.FaultPhases)."""
+    """Where each recovery's seconds went, fault to next productive step (localrun.summary.FaultPhases)."""
     from rich import box  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
@@ -511,7 +511,7 @@ PHASE_NAMES = {
     "restore_s": ("restore", "#2ca02c"),
     "first_step_s": ("first step", "#1f77b4"),
 }
-"""The recovery phases in order (training.metrics.FaultPhases), with their names and bar colours."""
+"""The recovery phases in order (localrun.summary.FaultPhases), with their names and bar colours."""
 PHASE_BAR_PX = 300
 """The longest recovery's bar; the others are to scale."""
 
@@ -660,7 +660,7 @@ def report_run(run_dir: Path) -> Path:
         document = read_json(summary, what=what)
         validate_file(_SummaryShape, document, summary, what=what)
     else:
-        from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+        from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
         document = summary_document(summarize(trainer_dir), fault_free_sha256=None)
     return write_html_report(run_dir, document, trainer_dir)

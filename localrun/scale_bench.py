@@ -11,8 +11,8 @@ emulated device time). Every size gets the same fixed plan, one fault per layer:
 - `store_loss` (the rendezvous store's pod deleted: NVRx 0.7's launchers do not reconnect, so every pod
   fails and the Job restarts them all from the node-local disk; placed right after a local checkpoint).
 
-Every figure comes from the runs' own event streams (`training.metrics.summarize`); a row is one fault
-at one size, with its recovery phases (`training.metrics.FaultPhases`).
+Every figure comes from the runs' own event streams (`localrun.summary.summarize`); a row is one fault
+at one size, with its recovery phases (`localrun.summary.FaultPhases`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from rich.table import Table
 
-    from nvrx_eks.training.metrics import FaultSummary
+    from nvrx_eks.localrun.summary import FaultSummary
 
 DEFAULT_NODES = (2, 4, 8)
 DEFAULT_STEPS = 50
@@ -148,7 +148,7 @@ def run_scale_bench(
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
     from nvrx_eks.localrun.report import print_phases  # noqa: PLC0415
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
     bench_dir = (runs_root / time.strftime("scale-%Y%m%d-%H%M%S")).resolve()

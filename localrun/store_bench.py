@@ -1,9 +1,8 @@
 """`nvrx-eks bench store`: the rendezvous store under load, on loopback.
 
-The store is the process the store Deployment runs: `python -m nvrx_eks.training.control` with the command
-line
-k8s/launcher.py `control_command` renders (NVRx's control process: it hosts the TCPStore and closes every
-rendezvous round). Against it:
+The store is the process the store Deployment runs: `python -m nvrx_eks.training.resilience.control`
+with the command line k8s/launcher.py `control_command` renders (NVRx's control process: it hosts the
+TCPStore and closes every rendezvous round). Against it:
 
 - Rendezvous rounds: N simulated agents, one thread each with its own TCPStore client, each running
   NVRx's own barrier-rendezvous join (`_RendezvousBarrierState.perform_rendezvous`: the same keys and

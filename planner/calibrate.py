@@ -44,7 +44,7 @@ from nvrx_eks.planner.config import PLAN_NAME_MAX, TIERS
 if TYPE_CHECKING:
     from pathlib import Path
 
-# The layer names of training/metrics.py FaultSummary.layer -> the plan's recovery fields.
+# The layer names of localrun/summary.py FaultSummary.layer -> the plan's recovery fields.
 LAYER_FIELDS = {
     "inprocess": "inprocess_s",
     "ft_launcher": "launcher_s",

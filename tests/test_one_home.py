@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.localrun.report import PHASE_COLUMNS, PHASE_NAMES
-from nvrx_eks.training.metrics import RECOVERY_PHASES, FaultPhases
+from nvrx_eks.localrun.summary import FaultPhases
+from nvrx_eks.training.metrics import RECOVERY_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks", "tools")

@@ -227,7 +227,7 @@ class _Process:
             world_size=world.world_size,
             local_rank=world.local_rank,
             # When the OS created this process: a restart's worker-start phase begins here, before the
-            # interpreter and the imports that precede this event (training.metrics.FaultPhases).
+            # interpreter and the imports that precede this event (localrun.summary.FaultPhases).
             created_t=process_created_at(),
             **{k: v for k, v in self.job.meta.items() if k not in {"mode", "steps"}},
         )

@@ -3,7 +3,7 @@ holds rank R (restarts append; the global rank of a node can change across ft_la
 
 Every line: `{"t": unix seconds, "kind": str, "rank": int, "pid": int, "restart": int, "node": str, ...}`
 (`restart` is the launcher's TORCHELASTIC_RESTART_COUNT, `node` the pod's JOB_COMPLETION_INDEX).
-Kinds and their extra fields (training.metrics reads them):
+Kinds and their extra fields (training/metrics.py and localrun/summary.py read them):
 
 - `process_start`: mode, world_size, local_rank, created_t (when the OS created the process), and the
   script's `Job(meta=...)` facts (the reference trainer's: model)

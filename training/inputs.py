@@ -190,8 +190,8 @@ def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
         # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).
         problems.append(
             f"mode {cfg.mode} needs a launcher's RANK and WORLD_SIZE (NVRx's in-process restart reads "
-            "them); start it with torchrun or `python -m nvrx_eks.training.launch`, or for one rank "
-            "set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; "
+            "them); start it with torchrun or `python -m nvrx_eks.training.resilience.launch`, or for "
+            "one rank set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; "
             "or use mode baseline to run alone"
         )
     if cfg.mode not in {"ft_launcher", "both"}:
@@ -205,7 +205,7 @@ def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
         (
             f"mode {cfg.mode} runs under ft_launcher, and this process was not started by it "
             f"({FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is unset); start it with `python -m "
-            f"nvrx_eks.training.launch` "
+            f"nvrx_eks.training.resilience.launch` "
             "(k8s/launcher.py renders the command), or use mode inprocess or baseline to run alone"
         ),
     ]

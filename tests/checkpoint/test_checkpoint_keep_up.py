@@ -127,7 +127,8 @@ def test_agreed_flags_name_the_newest_step_every_rank_committed():
 def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
     """One rank, a durable persist that takes far longer than its cadence: the tier falls behind and
     says so (event), the rank's metric shows its age, the run report warns."""
-    from nvrx_eks.training.metrics import Metrics, checkpoint_warnings  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import checkpoint_warnings  # noqa: PLC0415
+    from nvrx_eks.training.metrics import Metrics  # noqa: PLC0415
 
     config = CheckpointConfig(
         memory_dir=tmp_path / "shm",
@@ -216,8 +217,8 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
     process, it read as behind at step 14), nor is 4 after predecessors' writes of 3, 3 and 2 (judged
     by the newest alone, 2, it read as behind at step 15). Taking 7, it is behind one cadence plus
     the 3 steps of the slowest recent write, and says so."""
+    from nvrx_eks.localrun.summary import checkpoint_warnings  # noqa: PLC0415
     from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
-    from nvrx_eks.training.metrics import checkpoint_warnings  # noqa: PLC0415
 
     loop = [-1]
     monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, lag))
@@ -669,8 +670,8 @@ def test_a_kill_just_before_a_due_step_leaves_no_disk_tier_behind(tmp_path):
     every rank holds is at most one cadence plus one write old, and the report warns of nothing
     (judged against one step, the restarted process's first write read as both tiers behind at
     step 14: newest 8, 6 steps old, allowed 4 + 1)."""
+    from nvrx_eks.localrun.summary import checkpoint_warnings  # noqa: PLC0415
     from nvrx_eks.training.events import read_events  # noqa: PLC0415
-    from nvrx_eks.training.metrics import checkpoint_warnings  # noqa: PLC0415
 
     first = _run_ranks(tmp_path, "restart", "first")
     assert first[1] == {"killed": True}, first

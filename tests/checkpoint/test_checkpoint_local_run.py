@@ -16,8 +16,8 @@ import pytest
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.executor import LocalJob, marked_processes
+from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.metrics import summarize
 
 LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 STEPS = 60

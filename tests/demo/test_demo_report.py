@@ -26,9 +26,9 @@ from nvrx_eks.localrun.report import (
     totals_in_scale,
     write_summary,
 )
+from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.config import TrainConfig
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.metrics import summarize
 from nvrx_eks.training.resilience.config import FaultsConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -33,8 +33,8 @@ from nvrx_eks.localrun.report import (
     write_html_report,
     write_summary,
 )
+from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.metrics import summarize
 
 CHROMIUM = Path("/usr/bin/chromium")
 needs_chromium = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""`python -m nvrx_eks.training.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device
+"""`python -m nvrx_eks.training.node.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device
 trees."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ INSTALLED_NVRX = metadata.version("nvidia-resiliency-ext")
 
 
 def _selfcheck(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m nvrx_eks.training.selfcheck ARGS` in a fresh interpreter, without this shell's NVRX_EKS_*
-    env."""
+    """`python -m nvrx_eks.training.node.selfcheck ARGS` in a fresh interpreter, without this shell's
+    NVRX_EKS_* env."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_")}
     return subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.training.selfcheck", *args],
+        [sys.executable, "-m", "nvrx_eks.training.node.selfcheck", *args],
         capture_output=True,
         text=True,
         timeout=120,

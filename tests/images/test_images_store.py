@@ -86,8 +86,8 @@ def test_the_lock_has_nvrx_at_the_pin_with_hashes_and_leaves_torch_to_its_verifi
 
 
 def test_the_image_holds_exactly_what_the_store_command_imports_from_this_project(tmp_path):
-    """The files the Dockerfile copies, alone on sys.path, run `python -m nvrx_eks.training.control`'s
-    imports."""
+    """The files the Dockerfile copies, alone on sys.path, run the imports of `python -m
+    nvrx_eks.training.resilience.control`."""
     copied = []  # where each copied file lands under WORKDIR /app
     for line in TEXT.splitlines():
         if line.startswith("COPY ") and "--from" not in line and "requirements" not in line:
@@ -101,7 +101,7 @@ def test_the_image_holds_exactly_what_the_store_command_imports_from_this_projec
         "import sys; sys.path.insert(0, sys.argv[1]);"
         # Only the copied files: this environment's editable install would find the rest of the kit.
         "sys.meta_path = [f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')];"
-        "import nvrx_eks.training.control, nvrx_eks.training.resilience.control;"
+        "import nvrx_eks.training.resilience.control;"
         "import nvrx_eks.training.resilience.nvrx_compat;"
         "mods = [m for n, m in sys.modules.items() if n.split('.')[0] == 'nvrx_eks'];"
         "print('\\n'.join(sorted(m.__file__ for m in mods)))"
@@ -132,7 +132,7 @@ def test_the_rendered_store_runs_the_store_image_and_the_trainers_the_training_i
     (container,) = store["spec"]["template"]["spec"]["containers"]
     assert container["image"] == values.store_image != values.image
     assert DIGEST.search(container["image"])
-    assert container["command"][:3] == ["python", "-m", "nvrx_eks.training.control"]
+    assert container["command"][:3] == ["python", "-m", "nvrx_eks.training.resilience.control"]
     assert container["securityContext"]["runAsUser"] == 65534
     assert any(p["containerPort"] == STORE_PORT for p in container["ports"])
     (job,) = [d for d in docs if d["kind"] == "Job"]

@@ -128,7 +128,7 @@ def test_daemon_set_runs_the_check_on_gpu_nodes_without_taking_devices(docs):
     assert tolerated == {"nvidia.com/gpu", nodecheck.UNVERIFIED_TAINT}  # it must run on a node it tainted
     assert pod["serviceAccountName"] == NODE_CHECK
     (c,) = pod["containers"]
-    assert c["command"][:3] == ["python", "-m", "nvrx_eks.training.nodecheck"]
+    assert c["command"][:3] == ["python", "-m", "nvrx_eks.training.node.nodecheck"]
     assert "nvidia.com/gpu" not in json.dumps(c["resources"])
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

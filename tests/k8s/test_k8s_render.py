@@ -143,7 +143,7 @@ def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
     assert check["command"] == [
         "python",
         "-m",
-        "nvrx_eks.training.selfcheck",
+        "nvrx_eks.training.node.selfcheck",
         f"--checkpoint-dir={tiers.memory_dir}",
         f"--checkpoint-dir={tiers.local_dir}",
         f"--checkpoint-dir={tiers.durable_dir}",
@@ -159,7 +159,7 @@ def test_store_is_separate_and_prioritized(rendered):
     assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
     (store,) = pod["containers"]
     # NVRx's own control process hosts the store and closes the rounds: parsed by its real parser.
-    assert store["command"][:3] == ["python", "-m", "nvrx_eks.training.control"]
+    assert store["command"][:3] == ["python", "-m", "nvrx_eks.training.resilience.control"]
     control = control_parser().parse_args(store["command"][3:])
     assert control.rdzv_endpoint == "0.0.0.0:29400"
     assert control.rdzv_id == "llama-8b-p5-2"
@@ -173,7 +173,7 @@ def test_store_is_separate_and_prioritized(rendered):
 
 def _split(command: list[str]) -> tuple[list[str], list[str]]:
     """Launcher args (as the launcher receives them) and trainer args of a rendered command
-    (`torchrun ... -m nvrx_eks.training ARGS`, or `python -m nvrx_eks.training.launch ... -m
+    (`torchrun ... -m nvrx_eks.training ARGS`, or `python -m nvrx_eks.training.resilience.launch ... -m
     nvrx_eks.training ARGS`)."""
     i = command.index(REFERENCE_TRAINER) - 1
     if command[0] == "torchrun":
@@ -292,7 +292,7 @@ def test_the_peer_replicas_failure_domain_is_the_nodes_zone_and_network_nodes_an
     # The network-node labels are the Node's only: the last init container reads its own Node (by the
     # downward API's spec.nodeName) and writes them where the trainer reads them, read-only.
     topology = pod["initContainers"][-1]
-    assert topology["command"][:3] == ["python", "-m", "nvrx_eks.training.topology"]
+    assert topology["command"][:3] == ["python", "-m", "nvrx_eks.training.node.topology"]
     args = dict(a.removeprefix("--").split("=", 1) for a in topology["command"][3:])
     assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in topology["env"]} == {
         "NODE_NAME": "spec.nodeName"

@@ -46,7 +46,7 @@ def test_the_trainer_container_runs_as_its_rendered_pod(templates, tmp_path):
     assert {spec.split(":")[0] for spec in _pairs(argv, "--tmpfs")} == {"/dev/shm", "/checkpoint-memory"}
     # The rendered command, not the image's default: the launcher.
     image_at = argv.index(TRAINER.name)
-    assert argv[image_at + 1 : image_at + 4] == ["python", "-m", "nvrx_eks.training.launch"]
+    assert argv[image_at + 1 : image_at + 4] == ["python", "-m", "nvrx_eks.training.resilience.launch"]
 
 
 def test_the_store_container_runs_as_nobody_with_its_tmp(templates, tmp_path):
@@ -57,7 +57,7 @@ def test_the_store_container_runs_as_nobody_with_its_tmp(templates, tmp_path):
     assert argv[argv.index(STORE.name) + 1 : argv.index(STORE.name) + 4] == [
         "python",
         "-m",
-        "nvrx_eks.training.control",
+        "nvrx_eks.training.resilience.control",
     ]
 
 

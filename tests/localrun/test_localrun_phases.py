@@ -8,7 +8,8 @@ from dataclasses import asdict
 import pytest
 
 from nvrx_eks.localrun.phases import fault_phases, find_event_dirs, main, medians
-from nvrx_eks.training.metrics import RECOVERY_PHASES, fault_summaries
+from nvrx_eks.localrun.summary import fault_summaries
+from nvrx_eks.training.metrics import RECOVERY_PHASES
 
 
 def _ev(t, kind, rank, pid, **fields):
@@ -55,7 +56,7 @@ def test_each_recovery_is_the_phases_summary_json_gives():
     assert exception["start"] == 0.0
     assert exception["rendezvous"] == pytest.approx(0.15)
     assert exception["total"] == pytest.approx(0.5)
-    # The same figures, under the same names, as the run's summary (training.metrics.FaultPhases).
+    # The same figures, under the same names, as the run's summary (localrun.summary.FaultPhases).
     summary = fault_summaries(_sigkill_run())[0].phases
     assert summary is not None
     assert {f"{phase}_s": sigkill[phase] for phase in RECOVERY_PHASES} == asdict(summary)

@@ -44,7 +44,7 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     env["PATH"] = "/venv/bin:" + os.environ["PATH"]
     runtime = Podman(trainer_image="train:x", store_image="store:x")
     argv, _ = runtime.command(
-        ["python", "-m", "nvrx_eks.training.launch", f"--run-dir={volume}/runs"],
+        ["python", "-m", "nvrx_eks.training.resilience.launch", f"--run-dir={volume}/runs"],
         env,
         container=CONTAINER,
         pod_spec=POD_SPEC,
@@ -68,12 +68,17 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     inner = dict(item.split("=", 1) for item in _pairs(argv, "--env"))
     assert inner == {"TMPDIR": str(tmp), "NVRX_EKS_LOCAL_POD": "run/pod", "NODE_RANK": "1", "HOME": str(tmp)}
     image_at = argv.index("train:x")
-    assert argv[image_at + 1 :] == ["python", "-m", "nvrx_eks.training.launch", f"--run-dir={volume}/runs"]
+    assert argv[image_at + 1 :] == [
+        "python",
+        "-m",
+        "nvrx_eks.training.resilience.launch",
+        f"--run-dir={volume}/runs",
+    ]
 
 
 def test_podman_runs_the_store_pod_from_the_store_image(tmp_path):
     argv, _ = Podman(trainer_image="train:x", store_image="store:x").command(
-        ["python", "-m", "nvrx_eks.training.control"],
+        ["python", "-m", "nvrx_eks.training.resilience.control"],
         {"TMPDIR": str(tmp_path)},
         container={"name": "store", "securityContext": {"runAsUser": 65534}},
         pod_spec={},

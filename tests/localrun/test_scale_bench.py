@@ -18,8 +18,8 @@ from nvrx_eks.localrun.scale_bench import (
     parse_nodes,
     scale_rows,
 )
+from nvrx_eks.localrun.summary import FaultPhases, FaultSummary
 from nvrx_eks.training.faults import build_schedule
-from nvrx_eks.training.metrics import FaultPhases, FaultSummary
 
 VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
 PHASES = FaultPhases(

@@ -42,7 +42,7 @@ def test_a_project_with_its_own_training_package_runs_under_the_kits_launcher(
     """The project's `training.loop`, `training.data` and `training.model` share their names with the
     kit's trainer folder; the kit is `nvrx_eks.training`, so the job's module, the forkserver's preload
     and every restarted worker import the project's own, and its faults are recovered as any script's."""
-    from nvrx_eks.training.metrics import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     monkeypatch.chdir(OWN_PACKAGE)  # the executor puts the folder nvrx-eks runs in on the pods' path
     runner = type(local_job)()

@@ -158,7 +158,7 @@ FAULT_STEPS = (57, 130, 215, 262, 371)  # one per 80-step slot, as training/faul
 
 
 def _mode_row(mode: str, recoveries: list[float], layer: str, lost_each: list[int], startup: float) -> dict:
-    """One mode of peer.json whose figures agree with each other (training/metrics.py formulas)."""
+    """One mode of peer.json whose figures agree with each other (localrun/summary.py formulas)."""
     faults = [
         {"class": "exception", "step": s, "rank": 1, "expected_layer": layer, "layer": layer,
          "detect_s": 0.2, "recovery_s": r, "steps_lost": lost}
@@ -177,7 +177,7 @@ def _mode_row(mode: str, recoveries: list[float], layer: str, lost_each: list[in
 
 
 def _peer_row(mode: str, faults: list[dict], *, useful_s: float, wall_s: float, **rest: object) -> dict:
-    """A peer.json mode row: the goodput figures follow training/metrics.py from useful time and wall."""
+    """A peer.json mode row: the goodput figures follow localrun/summary.py from useful time and wall."""
     recovered = sum(f["recovery_s"] for f in faults)
     return {
         "mode": mode,

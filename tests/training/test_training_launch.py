@@ -88,7 +88,9 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
     monkeypatch.setattr(launch, "poll_rendezvous_faster", lambda: None)
     ran: list[list[str]] = []
     monkeypatch.setattr(nvrx_launcher, "main", ran.append)
-    monkeypatch.setattr(sys, "argv", ["nvrx_eks.training.launch", *given, "-m", "nvrx_eks.training"])
+    monkeypatch.setattr(
+        sys, "argv", ["nvrx_eks.training.resilience.launch", *given, "-m", "nvrx_eks.training"]
+    )
     launch.main()
     assert warmed == [list(WARM_MODULES), "started"]
     assert ran == [[*given, "--run-path", trainer_script()]]
@@ -285,7 +287,7 @@ def launch_agent(config, entrypoint, args):
     raise ChildFailedError(name="training", failures=failures)
 
 launcher.launch_agent = launch_agent
-sys.argv = ["nvrx_eks.training.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
+sys.argv = ["nvrx_eks.training.resilience.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
             "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test", "-m", "nvrx_eks.training"]
 main()
 """

@@ -1,4 +1,4 @@
-"""`training.nodecheck`: the node-check DaemonSet's checks and its verdict on the Node, against fakes.
+"""`training.node.nodecheck`: the node-check DaemonSet's checks and its verdict on the Node, against fakes.
 
 The fakes are the API server (merge patches applied as RFC 7386 says, conditions merged by type as
 a strategic merge patch does), the tools (nvidia-smi, dcgmi answering or hanging) and device trees.
@@ -356,7 +356,7 @@ def test_real_commands_missing_or_hanging(tmp_path):
 
 def test_once_outside_a_cluster_is_one_clear_message():
     done = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.training.nodecheck", "--once", "--node", NAME],
+        [sys.executable, "-m", "nvrx_eks.training.node.nodecheck", "--once", "--node", NAME],
         capture_output=True,
         text=True,
         timeout=60,

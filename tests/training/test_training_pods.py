@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nvrx_eks.training.metrics import summarize
+from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
     from conftest import LocalJobRunner

@@ -66,7 +66,7 @@ CASES = {
     "ft_launcher mode without the launcher": (
         lambda t: ["--mode", "ft_launcher"],
         "mode ft_launcher runs under ft_launcher",
-        "start it with `python -m nvrx_eks.training.launch`",
+        "start it with `python -m nvrx_eks.training.resilience.launch`",
     ),
     "run dir name too long": (
         lambda t: ["--run-dir", str(t / ("x" * 300))],

@@ -1,6 +1,6 @@
-"""`python -m nvrx_eks.training.topology`, the trainer pod's topology init container, against a real loopback
-API
-server (HTTPS with its own CA, a bearer token: localrun/node_api.py), and the partners its labels give.
+"""`python -m nvrx_eks.training.node.topology`, the trainer pod's topology init container, against a real
+loopback API server (HTTPS with its own CA, a bearer token: localrun/node_api.py), and the partners its
+labels give.
 
 Each test also reads the domain back as the trainer does (`node_domain`), so the file's two ends are
 tested together; a failure never fails the container, and the trainer falls back to the zone.
@@ -221,7 +221,7 @@ def test_the_module_path_the_manifest_runs_writes_the_file_and_logs_the_domain(t
         [
             sys.executable,
             "-m",
-            "nvrx_eks.training.topology",
+            "nvrx_eks.training.node.topology",
             f"--out={out}",
             f"--token-dir={_token_dir(tmp_path, api)}",
         ],

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.config import TrainConfig, build_parser, parse_args
 from nvrx_eks.training.data import DataSource, SyntheticTokens
 from nvrx_eks.training.faults import build_schedule, expected_layer
-from nvrx_eks.training.metrics import summarize
 from nvrx_eks.training.model import build_model
 from nvrx_eks.training.parallel import wait as parallel_wait
 from nvrx_eks.training.trainer import emulate_device_wait

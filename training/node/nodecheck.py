@@ -1,4 +1,5 @@
-"""`python -m nvrx_eks.training.nodecheck`: is this GPU node fit to train? The node-check DaemonSet's loop.
+"""`python -m nvrx_eks.training.node.nodecheck`: is this GPU node fit to train? The node-check
+DaemonSet's loop.
 
 The cluster chart (k8s/cluster_chart.py) runs this on every GPU node, at start and every
 `--interval-s`. Each round checks the node, then records the verdict on the Node object:
@@ -512,7 +513,7 @@ def loop(
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m nvrx_eks.training.nodecheck", description=__doc__.split("\n\n")[0]
+        prog="python -m nvrx_eks.training.node.nodecheck", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--node", default=env.get("NODE_NAME"), help="this node's name (default $NODE_NAME)")
     parser.add_argument("--namespace", default=env.get("POD_NAMESPACE", "default"), help="for Events")
@@ -548,3 +549,7 @@ def cli() -> None:
     with exit_on_user_error():
         code = main()
     raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,4 +1,4 @@
-"""`python -m nvrx_eks.training.selfcheck`: can this node train? Run first in every training pod.
+"""`python -m nvrx_eks.training.node.selfcheck`: can this node train? Run first in every training pod.
 
 Checks torch/CUDA/NCCL, the GPU count against the instance profile, EFA devices and that NCCL will
 take the aws-ofi-nccl plugin (not TCP sockets), the environment the job chart sets, NVRx at the
@@ -403,7 +403,7 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m nvrx_eks.training.selfcheck",
+        prog="python -m nvrx_eks.training.node.selfcheck",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog="Exit codes: 0 can train; 2 configuration/image problem; 75 node problem.",
     )
@@ -439,3 +439,7 @@ def cli() -> None:
     with exit_on_user_error():
         code = main()
     raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,4 +1,4 @@
-"""`python -m nvrx_eks.training.topology`: this node's zone and network nodes, for the peer replica's
+"""`python -m nvrx_eks.training.node.topology`: this node's zone and network nodes, for the peer replica's
 partners.
 
 The peer replica chooses partners in other failure domains: the zone, and inside a zone the EC2
@@ -77,7 +77,7 @@ def _why(exc: Exception) -> str:
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m nvrx_eks.training.topology", description=__doc__.split("\n\n")[0]
+        prog="python -m nvrx_eks.training.node.topology", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--out", type=Path, required=True, help="the file to write (the trainer reads it)")
     parser.add_argument(
@@ -132,3 +132,7 @@ def main(
 
 def cli() -> None:
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()

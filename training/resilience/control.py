@@ -1,4 +1,5 @@
-"""`python -m nvrx_eks.training.control`: the job's rendezvous store, NVRx's control process with one mend.
+"""`python -m nvrx_eks.training.resilience.control`: the job's rendezvous store, NVRx's control process
+with one mend.
 
 The command line is `nvrx-control`'s own (NVRx's external control process: it hosts the TCPStore every
 launcher connects to, and closes each rendezvous round). What this adds, before NVRx's `main` runs:
@@ -29,3 +30,7 @@ def main() -> None:
     from nvidia_resiliency_ext.fault_tolerance.control_plane import main as nvrx_control  # noqa: PLC0415
 
     nvrx_control(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""`python -m nvrx_eks.training.launch`: ft_launcher whose restarted workers fork from a warm process.
+"""`python -m nvrx_eks.training.resilience.launch`: ft_launcher whose restarted workers fork from a warm
+process.
 
 The command line is ft_launcher's own, unchanged, ending in `-m nvrx_eks.training ARGS` (or
 the job's own module or script) as for ft_launcher. What
@@ -66,7 +67,7 @@ WARM_MODULES = (
     # which multiprocessing imports again in every child as `__mp_main__`.
     "torch.distributed.elastic.multiprocessing.api",
     "nvidia_resiliency_ext.fault_tolerance.launcher",
-    "nvrx_eks.training.launch",
+    "nvrx_eks.training.resilience.launch",
     # The trainer: its entry point and what it imports on the way to the first step.
     "nvrx_eks.training.inputs",
     "nvrx_eks.training.config",
@@ -161,7 +162,10 @@ def launcher_argv(argv: list[str]) -> list[str]:
     training/__main__.py, any other `-m MODULE` or `SCRIPT` by training/entry.py, which runs it."""
     at = _entry_at(argv)
     if at is None:
-        raise SystemExit("training.launch: the command line must end in `-m MODULE ARGS` or `SCRIPT ARGS`")
+        raise SystemExit(
+            "nvrx_eks.training.resilience.launch: the command line must end in `-m MODULE ARGS` or "
+            "`SCRIPT ARGS`"
+        )
     if argv[at] in ("-m", "--module"):
         module, rest = argv[at + 1], argv[at + 2 :]
         run = [trainer_script()] if module == REFERENCE_TRAINER else [entry_script(), "--module", module]
@@ -333,3 +337,7 @@ def failure_summary(failures: dict[int, Any]) -> str:
         for rank, f in sorted(failures.items())
     ]
     return "{" + ", ".join(entries) + "}"
+
+
+if __name__ == "__main__":
+    main()
