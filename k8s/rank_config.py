@@ -1,9 +1,9 @@
 """What each rank is given: the job values' `trainer` section, as the trainer's own typed configuration.
 
-The reference trainer: the section is its `TrainConfig` (training/config.py), rendered as the flags
-`python -m nvrx_eks.training --help` lists (each leaf `--a-b VALUE`). A script of your own
-(`entrypoint`): the section is the kit's `ResilienceConfig` (training/resilience/config.py), handed to
-it whole as one JSON variable (`NVRX_EKS_CONFIG`), since its command line is its own. Either way the
+The reference trainer: the section is its `TrainConfig` (training/config.py), handed to the ranks as
+the flags its parser reads back (`to_args`). A script of your own (`entrypoint`): the section is the
+kit's `ResilienceConfig` (training/resilience/config.py), handed over whole as one JSON variable
+(`NVRX_EKS_CONFIG`, `config_env_value`), since its command line is its own. Either way the
 chart owns some fields (mode, run folder, checkpoint folders per tier, peer replicas, the in-process
 restart budget): `rank_config` refuses them in the section, sets them from the rest of the values, and
 validates the whole once, so the job values hold exactly what the ranks will run with.
@@ -11,27 +11,23 @@ validates the whole once, so the job values hold exactly what the ranks will run
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
-from nvrx_eks.training.config import TrainConfig
+from nvrx_eks.training.config import TrainConfig, to_args
 from nvrx_eks.training.resilience.config import (
     CONFIG_ENV,
     REFERENCE_TRAINER,
     ResilienceConfig,
-    config_leaves,
+    config_env_value,
 )
 from nvrx_eks.training.shapes import PRESETS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from pydantic import BaseModel
 
     from nvrx_eks.k8s.sections import Budgets, Entrypoint, Storage
     from nvrx_eks.kitcore.profiles import InstanceProfile
@@ -147,32 +143,11 @@ def _takes_memory_snapshots(checkpoint: object) -> bool:
     return CheckpointConfig.model_construct(**values).snapshots_in_memory
 
 
-def _scalar(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return ",".join(value)  # e.g. faults.plan: CLASS@STEP[:RANK],...
-    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
-
-
-def _document(config: BaseModel) -> dict[str, Any]:
-    """The fields the values set and the chart's, as JSON: the rank's own defaults fill in the rest."""
-    return config.model_dump(mode="json", exclude_unset=True)
-
-
-def trainer_args(config: ResilienceConfig) -> list[str]:
-    """`--flag value` pairs for `python -m nvrx_eks.training`."""
-    args: list[str] = []
-    for path, value in config_leaves(_document(config)):
-        args += ["--" + "-".join(path).replace("_", "-"), _scalar(value)]
-    return args
-
-
 def entry_command(entrypoint: Entrypoint | None, config: ResilienceConfig) -> list[str]:
     """What the launcher runs in every rank: `-m nvrx_eks.training ARGS`, or the entrypoint's module or
     script."""
     if entrypoint is None:
-        return ["-m", REFERENCE_TRAINER, *trainer_args(config)]
+        return ["-m", REFERENCE_TRAINER, *to_args(config)]
     return entrypoint.command()
 
 
@@ -183,7 +158,7 @@ def resilience_env(entrypoint: Entrypoint | None, config: ResilienceConfig) -> d
 
     if entrypoint is None:
         return {}
-    env = {CONFIG_ENV: json.dumps(_document(config), sort_keys=True, separators=(",", ":"))}
+    env = {CONFIG_ENV: config_env_value(config)}
     if entrypoint.preload:
         env[PRELOAD_ENV] = ",".join(entrypoint.preload)
     return env

@@ -15,10 +15,16 @@ import argparse
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nvrx_eks.kitcore.configio import UserError, load_model
-from nvrx_eks.training.resilience.config import ResilienceConfig, check_fault_plan
+from nvrx_eks.training.resilience.config import (
+    ResilienceConfig,
+    check_fault_plan,
+    config_document,
+    config_leaves,
+)
 from nvrx_eks.training.shapes import PRESETS
 
 
@@ -111,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
             _flag(path), dest=".".join(path), default=None, metavar="V", help=_describe(field)
         )
     return parser
+
+
+def _value(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)  # e.g. faults.plan: CLASS@STEP[:RANK],...
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def to_args(config: ResilienceConfig) -> list[str]:
+    """The flags `parse_args` reads back to `config` (a `TrainConfig`, or the kit's part of one): one
+    `--a-b VALUE` per field it was given."""
+    args: list[str] = []
+    for path, value in config_leaves(config_document(config)):
+        args += [_flag(path), _value(value)]
+    return args
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

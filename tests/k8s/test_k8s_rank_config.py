@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.k8s.rank_config import resilience_env, trainer_args
+from nvrx_eks.k8s.rank_config import resilience_env
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.training.config import TrainConfig, parse_args
+from nvrx_eks.training.config import TrainConfig, parse_args, to_args
 from nvrx_eks.training.faults import build_schedule
 from nvrx_eks.training.resilience.config import CONFIG_ENV, FaultsConfig, ResilienceConfig, resilience_config
 
@@ -30,7 +30,7 @@ def test_what_the_ranks_parse_is_what_the_values_hold(path):
     values = load_values(path)
     if values.entrypoint is None:
         assert isinstance(values.trainer, TrainConfig)
-        assert parse_args(trainer_args(values.trainer)) == values.trainer
+        assert parse_args(to_args(values.trainer)) == values.trainer
     else:
         assert type(values.trainer) is ResilienceConfig
         document = json.loads(resilience_env(values.entrypoint, values.trainer)[CONFIG_ENV])

@@ -300,6 +300,18 @@ def config_leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tu
     return leaves
 
 
+def config_document(config: BaseModel) -> dict[str, Any]:
+    """The fields `config` was given (the job values' and the chart's), as JSON types: what the chart
+    hands a rank, whose own defaults fill in the rest. `resilience_config` (or, as flags, the reference
+    trainer's `parse_args`) reads it back to the same configuration."""
+    return config.model_dump(mode="json", exclude_unset=True)
+
+
+def config_env_value(config: ResilienceConfig) -> str:
+    """`NVRX_EKS_CONFIG` for a script's ranks: `config_document` as one JSON object."""
+    return json.dumps(config_document(config), sort_keys=True, separators=(",", ":"))
+
+
 def resilience_config(document: dict[str, Any], *, source: str) -> ResilienceConfig:
     """A `ResilienceConfig` from a tree (the chart's JSON document), every bad field in one UserError."""
     overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in config_leaves(document)]
