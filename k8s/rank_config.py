@@ -33,46 +33,28 @@ if TYPE_CHECKING:
     from nvrx_eks.kitcore.profiles import InstanceProfile
     from nvrx_eks.training.resilience.config import Mode
 
-CHART_OWNED_FIELDS = (
-    ("mode",),
-    ("run_dir",),
-    ("checkpoint", "memory_dir"),
-    ("checkpoint", "local_dir"),
-    ("checkpoint", "durable_dir"),
-    ("checkpoint", "peer_replicas"),
-    ("inprocess", "max_iterations"),
-)
-"""Trainer fields the chart derives from the other values (mode, storage, budgets)."""
-
-_OWNER = {
-    "mode": "mode",
-    "run_dir": "storage.fsx_mount_path",
-    "checkpoint.memory_dir": "storage.memory_mount_path",
-    "checkpoint.local_dir": "storage.local_nvme_path",
-    "checkpoint.durable_dir": "storage.fsx_export_dir",
-    "checkpoint.peer_replicas": "storage.peer_replicas",
-    "inprocess.max_iterations": "budgets.inprocess_max_iterations",
+CHART_OWNED_FIELDS = {
+    ("mode",): "mode",
+    ("run_dir",): "storage.fsx_mount_path",
+    ("checkpoint", "memory_dir"): "storage.memory_mount_path",
+    ("checkpoint", "local_dir"): "storage.local_nvme_path",
+    ("checkpoint", "durable_dir"): "storage.fsx_export_dir",
+    ("checkpoint", "peer_replicas"): "storage.peer_replicas",
+    ("inprocess", "max_iterations"): "budgets.inprocess_max_iterations",
 }
-
-
-def durable_dir(name: str, storage: Storage) -> str:
-    """The durable tier: below the FSx folder linked to S3."""
-    return f"{storage.fsx_mount_path}/{storage.fsx_export_dir.strip('/')}/{name}"
-
-
-def local_dir(name: str, storage: Storage) -> str | None:
-    """The node-local tier on the NVMe hostPath, or None without one."""
-    return f"{storage.local_mount_path}/checkpoints/{name}" if storage.local_nvme_path else None
+"""Trainer fields the chart sets, and the value each is set from."""
 
 
 def _chart_owned(name: str, mode: Mode, storage: Storage, budgets: Budgets) -> dict[str, Any]:
     checkpoint: dict[str, Any] = {
         # The pod's memory-backed emptyDir (k8s/job_chart.py): dies with the pod, as host RAM does.
         "memory_dir": storage.memory_mount_path,
-        "durable_dir": durable_dir(name, storage),
+        # Below the FSx folder linked to S3: FSx exports each committed checkpoint on its own.
+        "durable_dir": f"{storage.fsx_mount_path}/{storage.fsx_export_dir.strip('/')}/{name}",
     }
     if storage.local_nvme_path:
-        checkpoint["local_dir"] = local_dir(name, storage)
+        # The node's NVMe hostPath, mounted at local_mount_path.
+        checkpoint["local_dir"] = f"{storage.local_mount_path}/checkpoints/{name}"
     if storage.peer_replicas is not None:
         checkpoint["peer_replicas"] = storage.peer_replicas
     owned: dict[str, Any] = {
@@ -109,12 +91,12 @@ def rank_config(
     Raises pydantic's ValidationError, each field's path kept (trainer.checkpoint.memory_every...); a
     chart-owned field set in the section is one of its errors, naming the value that sets it."""
     owned_here = []
-    for path in CHART_OWNED_FIELDS:
+    for path, owner in CHART_OWNED_FIELDS.items():
         node: Any = section
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            why = f"set by the chart (from {_OWNER['.'.join(path)]}); remove it from trainer"
+            why = f"set by the chart (from {owner}); remove it from trainer"
             owned_here.append({"type": "value_error", "loc": path, "input": node, "ctx": {"error": why}})
     if owned_here:
         raise ValidationError.from_exception_data("trainer", owned_here)
