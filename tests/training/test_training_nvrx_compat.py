@@ -1,5 +1,5 @@
 """training/resilience/nvrx_compat.py: the installed NVRx's internals still have the shape the kit
-patches or reads.
+patches or reads, and docs/nvrx-seam.md lists every patch with the process that applies it.
 
 Each test fails when an NVRx release changes what the kit relies on, before a job meets it.
 """
@@ -64,8 +64,10 @@ def test_every_patch_has_a_row_in_the_seam_table_and_every_row_names_a_function(
     tables = _seam_tables()
     patches, others = set(tables["patch"]), set(tables["guard or read"])
     functions = _module_functions()
-    assert not functions - patches - others, "add a row to docs/nvrx-seam.md for each of these"
-    assert not (patches | others) - functions, "docs/nvrx-seam.md names functions nvrx_compat.py lacks"
+    without_row = sorted(functions - patches - others)
+    assert not without_row, f"nvrx_compat.py functions without a row in docs/nvrx-seam.md: {without_row}"
+    unknown = sorted((patches | others) - functions)
+    assert not unknown, f"docs/nvrx-seam.md rows naming no function of nvrx_compat.py: {unknown}"
     assert not patches & others
 
 

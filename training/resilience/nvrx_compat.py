@@ -11,14 +11,15 @@ it:
 
 docs/nvrx-seam.md has one row per patch: what it replaces, the symptom without it and the NVRx or torch
 change that would retire it; tests/training/test_training_nvrx_compat.py fails when that table and this
-module disagree. The kit's own launcher-liveness protocol, which two of these patches serve, is not a
-patch: it lives in launcher_liveness.py.
+module disagree. The kit's own launcher-liveness protocol is not a patch: it lives in
+launcher_liveness.py, and `wait_only_for_live_previous_actives` is given its reading.
 
 Guards: `check_supported_nvrx` refuses an NVRx older than the image pin's minor release
 (kitcore/pins.py). `require_internal` refuses to patch an internal that no longer has the expected
 signature, so a changed NVRx is a clear error at start, never a silent no-op; `check_internals` checks
-every internal at once, and the tests run it against the installed release. A patch applied twice in one
-process is applied once: each marks its replacement and returns when it finds the mark.
+every internal at once, and the tests run it against the installed release. Each patch that replaces an
+NVRx or torch attribute marks its replacement and returns when it finds the mark: a second call changes
+nothing.
 """
 
 from __future__ import annotations
