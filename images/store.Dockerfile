@@ -48,14 +48,16 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requ
     && rm /tmp/requirements.lock \
     && python -c "import importlib.metadata as m; v = m.version('nvidia-resiliency-ext'); assert v == '${NVRX_VERSION}', v"
 
-# Only what `python -m nvrx_eks.training.resilience.control` imports from this project (tests/images checks the
-# list against the module's imports): the control module, NVRx's compatibility shims and the pins, laid
-# out as the installed kit lays them out (one package, nvrx_eks, over the repository's folders).
+# Only what `python -m nvrx_eks.training.resilience.control` imports from this project (tests/images checks
+# the list against the module's imports): the control module, the NVRx patches, the launcher beat they
+# read and the pins, laid out as the installed kit lays them out (one package, nvrx_eks, over the
+# repository's folders).
 WORKDIR /app
 COPY nvrx_eks/__init__.py nvrx_eks/
 COPY kitcore/__init__.py kitcore/pins.py nvrx_eks/kitcore/
 COPY training/__init__.py training/forks.py nvrx_eks/training/
-COPY training/resilience/__init__.py training/resilience/control.py training/resilience/nvrx_compat.py nvrx_eks/training/resilience/
+COPY training/resilience/__init__.py training/resilience/control.py nvrx_eks/training/resilience/
+COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py nvrx_eks/training/resilience/
 
 ENV PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \

@@ -33,7 +33,7 @@ CPU_ENV: dict[str, str] = {
 }
 COMMON_ENV: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
 # Plain torchrun shares its rendezvous TCPStore with the workers by default; a node loss then takes the
-# store with it (measured: the survivors exited within a second and a replacement could not rejoin).
+# store with it: the survivors exit and a replacement cannot rejoin.
 BASELINE_ENV: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 

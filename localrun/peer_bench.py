@@ -12,9 +12,10 @@ rendered job and local executor as the demo, with the same step count for every 
   durable every quarter.
 
 The scale model: each step holds the host for `device_step_s` of emulated device time (default 1 s,
-`training.trainer.emulate_device_wait`) on top of the tiny CPU model's ~40 ms of real compute. Without
-it a step is 25x shorter than a GPU step and every fixed cost -- process start, the restart barrier,
-gloo's unabortable collective timeout -- weighs 25x more against training than it would on a GPU.
+`training.trainer.emulate_device_wait`) on top of the tiny CPU model's real compute, a small fraction
+of it. Without it a step is many times shorter than a GPU step and every fixed cost -- process start,
+the restart barrier, gloo's unabortable collective timeout -- weighs as many times more against
+training than it would on a GPU.
 `--device-step-s 0` measures at CPU speed. Faults, recoveries and checkpoints are all real.
 
 Every figure comes from the runs' own event streams (`localrun.summary.summarize`).

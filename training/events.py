@@ -54,12 +54,11 @@ if TYPE_CHECKING:
 def process_created_at(pid: int | None = None) -> float:
     """When the OS created the process, in Unix seconds, to the kernel's clock tick (10 ms).
 
-    Not psutil's `create_time`: it adds the start (clock ticks since boot, /proc/PID/stat) to the boot
-    time in /proc/stat, which the kernel gives in whole seconds, so every creation time came out up to
-    1 s early (0.93 s on the machine the recovery phases were first measured on), and a restart's
-    worker-start phase took that second from the rendezvous phase before it. Here the boot instant
-    comes from the clocks themselves: now (realtime) minus the time since boot (CLOCK_BOOTTIME, which
-    the start tick count also counts). Elsewhere than Linux: psutil's figure.
+    Not psutil's `create_time`: it adds the start (clock ticks since boot, /proc/PID/stat) to the boot time
+    in /proc/stat, which the kernel gives in whole seconds, so every creation time comes out up to 1 s
+    early, and a restart's worker-start phase takes that second from the rendezvous phase before it. Here
+    the boot instant comes from the clocks themselves: now (realtime) minus the time since boot
+    (CLOCK_BOOTTIME, which the start tick count also counts). Elsewhere than Linux: psutil's figure.
     """
     stat = Path(f"/proc/{pid or os.getpid()}/stat")
     if not stat.exists() or not hasattr(time, "CLOCK_BOOTTIME"):

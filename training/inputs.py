@@ -5,10 +5,6 @@ included, so they cannot look at files or variables that exist only in the pod: 
 the run folder, the launcher's environment. These are checked here, first thing in each rank. Every
 rank checks the same inputs and exits 2 with the same message, so no rank is left waiting in a
 collective for a peer that failed, and the Job's podFailurePolicy fails the job on exit code 2.
-
-Why first: once the checkpointer's persistent workers run, an exception before the loop's teardown
-can leave NVRx's PersistentAsyncCaller joining a worker that never started at interpreter exit, and
-the process never exits (training/run.py also closes what it built on every path).
 """
 
 from __future__ import annotations

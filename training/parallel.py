@@ -124,11 +124,11 @@ LISTEN_POLL_S = 0.01
 def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
     """Return once `host:port` accepts a TCP connection; raise TimeoutError after `timeout_s`.
 
-    For a TCPStore client whose host may not be listening yet. torch's client retries a refused connect
-    only after a randomised backoff: measured here, a client that came 50 ms before its host connected
-    0.74 s later, and a restart's in-process store (every rank a client of rank 0's) waited 0.4-0.8 s
-    for it on every launcher restart. A refused connect is answered at once, so polling costs nothing;
-    the probe's connection is closed unused, which the store's server takes as a client that left.
+    For a TCPStore client whose host may not be listening yet. torch's client retries a refused connect only
+    after a randomised backoff, many times longer than the client was early, and a restart's in-process
+    store (every rank a client of rank 0's) waits for it on every launcher restart (docs/measurements.md). A
+    refused connect is answered at once, so polling costs nothing; the probe's connection is closed unused,
+    which the store's server takes as a client that left.
     """
     deadline = time.monotonic() + timeout_s
     while True:

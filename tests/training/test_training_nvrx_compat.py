@@ -1,12 +1,14 @@
 """training/resilience/nvrx_compat.py: the installed NVRx's internals still have the shape the kit
-patches or reads.
+patches or reads, and docs/nvrx-seam.md lists every patch with the process that applies it.
 
 Each test fails when an NVRx release changes what the kit relies on, before a job meets it.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,11 +19,64 @@ from pathlib import Path
 import pytest
 
 from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
-from nvrx_eks.training.resilience import nvrx_compat
+from nvrx_eks.training.resilience import launcher_liveness, nvrx_compat
 
 
 def test_every_internal_the_kit_uses_has_the_expected_shape():
     nvrx_compat.check_internals()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SEAM_DOC = ROOT / "docs" / "nvrx-seam.md"
+PROCESS_MODULES = {
+    "control": "training/resilience/control.py",
+    "launcher": "training/resilience/launch.py",
+    "rank": "training/resilience/layers.py",
+}
+"""The processes the seam table names, each by the module that applies its patches."""
+
+
+def _seam_tables() -> dict[str, dict[str, list[str]]]:
+    """docs/nvrx-seam.md's tables by their first column's header: {the function a row names: its cells}."""
+    tables: dict[str, dict[str, list[str]]] = {}
+    rows: dict[str, list[str]] | None = None
+    for line in SEAM_DOC.read_text().splitlines():
+        if not line.startswith("|"):
+            rows = None
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if rows is None:
+            rows = tables.setdefault(cells[0], {})
+        elif not set(cells[0]) <= set("-: "):
+            rows[cells[0].strip("`")] = cells
+    return tables
+
+
+def _module_functions() -> set[str]:
+    return {
+        name
+        for name, member in inspect.getmembers(nvrx_compat, inspect.isfunction)
+        if member.__module__ == nvrx_compat.__name__ and not name.startswith("_")
+    }
+
+
+def test_every_patch_has_a_row_in_the_seam_table_and_every_row_names_a_function():
+    tables = _seam_tables()
+    patches, others = set(tables["patch"]), set(tables["guard or read"])
+    functions = _module_functions()
+    without_row = sorted(functions - patches - others)
+    assert not without_row, f"nvrx_compat.py functions without a row in docs/nvrx-seam.md: {without_row}"
+    unknown = sorted((patches | others) - functions)
+    assert not unknown, f"docs/nvrx-seam.md rows naming no function of nvrx_compat.py: {unknown}"
+    assert not patches & others
+
+
+def test_the_seam_table_names_the_processes_that_apply_each_patch():
+    sources = {process: (ROOT / module).read_text() for process, module in PROCESS_MODULES.items()}
+    for patch, cells in _seam_tables()["patch"].items():
+        named = {process.strip() for process in cells[1].split(",")}
+        applied = {process for process, source in sources.items() if re.search(rf"\b{patch}\b", source)}
+        assert named == applied, patch
 
 
 def test_a_changed_internal_is_a_clear_error_not_a_silent_no_op():
@@ -119,12 +174,12 @@ def _round_closes_without_node_1(beat_age: float | None, *, mended: bool) -> boo
     original = barrier._RendezvousBarrierState._make_previous_active_last_call_gate
     try:
         if mended:
-            nvrx_compat.wait_only_for_live_previous_actives()
+            nvrx_compat.wait_only_for_live_previous_actives(launcher_liveness.gone_launcher_age)
         state = barrier._RendezvousBarrierState(store=store, run_id="job", last_call_timeout_seconds=5.0)
         state._round = 1
         setattr(state, nvrx_compat.PREVIOUS_ACTIVES, {0: None, 1: None})
         if beat_age is not None:
-            store.set(nvrx_compat.launcher_beat_key(state.prefix, 1), repr(time.time() - beat_age))
+            store.set(launcher_liveness.launcher_beat_key(state.prefix, 1), repr(time.time() - beat_age))
         gate = state._make_previous_active_last_call_gate(2, 3)
         nodes = {rank: barrier._NodeDesc(addr=f"node-{rank}", pid=rank, local_id=0) for rank in (0, 2)}
         participants = [(nodes[rank], rank, "none", None) for rank in (0, 2)]
@@ -137,52 +192,11 @@ def test_a_restart_round_does_not_wait_for_a_node_whose_launcher_stopped_beating
     """A node lost with its launcher: NVRx holds the round its last call (5 s here) before the spare may
     take the place; mended, a beat older than LAUNCHER_GONE_S closes it at once. A launcher that beats
     (restarting its workers) or never beat (an older launcher) is still waited for."""
-    gone = nvrx_compat.LAUNCHER_GONE_S + 1.0
+    gone = launcher_liveness.LAUNCHER_GONE_S + 1.0
     assert _round_closes_without_node_1(gone, mended=False) is False
     assert _round_closes_without_node_1(gone, mended=True) is True
     assert _round_closes_without_node_1(0.1, mended=True) is False
     assert _round_closes_without_node_1(None, mended=True) is False
-
-
-_BEATING_LAUNCHER = """
-import sys, time
-from nvrx_eks.training.resilience.nvrx_compat import LauncherBeat
-alive = LauncherBeat(sys.argv[1], run_id="job", infra_rank=3, every_s=0.05).start()
-sys.stdin.read()  # beats until the test closes its stdin, then exits as a launcher does
-if sys.argv[2] == "done":
-    alive.finish(done=True)  # what the launcher does when its workers finished training
-"""
-
-
-@pytest.mark.parametrize("ending", ["gone", "done"])
-def test_a_launcher_beats_while_it_lives_and_its_beat_ages_once_it_is_gone(ending):
-    from datetime import timedelta  # noqa: PLC0415
-
-    from torch.distributed import TCPStore  # noqa: PLC0415
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    prefix = nvrx_compat._barrier_state()(store=store, run_id="job").prefix
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_BEATING_LAUNCHER), f"127.0.0.1:{store.port}", ending],
-        stdin=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while nvrx_compat.launcher_beat_age(store, prefix, 3) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        assert nvrx_compat.launcher_beat_age(store, prefix, 3) < 0.5  # written again and again
-    finally:
-        launcher.stdin.close()
-        # A clean exit: the beat's store client is gone before the interpreter ends (no SIGABRT).
-        assert launcher.wait(timeout=60) == 0
-    time.sleep(0.3)
-    if ending == "gone":
-        assert nvrx_compat.launcher_beat_age(store, prefix, 3) >= 0.3
-    else:  # a node whose training ended is never read as lost
-        assert nvrx_compat.launcher_beat_age(store, prefix, 3) is None
-    assert nvrx_compat.launcher_beat_age(store, prefix, 0) is None
 
 
 def _restart_checks(wrapper) -> set[str]:
@@ -203,25 +217,6 @@ def test_without_gpus_the_wrapper_keeps_only_the_kits_health_checks(monkeypatch)
     assert os.environ["LOCAL_RANK"] == "1"  # the worker's own variable is back
 
 
-@pytest.fixture
-def barrier_store():
-    """A real TCPStore holding round 0 of a two-node barrier rendezvous, closed with infra ranks 0 and 1
-    active and 2 standing by, written with NVRx's own formats."""
-    from datetime import timedelta  # noqa: PLC0415
-
-    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
-    from torch.distributed import TCPStore  # noqa: PLC0415
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
-    state = barrier._RendezvousBarrierState(store=store, run_id="job")
-    for slot, (infra, rank) in enumerate([(1, 0), (0, 1), (2, 2)], start=1):
-        node = barrier._NodeDesc(addr=f"job-{infra}", pid=100 + infra, local_id=0)
-        store.set(f"{state.prefix}:slot_{slot}", state._pack_participant_value(node, infra, "none", 0))
-        store.set(f"{state.prefix}:slot_{slot}_rank", state._pack_rank_value(rank, 3, 0))
-    store.set(f"{state.prefix}:round_done_0", b"1")
-    return store, state.prefix
-
-
 def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_last(barrier_store):
     """Every active node lost at once: no launcher is left to open round 1, so the replacement of an
     active index does; a spare's index, or a round already open, changes nothing."""
@@ -235,61 +230,6 @@ def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_
     assert (
         nvrx_compat.open_round_for_lost_predecessor(store, run_id="job", infra_rank=0, active_nodes=2) is None
     )
-
-
-def _beat(store, prefix: str, infra_rank: int, age_s: float | None) -> None:
-    if age_s is not None:
-        store.set(nvrx_compat.launcher_beat_key(prefix, infra_rank), repr(time.time() - age_s))
-
-
-def test_a_launcher_opens_the_next_round_once_the_node_it_watches_stopped_beating(barrier_store):
-    """Node ranks 0 and 1 (infra ranks 1 and 0) train, infra rank 2 stands by. Each active node watches
-    the next one, wrapping: infra 1 watches infra 0. Before, nothing but the survivors' own workers
-    failing opened the next round (the in-process restart waited its heartbeat timeout first)."""
-    store, prefix = barrier_store
-    gone = nvrx_compat.LAUNCHER_GONE_S + 1.0
-    watch = nvrx_compat.LostPeerWatch(store, run_id="job", infra_rank=1, active_nodes=2)
-    _beat(store, prefix, 0, 0.1)
-    assert watch.check() is None  # alive
-    assert not store.check([f"{prefix}:round_done_1"])
-    _beat(store, prefix, 0, gone)
-    opened, lost, age = watch.check()
-    assert (opened, lost) == (1, 0)
-    assert age >= gone
-    assert store.get(f"{prefix}:round_done_1") == b"0"  # what every launcher polls for
-    assert watch.check() is None  # the round is open: nothing more to do
-
-
-def test_a_launcher_judges_its_peers_only_after_its_own_beats_went_out_on_time():
-    """A store that stalls delays every beat: once it answers again, the peers' beats look old to a
-    launcher whose own were just as late, and it would have restarted the job for nothing."""
-    every, gone = 0.5, 2.0
-    steady = nvrx_compat.SteadyBeats(every_s=every, gone_s=gone)
-    assert [steady.wrote(t * every) for t in range(5)] == [False, False, False, False, True]
-    assert steady.wrote(2.0 + 3.0) is False  # 3 s without a beat: the store (or this launcher) stalled
-    assert [steady.wrote(5.0 + t * every) for t in range(1, 5)] == [False, False, False, True]  # 2 s on time
-    steady.broke()  # a beat that could not be written
-    assert steady.wrote(7.5) is False
-
-
-@pytest.mark.parametrize(
-    ("watcher", "watched_age"),
-    [
-        (2, "gone"),  # the spare watches no one
-        (1, None),  # the watched launcher never beat (an older launcher): wait as NVRx does
-        (1, "done"),  # the watched node finished training before this one
-    ],
-)
-def test_a_launcher_opens_no_round_for_a_node_that_is_not_lost(barrier_store, watcher, watched_age):
-    store, prefix = barrier_store
-    if watched_age == "done":
-        store.set(nvrx_compat.launcher_beat_key(prefix, 0), nvrx_compat.LAUNCHER_DONE)
-    else:
-        _beat(store, prefix, 0, None if watched_age is None else nvrx_compat.LAUNCHER_GONE_S + 1.0)
-    _beat(store, prefix, 1, nvrx_compat.LAUNCHER_GONE_S + 1.0)  # node rank 0, watched by node rank 1
-    watch = nvrx_compat.LostPeerWatch(store, run_id="job", infra_rank=watcher, active_nodes=2)
-    assert watch.check() is None
-    assert not store.check([f"{prefix}:round_done_1"])
 
 
 def _run_script(tmp_path: Path, source: str, variant: str) -> subprocess.CompletedProcess[str]:

@@ -1,17 +1,15 @@
 """Background persistence: one writer thread per disk tier, guarded by a timeout.
 
-Why threads, not NVRx's AsyncCallsQueue(persistent=True) worker processes (an earlier version of
-this module): a persist is a sequential read of a staged slot, CRC32 and file writes -- `write`,
-`fsync` and `zlib.crc32` on large buffers all release the GIL, so a thread costs the loop no more
-than a process does (measured with the bench's loop, localrun/checkpoint_bench/bench.py `run_loop`, side
-by side). What the processes cost instead: each was a spawned interpreter
-importing torch again (2.3 CPU-s measured), two per rank (local, durable), started on every launcher
-restart -- 8 interpreters beside 4 ranks (5.1 CPU-s each) on a 2-core host, nearly half the CPU of a
-hard-fault recovery -- plus the multiprocessing semaphores in /dev/shm (76 created per checkpointer
-life, strace; none now) and a pynvml warning per worker in the logs. A thread
-starts in microseconds and dies with its rank, so a kill -9 leaves no orphan writing behind the
-restarted one. On GPU nothing changes: the slot is pinned host memory filled by a side stream, and
-the thread persists from it after the copy's event completes, as the process did.
+Why threads, not worker processes such as NVRx's AsyncCallsQueue(persistent=True): a persist is a
+sequential read of a staged slot, CRC32 and file writes -- `write`, `fsync` and `zlib.crc32` on large
+buffers all release the GIL, so a thread costs the loop no more than a process does (the bench's loop,
+localrun/checkpoint_bench/bench.py `run_loop`, measures them side by side). A process costs what a
+thread does not: a spawned interpreter importing torch again, two per rank (local, durable), started
+again on every launcher restart, which on a host with few cores is a large share of a hard-fault
+recovery's CPU (docs/measurements.md), plus multiprocessing semaphores in /dev/shm and a pynvml warning
+per worker in the logs. A thread starts in microseconds and dies with its rank, so a kill -9 leaves no
+orphan writing behind the restarted one. On GPU nothing changes: the slot is pinned host memory filled
+by a side stream, and the thread persists from it after the copy's event completes, as the process did.
 
 What a thread cannot do is be killed. The timeout guard therefore abandons, never waits: a persist
 running past `timeout_s` is reported, its thread is left to finish (or hang) on its own with a
@@ -111,7 +109,7 @@ class _Call:
 
 def _writer(requests: queue.SimpleQueue[_Call | None]) -> None:
     # Background persistence yields the cores to the loop and its snapshot copy: on a host with few
-    # free cores (2 here) an equal-priority writer delayed the copy past the next update's fence.
+    # free cores an equal-priority writer delays the copy past the next update's fence.
     # Linux nice values are per thread: this lowers the writer only.
     with contextlib.suppress(OSError, AttributeError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -23,7 +23,7 @@ Why gloo from host memory on GPU nodes too, rather than NCCL: the slot already s
 RAM; NCCL would need it back on the device (HBM and copy-engine time taken from training) and shares
 the rails and streams of the gradient collectives, while gloo's TCP sends from host memory and leaves
 the GPU alone. The bytes per snapshot and their seconds are in each `checkpoint_committed` event of
-tier `peer` (what `bench checkpoint` reports); on EFA nodes this was not measured here (no GPU lent).
+tier `peer` (what `bench checkpoint` reports); docs/measurements.md has no figures from EFA nodes yet.
 
 The restore that takes each shard from wherever it is, partners' copies included: restore_anywhere.py.
 """

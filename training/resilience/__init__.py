@@ -5,7 +5,10 @@
   nvrx_eks.training.resilience.launch`).
 - control.py: NVRx's control process, the job's rendezvous store (run as `python -m
   nvrx_eks.training.resilience.control`).
-- nvrx_compat.py: the NVRx internals the kit patches or reads, each checked against the installed release.
+- nvrx_compat.py: the kit's patches to NVRx's internals (and torch's), grouped by the process that applies
+  them, each checked against the installed release (the table: docs/nvrx-seam.md).
+- launcher_liveness.py: the kit's own launcher beat in the rendezvous store, and its readers.
 
-Importing this package imports nothing: the store image ships only control.py and nvrx_compat.py of it.
+Importing this package imports nothing: the store image ships only control.py, nvrx_compat.py and
+launcher_liveness.py of it.
 """

@@ -47,8 +47,8 @@ from typing import Any
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
 from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
 from nvrx_eks.training.resilience.nvrx_compat import (
-    LauncherBeat,
     capture_worker_failures,
     check_supported_nvrx,
     format_tracebacks_without_dynamo,
@@ -90,14 +90,14 @@ WARM_MODULES = (
 """What the forkserver imports once, so that a worker forked from it imports nothing before its first
 step (each start records what it did import: `startup_done`'s `imported_since_fork`). Every module a
 worker imports itself is imported again at every restart by every rank of every node at once: NVRx's
-launcher module, torch's worker wrapper and the checkpointer took 0.5-0.8 s of each worker's start here
-(2 cores, 4 ranks). torch._dynamo: see training/parallel.py `preload` (an optimizer or DDP imports it on
-first use; inside an attempt that import was slow and unsafe to interrupt)."""
+launcher module, torch's worker wrapper and the checkpointer were most of a worker's start before they
+were preloaded (docs/measurements.md). torch._dynamo: see training/parallel.py `preload` (an optimizer
+or DDP imports it on first use; inside an attempt that import was slow and unsafe to interrupt)."""
 
 
 S3_MODULES = ("boto3",)
 """What a trainer whose durable tier is on S3 imports before its first step: the SDK, for the credential
-check at start (training/inputs.py) and the tier's client (0.25 s of imports per worker here)."""
+check at start (training/inputs.py) and the tier's client."""
 
 
 def warm_modules(ft_argv: list[str]) -> list[str]:
@@ -270,7 +270,7 @@ def hand_over(ft_argv: list[str]) -> None:
 def beat(ft_argv: list[str]) -> LauncherBeat | None:
     """Prove to the control process, for as long as this launcher lives, that this pod's node can still
     rejoin a restart round, and restart the job as soon as the peer this node watches is lost
-    (training/resilience/nvrx_compat.py `LauncherBeat`)."""
+    (training/resilience/launcher_liveness.py)."""
     pod = _pod_in_rendezvous(ft_argv)
     if pod is None:
         return None

@@ -24,18 +24,16 @@ must exceed only the longer of its two silent waits (training/config.py `inproce
 a Python-visible hang stays the in-process layer's, and a deadlock below Python, whose rank holds the
 GIL and beats for nothing, is ended that much sooner.
 
-Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by
-side (docs/measurements.md, 2026-12-03, warm worker starts, three demo runs per mode on the same commit,
-idle machine), the in-process layer recovers an exception and an allocation failure in 0.1 s and a hang
-and a skipped collective in 2.1-2.2 s (the peers' collective timeout), losing 0 steps; ft_launcher alone
-restarts the workers for each in 0.7-2.9 s and replays a step. The price is on hard faults: in mode
-`both` a deadlock below Python is ended by the launcher's heartbeat timeout, which must exceed a
-recovering rank's longest silence (4.5-4.7 s against 2.6-2.8 s, where ft_launcher alone sees the peers'
-collective time out), and a SIGKILL's survivors first start an in-process restart (0.9-1.1 s against
-0.6-0.7 s). `both` stays the default because a soft fault then costs no step, where ft_launcher alone
-replays a step and takes up to seconds; a fleet whose faults are mostly below Python (deadlocks, hung
-drivers) recovers those faster with `mode: ft_launcher`, and `nvrx-eks plan` weighs the two against a
-fault mix.
+Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by side
+(the demo per mode, README.md and docs/measurements.md), the in-process layer recovers an exception, an
+allocation failure, a hang and a skipped collective (the last two after the peers' collective timeout)
+without losing a step and sooner than ft_launcher alone, which restarts the workers and replays a step.
+The price is on hard faults, which take longer in mode `both`: a deadlock below Python is ended by the
+launcher's heartbeat timeout, which must exceed a recovering rank's longest silence (ft_launcher alone
+sees the peers' collective time out first), and a SIGKILL's survivors first start an in-process restart.
+`both` stays the default because a soft fault then costs no step, where ft_launcher alone replays a step
+and takes up to seconds; a fleet whose faults are mostly below Python (deadlocks, hung drivers) recovers
+those faster with `mode: ft_launcher`, and `nvrx-eks plan` weighs the two against a fault mix.
 """
 
 from __future__ import annotations
@@ -271,9 +269,8 @@ class FtLauncherLayer(Layer):
         """Every step is done (the trainer's last store barrier passed on every rank): the launcher stops
         expecting heartbeats now. The teardown that follows -- the in-process Wrapper's completion and
         termination barriers, its monitor process's shutdown, the checkpointer's last persists --
-        sends none, and may outlast the heartbeat timeout: once in ten runs of a test with a 20 s
-        in-process heartbeat timeout, the launcher killed every rank 3.5 s after the last step, and
-        restarted a finished job."""
+        sends none, and may outlast the heartbeat timeout: the launcher would then kill every rank and
+        restart a finished job."""
         with self._sending:
             self._beating = False
             self.client.shutdown_workload_monitoring()
@@ -403,16 +400,15 @@ def install_termination_handler(events: EventLog) -> None:
 
     At once even while the main thread waits in native code. A Python signal handler runs only in the
     main thread, between bytecodes: a rank blocked in a collective on a hung or dead peer, or in the
-    in-process layer's store barrier, ran it only when that wait timed out, and its launcher waited as
-    long before it could restart anyone (the deadlock's teardown was 3 s here). So the handler also
-    writes the signal to a wakeup pipe (`signal.set_wakeup_fd`, done by the interpreter's C-level
-    handler the moment the signal arrives), and a daemon thread blocked on that pipe leaves for it:
-    the waits it cuts short release the GIL. A rank holding the GIL in a native call is the
-    launcher's SIGKILL's, as before.
+    in-process layer's store barrier, runs it only when that wait times out, and its launcher waits as
+    long before it can restart anyone. So the handler also writes the signal to a wakeup pipe
+    (`signal.set_wakeup_fd`, done by the interpreter's C-level handler the moment the signal arrives),
+    and a daemon thread blocked on that pipe leaves for it: the waits it cuts short release the GIL. A
+    rank holding the GIL in a native call is left to the launcher's SIGKILL.
 
     `os._exit`, not `sys.exit`: a SystemExit unwinds through the in-process wrapper's shutdown barriers,
-    the checkpointer and the process group's teardown, which kept stopped workers alive for seconds
-    while the launcher waited to restart them. Nothing is lost: a checkpoint counts only once committed
+    the checkpointer and the process group's teardown, which keep stopped workers alive for seconds
+    while the launcher waits to restart them. Nothing is lost: a checkpoint counts only once committed
     (atomic rename), and events are flushed line by line.
     """
 

@@ -1,149 +1,29 @@
-"""Every place the kit reaches into NVRx's internals, in one module.
+"""The kit's patches to NVRx's internals, and to the torch and stdlib internals NVRx runs on.
 
-The kit supports NVRx from the image pin's minor release on (kitcore/pins.py; `make setup` installs the
-pin here). Its public API (inprocess.Wrapper, RankMonitorClient, ft_launcher's and nvrx-control's
-command lines) is used directly everywhere else. What is private is used only here, and each use is
-guarded twice: `require_internal` refuses to patch an NVRx whose internals no longer have the expected
-shape (a clear error at start, never a silent no-op), and tests/training/test_training_nvrx_compat.py
-fails when the installed NVRx's internals change.
+Everywhere else the kit uses NVRx's public API (inprocess.Wrapper, RankMonitorClient, ft_launcher's and
+nvrx-control's command lines); what is private is reached only here, grouped by the process that applies
+it:
 
-- Heartbeat timeouts with floors: NVRx calculates them from observed intervals and exposes no public
-  setter; `_set_calculated_timeouts` installs them as if calculated (so `state_dict` persists them).
-- ft_launcher's orphan cleanup (`terminate_mp_processes`) SIGTERMs then SIGKILLs the process group of
-  every worker. It assumes each worker leads a group of its own, as a `subprocess` start does. The
-  workers of training/resilience/launch.py fork from the forkserver, which is in the launcher's own process
-  group, so the cleanup killed the launcher itself at the end of every run (observed: `Failed to send SIGTERM
-  to process group`, SignalException in the agent, the pod lost). `keep_launcher_process_group` leaves
-  the launcher's group out; the workers themselves are still stopped by ft_launcher's process context.
-  With no other group left it skips the cleanup, whose fixed 1 s grace between SIGTERM and SIGKILL
-  would otherwise add a second to every restart's teardown for nothing to clean.
-- Which nodes a restart round makes active: NVRx's barrier rendezvous waits `last_call_timeout` for the
-  previous round's active nodes, but then ranks every node present by its infrastructure rank alone
-  (`_sort_rankable_participants`, then `_assign_group_ranks` sorts by it again). A hot spare with a lower
-  pod index than an active node therefore took that node's place at every restart round, a SIGKILL's
-  included, and the displaced node's ranks restored from a partner (tests/training/test_training_pods.py
-  shows it). `keep_previous_actives_first` ranks the previous round's active nodes before all others
-  (each group still in infrastructure order), so a spare takes only a place no previous active node
-  came back for. It runs in the control process (training/resilience/control.py), the only one that assigns
-  ranks.
-- In-process restart on a node without GPUs: the Wrapper adds NVML-based GPU, NVLink and NIC health
-  checks to every restart whenever LOCAL_RANK is set when it is built (`_construct_restart_health_check`,
-  called from `__init__`). Without NVML the GPU check fails, so every soft fault became a process exit
-  and a launcher restart (the demo's exception, hang, OOM and skipped collective were all recovered by
-  ft_launcher). `inprocess_wrapper(gpu=False)` builds the Wrapper with LOCAL_RANK hidden, so a CPU run
-  keeps only the kit's own health checks; on GPU nodes NVRx's checks stay.
-- The in-process progress watchdog: a non-daemon thread each call of the Wrapper starts and stops in
-  its shutdown, after a termination barrier. When the ranks of a lost node never reach that barrier,
-  the barrier raises first, the thread is never stopped, and the interpreter waits for it at exit for
-  ever: after a node loss the surviving ranks left the wrapper (RestartAbort) but their processes never
-  ended, so their launcher never restarted them and the job hung. `stop_progress_watchdog` stops the
-  thread once the Wrapper has returned or raised (a no-op when NVRx stopped it itself).
-- A replacement pod whose predecessor trained in the newest round: in NVRx's barrier rendezvous only a
-  launcher that saw its workers fail opens the next round; a new agent waits for it. When every active
-  node was lost at once (a node and its only partner), no launcher is left to open it, the control
-  process keeps the round "closed, training in progress", and the replacement pods waited until their
-  join timeout (tests/localrun/test_localrun_node_loss.py). `open_round_for_lost_predecessor` runs in a
-  pod's launcher before its agent joins: if the newest closed round made this pod's index active, the
-  node that trained there is gone for good (the Job replaces a pod only once the old one has ended),
-  so it opens the next round, as a surviving launcher would. With survivors it is a no-op: they
-  open it themselves, and `open_rendezvous` writes the key once.
-- The launcher's last words. ft_launcher out of restarts logs its failed workers as one line holding
-  each ProcessFailure's repr, Python call stacks included; the kubelet keeps only the last 2,048 bytes
-  of a failed pod's log as its termination message, so the rank that was SIGKILLed (a short entry,
-  first) was cut and the job's failure reason named a collateral rank's gloo error.
-  `capture_worker_failures` keeps the failures `launch_agent` raised, and training/resilience/launch.py prints
-  them last, one short entry per rank, in the same `rank: ProcessFailure(...)` form k8s/termination.py
-  reads.
-- Which workers failed. torch's process context for function entrypoints (`MultiprocessContext._poll`,
-  which ft_launcher's monitor calls) reports one failed worker per poll: the first dead one in local
-  rank order. A SIGKILLed rank's node-mates die of their own collective error (exit 1) within a moment,
-  and when both are dead at the poll, local rank 0's error is all the launcher reports: the job's
-  failure reason named a collateral rank (1 run in 2 in the storm test of
-  tests/training/test_training_pods.py). `report_every_failed_worker` adds every other worker of the
-  node that has exited non-zero by then, so the SIGKILL is among the failures the pod reports. Workers
-  torch stopped itself while cleaning up exit by SIGTERM, which k8s/termination.py reads as collateral.
-- How fast a restart round forms. NVRx's barrier rendezvous polls with hard-coded floors sized for
-  thousands of nodes: a node waiting for a round to open sleeps 1 s per poll and looks for a newer round
-  only every 10 s (`_wait_for_rendezvous_open`, `stale_check_interval`), and the control process checks
-  whether a round can close at most once a second below 2,000 nodes (`_compute_step2_poll_interval`).
-  Every restart paid them: a failed node entering the wait with its round already open slept 1 s
-  before seeing it, the round closed up to 1 s after its last node joined, and a hot spare took up to
-  10 s to notice the round a node loss opened. `poll_rendezvous_faster` polls at `RENDEZVOUS_POLL_S`
-  (0.1 s) in both places and looks for a newer round at each poll, and keeps NVRx's own scaling for
-  large jobs (the close check's interval grows with the node count exactly as NVRx's does once that
-  exceeds the floor). The store's load per waiting node is a few key reads per poll.
-- Which lost nodes a restart round waits for. With hot spares, NVRx's control process holds a restart
-  round open `last_call_timeout` for every node active in the previous round before a spare may take
-  its place (`_PreviousActiveLastCallGate`): right for a node that is restarting its workers (a SIGKILL
-  round keeps its nodes), pure waiting for a node that is gone. A node loss whose replacement pod was
-  still pending took 10.3 s here, 5 s of it this wait for a launcher that had died with its node.
-  Each launcher now adds a wall-clock beat to the store every `LAUNCHER_BEAT_S` (`LauncherBeat`), and
-  `wait_only_for_live_previous_actives` makes the gate stop waiting for a previous active node whose
-  launcher's last beat is older than `LAUNCHER_GONE_S`: its launcher is not running, so it cannot
-  rejoin this round. A node that never beat (an older launcher), or whose training ended
-  (`LAUNCHER_DONE`), is waited for as NVRx would. The beat is a wall-clock time: EKS nodes keep their
-  clocks within milliseconds (Amazon Time Sync); a node whose clock runs seconds behind would look
-  gone and lose its place to a spare, which costs a restore from a partner, never data.
-- Who notices a lost node. In NVRx only a launcher whose own workers failed opens a restart round, so
-  the survivors of a node that vanished (no process left on it to report anything) restart only once
-  their workers fail: after their collective errors or times out (the NCCL timeout, or the in-process
-  soft timeout for a hang), then the in-process restart's wait for the lost ranks' heartbeats (3 s
-  here, 6 s by default). A node loss took 6.9 s here, 2.9 s of it that wait. With the beats, each
-  active node's launcher also watches the next active node's beat (`LostPeerWatch`, a few reads per
-  beat whatever the job's size; every active node is watched by one other) and opens the next round
-  once it is older than `LAUNCHER_GONE_S`; every launcher polls for an opened round and restarts its
-  workers into it, as when a peer's workers failed. The same evidence and threshold as the gate's, so
-  a node the gate would not wait for is the node the watch restarts the job without. A launcher judges
-  only after its own beats went out on time for that long (`SteadyBeats`): a stalled store or a
-  starved launcher delays every beat alike, its own included. A launcher whose workers finished says
-  so in its last beat: a node that ends training before its peers is not lost.
-- The launcher's first traceback. torch's log formatter (`TorchLogsFormatter.format`, the handler of
-  every `torch.*` logger) imports `torch._dynamo` to read one flag whenever a record carries an
-  exception, and the launcher logs one for the first worker failure it sees (`MultiprocessContext._poll`
-  logs each failed worker with `logger.exception`). The launcher itself never imports torch._dynamo
-  (only the forkserver preloads it), so every launcher paid that import -- torch._dynamo, sympy, the
-  FX symbolic shapes: 1.6-2.6 s of CPU here -- between a worker's death and its restart, on every hard
-  fault (a SIGKILL's restart waited 2.6 s on it under load). `format_tracebacks_without_dynamo` renders
-  the traceback with logging's own formatter first and hands torch's formatter the record without the
-  exception object, which then appends the same text; only the `graph_breaks` artifact, a compiler
-  log the launcher never writes, still goes to torch's formatter unchanged.
-- A lost in-process store. The in-process Wrapper's store is a TCPStore its rank 0 hosts. When rank
-  0's node is lost, each survivor's monitor thread -- the one that interrupts the main thread for a
-  restart -- dies of the store's DistNetworkError (its loop catches only DistStoreError), while the main
-  thread, after its collective failed, spins until that thread interrupts it (`spin_till_paused`): for
-  ever. Only ft_launcher's heartbeat timeout ended it: 30 s with that timeout at 30 s, 120 s or more
-  with the p5 values, and with a warm spare standing by nothing else opens the next round. Nothing can
-  restart this rank in process without that store, which lives for one launcher round;
-  `on_monitor_thread_death` calls back when a monitor thread dies of an exception it was not stopped
-  for, and the in-process layer then ends the process, so its launcher restarts the node's workers at
-  once (training/resilience/layers.py).
-- When the in-process store's clients connect. Rank 0 hosts the Wrapper's TCPStore, and every rank of a
-  new launcher round builds it at about the same moment; a client that comes before its host is
-  refused, and torch's client retries only after a randomised backoff: each restart's in-process
-  store took 0.4-0.8 s to form here (rank 0's own construction waits for every client), the longest
-  part of a SIGKILL's recovery once the workers forked warm. `host_first_store` is NVRx's TCPStore
-  whose clients first wait until the host's port accepts connections (training/parallel.py
-  `wait_until_listening`); the host itself, and rank 0's monitor process (which NVRx makes a client
-  when the host's port is taken), are unchanged.
-- Who holds a rank's connection to its launcher. A rank's RankMonitorClient keeps one Unix socket to
-  its launcher's rank monitor, and the monitor serves one connection per local rank at a time: a new
-  worker's waits (up to 180 s) until the previous one is closed. The in-process Wrapper forks its
-  monitor process from the rank after the client connected, so that process held a copy of the
-  socket, and it outlives a rank the launcher stopped: after a node loss it waits at the in-process
-  barriers for ranks that will never come. The connection stayed open, the restarted worker hung in
-  its start for 120 s until the launcher gave up on it, and the job lost its survivors' places (1 run
-  in 13 of the warm-spare node-loss test, once the launcher's watch stopped the survivors during
-  their in-process recovery). `close_rank_monitor_socket_in_forks` closes the child's copy in every
-  process forked from a rank; the rank's own stays open.
-- The straggler detector's CUPTI extension (`nvrx_cupti_module`) is a compiled, GPU-only module; the
-  image (Python 3.12) has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the kit uses
-  the straggler detector; the self-check reports whether the extension loads.
+- control: NVRx's control process, the job's rendezvous store (training/resilience/control.py), which
+  closes each restart round and ranks the nodes;
+- launcher: ft_launcher on each node (training/resilience/launch.py);
+- rank: each training process (training/resilience/layers.py).
+
+docs/nvrx-seam.md has one row per patch: what it replaces, the symptom without it and the NVRx or torch
+change that would retire it; tests/training/test_training_nvrx_compat.py fails when that table and this
+module disagree. The kit's own launcher-liveness protocol is not a patch: it lives in
+launcher_liveness.py, and `wait_only_for_live_previous_actives` is given its reading.
+
+Guards: `check_supported_nvrx` refuses an NVRx older than the image pin's minor release
+(kitcore/pins.py). `require_internal` refuses to patch an internal that no longer has the expected
+signature, so a changed NVRx is a clear error at start, never a silent no-op; `check_internals` checks
+every internal at once, and the tests run it against the installed release. Each patch that replaces an
+NVRx or torch attribute marks its replacement and returns when it finds the mark: a second call changes
+nothing.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import importlib.util
 import inspect
@@ -165,6 +45,9 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
 NVRX_VERSION = version("nvidia-resiliency-ext")
+
+
+# ----- guards ------------------------------------------------------------------------------------------
 
 
 def check_supported_nvrx(installed: str = NVRX_VERSION) -> None:
@@ -189,17 +72,32 @@ def require_internal(owner: Any, name: str, parameters: tuple[str, ...]) -> Any:
     return target
 
 
-SET_TIMEOUTS = ("_set_calculated_timeouts", ("self", "new_hb_timeouts", "new_section_timeouts"))
-"""RankMonitorClient's private setter of calculated heartbeat/section timeouts."""
-ORPHAN_CLEANUP = ("terminate_mp_processes", ("allowed_pgids",))
-"""ft_launcher's module-level orphan cleanup (imported there from fault_tolerance.utils)."""
+def check_internals() -> None:
+    """Every private NVRx name this module uses has the expected shape (tests call it; so may tools)."""
+    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, launcher  # noqa: PLC0415
+
+    state = _barrier_state()
+    for name, parameters in BARRIER_STATE_READS:
+        require_internal(state, name, parameters)
+    require_internal(state, *RANK_ORDER)
+    require_internal(state, *LAST_CALL_GATE)
+    require_internal(state, *STALE_CHECK)
+    require_internal(state, *STEP2_POLL)
+    if not _step0_source_matches():
+        raise RuntimeError(f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open's 1 s polls changed")
+    require_internal(launcher, *ORPHAN_CLEANUP)
+    require_internal(launcher, *LAUNCH_AGENT)
+    require_internal(_multiprocess_context(), *WORKER_POLL)
+    require_internal(RankMonitorClient, *SET_TIMEOUTS)
+    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+    _monitor_thread_type()
+    host_first_store()
 
 
-RANK_ORDER = (
-    "_sort_rankable_participants",
-    ("self", "active_candidate_participants", "standby_only_participants"),
-)
-"""The barrier rendezvous state's ordering of a round's participants, (node, infra rank, domain, group)."""
+# ----- NVRx's barrier rendezvous state, read and written by the patches below and launcher_liveness.py -
+
+
 BARRIER_STATE_READS = (
     ("__init__", ("self", "store", "run_id")),
     ("_sync_from_per_round_state", ("self",)),
@@ -208,160 +106,23 @@ BARRIER_STATE_READS = (
     ("open_rendezvous", ("self",)),
     ("is_shutdown", ("self",)),
 )
-"""What `open_round_for_lost_predecessor` calls on the barrier rendezvous state (its slot format)."""
-PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
-"""The state's record of the previous round's active nodes: {infra rank: replacement group} or None."""
-_NOT_PREVIOUSLY_ACTIVE = 10**12
-"""Added to the infra rank of a node that was not active in the previous round: beyond any pod index."""
+"""What the kit calls on the barrier rendezvous state to read a round's slots and open the next round."""
 
 
-LAST_CALL_GATE = ("_make_previous_active_last_call_gate", ("self", "min_nodes", "max_nodes"))
-"""The barrier state's factory of the restart round's last-call gate (the control process's)."""
-GATE_PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
-"""The gate's own copy of the previous round's active nodes: {infra rank: replacement group}."""
-LAUNCHER_BEAT_S = 0.5
-"""How often each launcher writes its beat (the wall-clock time) to the rendezvous store."""
-BEAT_CONNECT_S = 2.0
-"""How long the beat waits to connect to the store before it tries again."""
-LAUNCHER_GONE_S = 2.0
-"""A previous active node whose launcher's beat is older than this is not waited for: four beats missed."""
+def _barrier_state() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
+    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
+        _RendezvousBarrierState,
+    )
+
+    return _RendezvousBarrierState
 
 
-def check_internals() -> None:
-    """Every private NVRx name this module uses has the expected shape (tests call it; so may tools)."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, launcher  # noqa: PLC0415
-
-    require_internal(RankMonitorClient, *SET_TIMEOUTS)
-    require_internal(launcher, *ORPHAN_CLEANUP)
-    require_internal(launcher, *LAUNCH_AGENT)
-    require_internal(_multiprocess_context(), *WORKER_POLL)
-    require_internal(_barrier_state(), *RANK_ORDER)
-    require_internal(_barrier_state(), *STALE_CHECK)
-    require_internal(_barrier_state(), *STEP2_POLL)
-    require_internal(_barrier_state(), *LAST_CALL_GATE)
-    if not _step0_source_matches():
-        raise RuntimeError(f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open's 1 s polls changed")
-    for name, parameters in BARRIER_STATE_READS:
-        require_internal(_barrier_state(), name, parameters)
-    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
-
-    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
-    _monitor_thread_type()
-    host_first_store()
+def barrier_state(store: Any, *, run_id: str) -> Any:  # noqa: ANN401 - a torch Store; NVRx's state
+    """NVRx's barrier rendezvous state of `run_id` over `store`; its `prefix` starts every key of the run."""
+    return _barrier_state()(store=store, run_id=run_id)
 
 
-MONITOR_THREAD_STOPPED = "stop_loop"
-"""The in-process monitor thread's event that the Wrapper sets when it stops the thread on purpose."""
-
-
-def _monitor_thread_type() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
-    from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
-
-    source = inspect.getsource(MonitorThread)
-    if f"self.{MONITOR_THREAD_STOPPED} = threading.Event()" not in source:
-        raise RuntimeError(
-            f"NVRx {NVRX_VERSION}: inprocess MonitorThread has no {MONITOR_THREAD_STOPPED} event; "
-            "check training/resilience/nvrx_compat.py against this release"
-        )
-    return MonitorThread
-
-
-def on_monitor_thread_death(callback: Callable[[BaseException | None], None]) -> None:
-    """Call `callback(exception)` in the dying thread when an in-process monitor thread ends with an
-    exception while its Wrapper had not asked it to stop (see the module docstring), after the usual
-    traceback is printed. Other threads' exceptions go to the previous hook unchanged."""
-    monitor_thread = _monitor_thread_type()
-    previous = threading.excepthook
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        previous(args)
-        thread = args.thread
-        if isinstance(thread, monitor_thread) and not getattr(thread, MONITOR_THREAD_STOPPED).is_set():
-            callback(args.exc_value)
-
-    threading.excepthook = hook
-
-
-RESTART_HEALTH_CHECKS = ("_construct_restart_health_check", ("self",))
-"""inprocess.Wrapper's own restart health checks, chained from LOCAL_RANK when it is built."""
-
-
-def inprocess_wrapper(*, gpu: bool, **kwargs: Any) -> Any:  # noqa: ANN401
-    """`inprocess.Wrapper(**kwargs)`; without GPUs, built with LOCAL_RANK hidden (see the docstring)."""
-    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415 - heavy import, only in NVRx modes
-
-    if gpu:
-        return inprocess.Wrapper(**kwargs)
-    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
-    local_rank = os.environ.pop("LOCAL_RANK", None)
-    try:
-        return inprocess.Wrapper(**kwargs)
-    finally:
-        if local_rank is not None:
-            os.environ["LOCAL_RANK"] = local_rank
-
-
-STORE_HOST_RANK = "TCP_STORE_HOST_RANK"
-"""The rank whose process hosts NVRx's in-process TCPStore (a class attribute of inprocess.store.TCPStore)."""
-
-
-def host_first_store() -> type:
-    """NVRx's in-process TCPStore, whose clients wait until the host listens (see the module docstring);
-    the Wrapper's `store_factory`."""
-    from nvidia_resiliency_ext.inprocess.store import TCPStore  # noqa: PLC0415
-
-    host_rank = getattr(TCPStore, STORE_HOST_RANK, None)
-    if not isinstance(host_rank, int):
-        raise RuntimeError(  # noqa: TRY004 - a changed NVRx, reported like every other changed internal
-            f"NVRx {NVRX_VERSION}: inprocess.store.TCPStore has no integer {STORE_HOST_RANK}; "
-            "check training/resilience/nvrx_compat.py against this release"
-        )
-    require_internal(TCPStore, "__init__", ("self", "host_name", "port", "world_size", "timeout"))
-    from nvrx_eks.training.parallel import wait_until_listening  # noqa: PLC0415
-
-    class HostFirstTCPStore(TCPStore):  # type: ignore[misc]  # NVRx ships no types: its TCPStore is Any
-        def __init__(
-            self,
-            host_name: str | None = None,
-            port: int | None = None,
-            world_size: int | None = None,
-            timeout: timedelta = timedelta(seconds=300),
-            **kwargs: Any,  # noqa: ANN401
-        ) -> None:
-            if int(os.environ["RANK"]) != host_rank:
-                wait_until_listening(
-                    host_name or os.environ["MASTER_ADDR"],
-                    port or int(os.environ["MASTER_PORT"]),
-                    timeout.total_seconds(),
-                )
-            super().__init__(host_name, port, world_size, timeout, **kwargs)
-
-    return HostFirstTCPStore
-
-
-RANK_MONITOR_SOCKET = "rank_monitor_socket"
-"""RankMonitorClient's connection to its launcher's rank monitor (a socket object, None when closed)."""
-
-
-def close_rank_monitor_socket_in_forks(client: Any) -> None:  # noqa: ANN401 - a RankMonitorClient
-    """In every process forked from this one from now on, close that process's copy of `client`'s
-    connection to the launcher (see the module docstring; training/forks.py)."""
-    if not hasattr(client, RANK_MONITOR_SOCKET):
-        raise RuntimeError(
-            f"NVRx {NVRX_VERSION}: RankMonitorClient has no {RANK_MONITOR_SOCKET}; "
-            "check training/resilience/nvrx_compat.py against this release"
-        )
-    close_in_forks(lambda: getattr(client, RANK_MONITOR_SOCKET, None))
-
-
-def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
-    """Stop the Wrapper's progress watchdog thread if NVRx left it running (see the module docstring)."""
-    watchdog = getattr(call_wrapper, "progress_watchdog", None)
-    if watchdog is not None and watchdog.is_alive():
-        watchdog.shutdown()
-
-
-def _training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier state
+def training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier state
     """The round the job trains in now: the newest closed one, when the next is not open yet."""
     if state.is_shutdown():
         return None
@@ -372,7 +133,7 @@ def _training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier 
     return closed
 
 
-def _active_in_round(state: Any, round_id: int, active_nodes: int) -> dict[int, int]:  # noqa: ANN401
+def active_in_round(state: Any, round_id: int, active_nodes: int) -> dict[int, int]:  # noqa: ANN401
     """{node rank: infra rank} of the nodes active in `round_id`, read from the round's slots."""
     state_type, store, prefix = type(state), state.store, state.prefix
     active: dict[int, int] = {}
@@ -387,205 +148,106 @@ def _active_in_round(state: Any, round_id: int, active_nodes: int) -> dict[int, 
     return active
 
 
-def _open_after(state: Any, round_id: int) -> int:  # noqa: ANN401
+def open_round_after(state: Any, round_id: int) -> int:  # noqa: ANN401 - NVRx's barrier state
+    """Open the round after `round_id` as a launcher whose workers failed does (`open_rendezvous`, which
+    writes the round's key once however many call it); returns the round opened."""
     state._round = round_id  # noqa: SLF001
     state.open_rendezvous()
     return round_id + 1
 
 
-def open_round_for_lost_predecessor(
-    store: Any,  # noqa: ANN401 - a torch.distributed Store
-    *,
-    run_id: str,
-    infra_rank: int,
-    active_nodes: int,
-) -> int | None:
-    """Open the round after the newest closed one if this pod's index was active in it (see the module
-    docstring); returns the round opened, or None when there was nothing to open."""
-    state = _barrier_state()(store=store, run_id=run_id)
-    closed = _training_round(state)
-    if closed is None or infra_rank not in _active_in_round(state, closed, active_nodes).values():
-        return None
-    return _open_after(state, closed)
+# ----- control process (training/resilience/control.py) ------------------------------------------------
 
 
-class LostPeerWatch:
-    """Opens the next restart round as soon as the active node this launcher watches has lost its
-    launcher (see the module docstring): the next active node in node-rank order, wrapping, so each
-    active node is watched by one other, and each beat costs a few store reads at any job size (the
-    round's slots are read once per round)."""
-
-    def __init__(self, store: Any, *, run_id: str, infra_rank: int, active_nodes: int) -> None:  # noqa: ANN401
-        self.state = _barrier_state()(store=store, run_id=run_id)
-        self.infra_rank = infra_rank
-        self.active_nodes = active_nodes
-        self._watched: tuple[int, int | None] | None = None  # (round, watched infra rank) once read
-
-    def check(self, gone_s: float = LAUNCHER_GONE_S) -> tuple[int, int, float] | None:
-        """Open the next round if the watched node's launcher beat is older than `gone_s`; returns
-        (round opened, the lost node's infra rank, its beat's age), or None."""
-        training = _training_round(self.state)
-        if training is None:
-            return None
-        if self._watched is None or self._watched[0] != training:
-            self._watched = (training, self._next_active(training))
-        watched = self._watched[1]
-        if watched is None:
-            return None
-        age = launcher_beat_age(self.state.store, self.state.prefix, watched)
-        if age is None or age <= gone_s:
-            return None
-        return _open_after(self.state, training), watched, age
-
-    def _next_active(self, round_id: int) -> int | None:
-        active = _active_in_round(self.state, round_id, self.active_nodes)
-        ranks = sorted(active)
-        mine = [rank for rank in ranks if active[rank] == self.infra_rank]
-        if not mine or len(ranks) == 1:
-            return None  # a spare, or nothing to watch
-        return active[ranks[(ranks.index(mine[0]) + 1) % len(ranks)]]
+RANK_ORDER = (
+    "_sort_rankable_participants",
+    ("self", "active_candidate_participants", "standby_only_participants"),
+)
+"""The barrier rendezvous state's ordering of a round's participants, (node, infra rank, domain, group)."""
+PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
+"""The state's record of the previous round's active nodes: {infra rank: replacement group} or None."""
+_NOT_PREVIOUSLY_ACTIVE = 10**12
+"""Added to the infra rank of a node that was not active in the previous round: beyond any pod index."""
 
 
-LAUNCH_AGENT = ("launch_agent", ("config", "entrypoint", "args"))
-"""ft_launcher's module-level call that runs the agent and raises ChildFailedError when workers failed."""
+def keep_previous_actives_first() -> None:
+    """A restart round ranks the previous round's active nodes before every other node, each group in
+    infrastructure-rank order, so a hot spare takes only a place no previous active node came back for.
 
-
-def capture_worker_failures() -> dict[int, Any]:
-    """Keep the failures ft_launcher's `launch_agent` raises (global rank -> ProcessFailure) in the returned
-    dict, which fills only when the workers failed (see the module docstring)."""
-    from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
-
-    launch = require_internal(launcher, *LAUNCH_AGENT)
-    failures: dict[int, Any] = {}
-
-    @functools.wraps(launch)  # keeps the signature `require_internal` checks
-    def launch_agent(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-        try:
-            return launch(*args, **kwargs)
-        except ChildFailedError as exc:
-            failures.update(exc.failures)
-            raise
-
-    launcher.launch_agent = launch_agent
-    return failures
-
-
-WORKER_POLL = ("_poll", ("self",))
-"""torch's MultiprocessContext poll of its worker processes: one failure per call."""
-
-
-def _multiprocess_context() -> type[MultiprocessContext]:
-    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext  # noqa: PLC0415
-
-    return MultiprocessContext
-
-
-def report_every_failed_worker() -> None:
-    """Report every worker of the node that exited non-zero, not only the first (see the module docstring)."""
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
-
-    context = _multiprocess_context()
-    poll = require_internal(context, *WORKER_POLL)
-    if getattr(poll, "nvrx_eks_every_failure", False):
+    NVRx's barrier rendezvous waits `last_call_timeout` for the previous round's active nodes, but then
+    ranks every node present by its infrastructure rank (the pod index) alone
+    (`_sort_rankable_participants`, sorted again by `_assign_group_ranks`). A spare with a lower pod index
+    than an active node takes that node's place at every restart round, a SIGKILL's included, and the
+    displaced node's ranks restore from a partner instead of their own RAM. Only the ordering key
+    changes: NVRx records the round's membership from its own lists."""
+    state = _barrier_state()
+    order = require_internal(state, *RANK_ORDER)
+    if getattr(order, "nvrx_eks_previous_first", False):
         return
 
-    @functools.wraps(poll)  # keeps the signature `require_internal` checks
-    def _poll(self: Any) -> Any:  # noqa: ANN401
-        result = poll(self)
-        processes = getattr(getattr(self, "_pc", None), "processes", None)
-        if result is None or not result.failures or not processes:
-            return result
-        for local_rank, process in enumerate(processes):
-            if local_rank in result.failures or process.exitcode in {None, 0}:
-                continue
-            result.failures[local_rank] = ProcessFailure(
-                local_rank=local_rank,
-                pid=process.pid,
-                exitcode=process.exitcode,
-                error_file=self.error_files[local_rank],
-            )
-        return result
+    @functools.wraps(order)  # keeps the signature `require_internal` checks
+    def _sort_rankable_participants(self: Any, active: list[Any], standby: list[Any]) -> Any:  # noqa: ANN401
+        active, standby = order(self, active, standby)
+        previous = getattr(self, PREVIOUS_ACTIVES, None)
+        if not previous:  # the first round, or NVRx found the identities unstable: its own order
+            return active, standby
+        return [
+            (node, infra if infra in previous else infra + _NOT_PREVIOUSLY_ACTIVE, *rest)
+            for node, infra, *rest in active
+        ], standby
 
-    _poll.nvrx_eks_every_failure = True  # type: ignore[attr-defined]
-    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
+    _sort_rankable_participants.nvrx_eks_previous_first = True  # type: ignore[attr-defined]
+    state._sort_rankable_participants = _sort_rankable_participants  # noqa: SLF001
 
 
-USER_ERROR_REASON = "user_error"
-"""Why a job ends without a restart when a rank exited with the configuration error's exit code: its
-input or its script is wrong, the same way on every restart."""
-RESTART_DECISION = ("_handle_restart_decision", ("self", "role", "spec", "log_msg", "open_rendezvous"))
-"""ft_launcher's agent: restart the workers or give up, once a worker failed or a peer opened a round."""
-NO_RESTART_REASONS = "RDZV_NO_RESTART_REASONS"
-"""The barrier rendezvous' set of shutdown reasons every launcher reads as "end the job, no restart"."""
+LAST_CALL_GATE = ("_make_previous_active_last_call_gate", ("self", "min_nodes", "max_nodes"))
+"""The barrier state's factory of the restart round's last-call gate."""
+GATE_PREVIOUS_ACTIVES = "_previous_active_by_infra_rank"
+"""The gate's own copy of the previous round's active nodes: {infra rank: replacement group}."""
 
 
-USER_ERROR_LINE = "local rank {rank} exited {code}: {message}"
-"""How the launcher names a rank's bad input or bug on its way out (k8s/termination.py reads it)."""
+def wait_only_for_live_previous_actives(gone_age: Callable[[Any, str, int], float | None]) -> None:
+    """A restart round's last call waits only for the previous active nodes that can still rejoin.
+    `gone_age(store, prefix, infra_rank)` is how long ago the node's launcher last showed life when it
+    counts as gone, else None (launcher_liveness.py `gone_launcher_age`).
 
-
-def user_error_line(failure: Any, exit_code: int) -> str:  # noqa: ANN401 - torch's ProcessFailure
-    """The rank and the first line of its error (torch elastic's error file, which training/api.py
-    writes), or a pointer to its log."""
-    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-    first = str(message).strip().splitlines()[0][:300] if str(message).strip() else "see the rank's log"
-    return USER_ERROR_LINE.format(rank=failure.local_rank, code=exit_code, message=first)
-
-
-def stop_on_user_error(exit_code: int) -> None:
-    """A rank that exits `exit_code` (bad input, or the same bug twice: training/api.py `UserCodeError`)
-    ends the job at once, on every node, through NVRx's own no-restart path, instead of restarting into
-    the same failure until the launcher's and then the Job's budgets are spent.
-
-    The node whose rank failed broadcasts the reason (`signal_no_restart`) and raises NVRx's
-    NoRestartRequested; every launcher then exits NVRx's no-restart code, which the Job's
-    podFailurePolicy turns into a failed job (k8s/job_chart.py). The reason must be one the barrier
-    rendezvous reports to peers, so it joins that set."""
-    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher  # noqa: PLC0415
-
-    reasons = getattr(ft_rendezvous_barrier, NO_RESTART_REASONS, None)
-    if not isinstance(reasons, frozenset):
-        raise TypeError(
-            f"NVRx {NVRX_VERSION}: ft_rendezvous_barrier.{NO_RESTART_REASONS} is not a frozenset; check "
-            "training/resilience/nvrx_compat.py against this release"
-        )
-    setattr(ft_rendezvous_barrier, NO_RESTART_REASONS, reasons | {USER_ERROR_REASON})
-    agent = launcher.LocalElasticAgent
-    decide = require_internal(agent, *RESTART_DECISION)
-    if getattr(decide, "nvrx_eks_user_error", False):
+    With hot spares, NVRx's control process holds a restart round open `last_call_timeout` for every
+    node active in the previous round before a spare may take its place (`_PreviousActiveLastCallGate`):
+    right for a node restarting its workers, pure waiting for a node lost with its launcher, which
+    delays every node loss with a spare standing by by that timeout. The patch wraps the gate's
+    `evaluate` and drops such nodes from the gate's previous actives; a node `gone_age` does not call
+    gone is waited for as NVRx does."""
+    state = _barrier_state()
+    make = require_internal(state, *LAST_CALL_GATE)
+    if getattr(make, "nvrx_eks_live_only", False):
         return
-    context = _multiprocess_context()
-    poll = require_internal(context, *WORKER_POLL)
-    failed: dict[int, Any] = {}  # exit code -> the first failure with it
 
-    @functools.wraps(poll)  # keeps the signature `require_internal` checks
-    def _poll(self: Any) -> Any:  # noqa: ANN401
-        result = poll(self)
-        if result is not None and result.failures:
-            for failure in result.failures.values():
-                failed.setdefault(failure.exitcode, failure)
-        return result
+    @functools.wraps(make)  # keeps the signature `require_internal` checks
+    def _make_previous_active_last_call_gate(self: Any, min_nodes: int, max_nodes: int) -> Any:  # noqa: ANN401
+        gate = make(self, min_nodes, max_nodes)
+        previous = getattr(gate, GATE_PREVIOUS_ACTIVES, None)
+        if not gate.enabled or previous is None:
+            return gate
+        evaluate = gate.evaluate
 
-    @functools.wraps(decide)
-    def _handle_restart_decision(
-        self: Any,  # noqa: ANN401
-        role: str,
-        spec: Any,  # noqa: ANN401
-        log_msg: str,
-        open_rendezvous: bool = False,
-    ) -> Any:  # noqa: ANN401
-        failure = failed.get(exit_code)
-        if failure is not None:
-            self._rdzv_handler.signal_no_restart(USER_ERROR_REASON)
-            self._stop_workers(self._worker_group)
-            # The launcher's last line, so the pod's termination message names the rank's own error.
-            raise launcher.NoRestartRequested(USER_ERROR_REASON, user_error_line(failure, exit_code))
-        return decide(self, role, spec, log_msg, open_rendezvous=open_rendezvous)
+        def evaluate_live(participants: list[Any], now: float, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+            present = {participant[1] for participant in participants}
+            for infra_rank in [rank for rank in previous if rank not in present]:
+                age = gone_age(self.store, self.prefix, infra_rank)
+                if age is not None:
+                    del previous[infra_rank]
+                    print(
+                        f"restart round: not waiting for infra rank {infra_rank}: its launcher's last beat "
+                        f"was {age:.1f} s ago",
+                        flush=True,
+                    )
+            return evaluate(participants, now, *args, **kwargs)
 
-    _poll.nvrx_eks_every_failure = getattr(poll, "nvrx_eks_every_failure", False)  # type: ignore[attr-defined]
-    _handle_restart_decision.nvrx_eks_user_error = True  # type: ignore[attr-defined]
-    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
-    agent._handle_restart_decision = _handle_restart_decision  # noqa: SLF001
+        gate.evaluate = evaluate_live
+        return gate
+
+    _make_previous_active_last_call_gate.nvrx_eks_live_only = True  # type: ignore[attr-defined]
+    state._make_previous_active_last_call_gate = _make_previous_active_last_call_gate  # noqa: SLF001
 
 
 RENDEZVOUS_POLL_S = 0.1
@@ -604,9 +266,18 @@ def _step0_source_matches() -> bool:
 
 
 def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
-    """The barrier rendezvous polls every `poll_s` where NVRx polls every 1 s (see the module docstring)."""
-    import time  # noqa: PLC0415
+    """The barrier rendezvous polls every `poll_s` where NVRx's floors are 1 s and 10 s. Applied in the
+    control process and in every launcher.
 
+    NVRx's floors are sized for thousands of nodes, and every restart pays them: a node waiting for a
+    round to open sleeps 1 s per poll (`_wait_for_rendezvous_open`) and looks for a newer round only every
+    `stale_check_interval` (10 s), so a hot spare sees the round a node loss opened up to 10 s late; the
+    control process checks whether a round can close at most once a second below 2,000 nodes
+    (`_compute_step2_poll_interval`). The patch replaces the barrier module's `time` with one whose
+    sleeps are capped at `poll_s` (its only sleeps over 0.1 s are those 1 s polls), caps
+    `stale_check_interval` at `poll_s`, and makes the close check's interval `min_nodes / 2000` s, at
+    least `poll_s`: NVRx's own from 2,000 nodes on. A waiting node costs the store a few key reads per
+    poll."""
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as barrier  # noqa: PLC0415
 
     state = _barrier_state()
@@ -646,48 +317,23 @@ def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
     state._compute_step2_poll_interval = staticmethod(_compute_step2_poll_interval)  # noqa: SLF001
 
 
-def _barrier_state() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
-    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
-        _RendezvousBarrierState,
-    )
-
-    return _RendezvousBarrierState
+# ----- launcher (training/resilience/launch.py) --------------------------------------------------------
 
 
-def keep_previous_actives_first() -> None:
-    """Rank the previous round's active nodes before every other node (see the module docstring)."""
-    state = _barrier_state()
-    order = require_internal(state, *RANK_ORDER)
-    if getattr(order, "nvrx_eks_previous_first", False):
-        return
-
-    @functools.wraps(order)  # keeps the signature `require_internal` checks
-    def _sort_rankable_participants(self: Any, active: list[Any], standby: list[Any]) -> Any:  # noqa: ANN401
-        active, standby = order(self, active, standby)
-        previous = getattr(self, PREVIOUS_ACTIVES, None)
-        if not previous:  # the first round, or NVRx found the identities unstable: its own order
-            return active, standby
-        # Only the ordering key changes; NVRx records membership from its own, unchanged lists.
-        return [
-            (node, infra if infra in previous else infra + _NOT_PREVIOUSLY_ACTIVE, *rest)
-            for node, infra, *rest in active
-        ], standby
-
-    _sort_rankable_participants.nvrx_eks_previous_first = True  # type: ignore[attr-defined]
-    state._sort_rankable_participants = _sort_rankable_participants  # noqa: SLF001
-
-
-def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:  # noqa: ANN401
-    """Install heartbeat timeouts as if calculated (so `state_dict` persists them)."""
-    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts  # noqa: PLC0415
-
-    setter = require_internal(type(client), *SET_TIMEOUTS)
-    timeouts = HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
-    setter(client, new_hb_timeouts=timeouts, new_section_timeouts=None)
+ORPHAN_CLEANUP = ("terminate_mp_processes", ("allowed_pgids",))
+"""ft_launcher's module-level orphan cleanup (imported there from fault_tolerance.utils)."""
 
 
 def keep_launcher_process_group() -> None:
-    """ft_launcher's orphan cleanup without the launcher's own process group (see the module docstring)."""
+    """ft_launcher's orphan cleanup leaves the launcher's own process group alone.
+
+    `LocalElasticAgent._shutdown` passes every worker's process group to `terminate_mp_processes`:
+    SIGTERM, a fixed 1 s grace, SIGKILL. It assumes each worker leads a group of its own, as a
+    `subprocess` start does. Workers forked from the forkserver (launch.py) are in the forkserver's
+    group, which is the launcher's: unpatched, the cleanup kills the launcher itself at the end of every
+    run (`Failed to send SIGTERM to process group`, a SignalException in the agent, the pod failed). The
+    workers themselves are still stopped by torch's process context; with no other group left the
+    cleanup, and its 1 s grace on every restart's teardown, is skipped."""
     from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
 
     cleanup = require_internal(launcher, *ORPHAN_CLEANUP)
@@ -704,14 +350,168 @@ def keep_launcher_process_group() -> None:
     launcher.terminate_mp_processes = terminate_mp_processes
 
 
-def straggler_extension_available() -> bool:
-    """Whether NVRx's compiled CUPTI straggler extension can be imported here (GPU images only)."""
-    return importlib.util.find_spec("nvrx_cupti_module") is not None
+def open_round_for_lost_predecessor(
+    store: Any,  # noqa: ANN401 - a torch.distributed Store
+    *,
+    run_id: str,
+    infra_rank: int,
+    active_nodes: int,
+) -> int | None:
+    """Before this pod's agent joins: open the round after the newest closed one if this pod's index
+    was active in it; returns the round opened, or None when there was nothing to open.
+
+    In NVRx's barrier rendezvous only a launcher that saw its workers fail opens the next round
+    (`open_rendezvous`); a new agent waits for it (`_wait_for_rendezvous_open`). When every active node
+    is lost at once (a node and its only partner), no launcher is left to open it: the control process
+    keeps the round "closed, training in progress", and the replacement pods wait until their join
+    timeout. A pod whose index was active in the newest closed round replaces a node that trained there
+    and is gone for good (the Job replaces a pod only once the old one has ended), so it opens the next
+    round, as a surviving launcher would. With survivors it is a no-op: they open the round themselves,
+    and `open_rendezvous` writes its key once."""
+    state = barrier_state(store, run_id=run_id)
+    closed = training_round(state)
+    if closed is None or infra_rank not in active_in_round(state, closed, active_nodes).values():
+        return None
+    return open_round_after(state, closed)
+
+
+WORKER_POLL = ("_poll", ("self",))
+"""torch's MultiprocessContext poll of its worker processes: one failure per call."""
+
+
+def _multiprocess_context() -> type[MultiprocessContext]:
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext  # noqa: PLC0415
+
+    return MultiprocessContext
+
+
+def report_every_failed_worker() -> None:
+    """torch's poll of a node's workers reports every worker that has exited non-zero, not only the
+    first.
+
+    torch's process context for function entrypoints (`MultiprocessContext._poll`, which ft_launcher's
+    monitor calls) reports one failed worker per poll: the first dead one in local-rank order. A
+    SIGKILLed rank's node-mates die of their own collective error (exit 1) a moment later; when both
+    are dead at the poll, local rank 0's error is all the launcher reports, and the job's failure reason
+    names a collateral rank. Patched, the SIGKILL is among the failures the pod reports. Workers torch
+    stopped itself while cleaning up exit by SIGTERM, which k8s/termination.py reads as collateral."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure  # noqa: PLC0415
+
+    context = _multiprocess_context()
+    poll = require_internal(context, *WORKER_POLL)
+    if getattr(poll, "nvrx_eks_every_failure", False):
+        return
+
+    @functools.wraps(poll)  # keeps the signature `require_internal` checks
+    def _poll(self: Any) -> Any:  # noqa: ANN401
+        result = poll(self)
+        processes = getattr(getattr(self, "_pc", None), "processes", None)
+        if result is None or not result.failures or not processes:
+            return result
+        for local_rank, process in enumerate(processes):
+            if local_rank in result.failures or process.exitcode in {None, 0}:
+                continue
+            result.failures[local_rank] = ProcessFailure(
+                local_rank=local_rank,
+                pid=process.pid,
+                exitcode=process.exitcode,
+                error_file=self.error_files[local_rank],
+            )
+        return result
+
+    _poll.nvrx_eks_every_failure = True  # type: ignore[attr-defined]
+    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
+
+
+USER_ERROR_REASON = "user_error"
+"""Why a job ends without a restart when a rank exited with the configuration error's exit code: its
+input or its script is wrong, the same way on every restart."""
+RESTART_DECISION = ("_handle_restart_decision", ("self", "role", "spec", "log_msg", "open_rendezvous"))
+"""ft_launcher's agent: restart the workers or give up, once a worker failed or a peer opened a round."""
+NO_RESTART_REASONS = "RDZV_NO_RESTART_REASONS"
+"""The barrier rendezvous' set of shutdown reasons every launcher reads as "end the job, no restart"."""
+USER_ERROR_LINE = "local rank {rank} exited {code}: {message}"
+"""How the launcher names a rank's bad input or bug on its way out (k8s/termination.py reads it)."""
+
+
+def _user_error_line(failure: Any, exit_code: int) -> str:  # noqa: ANN401 - torch's ProcessFailure
+    """The rank and the first line of its error (torch elastic's error file, which training/api.py
+    writes), or a pointer to its log."""
+    message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+    first = str(message).strip().splitlines()[0][:300] if str(message).strip() else "see the rank's log"
+    return USER_ERROR_LINE.format(rank=failure.local_rank, code=exit_code, message=first)
+
+
+def stop_on_user_error(exit_code: int) -> None:
+    """A rank that exits `exit_code` (bad input, or the same bug twice: training/api.py `UserCodeError`)
+    ends the job at once, on every node, through NVRx's own no-restart path, instead of restarting into
+    the same failure until the launcher's and then the Job's budgets are spent.
+
+    The node whose rank failed broadcasts the reason (`signal_no_restart`) and raises NVRx's
+    NoRestartRequested from the agent's `_handle_restart_decision`; every launcher then exits NVRx's
+    no-restart code, which the Job's podFailurePolicy turns into a failed job (k8s/job_chart.py). The
+    reason must be one the barrier rendezvous reports to peers, so it joins that set. The failures'
+    exit codes are read from torch's poll of the workers (`MultiprocessContext._poll`)."""
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher  # noqa: PLC0415
+
+    reasons = getattr(ft_rendezvous_barrier, NO_RESTART_REASONS, None)
+    if not isinstance(reasons, frozenset):
+        raise TypeError(
+            f"NVRx {NVRX_VERSION}: ft_rendezvous_barrier.{NO_RESTART_REASONS} is not a frozenset; check "
+            "training/resilience/nvrx_compat.py against this release"
+        )
+    setattr(ft_rendezvous_barrier, NO_RESTART_REASONS, reasons | {USER_ERROR_REASON})
+    agent = launcher.LocalElasticAgent
+    decide = require_internal(agent, *RESTART_DECISION)
+    if getattr(decide, "nvrx_eks_user_error", False):
+        return
+    context = _multiprocess_context()
+    poll = require_internal(context, *WORKER_POLL)
+    failed: dict[int, Any] = {}  # exit code -> the first failure with it
+
+    @functools.wraps(poll)  # keeps the signature `require_internal` checks
+    def _poll(self: Any) -> Any:  # noqa: ANN401
+        result = poll(self)
+        if result is not None and result.failures:
+            for failure in result.failures.values():
+                failed.setdefault(failure.exitcode, failure)
+        return result
+
+    @functools.wraps(decide)
+    def _handle_restart_decision(
+        self: Any,  # noqa: ANN401
+        role: str,
+        spec: Any,  # noqa: ANN401
+        log_msg: str,
+        open_rendezvous: bool = False,
+    ) -> Any:  # noqa: ANN401
+        failure = failed.get(exit_code)
+        if failure is not None:
+            self._rdzv_handler.signal_no_restart(USER_ERROR_REASON)
+            self._stop_workers(self._worker_group)
+            # The launcher's last line, so the pod's termination message names the rank's own error.
+            raise launcher.NoRestartRequested(USER_ERROR_REASON, _user_error_line(failure, exit_code))
+        return decide(self, role, spec, log_msg, open_rendezvous=open_rendezvous)
+
+    _poll.nvrx_eks_every_failure = getattr(poll, "nvrx_eks_every_failure", False)  # type: ignore[attr-defined]
+    _handle_restart_decision.nvrx_eks_user_error = True  # type: ignore[attr-defined]
+    context._poll = _poll  # type: ignore[method-assign]  # noqa: SLF001 - torch's method, patched in place
+    agent._handle_restart_decision = _handle_restart_decision  # noqa: SLF001
 
 
 def format_tracebacks_without_dynamo() -> None:
-    """torch's log formatter renders tracebacks without importing torch._dynamo (see the module docstring).
-    A no-op once torch's formatter no longer imports it."""
+    """torch's log formatter renders a traceback without importing torch._dynamo; a no-op once torch's
+    formatter no longer imports it (`formatter_imports_dynamo`).
+
+    `TorchLogsFormatter.format`, the formatter of every `torch.*` logger, imports `torch._dynamo` to read
+    one flag whenever a record carries an exception, and the launcher logs one for the first failed
+    worker it sees (`MultiprocessContext._poll` logs each failed worker with `logger.exception`). The
+    launcher needs torch._dynamo for nothing else (only the forkserver preloads it), so every hard
+    fault's restart waits for that import -- torch._dynamo, sympy, the FX symbolic shapes -- between a
+    worker's death and its restart. The patch renders the traceback with logging's own formatter first
+    and hands torch's formatter the record without the exception object; torch's then appends the same
+    text. Records of the `graph_breaks` artifact, a compiler log the launcher never writes, go to
+    torch's formatter unchanged."""
     import logging  # noqa: PLC0415
 
     from torch._logging._internal import TorchLogsFormatter  # noqa: PLC0415
@@ -745,160 +545,209 @@ def formatter_imports_dynamo() -> bool:
     return "from torch._dynamo import" in inspect.getsource(TorchLogsFormatter.format)
 
 
-def launcher_beat_key(prefix: str, infra_rank: int) -> str:
-    """The store key of the beat of the launcher with `infra_rank`, under the barrier state's `prefix`."""
-    return f"{prefix}:nvrx_eks_launcher_beat_{infra_rank}"
+LAUNCH_AGENT = ("launch_agent", ("config", "entrypoint", "args"))
+"""ft_launcher's module-level call that runs the agent and raises ChildFailedError when workers failed."""
 
 
-LAUNCHER_DONE = b"done"
-"""A launcher's last beat once its node's training ended: it stopped for good, and no node is lost."""
+def capture_worker_failures() -> dict[int, Any]:
+    """Keep the failures ft_launcher's `launch_agent` raises (global rank -> ProcessFailure) in the
+    returned dict, which fills only when the workers failed; launch.py prints them last, one short entry
+    per rank, in the `rank: ProcessFailure(...)` form k8s/termination.py reads.
+
+    ft_launcher out of restarts logs its failed workers as one line of ProcessFailure reprs, Python call
+    stacks included. The kubelet keeps only the last 2,048 bytes of a failed pod's log as its
+    termination message, so the first entries -- the rank that was SIGKILLed among them, a short one --
+    are cut, and the job's failure reason names a collateral rank's error."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher  # noqa: PLC0415
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
+
+    launch = require_internal(launcher, *LAUNCH_AGENT)
+    failures: dict[int, Any] = {}
+
+    @functools.wraps(launch)  # keeps the signature `require_internal` checks
+    def launch_agent(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        try:
+            return launch(*args, **kwargs)
+        except ChildFailedError as exc:
+            failures.update(exc.failures)
+            raise
+
+    launcher.launch_agent = launch_agent
+    return failures
 
 
-class SteadyBeats:
-    """Whether this launcher's own beats have gone out on time for the last `gone_s`: only then may it
-    read a peer's old beat as that peer's loss. A store that stalled, or a launcher starved of CPU,
-    delays every beat alike (its own included), and for a moment after, every peer's looks old."""
-
-    def __init__(self, *, every_s: float, gone_s: float = LAUNCHER_GONE_S) -> None:
-        self.every_s, self.gone_s = every_s, gone_s
-        self._since: float | None = None
-        self._last = 0.0
-
-    def wrote(self, now: float) -> bool:
-        """A beat went out at `now`; returns whether the beats have been steady for `gone_s`."""
-        if self._since is None or now - self._last > 2 * self.every_s:
-            self._since = now
-        self._last = now
-        return now - self._since >= self.gone_s
-
-    def broke(self) -> None:
-        """A beat could not be written."""
-        self._since = None
+# ----- rank (training/resilience/layers.py) ------------------------------------------------------------
 
 
-class LauncherBeat:
-    """This launcher's beat in the rendezvous store, and its watch over one peer (see the module
-    docstring): a daemon thread that writes the wall-clock time every `every_s` while the launcher
-    lives and, when `active_nodes` is given, runs `LostPeerWatch` after each beat once its own beats
-    have been steady for `LAUNCHER_GONE_S` (`SteadyBeats`). Store errors only skip beats. `finish`
-    ends it; at interpreter exit it ends by itself. Either way it drops its store client first: a
-    TCPStore still held by a thread when the interpreter ends aborts the process, which would turn the
-    launcher's exit status (what the Job's pod failure policy reads) into a SIGABRT."""
-
-    def __init__(
-        self,
-        endpoint: str,
-        *,
-        run_id: str,
-        infra_rank: int,
-        active_nodes: int | None = None,
-        every_s: float = LAUNCHER_BEAT_S,
-    ) -> None:
-        self.endpoint, self.run_id, self.infra_rank = endpoint, run_id, infra_rank
-        self.active_nodes, self.every_s = active_nodes, every_s
-        self._stop = threading.Event()
-        self._done = False
-        self.thread = threading.Thread(target=self._run, name="launcher-beat", daemon=True)
-
-    def start(self) -> LauncherBeat:
-        self.thread.start()
-        atexit.register(self.finish)
-        return self
-
-    def finish(self, *, done: bool = False) -> None:
-        """Stop beating; `done`: this node's training ended, so its last beat says so."""
-        self._done = self._done or done
-        self._stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(timeout=BEAT_CONNECT_S + self.every_s)
-
-    def _run(self) -> None:
-        from datetime import timedelta  # noqa: PLC0415
-
-        from torch.distributed import TCPStore  # noqa: PLC0415
-
-        host, _, port = self.endpoint.rpartition(":")
-        store = watch = None
-        key = ""
-        steady = SteadyBeats(every_s=self.every_s)
-        while not self._stop.is_set():
-            try:
-                if store is None:
-                    store = TCPStore(
-                        host, int(port), is_master=False, timeout=timedelta(seconds=BEAT_CONNECT_S)
-                    )
-                    prefix = _barrier_state()(store=store, run_id=self.run_id).prefix
-                    key = launcher_beat_key(prefix, self.infra_rank)
-                    if self.active_nodes:
-                        watch = LostPeerWatch(
-                            store,
-                            run_id=self.run_id,
-                            infra_rank=self.infra_rank,
-                            active_nodes=self.active_nodes,
-                        )
-                now = time.time()
-                store.set(key, repr(now))
-                lost = watch.check() if watch is not None and steady.wrote(now) else None
-                if lost is not None:
-                    opened, infra_rank, age = lost
-                    print(
-                        f"node with infra rank {infra_rank} lost: its launcher's last beat was {age:.1f} s "
-                        f"ago; opened restart round {opened}",
-                        flush=True,
-                    )
-            except Exception:  # noqa: BLE001 - the store may be starting, moving or gone
-                store = watch = None
-                steady.broke()
-            self._stop.wait(self.every_s)
-        if self._done and store is not None:
-            with contextlib.suppress(Exception):
-                store.set(key, LAUNCHER_DONE)  # type: ignore[arg-type]  # torch's stub says str; bytes work
-        del store, watch
+SET_TIMEOUTS = ("_set_calculated_timeouts", ("self", "new_hb_timeouts", "new_section_timeouts"))
+"""RankMonitorClient's private setter of calculated heartbeat/section timeouts."""
 
 
-def wait_only_for_live_previous_actives(gone_s: float = LAUNCHER_GONE_S) -> None:
-    """The restart round's last call waits only for previous active nodes whose launcher beats (see the
-    module docstring). Runs in the control process, which closes the rounds."""
-    state = _barrier_state()
-    make = require_internal(state, *LAST_CALL_GATE)
-    if getattr(make, "nvrx_eks_live_only", False):
-        return
+def set_heartbeat_timeouts(client: Any, *, initial: float, subsequent: float) -> None:  # noqa: ANN401
+    """Install heartbeat timeouts as if NVRx had calculated them, so `state_dict` persists them with the
+    checkpoint and a restarted rank is watched with them at once.
 
-    @functools.wraps(make)  # keeps the signature `require_internal` checks
-    def _make_previous_active_last_call_gate(self: Any, min_nodes: int, max_nodes: int) -> Any:  # noqa: ANN401
-        gate = make(self, min_nodes, max_nodes)
-        previous = getattr(gate, GATE_PREVIOUS_ACTIVES, None)
-        if not gate.enabled or previous is None:
-            return gate
-        evaluate = gate.evaluate
+    NVRx calculates the timeouts from observed step intervals and has no public setter; the kit raises
+    them to configured floors (a small model's calculated timeout is milliseconds, and the launcher would
+    kill a rank for its first pause) through RankMonitorClient's `_set_calculated_timeouts`."""
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts  # noqa: PLC0415
 
-        def evaluate_live(participants: list[Any], now: float, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-            present = {participant[1] for participant in participants}
-            for infra_rank in [rank for rank in previous if rank not in present]:
-                age = launcher_beat_age(self.store, self.prefix, infra_rank)
-                if age is not None and age > gone_s:
-                    del previous[infra_rank]
-                    print(
-                        f"restart round: not waiting for infra rank {infra_rank}: its launcher's last beat "
-                        f"was {age:.1f} s ago",
-                        flush=True,
-                    )
-            return evaluate(participants, now, *args, **kwargs)
-
-        gate.evaluate = evaluate_live
-        return gate
-
-    _make_previous_active_last_call_gate.nvrx_eks_live_only = True  # type: ignore[attr-defined]
-    state._make_previous_active_last_call_gate = _make_previous_active_last_call_gate  # noqa: SLF001
+    setter = require_internal(type(client), *SET_TIMEOUTS)
+    timeouts = HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
+    setter(client, new_hb_timeouts=timeouts, new_section_timeouts=None)
 
 
-def launcher_beat_age(store: Any, prefix: str, infra_rank: int) -> float | None:  # noqa: ANN401
-    """Seconds since the launcher with `infra_rank` last beat, or None when it never did or its node's
-    training ended (`LAUNCHER_DONE`)."""
-    key = launcher_beat_key(prefix, infra_rank)
-    if not store.check([key]):
-        return None
-    value = store.get(key)
-    if value == LAUNCHER_DONE:
-        return None
-    return time.time() - float(value.decode())
+RESTART_HEALTH_CHECKS = ("_construct_restart_health_check", ("self",))
+"""inprocess.Wrapper's own restart health checks, chained from LOCAL_RANK when it is built."""
+
+
+def inprocess_wrapper(*, gpu: bool, **kwargs: Any) -> Any:  # noqa: ANN401
+    """`inprocess.Wrapper(**kwargs)`; without GPUs, built with LOCAL_RANK hidden, so a CPU run keeps only
+    the kit's own restart health checks. On GPU nodes NVRx's checks stay.
+
+    The Wrapper chains NVML-based GPU, NVLink and NIC health checks to every in-process restart whenever
+    LOCAL_RANK is set when it is built (`_construct_restart_health_check`, called from `__init__`).
+    Without NVML the GPU check fails, so every soft fault (exception, hang, OOM, a skipped collective)
+    ends the process and becomes a launcher restart."""
+    from nvidia_resiliency_ext import inprocess  # noqa: PLC0415 - heavy import, only in NVRx modes
+
+    if gpu:
+        return inprocess.Wrapper(**kwargs)
+    require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+    local_rank = os.environ.pop("LOCAL_RANK", None)
+    try:
+        return inprocess.Wrapper(**kwargs)
+    finally:
+        if local_rank is not None:
+            os.environ["LOCAL_RANK"] = local_rank
+
+
+STORE_HOST_RANK = "TCP_STORE_HOST_RANK"
+"""The rank whose process hosts NVRx's in-process TCPStore (a class attribute of inprocess.store.TCPStore)."""
+
+
+def host_first_store() -> type:
+    """NVRx's in-process TCPStore, whose clients first wait until the host's port accepts connections
+    (training/parallel.py `wait_until_listening`): the Wrapper's `store_factory`.
+
+    Rank 0 hosts the Wrapper's TCPStore, and every rank of a new launcher round builds it at about the
+    same moment. A client that comes before its host is refused, and torch's client retries only after
+    a randomised backoff, while the host's own construction waits for every client: forming the store
+    becomes the longest part of a SIGKILL's recovery once the workers fork warm. The host itself, and
+    rank 0's monitor process (which NVRx makes a client when the host's port is taken), are unchanged."""
+    from nvidia_resiliency_ext.inprocess.store import TCPStore  # noqa: PLC0415
+
+    host_rank = getattr(TCPStore, STORE_HOST_RANK, None)
+    if not isinstance(host_rank, int):
+        raise RuntimeError(  # noqa: TRY004 - a changed NVRx, reported like every other changed internal
+            f"NVRx {NVRX_VERSION}: inprocess.store.TCPStore has no integer {STORE_HOST_RANK}; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+    require_internal(TCPStore, "__init__", ("self", "host_name", "port", "world_size", "timeout"))
+    from nvrx_eks.training.parallel import wait_until_listening  # noqa: PLC0415
+
+    class HostFirstTCPStore(TCPStore):  # type: ignore[misc]  # NVRx ships no types: its TCPStore is Any
+        def __init__(
+            self,
+            host_name: str | None = None,
+            port: int | None = None,
+            world_size: int | None = None,
+            timeout: timedelta = timedelta(seconds=300),
+            **kwargs: Any,  # noqa: ANN401
+        ) -> None:
+            if int(os.environ["RANK"]) != host_rank:
+                wait_until_listening(
+                    host_name or os.environ["MASTER_ADDR"],
+                    port or int(os.environ["MASTER_PORT"]),
+                    timeout.total_seconds(),
+                )
+            super().__init__(host_name, port, world_size, timeout, **kwargs)
+
+    return HostFirstTCPStore
+
+
+MONITOR_THREAD_STOPPED = "stop_loop"
+"""The in-process monitor thread's event that the Wrapper sets when it stops the thread on purpose."""
+
+
+def _monitor_thread_type() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
+    from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
+
+    source = inspect.getsource(MonitorThread)
+    if f"self.{MONITOR_THREAD_STOPPED} = threading.Event()" not in source:
+        raise RuntimeError(
+            f"NVRx {NVRX_VERSION}: inprocess MonitorThread has no {MONITOR_THREAD_STOPPED} event; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+    return MonitorThread
+
+
+def on_monitor_thread_death(callback: Callable[[BaseException | None], None]) -> None:
+    """Call `callback(exception)` in the dying thread when an in-process monitor thread ends with an
+    exception while its Wrapper had not asked it to stop, after the usual traceback is printed; other
+    threads' exceptions go to the previous `threading.excepthook` unchanged.
+
+    The Wrapper's store is a TCPStore its rank 0 hosts. When rank 0's node is lost, each survivor's
+    monitor thread -- the one that interrupts the main thread for a restart -- dies of the store's
+    DistNetworkError (its loop catches only DistStoreError), while the main thread, after its collective
+    failed, spins until that thread interrupts it (`spin_till_paused`): for ever. Only ft_launcher's
+    heartbeat timeout would end it, and with a warm spare standing by nothing else opens the next
+    round. No in-process restart is possible without that store, which lives for one launcher round,
+    so the in-process layer's callback ends the process (training/resilience/layers.py) and its
+    launcher restarts the node's workers at once."""
+    monitor_thread = _monitor_thread_type()
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        previous(args)
+        thread = args.thread
+        if isinstance(thread, monitor_thread) and not getattr(thread, MONITOR_THREAD_STOPPED).is_set():
+            callback(args.exc_value)
+
+    threading.excepthook = hook
+
+
+def stop_progress_watchdog(call_wrapper: Any) -> None:  # noqa: ANN401
+    """Stop the Wrapper's progress watchdog thread if NVRx left it running (a no-op when NVRx stopped
+    it); called once the Wrapper has returned or raised.
+
+    The watchdog is a non-daemon thread that each call of the Wrapper starts and stops in its shutdown,
+    after a termination barrier. When the ranks of a lost node never reach that barrier, the barrier
+    raises first and the thread is never stopped: the surviving ranks leave the wrapper (RestartAbort)
+    but the interpreter waits for the thread at exit for ever, so their processes never end, their
+    launcher never restarts them, and the job hangs."""
+    watchdog = getattr(call_wrapper, "progress_watchdog", None)
+    if watchdog is not None and watchdog.is_alive():
+        watchdog.shutdown()
+
+
+RANK_MONITOR_SOCKET = "rank_monitor_socket"
+"""RankMonitorClient's connection to its launcher's rank monitor (a socket object, None when closed)."""
+
+
+def close_rank_monitor_socket_in_forks(client: Any) -> None:  # noqa: ANN401 - a RankMonitorClient
+    """In every process forked from this one from now on, close that process's copy of `client`'s
+    connection to its launcher's rank monitor (training/forks.py); the rank's own stays open.
+
+    The rank monitor serves one connection per local rank at a time: a new worker's waits until the
+    previous one is closed. The in-process Wrapper forks its monitor process from the rank after the
+    client connected, so that process holds a copy of the socket, and it outlives a rank the launcher
+    stopped (after a node loss it waits at the in-process barriers for ranks that will never come).
+    Unpatched, the connection stays open, the restarted worker hangs in its start until the launcher
+    gives up on it, and the job loses its survivors' places."""
+    if not hasattr(client, RANK_MONITOR_SOCKET):
+        raise RuntimeError(
+            f"NVRx {NVRX_VERSION}: RankMonitorClient has no {RANK_MONITOR_SOCKET}; "
+            "check training/resilience/nvrx_compat.py against this release"
+        )
+    close_in_forks(lambda: getattr(client, RANK_MONITOR_SOCKET, None))
+
+
+# ----- self-check (training/node/selfcheck.py) ---------------------------------------------------------
+
+
+def straggler_extension_available() -> bool:
+    """Whether NVRx's compiled CUPTI straggler extension (`nvrx_cupti_module`) can be imported here. It is
+    a GPU-only build: the image has it, a local install (tools/nvrx-wheel.sh) does not. Nothing in the
+    kit uses the straggler detector; the self-check reports whether the extension loads."""
+    return importlib.util.find_spec("nvrx_cupti_module") is not None
