@@ -33,6 +33,7 @@ setting is what it is:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +52,7 @@ from nvrx_eks.k8s.trainer_args import (
     durable_dir,
     entry_command,
     local_dir,
+    resilience_document,
     resilience_env,
 )
 from nvrx_eks.k8s.values import ALLOCATABLE_FRACTION
@@ -648,9 +650,16 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m nvrx_eks.training.selfcheck` proving every checkpoint tier of the pod writable."""
-    dirs = [values.storage.memory_mount_path, local_dir(values), durable_dir(values)]
-    return ["python", "-m", "nvrx_eks.training.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    """`python -m nvrx_eks.training.selfcheck`, which proves among its checks that the ranks' checkpointer
+    can start on the node. A script's ranks read the job's configuration from NVRX_EKS_CONFIG, in the
+    env the self-check shares with them; the reference trainer's get flags, so the self-check is handed
+    what their checkpointer is built from (the run folder and the checkpoint section) as that JSON."""
+    command = ["python", "-m", "nvrx_eks.training.selfcheck"]
+    if values.entrypoint is None:
+        document = resilience_document(values)
+        checkpointer = {key: document[key] for key in ("run_dir", "checkpoint")}
+        command.append(f"--config={json.dumps(checkpointer, sort_keys=True, separators=(',', ':'))}")
+    return command
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:
@@ -741,6 +750,8 @@ class TrainingJob(Construct):
                 resources=_resources(values),
                 volume_mounts=mounts,
                 security_context=security,
+                # A failed check's pod status carries the verdict line (`job status` names it).
+                termination_message_policy="FallbackToLogsOnError",
             )
         ]
         trainer_env, trainer_mounts = list(env), list(mounts)
