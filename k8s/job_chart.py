@@ -33,6 +33,7 @@ setting is what it is:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
+from nvrx_eks.training.resilience.config import config_document
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -641,10 +643,17 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
 
 
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m nvrx_eks.training.node.selfcheck` proving every checkpoint tier of the pod writable."""
-    c = values.trainer.checkpoint
-    dirs = [c.memory_dir, c.local_dir, c.durable_dir]
-    return ["python", "-m", "nvrx_eks.training.node.selfcheck", *(f"--checkpoint-dir={d}" for d in dirs if d)]
+    """`python -m nvrx_eks.training.node.selfcheck`, which proves among its checks that the ranks'
+    checkpointer can start on the node. A script's ranks read the job's configuration from
+    NVRX_EKS_CONFIG, in the env the self-check shares with them; the reference trainer's get flags, so
+    the self-check is handed what their checkpointer is built from (the run folder and the checkpoint
+    section) as that JSON."""
+    command = ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    if values.entrypoint is None:
+        document = config_document(values.trainer)
+        checkpointer = {key: document[key] for key in ("run_dir", "checkpoint")}
+        command.append(f"--config={json.dumps(checkpointer, sort_keys=True, separators=(',', ':'))}")
+    return command
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:
@@ -736,6 +745,8 @@ class TrainingJob(Construct):
                 resources=_resources(values),
                 volume_mounts=mounts,
                 security_context=security,
+                # A failed check's pod status carries the verdict line (`job status` names it).
+                termination_message_policy="FallbackToLogsOnError",
             )
         ]
         trainer_env, trainer_mounts = list(env), list(mounts)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nvrx_eks.training.node.selfcheck import CANNOT_TRAIN
 from nvrx_eks.training.resilience.launch import STOPPED_EXIT_CODES
 
 TAIL_LINES = 80
@@ -42,6 +43,9 @@ _USER_ERROR = re.compile(
     r"(?:\. Agent's exit code = \d+)?$",
     re.MULTILINE,
 )
+# The self-check init container's verdict line (training/node/selfcheck.py `render`): the failed checks,
+# each with its fix, whole (a verdict may well exceed the 200 characters kept of an unknown last line).
+_SELFCHECK = re.compile(rf"^{CANNOT_TRAIN} \((?P<kind>[^)]*)\): (?P<reasons>.+)$", re.MULTILINE)
 _KNOWN = (
     ("RendezvousClosedError", "the rendezvous was closed (RendezvousClosedError)"),
     ("RendezvousTimeoutError", "the rendezvous timed out (RendezvousTimeoutError)"),
@@ -85,6 +89,9 @@ def failure_cause(message: str) -> Cause:
     user_error = _USER_ERROR.search(message)
     if user_error:
         return Cause(text=f"local rank {user_error['rank']}: {user_error['message'].strip()}", severity=2)
+    verdict = _SELFCHECK.search(message)
+    if verdict:
+        return Cause(text=f"self-check ({verdict['kind']}): {verdict['reasons'].strip()}", severity=1)
     failures = [
         _rank_failure(m["rank"], m["exitcode"], m["message"]) for m in _PROCESS_FAILURE.finditer(message)
     ]

@@ -668,7 +668,11 @@ class LocalJob:
                 continue
             action = self._failure_action(o)
             if action == "FailJob":
-                return False, f"PodFailurePolicy: pod {pod.name} exit code {o.exit_code} fails the job"
+                cause = f": {failure_cause(o.message).text}" if o.message else ""
+                return False, (
+                    f"PodFailurePolicy: pod {pod.name} container {o.container} exit code {o.exit_code} "
+                    f"fails the job{cause}"
+                )
             if action != "Ignore":
                 self.failures[index] += 1
                 if action == "FailIndex" or self.failures[index] > self.backoff_per_index:

@@ -76,7 +76,7 @@ from nvrx_eks.training.resilience.config import (
     CONFIG_ENV,
     ResilienceConfig,
     check_fault_plan,
-    resilience_config,
+    config_from_json,
 )
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
 
@@ -120,17 +120,7 @@ class UserCodeError(UserError):
 def load_config(env: dict[str, str] | None = None) -> ResilienceConfig:
     """The job's configuration from `NVRX_EKS_CONFIG` (set by the chart), else the defaults."""
     raw = (os.environ if env is None else env).get(CONFIG_ENV)
-    if not raw:
-        return ResilienceConfig()
-    try:
-        document = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"{CONFIG_ENV} is not a JSON object ({exc}); the chart renders it from the job values"
-        ) from None
-    if not isinstance(document, dict):
-        raise UserError(f"{CONFIG_ENV} is not a JSON object; the chart renders it from the job values")
-    return resilience_config(document, source=CONFIG_ENV)
+    return config_from_json(raw, source=CONFIG_ENV) if raw else ResilienceConfig()
 
 
 @dataclass

@@ -294,11 +294,17 @@ def pod_view(pod: Any) -> PodView:  # noqa: ANN401 - V1Pod
     labels = pod.metadata.labels or {}
     annotations = pod.metadata.annotations or {}
     statuses = (pod.status.container_statuses or []) if pod.status else []
+    inits = (pod.status.init_container_statuses or []) if pod.status else []
     waiting = next((s.state.waiting for s in statuses if s.state and s.state.waiting), None)
-    # A failed pod of the Job (restartPolicy Never) shows its end in `state`; a restarted one in
-    # `last_state`.
-    terminated = next((s.state.terminated for s in statuses if s.state and s.state.terminated), None) or next(
-        (s.last_state.terminated for s in statuses if s.last_state and s.last_state.terminated), None
+    # A failed pod of the Job (restartPolicy Never) shows its end in `state`, an init container's
+    # failure (the self-check's verdict) included; a restarted one in `last_state`.
+    failed_init = (
+        s.state.terminated for s in inits if s.state and s.state.terminated and s.state.terminated.exit_code
+    )
+    terminated = (
+        next(failed_init, None)
+        or next((s.state.terminated for s in statuses if s.state and s.state.terminated), None)
+        or next((s.last_state.terminated for s in statuses if s.last_state and s.last_state.terminated), None)
     )
     unschedulable = next(
         (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,8 @@ import torch
 from pydantic import ValidationError
 
 from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
+from nvrx_eks.training.checkpoint.factory import probe_checkpointer
+from nvrx_eks.training.checkpoint.probe import failed
 from nvrx_eks.training.checkpoint.shard import ShardError, decode, to_bytes
 from nvrx_eks.training.checkpoint.storage import FileStore
 
@@ -144,6 +148,44 @@ def test_unwritable_durable_is_reported_training_continues_and_later_retries(tmp
     ckpt.save(4, state_at(4))
     assert ckpt.stats.persisted["durable"] == 1
     assert FileStore(tier="durable", root=blocker).manifests(0).keys() == {4}
+
+
+def test_the_probe_proves_each_tier_and_leaves_nothing_a_restore_reads(tmp_path):
+    config = CheckpointConfig(
+        memory_dir=tmp_path / "memory",
+        memory_every=2,
+        local_dir=tmp_path / "local",
+        local_every=2,
+        durable_dir=str(tmp_path / "durable"),
+        durable_every=4,
+    )
+    probes = probe_checkpointer(config)
+    # Only the node's own disk is node-local: a failure there is the node's, anywhere else every pod's.
+    assert [(p.tier, p.ok, p.node_local) for p in probes] == [
+        ("memory", True, False),
+        ("local", True, True),
+        ("durable", True, False),
+    ]
+    for folder in ("memory", "local", "durable"):
+        assert not list((tmp_path / folder).iterdir()), folder
+    ckpt = build_checkpointer(config, rank=0, world_size=1, device=CPU)
+    try:
+        assert ckpt.load_latest() is None
+    finally:
+        ckpt.close()
+
+
+def test_a_tier_the_trainer_may_not_write_names_its_uid_and_the_fix():
+    location = "/fsx/durable/job"
+    probe = failed("durable", location, PermissionError(errno.EACCES, "Permission denied", location))
+    uid = os.getuid()
+    assert not probe.ok
+    assert probe.detail == (
+        f"Permission denied for uid {uid}; make it writable by uid {uid}, the trainer's user, or point "
+        "checkpoint.durable_dir at another folder"
+    )
+    parent = failed("local", "/nvme/a/b", NotADirectoryError(errno.ENOTDIR, "Not a directory", "/nvme/a"))
+    assert parent.detail.startswith("Not a directory (/nvme/a); remove the file that stands in its path")
 
 
 def test_manifest_records_size_and_checksum(tmp_path):

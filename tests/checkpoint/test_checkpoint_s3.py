@@ -5,8 +5,12 @@ from __future__ import annotations
 import boto3
 import pytest
 import torch
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.factory import probe_checkpointer
+from nvrx_eks.training.checkpoint.probe import failed
 from nvrx_eks.training.checkpoint.shard import ShardError, to_bytes
 from nvrx_eks.training.checkpoint.storage import S3Store
 
@@ -33,3 +37,25 @@ def test_s3_commit_read_verify_and_prune(store):
     store.client.put_object(Bucket="ckpt", Key=key, Body=bytes(blob))
     with pytest.raises(ShardError, match="CRC32"):
         store.read(30, 1)
+
+
+def test_the_probe_lists_writes_and_removes_and_names_a_missing_bucket(store):
+    assert store.probe() == "listed, written and deleted (region us-east-1)"
+    assert store.client.list_objects_v2(Bucket="ckpt").get("KeyCount") == 0
+    missing = S3Store(tier="durable", url="s3://nope/runs/a", client=store.client)
+    with pytest.raises(ClientError) as caught:
+        missing.probe()
+    probe = failed("durable", missing.location, caught.value)
+    assert "NoSuchBucket" in probe.detail
+    assert probe.detail.endswith("; create the bucket, or correct checkpoint.durable_dir")
+
+
+def test_a_durable_tier_on_s3_is_probed_with_the_client_the_checkpointer_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    config = CheckpointConfig(implementation="sync", durable_dir="s3://ckpt/runs/a", durable_every=4)
+    with mock_aws():
+        (probe,) = probe_checkpointer(config)
+        assert (probe.tier, probe.ok, probe.location) == ("durable", False, "s3://ckpt/runs/a")
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="ckpt")
+        (probe,) = probe_checkpointer(config)
+        assert probe.ok, probe

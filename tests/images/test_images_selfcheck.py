@@ -1,8 +1,9 @@
 """`python -m nvrx_eks.training.node.selfcheck`: CPU mode on this machine; GPU/EFA nodes from faked device
-trees."""
+trees; the job's checkpointer started on real folders."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import stat
@@ -10,13 +11,19 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import get_profile
 from nvrx_eks.training.node import selfcheck
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE, Node, Status, TorchInfo
 from nvrx_eks.training.resilience import nvrx_compat
+from nvrx_eks.training.resilience.config import CONFIG_ENV
+
+if TYPE_CHECKING:
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 REPO = Path(__file__).resolve().parents[2]
 P5 = get_profile("p5.48xlarge")
@@ -38,16 +45,47 @@ def _selfcheck(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _job_config(tmp_path: Path, **checkpoint: str) -> str:
+    """A job's configuration as the chart hands it to the self-check: the run folder and the tiers."""
+    tiers = {"memory_dir": "memory", "local_dir": "nvme", "durable_dir": "fsx"} | checkpoint
+    document = {
+        "run_dir": str(tmp_path / "run"),
+        "checkpoint": {field: str(tmp_path / folder) for field, folder in tiers.items()},
+    }
+    return json.dumps(document)
+
+
+def _checkpoint(tmp_path: Path, **checkpoint: str) -> CheckpointConfig:
+    return selfcheck.checkpoint_config(
+        selfcheck.parse_args(["--config", _job_config(tmp_path, **checkpoint)], {}), {}
+    )
+
+
 def test_cpu_mode_on_this_machine(tmp_path):
-    done = _selfcheck("--checkpoint-dir", str(tmp_path / "ckpt"))
+    done = _selfcheck("--config", _job_config(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "CPU mode: local-cpu" in done.stdout
     assert "node can train" in done.stdout
     # The local NVRx lacks the compiled straggler extension (tools/nvrx-wheel.sh): said, not failed.
     extension = nvrx_compat.straggler_extension_available()
     assert ("no CUPTI straggler extension" in done.stdout) is not extension
-    assert (tmp_path / "ckpt").is_dir()
-    assert not list((tmp_path / "ckpt").iterdir())  # the probe file is gone
+    # Every tier made where the ranks will write it, and nothing left in it: no probe, no rank folder.
+    for folder in ("memory", "nvme", "fsx"):
+        assert (tmp_path / folder).is_dir()
+        assert not list((tmp_path / folder).iterdir()), folder
+
+
+def test_a_checkpointer_that_cannot_start_fails_the_pod_with_one_line(tmp_path):
+    """The durable folder is a file: every pod would fail alike (exit 2), before the launcher starts."""
+    (tmp_path / "fsx").write_text("a file where the durable tier's folder should be")
+    done = _selfcheck("--config", _job_config(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    verdict = done.stdout.strip().splitlines()[-1]  # the pod's termination message ends with it
+    assert verdict.startswith("cannot train (configuration/image problem, exit 2): checkpoint durable: ")
+    assert str(tmp_path / "fsx") in verdict  # where
+    assert "File exists" in verdict  # why
+    assert "remove the file that stands in its path, or point checkpoint.durable_dir" in verdict  # the fix
 
 
 def test_unknown_profile_is_a_configuration_error():
@@ -105,8 +143,8 @@ def p5_node(tmp_path) -> Node:
     )
 
 
-def _by_name(node: Node, tmp_path: Path, *, shm_gib: float = 0.0) -> dict[str, selfcheck.Check]:
-    checks = selfcheck.run_checks(node, profile=P5, checkpoint_dirs=[tmp_path / "nvme", tmp_path / "fsx"])
+def _by_name(node: Node, tmp_path: Path) -> dict[str, selfcheck.Check]:
+    checks = selfcheck.run_checks(node, profile=P5, checkpoint=_checkpoint(tmp_path))
     return {c.name: c for c in checks}
 
 
@@ -117,7 +155,7 @@ def _shm_is_not_the_question(monkeypatch):
 
 
 def test_a_healthy_p5_node_can_train(p5_node, tmp_path, capsys):
-    code = selfcheck.main(["--checkpoint-dir", str(tmp_path / "nvme")], node=p5_node)
+    code = selfcheck.main(["--config", _job_config(tmp_path)], node=p5_node)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "node can train" in out
@@ -127,6 +165,9 @@ def test_a_healthy_p5_node_can_train(p5_node, tmp_path, capsys):
     assert checks["EFA devices"].detail.startswith("32 of 32")
     assert checks["NCCL net plugin"].detail.endswith("libnccl-net-ofi.so")
     assert checks["NCCL"].detail == "2.27.7"
+    for tier in ("memory", "local", "durable"):
+        assert checks[f"checkpoint {tier}"].status is Status.OK, checks[f"checkpoint {tier}"]
+    assert "for 3 staging slots per rank" in checks["checkpoint memory"].detail
 
 
 def _code(node: Node, tmp_path: Path) -> int:
@@ -207,14 +248,66 @@ def test_cpu_only_torch_on_a_gpu_profile_is_the_wrong_image(p5_node, tmp_path):
     assert _by_name(p5_node, tmp_path)["torch"].status is Status.CONFIG
 
 
-def test_an_unwritable_checkpoint_tier_is_a_node_problem(p5_node, tmp_path):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("x")
-    checks = selfcheck.run_checks(p5_node, profile=P5, checkpoint_dirs=[blocker / "nvme"])
-    tier = next(c for c in checks if c.name.startswith("tier "))
-    assert tier.status is Status.NODE
-    assert "not writable" in tier.detail
-    assert selfcheck.exit_code(checks) == NODE_PROBLEM_EXIT_CODE
+@pytest.mark.parametrize(
+    ("tier", "field", "status", "code"),
+    [
+        # The node's own disk: another node may well do (the Job replaces the pod at no cost).
+        ("local", "local_dir", Status.NODE, NODE_PROBLEM_EXIT_CODE),
+        # The pod's memory folder and the shared durable tier: every pod would fail alike.
+        ("memory", "memory_dir", Status.CONFIG, 2),
+        ("durable", "durable_dir", Status.CONFIG, 2),
+    ],
+)
+def test_a_checkpoint_tier_that_cannot_start_names_itself_the_cause_and_the_fix(
+    p5_node, tmp_path, tier, field, status, code
+):
+    (tmp_path / "blocker").write_text("x")
+    config = _checkpoint(tmp_path, **{field: f"blocker/{tier}"})
+    checks = {c.name: c for c in selfcheck.run_checks(p5_node, profile=P5, checkpoint=config)}
+    check = checks[f"checkpoint {tier}"]
+    assert check.status is status
+    assert check.detail.startswith(f"{tmp_path / 'blocker' / tier}: Not a directory"), check.detail
+    assert f"point checkpoint.{field} at another folder" in check.detail
+    assert selfcheck.exit_code(list(checks.values())) == code
+    others = {c.status for name, c in checks.items() if name.startswith("checkpoint ") and c is not check}
+    assert others == {Status.OK}
+
+
+def test_a_checkpointer_the_image_cannot_import_is_an_image_problem(p5_node, tmp_path, monkeypatch):
+    # The tiered implementation's modules (or one they import) missing from the image.
+    monkeypatch.setitem(sys.modules, "nvrx_eks.training.checkpoint.tiered", None)
+    checks = _by_name(p5_node, tmp_path)
+    check = checks["checkpoint implementation"]
+    assert check.status is Status.CONFIG
+    assert check.detail.startswith("checkpoint.implementation=tiered: cannot be imported (")
+    assert "rebuild it" in check.detail
+    assert not (tmp_path / "memory").exists()  # nothing tried past the import
+    assert selfcheck.exit_code(list(checks.values())) == 2
+
+
+def test_a_scripts_configuration_comes_from_its_env(p5_node, tmp_path):
+    """A script's ranks read NVRX_EKS_CONFIG, in the env the self-check shares with them; the
+    synchronous implementation has no memory tier to prove."""
+    p5_node.env = dict(p5_node.env) | {CONFIG_ENV: _job_config(tmp_path)}
+    document = json.loads(p5_node.env[CONFIG_ENV])
+    document["checkpoint"]["implementation"] = "sync"
+    p5_node.env[CONFIG_ENV] = json.dumps(document)
+    config = selfcheck.checkpoint_config(selfcheck.parse_args([], p5_node.env), p5_node.env)
+    assert config is not None
+    assert config.implementation == "sync"
+    names = [c.name for c in selfcheck.run_checks(p5_node, profile=P5, checkpoint=config)]
+    assert [n for n in names if n.startswith("checkpoint")] == ["checkpoint local", "checkpoint durable"]
+
+
+def test_no_configuration_is_a_warning_and_a_bad_one_a_configuration_error(p5_node, tmp_path):
+    checks = selfcheck.run_checks(p5_node, profile=P5, checkpoint=None)
+    assert checks[-1] == selfcheck.Check(
+        "checkpointer", Status.WARN, f"no job configuration (--config or ${CONFIG_ENV})"
+    )
+    with pytest.raises(UserError, match="--config is not a JSON object"):
+        selfcheck.main(["--config", "memory_dir=/x"], node=p5_node)
+    with pytest.raises(UserError, match=r"checkpoint\.keep"):
+        selfcheck.main(["--config", json.dumps({"checkpoint": {"keep": 0}})], node=p5_node)
 
 
 def test_configuration_problems_win_over_node_problems(p5_node, tmp_path):

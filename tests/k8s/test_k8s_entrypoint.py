@@ -15,6 +15,7 @@ from nvrx_eks.k8s.launcher import FT_LAUNCHER
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import api
+from nvrx_eks.training.node import selfcheck
 from nvrx_eks.training.resilience.config import CONFIG_ENV
 from nvrx_eks.training.resilience.launch import PRELOAD_ENV, entry_script, launcher_argv
 
@@ -61,6 +62,19 @@ def test_the_script_gets_the_kits_settings_as_one_json_variable_the_api_reads(tm
     )
     assert env[PRELOAD_ENV] == "transformers,examples.hf_llama.train"
     assert json.loads(env[CONFIG_ENV])["mode"] == "both"
+
+
+def test_the_selfcheck_proves_the_checkpointer_the_scripts_ranks_read_from_their_env(tmp_path):
+    files = render(load_values(HF_VALUES), str(tmp_path))
+    docs = [doc for f in files for doc in yaml.safe_load_all(Path(f).read_text()) if doc]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    check = next(c for c in pod["initContainers"] if c["name"] == "selfcheck")
+    assert check["command"] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    env = {e["name"]: e.get("value") for e in check["env"]}
+    ranks = api.load_config(env).effective_checkpoint()
+    assert selfcheck.checkpoint_config(selfcheck.parse_args([], env), env) == ranks
+    assert ranks.peer_replicas == 1
 
 
 def test_a_script_path_is_run_as_python_would(tmp_path):

@@ -15,6 +15,7 @@ from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.launcher import FT_LAUNCHER
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.training.config import parse_args
+from nvrx_eks.training.node import selfcheck
 from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
 
@@ -133,23 +134,26 @@ def test_memory_tier_is_a_pod_emptydir_at_the_trainers_memory_dir(rendered):
     assert config.effective_checkpoint().memory_dir == config.checkpoint.memory_dir
 
 
-def test_selfcheck_runs_first_and_proves_every_tier_writable(rendered):
+def test_selfcheck_runs_first_and_is_handed_the_checkpointer_the_ranks_build(rendered):
     (job,) = _by_kind(rendered["local-cpu"], "Job")
     pod = job["spec"]["template"]["spec"]
     assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "topology"]
     check = pod["initContainers"][0]
     _, trainer = _split(pod["containers"][0]["command"])
-    tiers = parse_args(trainer).checkpoint
-    assert check["command"] == [
-        "python",
-        "-m",
-        "nvrx_eks.training.node.selfcheck",
-        f"--checkpoint-dir={tiers.memory_dir}",
-        f"--checkpoint-dir={tiers.local_dir}",
-        f"--checkpoint-dir={tiers.durable_dir}",
-    ]
+    assert check["command"][:3] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    # The reference trainer's ranks get flags: the self-check gets the same settings as JSON, and
+    # proves the very tiers their checkpointer is built with.
     env = {e["name"]: e.get("value") for e in check["env"]}
+    args = selfcheck.parse_args(check["command"][3:], env)
+    want = parse_args(trainer).effective_checkpoint()
+    assert selfcheck.checkpoint_config(args, env) == want
+    assert (want.local_dir, want.durable_dir) == (
+        Path("/local/checkpoints/nvrx-local"),
+        "/fsx/durable/nvrx-local",
+    )
     assert env["NVRX_EKS_INSTANCE_PROFILE"] == "local-cpu"
+    # A failed check's verdict line is the pod's termination message, which `job status` shows.
+    assert check["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_store_is_separate_and_prioritized(rendered):

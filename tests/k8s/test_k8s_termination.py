@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from nvrx_eks.k8s.termination import TAIL_BYTES, failure_cause, log_tail
+from nvrx_eks.kitcore.profiles import get_profile
+from nvrx_eks.training.node.selfcheck import Check, Status, render
 
 # The lines NVRx 0.4.1's ft_launcher logs when it runs out of restarts (seen in this kit's local runs).
 FAULTY = (
@@ -74,3 +76,20 @@ def test_a_lost_rendezvous_store_is_named():
     cause = failure_cause(message)
     assert cause.text.startswith("the rendezvous store was lost")
     assert cause.severity == 0
+
+
+def test_the_selfchecks_verdict_is_the_cause_whole(capsys, monkeypatch):
+    """A failed self-check's log tail (its init container's termination message): the verdict line, one
+    line however narrow the log, named whole, past the 200 characters kept of an unknown last line."""
+    monkeypatch.setenv("COLUMNS", "80")
+    detail = (
+        "/fsx/durable/nvrx-local: Permission denied for uid 10001; make it writable by uid 10001, the "
+        "trainer's user, or point checkpoint.durable_dir at another folder"
+    )
+    checks = [
+        Check("mode", Status.OK, "CPU mode"),
+        Check("checkpoint durable", Status.CONFIG, detail),
+    ]
+    render(checks, profile=get_profile("local-cpu"))
+    cause = failure_cause(log_tail(capsys.readouterr().out))
+    assert cause.text == f"self-check (configuration/image problem, exit 2): checkpoint durable: {detail}"

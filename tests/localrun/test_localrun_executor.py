@@ -26,6 +26,7 @@ from nvrx_eks.localrun.executor import (
     LocalJob,
     local_node_labels,
     marked_processes,
+    pvc_folder,
 )
 from nvrx_eks.localrun.node_api import LocalApiServer
 from nvrx_eks.training.checkpoint.domains import NodeDomain, domain, levels, node_domain
@@ -237,6 +238,32 @@ def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tm
         assert 0 in {p.index for p in init_failed}  # index 1's first pod may be deleted before its check
         assert all((p.container, p.exit_code) == ("selfcheck", 75) for p in init_failed)
         assert job.failures == {0: 0, 1: 0}, "exit 75 and node deletion must not consume the budget"
+    finally:
+        _assert_pods_gone(job)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_checkpointer_that_cannot_start_fails_the_job_before_any_launcher(tmp_path):
+    """The rendered self-check proves the reference trainer's tiers: a file where the durable tier's
+    folder goes on the shared volume fails the Job from the first pod's self-check (exit 2), and the
+    reason names the tier, its folder, the cause and the fix."""
+    job = LocalJob(_render(tmp_path, "trainer.steps=1"), run_dir=tmp_path / "run", timeout_s=100)
+    pod = job.rendered.job["spec"]["template"]["spec"]
+    (fsx,) = (v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    shared = pvc_folder(job.run_dir, fsx)
+    shared.mkdir(parents=True)
+    (shared / "durable").write_text("a file where the durable tier's folder goes")
+    try:
+        result = job.run()
+        assert not result.succeeded
+        assert (
+            "container selfcheck exit code 2 fails the job: self-check (configuration/image " in result.reason
+        )
+        assert f"checkpoint durable: {shared / 'durable' / 'nvrx-local'}: Not a directory" in result.reason
+        assert "point checkpoint.durable_dir at another folder" in result.reason
+        # No launcher started: the pods ended in their self-check.
+        assert "trainer" not in {p.container for p in result.pods}
     finally:
         _assert_pods_gone(job)
 

@@ -450,3 +450,33 @@ def test_status_names_a_failed_pods_cause_from_its_termination_message(manifests
     status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
     view = next(p for p in status.pods if p.name == "demo-1")
     assert view.last_termination == "Error (exit 1): worker rank 3 exit code -9 (Signal 9 (SIGKILL))"
+
+
+def test_status_names_a_failed_selfchecks_verdict(manifests):
+    """A pod whose self-check init container failed: its verdict, not the waiting trainer container."""
+    job = next(m for m in manifests if m["kind"] == "Job")
+    failed = _pod("demo-1", phase="Failed", waiting="PodInitializing")
+    verdict = (
+        "cannot train (configuration/image problem, exit 2): checkpoint memory: /checkpoint-memory: "
+        "No space left on device; free space on its filesystem, or point checkpoint.memory_dir at another "
+        "folder"
+    )
+    failed["status"]["initContainerStatuses"] = [
+        {
+            "name": name,
+            "image": IMAGE,
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}},
+        }
+        for name, code, reason, message in (
+            ("own-dirs", 0, "Completed", ""),
+            ("selfcheck", 2, "Error", f"| checkpoint memory | FAIL (config) | ... |\n{verdict}\n"),
+        )
+    ]
+    pods = _pods(_pod("demo-0"), failed)
+    client, _ = _client({("GET", JOB_PATH): [(200, job)], ("GET", PODS_PATH): [pods]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    view = next(p for p in status.pods if p.name == "demo-1")
+    assert view.last_termination == f"Error (exit 2): self-check {verdict.removeprefix('cannot train ')}"

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,20 @@ class Restored:
 
 class Checkpointer(ABC):
     """Public calls are fixed; implementations override the `_`-prefixed hooks."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(
+        cls,
+        config: CheckpointConfig,
+        *,
+        rank: int,
+        world_size: int,
+        node_index: int,
+        device: torch.device,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> Self:
+        """This rank's checkpointer for `config` (factory.py `build_checkpointer` calls it)."""
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Called by the loop after `step`, every step (it decides what is due). `state` must not be

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.checkpoint.probe import free_space, probe_folder, probe_name
 from nvrx_eks.training.checkpoint.shard import ShardError, decode
 
 if TYPE_CHECKING:
@@ -78,6 +79,11 @@ class ShardStore(ABC):
 
     @abstractmethod
     def delete(self, step: int, rank: int) -> None: ...
+
+    @abstractmethod
+    def probe(self) -> str:
+        """Prove this store takes a commit, before any rank writes (probe.py): what was found. Raises
+        what stopped it."""
 
     def read(self, step: int, rank: int) -> dict[str, Any]:
         """The verified state of one shard; ShardError says why it cannot be used."""
@@ -142,6 +148,9 @@ class FileStore(ShardStore):
 
     def __repr__(self) -> str:
         return f"FileStore({self.tier}: {self.root})"
+
+    def probe(self) -> str:
+        return free_space(probe_folder(self.root, fsync=self.fsync))
 
     def commit(
         self, *, step: int, rank: int, world_size: int, chunks: Iterable[memoryview | bytes]
@@ -315,6 +324,19 @@ class S3Store(ShardStore):
     def _key(self, step: int, name: str) -> str:
         return "/".join(part for part in (self.prefix, step_name(step), name) if part)
 
+    @property
+    def _folder(self) -> str:
+        """The listing prefix of the store's keys."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def probe(self) -> str:
+        """List the prefix (a restore's first call), then put and delete a probe object (a commit's)."""
+        self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._folder, MaxKeys=1)
+        key = "/".join(part for part in (self.prefix, probe_name()) if part)
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=b"")
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+        return f"listed, written and deleted (region {self.client.meta.region_name})"
+
     def commit(
         self, *, step: int, rank: int, world_size: int, chunks: Iterable[memoryview | bytes]
     ) -> Manifest:
@@ -332,9 +354,8 @@ class S3Store(ShardStore):
     def manifests(self, rank: int | None = None) -> dict[int, dict[int, Manifest]]:
         out: dict[int, dict[int, Manifest]] = {}
         paginator = self.client.get_paginator("list_objects_v2")
-        prefix = f"{self.prefix}/" if self.prefix else ""
         wanted = manifest_name(rank) if rank is not None else None
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._folder):
             for item in page.get("Contents", []):
                 name = item["Key"].rsplit("/", 1)[-1]
                 if not (name.startswith("rank-") and name.endswith(".json")):

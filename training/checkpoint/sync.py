@@ -8,22 +8,44 @@ tries again.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
 from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
 from nvrx_eks.training.checkpoint.shard import encode_header, flatten, tensor_chunks
 from nvrx_eks.training.checkpoint.stats import CheckpointStats
+from nvrx_eks.training.checkpoint.storage import disk_stores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
 
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
     from nvrx_eks.training.checkpoint.storage import ShardStore
 
 
 class SyncCheckpointer(Checkpointer):
+    @classmethod
+    def from_config(
+        cls,
+        config: CheckpointConfig,
+        *,
+        rank: int,
+        world_size: int,
+        node_index: int,  # noqa: ARG003 - every rank writes its own shard alike
+        device: torch.device,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> Self:
+        return cls(
+            stores=disk_stores(config),
+            keep=config.keep,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            emit=emit,
+        )
+
     def __init__(
         self,
         *,

@@ -20,7 +20,7 @@ import os
 import time
 from collections import deque
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 import torch.distributed as dist
@@ -60,6 +60,21 @@ predecessor reads as a tier behind (docs/measurements.md)."""
 
 
 class TieredCheckpointer(Checkpointer):
+    @classmethod
+    def from_config(
+        cls,
+        config: CheckpointConfig,
+        *,
+        rank: int,
+        world_size: int,
+        node_index: int,
+        device: torch.device,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> Self:
+        return cls(
+            config=config, rank=rank, world_size=world_size, node_index=node_index, device=device, emit=emit
+        )
+
     def __init__(
         self,
         *,

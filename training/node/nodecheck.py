@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.checkpoint.probe import free_space, probe_folder
 from nvrx_eks.training.node import selfcheck
 from nvrx_eks.training.node.kubeapi import ApiError, InClusterApi
 from nvrx_eks.training.node.selfcheck import Check, Status
@@ -273,9 +274,11 @@ def check_nvme(host: Host, profile: InstanceProfile) -> Check:
     name = "local NVMe"
     if not profile.nvme_count or host.nvme_path is None:
         return Check(name, Status.SKIP, f"{profile.name} has no instance store")
-    written = selfcheck._tier(host.nvme_path)  # noqa: SLF001 - the self-check's write + fsync probe
-    if written.status is not Status.OK:
-        return Check(name, written.status, written.detail)
+    try:
+        # The checkpointer's probe of a folder it commits to: created, written, fsynced, cleaned up.
+        written = free_space(probe_folder(host.nvme_path, fsync=True))
+    except OSError as exc:
+        return Check(name, Status.NODE, f"not writable: {exc.strerror or exc}")
     stat = host.statvfs(host.nvme_path)
     size_gib = stat.f_blocks * stat.f_frsize / (1 << 30)
     want = profile.nvme_total_gib * NVME_MIN_FRACTION
@@ -286,7 +289,7 @@ def check_nvme(host: Host, profile: InstanceProfile) -> Check:
             f"{size_gib:.0f} GiB filesystem, want >= {want:.0f} GiB ({profile.nvme_count} x "
             f"{profile.nvme_gib_each} GiB RAID0): the array is missing or degraded",
         )
-    return Check(name, Status.OK, f"writable, {size_gib:.0f} GiB ({written.detail})")
+    return Check(name, Status.OK, f"{size_gib:.0f} GiB, {written}")
 
 
 def check_node_conditions(node: Mapping[str, Any]) -> Check:

@@ -2,15 +2,24 @@
 
 Checks torch/CUDA/NCCL, the GPU count against the instance profile, EFA devices and that NCCL will
 take the aws-ofi-nccl plugin (not TCP sockets), the environment the job chart sets, NVRx at the
-version the image was built with, /dev/shm and the checkpoint tiers. Prints one table and exits:
+version the image was built with, /dev/shm, and that the job's checkpointer can start here: its
+implementation imported and each of its tiers created and written where the ranks will write it, as
+the trainer's user (training/checkpoint/factory.py `probe_checkpointer`; its probes are removed). The
+job's configuration is the JSON a script's ranks read from $NVRX_EKS_CONFIG, or `--config` (the chart
+passes the reference trainer's run folder and checkpoint section that way: its ranks get flags). No
+checkpointer falls back to another, so a rank would fail on such a tier too, but only after the
+launcher and the rendezvous, and again at every restart: here the pod fails first, with one message
+naming the tier, its path or URL, the cause and the fix.
+Prints one table, then one verdict line (the pod's termination message), and exits:
 
 - 0  the node can train (warnings are printed, not fatal);
-- 2  configuration or image problem (wrong image, missing env, plugin absent, /dev/shm too small):
-     every pod would fail the same way, so the Job should fail at once;
-- 75 node problem (GPUs or EFA devices missing, driver unusable, checkpoint disk not writable):
-     another node may well succeed, so the Job's podFailurePolicy can treat it like a disruption.
-     75 is EX_TEMPFAIL in sysexits.h ("try again later"), distinct from the trainer's codes and from
-     NVRx's no-restart code (93).
+- 2  configuration or image problem (wrong image, missing env, plugin absent, /dev/shm too small, a
+     checkpoint tier of the pod or shared by all pods unusable): every pod would fail the same way,
+     so the Job should fail at once;
+- 75 node problem (GPUs or EFA devices missing, driver unusable, the node's own checkpoint disk not
+     writable): another node may well succeed, so the Job's podFailurePolicy can treat it like a
+     disruption. 75 is EX_TEMPFAIL in sysexits.h ("try again later"), distinct from the trainer's
+     codes and from NVRx's no-restart code (93).
 
 On a CPU profile (`local-cpu`, no CUDA) it reports CPU mode and checks only what applies there.
 All device roots (/sys, /dev, /dev/shm) and the torch probe are injectable (tests fake them).
@@ -23,7 +32,6 @@ import os
 import resource
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import metadata
@@ -34,17 +42,18 @@ from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
 from nvrx_eks.kitcore.console import make_console
 from nvrx_eks.kitcore.pins import IMAGE
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.resilience.config import CONFIG_ENV, config_from_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 NODE_PROBLEM_EXIT_CODE = 75
 CONFIG_PROBLEM_EXIT_CODE = USER_ERROR_EXIT_CODE
 
 PROFILE_ENV = "NVRX_EKS_INSTANCE_PROFILE"
 """The instance profile (kitcore/profiles.py) the job chart sets on the training container."""
-CHECKPOINT_DIRS_ENV = "NVRX_EKS_CHECKPOINT_DIRS"
-"""Checkpoint tier directories (os.pathsep-separated), as an alternative to --checkpoint-dir."""
 IMAGE_NVRX_ENV = "NVRX_EKS_NVRX_VERSION"
 """Set by images/Dockerfile: the NVRx pin the image was built with."""
 
@@ -63,6 +72,8 @@ SHM_GIB_PER_GPU_WORKER = 1.0
 """Data loader workers and NCCL's shared-memory transport; Docker's 64 MiB default is far too small."""
 _GIB = 1 << 30
 SHM = "/dev/shm"  # noqa: S108 - a check name, not a path we write to
+CANNOT_TRAIN = "cannot train"
+"""How the verdict line of a failed check starts (k8s/termination.py finds it in the pod's log tail)."""
 
 
 class Status(Enum):
@@ -130,17 +141,16 @@ class Node:
     """The process's soft RLIMIT_MEMLOCK in bytes (resource.RLIM_INFINITY: unlimited)."""
 
 
-def run_checks(node: Node, *, profile: InstanceProfile, checkpoint_dirs: Sequence[Path]) -> list[Check]:
+def run_checks(node: Node, *, profile: InstanceProfile, checkpoint: CheckpointConfig | None) -> list[Check]:
+    """Every check; `checkpoint`: the job's checkpoint configuration as its ranks build it (None: none
+    given, nothing to prove)."""
     torch_info = node.torch_probe()
     gpu_mode = profile.gpus > 0
     checks = [_mode(profile, torch_info), _torch(torch_info, gpu_mode=gpu_mode)]
     checks += [_gpus(node, profile, torch_info), _nccl(torch_info, gpu_mode=gpu_mode)]
     checks += [_efa_devices(node, profile), _ofi_plugin(node, profile), _fi_info(node, profile)]
     checks += [_memlock(node, profile), _env(node, profile), _nvrx(node), _shm(node, profile)]
-    checks += [_tier(path) for path in checkpoint_dirs] or [
-        Check("checkpoint tiers", Status.WARN, "none given (--checkpoint-dir or " + CHECKPOINT_DIRS_ENV + ")")
-    ]
-    return checks
+    return checks + _checkpointer(checkpoint)
 
 
 def _mode(profile: InstanceProfile, info: TorchInfo) -> Check:
@@ -350,18 +360,21 @@ def _shm(node: Node, profile: InstanceProfile) -> Check:
     return Check(SHM, Status.OK, detail)
 
 
-def _tier(path: Path) -> Check:
-    name = f"tier {path}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".selfcheck-") as probe:
-            probe.write(b"x" * 4096)
-            probe.flush()
-            os.fsync(probe.fileno())
-        free = shutil.disk_usage(path).free / _GIB
-    except OSError as exc:
-        return Check(name, Status.NODE, f"not writable: {exc.strerror or exc}")
-    return Check(name, Status.OK, f"writable, {free:.1f} GiB free")
+def _checkpointer(config: CheckpointConfig | None) -> list[Check]:
+    """The job's checkpointer, started as far as it can be without a rank: a failed tier on the node's
+    own disk is the node's problem, any other (the implementation, the pod's memory folder, a shared
+    tier) every pod's."""
+    if config is None:
+        return [Check("checkpointer", Status.WARN, f"no job configuration (--config or ${CONFIG_ENV})")]
+    from nvrx_eks.training.checkpoint.factory import probe_checkpointer  # noqa: PLC0415 - imports torch
+
+    def status(ok: bool, node_local: bool) -> Status:
+        return Status.OK if ok else Status.NODE if node_local else Status.CONFIG
+
+    return [
+        Check(f"checkpoint {p.tier}", status(p.ok, p.node_local), f"{p.location}: {p.detail}")
+        for p in probe_checkpointer(config)
+    ]
 
 
 def exit_code(checks: Sequence[Check]) -> int:
@@ -375,6 +388,7 @@ def exit_code(checks: Sequence[Check]) -> int:
 
 
 def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
+    from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
     colour = {
@@ -388,7 +402,7 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
     for column in ("check", "status", "detail"):
         table.add_column(column, overflow="fold")
     for c in checks:
-        table.add_row(c.name, f"[{colour[c.status]}]{c.status.value}[/]", c.detail)
+        table.add_row(escape(c.name), f"[{colour[c.status]}]{c.status.value}[/]", escape(c.detail))
     console = make_console()
     console.print(table)
     code = exit_code(checks)
@@ -398,7 +412,8 @@ def render(checks: Sequence[Check], *, profile: InstanceProfile) -> None:
         return
     kind = "configuration/image problem" if code == CONFIG_PROBLEM_EXIT_CODE else "node problem"
     reasons = "; ".join(f"{c.name}: {c.detail}" for c in failed)
-    console.print(f"[red]cannot train ({kind}, exit {code}):[/] {reasons}")
+    # One line however long: the pod's termination message is the log's tail (FallbackToLogsOnError).
+    console.print(f"[red]{CANNOT_TRAIN} ({kind}, exit {code}):[/] {escape(reasons)}", soft_wrap=True)
 
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
@@ -413,23 +428,26 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         help=f"instance profile (kitcore/profiles.py); default ${PROFILE_ENV}, else local-cpu",
     )
     parser.add_argument(
-        "--checkpoint-dir",
-        action="append",
-        type=Path,
-        default=None,
-        help=f"a checkpoint tier directory to prove writable (repeatable); default ${CHECKPOINT_DIRS_ENV}",
+        "--config",
+        metavar="JSON",
+        help="the job's resilience configuration (a JSON object, as a script's ranks read it), whose "
+        f"checkpointer must start here; default ${CONFIG_ENV}",
     )
     return parser.parse_args(argv)
+
+
+def checkpoint_config(args: argparse.Namespace, env: Mapping[str, str]) -> CheckpointConfig | None:
+    """The checkpoint configuration the job's ranks build their checkpointer from: `--config`, else
+    $NVRX_EKS_CONFIG (None: neither given)."""
+    source, text = ("--config", args.config) if args.config else (CONFIG_ENV, env.get(CONFIG_ENV))
+    return config_from_json(text, source=source).effective_checkpoint() if text else None
 
 
 def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     node = node or Node()
     args = parse_args(argv, node.env)
     profile = get_profile(args.profile or "local-cpu")
-    dirs = args.checkpoint_dir or [
-        Path(p) for p in node.env.get(CHECKPOINT_DIRS_ENV, "").split(os.pathsep) if p
-    ]
-    checks = run_checks(node, profile=profile, checkpoint_dirs=dirs)
+    checks = run_checks(node, profile=profile, checkpoint=checkpoint_config(args, node.env))
     render(checks, profile=profile)
     return exit_code(checks)
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nvrx_eks.kitcore.configio import load_model
+from nvrx_eks.kitcore.configio import UserError, load_model
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 REFERENCE_TRAINER = "nvrx_eks.training"
@@ -316,6 +316,20 @@ def resilience_config(document: dict[str, Any], *, source: str) -> ResilienceCon
     """A `ResilienceConfig` from a tree (the chart's JSON document), every bad field in one UserError."""
     overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in config_leaves(document)]
     return load_model(ResilienceConfig, None, overrides, source=source)
+
+
+def config_from_json(text: str, *, source: str) -> ResilienceConfig:
+    """A `ResilienceConfig` from its JSON text (`NVRX_EKS_CONFIG`, the self-check's --config): one
+    UserError for text that is no JSON object, or for every bad field."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"{source} is not a JSON object ({exc}); the chart renders it from the job values"
+        ) from None
+    if not isinstance(document, dict):
+        raise UserError(f"{source} is not a JSON object; the chart renders it from the job values")
+    return resilience_config(document, source=source)
 
 
 def check_fault_plan(faults: FaultsConfig, *, steps: int | None) -> None:
