@@ -37,6 +37,15 @@ HOMES: dict[str, tuple[str, str | None]] = {
     ),
     "the host-memory copy probe": (r"def (?:\w*memcpy\w*|\w*copy_bandwidth)\(", FLOOR),
     "a state's snapshot bytes": (r"^def state_bytes\(", FLOOR),
+    # The trainer's flags are spelled once, by its parser's module; the chart asks it for them.
+    "a trainer flag's spelling": (r'"--"\s*\+\s*"-"\.join', "training/config.py"),
+    # None: the job values' trainer section is a typed config, never read as raw keys.
+    "the trainer section read as raw keys": (r"\.trainer(?:\.get\(|\[|\.items\(\))", None),
+    "peer replicas against the nodes": (r"keeps copies on other nodes", CHECKPOINT_CONFIG),
+    "a fault's rank against the world size": (
+        r"pick a rank below the world size",
+        "training/resilience/config.py",
+    ),
 }
 
 
