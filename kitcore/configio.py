@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
     from pathlib import Path
 
 USER_ERROR_EXIT_CODE = 2
@@ -212,3 +212,11 @@ def exit_on_user_error() -> Iterator[None]:
     except ValidationError as exc:
         print(f"error: {describe_validation_error(exc, source=exc.title)}", file=sys.stderr)
         raise SystemExit(USER_ERROR_EXIT_CODE) from None
+
+
+def exit_with(main: Callable[[], int]) -> NoReturn:
+    """A command line's end: exit with `main()`'s code, a UserError or ValidationError as one message
+    and exit 2 (`exit_on_user_error`)."""
+    with exit_on_user_error():
+        code = main()
+    raise SystemExit(code)

@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
+from nvrx_eks.kitcore.configio import UserError, exit_with
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.probe import free_space, probe_folder
 from nvrx_eks.training.node import selfcheck
@@ -547,12 +547,5 @@ def main(argv: Sequence[str] | None = None, *, api: NodeApi | None = None, host:
     return 0
 
 
-def cli() -> None:
-    """The command line: exit with `main`'s code, a bad flag as one clear message."""
-    with exit_on_user_error():
-        code = main()
-    raise SystemExit(code)
-
-
 if __name__ == "__main__":
-    cli()
+    exit_with(main)

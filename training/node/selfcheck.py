@@ -38,7 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_with
 from nvrx_eks.kitcore.console import make_console
 from nvrx_eks.kitcore.pins import IMAGE
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
@@ -452,12 +452,5 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     return exit_code(checks)
 
 
-def cli() -> None:
-    """The command line: exit with the verdict's code, a bad flag or profile as one clear message."""
-    with exit_on_user_error():
-        code = main()
-    raise SystemExit(code)
-
-
 if __name__ == "__main__":
-    cli()
+    exit_with(main)

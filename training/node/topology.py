@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import UserError, exit_with
 from nvrx_eks.training.checkpoint.domains import DOMAIN_LABELS, domain, write_labels
 from nvrx_eks.training.node.kubeapi import SA_DIR, ApiError, InClusterApi
 
@@ -130,9 +130,5 @@ def main(
     return 0
 
 
-def cli() -> None:
-    raise SystemExit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    exit_with(main)
