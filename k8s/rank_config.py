@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from nvrx_eks.kitcore.configio import merge
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.config import TrainConfig, to_args
 from nvrx_eks.training.resilience.config import (
@@ -67,14 +68,6 @@ def _chart_owned(name: str, mode: Mode, storage: Storage, budgets: Budgets) -> d
     return owned
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = _merge(merged[key], value) if nested else value
-    return merged
-
-
 def rank_config(
     section: Mapping[str, Any],
     *,
@@ -104,7 +97,7 @@ def rank_config(
     owned = _chart_owned(name, mode, storage, budgets)
     if storage.peer_replicas is None and num_nodes > 1 and _takes_memory_snapshots(section.get("checkpoint")):
         owned["checkpoint"]["peer_replicas"] = 1
-    return model.model_validate(_merge(section, owned))
+    return model.model_validate(merge(dict(section), owned))
 
 
 def _takes_memory_snapshots(checkpoint: object) -> bool:
