@@ -1,4 +1,5 @@
-"""Shard format, config validation, the synchronous checkpointer, corruption and full-disk handling."""
+"""Snapshot format, config validation, the synchronous checkpointer and its DCP files, corruption and
+full-disk handling."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
 from nvrx_eks.training.checkpoint.factory import probe_checkpointer
+from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.probe import failed
 from nvrx_eks.training.checkpoint.shard import ShardError, decode, to_bytes
 from nvrx_eks.training.checkpoint.storage import FileStore
@@ -23,7 +25,8 @@ CPU = torch.device("cpu")
 def state_at(step: int) -> dict:
     return {
         "model": {"w": torch.full((64, 32), float(step)), "i": torch.arange(10, dtype=torch.int16) + step},
-        "optim": {"state": {0: {"m": torch.ones(3, dtype=torch.bfloat16) * step}}, "lr": 0.1},
+        # String keys: DCP's keys are paths of names (an optimizer's state arrives by parameter name).
+        "optim": {"state": {"w": {"m": torch.ones(3, dtype=torch.bfloat16) * step}}, "lr": 0.1},
         "rng": torch.tensor([step], dtype=torch.uint8),
         "data": {"step": step, "order": [1, 2, (3, "x")]},
     }
@@ -41,7 +44,7 @@ def assert_same(got: dict, want: dict) -> None:
             assert got[key] == value
 
 
-def test_shard_round_trip_keeps_dtypes_shapes_and_structure():
+def test_snapshot_round_trip_keeps_dtypes_shapes_and_structure():
     state = state_at(7)
     state["strided"] = torch.arange(20.0).reshape(4, 5).t()
     state["empty"] = torch.empty(0, 3)
@@ -49,7 +52,7 @@ def test_shard_round_trip_keeps_dtypes_shapes_and_structure():
     assert_same(got, state)
 
 
-def test_shard_decode_rejects_truncation_and_foreign_files():
+def test_snapshot_decode_rejects_truncation_and_foreign_files():
     blob = to_bytes(state_at(1))
     with pytest.raises(ShardError, match="truncated"):
         decode(bytearray(blob[: len(blob) // 2]))
@@ -109,7 +112,7 @@ def test_torn_or_corrupt_shard_is_skipped_reported_and_older_step_used(tmp_path,
     )
     for step in (2, 4):
         ckpt.save(step, state_at(step))
-    shard = tmp_path / "local" / "step-000000004" / "rank-00000.shard"
+    shard = tmp_path / "local" / "step-000000004" / "__0_0.distcp"
     blob = bytearray(shard.read_bytes())
     if damage == "truncate":
         shard.write_bytes(blob[: len(blob) - 100])
@@ -193,8 +196,12 @@ def test_manifest_records_size_and_checksum(tmp_path):
     ckpt.save(2, state_at(2))
     folder = tmp_path / "local" / "step-000000002"
     manifest = json.loads((folder / "rank-00003.json").read_text())
-    assert manifest["nbytes"] == (folder / "rank-00003.shard").stat().st_size
+    # The rank's DCP files: its data and its own metadata, each with its size and CRC32.
+    assert sorted(manifest["files"]) == ["__3.metadata", "__3_0.distcp"]
+    for name, (size, _) in manifest["files"].items():
+        assert size == (folder / name).stat().st_size
     assert manifest["world_size"] == 4
+    assert len(manifest["layout"]) == 64
     assert not list(folder.glob(".*tmp*"))
 
 
@@ -219,16 +226,17 @@ def test_a_step_folder_removed_by_a_node_mate_mid_prune_fails_nothing(tmp_path, 
     # Ranks 2 and 3 share the node's local tier. Rank 2 prunes step 0 while rank 3, done with its
     # own shard of step 0, removes the emptied folder: rank 2's persist must not fail for that.
     store = FileStore(tier="local", root=tmp_path)
+    parts = {rank: Stager(rank=rank, world_size=4).stage({"w": torch.ones(2)}) for rank in (2, 3)}
     for step in (0, 10):
         for rank in (2, 3):
-            store.commit(step=step, rank=rank, world_size=4, chunks=[b"x" * 8])
+            store.commit(step=step, rank=rank, world_size=4, staged=parts[rank])
     folder = tmp_path / "step-000000000"
     store.delete(0, 3)
     _removed_by_another_rank_once_checked(monkeypatch, folder)
 
     assert store.manifests().keys() == {10}
     assert store.remove_temporaries(2) == []
-    store.commit(step=0, rank=2, world_size=4, chunks=[b"x" * 8])
+    store.commit(step=0, rank=2, world_size=4, staged=parts[2])
     _removed_by_another_rank_once_checked(monkeypatch, folder)
     assert store.prune(rank=2, keep=1) == [0]
     assert not folder.exists()

@@ -33,6 +33,7 @@ import yaml
 
 from nvrx_eks.training.checkpoint.agreement import Agreement, Flags
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.storage import FileStore
 from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
@@ -89,7 +90,8 @@ def test_every_example_runs_the_same_derived_slots():
 
 # --- job-wide retention -----------------------------------------------------------------------------
 def _commit(store: FileStore, step: int, rank: int) -> None:
-    store.commit(step=step, rank=rank, world_size=2, chunks=[b"x" * 16])
+    staged = Stager(rank=rank, world_size=2).stage({"x": torch.zeros(4)})
+    store.commit(step=step, rank=rank, world_size=2, staged=staged)
 
 
 def test_retention_never_deletes_the_newest_step_every_rank_committed(tmp_path):
@@ -357,17 +359,15 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
     """One node of two ranks. `first`: rank 1's step-4 persists stall mid-write and it is killed (-9)
     at step 5. `second`: both restart, restore, train steps 5-6."""
     if phase == "first" and rank == 1:
-        from nvrx_eks.training.checkpoint import persist  # noqa: PLC0415
+        from nvrx_eks.training.checkpoint import dcp_format, persist  # noqa: PLC0415
 
-        checked = persist._checked
+        write = dcp_format._CrcWriter.write
 
-        def stalls_at_step_4(chunks: list, cancelled: Any) -> Any:
+        def stalls_at_step_4(self: Any, data: Any) -> int:
+            written = write(self, data)
             if persist_step[0] >= 4:
-                yield chunks[0]  # the header is in the temporary file, then the writer stalls
-                time.sleep(120)
-                yield from checked(chunks[1:], cancelled)
-            else:
-                yield from checked(chunks, cancelled)
+                time.sleep(120)  # the first bytes are in the writer's own folder, then it stalls
+            return written
 
         persist_step = [0]
         original = persist.persist_slot
@@ -376,7 +376,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
             persist_step[0] = kwargs["step"]
             return original(**kwargs)
 
-        persist._checked = stalls_at_step_4
+        dcp_format._CrcWriter.write = stalls_at_step_4
         persist.persist_slot = tracking
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     _init(rank, world_size, root, phase)
@@ -400,7 +400,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
         if rank == 1:
             tmp = root / "nvme" / "step-000000004"
             deadline = time.monotonic() + 60
-            while not list(tmp.glob(".rank-00001.shard.tmp-*")) and time.monotonic() < deadline:
+            while not list(tmp.glob(".rank-00001.tmp-*")) and time.monotonic() < deadline:
                 time.sleep(0.05)
             dist.barrier()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -621,7 +621,7 @@ def test_a_persist_cut_by_a_kill_is_redone_at_once_and_its_temporary_file_remove
     every rank at the first step (5), not at the next due step (8); no temporary file is left."""
     first = _run_ranks(tmp_path, "cut", "first")
     assert first[1] == {"killed": True}, first
-    assert list((tmp_path / "nvme").glob("step-*/.rank-00001.shard.tmp-*")), "no write was cut"
+    assert list((tmp_path / "nvme").glob("step-*/.rank-00001.tmp-*")), "no write was cut"
     second = _run_ranks(tmp_path, "cut", "second")
     for report in second:
         assert report["restored"] == [4, "memory"], report

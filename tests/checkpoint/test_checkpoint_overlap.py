@@ -72,12 +72,12 @@ def test_save_returns_before_the_copy_and_fence_waits_for_it(tmp_path, monkeypat
     try:
         ckpt.save(1, {"w": torch.ones(10)})
         assert ckpt.memory.slots[0].pending or ckpt.memory.slots[1].pending  # save did not copy
-        assert ckpt.memory.candidate_steps(rank=0, world_size=1, collective=False) == set()
+        assert ckpt.memory.committed_steps() == set()
         threading.Timer(0.3, release.set).start()
         started = time.perf_counter()
         ckpt.fence()
         assert time.perf_counter() - started >= 0.2
-        assert ckpt.memory.candidate_steps(rank=0, world_size=1, collective=False) == {1}
+        assert ckpt.memory.committed_steps() == {1}
         assert ckpt.stats.fence_s >= 0.2
     finally:
         release.set()

@@ -9,7 +9,7 @@ import pytest
 
 from nvrx_eks.training.checkpoint.domains import domain, levels
 from nvrx_eks.training.checkpoint.replica import node_ring, partner_ranks, source_ranks
-from nvrx_eks.training.checkpoint.restore_anywhere import _plan, node_memory, read_slot
+from nvrx_eks.training.checkpoint.restore import _plans, node_memory, read_slot
 from nvrx_eks.training.checkpoint.shard import ShardError
 
 
@@ -153,8 +153,20 @@ def test_every_node_sends_and_holds_exactly_r_copies_and_sources_mirror_partners
     assert crossing == min(n, 2 * (n - largest)), node_ring(domains)
 
 
-def _report(own: dict[str, list[int]], serves: list[tuple[int, int]]) -> dict:
-    return {"own": own, "serves": serves}
+def _report(
+    own: dict[str, list[int]], serves: list[tuple[int, int]], *, world_size: int = 4, key: str = "k"
+) -> dict:
+    """What a rank reports (restore.py): each copy with the layout it was written at."""
+    written = (world_size, key)
+    return {
+        "own": {tier: dict.fromkeys(steps, written) for tier, steps in own.items()},
+        "serves": dict.fromkeys(serves, written),
+    }
+
+
+def _plan(reports, *, world_size, excluded, keys=None):
+    plans = _plans(reports, keys or [(world_size, "k")] * world_size, excluded)
+    return plans[0] if plans else None
 
 
 def test_a_replacement_node_takes_its_shards_from_its_partners_ram():
@@ -190,29 +202,54 @@ def test_without_any_copy_in_ram_the_newest_common_step_comes_from_disk():
 
 def test_own_ram_beats_a_partners_and_a_partners_beats_disk():
     reports = [
-        _report({"memory": [6], "local": [6], "durable": [6]}, [(0, 6), (1, 6)]),
-        _report({"local": [6], "durable": [6]}, []),
+        _report({"memory": [6], "local": [6], "durable": [6]}, [(0, 6), (1, 6)], world_size=2),
+        _report({"local": [6], "durable": [6]}, [], world_size=2),
     ]
     plan = _plan(reports, world_size=2, excluded=set())
     assert plan.where == {0: ("memory", 0), 1: ("peer_memory", 0)}
+
+
+def test_copies_of_another_layout_are_never_loaded_byte_for_byte():
+    # The same world size, another parallel layout (a new mesh): RAM and disk hold step 6 at layout "a",
+    # the job now runs layout "b". Without a shared tier holding it whole, nothing can be loaded.
+    reports = [_report({"memory": [6], "local": [6]}, [(r, 6)], world_size=2, key="a") for r in range(2)]
+    assert _plan(reports, world_size=2, excluded=set(), keys=[(2, "b"), (2, "b")]) is None
+    # A durable copy of the whole step, written by 4 ranks: resharded into this job's layout.
+    reports[0]["whole"] = {"durable": {6: 4}}
+    plan = _plan(reports, world_size=2, excluded=set(), keys=[(2, "b"), (2, "b")])
+    assert (plan.step, plan.reshard_tier, plan.old_world_size, plan.where) == (6, "durable", 4, {})
+
+
+def test_a_newer_whole_step_beats_an_older_one_at_this_layout():
+    # A job of 4 ranks restarted with 2: step 4 exists at this layout (its own earlier run), step 8 only
+    # whole on durable, from the 4-rank job: the newer state wins, resharded.
+    reports = [_report({"durable": [4]}, [], world_size=2) for _ in range(2)]
+    reports[0]["whole"] = {"durable": {4: 2, 8: 4}}
+    plans = _plans(reports, [(2, "k"), (2, "k")], set())
+    assert [(p.step, p.reshard_tier or "same") for p in plans] == [(8, "durable"), (4, "same")]
 
 
 def _slot(folder, index: int, *, step: int, rank: int, world_size: int, data: bytes, header: bytes) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"slot-{index}.bin").write_bytes(data)
     (folder / f"slot-{index}.hdr").write_bytes(header)
-    manifest = {"step": step, "rank": rank, "world_size": world_size, "data_bytes": len(data)}
+    manifest = {"step": step, "rank": rank, "world_size": world_size, "data_bytes": len(data), "layout": "k"}
     (folder / f"slot-{index}.json").write_text(json.dumps(manifest))
 
 
-def test_node_memory_lists_own_slots_and_partners_copies_of_this_job_layout(tmp_path):
+def test_node_memory_lists_own_slots_and_partners_copies_with_their_layout(tmp_path):
     _slot(tmp_path / "rank-00000", 0, step=4, rank=0, world_size=4, data=b"own", header=b"H")
     _slot(tmp_path / "peer" / "rank-00002", 1, step=4, rank=2, world_size=4, data=b"copy", header=b"h")
-    _slot(tmp_path / "rank-00001", 0, step=2, rank=1, world_size=8, data=b"old", header=b"x")  # other layout
+    _slot(tmp_path / "rank-00001", 0, step=2, rank=1, world_size=8, data=b"old", header=b"x")  # other size
     (tmp_path / "peer" / "rank-00003").mkdir(parents=True)
     (tmp_path / "peer" / "rank-00003" / "slot-0.json").write_text("{torn")  # not committed
-    held = node_memory(tmp_path, world_size=4)
-    assert {key: kind for key, (kind, _) in held.items()} == {(0, 4): "memory", (2, 4): "peer_memory"}
-    assert bytes(read_slot(held[(2, 4)][1], 4, 2)) == b"hcopy"
+    held = node_memory(tmp_path)
+    assert {key: (h.kind, h.layout) for key, h in held.items()} == {
+        (0, 4): ("memory", (4, "k")),
+        (2, 4): ("peer_memory", (4, "k")),
+        (1, 2): ("memory", (8, "k")),
+    }
+    assert bytes(read_slot(held[(2, 4)])) == b"hcopy"
     with pytest.raises(ShardError):
-        read_slot(held[(2, 4)][1], 6, 2)
+        (tmp_path / "peer" / "rank-00002" / "slot-1.bin").write_bytes(b"c")
+        read_slot(held[(2, 4)])

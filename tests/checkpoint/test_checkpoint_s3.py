@@ -11,7 +11,9 @@ from moto import mock_aws
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.factory import probe_checkpointer
 from nvrx_eks.training.checkpoint.probe import failed
-from nvrx_eks.training.checkpoint.shard import ShardError, to_bytes
+from nvrx_eks.training.checkpoint.dcp_format import Stager
+from nvrx_eks.training.checkpoint.restore import load_part
+from nvrx_eks.training.checkpoint.shard import ShardError
 from nvrx_eks.training.checkpoint.storage import S3Store
 
 
@@ -23,20 +25,27 @@ def store():
         yield S3Store(tier="durable", url="s3://ckpt/runs/a", client=client)
 
 
-def test_s3_commit_read_verify_and_prune(store):
+def test_s3_commit_read_verify_finalize_and_prune(store):
+    stagers = {rank: Stager(rank=rank, world_size=2) for rank in (0, 1)}
     for step in (10, 20, 30):
-        store.commit(step=step, rank=1, world_size=2, chunks=[to_bytes({"w": torch.full((4,), float(step))})])
+        for rank in (0, 1):
+            staged = stagers[rank].stage({"w": torch.full((4,), float(step + rank))})
+            store.commit(step=step, rank=rank, world_size=2, staged=staged)
     assert sorted(store.manifests(1)) == [10, 20, 30]
-    assert torch.equal(store.read(20, 1)["w"], torch.full((4,), 20.0))
+    assert torch.equal(load_part(store, 20, 1)["w"], torch.full((4,), 21.0))
+    # Every rank's part is there: the global metadata makes it a checkpoint DCP reads at any size.
+    assert store.finalize(20, 2)
+    assert store.has_file(20, ".metadata")
     assert store.prune(rank=1, keep=2) == [10]
+    assert store.prune(rank=0, keep=2) == [10]
     assert sorted(store.manifests()) == [20, 30]
-    # A shard replaced behind its manifest's back is detected, not loaded.
-    key = "runs/a/step-000000030/rank-00001.shard"
+    # A data file replaced behind its manifest's back is detected, not loaded.
+    key = "runs/a/step-000000030/__1_0.distcp"
     blob = bytearray(store.client.get_object(Bucket="ckpt", Key=key)["Body"].read())
     blob[-1] ^= 1
     store.client.put_object(Bucket="ckpt", Key=key, Body=bytes(blob))
     with pytest.raises(ShardError, match="CRC32"):
-        store.read(30, 1)
+        load_part(store, 30, 1)
 
 
 def test_the_probe_lists_writes_and_removes_and_names_a_missing_bucket(store):

@@ -11,9 +11,10 @@ import torch
 
 from nvrx_eks.localrun.checkpoint_bench.torture import run_trials
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.memory import MemoryTier
 from nvrx_eks.training.checkpoint.persist import persist_slot
-from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
+from nvrx_eks.training.checkpoint.restore import restore
 from nvrx_eks.training.checkpoint.shard import encode_header, flatten
 from nvrx_eks.training.checkpoint.stats import make_emitter
 from nvrx_eks.training.checkpoint.storage import FileStore, disk_stores
@@ -89,12 +90,15 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
         assert torch.equal(restored.state["model"]["w"], state_at(newest)["model"]["w"])
         # Without the memory tier (node lost): the disk tiers hold a complete, verified older step.
         stores = disk_stores(config)
-        disk = load_newest(
-            [StoreSource(s, shared=sh) for s, _, sh in stores],
+        disk = restore(
+            memory_dir=None,
+            stores=[store for store, _, _ in stores],
+            stager=Stager(rank=0, world_size=1),
             rank=0,
             world_size=1,
             device=CPU,
             emit=make_emitter(None),
+            target=None,
         )
         held = {store.tier: set(store.manifests(0)) for store, _, _ in stores}
         assert disk.step == max(held["local"] | held["durable"])
@@ -114,10 +118,10 @@ def test_memory_tier_uncommits_a_slot_before_overwriting_it(tmp_path):
     tier.stage(slot, 1, tensors, encode_header(skeleton, layout))
     tier.synchronize()
     tier.complete_pending()
-    assert tier.candidate_steps(rank=0, world_size=1, collective=False) == {1}
+    assert tier.committed_steps() == {1}
     # A kill between uncommit and the new manifest leaves no claim on the half-written slot.
     slot.files.manifest.unlink()
-    assert tier.candidate_steps(rank=0, world_size=1, collective=False) == set()
+    assert tier.committed_steps() == set()
     tier.release()
 
 
@@ -157,9 +161,10 @@ def test_persists_run_in_threads_no_writer_process(tmp_path):
 
 
 def test_an_abandoned_persist_never_commits(tmp_path):
-    """The timeout guard cannot kill a thread: a persist cancelled before its commit leaves no shard,
-    no manifest and no temporary file, even though it read the whole slot."""
-    skeleton, tensors, layout = flatten(state_at(3))
+    """The timeout guard cannot kill a thread: a persist cancelled before its commit leaves no file,
+    no manifest and no temporary folder, even though it read the whole slot."""
+    staged = Stager(rank=0, world_size=1).stage(state_at(3))
+    skeleton, tensors, layout = flatten(staged.tree)
     slot = tmp_path / "slot.bin"
     slot.write_bytes(b"".join(bytes(t.contiguous().view(torch.uint8).numpy()) for t in tensors))
     cancelled = threading.Event()
@@ -169,13 +174,14 @@ def test_an_abandoned_persist_never_commits(tmp_path):
         location=str(tmp_path / "local"),
         fsync=False,
         slot_path=str(slot),
-        header=encode_header(skeleton, layout),
+        header=encode_header(skeleton, layout, staged.key),
         data_bytes=layout.data_bytes,
         step=3,
         rank=0,
         world_size=1,
         keep=2,
         cancelled=cancelled,
+        plan=staged.plan,
     )
     assert outcome["ok"] is False
     assert "Cancelled" in outcome["error"]

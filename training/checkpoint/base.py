@@ -9,8 +9,10 @@ right before it next mutates `state` -- the optimizer update, the only place par
 state change -- and fence returns once the snapshot no longer reads `state`. Time in `save` and in
 `fence` together is the loop's checkpoint stall.
 
-`state` is a nested mapping of tensors and small picklable values (model and optimizer state dicts,
-RNG states, the data position); each rank saves and loads its own shard.
+`state` is a nested mapping of tensors (DTensors included) and small picklable values: the tracked
+objects' state dicts by fully-qualified name, the kit's own section and this rank's
+(`dcp_format.RANK_SECTION`). Each rank stages its own shard; the disk tiers hold it as
+torch.distributed.checkpoint files, which a job of another size reshards on load.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Restored:
     state: dict[str, Any]
     tier: str
     """Which tier it came from (e.g. "memory", "local", "durable")."""
+    resharded: bool = False
+    """Loaded through the global metadata into another layout (world size or parallelism)."""
+    from_world_size: int = 0
+    """The world size it was written at (0: this job's)."""
 
 
 class Checkpointer(ABC):
@@ -63,9 +69,12 @@ class Checkpointer(ABC):
         snapshot copy, if any. A no-op for implementations that copy inside `save`."""
         self._fence()
 
-    def load_latest(self) -> Restored | None:
-        """Newest step that every rank can load (collective when a process group exists)."""
-        return self._load_latest()
+    def load_latest(self, target: Callable[[], dict[str, Any]] | None = None) -> Restored | None:
+        """Newest step that every rank can load (collective when a process group exists), loaded into
+        the live state `target()` builds (called only when a checkpoint exists; tensors loaded in
+        place, objects set in it; `Restored.state` is that state). Without `target`, the state as
+        saved, with CPU tensors, at this world size."""
+        return self._load_latest(target)
 
     def wait(self) -> None:
         """Block until background work finishes (end of training, tests)."""
@@ -78,7 +87,7 @@ class Checkpointer(ABC):
     def _save(self, step: int, state: dict[str, Any]) -> None: ...
 
     @abstractmethod
-    def _load_latest(self) -> Restored | None: ...
+    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None: ...
 
     def _fence(self) -> None:
         return None

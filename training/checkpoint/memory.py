@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvrx_eks.training.checkpoint.shard import Layout, ShardError, decode, views
+from nvrx_eks.training.checkpoint.shard import Layout, views
 from nvrx_eks.training.checkpoint.slot import SlotFiles
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ class Slot:
     pending_header: bytes = b""
     submitted: set[str] = field(default_factory=set)
     """Holders handed this slot before its copy finished (the peer replica waits for the copy itself)."""
+    plan: Any = None
+    """The DCP write plan of the snapshot in it (dcp_format.py `Staged.plan`): a disk persist writes it."""
 
     @property
     def pending(self) -> bool:
@@ -78,26 +80,13 @@ class MemoryTier:
         self.copy_errors: list[str] = []
 
     # --- restore side -------------------------------------------------------------------------
-    def _manifest(self, slot: Slot) -> dict[str, Any] | None:
-        manifest = slot.files.read_manifest()
-        if (
-            manifest is None
-            or manifest.get("world_size") != self.world_size
-            or manifest.get("rank") != self.rank
-        ):
-            return None
-        return manifest
-
-    def candidate_steps(self, *, rank: int, world_size: int, collective: bool) -> set[int]:  # noqa: ARG002
-        return {m["step"] for slot in self.slots if (m := self._manifest(slot)) is not None}
-
-    def load(self, step: int, rank: int) -> dict[str, Any]:  # noqa: ARG002
-        for slot in self.slots:
-            manifest = self._manifest(slot)
-            if manifest is None or manifest["step"] != step:
-                continue
-            return decode(slot.files.read(manifest))
-        raise ShardError(f"memory tier no longer holds step {step}")
+    def committed_steps(self) -> set[int]:
+        """Steps this rank's slots hold committed (restore.py reads the slots themselves)."""
+        return {
+            int(manifest["step"])
+            for slot in self.slots
+            if (manifest := slot.files.read_manifest()) is not None and manifest.get("rank") == self.rank
+        }
 
     # --- save side ----------------------------------------------------------------------------
     def ensure(self, layout: Layout) -> None:

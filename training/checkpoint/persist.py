@@ -1,5 +1,9 @@
 """Background persistence: one writer thread per disk tier, guarded by a timeout.
 
+A persist writes the slot's tensors as this rank's torch.distributed.checkpoint files (dcp_format.py),
+straight from the mapped slot: DCP's writer serializes each tensor from its view, so nothing is copied
+in between.
+
 Why threads, not worker processes such as NVRx's AsyncCallsQueue(persistent=True): a persist is a
 sequential read of a staged slot, CRC32 and file writes -- `write`, `fsync` and `zlib.crc32` on large
 buffers all release the GIL, so a thread costs the loop no more than a process does (the bench's loop,
@@ -15,9 +19,9 @@ What a thread cannot do is be killed. The timeout guard therefore abandons, neve
 running past `timeout_s` is reported, its thread is left to finish (or hang) on its own with a
 cancel flag set, and the tier's next persist gets a fresh thread. The cancel flag keeps the
 no-torn-checkpoint protocol: the writer checks it after it has read every byte of the slot and
-before the shard is renamed into place, and the trainer reuses an abandoned slot only after setting
-it -- so a write that read a slot being overwritten can never commit (storage.py: tmp name, fsync,
-rename, then the manifest).
+before its files are renamed into place, and the trainer reuses an abandoned slot only after setting
+it -- so a write that read a slot being overwritten can never commit (storage.py: a private folder,
+fsync, rename, then the manifest).
 """
 
 from __future__ import annotations
@@ -32,22 +36,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from nvrx_eks.training.checkpoint.dcp_format import Staged
+from nvrx_eks.training.checkpoint.shard import fill, header_key, parse_header
 from nvrx_eks.training.checkpoint.storage import open_store
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-class Cancelled(Exception):  # noqa: N818 - a state, not an error: the persist was abandoned
-    """The trainer abandoned this persist (timeout, close): it must not commit."""
-
-
-def _checked(chunks: list[memoryview | bytes], cancelled: threading.Event) -> Iterator[memoryview | bytes]:
-    """The chunks, then a last look at the cancel flag: raised there, the store has read every byte
-    but renamed nothing (FileStore/S3Store consume all chunks before they commit)."""
-    yield from chunks
-    if cancelled.is_set():
-        raise Cancelled("abandoned by the trainer before its commit")
+    from torch.distributed.checkpoint.planner import SavePlan
 
 
 def persist_slot(
@@ -63,33 +59,47 @@ def persist_slot(
     world_size: int,
     keep: int,
     cancelled: threading.Event,
+    plan: SavePlan,
     delay_s: float = 0.0,
     complete: int | None = None,
+    finalize: bool = False,
 ) -> dict[str, Any]:
-    """Write one staged slot to a tier, commit, prune (job-wide when `complete`, the newest step
-    every rank has committed, is given: `ShardStore.prune`); returns the outcome (never raises)."""
+    """Write one staged slot to a tier as this rank's DCP files, commit, prune (job-wide when
+    `complete`, the newest step every rank has committed, is given: `ShardStore.prune`); with
+    `finalize` (rank 0 of a shared tier), write the global metadata of that complete step too, so
+    plain `torch.distributed.checkpoint.load` reads it at any world size. Returns the outcome (never
+    raises)."""
     outcome: dict[str, Any] = {"ok": True}
     started = time.monotonic()
     if delay_s and cancelled.wait(delay_s):  # test hook: widen the window a kill or timeout lands in
         return {"ok": False, "error": "Cancelled: abandoned while delayed", "seconds": delay_s}
     try:
         store = open_store(tier=tier, location=location, fsync=fsync)
+        skeleton, layout, _ = parse_header(header)
         with open(slot_path, "rb") as source:  # noqa: PTH123
-            mapped = mmap.mmap(source.fileno(), data_bytes, prot=mmap.PROT_READ) if data_bytes else None
-            view = memoryview(mapped) if mapped is not None else memoryview(b"")
-            try:
-                manifest = store.commit(
-                    step=step, rank=rank, world_size=world_size, chunks=_checked([header, view], cancelled)
-                )
-            finally:
-                # After a failed commit its traceback still holds views of the mapping: then the
-                # mapping closes when that traceback is freed, a moment later.
-                with contextlib.suppress(BufferError):
-                    view.release()
-                    if mapped is not None:
-                        mapped.close()
+            # Copy-on-write, never written: torch.frombuffer of a read-only mapping warns.
+            mapped = mmap.mmap(source.fileno(), data_bytes, access=mmap.ACCESS_COPY) if data_bytes else None
+        try:
+            data = (
+                torch.frombuffer(memoryview(mapped), dtype=torch.uint8, count=data_bytes)
+                if mapped is not None
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            staged = Staged(tree=fill(skeleton, layout, data), plan=plan, key=header_key(header))
+            manifest = store.commit(
+                step=step, rank=rank, world_size=world_size, staged=staged, cancelled=cancelled
+            )
+        finally:
+            # After a failed commit its traceback still holds views of the mapping: then the
+            # mapping closes when that traceback is freed, a moment later.
+            staged = data = None  # type: ignore[assignment]
+            with contextlib.suppress(BufferError):
+                if mapped is not None:
+                    mapped.close()
         outcome["pruned"] = store.prune(rank=rank, keep=keep, complete=complete)
         outcome["nbytes"] = manifest.nbytes
+        if finalize and complete is not None and complete >= 0:
+            outcome["finalized"] = complete if store.finalize(complete, world_size) else None
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the trainer, none kills the writer
         outcome = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
     outcome["seconds"] = time.monotonic() - started

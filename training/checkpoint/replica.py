@@ -25,7 +25,7 @@ the rails and streams of the gradient collectives, while gloo's TCP sends from h
 the GPU alone. The bytes per snapshot and their seconds are in each `checkpoint_committed` event of
 tier `peer` (what `bench checkpoint` reports); docs/measurements.md has no figures from EFA nodes yet.
 
-The restore that takes each shard from wherever it is, partners' copies included: restore_anywhere.py.
+The restore that takes each shard from wherever it is, partners' copies included: restore.py.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 PEER_DIR = "peer"
 """The folder, under the memory folder, of the copies received from partners (one folder per source
-rank); restore_anywhere.py reads them."""
+rank); restore.py reads them."""
 
 
 def node_ring(domains: Sequence[str]) -> list[int]:

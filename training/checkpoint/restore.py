@@ -1,65 +1,68 @@
-"""Choosing what to resume from: the newest step every rank can load, from the fastest tier holding it.
+"""Choosing what to resume from, and loading it: the newest step every rank can load, from the nearest
+place that has it, resharded when the job's layout changed.
 
-Each rank lists the steps it holds (any tier); the ranks agree on the newest step in every list (a
-collective over the default process group when one is initialized), each loads its shard from its
-fastest tier that verifies, and a second collective confirms every rank succeeded. If one rank's
-shard was torn or corrupt in every tier, that step is dropped everywhere and the next one is agreed.
+Every rank reports what it can serve -- any snapshot held in its node's memory folder (its own slots,
+slots of ranks it ran as before, replicas received from partners) and its own part of each disk tier,
+each with the layout it was written at -- and rank 0 adds the steps a shared disk tier holds whole,
+at whatever world size they were written. Only when something exists anywhere does each rank build
+its live state (`target`: building it initializes an optimizer's state, which a fresh start must not
+see) and say its layout (dcp_format.py `Staged.key`). Then, newest step first:
+
+- Same layout: every rank's shard exists somewhere at this rank's layout. Each rank takes its own from
+  the fastest place that has it: its node's RAM (`memory`), a partner's RAM over the network
+  (`peer_memory`), node-local disk, durable storage. From RAM each tensor is copied straight from the
+  mapped snapshot into the live one; from disk, DCP reads the rank's own files.
+- Reshard: the world size or the parallel layout changed (or no same-layout copy is as new), and a
+  shared tier holds the step whole. Every old rank's files are verified (spread over the new ranks),
+  rank 0 writes the global metadata if the writers had not yet, and DCP loads the live state from it:
+  each DTensor takes its own new shard. A rank's own section (RNG streams) comes from old rank
+  `rank % old world size`.
+
+A part that fails to verify drops that step for everyone and the next one is tried; every choice is an
+event (`checkpoint_restored` with its tier and why, `checkpoint_rejected`, `checkpoint_fallback`).
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from nvrx_eks.training.checkpoint.base import Restored
-from nvrx_eks.training.checkpoint.shard import ShardError
+from nvrx_eks.training.checkpoint.config import TIER_ORDER
+from nvrx_eks.training.checkpoint.dcp_format import load_copy, load_planner, rank_keyed, unkeyed
+from nvrx_eks.training.checkpoint.replica import PEER_DIR
+from nvrx_eks.training.checkpoint.shard import ShardError, decode
+from nvrx_eks.training.checkpoint.slot import SlotFiles, committed
+from nvrx_eks.training.checkpoint.storage import complete_steps
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from pathlib import Path
 
+    from nvrx_eks.training.checkpoint.dcp_format import Stager
     from nvrx_eks.training.checkpoint.storage import ShardStore
-
-logger = logging.getLogger(__name__)
-
-
-class Source(Protocol):
-    """A tier as the loader sees it."""
-
-    tier: str
-
-    def candidate_steps(self, *, rank: int, world_size: int, collective: bool) -> set[int]: ...
-
-    def load(self, step: int, rank: int) -> dict[str, Any]: ...
-
-
-@dataclass
-class RestoreReport:
-    """What the loader skipped and why (also sent as events)."""
-
-    rejected: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _collective() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def agree_newest(steps: set[int]) -> int | None:
-    """Newest step present on every rank (this rank's set when there is no process group)."""
+def _gather(value: object, world_size: int) -> list[Any]:
     if not _collective():
-        return max(steps, default=None)
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, sorted(steps))
-    common = set(gathered[0])
-    for other in gathered[1:]:
-        common &= set(other)
-    return max(common, default=None)
+        return [value]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
-def all_ok(ok: bool, device: torch.device) -> bool:
+def all_ok(ok: bool, device: torch.device) -> bool:  # noqa: FBT001
+    """True on every rank iff `ok` on every rank (a collective when a process group exists)."""
     if not _collective():
         return ok
     flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
@@ -67,62 +70,349 @@ def all_ok(ok: bool, device: torch.device) -> bool:
     return int(flag.item()) == 0
 
 
-def load_newest(
-    sources: Sequence[Source],
+# ----- what this node's memory holds ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Held:
+    """A snapshot in this node's memory folder."""
+
+    kind: str
+    """"memory" (a slot of a rank that ran on this node) or "peer_memory" (a partner's copy)."""
+    files: SlotFiles
+    manifest: dict[str, Any]
+
+    @property
+    def layout(self) -> tuple[int, str]:
+        return int(self.manifest.get("world_size", 0)), str(self.manifest.get("layout", ""))
+
+
+def node_memory(memory_dir: Path) -> dict[tuple[int, int], Held]:
+    """Every (shard, step) this node's memory folder holds, own slots before partners' copies."""
+    held: dict[tuple[int, int], Held] = {}
+    for kind, pattern in (("memory", "rank-*"), ("peer_memory", f"{PEER_DIR}/rank-*")):
+        for folder in sorted(memory_dir.glob(pattern)):
+            for files, manifest in committed(folder):
+                key = (int(manifest["rank"]), int(manifest["step"]))
+                held.setdefault(key, Held(kind, files, manifest))
+    return held
+
+
+def read_slot(held: Held) -> bytearray:
+    """A held snapshot as one encoded shard (header + data), for a transfer to its rank."""
+    return held.files.read(held.manifest)
+
+
+# ----- the plan --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    step: int
+    where: dict[int, tuple[str, int]]
+    """Same layout: shard -> (tier, serving rank); the serving rank is the shard's own but for
+    peer_memory."""
+    reshard_tier: str = ""
+    """Reshard: the shared tier holding the step whole."""
+    old_world_size: int = 0
+
+
+def _fits(written: tuple[int, str] | None, key: tuple[int, str]) -> bool:
+    """A copy written at `written` (world size, layout key) loads into a rank whose live state has
+    `key`; with no live state (key "") any copy of the same world size does."""
+    return written is not None and written[0] == key[0] and (not key[1] or written[1] == key[1])
+
+
+def _same_layout(
+    reports: list[dict[str, Any]], keys: list[tuple[int, str]], step: int
+) -> dict[int, tuple[str, int]] | None:
+    where: dict[int, tuple[str, int]] = {}
+    for shard, key in enumerate(keys):
+        own = reports[shard]
+        tier = next(
+            (t for t in TIER_ORDER if t != "peer_memory" and _fits(own["own"].get(t, {}).get(step), key)),
+            None,
+        )
+        if tier == "memory":
+            where[shard] = ("memory", shard)
+            continue
+        server = next(
+            (r for r, report in enumerate(reports) if _fits(report["serves"].get((shard, step)), key)), None
+        )
+        if server is not None:
+            where[shard] = ("memory" if server == shard else "peer_memory", server)
+        elif tier is not None:
+            where[shard] = (tier, shard)
+        else:
+            return None
+    return where
+
+
+def _plans(reports: list[dict[str, Any]], keys: list[tuple[int, str]], excluded: set[int]) -> list[_Plan]:
+    """Every loadable step, newest first: each as a same-layout plan where one exists, else resharded
+    from a shared tier that holds it whole."""
+    steps: set[int] = set()
+    for report in reports:
+        steps |= {step for _, step in report["serves"]}
+        for by_step in report["own"].values():
+            steps |= set(by_step)
+    whole: dict[int, tuple[str, int]] = {}
+    for tier in reversed(TIER_ORDER):  # the fastest tier wins a step two tiers hold whole
+        for step, size in reports[0].get("whole", {}).get(tier, {}).items():
+            whole[step] = (tier, size)
+    steps |= set(whole)
+    plans = []
+    for step in sorted(steps - excluded, reverse=True):
+        where = _same_layout(reports, keys, step)
+        if where is not None:
+            plans.append(_Plan(step=step, where=where))
+        elif step in whole:
+            tier, size = whole[step]
+            plans.append(_Plan(step=step, where={}, reshard_tier=tier, old_world_size=size))
+    return plans
+
+
+# ----- the restore -----------------------------------------------------------------------------------
+
+
+def restore(
     *,
+    memory_dir: Path | None,
+    stores: Sequence[ShardStore],
+    stager: Stager,
     rank: int,
     world_size: int,
     device: torch.device,
     emit: Callable[[str, dict[str, Any]], None],
+    target: Callable[[], dict[str, Any]] | None,
 ) -> Restored | None:
-    collective = _collective()
-    held: dict[str, set[int]] = {
-        source.tier: source.candidate_steps(rank=rank, world_size=world_size, collective=collective)
-        for source in sources
+    """The newest state every rank can load, loaded (collective: every rank of the default process
+    group calls it). `target` builds the live state to load into (tensors are loaded in place, objects
+    set in it); None: the state comes back as saved, with CPU tensors (tests, tools)."""
+    memory = node_memory(memory_dir) if memory_dir is not None and memory_dir.is_dir() else {}
+    own: dict[str, dict[int, tuple[int, str]]] = {
+        "memory": {
+            step: held.layout
+            for (shard, step), held in memory.items()
+            if shard == rank and held.kind == "memory"
+        }
     }
+    for store in stores:
+        own[store.tier] = {
+            step: (parts[rank].world_size, parts[rank].layout)
+            for step, parts in store.manifests(rank).items()
+        }
+    report: dict[str, Any] = {"own": own, "serves": {key: held.layout for key, held in memory.items()}}
+    if rank == 0:
+        report["whole"] = {store.tier: complete_steps(store.manifests()) for store in stores if store.shared}
+    emit(
+        "checkpoint_sources",
+        {
+            "rank": rank,
+            "own": {tier: max(steps, default=None) for tier, steps in own.items()},
+            "node_memory": sorted(f"{shard}@{step}" for shard, step in memory),
+        },
+    )
+    reports = _gather(report, world_size)
+    if not any(r["serves"] or any(r["own"].values()) or any(r.get("whole", {}).values()) for r in reports):
+        return None
+    live = target() if target is not None else None
+    key = (world_size, stager.stage(live).key if live is not None else "")
+    keys: list[tuple[int, str]] = [tuple(k) for k in _gather(key, world_size)]
     excluded: set[int] = set()
-    while True:
-        mine = set().union(*held.values()) - excluded if held else set()
-        step = agree_newest(mine)
-        if step is None:
-            return None
-        state: dict[str, Any] | None = None
-        tier = ""
-        for source in sources:
-            if step not in held[source.tier]:
-                continue
+    while plans := _plans(reports, keys, excluded):
+        plan = plans[0]
+        if plan.reshard_tier:
+            restored = _reshard(
+                plan, stores=stores, rank=rank, world_size=world_size, device=device, emit=emit, live=live
+            )
+        else:
+            restored = _same(
+                plan, memory=memory, stores=stores, rank=rank, device=device, emit=emit, live=live
+            )
+        if restored is not None:
+            return restored
+        emit("checkpoint_fallback", {"step": plan.step, "rank": rank, "reason": "not loadable on every rank"})
+        excluded.add(plan.step)
+    if live is not None:
+        emit("checkpoint_fallback", {"step": -1, "rank": rank, "reason": "no step fits this job's layout"})
+    return None
+
+
+def _same(
+    plan: _Plan,
+    *,
+    memory: dict[tuple[int, int], Held],
+    stores: Sequence[ShardStore],
+    rank: int,
+    device: torch.device,
+    emit: Callable[[str, dict[str, Any]], None],
+    live: dict[str, Any] | None,
+) -> Restored | None:
+    blob = _transfer(plan, memory=memory, rank=rank)
+    tier, server = plan.where[rank]
+    state: dict[str, Any] | None = None
+    try:
+        if tier == "peer_memory":
+            if not blob:
+                raise ShardError("the partner could not read its copy")
+            state = _from_views(decode(blob), rank=rank, live=live)
+        elif tier == "memory":
+            held = memory[(rank, plan.step)]
+            with held.files.mapped(held.manifest) as views:
+                state = _from_views(views, rank=rank, live=live)
+        else:
+            store = next(s for s in stores if s.tier == tier)
+            store.verify(plan.step, rank)
+            state = _from_disk(store.reader(plan.step, rank=rank), rank=rank, live=live)
+    except (OSError, ShardError, KeyError, ValueError, RuntimeError) as exc:
+        emit("checkpoint_rejected", {"tier": tier, "step": plan.step, "rank": rank, "reason": str(exc)[:500]})
+        state = None
+    if not (all_ok(state is not None, device) and state is not None):
+        return None
+    emit("checkpoint_restored", {"tier": tier, "step": plan.step, "rank": rank, "from_rank": server})
+    return Restored(step=plan.step, state=state, tier=tier)
+
+
+def _from_views(views: dict[str, Any], *, rank: int, live: dict[str, Any] | None) -> dict[str, Any]:
+    """A snapshot's tree (tensors as views of its memory) into the live state (same layout), or cloned
+    out of the snapshot as saved."""
+    if live is None:
+        return unkeyed(_cloned(views), rank)
+    return load_copy(live, views, rank=rank)
+
+
+def _cloned(node: object) -> Any:  # noqa: ANN401 - a state tree
+    if isinstance(node, torch.Tensor):
+        return node.clone()
+    if isinstance(node, dict):
+        return {key: _cloned(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_cloned(value) for value in node]
+    return node
+
+
+def _from_disk(
+    reader: Any,
+    *,
+    rank: int,
+    live: dict[str, Any] | None,
+    source: int | None = None,
+    collective: bool = False,
+) -> dict[str, Any]:  # noqa: ANN401
+    """DCP reads the state: into the live one (in place), or whole, as saved (no live state)."""
+    if live is None:
+        loaded: dict[str, Any] = {}
+        _load_state_dict(
+            loaded, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=not collective
+        )
+        return unkeyed(loaded, rank if source is None else source)
+    keyed = rank_keyed(live, rank if source is None else source)
+    if collective:
+        dcp.load(keyed, storage_reader=reader, planner=load_planner())
+    else:  # DCP's own loader without the process group (public `load` warns that it has none)
+        _load_state_dict(keyed, storage_reader=reader, planner=load_planner(), no_dist=True)
+    return unkeyed(keyed, rank if source is None else source)
+
+
+def load_part(store: ShardStore, step: int, rank: int) -> dict[str, Any]:
+    """One rank's part of a disk step, verified, as saved (CPU tensors); no process group needed."""
+    store.verify(step, rank)
+    return _from_disk(store.reader(step, rank=rank), rank=rank, live=None)
+
+
+def _reshard(
+    plan: _Plan,
+    *,
+    stores: Sequence[ShardStore],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    emit: Callable[[str, dict[str, Any]], None],
+    live: dict[str, Any] | None,
+) -> Restored | None:
+    store = next(s for s in stores if s.tier == plan.reshard_tier)
+    old = plan.old_world_size
+    problem = ""
+    try:
+        for part in range(rank, old, world_size):
+            store.verify(plan.step, part)
+    except ShardError as exc:
+        problem = str(exc)
+        emit(
+            "checkpoint_rejected",
+            {"tier": store.tier, "step": plan.step, "rank": rank, "reason": problem[:500]},
+        )
+    if not all_ok(not problem, device):
+        return None
+    if rank == 0:
+        try:
+            if not store.finalize(plan.step, old):
+                problem = "a rank's part is missing"
+        except (OSError, ShardError, ValueError) as exc:
+            problem = f"its global metadata could not be written: {exc}"
+    if not all_ok(not problem, device):
+        emit(
+            "checkpoint_rejected",
+            {
+                "tier": store.tier,
+                "step": plan.step,
+                "rank": rank,
+                "reason": problem or "rank 0 could not finalize it",
+            },
+        )
+        return None
+    state: dict[str, Any] | None = None
+    try:
+        state = _from_disk(
+            store.reader(plan.step), rank=rank, live=live, source=rank % old, collective=_collective()
+        )
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+        emit(
+            "checkpoint_rejected",
+            {"tier": store.tier, "step": plan.step, "rank": rank, "reason": str(exc)[:500]},
+        )
+    if not (all_ok(state is not None, device) and state is not None):
+        return None
+    why = (
+        f"written by {old} ranks, this job has {world_size}"
+        if old != world_size
+        else "written at another parallel layout (or no copy at this layout is as new)"
+    )
+    emit(
+        "checkpoint_restored",
+        {
+            "tier": store.tier,
+            "step": plan.step,
+            "rank": rank,
+            "resharded": True,
+            "from_world_size": old,
+            "reason": why,
+        },
+    )
+    return Restored(step=plan.step, state=state, tier=store.tier, resharded=True, from_world_size=old)
+
+
+def _transfer(plan: _Plan, *, memory: dict[tuple[int, int], Held], rank: int) -> bytearray:
+    """The plan's peer transfers in one global order, each rank doing its part: deadlock-free, since the
+    lowest unfinished transfer always has both of its ranks at it. Returns what this rank received."""
+    received = bytearray()
+    for shard in sorted(plan.where):
+        tier, server = plan.where[shard]
+        if tier != "peer_memory" or rank not in (shard, server):
+            continue
+        if rank == server:
             try:
-                state = source.load(step, rank)
-            except ShardError as exc:
-                emit(
-                    "checkpoint_rejected",
-                    {"tier": source.tier, "step": step, "rank": rank, "reason": str(exc)},
-                )
-                logger.warning("rank %d: %s checkpoint of step %d rejected: %s", rank, source.tier, step, exc)
-                continue
-            tier = source.tier
-            break
-        if all_ok(state is not None, device) and state is not None:
-            emit("checkpoint_restored", {"tier": tier, "step": step, "rank": rank})
-            return Restored(step=step, state=state, tier=tier)
-        emit("checkpoint_fallback", {"step": step, "rank": rank, "reason": "not loadable on every rank"})
-        logger.warning("step %d is not loadable on every rank; falling back to an older one", step)
-        excluded.add(step)
-
-
-class StoreSource:
-    """A ShardStore as a restore source."""
-
-    def __init__(self, store: ShardStore, *, shared: bool) -> None:
-        self.store = store
-        self.tier = store.tier
-        self.shared = shared
-
-    def candidate_steps(self, *, rank: int, world_size: int, collective: bool) -> set[int]:
-        if collective or not self.shared:
-            return set(self.store.manifests(rank))
-        # No process group to ask: on shared storage a step counts once every rank committed it.
-        return {step for step, ranks in self.store.manifests().items() if len(ranks) >= world_size}
-
-    def load(self, step: int, rank: int) -> dict[str, Any]:
-        return self.store.read(step, rank)
+                payload = read_slot(memory[(shard, plan.step)])
+            except (OSError, ShardError, KeyError):
+                payload = bytearray()  # an empty reply: the receiver rejects it and the step is dropped
+            dist.send(torch.tensor([len(payload)], dtype=torch.int64), shard)
+            if payload:
+                dist.send(torch.frombuffer(payload, dtype=torch.uint8), shard)
+        else:
+            size = torch.empty(1, dtype=torch.int64)
+            dist.recv(size, server)
+            received = bytearray(int(size.item()))
+            if received:
+                dist.recv(torch.frombuffer(received, dtype=torch.uint8), server)
+    return received

@@ -1,9 +1,12 @@
-"""One rank's shard: a state tree flattened into a skeleton plus one aligned byte region.
+"""One rank's snapshot in RAM: a state tree flattened into a skeleton plus one aligned byte region.
 
-The same layout serves the staging buffers (tier 1) and the files (tiers 2 and 3), so a persist is one
-sequential write of the staged bytes and a restore is one read, with no per-tensor pickling.
+The memory tier's staging slots (memory.py) and the peer replica's copies (replica.py) hold a snapshot
+this way, so staging is one copy per tensor into a reused buffer and a restore from RAM copies each
+tensor straight back, with no per-tensor pickling. The disk tiers write the same tensors as
+torch.distributed.checkpoint files (dcp_format.py).
 
-File: MAGIC, u64 skeleton length, the pickled skeleton, padding to ALIGN, then the tensor bytes.
+Header: MAGIC, u64 skeleton length, the layout's key (`KEY_BYTES`, dcp_format.py `Staged.key`), the
+pickled skeleton, padding to ALIGN; the tensor bytes follow.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-MAGIC = b"NVRXCKP1"
+MAGIC = b"NVRXCKP2"
 ALIGN = 64
 """Every tensor starts at a multiple of this, so a uint8 view can be reinterpreted as any dtype."""
-_HEADER = struct.Struct("<8sQ")
+KEY_BYTES = 64
+"""A layout key: the hex sha256 of dcp_format.py `Staged.key`."""
+_HEADER = struct.Struct(f"<8sQ{KEY_BYTES}s")
 
 
 class ShardError(Exception):
@@ -123,40 +128,59 @@ def views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     return out
 
 
-def encode_header(skeleton: object, layout: Layout) -> bytes:
-    """Header bytes (padded to ALIGN) that precede the data region in a shard file."""
+def encode_header(skeleton: object, layout: Layout, key: str = "") -> bytes:
+    """Header bytes (padded to ALIGN) that precede the data region; `key` names the state's layout."""
     body = pickle.dumps((skeleton, layout), protocol=pickle.HIGHEST_PROTOCOL)
-    header = _HEADER.pack(MAGIC, len(body)) + body
+    header = _HEADER.pack(MAGIC, len(body), key.encode()[:KEY_BYTES]) + body
     return header + b"\0" * (_align(len(header)) - len(header))
 
 
-def decode(blob: memoryview | bytearray | bytes) -> dict[str, Any]:
-    """State tree from a whole shard file's bytes; tensors are CPU views into `blob`."""
-    view = memoryview(blob)
+def header_key(header: bytes | bytearray | memoryview) -> str:
+    """The layout key a header carries ("" for none, or for bytes that are no header)."""
+    if len(header) < _HEADER.size:
+        return ""
+    magic, _, key = _HEADER.unpack_from(header)
+    return key.rstrip(b"\0").decode(errors="replace") if magic == MAGIC else ""
+
+
+def parse_header(header: bytes | bytearray | memoryview) -> tuple[object, Layout, int]:
+    """(skeleton, layout, header length with its padding) of a snapshot's header bytes."""
+    view = memoryview(header)
     if len(view) < _HEADER.size:
         raise ShardError(f"truncated: {len(view)} bytes, shorter than the header")
-    magic, body_len = _HEADER.unpack_from(view)
+    magic, body_len, _ = _HEADER.unpack_from(view)
     if magic != MAGIC:
-        raise ShardError(f"not a checkpoint shard (magic {bytes(magic)!r})")
+        raise ShardError(f"not a snapshot (magic {bytes(magic)!r})")
     start = _HEADER.size
     if start + body_len > len(view):
         raise ShardError("truncated inside the header")
     try:
-        # Our own files, verified by checksum before this point; never a foreign pickle.
+        # Our own bytes, written by this kit into memory this job owns; never a foreign pickle.
         skeleton, layout = pickle.loads(view[start : start + body_len])  # noqa: S301
     except Exception as exc:
         raise ShardError(f"unreadable header: {exc}") from exc
-    data_start = _align(start + body_len)
+    return skeleton, layout, _align(start + body_len)
+
+
+def fill(skeleton: object, layout: Layout, data: torch.Tensor) -> dict[str, Any]:
+    """The state tree of a parsed header over its data region (a uint8 tensor): tensors are views."""
+    if data.numel() < layout.data_bytes:
+        raise ShardError(f"truncated: data needs {layout.data_bytes} bytes, holds {data.numel()}")
+    # encode_header() pickled the skeleton of a state dict: filled, it is a dict again.
+    return cast("dict[str, Any]", _fill(skeleton, views(data, layout)))
+
+
+def decode(blob: memoryview | bytearray | bytes) -> dict[str, Any]:
+    """State tree from a whole snapshot's bytes (header, then data); tensors are CPU views into `blob`."""
+    view = memoryview(blob)
+    skeleton, layout, data_start = parse_header(view)
     if data_start + layout.data_bytes > len(view):
-        raise ShardError(
-            f"truncated: data needs {layout.data_bytes} bytes, file holds {len(view) - data_start}"
-        )
+        raise ShardError(f"truncated: data needs {layout.data_bytes} bytes, holds {len(view) - data_start}")
     if layout.data_bytes:
         data = torch.frombuffer(view, dtype=torch.uint8, offset=data_start, count=layout.data_bytes)
     else:
         data = torch.empty(0, dtype=torch.uint8)
-    # encode() pickled the skeleton of a state dict: filled, it is a dict again.
-    return cast("dict[str, Any]", _fill(skeleton, views(data, layout)))
+    return fill(skeleton, layout, data)
 
 
 def tensor_chunks(tensors: list[torch.Tensor], layout: Layout) -> Iterator[memoryview]:

@@ -1,33 +1,44 @@
-"""Where committed shards live (a folder or an S3 prefix) and the commit protocol.
+"""Where committed checkpoints live (a folder or an S3 prefix) and the commit protocol.
 
-A rank's shard for a step is committed when its manifest (size + CRC32 of the shard) exists: the
-shard is written under a temporary name, flushed and fsynced, renamed, and only then the manifest is
-written the same way. A kill at any point leaves either a complete, verifiable shard or no manifest.
-Re-saving a step first removes the old manifest, so an old manifest never vouches for new bytes.
+A step is a folder `step-<n>` of torch.distributed.checkpoint (DCP) files (dcp_format.py): each
+rank's data and its own metadata, and, once every rank's are there, the global metadata that reads
+the step at any world size. A rank's part of a step is committed when its manifest exists (`Manifest`:
+each of its files' size and CRC32, and the layout it was written at): the files are written in a
+folder of the writer's own, fsynced, renamed into the step's folder, and only then the manifest is
+written the same way. A kill at any point leaves either a complete, verifiable part or no manifest.
+Re-saving a step first removes the old manifest (and the global metadata), so nothing old vouches for
+new bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.training.checkpoint.probe import free_space, probe_folder, probe_name
-from nvrx_eks.training.checkpoint.shard import ShardError, decode
+from nvrx_eks.training.checkpoint.shard import ShardError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    import threading as threading_types
+    from collections.abc import Callable, Generator
+
+    from torch.distributed.checkpoint import StorageReader
+    from torch.distributed.checkpoint.metadata import Metadata
 
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.dcp_format import Staged
 
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 _CHUNK = 64 << 20
@@ -38,44 +49,93 @@ class Manifest:
     step: int
     rank: int
     world_size: int
-    nbytes: int
-    crc32: int
-    committed_at: float
+    layout: str
+    """The layout the rank's part was written at (dcp_format.py `Staged.key`)."""
+    files: dict[str, list[int]] = field(default_factory=dict)
+    """File name -> [size, CRC32]."""
+    committed_at: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+    @classmethod
+    def parse(cls, blob: bytes | str) -> Manifest:
+        """A manifest from its JSON; ValueError for anything else (a torn file, an older format)."""
+        try:
+            raw = json.loads(blob)
+            manifest = cls(**raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a manifest: {exc}") from None
+        if not manifest.files:
+            raise ValueError("a manifest without files")
+        return manifest
 
 
 def step_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
-def shard_name(rank: int) -> str:
-    return f"rank-{rank:05d}.shard"
-
-
 def manifest_name(rank: int) -> str:
     return f"rank-{rank:05d}.json"
 
 
+def _private_name(rank: int) -> str:
+    """The prefix of a writer's own folder (and a manifest's temporary) inside a step folder."""
+    return f".rank-{rank:05d}.tmp-"
+
+
+def complete_steps(manifests: dict[int, dict[int, Manifest]]) -> dict[int, int]:
+    """step -> the world size it was written at, for every step whose ranks all committed."""
+    out = {}
+    for step, ranks in manifests.items():
+        sizes = {manifest.world_size for manifest in ranks.values()}
+        if len(sizes) == 1 and (size := sizes.pop()) and set(ranks) >= set(range(size)):
+            out[step] = size
+    return out
+
+
 class ShardStore(ABC):
-    """One tier's committed shards."""
+    """One tier's committed checkpoints."""
 
     location: str
     """What `open_store` takes to reopen this store (in a writer thread)."""
+    shared: bool = True
+    """Every node sees the same files (FSx, S3), so any rank can read any rank's part."""
 
     def __init__(self, *, tier: str) -> None:
         self.tier = tier
 
     @abstractmethod
     def commit(
-        self, *, step: int, rank: int, world_size: int, chunks: Iterable[memoryview | bytes]
+        self,
+        *,
+        step: int,
+        rank: int,
+        world_size: int,
+        staged: Staged,
+        cancelled: threading_types.Event | None = None,
     ) -> Manifest:
-        """Write a shard from its byte chunks and commit it (see the module docstring)."""
+        """Write this rank's DCP files of `step` and commit them (see the module docstring)."""
 
     @abstractmethod
     def manifests(self, rank: int | None = None) -> dict[int, dict[int, Manifest]]:
-        """step -> rank -> manifest of committed shards (of one rank, or of all)."""
+        """step -> rank -> manifest of committed parts (of one rank, or of all)."""
 
     @abstractmethod
-    def read_bytes(self, step: int, rank: int) -> tuple[bytearray, Manifest]: ...
+    def read_file(self, step: int, name: str) -> bytes:
+        """One file of a step, whole; OSError when it cannot be read."""
+
+    @abstractmethod
+    def write_file(self, step: int, name: str, data: bytes) -> None:
+        """One small file of a step, atomically (the global metadata)."""
+
+    @abstractmethod
+    def has_file(self, step: int, name: str) -> bool: ...
+
+    @abstractmethod
+    def reader(self, step: int, *, rank: int | None = None) -> StorageReader:
+        """DCP's reader of `step`: through the global metadata, or (`rank`) one rank's own files."""
 
     @abstractmethod
     def delete(self, step: int, rank: int) -> None: ...
@@ -85,23 +145,59 @@ class ShardStore(ABC):
         """Prove this store takes a commit, before any rank writes (probe.py): what was found. Raises
         what stopped it."""
 
-    def read(self, step: int, rank: int) -> dict[str, Any]:
-        """The verified state of one shard; ShardError says why it cannot be used."""
-        blob, manifest = self.read_bytes(step, rank)
-        if len(blob) != manifest.nbytes:
-            raise ShardError(f"size {len(blob)} != {manifest.nbytes} in its manifest (truncated or torn)")
-        crc = zlib.crc32(blob)
-        if crc != manifest.crc32:
-            raise ShardError(f"CRC32 {crc:08x} != {manifest.crc32:08x} in its manifest (corrupt)")
-        return decode(blob)
+    def verify(self, step: int, rank: int) -> Manifest:
+        """Every file of `rank`'s part of `step` read back and checked against its manifest; ShardError
+        says why it cannot be used."""
+        manifest = self.manifests(rank).get(step, {}).get(rank)
+        if manifest is None:
+            raise ShardError(f"rank {rank} has no committed part of step {step}")
+        for name, (size, crc) in manifest.files.items():
+            try:
+                blob = self.read_file(step, name)
+            except OSError as exc:
+                raise ShardError(f"{name}: unreadable: {exc}") from exc
+            if len(blob) != size:
+                raise ShardError(f"{name}: size {len(blob)} != {size} in its manifest (truncated or torn)")
+            got = zlib.crc32(blob)
+            if got != crc:
+                raise ShardError(f"{name}: CRC32 {got:08x} != {crc:08x} in its manifest (corrupt)")
+        return manifest
+
+    def finalize(self, step: int, world_size: int) -> bool:
+        """Write the global metadata of `step` once every rank's part is committed (merged from the
+        ranks' own, dcp_format.py `merge_metadata`): from then on plain `torch.distributed.checkpoint
+        .load` reads the step at any world size. False when a part is missing. Idempotent."""
+        from nvrx_eks.training.checkpoint.dcp_format import (  # noqa: PLC0415 - torch's DCP, on use
+            GLOBAL_METADATA,
+            decode_metadata,
+            encode_metadata,
+            merge_metadata,
+            rank_metadata_name,
+        )
+
+        if self.has_file(step, GLOBAL_METADATA):
+            return True
+        manifests = self.manifests().get(step, {})
+        if not set(manifests) >= set(range(world_size)):
+            return False
+        parts: list[Metadata] = []
+        for rank in range(world_size):
+            name = rank_metadata_name(rank)
+            blob = self.read_file(step, name)
+            size, crc = manifests[rank].files[name]
+            if len(blob) != size or zlib.crc32(blob) != crc:
+                raise ShardError(f"step {step}: {name} does not match its manifest")
+            parts.append(decode_metadata(blob))
+        self.write_file(step, GLOBAL_METADATA, encode_metadata(merge_metadata(parts)))
+        return True
 
     def prune(self, *, rank: int, keep: int, complete: int | None = None) -> list[int]:
-        """Delete this rank's shards beyond the newest `keep` steps; returns the steps deleted.
+        """Delete this rank's parts beyond the newest `keep` steps; returns the steps deleted.
 
         Retention is job-wide when `complete` is given: the newest step every rank has committed (-1:
         none known). Then only steps older than it are deleted, so the newest complete step stays
         while other ranks may still be committing newer ones: a rank that pruned by its own steps
-        alone could delete the last step in common while another rank's shard of its newest step is
+        alone could delete the last step in common while another rank's part of its newest step is
         still being written (no complete step on disk for that while). An incomplete step older than
         the newest complete one goes like any older step."""
         steps = sorted(self.manifests(rank))
@@ -137,14 +233,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_atomically(path: Path, data: bytes, *, fsync: bool) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
+    with tmp.open("wb") as out:
+        out.write(data)
+        out.flush()
+        if fsync:
+            os.fsync(out.fileno())
+    tmp.replace(path)
+
+
 class FileStore(ShardStore):
     """A folder: node-local NVMe (tier 2) or the FSx for Lustre mount (tier 3)."""
 
-    def __init__(self, *, tier: str, root: Path, fsync: bool = True) -> None:
+    def __init__(self, *, tier: str, root: Path, fsync: bool = True, shared: bool = True) -> None:
         super().__init__(tier=tier)
         self.root = Path(root)
         self.location = str(self.root)
         self.fsync = fsync
+        self.shared = shared
 
     def __repr__(self) -> str:
         return f"FileStore({self.tier}: {self.root})"
@@ -153,42 +260,44 @@ class FileStore(ShardStore):
         return free_space(probe_folder(self.root, fsync=self.fsync))
 
     def commit(
-        self, *, step: int, rank: int, world_size: int, chunks: Iterable[memoryview | bytes]
+        self,
+        *,
+        step: int,
+        rank: int,
+        world_size: int,
+        staged: Staged,
+        cancelled: threading_types.Event | None = None,
     ) -> Manifest:
+        from nvrx_eks.training.checkpoint.dcp_format import GLOBAL_METADATA, write_rank_files  # noqa: PLC0415
+
         folder = self.root / step_name(step)
         folder.mkdir(parents=True, exist_ok=True)
-        final = folder / shard_name(rank)
-        final_manifest = folder / manifest_name(rank)
-        # Per writer thread: an abandoned writer (persist.py) may still be writing its own tmp file.
-        tmp = folder / f".{shard_name(rank)}.tmp-{os.getpid()}-{threading.get_native_id()}"
-        crc = 0
-        nbytes = 0
+        # Per writer thread: an abandoned writer (persist.py) may still be writing in its own folder.
+        private = folder / f"{_private_name(rank)}{os.getpid()}-{threading.get_native_id()}"
+        shutil.rmtree(private, ignore_errors=True)
+        private.mkdir()
         try:
-            with tmp.open("wb", buffering=0) as out:
-                for chunk in chunks:
-                    view = memoryview(chunk).cast("B")
-                    for start in range(0, len(view), _CHUNK):
-                        part = view[start : start + _CHUNK]
-                        crc = zlib.crc32(part, crc)
-                        written = out.write(part)
-                        while written < len(part):  # short writes happen on some filesystems
-                            written += out.write(part[written:])
-                        nbytes += len(part)
-                if self.fsync:
-                    os.fsync(out.fileno())
-        except BaseException:
-            tmp.unlink(missing_ok=True)  # nothing was renamed: the step stays uncommitted
-            raise
-        manifest = Manifest(step, rank, world_size, nbytes, crc, time.time())
-        final_manifest.unlink(missing_ok=True)
-        tmp.replace(final)
-        tmp_manifest = folder / f".{manifest_name(rank)}.tmp-{os.getpid()}"
-        with tmp_manifest.open("w") as out:
-            json.dump(asdict(manifest), out)
-            out.flush()
-            if self.fsync:
-                os.fsync(out.fileno())
-        tmp_manifest.replace(final_manifest)
+            sums = write_rank_files(
+                private, staged, rank=rank, final=str(folder), fsync=self.fsync, cancelled=cancelled
+            )
+            # A step saved again (after a restore): no old manifest or global metadata vouches for it.
+            (folder / manifest_name(rank)).unlink(missing_ok=True)
+            (folder / GLOBAL_METADATA).unlink(missing_ok=True)
+            for name in sums:
+                (private / name).replace(folder / name)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        manifest = Manifest(
+            step=step,
+            rank=rank,
+            world_size=world_size,
+            layout=staged.key,
+            files={name: [size, crc] for name, (size, crc) in sums.items()},
+            committed_at=time.time(),
+        )
+        _write_atomically(
+            folder / manifest_name(rank), json.dumps(asdict(manifest)).encode(), fsync=self.fsync
+        )
         if self.fsync:
             _fsync_dir(folder)
         return manifest
@@ -198,67 +307,70 @@ class FileStore(ShardStore):
         if not self.root.is_dir():
             return out
         for folder in self.root.iterdir():
-            match = _STEP_DIR.match(folder.name)
-            if not match:
+            if not _STEP_DIR.match(folder.name):
                 continue
             names = [folder / manifest_name(rank)] if rank is not None else _entries(folder, "rank-*.json")
             for path in names:
                 try:
-                    manifest = Manifest(**json.loads(path.read_text()))
-                except (OSError, ValueError, TypeError):
+                    manifest = Manifest.parse(path.read_bytes())
+                except (OSError, ValueError):
                     continue  # missing, or a manifest torn by a filesystem without atomic rename
                 out.setdefault(manifest.step, {})[manifest.rank] = manifest
         return out
 
-    def read_bytes(self, step: int, rank: int) -> tuple[bytearray, Manifest]:
+    def read_file(self, step: int, name: str) -> bytes:
+        return (self.root / step_name(step) / name).read_bytes()
+
+    def write_file(self, step: int, name: str, data: bytes) -> None:
+        _write_atomically(self.root / step_name(step) / name, data, fsync=self.fsync)
+
+    def has_file(self, step: int, name: str) -> bool:
+        return (self.root / step_name(step) / name).is_file()
+
+    def reader(self, step: int, *, rank: int | None = None) -> StorageReader:
+        from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+        from nvrx_eks.training.checkpoint.dcp_format import RankReader  # noqa: PLC0415
+
         folder = self.root / step_name(step)
-        try:
-            manifest = Manifest(**json.loads((folder / manifest_name(rank)).read_text()))
-            path = folder / shard_name(rank)
-            blob = bytearray(path.stat().st_size)
-            with path.open("rb", buffering=0) as source:
-                got = 0
-                view = memoryview(blob)
-                while got < len(blob):
-                    n = source.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
-        except (OSError, ValueError, TypeError) as exc:
-            raise ShardError(f"unreadable: {exc}") from exc
-        return blob, manifest
+        return FileSystemReader(folder) if rank is None else RankReader(folder, rank)
 
     def delete(self, step: int, rank: int) -> None:
+        from nvrx_eks.training.checkpoint.dcp_format import (  # noqa: PLC0415
+            GLOBAL_METADATA,
+            data_name,
+            rank_metadata_name,
+        )
+
         folder = self.root / step_name(step)
-        # Manifest first: a half-deleted shard is never visible as committed.
+        # Manifest first: a half-deleted part is never visible as committed.
         (folder / manifest_name(rank)).unlink(missing_ok=True)
-        (folder / shard_name(rank)).unlink(missing_ok=True)
-        for stale in _entries(folder, f".{shard_name(rank)}.tmp-*"):
-            stale.unlink(missing_ok=True)
+        if rank == 0:
+            (folder / GLOBAL_METADATA).unlink(missing_ok=True)
+        for name in (data_name(rank), rank_metadata_name(rank)):
+            (folder / name).unlink(missing_ok=True)
+        for stale in _entries(folder, f"{_private_name(rank)}*"):
+            shutil.rmtree(stale, ignore_errors=True)
         with contextlib.suppress(OSError):
             folder.rmdir()  # only once every rank's files are gone
 
     def remove_temporaries(self, rank: int, *, pid: int | None = None) -> list[str]:
-        """Remove `rank`'s temporary shard and manifest files (`commit`'s names carry the writer's
+        """Remove `rank`'s private writer folders and temporary files (their names carry the writer's
         pid): at a rank's start, those a killed predecessor left (a rank runs one process at a time);
         at its close, those of its own writers it abandoned."""
         if not self.root.is_dir():
             return []
-        patterns = (
-            [f".{shard_name(rank)}.tmp-*", f".{manifest_name(rank)}.tmp-*"]
-            if pid is None
-            else [f".{shard_name(rank)}.tmp-{pid}-*", f".{manifest_name(rank)}.tmp-{pid}"]
-        )
+        pattern = f"{_private_name(rank)}*" if pid is None else f"{_private_name(rank)}{pid}-*"
         removed = []
         for folder in self.root.iterdir():
             if not _STEP_DIR.match(folder.name):
                 continue
             removed_here = []
-            for pattern in patterns:
-                for stale in _entries(folder, pattern):
-                    with contextlib.suppress(OSError):
-                        stale.unlink()
-                        removed_here.append(str(stale))
+            for stale in _entries(folder, pattern):
+                shutil.rmtree(stale, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+                removed_here.append(str(stale))
             if removed_here:
                 # A step no rank committed: only its temporaries were there. Only folders this call
                 # emptied: an empty folder may be one another rank has just made for its commit.
@@ -271,38 +383,26 @@ class FileStore(ShardStore):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class _ChunkReader:
-    """File-like view of a chunk iterator, computing CRC32 as boto3 reads it."""
+class _CrcReader:
+    """File-like view of a file being uploaded, computing CRC32 as boto3 reads it."""
 
-    def __init__(self, chunks: Iterable[memoryview | bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._pending = memoryview(b"")
+    def __init__(self, source: io.BufferedReader) -> None:
+        self._source = source
         self.crc = 0
         self.nbytes = 0
 
     def read(self, size: int = -1) -> bytes:
-        parts = []
-        want = size if size >= 0 else float("inf")
-        got = 0
-        while got < want:
-            if not self._pending:
-                try:
-                    self._pending = memoryview(next(self._chunks)).cast("B")
-                except StopIteration:
-                    break
-            take = self._pending[: int(min(want - got, len(self._pending)))]
-            self._pending = self._pending[len(take) :]
-            parts.append(bytes(take))
-            got += len(take)
-        data = b"".join(parts)
+        data = self._source.read(size)
         self.crc = zlib.crc32(data, self.crc)
         self.nbytes += len(data)
         return data
 
 
 class S3Store(ShardStore):
-    """`s3://bucket/prefix`: an object is visible only once its upload completes, so the shard object
-    is the temporary stage and the manifest object, put after it, is the commit."""
+    """`s3://bucket/prefix`: an object is visible only once its upload completes, so the files are
+    the temporary stage and the manifest object, put after them, is the commit. DCP writes a rank's
+    files into a local temporary folder first (its writer needs a file system); they are uploaded
+    from there, then removed."""
 
     # `client`: boto3's S3 client (or a test's stand-in); boto3 builds its classes at run time and ships
     # no types, so the checker sees it as Any whichever way it is spelled.
@@ -338,12 +438,38 @@ class S3Store(ShardStore):
         return f"listed, written and deleted (region {self.client.meta.region_name})"
 
     def commit(
-        self, *, step: int, rank: int, world_size: int, chunks: Iterable[memoryview | bytes]
+        self,
+        *,
+        step: int,
+        rank: int,
+        world_size: int,
+        staged: Staged,
+        cancelled: threading_types.Event | None = None,
     ) -> Manifest:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(step, manifest_name(rank)))
-        reader = _ChunkReader(chunks)
-        self.client.upload_fileobj(reader, self.bucket, self._key(step, shard_name(rank)))
-        manifest = Manifest(step, rank, world_size, reader.nbytes, reader.crc, time.time())
+        from nvrx_eks.training.checkpoint.dcp_format import GLOBAL_METADATA, write_rank_files  # noqa: PLC0415
+
+        with tempfile.TemporaryDirectory(prefix=f"nvrx-eks-s3-rank{rank}-") as private:
+            sums = write_rank_files(
+                Path(private),
+                staged,
+                rank=rank,
+                final=f"s3://{self.bucket}/{self._key(step, '')}",
+                fsync=False,
+                cancelled=cancelled,
+            )
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(step, manifest_name(rank)))
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(step, GLOBAL_METADATA))
+            for name in sums:
+                with (Path(private) / name).open("rb") as source:
+                    self.client.upload_fileobj(_CrcReader(source), self.bucket, self._key(step, name))
+        manifest = Manifest(
+            step=step,
+            rank=rank,
+            world_size=world_size,
+            layout=staged.key,
+            files={name: [size, crc] for name, (size, crc) in sums.items()},
+            committed_at=time.time(),
+        )
         self.client.put_object(
             Bucket=self.bucket,
             Key=self._key(step, manifest_name(rank)),
@@ -363,36 +489,108 @@ class S3Store(ShardStore):
                 if wanted is not None and name != wanted:
                     continue
                 try:
-                    body = self.client.get_object(Bucket=self.bucket, Key=item["Key"])["Body"].read()
-                    manifest = Manifest(**json.loads(body))
-                except (ValueError, TypeError):
+                    manifest = Manifest.parse(
+                        self.client.get_object(Bucket=self.bucket, Key=item["Key"])["Body"].read()
+                    )
+                except ValueError:
                     continue
                 out.setdefault(manifest.step, {})[manifest.rank] = manifest
         return out
 
-    def read_bytes(self, step: int, rank: int) -> tuple[bytearray, Manifest]:
+    def read_file(self, step: int, name: str) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=self._key(step, manifest_name(rank)))
-            manifest = Manifest(**json.loads(body["Body"].read()))
-            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(step, shard_name(rank)))
-            blob = bytearray(obj["Body"].read())
-        except (BotoCoreError, ClientError, ValueError, TypeError) as exc:
-            raise ShardError(f"unreadable: {exc}") from exc
-        return blob, manifest
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(step, name))["Body"].read()
+        except (BotoCoreError, ClientError) as exc:
+            raise OSError(f"s3://{self.bucket}/{self._key(step, name)}: {exc}") from exc
+        return body
+
+    def write_file(self, step: int, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(step, name), Body=data)
+
+    def has_file(self, step: int, name: str) -> bool:
+        listed = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(step, name), MaxKeys=1)
+        return any(item["Key"] == self._key(step, name) for item in listed.get("Contents", []))
+
+    def reader(self, step: int, *, rank: int | None = None) -> StorageReader:
+        from nvrx_eks.training.checkpoint.dcp_format import RankReader  # noqa: PLC0415
+
+        from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+        folder = f"{self._folder}{step_name(step)}"
+        reader = FileSystemReader(folder) if rank is None else RankReader(folder, rank)
+        reader.fs = _S3ReadFileSystem(self)  # type: ignore[assignment]
+        return reader
 
     def delete(self, step: int, rank: int) -> None:
-        for name in (manifest_name(rank), shard_name(rank)):
+        from nvrx_eks.training.checkpoint.dcp_format import (  # noqa: PLC0415
+            GLOBAL_METADATA,
+            data_name,
+            rank_metadata_name,
+        )
+
+        names = [manifest_name(rank), data_name(rank), rank_metadata_name(rank)]
+        if rank == 0:
+            names.insert(1, GLOBAL_METADATA)
+        for name in names:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(step, name))
 
 
+class _S3ReadFileSystem:
+    """The part of DCP's file system a reader uses, over S3 objects (each read whole, once)."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+        self._cache: dict[str, bytes] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.BytesIO, None, None]:
+        if "r" not in mode:
+            raise OSError(f"{path}: the S3 reader only reads")
+        key = str(path)
+        if key not in self._cache:
+            body = self.store.client.get_object(Bucket=self.store.bucket, Key=key)["Body"].read()
+            self._cache[key] = body
+        yield io.BytesIO(self._cache[key])
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
+        return f"{str(path).rstrip('/')}/{suffix}"
+
+    def init_path(self, path: str | os.PathLike[str]) -> str:
+        return str(path)
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        listed = self.store.client.list_objects_v2(Bucket=self.store.bucket, Prefix=str(path), MaxKeys=1)
+        return bool(listed.get("Contents"))
+
+
+def finalize_newest(store: ShardStore, *, emit: Callable[[str, dict[str, Any]], None]) -> int | None:
+    """The global metadata of the store's newest complete step, written if missing (rank 0, at the end
+    of training, once every rank's last persist is committed); the step, or None. A failure is
+    reported, never raised: the step still reads at its own world size."""
+    try:
+        complete = complete_steps(store.manifests())
+        if not complete:
+            return None
+        step = max(complete)
+        if store.finalize(step, complete[step]):
+            return step
+    except (OSError, ShardError, ValueError) as exc:
+        emit(
+            "checkpoint_failed",
+            {"tier": store.tier, "error": f"global metadata: {exc}", "retry": "at restore"},
+        )
+    return None
+
+
 def open_store(*, tier: str, location: str | Path, fsync: bool = True) -> ShardStore:
-    """A FileStore for a path, an S3Store for an `s3://` URL."""
+    """A FileStore for a path, an S3Store for an `s3://` URL. Node-local disk (`local`) is each node's
+    own; every other tier is shared by the job's nodes."""
     text = str(location)
     if text.startswith("s3://"):
         return S3Store(tier=tier, url=text)
-    return FileStore(tier=tier, root=Path(text), fsync=fsync)
+    return FileStore(tier=tier, root=Path(text), fsync=fsync, shared=tier != "local")
 
 
 def disk_stores(config: CheckpointConfig) -> list[tuple[ShardStore, int, bool]]:

@@ -11,10 +11,10 @@ import time
 from typing import TYPE_CHECKING, Any, Self
 
 from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
-from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
-from nvrx_eks.training.checkpoint.shard import encode_header, flatten, tensor_chunks
+from nvrx_eks.training.checkpoint.dcp_format import Stager
+from nvrx_eks.training.checkpoint.restore import restore
 from nvrx_eks.training.checkpoint.stats import CheckpointStats
-from nvrx_eks.training.checkpoint.storage import disk_stores
+from nvrx_eks.training.checkpoint.storage import disk_stores, finalize_newest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,24 +64,19 @@ class SyncCheckpointer(Checkpointer):
         self.device = device
         self.emit = emit
         self.stats = CheckpointStats()
+        self.stager = Stager(rank=rank, world_size=world_size)
 
     def _save(self, step: int, state: dict[str, Any]) -> None:
         started = time.perf_counter()
         self.stats.save_calls += 1
         due = [store for store, every, _ in self.stores if every and step % every == 0]
         if due:
-            skeleton, tensors, layout = flatten(state)
-            header = encode_header(skeleton, layout)
+            staged = self.stager.stage(state)
             for store in due:
                 try:
-                    store.commit(
-                        step=step,
-                        rank=self.rank,
-                        world_size=self.world_size,
-                        chunks=[header, *tensor_chunks(tensors, layout)],
-                    )
+                    store.commit(step=step, rank=self.rank, world_size=self.world_size, staged=staged)
                     store.prune(rank=self.rank, keep=self.keep)
-                except OSError as exc:
+                except (OSError, RuntimeError, ValueError) as exc:
                     self.stats.failed[store.tier] += 1
                     self.stats.last_error[store.tier] = str(exc)
                     self.emit("checkpoint_failed", {"tier": store.tier, "step": step, "error": str(exc)})
@@ -92,8 +87,22 @@ class SyncCheckpointer(Checkpointer):
         self.stats.stall_s += stall
         self.stats.max_stall_s = max(self.stats.max_stall_s, stall)
 
-    def _load_latest(self) -> Restored | None:
-        sources = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
-        return load_newest(
-            sources, rank=self.rank, world_size=self.world_size, device=self.device, emit=self.emit
+    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None:
+        return restore(
+            memory_dir=None,
+            stores=[store for store, _, _ in self.stores],
+            stager=self.stager,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            emit=self.emit,
+            target=target,
         )
+
+    def _close(self) -> None:
+        # The end of training: every rank committed its last due step, so the job's newest complete
+        # step gets its global metadata (rank 0, shared tiers) and reads at any world size.
+        if self.rank == 0:
+            for store, _, _ in self.stores:
+                if store.shared:
+                    finalize_newest(store, emit=self.emit)

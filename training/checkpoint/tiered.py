@@ -16,6 +16,7 @@ complete step is behind the restored state owes one too (`_restored`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections import deque
@@ -27,15 +28,15 @@ import torch.distributed as dist
 
 from nvrx_eks.training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
 from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION, Stager
 from nvrx_eks.training.checkpoint.domains import node_domain
 from nvrx_eks.training.checkpoint.memory import MemoryTier, Slot
 from nvrx_eks.training.checkpoint.persist import PersistWorker
 from nvrx_eks.training.checkpoint.replica import ReplicaWorker, ranks_per_node
-from nvrx_eks.training.checkpoint.restore import StoreSource, load_newest
-from nvrx_eks.training.checkpoint.restore_anywhere import restore_from_anywhere
+from nvrx_eks.training.checkpoint.restore import restore
 from nvrx_eks.training.checkpoint.shard import encode_header, flatten
 from nvrx_eks.training.checkpoint.stats import CheckpointStats
-from nvrx_eks.training.checkpoint.storage import disk_stores
+from nvrx_eks.training.checkpoint.storage import disk_stores, finalize_newest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,10 +48,10 @@ PEER_PIN = "peer-pinned"
 """Slot holder: the snapshot whose copy the partners hold (`TieredCheckpointer._pin_replicated`)."""
 
 CARRIED = "_tiered_checkpointer"
-"""The key under which each snapshot carries, beside the caller's state, what the checkpointer
-measured: each disk tier's recent write steps. A restarted process judges its first writes against
-its predecessor's, wherever its state came back from (RAM, a partner, a disk); a restore returns the
-caller's state without it. A state written without it restores as before (nothing measured)."""
+"""The key, in the rank's own section (`RANK_SECTION`), under which each snapshot carries what the
+checkpointer measured: each disk tier's recent write steps (JSON). A restarted process judges its
+first writes against its predecessor's, wherever its state came back from (RAM, a partner, a disk); a
+restore returns the caller's state without it."""
 
 RECENT_WRITES = 4
 """Finished writes per disk tier whose slowest is one write of the lag allowance (its steps, launch
@@ -95,6 +96,7 @@ class TieredCheckpointer(Checkpointer):
         self.device = device
         self.emit = emit
         self.stats = CheckpointStats()
+        self.stager = Stager(rank=rank, world_size=world_size)
         self.memory = MemoryTier(
             root=config.memory_dir,
             rank=rank,
@@ -130,6 +132,7 @@ class TieredCheckpointer(Checkpointer):
             self._locations["peer"] = str(config.memory_dir)
             self._cadences.append(("peer", config.memory_every))
         self._disk = tuple(store.tier for store, _, _ in stores)
+        self._shared = {store.tier for store, _, _ in stores if store.shared}
         self.agreement = Agreement(
             tiers=[tier for tier, _ in self._cadences], device=device, disk_tiers=self._disk
         )
@@ -313,7 +316,8 @@ class TieredCheckpointer(Checkpointer):
             if tier in self._owed or (not catch_up and step % every == 0)
         ]
         carried = {"write_steps": {tier: list(steps) for tier, steps in self._write_steps.items()}}
-        skeleton, tensors, layout = flatten({**state, CARRIED: carried})
+        staged = self.stager.stage(_with_carried(state, json.dumps(carried)))
+        skeleton, tensors, layout = flatten(staged.tree)
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
             s.holders - {PEER_PIN} for s in self.memory.slots
@@ -350,7 +354,8 @@ class TieredCheckpointer(Checkpointer):
             self.emit("checkpoint_skipped", {"tier": "memory", "step": step, "reason": reason})
             launch = dict.fromkeys(due, False)
         else:
-            self.memory.stage(slot, step, tensors, encode_header(skeleton, layout))
+            slot.plan = staged.plan
+            self.memory.stage(slot, step, tensors, encode_header(skeleton, layout, staged.key))
             self.stats.staged += 1
             # One line per snapshot: the run's stall per checkpoint is counted against these.
             timing["stage_s"] = round(time.perf_counter() - snapshot_started, 5)
@@ -457,6 +462,9 @@ class TieredCheckpointer(Checkpointer):
                 world_size=self.world_size,
                 keep=self.config.keep,
                 complete=self._complete.get(tier),
+                plan=slot.plan,
+                # Rank 0 of a shared tier: the job's newest complete step gets its global metadata.
+                finalize=self.rank == 0 and tier in self._shared,
                 delay_s=self._persist_delay_s,
                 **early,
             )
@@ -538,33 +546,32 @@ class TieredCheckpointer(Checkpointer):
         )
 
     # --- restore / lifecycle --------------------------------------------------------------------
-    def _load_latest(self) -> Restored | None:
+    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None:
         # Restoring writes into the live parameters: no copy may still be reading them.
         self._settle()
         self.agreement.reset()  # a restore starts a new agreement history (new process group)
         self._publish_at_fence = False
         self._owed.clear()
-        stores = [StoreSource(store, shared=shared) for store, _, shared in self.stores]
+        # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
+        restored = restore(
+            memory_dir=self.config.memory_dir,
+            stores=[store for store, _, _ in self.stores],
+            stager=self.stager,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            emit=self.emit,
+            target=None if target is None else lambda: _with_carried(target(), ""),
+        )
+        carried = None
+        if restored is not None:
+            section = restored.state.get(RANK_SECTION)
+            blob = section.pop(CARRIED, None) if isinstance(section, dict) else None
+            with contextlib.suppress(TypeError, ValueError):
+                carried = json.loads(blob) if blob else None
+            if isinstance(section, dict) and not section:
+                restored.state.pop(RANK_SECTION)
         collective = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if collective:
-            # Every shard from wherever it is: this node's RAM, a partner's RAM, local disk, durable.
-            restored = restore_from_anywhere(
-                memory_dir=self.config.memory_dir,
-                stores=stores,
-                rank=self.rank,
-                world_size=self.world_size,
-                device=self.device,
-                emit=self.emit,
-            )
-        else:
-            restored = load_newest(
-                [self.memory, *stores],
-                rank=self.rank,
-                world_size=self.world_size,
-                device=self.device,
-                emit=self.emit,
-            )
-        carried = restored.state.pop(CARRIED, None) if restored is not None else None
         self._restored(restored, collective=collective, carried=carried)
         return restored
 
@@ -647,6 +654,13 @@ class TieredCheckpointer(Checkpointer):
     def _close(self) -> None:
         with contextlib.suppress(Exception):
             self._wait()
+        if self.rank == 0:
+            # The end of training: the job's newest complete step gets its global metadata, so it
+            # reads at any world size (the ranks' last persists are committed by now: the job's
+            # finish waits for every rank's checkpointer before any closes).
+            for store, _, _ in self.stores:
+                if store.shared:
+                    finalize_newest(store, emit=self.emit)
         for worker in self.workers.values():
             worker.close()
         for store, _, _ in self.stores:
@@ -657,3 +671,11 @@ class TieredCheckpointer(Checkpointer):
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node_index, "pid": os.getpid(), **self.stats.as_dict()}
+
+
+def _with_carried(state: dict[str, Any], carried: str) -> dict[str, Any]:
+    """`state` with the checkpointer's measurements (`CARRIED`) in the rank's own section."""
+    section = state.get(RANK_SECTION)
+    own = dict(section) if isinstance(section, dict) else {}
+    own[CARRIED] = carried
+    return {**state, RANK_SECTION: own}
