@@ -1,15 +1,20 @@
-"""Device, process group and gradient synchronisation: decided by the device, one code path.
+"""Device, process group, device mesh and gradients: what an attempt gives a script to parallelize on.
 
-CUDA: NCCL + FSDP2 (`fully_shard` per block, then the root); gradients are reduce-scattered inside
-backward. CPU: gloo, and the gradients are averaged by `start_average_gradients` after backward: one
-flat all-reduce in parameter order, waited for from Python (`wait`). Not DDP, on purpose: DDP rebuilds
-its buckets in gradient-ready order after the first iteration, and gloo's ring all-reduce sums each
-element in an order that depends on its position in the bucket; a restarted attempt runs its first
-step with the initial buckets again, so its parameters drift from a fault-free run in the last bits.
-A fixed layout every step keeps resume bit-exact (and saves DDP's construction broadcast, which ran
-under the short restart-friendly timeout).
 The process group is created per attempt on a prefix of one long-lived store, so an in-process
-restart gets a fresh group without rebinding a port.
+restart gets a fresh group without rebinding a port; `device_mesh` builds a DeviceMesh on it (and its
+sub-groups), again per attempt. A script parallelizes its model itself -- DistributedDataParallel,
+FSDP2, tensor parallelism, HSDP -- and its gradients are reduced inside its backward.
+
+`wrap` is the kit's easy path (`attempt.data_parallel`). CUDA: FSDP2 (`fully_shard` per block, then
+the root). CPU: the module itself, and its gradients are averaged by `start_average_gradients` after
+backward: one flat all-reduce in parameter order, waited for from Python (`wait`). Not DDP, on
+purpose: DDP rebuilds its buckets in gradient-ready order after the first iteration, and gloo's ring
+all-reduce sums each element in an order that depends on its position in the bucket; a restarted
+attempt runs its first step with the initial buckets again, so its parameters drift from a fault-free
+run in the last bits. A fixed layout every step keeps resume bit-exact (and saves DDP's construction
+broadcast, which ran under the short restart-friendly timeout). A script's own DDP is exact in a
+fault-free run and drifts in the last bits after a restart for the same reason: the demo's verdict
+says so with the measured difference.
 """
 
 from __future__ import annotations
@@ -24,9 +29,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 
 @dataclass(frozen=True)
@@ -145,15 +154,18 @@ _retired_groups: list[dist.ProcessGroup | None] = []
 
 
 def retire_default_group() -> None:
-    """Destroy the default process group without waiting for a collective still in flight in it.
+    """Destroy the attempt's process groups (the default one and every group made on it: a device
+    mesh's, a script's own) without waiting for a collective still in flight in them.
 
     Destroying a gloo group joins its worker threads, so it blocks until an in-flight collective ends:
     measured, the whole collective timeout when the peers are alive but elsewhere (as after an
-    in-process restart, where every rank left its wait). Kept referenced, the group is only
-    deregistered: its collective times out in gloo's own thread and nobody waits for it. One retired
-    group is kept; the one before it is released now, long after its collective's timeout.
+    in-process restart, where every rank left its wait). Kept referenced, a group is only
+    deregistered: its collective times out in gloo's own thread and nobody waits for it. One attempt's
+    retired groups are kept; the ones before are released now, long after their collectives' timeout.
     """
-    _retired_groups[:] = [dist.group.WORLD]
+    from torch.distributed import distributed_c10d  # noqa: PLC0415
+
+    _retired_groups[:] = [dist.group.WORLD, *distributed_c10d._world.pg_map]  # noqa: SLF001 - the registry
     dist.destroy_process_group()
 
 
@@ -185,16 +197,61 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
         time.sleep(0.01)
 
 
-def wrap(model: nn.Module, world: World, *, blocks: Iterable[nn.Module] = ()) -> nn.Module:
-    """FSDP2 on CUDA (each of `blocks`, then the root; sharding is in place; gradients reduced in
-    backward); the module itself on CPU (gradients averaged by `start_average_gradients`)."""
-    if world.device.type == "cuda":
-        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+def device_mesh(world: World, names: tuple[str, ...], sizes: tuple[int, ...]) -> DeviceMesh:
+    """A DeviceMesh of this attempt's ranks (its sub-groups are made now: every rank calls it)."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
+    return init_device_mesh(world.device.type, sizes, mesh_dim_names=names)
+
+
+def wrap(
+    model: nn.Module,
+    world: World,
+    *,
+    blocks: Iterable[nn.Module] = (),
+    mp_policy: MixedPrecisionPolicy | None = None,
+) -> nn.Module:
+    """FSDP2 on CUDA (each of `blocks`, then the root, with `mp_policy`; sharding is in place;
+    gradients reduced in backward); the module itself on CPU (gradients averaged by
+    `start_average_gradients`)."""
+    if world.device.type == "cuda":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+        policy = mp_policy or MixedPrecisionPolicy()
         for block in blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     return model
+
+
+def clip_grad_norm(
+    parameters: Iterable[torch.Tensor], max_norm: float, *, norm_type: float = 2.0
+) -> torch.Tensor:
+    """Clip the gradients' total norm to `max_norm`, whatever holds them; returns the total norm.
+
+    Plain tensors (DDP, the kit's CPU path): `torch.nn.utils.clip_grad_norm_` itself, so a script's
+    numerics are the same as without the kit. DTensors: torch's one stack of per-tensor norms fails when
+    they live on different meshes (tensor-parallel weights on the (dp, tp) mesh, FSDP's embeddings and
+    norms on dp alone), so the norm is taken per mesh, made whole (a collective over that mesh), and the
+    per-mesh norms combined; each gradient's local shard is scaled in place."""
+    params = list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not any(isinstance(g, DTensor) for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(grad.device_mesh if isinstance(grad, DTensor) else None, []).append(grad)
+    norms = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.nn.utils.get_total_norm(norms, norm_type)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    with torch.no_grad():
+        for grad in grads:
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local.mul_(coefficient.to(local.device))
+    return total
 
 
 POLL_S = 0.0005
@@ -245,8 +302,3 @@ def start_average_gradients(model: nn.Module, world: World) -> PendingAverage | 
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     flat = torch._utils._flatten_dense_tensors(grads)  # noqa: SLF001 - torch's own helper for this
     return PendingAverage(dist.all_reduce(flat, async_op=True), flat, grads, world.world_size)
-
-
-def shards_in_place(world: World) -> bool:
-    """FSDP2 rewrites the module for one process group: after an in-process restart, rebuild it."""
-    return world.device.type == "cuda"

@@ -13,8 +13,8 @@ import torch
 from pydantic import ValidationError
 
 from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
-from nvrx_eks.training.checkpoint.factory import probe_checkpointer
 from nvrx_eks.training.checkpoint.dcp_format import Stager
+from nvrx_eks.training.checkpoint.factory import probe_checkpointer
 from nvrx_eks.training.checkpoint.probe import failed
 from nvrx_eks.training.checkpoint.shard import ShardError, decode, to_bytes
 from nvrx_eks.training.checkpoint.storage import FileStore

@@ -250,6 +250,6 @@ def test_node_memory_lists_own_slots_and_partners_copies_with_their_layout(tmp_p
         (1, 2): ("memory", (8, "k")),
     }
     assert bytes(read_slot(held[(2, 4)])) == b"hcopy"
+    (tmp_path / "peer" / "rank-00002" / "slot-1.bin").write_bytes(b"c")  # shorter than its manifest
     with pytest.raises(ShardError):
-        (tmp_path / "peer" / "rank-00002" / "slot-1.bin").write_bytes(b"c")
         read_slot(held[(2, 4)])

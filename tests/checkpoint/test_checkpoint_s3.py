@@ -9,9 +9,9 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.factory import probe_checkpointer
 from nvrx_eks.training.checkpoint.probe import failed
-from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.restore import load_part
 from nvrx_eks.training.checkpoint.shard import ShardError
 from nvrx_eks.training.checkpoint.storage import S3Store

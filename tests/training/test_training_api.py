@@ -158,30 +158,17 @@ def _batchnorm_run(run_dir: Path, *, fail_at: int | None) -> str | None:
     steps through the API's attempts; `fail_at`: the first attempt stops after that step's forward, as
     an in-process restart would stop it, and the next attempt resumes from memory."""
     import contextlib  # noqa: PLC0415
-    from types import SimpleNamespace  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
+    from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
 
     from nvrx_eks.training import parallel  # noqa: PLC0415
-    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
 
     run_dir.mkdir(parents=True)
     config = api.ResilienceConfig(run_dir=run_dir)
-    context = api._Context(
-        job=api.Job(config),
-        cfg=config,
-        world=parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")),
-        store=dist.FileStore(str(run_dir / "store"), 1),
-        events=EventLog(run_dir=run_dir, rank=0),
-        resilience=SimpleNamespace(
-            atomic=contextlib.nullcontext, step_done=lambda step: None, state_dict=dict, load_state_dict=print
-        ),
-        checkpointer=SimpleNamespace(
-            fence=lambda: None, save=lambda step, state: None, wait=lambda: None, load_latest=lambda: None
-        ),
-        metrics=SimpleNamespace(step=lambda **_: None),
-    )
+    world = parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    context, record = stub_context(config, world, run_dir), Record()
 
     def train(attempt: api.Attempt, *, stop: int | None) -> None:
         torch.manual_seed(0)
@@ -200,8 +187,8 @@ def _batchnorm_run(run_dir: Path, *, fail_at: int | None) -> str | None:
     try:
         if fail_at is not None:
             with contextlib.suppress(_Interrupted):
-                context.attempt(lambda attempt: train(attempt, stop=fail_at))
-        return context.attempt(lambda attempt: train(attempt, stop=None))
+                attempt(context, record, lambda a: train(a, stop=fail_at))
+        return attempt(context, record, lambda a: train(a, stop=None))
     finally:
         parallel.release_retired_groups()
         dist.destroy_process_group()

@@ -14,7 +14,6 @@ import json
 import multiprocessing
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -30,32 +29,16 @@ class _Stopped(Exception):  # noqa: N818 - stands in for the in-process restart'
 def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
+    from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
 
     from nvrx_eks.training import api, parallel  # noqa: PLC0415
     from nvrx_eks.training.config import parse_args  # noqa: PLC0415
-    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
     from nvrx_eks.training.trainer import ReferenceTrainer  # noqa: PLC0415
 
     root = Path(run_dir)
     cfg = parse_args(["--steps", str(STEPS), "--model", "tiny", "--run-dir", run_dir, "--mode", "baseline"])
     world = parallel.World(rank=rank, world_size=WORLD_SIZE, local_rank=rank, device=torch.device("cpu"))
-    context = api._Context(
-        job=api.Job(cfg),
-        cfg=cfg,
-        world=world,
-        store=dist.FileStore(str(root / "store"), WORLD_SIZE),
-        events=EventLog(run_dir=root, rank=rank),
-        resilience=SimpleNamespace(
-            atomic=contextlib.nullcontext,
-            step_done=lambda step: None,
-            state_dict=dict,
-            load_state_dict=lambda state: None,
-        ),
-        checkpointer=SimpleNamespace(
-            fence=lambda: None, save=lambda step, state: None, wait=lambda: None, load_latest=lambda: None
-        ),
-        metrics=SimpleNamespace(step=lambda **_: None),
-    )
+    context, record = stub_context(cfg, world, root), Record()
     trainer = ReferenceTrainer(cfg)
     if lag:
 
@@ -66,10 +49,10 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
 
             @contextlib.contextmanager
             def stopped_update(**kwargs: object):
-                if attempt._step == LAG_STEP and rank == 0:
+                if attempt._run.step == LAG_STEP and rank == 0:
                     with update(**kwargs):  # type: ignore[arg-type]
                         raise _Stopped
-                if attempt._step == LAG_STEP + 1:  # rank 1, before the next collective
+                if attempt._run.step == LAG_STEP + 1:  # rank 1, before the next collective
                     raise _Stopped
                 with update(**kwargs):  # type: ignore[arg-type]
                     yield
@@ -78,8 +61,10 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
             trainer(attempt)
 
         with contextlib.suppress(_Stopped):
-            context.attempt(lagging)
-    digest = context.attempt(trainer)  # the next attempt (or the only one), then the rest of the steps
+            attempt(context, record, lagging)
+    digest = attempt(
+        context, record, trainer
+    )  # the next attempt (or the only one), then the rest of the steps
     (root / f"digest-{rank}.json").write_text(json.dumps({"digest": digest}))
     parallel.release_retired_groups()
     dist.destroy_process_group()

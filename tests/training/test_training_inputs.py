@@ -124,12 +124,12 @@ def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        import nvrx_eks.training.api
+        import nvrx_eks.training.process
         class Boom(RuntimeError):
             pass
         def fail(*args, **kwargs):
             raise Boom("the trainer could not be built")
-        nvrx_eks.training.api._Context = fail
+        nvrx_eks.training.process.Context = fail
         from nvrx_eks.training.__main__ import main
         sys.argv = ["training", "--steps", "3", "--run-dir", {str(tmp_path / "run")!r}]
         main()

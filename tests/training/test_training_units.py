@@ -356,22 +356,29 @@ def test_update_is_applied_once_its_collective_completed_even_when_a_restart_is_
 
     import torch  # noqa: PLC0415
 
-    from nvrx_eks.training import api, parallel  # noqa: PLC0415
+    from nvrx_eks.training import parallel  # noqa: PLC0415
+    from nvrx_eks.training.attempt import AttemptRun, Record  # noqa: PLC0415
+    from nvrx_eks.training.tracked import Tracked  # noqa: PLC0415
 
     updates: list[int] = []
     context = SimpleNamespace(
         world=parallel.World(rank=0, world_size=2, local_rank=0, device=torch.device("cpu")),
         resilience=layer,
         checkpointer=SimpleNamespace(fence=lambda: None),
-        job=SimpleNamespace(_state=SimpleNamespace(kept=None)),
     )
-    attempt = api.Attempt(context, number=0)
-    attempt._objects, attempt._parallel, attempt._step, attempt.last_done = {}, [torch.nn.Linear(1, 1)], 5, 4
+    attempt = AttemptRun(context, Record())  # type: ignore[arg-type]
+    model = torch.nn.Linear(1, 1)
+    attempt.tracked, attempt.kit_parallel, attempt.step, attempt.last_done = (
+        Tracked({"model": model}),
+        [model],
+        5,
+        4,
+    )
     collective = _CollectiveCompletingUnderARestart(restart_decided)
     monkeypatch.setattr(parallel, "start_average_gradients", lambda module, world: collective)
 
     def update_then_run_on() -> None:
-        with attempt.update():
+        with attempt.update(loss=None, clip_grad_norm=None):
             updates.append(5)
         deadline = time.monotonic() + 5  # the restart lands once the atomic section is left
         while time.monotonic() < deadline:

@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import hashlib
 import io
-import os
 import pickle
 import zlib
 from dataclasses import dataclass
@@ -47,14 +46,15 @@ from torch.distributed.checkpoint.default_planner import (
 )
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
+    import os
     import threading
     from collections.abc import Generator, Iterable
 
     from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan
 
 RANK_SECTION = "kit_rank"
 """The key of a rank's own part of the state. Stored under `kit_rank_<rank>`, so every rank's survives
@@ -173,7 +173,7 @@ class _StagedPlanner(DefaultSavePlanner):
         self,
         state_dict: dict[str, Any],
         storage_meta: StorageMeta | None = None,  # noqa: ARG002 - DCP's signature
-        is_coordinator: bool = False,  # noqa: ARG002, FBT001, FBT002 - DCP's signature
+        is_coordinator: bool = False,  # noqa: ARG002 - DCP's signature
     ) -> None:
         self.state_dict = state_dict
         self.mappings = self._staged_plan.planner_data
@@ -232,7 +232,7 @@ class _CheckedFileSystem(FileSystem):
                 yield stream
             return
         with Path(path).open(mode) as raw:
-            stream = _CrcWriter(raw)
+            stream = _CrcWriter(cast("io.BufferedIOBase", raw))
             yield stream
             self.sums[Path(path).name] = (stream.nbytes, stream.crc)
 

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
+    from torch.distributed.checkpoint import StorageReader
+
     from nvrx_eks.training.checkpoint.dcp_format import Stager
     from nvrx_eks.training.checkpoint.storage import ShardStore
 
@@ -61,7 +63,7 @@ def _gather(value: object, world_size: int) -> list[Any]:
     return gathered
 
 
-def all_ok(ok: bool, device: torch.device) -> bool:  # noqa: FBT001
+def all_ok(ok: bool, device: torch.device) -> bool:
     """True on every rank iff `ok` on every rank (a collective when a process group exists)."""
     if not _collective():
         return ok
@@ -254,8 +256,7 @@ def _same(
     state: dict[str, Any] | None = None
     try:
         if tier == "peer_memory":
-            if not blob:
-                raise ShardError("the partner could not read its copy")
+            # An empty reply: the partner could not read its copy (decode rejects it).
             state = _from_views(decode(blob), rank=rank, live=live)
         elif tier == "memory":
             held = memory[(rank, plan.step)]
@@ -293,13 +294,13 @@ def _cloned(node: object) -> Any:  # noqa: ANN401 - a state tree
 
 
 def _from_disk(
-    reader: Any,
+    reader: StorageReader,
     *,
     rank: int,
     live: dict[str, Any] | None,
     source: int | None = None,
     collective: bool = False,
-) -> dict[str, Any]:  # noqa: ANN401
+) -> dict[str, Any]:
     """DCP reads the state: into the live one (in place), or whole, as saved (no live state)."""
     if live is None:
         loaded: dict[str, Any] = {}

@@ -112,11 +112,12 @@ class SlotFiles:
             # maps every page at once instead of faulting each in during the copy.
             flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
             mapping = mmap.mmap(source.fileno(), layout.data_bytes, flags=flags)
+        data: torch.Tensor | None = None
         try:
             data = torch.frombuffer(mapping, dtype=torch.uint8, count=layout.data_bytes)
             yield fill(skeleton, layout, data)
         finally:
-            data = None
+            del data
             with contextlib.suppress(BufferError):  # a caller still holding a view: closed when freed
                 mapping.close()
 

@@ -514,9 +514,9 @@ class S3Store(ShardStore):
         return any(item["Key"] == self._key(step, name) for item in listed.get("Contents", []))
 
     def reader(self, step: int, *, rank: int | None = None) -> StorageReader:
-        from nvrx_eks.training.checkpoint.dcp_format import RankReader  # noqa: PLC0415
-
         from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+        from nvrx_eks.training.checkpoint.dcp_format import RankReader  # noqa: PLC0415
 
         folder = f"{self._folder}{step_name(step)}"
         reader = FileSystemReader(folder) if rank is None else RankReader(folder, rank)

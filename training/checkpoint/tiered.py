@@ -76,7 +76,7 @@ class TieredCheckpointer(Checkpointer):
             config=config, rank=rank, world_size=world_size, node_index=node_index, device=device, emit=emit
         )
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - one statement per part it starts, read top to bottom
         self,
         *,
         config: CheckpointConfig,

@@ -200,6 +200,56 @@ class FaultsConfig(_Section):
         return None
 
 
+MESH_DIM = re.compile(r"^[a-z][a-z0-9_]{0,15}$")
+
+
+class ParallelConfig(_Section):
+    """The parallel layout a script builds its model on: `attempt.device_mesh()` with no argument."""
+
+    mesh: dict[str, int] = Field(
+        default_factory=lambda: {"dp": -1},
+        description="Device-mesh dimensions, outermost first: name -> size, one size -1 for the ranks "
+        "left (e.g. {dp: -1, tp: 8}: tensor parallelism within an 8-GPU node, data parallelism across "
+        "nodes). The sizes' product must equal the job's world size; checkpoints reshard to any other.",
+    )
+
+    @field_validator("mesh")
+    @classmethod
+    def _dims(cls, value: dict[str, int]) -> dict[str, int]:
+        if not value:
+            raise ValueError("name at least one dimension, e.g. {dp: -1}")
+        for name, size in value.items():
+            if not MESH_DIM.match(name):
+                raise ValueError(
+                    f"{name!r}: a dimension name is lowercase letters, digits and _, e.g. dp, tp"
+                )
+            if size == 0 or size < -1:
+                raise ValueError(f"{name}: {size}; a size is a positive count of ranks, or -1 for the rest")
+        if sum(1 for size in value.values() if size == -1) > 1:
+            raise ValueError("at most one dimension may be -1 (the ranks left over)")
+        return value
+
+    def shape(self, world_size: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(names, sizes) of the mesh at `world_size` ranks; ValueError naming both when it cannot be."""
+        fixed = 1
+        for size in self.mesh.values():
+            fixed *= max(size, 1)
+        spec = ", ".join(f"{name}={size}" for name, size in self.mesh.items())
+        if world_size % fixed:
+            raise ValueError(
+                f"mesh {{{spec}}} needs a multiple of {fixed} ranks, this job has {world_size}: "
+                "change parallel.mesh (or the job's nodes) so the fixed sizes divide the world size"
+            )
+        rest = world_size // fixed
+        if rest != 1 and -1 not in self.mesh.values():
+            raise ValueError(
+                f"mesh {{{spec}}} covers {fixed} ranks, this job has {world_size}: make one size -1 (the "
+                "ranks left) or the product equal to the world size"
+            )
+        sizes = tuple(rest if size == -1 else size for size in self.mesh.values())
+        return tuple(self.mesh), sizes
+
+
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(
         None,
@@ -226,6 +276,7 @@ class ResilienceConfig(_Section):
     ft: FtConfig = FtConfig()
     faults: FaultsConfig = FaultsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     @model_validator(mode="after")
     def _layers_agree(self) -> ResilienceConfig:
@@ -283,7 +334,7 @@ class ResilienceConfig(_Section):
         return self.checkpoint.model_copy(update=update)
 
 
-MAPPING_FIELDS = frozenset({("faults", "weights")})
+MAPPING_FIELDS = frozenset({("faults", "weights"), ("parallel", "mesh")})
 """Fields whose value is a mapping, not a section: one leaf each."""
 
 

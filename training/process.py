@@ -1,0 +1,209 @@
+"""The frame of one training process under the kit: what `Job.run` builds once and closes on every path.
+
+The world, the event log, the process-group store, the resilience layers, the metrics and the
+checkpointer are built here, then the script's training function is called inside the layers (NVRx's
+in-process `Wrapper`, ft_launcher's rank monitor), once per attempt. A failure seen before -- the same
+type, message and place at the same step -- is the script's bug, not a fault: it ends the job with its
+traceback (`UserCodeError`, exit 2) instead of spending every restart budget on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training import parallel
+from nvrx_eks.training.attempt import AttemptRun, Context, Record
+from nvrx_eks.training.events import EventLog, process_created_at
+from nvrx_eks.training.faults import InjectedFaultError
+from nvrx_eks.training.metrics import Metrics, checkpoint_intervals
+from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nvrx_eks.training.checkpoint.base import Checkpointer
+    from nvrx_eks.training.parallel import World
+    from nvrx_eks.training.resilience.config import ResilienceConfig
+
+
+class UserCodeError(UserError):
+    """The training script failed the same way twice at the same point: a bug, not a fault."""
+
+
+def record_for_the_launcher(exc: BaseException) -> None:
+    """The error's first line in torch elastic's per-worker error file: the launcher's failure summary,
+    the pod's termination message and `nvrx-eks job status` then name it (k8s/termination.py)."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # noqa: PLC0415
+
+    with contextlib.suppress(Exception):  # the message is a courtesy; the exit code is the verdict
+        ErrorHandler().record_exception(exc)
+
+
+def run_process(
+    cfg: ResilienceConfig,
+    *,
+    record: Record,
+    tokens_per_step: int,
+    meta: dict[str, Any],
+    attempt: Callable[[AttemptRun], object],
+) -> str | None:
+    """Run the script's training function (`attempt` calls it with the public view of one
+    `AttemptRun`) under the configured layers until it returns; the final parameters' sha256."""
+    world = parallel.detect_world(cfg.dist.device)
+    events = EventLog(run_dir=cfg.run_dir, rank=world.rank)
+    events.emit(
+        "process_start",
+        mode=cfg.mode,
+        world_size=world.world_size,
+        local_rank=world.local_rank,
+        # When the OS created this process: a restart's worker-start phase begins here, before the
+        # interpreter and the imports that precede this event (localrun.summary.FaultPhases).
+        created_t=process_created_at(),
+        **{k: v for k, v in meta.items() if k not in {"mode", "steps"}},
+    )
+    install_termination_handler(events)
+    started = time.time()
+    marks: dict[str, float] = {}  # where setup went: seconds per part, in process_ready
+    parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
+    marks["preload_s"] = time.time() - started
+    store = parallel.base_store(world, cfg.collective_timeout_s)
+    resilience = for_mode(cfg, events, store=store, world=world)
+    marks["layers_s"] = time.time() - started - sum(marks.values())
+    checkpointer: Checkpointer | None = None
+    metrics: Metrics | None = None
+    try:
+        metrics = Metrics(
+            run_dir=cfg.run_dir,
+            rank=world.rank,
+            every=cfg.metrics.textfile_every,
+            port=cfg.metrics.prometheus_port,
+            local_rank=world.local_rank,
+            tokens_per_step=tokens_per_step,
+            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            checkpoint_intervals=checkpoint_intervals(cfg.effective_checkpoint()),
+        )
+        events.subscribe(metrics.observe)
+        checkpointer = _make_checkpointer(cfg, world, events)
+        ctx = Context(
+            cfg=cfg,
+            world=world,
+            store=store,
+            events=events,
+            resilience=resilience,
+            checkpointer=checkpointer,
+            metrics=metrics,
+            meta=meta,
+        )
+        marks["trainer_s"] = time.time() - started - sum(marks.values())
+        # NVRx collects garbage until nothing is left before each in-process restart; frozen objects
+        # are never scanned, and nothing built so far is garbage.
+        gc.freeze()
+        marks["gc_s"] = time.time() - started - sum(marks.values())
+        events.emit("process_ready", setup_s=time.time() - started, cpu_s=time.process_time(), **marks)
+        digest: str | None = resilience.wrap(lambda: _attempt(ctx, record, attempt))()
+    finally:
+        if metrics is not None:
+            metrics.write()
+        # Training is over: the launcher stops expecting heartbeats before the checkpointer's last
+        # persists and the teardown, which may take longer than a heartbeat timeout.
+        resilience.close()
+        if checkpointer is not None:
+            checkpointer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        parallel.release_retired_groups()
+    events.emit("process_end", wall_s=time.time() - started)
+    events.close()
+    return digest
+
+
+def _make_checkpointer(cfg: ResilienceConfig, world: World, events: EventLog) -> Checkpointer:
+    """The configured checkpointer. No fallback: a tier that cannot start fails the rank with its error,
+    never a silent downgrade to a slower implementation."""
+    from nvrx_eks.training.checkpoint import build_checkpointer  # noqa: PLC0415
+
+    def on_event(kind: str, fields: dict[str, Any]) -> None:
+        events.emit(kind if kind.startswith("checkpoint") else f"checkpoint_{kind}", **fields)
+
+    return build_checkpointer(
+        cfg.effective_checkpoint(),
+        rank=world.rank,
+        world_size=world.world_size,
+        # The node's rank in this rendezvous round (torchelastic's GROUP_RANK), not the pod's Job index:
+        # with warm spares any index may hold any node rank.
+        node_index=int(os.environ.get("GROUP_RANK", os.environ.get("JOB_COMPLETION_INDEX", "0"))),
+        device=world.device,
+        on_event=on_event,
+    )
+
+
+def _attempt(ctx: Context, record: Record, attempt: Callable[[AttemptRun], object]) -> str | None:
+    run = AttemptRun(ctx, record)
+    run.start()
+    try:
+        attempt(run)
+    except UserError:
+        raise
+    except Exception as exc:
+        judge(ctx, record, run, exc)
+        raise
+    return run.finish()
+
+
+FAILURES_DIR = "failures"
+
+
+def judge(ctx: Context, record: Record, run: AttemptRun, exc: BaseException) -> None:
+    """A failure seen before at the same step, with the same type, message and place, is the script's
+    bug: end the job with its traceback instead of restarting into it again."""
+    if isinstance(exc, InjectedFaultError) or is_restart_interrupt(exc):
+        return
+    step = run.step if run.step is not None else run.last_done
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    signature = f"{type(exc).__qualname__}|{str(exc)[:500]}|{where}|{step}"
+    text = "".join(traceback.format_exception(exc))[-4000:]
+    seen = signature in record.failures or _seen_on_disk(ctx.cfg, signature)
+    _record_on_disk(ctx.cfg, ctx.world.rank, signature)
+    record.failures.add(signature)
+    if seen:
+        ctx.events.emit(
+            "user_code_error", step=step, error=f"{type(exc).__name__}: {exc}"[:300], traceback=text
+        )
+        raise UserCodeError(
+            f"the training script failed the same way twice at step {step}, a bug, not a fault (nothing "
+            f"is retried): {type(exc).__name__}: {str(exc)[:300]}\n{text.rstrip()}"
+        ) from None
+
+
+def is_restart_interrupt(exc: BaseException) -> bool:
+    """NVRx's own interrupt of a rank whose peer failed, and what a torn collective raises with it."""
+    name = type(exc).__name__
+    return name in {"RankShouldRestart", "DistBackendError", "DistNetworkError"} or (
+        isinstance(exc, RuntimeError) and ("gloo" in str(exc).lower() or "timed out" in str(exc).lower())
+    )
+
+
+def _seen_on_disk(cfg: ResilienceConfig, signature: str) -> bool:
+    """Across launcher restarts (a fresh process): the run folder keeps each rank's failure signatures."""
+    folder = cfg.run_dir / FAILURES_DIR
+    if not folder.is_dir():
+        return False
+    return any(signature in path.read_text().splitlines() for path in folder.glob("rank-*.txt"))
+
+
+def _record_on_disk(cfg: ResilienceConfig, rank: int, signature: str) -> None:
+    path = cfg.run_dir / FAILURES_DIR / f"rank-{rank}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(signature.replace("\n", " ") + "\n")
