@@ -14,9 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra import service_rules as rules
 from nvrx_eks.k8s import names
-from nvrx_eks.kitcore import naming, pins
+from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 
@@ -428,7 +429,7 @@ class ClusterConfig(_Model):
     account: str | None = None
     """12-digit AWS account; None: CDK_DEFAULT_ACCOUNT, else a placeholder (synth stays offline)."""
     region: str
-    kubernetes_version: str = pins.DEFAULT_KUBERNETES_VERSION
+    kubernetes_version: str = cluster_pins.DEFAULT_KUBERNETES_VERSION
     support_after_standard: Literal["upgrade", "extended"] = "upgrade"
     """What EKS does when the version's standard support ends (the cluster's upgrade policy).
     upgrade (default): EKS upgrades the control plane to the next version (nodes keep theirs until
@@ -502,14 +503,14 @@ class ClusterConfig(_Model):
         if isinstance(value, float):
             # ValueError, not TypeError: pydantic turns only ValueError into a field message.
             raise ValueError(  # noqa: TRY004
-                f'write the version as a quoted string such as "{pins.DEFAULT_KUBERNETES_VERSION}" '
+                f'write the version as a quoted string such as "{cluster_pins.DEFAULT_KUBERNETES_VERSION}" '
                 f"(YAML read it as the number {value})"
             )
         text = str(value)
-        if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
-            supported = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
+        if text not in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+            supported = ", ".join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
             raise ValueError(
-                f"{text} is not supported by the add-on pins in kitcore/pins.py; use one of {supported}"
+                f"{text} is not supported by the add-on pins in infra/cluster_pins.py; use one of {supported}"
             )
         return text
 

@@ -1,7 +1,7 @@
 """`cdk deploy` starts only after a recent passing `nvrx-eks preflight` of the same config.
 
 Some facts a deploy depends on can be settled only by asking AWS: that EKS offers each pinned add-on
-version for the config's Kubernetes version (several pins in kitcore/pins.py have no public source),
+version for the config's Kubernetes version (several pins in infra/cluster_pins.py have no public source),
 that the version is still in standard support, that the Capacity Block or reservation exists and
 matches, that the quota holds the node groups; and, offline, that every Helm chart image is pinned by
 digest (a chart pulled by a tag its registry may move is refused like an unoffered add-on version).

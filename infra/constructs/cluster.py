@@ -98,7 +98,7 @@ class TrainingCluster(Construct):
             bootstrap_cluster_creator_admin_permissions=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
                 # kubectl 1.36 is within kubectl's one-minor skew of every supported cluster version
-                # (kitcore/pins.py KUBECTL_LAYER_MINOR).
+                # (infra/cluster_pins.py KUBECTL_LAYER_MINOR).
                 kubectl_layer=KubectlV36Layer(self, "KubectlLayer"),
                 private_subnets=list(subnets),
                 security_groups=[self.kubectl_security_group],

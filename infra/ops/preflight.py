@@ -3,10 +3,10 @@
 For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
 EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
-maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
+maximum size. Every EKS add-on pinned in infra/cluster_pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
 offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Offline, every
-image the stack deploys is pulled by digest: a pinned chart image whose digest kitcore/pins.py does not
+image the stack deploys is pulled by digest: a pinned chart image whose digest infra/cluster_pins.py does not
 hold yet fails (`nvrx-eks image pin` records it), the node check by tag warns. Each check yields a row
 (pass / warn / fail) with the fix when it does not pass. A run where every check passes is
 recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent one.
@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from nvrx_eks.infra.config import NODE_CHECK_DIGEST_FIX
 from nvrx_eks.infra.ops import charts
@@ -115,7 +116,7 @@ class PreflightTarget:
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
-    charts: tuple[pins.ChartPin, ...] = ()
+    charts: tuple[cluster_pins.ChartPin, ...] = ()
     """Helm charts whose pinned version must be published in their repository."""
 
 
@@ -417,7 +418,7 @@ class Preflight:
             subject=addon.name,
             status=Status.FAIL,
             detail=f"{addon.version} is not offered for Kubernetes {kubernetes}; valid: {shown}",
-            fix=f"set {addon.name} for {kubernetes} in kitcore/pins.py EKS_ADDONS to one of: {shown}",
+            fix=f"set {addon.name} for {kubernetes} in infra/cluster_pins.py EKS_ADDONS to one of: {shown}",
         )
 
     def _vcpus_of(self, instance_type: str) -> int:
@@ -442,8 +443,10 @@ def kubernetes_support(
     with aws_errors("eks:DescribeClusterVersions"):
         found = eks.describe_cluster_versions(clusterVersions=[version], includeAll=True)["clusterVersions"]
     entry = next((v for v in found if v.get("clusterVersion") == version), None)
-    offered = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
-    fix = f"use a version in standard support that kitcore/pins.py covers ({offered}), or raise the pins"
+    offered = ", ".join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
+    fix = (
+        f"use a version in standard support that infra/cluster_pins.py covers ({offered}), or raise the pins"
+    )
     if entry is None:
         return CheckResult(
             check=KUBERNETES_CHECK,
@@ -626,7 +629,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
                 version=pin.version_for(config.kubernetes_version),
                 configuration=MANAGED_ADDON_CONFIGURATION.get(pin.name),
             )
-            for pin in pins.EKS_ADDONS.values()
+            for pin in cluster_pins.EKS_ADDONS.values()
         ),
         node_groups=tuple(
             NodeGroupTarget(
@@ -642,7 +645,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         ),
         images=image_targets(config),
         # Every pinned chart, installed by this config or not, as for the add-on pins.
-        charts=tuple(pins.HELM_CHARTS.values()),
+        charts=tuple(cluster_pins.HELM_CHARTS.values()),
     )
 
 
@@ -650,7 +653,7 @@ CHART_CHECK = "Helm chart version"
 LIVE_SIZE_CHECK = "live node group size"
 
 
-def chart_version(pin: pins.ChartPin) -> CheckResult:
+def chart_version(pin: cluster_pins.ChartPin) -> CheckResult:
     """Pass when the chart's repository publishes the pinned version (the stack installs it at deploy)."""
     subject = f"{pin.chart} {pin.version}"
     try:
@@ -673,7 +676,7 @@ def chart_version(pin: pins.ChartPin) -> CheckResult:
         subject=subject,
         status=Status.FAIL,
         detail=f"{pin.repository} does not publish {pin.chart} {pin.version}{seen}",
-        fix="pin a published version in kitcore/pins.py HELM_CHARTS (with its images), then run "
+        fix="pin a published version in infra/cluster_pins.py HELM_CHARTS (with its images), then run "
         "`nvrx-eks image pin`",
     )
 
@@ -711,9 +714,9 @@ def image_targets(config: ClusterConfig) -> tuple[ImageTarget, ...]:
             reference=image.reference,
             by_digest=image.digest != pins.UNPUBLISHED_SHA256,
             required=True,
-            fix=pins.IMAGE_PIN_FIX,
+            fix=cluster_pins.IMAGE_PIN_FIX,
         )
-        for name, chart in pins.HELM_CHARTS.items()
+        for name, chart in cluster_pins.HELM_CHARTS.items()
         for image in chart.images
     )
     check = config.node_check

@@ -18,11 +18,11 @@ from cfnlint.api import lint
 from kube_objects import container_images
 
 from nvrx_eks.infra import app as infra_app
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.nag import acknowledge, add_checks
 from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.infra.stacks.cluster_stack import OUTPUT_KEYS
 from nvrx_eks.k8s import names
-from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_cluster_encrypts_secrets_and_logs_the_control_plane(synthesized):
         "AWS::EKS::Cluster",
         {
             "Name": "nvrx-eks",
-            "Version": pins.DEFAULT_KUBERNETES_VERSION,
+            "Version": cluster_pins.DEFAULT_KUBERNETES_VERSION,
             "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
             "Logging": {
                 "ClusterLogging": {
@@ -138,7 +138,7 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
     ):
         template.has_resource_properties(
             "AWS::EKS::Addon",
-            {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for(kubernetes)},
+            {"AddonName": name, "AddonVersion": cluster_pins.EKS_ADDONS[name].version_for(kubernetes)},
         )
     template.has_resource_properties(
         "AWS::EKS::Addon",
@@ -153,11 +153,11 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
         r["Properties"]["Chart"]: r["Properties"]["Version"]
         for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
     }
-    assert charts == {name: pin.version for name, pin in pins.HELM_CHARTS.items()}
-    # Each chart is given every image it runs, by the digest kitcore/pins.py holds (by tag while none).
+    assert charts == {name: pin.version for name, pin in cluster_pins.HELM_CHARTS.items()}
+    # Each chart is given every image it runs, by the digest infra/cluster_pins.py holds (by tag while none).
     for resource in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values():
         values = json.loads(resource["Properties"]["Values"])
-        for image in pins.HELM_CHARTS[resource["Properties"]["Chart"]].images:
+        for image in cluster_pins.HELM_CHARTS[resource["Properties"]["Chart"]].images:
             for key in image.values_key.split("."):
                 values = values[key]
             assert f"{values['repository']}:{values['tag']}" == image.reference
@@ -551,40 +551,41 @@ def test_the_one_nat_gateway_is_in_the_gpu_zone(synthesized):
 
 
 def test_only_kubernetes_versions_in_standard_support_are_offered():
-    assert pins.DEFAULT_KUBERNETES_VERSION in pins.SUPPORTED_KUBERNETES_VERSIONS
+    assert cluster_pins.DEFAULT_KUBERNETES_VERSION in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     # Each offered version is in EKS standard support past the day the pins were reviewed
     # (1.34's ended 2026-12-02, before that day: not offered).
-    for version in pins.SUPPORTED_KUBERNETES_VERSIONS:
-        assert pins.STANDARD_SUPPORT_ENDS[version] > pins.PINS_REVIEWED, version
-    assert "1.34" not in pins.SUPPORTED_KUBERNETES_VERSIONS
+    for version in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+        assert cluster_pins.STANDARD_SUPPORT_ENDS[version] > cluster_pins.PINS_REVIEWED, version
+    assert "1.34" not in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     with pytest.raises(UserError, match=r"kubernetes_version: 1\.34 is not supported"):
         infra_app.load_config(CONFIGS / "default.yaml", ['kubernetes_version="1.34"'])
 
 
 def test_every_addon_pin_names_its_source():
-    for pin in pins.EKS_ADDONS.values():
-        assert sorted(pin.versions) == sorted(pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
+    for pin in cluster_pins.EKS_ADDONS.values():
+        assert sorted(pin.versions) == sorted(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
         for minor, pinned in pin.versions.items():
             assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", pinned.version), (pin.name, minor)
             assert pinned.source, (pin.name, minor)
             # An unconfirmed pin says so in its source; only preflight's DescribeAddonVersions settles it.
             assert pinned.confirmed or pinned.source.startswith(("https://", "none found")), (pin.name, minor)
-    for minor in pins.SUPPORTED_KUBERNETES_VERSIONS:
-        assert pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
+    for minor in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+        assert cluster_pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
 
 
 def test_the_default_version_has_the_most_confirmed_pins_of_the_newest():
     def confirmed(minor: str) -> int:
-        return sum(pin.versions[minor].confirmed for pin in pins.EKS_ADDONS.values())
+        return sum(pin.versions[minor].confirmed for pin in cluster_pins.EKS_ADDONS.values())
 
-    default = pins.DEFAULT_KUBERNETES_VERSION
-    newer = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) > _minor(default)]
-    older = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) < _minor(default)]
+    default = cluster_pins.DEFAULT_KUBERNETES_VERSION
+    newer = [v for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) > _minor(default)]
+    older = [v for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) < _minor(default)]
     assert all(confirmed(default) >= confirmed(v) for v in older)
     assert all(confirmed(v) < confirmed(default) for v in newer)
     # kubectl within one minor of every offered version.
     assert all(
-        abs(_minor(v) - _minor(pins.KUBECTL_LAYER_MINOR)) <= 1 for v in pins.SUPPORTED_KUBERNETES_VERSIONS
+        abs(_minor(v) - _minor(cluster_pins.KUBECTL_LAYER_MINOR)) <= 1
+        for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     )
 
 
@@ -592,7 +593,7 @@ def _minor(version: str) -> int:
     return int(version.split(".")[1])
 
 
-@pytest.mark.parametrize("kubernetes", pins.SUPPORTED_KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("kubernetes", cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
 def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path, kubernetes):
     config = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", [f'kubernetes_version="{kubernetes}"'])
     stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
@@ -602,8 +603,8 @@ def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path,
         resource["Properties"]["AddonName"]: resource["Properties"]["AddonVersion"]
         for resource in template.find_resources("AWS::EKS::Addon").values()
     }
-    assert addons == {name: pins.EKS_ADDONS[name].version_for(kubernetes) for name in addons}
-    assert sorted(addons) == sorted(pins.EKS_ADDONS)
+    assert addons == {name: cluster_pins.EKS_ADDONS[name].version_for(kubernetes) for name in addons}
+    assert sorted(addons) == sorted(cluster_pins.EKS_ADDONS)
 
 
 @pytest.mark.slow

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.app import overrides_from_context
 from nvrx_eks.infra.config import ClusterConfig
-from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,8 +122,8 @@ def test_capacity_block_config_targets_its_block():
         (
             {"kubernetes_version": "1.29"},
             (
-                r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
-                rf"use one of {re.escape(', '.join(pins.SUPPORTED_KUBERNETES_VERSIONS))}"
+                r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/cluster_pins\.py; "
+                rf"use one of {re.escape(', '.join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS))}"
             ),
         ),
         (
@@ -211,9 +211,11 @@ def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
     path.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace(f'kubernetes_version: "{pins.DEFAULT_KUBERNETES_VERSION}"', "kubernetes_version: 1.30")
+        .replace(
+            f'kubernetes_version: "{cluster_pins.DEFAULT_KUBERNETES_VERSION}"', "kubernetes_version: 1.30"
+        )
     )
-    quoted = re.escape(f'"{pins.DEFAULT_KUBERNETES_VERSION}"')
+    quoted = re.escape(f'"{cluster_pins.DEFAULT_KUBERNETES_VERSION}"')
     with pytest.raises(
         UserError, match=rf"kubernetes_version: write the version as a quoted string such as {quoted}"
     ):

@@ -43,6 +43,7 @@ from kubernetes.client.rest import RESTClientObject, RESTResponse
 from moto import mock_aws
 from typer.testing import CliRunner
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.ops.aws import AwsSession
 from nvrx_eks.kitcore import pins
 
@@ -110,7 +111,7 @@ def readme_steps(text: str) -> list[Command | Edit]:
 
 def _addon_versions(params: dict) -> dict:
     kubernetes = params["kubernetesVersion"]
-    pin = pins.EKS_ADDONS[params["addonName"]]
+    pin = cluster_pins.EKS_ADDONS[params["addonName"]]
     version = {
         "addonVersion": pin.version_for(kubernetes),
         "architecture": ["amd64", "arm64"],
@@ -548,9 +549,9 @@ class Walk:
                     dataclasses.replace(i, digest=digest(i.repository + i.tag)) for i in chart.images
                 ),
             )
-            for name, chart in pins.HELM_CHARTS.items()
+            for name, chart in cluster_pins.HELM_CHARTS.items()
         }
-        self.monkeypatch.setattr(pins, "HELM_CHARTS", charts)
+        self.monkeypatch.setattr(cluster_pins, "HELM_CHARTS", charts)
 
     def engine(self, argv: list[str], **_: Any) -> str:
         """The container engine: builds record the local image, pushes put a manifest into ECR."""
