@@ -26,6 +26,7 @@ from nvrx_eks.infra.addon_values import (
 from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import merge
+from nvrx_eks.training.node.nodecheck import UNVERIFIED_TAINT
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -81,8 +82,14 @@ def _gpu_scheduling(label: str, taints: Sequence[tuple[str, str]] = ()) -> dict[
 
 
 def _gpu_taints(taints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The kit's GPU taint and the config's own, each (key, effect) once, in order."""
-    return list(dict.fromkeys([(names.GPU_TAINT_KEY, names.GPU_TAINT_EFFECT), *taints]))
+    """The kit's GPU taint, the node check's and the config's own, each (key, effect) once, in order.
+
+    The node check taints a node it has not verified (training/node/nodecheck.py); the device plugins
+    and the DCGM exporter are what verifies it (the GPUs and EFA devices advertised, their health
+    exported), so one re-created on such a node (a rollout, an eviction) must start there, or the node
+    stays unverified for want of them."""
+    kit = [(names.GPU_TAINT_KEY, names.GPU_TAINT_EFFECT), (UNVERIFIED_TAINT, "NoSchedule")]
+    return list(dict.fromkeys([*kit, *taints]))
 
 
 def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:

@@ -33,6 +33,7 @@ _NODEGROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 _PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_SECURITY_GROUP_ID = re.compile(r"^sg-[0-9a-f]{8}([0-9a-f]{9})?$")
 # Subnets per AZ that infra/constructs/network.py creates (it reads these): NAT-only public
 # subnets and /19 private ones, because the VPC CNI gives every pod a VPC address.
 PUBLIC_SUBNET_MASK = 24
@@ -130,11 +131,11 @@ class TaintConfig(_Model):
         return value
 
 
-def scale_command(nodegroup: str, nodes: int, *, cluster: str = "CLUSTER") -> str:
+def scale_command(nodegroup: str, nodes: int, *, cluster: str = "CLUSTER", region: str = "REGION") -> str:
     """The AWS CLI call that sets a GPU node group's size (there is no autoscaler in the kit)."""
     return (
-        f"aws eks update-nodegroup-config --cluster-name {cluster} --nodegroup-name {nodegroup} "
-        f"--scaling-config minSize=0,maxSize={nodes},desiredSize={nodes}"
+        f"aws eks update-nodegroup-config --region {region} --cluster-name {cluster} "
+        f"--nodegroup-name {nodegroup} --scaling-config minSize=0,maxSize={nodes},desiredSize={nodes}"
     )
 
 
@@ -344,6 +345,48 @@ class EcrConfig(_Model):
         return value
 
 
+class ApiAccessConfig(_Model):
+    """Who may call the cluster's private API endpoint (HTTPS, port 443), beside the nodes and the
+    stack's kubectl handler: each entry becomes an ingress rule of the cluster security group. Being
+    inside the VPC is not enough: EKS admits a bastion, a VPN or a connected network only through such
+    a rule (https://docs.aws.amazon.com/eks/latest/userguide/cluster-endpoint.html). Empty (the
+    default): only the nodes, which sit in that group; a workstation then reaches the API through an
+    SSM port-forwarding session to a system node (docs/aws.md)."""
+
+    cidrs: list[str] = []
+    """IPv4 blocks that call the API: a VPN's client range, a connected VPC or office network, a
+    bastion's address as a /32."""
+    security_group_ids: list[str] = []
+    """Security groups (sg-...) of hosts in the VPC that call the API: a bastion, a CI runner, an
+    instance reached with SSM Session Manager."""
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for block in value:
+            network = rules.parse_ipv4_block(block)
+            if isinstance(network, str):
+                raise ValueError(network)  # noqa: TRY004 - pydantic reports only ValueError
+            if network.prefixlen == 0:
+                raise ValueError(
+                    f"{block} admits every network routed into the VPC; list the ranges that call the "
+                    "API (your VPN's client range, a bastion's address as a /32)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a block twice ({', '.join(value)})")
+        return value
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _groups(cls, value: list[str]) -> list[str]:
+        for group in value:
+            if not _SECURITY_GROUP_ID.match(group):
+                raise ValueError(f"{group!r} is not a security group id (sg- and 8 or 17 hex digits)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a group twice ({', '.join(value)})")
+        return value
+
+
 class AddonsConfig(_Model):
     cloudwatch_observability: bool = False
     kueue: bool = False
@@ -446,8 +489,10 @@ class ClusterConfig(_Model):
     """gpu_zone: one NAT gateway, in the GPU availability zone (GPU nodes' egress stays in their
     zone and does not fail with another zone); per_zone: one per zone (no cross-zone egress at all)."""
     endpoint_access: Literal["public", "private", "public_and_private"] = "private"
-    """private (default): the API is reachable only inside the VPC, where the kubectl handler runs;
-    public_and_private: also from public_access_cidrs."""
+    """private (default): the API has no public endpoint; its private one admits the nodes, the
+    kubectl handler and what api_access lists; public_and_private: also from public_access_cidrs."""
+    api_access: ApiAccessConfig = ApiAccessConfig()
+    """Networks and security groups that may call the private endpoint (port 443)."""
     public_access_cidrs: list[str] = []
     """Who may reach the public API endpoint (with public_and_private): your office/VPN ranges."""
     allow_public_api_from_anywhere: bool = False

@@ -70,6 +70,8 @@ class ClusterStack(Stack):
             subnets=network.private_subnets,
             endpoint_access=config.endpoint_access,
             public_access_cidrs=config.public_access_cidrs,
+            api_client_cidrs=config.api_access.cidrs,
+            api_client_security_groups=config.api_access.security_group_ids,
             admin_role_arn=config.admin_role_arn,
             admin_principal_arns=config.admin_principal_arns,
             service_cidr=config.service_cidr,

@@ -924,6 +924,22 @@ def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
     assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]
 
 
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_gpu_add_ons_tolerate_the_node_checks_unverified_taint(synthesized, name):
+    """A device plugin or the DCGM exporter re-created on a node the node check has not verified yet
+    must start there: without them the node's GPUs and EFA devices are never advertised and it stays
+    unverified."""
+    from nvrx_eks.training.node.nodecheck import UNVERIFIED_TAINT  # noqa: PLC0415
+
+    wanted = {"key": UNVERIFIED_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    charts = {
+        chart["Properties"]["Chart"]: json.loads(chart["Properties"]["Values"])
+        for chart in _resources(synthesized[name], "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    for gpu_add_on in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter"):
+        assert wanted in charts[gpu_add_on]["tolerations"], gpu_add_on
+
+
 # -- what a failed first deploy leaves, and how the private API is reached -------------------------
 
 _KEPT_DATA = ("AWS::ECR::Repository", "AWS::FSx::FileSystem", "AWS::KMS::Key")
@@ -953,6 +969,47 @@ def test_data_outlives_the_stack_but_not_a_failed_create(synthesized, name):
         if key in resource.get("Properties", {})
     }
     assert named == {}, "a kept resource with a fixed name blocks the next create"
+
+
+def test_the_private_endpoint_admits_443_from_the_configured_networks_only(tmp_path):
+    """EKS admits a bastion, a VPN or a connected network to the private endpoint only through an
+    ingress rule of the cluster security group: each api_access entry is one, on 443 alone."""
+    overrides = ['api_access={"cidrs": ["10.200.0.0/16"], "security_group_ids": ["sg-0123456789abcdef0"]}']
+    config = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", overrides)
+    stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
+    template = Template.from_stack(stack)
+    cluster_group = {"Fn::GetAtt": [_logical(template, "AWS::EKS::Cluster"), "ClusterSecurityGroupId"]}
+    rules = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EC2::SecurityGroupIngress").values()
+        if r["Properties"]["GroupId"] == cluster_group
+    ]
+    callers = {
+        json.dumps(r.get("CidrIp") or r.get("SourceSecurityGroupId")).strip('"')
+        for r in rules
+        if (r["IpProtocol"], r["FromPort"], r["ToPort"]) == ("tcp", 443, 443)
+    }
+    assert {"10.200.0.0/16", "sg-0123456789abcdef0"} <= callers
+    assert not [r for r in rules if r.get("CidrIp") and (r["FromPort"], r["ToPort"]) != (443, 443)]
+    # Without api_access the shipped config admits no network at all (the nodes and the handler only).
+    shipped = Template.from_stack(
+        infra_app.build(
+            App(outdir=str(tmp_path / "shipped")),
+            infra_app.load_config(CONFIGS / "p5-capacity-block.yaml"),
+            account="111111111111",
+            nag=False,
+        )
+    )
+    assert not [
+        r
+        for r in shipped.find_resources("AWS::EC2::SecurityGroupIngress").values()
+        if "CidrIp" in r["Properties"] and r["Properties"]["GroupId"] == cluster_group
+    ]
+
+
+def _logical(template: Template, kind: str) -> str:
+    (logical,) = template.find_resources(kind)
+    return logical
 
 
 @pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
