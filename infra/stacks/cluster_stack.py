@@ -149,6 +149,12 @@ class ClusterStack(Stack):
         self._training_identity(cluster)
         self._cluster_objects(cluster, addons)
         self._outputs()
+        # Last: access logs are let in only once everything else exists, so a failed create's rollback
+        # finds the log bucket empty and deletes it (DurableStorage.deliver_access_logs_after).
+        storage.deliver_access_logs_after(
+            *(child for child in self.node.children if child is not storage),
+            *(child for child in storage.node.children if child is not storage.access_logs),
+        )
 
     def _config_gpu_taints(self) -> tuple[tuple[str, str], ...]:
         """(key, effect) of every taint the config adds to a GPU group: the kit's GPU DaemonSets
