@@ -15,6 +15,7 @@ recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent 
 from __future__ import annotations
 
 import enum
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -113,6 +114,8 @@ class PreflightTarget:
     node_groups: tuple[NodeGroupTarget, ...]
     cluster_name: str | None = None
     """The EKS cluster the stack creates (the config's `name`): a deployed one's groups are compared."""
+    stack_name: str | None = None
+    """The stack (the config's `name`): its deployed template's node group sizes are compared."""
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
@@ -162,7 +165,7 @@ class Preflight:
             results.append(self._guarded("EFA supported", group, self._efa))
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
-            if self._target.cluster_name is not None:
+            if self._target.stack_name is not None:
                 results.append(self._guarded(LIVE_SIZE_CHECK, group, self._live_size))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
@@ -269,9 +272,24 @@ class Preflight:
         )
 
     def _live_size(self, group: NodeGroupTarget) -> CheckResult:
-        """A deploy that changes a group's min or max writes the template's desired size too: when that
-        is below the nodes the group runs (scaled by hand for a job), the deploy would remove nodes
-        under the job."""
+        """A deploy that changes a group's scaling in the template writes all three sizes, the desired
+        one included: when that is below the nodes the group runs (scaled by hand for a job), the
+        deploy removes nodes under the job. CloudFormation compares the new template with the one it
+        deployed, not with the group as it runs: an unchanged ScalingConfig is left alone, whatever a
+        hand set since, and a changed one is written whole."""
+        deployed = self._deployed_scaling(group.name)
+        if deployed is None:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK, subject=group.name, status=Status.PASS, detail="not deployed yet"
+            )
+        new = (group.min_nodes, group.max_nodes, group.desired_nodes)
+        if deployed == new:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK,
+                subject=group.name,
+                status=Status.PASS,
+                detail="the deployed template's scaling is unchanged: the deploy leaves the group's size",
+            )
         eks = self._session.client("eks")
         with aws_errors("eks:DescribeNodegroup"):
             try:
@@ -282,34 +300,57 @@ class Preflight:
                         check=LIVE_SIZE_CHECK,
                         subject=group.name,
                         status=Status.PASS,
-                        detail="not deployed yet",
+                        detail="in the deployed template, not running: the deploy creates it",
                     )
                 raise
-        scaling = live["nodegroup"].get("scalingConfig", {})
-        running = int(scaling.get("desiredSize", 0))
-        same_bounds = (scaling.get("minSize"), scaling.get("maxSize")) == (group.min_nodes, group.max_nodes)
-        if running <= group.desired_nodes or same_bounds:
+        running = int(live["nodegroup"].get("scalingConfig", {}).get("desiredSize", 0))
+        change = "/".join(map(str, deployed)) + " -> " + "/".join(map(str, new))
+        if running <= group.desired_nodes:
             return CheckResult(
                 check=LIVE_SIZE_CHECK,
                 subject=group.name,
                 status=Status.PASS,
-                detail=f"runs {running}; the deploy leaves it"
-                + ("" if same_bounds else f" at {group.desired_nodes} or more"),
+                detail=f"runs {running}; the deploy writes min/max/desired {change}, keeping them",
             )
         return CheckResult(
             check=LIVE_SIZE_CHECK,
             subject=group.name,
             status=Status.FAIL,
             detail=(
-                f"runs {running} nodes; the deploy changes its min/max "
-                f"({scaling.get('minSize')}/{scaling.get('maxSize')} -> {group.min_nodes}/{group.max_nodes}) "
-                f"and so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
+                f"runs {running} nodes; the deploy changes the template's min/max/desired ({change}) and "
+                f"so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
             ),
             fix=(
-                "deploy when no job needs the nodes (scale the group down first), or keep min_size/max_size "
-                "as deployed for now"
+                "deploy when no job needs the nodes (scale the group down first), or keep the group's "
+                "min_size/desired_size/max_size as the deployed template has them "
+                f"({'/'.join(map(str, deployed))}) for now"
             ),
         )
+
+    def _deployed_scaling(self, nodegroup: str) -> tuple[int, int, int] | None:
+        """(min, max, desired) of `nodegroup` in the stack's deployed template; None when the stack or
+        the group is not in it yet."""
+        cfn = self._session.client("cloudformation")
+        with aws_errors("cloudformation:GetTemplate"):
+            try:
+                body = cfn.get_template(StackName=self._target.stack_name, TemplateStage="Original")[
+                    "TemplateBody"
+                ]
+            except Exception as exc:
+                if error_code(exc) == "ValidationError" and "does not exist" in str(exc):
+                    return None
+                raise
+        template = json.loads(body) if isinstance(body, str) else body
+        for resource in template.get("Resources", {}).values():
+            props = resource.get("Properties", {})
+            if resource.get("Type") == "AWS::EKS::Nodegroup" and props.get("NodegroupName") == nodegroup:
+                scaling = props.get("ScalingConfig", {})
+                return (
+                    int(scaling.get("MinSize", 0)),
+                    int(scaling.get("MaxSize", 1)),
+                    int(scaling.get("DesiredSize", scaling.get("MinSize", 0))),
+                )
+        return None
 
     def _reservation(self, group: NodeGroupTarget) -> CheckResult:
         return check_reservation(
@@ -621,6 +662,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         region=config.region,
         availability_zone=config.gpu_availability_zone,
         cluster_name=config.name,
+        stack_name=config.name,
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(

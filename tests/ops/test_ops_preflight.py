@@ -365,9 +365,6 @@ def _with_chart_digests(monkeypatch, *, unpublished: tuple[str, ...] = ()) -> No
     monkeypatch.setattr(cluster_pins, "HELM_CHARTS", charts)
 
 
-CLI_GROUPS = ("g6-dev", "p5-ondemand")
-
-
 @pytest.fixture
 def preflight_cli(moto_session, monkeypatch, tmp_path):
     import typer  # noqa: PLC0415
@@ -393,7 +390,7 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
 
 def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
@@ -411,7 +408,7 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
 
 def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session, tmp_path):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
-    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 3
     assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
@@ -430,7 +427,7 @@ def test_preflight_cli_records_its_pass_for_cdk_deploy(preflight_cli, moto_sessi
 
     record = tmp_path / "state" / "preflight" / "nvrx-eks.json"
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     assert preflight_cli().exit_code == 0
     data = json.loads(record.read_text())
     config = load_model(ClusterConfig, tmp_path / "cluster.yaml")
@@ -575,23 +572,11 @@ def _configuration_schema(stubber: Stubber, name: str, version: str, schema: dic
     )
 
 
-def _stub_pinned_addons(
-    session,
-    kubernetes: str,
-    offered: dict[str, list[str]] | None = None,
-    *,
-    node_groups: tuple[str, ...] = (),
-) -> Stubber:
+def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
     """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
-    `offered` says otherwise; before them, `node_groups` not deployed yet (their live size rows)."""
+    `offered` says otherwise. (The node groups' live size rows ask CloudFormation, which holds no
+    stack yet: not deployed.)"""
     stubber = _standard_support(Stubber(session.client("eks")), kubernetes)
-    for group in node_groups:
-        stubber.add_client_error(
-            "describe_nodegroup",
-            service_error_code="ResourceNotFoundException",
-            http_status_code=404,
-            expected_params={"clusterName": "nvrx-eks", "nodegroupName": group},
-        )
     for pin in cluster_pins.EKS_ADDONS.values():
         versions = (offered or {}).get(pin.name, [pin.version_for(kubernetes)])
         stubber.add_response(
@@ -755,7 +740,7 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
     preflight_cli, moto_session, tmp_path, monkeypatch
 ):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     _with_chart_digests(monkeypatch, unpublished=("aws-efa-k8s-device-plugin",))
     result = preflight_cli()
     assert result.exit_code == 3
@@ -787,38 +772,91 @@ def test_offline_checks_fail_first_without_asking_for_credentials(preflight_cli,
     assert "credentials" not in result.output
 
 
-def _live_group(session, *, min_size: int, max_size: int, desired: int) -> None:
-    eks = session.client("eks")
-    eks.create_cluster(name="nvrx-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
-    eks.create_nodegroup(
-        clusterName="nvrx-eks",
-        nodegroupName="p5",
-        nodeRole="arn:aws:iam::123456789012:role/node",
-        subnets=["subnet-1"],
-        scalingConfig={"minSize": min_size, "maxSize": max_size, "desiredSize": desired},
-    )
+def _deployed(session, *, template: tuple[int, int, int], live: tuple[int, int, int] | None) -> dict:
+    """The stack as CloudFormation deployed it (its node group's min/max/desired in the template) and
+    the node group as it runs (scaled by hand since, perhaps)."""
+    low, high, want = template
+    # What GetTemplate answers (moto cannot deploy an EKS node group from a template).
+    deployed = {
+        "Resources": {
+            "Nodegroup": {
+                "Type": "AWS::EKS::Nodegroup",
+                "Properties": {
+                    "NodegroupName": "p5",
+                    "ScalingConfig": {"MinSize": low, "MaxSize": high, "DesiredSize": want},
+                },
+            }
+        }
+    }
+    if live is not None:
+        low, high, want = live
+        eks = session.client("eks")
+        eks.create_cluster(
+            name="nvrx-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={}
+        )
+        eks.create_nodegroup(
+            clusterName="nvrx-eks",
+            nodegroupName="p5",
+            nodeRole="arn:aws:iam::123456789012:role/node",
+            subnets=["subnet-1"],
+            scalingConfig={"minSize": low, "maxSize": high, "desiredSize": want},
+        )
+    return deployed
 
 
-def _live_row(session, **group):
+def _live_row(session, deployed: dict | None = None, **group):
     target = dataclasses.replace(
-        _target(NodeGroupTarget(name="p5", instance_type="p5.48xlarge", **group)), cluster_name="nvrx-eks"
+        _target(NodeGroupTarget(name="p5", instance_type="p5.48xlarge", **group)),
+        cluster_name="nvrx-eks",
+        stack_name="nvrx-eks",
     )
+    cfn = session.client("cloudformation")
+    if deployed is not None:
+        stubber = Stubber(cfn)
+        stubber.add_response(
+            "get_template",
+            {"TemplateBody": json.dumps(deployed)},
+            {"StackName": "nvrx-eks", "TemplateStage": "Original"},
+        )
+        with stubber:
+            return Preflight(session=session, target=target)._live_size(target.node_groups[0])
     return Preflight(session=session, target=target)._live_size(target.node_groups[0])
 
 
 def test_a_deploy_that_would_shrink_a_group_running_a_job_fails(moto_session):
-    # Scaled by hand to 2 for a job; the config raises max to 4 and keeps desired 0: CloudFormation
-    # would write min 0 / max 4 / desired 0 and take both nodes away.
-    _live_group(moto_session, min_size=0, max_size=2, desired=2)
-    row = _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=0)
+    # Deployed at 0/2/0, scaled by hand to 2 for a job; the config raises max to 4 and keeps desired 0:
+    # CloudFormation writes min 0 / max 4 / desired 0 and takes both nodes away.
+    deployed = _deployed(moto_session, template=(0, 2, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=4, desired_nodes=0)
     assert row.status is Status.FAIL
     assert row.detail == (
-        "runs 2 nodes; the deploy changes its min/max (0/2 -> 0/4) and so writes desired size 0, removing 2"
+        "runs 2 nodes; the deploy changes the template's min/max/desired (0/2/0 -> 0/4/0) and so writes "
+        "desired size 0, removing 2"
     )
-    # Bounds as deployed: the deploy leaves the scaling alone.
-    assert _live_row(moto_session, min_nodes=0, max_nodes=2, desired_nodes=0).status is Status.PASS
+    assert "(0/2/0)" in row.fix
+    # The template's scaling as deployed: CloudFormation leaves the group alone.
+    assert _live_row(moto_session, deployed, min_nodes=0, max_nodes=2, desired_nodes=0).status is Status.PASS
     # A desired size that keeps the running nodes passes too.
-    assert _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=2).status is Status.PASS
+    assert _live_row(moto_session, deployed, min_nodes=0, max_nodes=4, desired_nodes=2).status is Status.PASS
+
+
+def test_a_hand_edit_recorded_in_the_config_is_a_template_change(moto_session):
+    """Scaled by hand to min 0 / max 2 / desired 2 and the config edited to max 2 to match: the live
+    bounds equal the config's, yet the template's change from max 1 still writes desired 0 (a check of
+    live min/max against the config passed this)."""
+    deployed = _deployed(moto_session, template=(0, 1, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=2, desired_nodes=0)
+    assert row.status is Status.FAIL
+    assert "removing 2" in row.detail
+
+
+def test_a_hand_edit_the_config_does_not_record_leaves_the_deploy_alone(moto_session):
+    """Scaled by hand to 0/2/2 and the config left as deployed (0/1/0): the template does not change, so
+    CloudFormation does not touch the group (a check of live min/max against the config refused this)."""
+    deployed = _deployed(moto_session, template=(0, 1, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=1, desired_nodes=0)
+    assert row.status is Status.PASS
+    assert "unchanged" in row.detail
 
 
 def test_a_group_not_deployed_yet_passes(moto_session):
