@@ -38,7 +38,7 @@ import re
 import resource
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from importlib import metadata
 from pathlib import Path
@@ -48,6 +48,8 @@ from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_with
 from nvrx_eks.kitcore.console import make_console
 from nvrx_eks.kitcore.pins import IMAGE
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.node import repeats
+from nvrx_eks.training.node.topology import NODE_NAME_ENV
 from nvrx_eks.training.resilience.config import CONFIG_ENV, config_from_json
 
 if TYPE_CHECKING:
@@ -414,6 +416,45 @@ def _checkpointer(config: CheckpointConfig | None) -> list[Check]:
     ]
 
 
+def compare_with_other_nodes(
+    checks: Sequence[Check],
+    *,
+    store_endpoint: str | None,
+    node_name: str | None,
+    connect: Callable[[str], repeats.Store] = repeats.connect,
+) -> list[Check]:
+    """`checks`, with a node problem that another node reported too (since any pod last passed) made a
+    configuration problem naming both nodes (training/node/repeats.py); a pass is recorded. Without the
+    job's store (a local run of the check, the store not reachable) the checks stand as they are."""
+    code = exit_code(checks)
+    if store_endpoint is None or node_name is None or code == CONFIG_PROBLEM_EXIT_CODE:
+        return list(checks)
+    try:
+        store = connect(store_endpoint)
+        if code == 0:
+            repeats.record_pass(store)
+            return list(checks)
+        failed = [c.name for c in checks if c.status is Status.NODE]
+        elsewhere = repeats.record_failures(store, node=node_name, checks=failed)
+    except (RuntimeError, OSError, ValueError) as exc:  # TCPStore's errors are RuntimeErrors
+        note = f"the rendezvous store {store_endpoint} was not reached ({exc}): compared with no other node"
+        return [*checks, Check("other nodes", Status.WARN, note[:300])]
+    return [
+        replace(
+            c,
+            status=Status.CONFIG,
+            detail=(
+                f"{c.detail}; the same on node {', '.join(elsewhere[c.name])} (this one: {node_name}): a "
+                "node problem on every node is the configuration's (the node image, its driver, the "
+                "device plugins, the image's CUDA)"
+            ),
+        )
+        if elsewhere.get(c.name)
+        else c
+        for c in checks
+    ]
+
+
 def exit_code(checks: Sequence[Check]) -> int:
     """2 if any configuration problem (every pod would fail alike), else 75 for a node problem, else 0."""
     statuses = {c.status for c in checks}
@@ -465,6 +506,12 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         help=f"instance profile (kitcore/profiles.py); default ${PROFILE_ENV}, else local-cpu",
     )
     parser.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        help="the job's rendezvous store: a node problem another node reported too fails the job as "
+        f"configuration (with ${NODE_NAME_ENV}, this node's name)",
+    )
+    parser.add_argument(
         "--config",
         metavar="JSON",
         help="the job's resilience configuration (a JSON object, as a script's ranks read it), whose "
@@ -485,6 +532,9 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     args = parse_args(argv, node.env)
     profile = get_profile(args.profile or "local-cpu")
     checks = run_checks(node, profile=profile, checkpoint=checkpoint_config(args, node.env))
+    checks = compare_with_other_nodes(
+        checks, store_endpoint=args.store, node_name=node.env.get(NODE_NAME_ENV)
+    )
     render(checks, profile=profile)
     return exit_code(checks)
 
