@@ -30,7 +30,7 @@ from nvrx_eks.kitcore.pins import UNPUBLISHED_SHA256
 # whose amazon-eks releases are taken from that table's "End of standard support" column).
 # The table is checked offline; `nvrx-eks preflight` asks EKS (DescribeClusterVersions) whether the
 # config's version is still in standard support on the day of the deploy.
-PINS_REVIEWED = date(2026, 12, 4)
+PINS_REVIEWED = date(2026, 12, 5)
 STANDARD_SUPPORT_ENDS: dict[str, date] = {"1.35": date(2027, 3, 27), "1.36": date(2027, 8, 2)}
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(STANDARD_SUPPORT_ENDS)
 # The newest offered version whose add-on pins are confirmed at least as far as every older one's:
@@ -237,23 +237,29 @@ HELM_CHARTS: dict[str, ChartPin] = {
     # https://github.com/NVIDIA/k8s-device-plugin (the AL2023 NVIDIA AMI ships the driver and the
     # container toolkit, not the device plugin). One image, "v" + appVersion, for every container: the
     # plugin's DaemonSet and the MPS control daemon's (its init container too); NFD and GFD stay off
-    # (gfd.enabled: false).
+    # (gfd.enabled: false). 0.20.0: the newest release NVIDIA/deepops#1382 read off the project's
+    # releases (2026-08-27), and the GPU Operator 26.7.0 bundle ships it.
     "nvidia-device-plugin": ChartPin(
         chart="nvidia-device-plugin",
         repository="https://nvidia.github.io/k8s-device-plugin",
-        version="0.17.1",
+        version="0.20.0",
         namespace="kube-system",
         images=(
             ChartImage(
                 values_key="image",
                 repository="nvcr.io/nvidia/k8s-device-plugin",
-                tag="v0.17.1",
-                digest="sha256:af31e2b7c7f89834c4e5219860def7ac2e49a207b3d4e8610d5a26772b7738e5",
-                source="a public kind smoke test pins this tag by digest (code search, not the registry)",
+                tag="v0.20.0",
+                digest="sha256:a61ba9fd8efb82f3a79f877f7580e02c1e8e7593f62473644bc9c79e315c3312",
+                source=(
+                    "a public manifest pins this tag by digest, and the GPU Operator 26.7.0 bundle the same "
+                    "(code search, not the registry)"
+                ),
             ),
         ),
     ),
-    # >= v0.5.10: older releases count P6 NVLink devices as EFA. Chart v0.5.20 ships plugin v0.5.13.
+    # >= v0.5.10: older releases count P6 NVLink devices as EFA. Chart v0.5.30 ships plugin v0.5.20
+    # (its Chart.yaml appVersion and values.yaml image.tag, read 2026-08-01 by a public review of the
+    # chart; the chart's releases: https://github.com/aws/eks-charts/pull/1338 for v0.5.29).
     # https://github.com/aws/eks-charts/tree/master/stable/aws-efa-k8s-device-plugin
     # Its image is in the EKS add-on registry (private ECR, account 602401143452, us-west-2 as the
     # chart's default): the nodes pull it with their ECR read policy, and `nvrx-eks image pin` asks ECR
@@ -261,13 +267,13 @@ HELM_CHARTS: dict[str, ChartPin] = {
     "aws-efa-k8s-device-plugin": ChartPin(
         chart="aws-efa-k8s-device-plugin",
         repository="https://aws.github.io/eks-charts",
-        version="v0.5.20",
+        version="v0.5.30",
         namespace="kube-system",
         images=(
             ChartImage(
                 values_key="image",
                 repository="602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin",
-                tag="v0.5.13",
+                tag="v0.5.20",
                 digest=UNPUBLISHED_SHA256,
                 source=_UNPUBLISHED_DIGEST,
             ),
@@ -291,8 +297,9 @@ HELM_CHARTS: dict[str, ChartPin] = {
         ),
     ),
     # Optional gang admission for multi-node jobs. https://kueue.sigs.k8s.io/docs/installation/
-    # 0.19.3: the newest release with a public source here, a project that installs this chart version
-    # (https://github.com/NVIDIA/aicr/pull/2598). Its objects are kueue.x-k8s.io/v1beta2
+    # 0.19.4: the newest 0.19 release (https://github.com/kubernetes-sigs/kueue/issues/15122, promoted to
+    # registry.k8s.io by https://github.com/kubernetes/k8s.io/pull/9917, chart and image digests checked
+    # there with `crane digest`). Its objects are kueue.x-k8s.io/v1beta2
     # (k8s/cluster_chart.py): 0.15 introduced v1beta2 and announced the end of v1beta1
     # (https://github.com/kubernetes-sigs/kueue/issues/7626). From 0.19, WaitForPodsReady is on by
     # default (30 min timeout and recovery timeout): a job whose pods are not all ready within 30 minutes
@@ -302,15 +309,18 @@ HELM_CHARTS: dict[str, ChartPin] = {
     "kueue": ChartPin(
         chart="kueue",
         repository="oci://registry.k8s.io/kueue/charts/kueue",  # OCI: the full chart path
-        version="0.19.3",
+        version="0.19.4",
         namespace="kueue-system",
         images=(
             ChartImage(
                 values_key="controllerManager.manager.image",
                 repository="registry.k8s.io/kueue/kueue",
-                tag="v0.19.3",
-                digest="sha256:0fc7cf6b1278bc6f20b7ce96d43f6973135b68aa3913005f1bb0c065faf26731",
-                source="the v0.19.3 release issue, https://github.com/kubernetes-sigs/kueue/issues/14693",
+                tag="v0.19.4",
+                digest="sha256:cc980ec83c698369d55f3b9105fb602ba85a558cb1bf3cafa02ce38a6a695c26",
+                source=(
+                    "the v0.19.4 release issue, https://github.com/kubernetes-sigs/kueue/issues/15122, and "
+                    "its promotion, https://github.com/kubernetes/k8s.io/pull/9917"
+                ),
             ),
         ),
     ),

@@ -230,7 +230,11 @@ class _K8sErrors:
         if isinstance(exc, ApiException):
             raise describe_api_error(exc, action=self.action) from None
         if isinstance(exc, HTTPError):
-            raise ServiceError(f"cannot reach the Kubernetes API to {self.action} ({exc})") from None
+            raise ServiceError(
+                f"cannot reach the Kubernetes API to {self.action} ({exc}); an EKS private endpoint answers "
+                "only the networks and security groups the cluster config's api_access lists, or an SSM "
+                "port-forwarding session through a node (--tunnel, docs/aws.md)"
+            ) from None
         return False
 
 
