@@ -250,10 +250,7 @@ HELM_CHARTS: dict[str, ChartPin] = {
                 repository="nvcr.io/nvidia/k8s-device-plugin",
                 tag="v0.20.0",
                 digest="sha256:a61ba9fd8efb82f3a79f877f7580e02c1e8e7593f62473644bc9c79e315c3312",
-                source=(
-                    "a public manifest pins this tag by digest, and the GPU Operator 26.7.0 bundle the same "
-                    "(code search, not the registry)"
-                ),
+                source="a public manifest and the GPU Operator 26.7.0 bundle (code search, not the registry)",
             ),
         ),
     ),
@@ -317,10 +314,7 @@ HELM_CHARTS: dict[str, ChartPin] = {
                 repository="registry.k8s.io/kueue/kueue",
                 tag="v0.19.4",
                 digest="sha256:cc980ec83c698369d55f3b9105fb602ba85a558cb1bf3cafa02ce38a6a695c26",
-                source=(
-                    "the v0.19.4 release issue, https://github.com/kubernetes-sigs/kueue/issues/15122, and "
-                    "its promotion, https://github.com/kubernetes/k8s.io/pull/9917"
-                ),
+                source="its promotion, crane-checked: https://github.com/kubernetes/k8s.io/pull/9917",
             ),
         ),
     ),

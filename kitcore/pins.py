@@ -73,39 +73,42 @@ class ImagePins:
 # The training image (images/Dockerfile receives these as build args; `nvrx-eks image build` passes
 # every field, and tests/images checks the Dockerfile's ARG defaults against them).
 #
-# Base: NVIDIA's CUDA 13.0.2 development image on Ubuntu 24.04 (glibc 2.39, Python 3.12 from Ubuntu),
-# and torch at TORCH_VERSION from PyPI on top, its CUDA libraries as pip packages (CUDA 13.0, matching
-# the base's toolkit that aws-ofi-nccl compiles against). Why not NGC PyTorch: each NGC release carries
-# its own pre-release build of torch (25.09: a 2.9 build), never the release the kit is tested with, and
-# installing another torch over it breaks the NGC packages built against its own; a plain CUDA base
-# with torch from the lock runs exactly TORCH_VERSION. The AWS Deep Learning Containers were considered
-# too (EFA and aws-ofi-nccl preinstalled) but are Ubuntu 22.04 (glibc 2.35) or Amazon Linux 2023 (glibc
-# 2.34) builds, on which no NVRx release newer than 0.4.1 installs; this kit needs 0.7 (barrier
-# rendezvous, current launcher). NVRx 0.7.0's README asks for PyTorch >= 2.8, CUDA >= 12.8 and an NCCL
-# outside 2.28.3-2.28.8 (an in-process restart issue): torch 2.13.0 brings NCCL 2.29.7; the start-up
-# self-check (training/node/selfcheck.py) refuses a node whose NCCL falls in the range.
-# https://catalog.ngc.nvidia.com/orgs/nvidia/containers/cuda
-# EFA installer 1.46.0 with aws-ofi-nccl 1.17.2 is the pairing AWS's own samples build on this CUDA
-# generation (awsome-distributed-training); the plugin is built from its release tarball so the
-# version is ours, not whichever one the installer bundles.
-# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html
-# https://github.com/aws/aws-ofi-nccl/releases/tag/v1.17.2
+# Base: NVIDIA's CUDA 13.0.3 runtime image on Ubuntu 24.04 (glibc 2.39, Python 3.12 from Ubuntu): no
+# compiler or headers in what ships (the image's aws-ofi-nccl stage adds the CUDA headers to itself
+# only). torch at TORCH_VERSION from PyPI on top, its CUDA libraries as pip packages: 2.13.0's wheel is
+# built for CUDA 13.0 (cuda-toolkit 13.0.3), the base's release. Why not NGC PyTorch: each NGC release
+# carries its own pre-release build of torch (25.09: a 2.9 build), never the release the kit is tested
+# with, and installing another torch over it breaks the NGC packages built against its own; a plain
+# CUDA base with torch from the lock runs exactly TORCH_VERSION. The AWS Deep Learning Containers were
+# considered too (EFA and aws-ofi-nccl preinstalled) but are Ubuntu 22.04 (glibc 2.35) or Amazon Linux
+# 2023 (glibc 2.34) builds, on which no NVRx release newer than 0.4.1 installs; this kit needs 0.7
+# (barrier rendezvous, current launcher). NVRx 0.7.0's README asks for PyTorch >= 2.8, CUDA >= 12.8 and
+# an NCCL outside 2.28.3-2.28.8 (an in-process restart issue): torch 2.13.0 brings NCCL 2.29.7; the
+# start-up self-check (training/node/selfcheck.py) refuses a node whose NCCL falls in the range.
+# NVIDIA publishes it on Docker Hub (https://hub.docker.com/r/nvidia/cuda) as on NGC; the digest below
+# is the one public Dockerfiles pin for this tag (found by code search, one of them read off Docker Hub
+# on 2026-09-30, not read from the registry here): `nvrx-eks image pin` replaces it with the registry's
+# answer.
+# EFA installer 1.51.0, the newest release (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-changelog.html).
+# aws-ofi-nccl 1.22.0, the newest release; each release lists the NCCL versions it was tested with, and
+# 1.19.x is the first series listing NCCL 2.29, torch 2.13.0's (the 1.17 series stops at 2.28). Built
+# from its release tarball so the version is ours, not whichever one the installer bundles; it links
+# libfabric (the installer's) and libhwloc, which the image installs by name and the build checks.
+# https://github.com/aws/aws-ofi-nccl/releases
 #
 # Digest and checksums (supply chain): `nvrx-eks image pin`, run once on a machine with internet,
 # downloads both tarballs over TLS, asks the registry for the tag's digest, and writes the three
-# values below (and the Dockerfile's ARG defaults). Until then the checksums hold UNPUBLISHED_SHA256
-# and `nvrx-eks image build` refuses to start, naming that command. The base digest below is the one
-# several public x86_64 builds pin for this tag (found by code search, not read from the registry);
-# `image pin` replaces it with the registry's answer. After a version change here, run it again. A
+# values below (and the Dockerfile's ARG defaults). Until then the checksums hold UNPUBLISHED_SHA256 and
+# `nvrx-eks image build` refuses to start, naming that command. After a version change here, run it again. A
 # wrong digest fails the pull and a wrong checksum fails the build (closed).
 IMAGE = ImagePins(
-    base_repository="nvcr.io/nvidia/cuda",
-    base_tag="13.0.2-devel-ubuntu24.04",
+    base_repository="docker.io/nvidia/cuda",
+    base_tag="13.0.3-runtime-ubuntu24.04",
     nvrx_version="0.7.0",
-    efa_installer="1.46.0",
-    aws_ofi_nccl="1.17.2",
+    efa_installer="1.51.0",
+    aws_ofi_nccl="1.22.0",
     torch_version=TORCH_VERSION,
-    base_digest="sha256:5dc1bca23d05bd37b011be68ec470c03b403a5da07ec3a86e41af9470e9d0cc6",
+    base_digest="sha256:76f46f3e649824ebd3685d3d86c42b0ea62af04f59242f419f56cd5804a72efb",
     efa_installer_sha256=UNPUBLISHED_SHA256,
     aws_ofi_nccl_sha256=UNPUBLISHED_SHA256,
 )

@@ -49,6 +49,15 @@ CHART_IMAGES = {
 }
 
 
+def _registry(repository: str) -> tuple[str, str]:
+    """(registry host, path) of REPOSITORY, as the pin command asks it (Docker Hub at registry-1)."""
+    host, _, path = repository.partition("/")
+    return {"docker.io": "registry-1.docker.io"}.get(host, host), path
+
+
+BASE_HOST, BASE_PATH = _registry(IMAGE.base_repository)
+
+
 def _location(image: ChartImage) -> tuple[str, str]:
     """(host, path) where the registry serves the image's manifest."""
     host, _, path = image.repository.partition("/")
@@ -100,9 +109,11 @@ class _Registry(BaseHTTPRequestHandler):
         store_manifest = f"/v2/library/python/manifests/{STORE_IMAGE.base_tag}"
         if (host, url.path) in tarballs:
             self._send(200, tarballs[host, url.path])
-        elif host == "nvcr.io" and url.path == f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}":
+        elif host == BASE_HOST and url.path == f"/v2/{BASE_PATH}/manifests/{IMAGE.base_tag}":
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                challenge = 'Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/cuda:pull"'
+                challenge = (
+                    f'Bearer realm="https://{BASE_HOST}/proxy_auth",scope="repository:{BASE_PATH}:pull"'
+                )
                 self._send(401, b"{}", **{"WWW-Authenticate": challenge})
             elif "application/vnd.oci.image.index.v1+json" not in self.headers.get("Accept", ""):
                 self._send(406)
@@ -118,9 +129,9 @@ class _Registry(BaseHTTPRequestHandler):
                 self._send(200, CHART_MANIFESTS[host, url.path])
         elif host == "registry-1.docker.io" and url.path == store_manifest:
             self._send(200, MANIFEST, **{"Docker-Content-Digest": MANIFEST_DIGEST})
-        elif host == "nvcr.io" and url.path == "/proxy_auth":
+        elif host == BASE_HOST and url.path == "/proxy_auth":
             query = urllib.parse.parse_qs(url.query)
-            assert query == {"scope": ["repository:nvidia/cuda:pull"]}
+            assert query == {"scope": [f"repository:{BASE_PATH}:pull"]}
             self._send(200, json.dumps({"token": TOKEN}).encode())
         else:
             self._send(404)
@@ -177,12 +188,12 @@ def test_resolve_hashes_both_tarballs_and_asks_the_registry_with_its_token(serve
         "efa_installer_sha256": hashlib.sha256(EFA_BYTES).hexdigest(),
         "aws_ofi_nccl_sha256": hashlib.sha256(OFI_BYTES).hexdigest(),
     }
-    manifest = f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}"
+    manifest = f"/v2/{BASE_PATH}/manifests/{IMAGE.base_tag}"
     # First anonymous, refused; then the token; then the manifest with it.
-    assert [s for s in seen if s[0] == "nvcr.io"] == [
-        ("nvcr.io", manifest, None),
-        ("nvcr.io", "/proxy_auth", None),
-        ("nvcr.io", manifest, f"Bearer {TOKEN}"),
+    assert [s for s in seen if s[0] == BASE_HOST and "library/python" not in s[1]] == [
+        (BASE_HOST, manifest, None),
+        (BASE_HOST, "/proxy_auth", None),
+        (BASE_HOST, manifest, f"Bearer {TOKEN}"),
     ]
 
 
