@@ -234,11 +234,11 @@ class SystemNodeGroupConfig(_Model):
     desired_size: int = Field(2, ge=1)
     max_size: int = Field(4, ge=1)
     root_volume_gib: int = Field(150, ge=100, le=16384)
-    """Encrypted gp3 root volume. Each job's rendezvous store runs the training image here (the store
-    is torch's TCPStore, from the trainer package): ~10 GB compressed, ~20 GB unpacked on the NGC
-    PyTorch base, and containerd keeps both, so a node holds ~30 GB per image revision beside the
-    add-ons' images. The kubelet evicts pods below 10-15% free disk; 50 GiB fills with one image
-    and its next revision, 150 GiB holds a few."""
+    """Encrypted gp3 root volume: the add-ons' images (the CSI driver, the monitoring agents, Kueue) and
+    each job's rendezvous store image (images/store.Dockerfile: Python, torch's CPU build and NVRx,
+    not the ~20 GB training image), every revision a node pulled kept by containerd until the kubelet
+    collects it. The kubelet evicts pods below 10-15% free disk; the margin also covers the node
+    image's own growth across AMI updates."""
 
     @field_validator("instance_type")
     @classmethod
