@@ -25,6 +25,11 @@ TRAINER_UID = 10001
 # release that the tests exercise is the one that ships; tests/images checks every place against it.
 # 2.13.0's Linux x86_64 wheel on PyPI is built for CUDA 13.0 (cuda-toolkit 13.0.3) with NCCL 2.29.7
 # (outside NVRx 0.7.0's excluded 2.28.3-2.28.8), hence IMAGE's CUDA 13.0 base.
+# Why not 2.14.1 or 2.15.0 (released): one torch everywhere needs its CPU build for the local
+# environment, the store image and the local image check, and where the kit is built and tested only
+# the CUDA build of 2.14.1 is at hand (PyPI's Linux wheel, several GB installed; PyTorch's CPU index is
+# out of reach): docs/measurements.md has the figures.
+# Moving needs that CPU wheel, a `make test` run on it, and `nvrx-eks image lock`.
 TORCH_VERSION = "2.13.0"
 
 
