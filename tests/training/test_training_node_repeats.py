@@ -76,6 +76,19 @@ def test_without_the_store_the_checks_stand_and_say_so():
     assert "the-job-rdzv:29400 was not reached" in checks[-1].detail
 
 
+def test_a_store_that_does_not_answer_is_one_oserror(capfd):
+    """Not TCPStore's retries, each with a C++ stack trace in the pod's log (its tail is the pod's
+    termination message, where the self-check's verdict must be found)."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: refused
+        with pytest.raises(OSError, match=rf"127\.0\.0\.1:{port}: "):
+            repeats.connect(f"127.0.0.1:{port}", timeout_s=1)
+    assert "frame #" not in capfd.readouterr().err
+
+
 @pytest.mark.slow  # a local job: the store and two pods' self-checks
 @pytest.mark.timeout(180)
 def test_a_node_problem_on_every_node_ends_the_job_with_the_reason_within_its_budget(tmp_path):

@@ -21,6 +21,8 @@ closed for good), the count starts again.
 
 from __future__ import annotations
 
+import socket
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 PREFIX = "nvrx-eks/selfcheck"
-STORE_TIMEOUT_S = 30.0
-"""How long a pod waits for the rendezvous store (it may start beside the first pods)."""
+STORE_TIMEOUT_S = 10.0
+"""How long a pod waits for the rendezvous store (it may start beside the first pods; its headless
+Service's name resolves only once its pod is ready)."""
 
 
 class Store(Protocol):
@@ -41,10 +44,21 @@ class Store(Protocol):
 
 
 def connect(endpoint: str, *, timeout_s: float = STORE_TIMEOUT_S) -> Store:
-    """A client of the job's rendezvous store at HOST:PORT (raises what TCPStore raises)."""
+    """A client of the job's rendezvous store at HOST:PORT; OSError when it does not answer within
+    `timeout_s`. The port is tried with a plain socket first: TCPStore's own retries log a C++ stack
+    trace per attempt into the pod's log, whose tail is the pod's termination message."""
     from torch.distributed import TCPStore  # noqa: PLC0415 - the self-check imports torch anyway
 
     host, _, port = endpoint.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=max(0.1, min(2.0, timeout_s))).close()
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"{endpoint}: {exc}") from None
+            time.sleep(0.5)
     # torch's stub of TCPStore leaves out append, which the class has (torch.distributed.Store).
     return TCPStore(  # type: ignore[return-value]
         host, int(port), is_master=False, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
