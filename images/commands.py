@@ -64,22 +64,24 @@ def _tag(tag: str | None) -> str:
 def pin(dry_run: DryRun = False) -> None:
     """Record the base image's digest and the EFA installer / aws-ofi-nccl checksums in kitcore/pins.py,
     the store image's base digest and torch wheel checksum, and the digest of every Helm chart image
+    (infra/cluster_pins.py)
     (downloads them and asks the registries: run once on a machine with internet; the chart image in
     ECR needs AWS credentials too)."""
     from nvrx_eks.images import pin as pinning  # noqa: PLC0415
     from nvrx_eks.images.build import DOCKERFILE, STORE_DOCKERFILE  # noqa: PLC0415
+    from nvrx_eks.infra import cluster_pins  # noqa: PLC0415
     from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     before = pins.IMAGE
     values = pinning.resolve(before)
     store = pinning.resolve_store(pins.STORE_IMAGE)
-    charts = pinning.resolve_charts(pins.HELM_CHARTS)
+    charts = pinning.resolve_charts(cluster_pins.HELM_CHARTS)
     for prefix, pinned, resolved in (("", before, values), ("STORE_IMAGE.", pins.STORE_IMAGE, store)):
         for name, value in resolved.items():
             was = getattr(pinned, name)
             print(f"{prefix}{name}: {value}" + ("" if was == value else f" (was {was})"))
     for (chart, key), digest in charts.items():
-        (was,) = [i.digest for i in pins.HELM_CHARTS[chart].images if i.values_key == key]
+        (was,) = [i.digest for i in cluster_pins.HELM_CHARTS[chart].images if i.values_key == key]
         print(f"HELM_CHARTS[{chart}] {key}: {digest}" + ("" if was == digest else f" (was {was})"))
     if dry_run:
         return
@@ -87,7 +89,9 @@ def pin(dry_run: DryRun = False) -> None:
     pinning.record_store(store, pins=pins.STORE_IMAGE, dockerfile=STORE_DOCKERFILE)
     pinning.record_charts(charts)
     print(
-        f"recorded in {pinning.PINS_FILE}, {DOCKERFILE} and {STORE_DOCKERFILE}; commit them", file=sys.stderr
+        f"recorded in {pinning.PINS_FILE}, {pinning.CLUSTER_PINS_FILE}, {DOCKERFILE} and {STORE_DOCKERFILE}; "
+        "commit them",
+        file=sys.stderr,
     )
     if values["base_digest"] != before.base_digest:
         print(

@@ -7,7 +7,7 @@ the registry's anonymous bearer token where it asks for one), and writes the thr
 kitcore/pins.py `IMAGE` and the Dockerfile's ARG defaults; the same for the store image. It asks each
 Helm chart image's registry the same way for its tag's digest (ECR, which offers no anonymous token,
 with the caller's AWS credentials) and writes it, with the registry as its source, into that image's
-entry in kitcore/pins.py `HELM_CHARTS`. Nothing else in either file changes.
+entry in infra/cluster_pins.py `HELM_CHARTS`. Nothing else in these files changes.
 """
 
 from __future__ import annotations
@@ -23,14 +23,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.error import HTTPError, URLError
 
+from nvrx_eks.infra.cluster_pins import HELM_CHARTS, ChartPin
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, ChartPin, ImagePins, StoreImagePins
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, ImagePins, StoreImagePins
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from email.message import Message
 
 PINS_FILE = Path(__file__).resolve().parent.parent / "kitcore" / "pins.py"
+CLUSTER_PINS_FILE = Path(__file__).resolve().parent.parent / "infra" / "cluster_pins.py"
+"""Where the charts' image digests are recorded (`HELM_CHARTS`)."""
 # The fields this command owns, and the Dockerfile ARGs that carry them (images/build.py BUILD_ARG_NAMES).
 PINNED_FIELDS = ("base_digest", "efa_installer_sha256", "aws_ofi_nccl_sha256")
 DOCKERFILE_ARGS = {"BASE_IMAGE": "base_image", **{f.upper(): f for f in PINNED_FIELDS[1:]}}
@@ -252,12 +255,14 @@ def _chart_image_call(tree: ast.Module, chart: str, values_key: str) -> ast.Call
             named = {k.arg: k.value for k in image.keywords}.get("values_key")
             if isinstance(named, ast.Constant) and named.value == values_key:
                 return image
-    raise RuntimeError(f"kitcore/pins.py HELM_CHARTS[{chart!r}] has no ChartImage(values_key={values_key!r})")
+    raise RuntimeError(
+        f"infra/cluster_pins.py HELM_CHARTS[{chart!r}] has no ChartImage(values_key={values_key!r})"
+    )
 
 
 def rewrite_chart_images(source: str, digests: Mapping[ChartImageKey, str]) -> str:
-    """`source` (kitcore/pins.py) with each named chart image's `digest` set, and its `source` naming the
-    registry; every other character unchanged."""
+    """`source` (infra/cluster_pins.py) with each named chart image's `digest` set, and its `source`
+    naming the registry; every other character unchanged."""
     tree = ast.parse(source)
     calls = [(_chart_image_call(tree, *key), digest) for key, digest in digests.items()]
     edits = [
@@ -275,7 +280,7 @@ def _keyword_edits(
     keywords = {k.arg: k.value for k in call.keywords}
     missing = [name for name in values if name not in keywords]
     if missing:
-        raise RuntimeError(f"kitcore/pins.py {where} does not set {missing}: add them (any value) first")
+        raise RuntimeError(f"the pins' {where} does not set {missing}: add them (any value) first")
     lines = source.splitlines(keepends=True)
     return [
         (
@@ -331,6 +336,7 @@ def record_store(
 
 
 def record_charts(digests: Mapping[ChartImageKey, str], *, pins_file: Path | None = None) -> None:
-    """Write each chart image's digest (and the registry as its source) into kitcore/pins.py HELM_CHARTS."""
-    pins_file = pins_file or PINS_FILE
+    """Write each chart image's digest (and the registry as its source) into infra/cluster_pins.py
+    HELM_CHARTS."""
+    pins_file = pins_file or CLUSTER_PINS_FILE
     pins_file.write_text(rewrite_chart_images(pins_file.read_text(), digests))

@@ -4,7 +4,11 @@ images/Dockerfile runs this in its `wheel` stage (`python images/trainer_require
 the kit's cluster tooling (CDK, cdk8s, kubernetes, matplotlib) is not in the image, and a requirement
 the wheel declares but the image does not install fails `pip check` there; the stage copies only the
 trainer's folders, and a listed package whose folder is absent fails the build. The ranges stay
-pyproject.toml's. Standard library only: it runs in the image's build before anything is installed.
+pyproject.toml's. Only what builds the wheel is kept (the build system, the project's metadata and
+the package layout): the development extras, the `nvrx-eks` command (its module is not in the image),
+the tools' settings and comments go, so an edit to any of them leaves the images' tag alone
+(infra/revision.py hashes this cut of the file). Standard library only: it runs in the image's build
+before anything is installed.
 """
 
 from __future__ import annotations
@@ -36,23 +40,49 @@ TRAINER_PACKAGES = ("nvrx_eks.kitcore", "nvrx_eks.training")
 trainer and the core below it."""
 
 
+WHEEL_TABLES = ("build-system", "project", "tool.setuptools", "tool.setuptools.package-data")
+"""The pyproject.toml tables the wheel is built from; every other one is cut."""
+
+
 def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
-    """`text` (a pyproject.toml) with only the `keep` entries left in [project] dependencies, only
-    TRAINER_PACKAGES (and their subpackages) in [tool.setuptools] packages, and no readme."""
+    """`text` (a pyproject.toml) with only WHEEL_TABLES, no comment, only the `keep` entries left in
+    [project] dependencies, only TRAINER_PACKAGES (and their subpackages) in [tool.setuptools]
+    packages, and no readme."""
+    text = _wheel_tables(text)
     text, declared = _keep_entries(text, "dependencies", lambda name: name.lower() in keep)
     if declared != len(keep):
         raise SystemExit(f"pyproject.toml declares {declared} of {keep}")
     # The README is the kit's page, not the trainer's: left out of the image, an edit to it does not
     # change the images' tag (infra/revision.py hashes what the image recipes copy).
     text = re.sub(r'^readme = "README.md"\n', "", text, count=1, flags=re.MULTILINE)
-    text, _ = _keep_entries(
-        text,
-        "packages",
-        lambda name: (
-            name == "nvrx_eks" or any(name == p or name.startswith(p + ".") for p in TRAINER_PACKAGES)
-        ),
+    trainer = lambda name: (  # noqa: E731
+        name == "nvrx_eks" or any(name == p or name.startswith(p + ".") for p in TRAINER_PACKAGES)
     )
-    return text
+    text, _ = _keep_entries(text, "packages", trainer)
+    return re.sub(
+        r"^package-dir = \{(.*)\}$",
+        lambda m: (
+            "package-dir = {"
+            + ", ".join(pair for pair in m.group(1).split(", ") if trainer(pair.split(" = ")[0].strip('"')))
+            + "}"
+        ),
+        text,
+        count=1,
+        flags=re.MULTILINE,
+    )
+
+
+def _wheel_tables(text: str) -> str:
+    """`text` with only the WHEEL_TABLES and no comment line or comment after a list entry."""
+    kept: list[str] = []
+    keeping = True
+    for line in text.splitlines():
+        header = re.match(r"^\[\[?([^\]]+)\]", line)
+        if header:
+            keeping = not line.startswith("[[") and header.group(1).strip() in WHEEL_TABLES
+        if keeping and not line.lstrip().startswith("#"):
+            kept.append(re.sub(r'^(\s*"[^"]*",?)\s*#.*$', r"\1", line))
+    return "\n".join(kept) + "\n"
 
 
 def _keep_entries(text: str, key: str, keeps: Callable[[str], bool]) -> tuple[str, int]:

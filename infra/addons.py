@@ -1,4 +1,4 @@
-"""Cluster add-ons behind one small contract, each pinned in kitcore/pins.py.
+"""Cluster add-ons behind one small contract, each pinned in infra/cluster_pins.py.
 
 An add-on has a name, the names it depends on, and `deploy(ctx)`. `deploy_addons` checks the
 dependencies at synth (a missing one is an `AddonError` naming both), deploys in dependency order
@@ -16,7 +16,7 @@ from aws_cdk import Annotations, Duration
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 
-from nvrx_eks.infra import nag
+from nvrx_eks.infra import cluster_pins, nag
 from nvrx_eks.infra.addon_values import (
     CLOUDWATCH_CONFIGURATION,
     DCGM_EXPORTER_REMOTE_ENGINE,
@@ -26,6 +26,7 @@ from nvrx_eks.infra.addon_values import (
 from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import merge
+from nvrx_eks.training.node.nodecheck import UNVERIFIED_TAINT
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -81,8 +82,14 @@ def _gpu_scheduling(label: str, taints: Sequence[tuple[str, str]] = ()) -> dict[
 
 
 def _gpu_taints(taints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The kit's GPU taint and the config's own, each (key, effect) once, in order."""
-    return list(dict.fromkeys([(names.GPU_TAINT_KEY, names.GPU_TAINT_EFFECT), *taints]))
+    """The kit's GPU taint, the node check's and the config's own, each (key, effect) once, in order.
+
+    The node check taints a node it has not verified (training/node/nodecheck.py); the device plugins
+    and the DCGM exporter are what verifies it (the GPUs and EFA devices advertised, their health
+    exported), so one re-created on such a node (a rollout, an eviction) must start there, or the node
+    stays unverified for want of them."""
+    kit = [(names.GPU_TAINT_KEY, names.GPU_TAINT_EFFECT), (UNVERIFIED_TAINT, "NoSchedule")]
+    return list(dict.fromkeys([*kit, *taints]))
 
 
 def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
@@ -146,7 +153,7 @@ class ManagedAddon:
     """Why a statement of `policy` needs Resource '*' (required when one does)."""
 
     def deploy(self, ctx: AddonContext) -> IConstruct:
-        pin = pins.EKS_ADDONS[self.name]
+        pin = cluster_pins.EKS_ADDONS[self.name]
         associations = None
         if self.service_account is not None:
             role = _pod_identity_role(
@@ -203,7 +210,7 @@ class HelmAddon:
     timeout: Duration | None = None
 
     def deploy(self, ctx: AddonContext) -> IConstruct:
-        pin = pins.HELM_CHARTS[self.name]
+        pin = cluster_pins.HELM_CHARTS[self.name]
         chart = ctx.cluster.add_helm_chart(
             _camel(self.name),
             chart=pin.chart,
@@ -225,10 +232,10 @@ class HelmAddon:
 
 
 IMAGE_BY_TAG_WARNING = "nvrx-eks:image-by-tag"
-"""The id of the synth warning for an image whose digest kitcore/pins.py does not hold yet."""
+"""The id of the synth warning for an image whose digest infra/cluster_pins.py does not hold yet."""
 
 
-def chart_image_values(pin: pins.ChartPin) -> dict[str, Any]:
+def chart_image_values(pin: cluster_pins.ChartPin) -> dict[str, Any]:
     """The chart values naming each of the chart's images: REPOSITORY and TAG@DIGEST, which its
     template joins to REPOSITORY:TAG@DIGEST; the tag alone while the digest is unpublished."""
     values: dict[str, Any] = {}
@@ -241,11 +248,11 @@ def chart_image_values(pin: pins.ChartPin) -> dict[str, Any]:
     return values
 
 
-def by_tag_message(chart: str, image: pins.ChartImage) -> str:
+def by_tag_message(chart: str, image: cluster_pins.ChartImage) -> str:
     """What synth says of a chart image that is pulled by tag (preflight fails on it, naming the same fix)."""
     return (
-        f"{chart}: {image.reference} is pulled by tag, its digest is not in kitcore/pins.py; "
-        f"{pins.IMAGE_PIN_FIX}"
+        f"{chart}: {image.reference} is pulled by tag, its digest is not in infra/cluster_pins.py; "
+        f"{cluster_pins.IMAGE_PIN_FIX}"
     )
 
 

@@ -14,9 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra import service_rules as rules
 from nvrx_eks.k8s import names
-from nvrx_eks.kitcore import naming, pins
+from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 
@@ -32,6 +33,7 @@ _NODEGROUP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,38}$")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+$")
 _PRINCIPAL_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_SECURITY_GROUP_ID = re.compile(r"^sg-[0-9a-f]{8}([0-9a-f]{9})?$")
 # Subnets per AZ that infra/constructs/network.py creates (it reads these): NAT-only public
 # subnets and /19 private ones, because the VPC CNI gives every pod a VPC address.
 PUBLIC_SUBNET_MASK = 24
@@ -129,11 +131,11 @@ class TaintConfig(_Model):
         return value
 
 
-def scale_command(nodegroup: str, nodes: int, *, cluster: str = "CLUSTER") -> str:
+def scale_command(nodegroup: str, nodes: int, *, cluster: str = "CLUSTER", region: str = "REGION") -> str:
     """The AWS CLI call that sets a GPU node group's size (there is no autoscaler in the kit)."""
     return (
-        f"aws eks update-nodegroup-config --cluster-name {cluster} --nodegroup-name {nodegroup} "
-        f"--scaling-config minSize=0,maxSize={nodes},desiredSize={nodes}"
+        f"aws eks update-nodegroup-config --region {region} --cluster-name {cluster} "
+        f"--nodegroup-name {nodegroup} --scaling-config minSize=0,maxSize={nodes},desiredSize={nodes}"
     )
 
 
@@ -232,11 +234,11 @@ class SystemNodeGroupConfig(_Model):
     desired_size: int = Field(2, ge=1)
     max_size: int = Field(4, ge=1)
     root_volume_gib: int = Field(150, ge=100, le=16384)
-    """Encrypted gp3 root volume. Each job's rendezvous store runs the training image here (the store
-    is torch's TCPStore, from the trainer package): ~10 GB compressed, ~20 GB unpacked on the NGC
-    PyTorch base, and containerd keeps both, so a node holds ~30 GB per image revision beside the
-    add-ons' images. The kubelet evicts pods below 10-15% free disk; 50 GiB fills with one image
-    and its next revision, 150 GiB holds a few."""
+    """Encrypted gp3 root volume: the add-ons' images (the CSI driver, the monitoring agents, Kueue) and
+    each job's rendezvous store image (images/store.Dockerfile: Python, torch's CPU build and NVRx,
+    not the ~20 GB training image), every revision a node pulled kept by containerd until the kubelet
+    collects it. The kubelet evicts pods below 10-15% free disk; the margin also covers the node
+    image's own growth across AMI updates."""
 
     @field_validator("instance_type")
     @classmethod
@@ -343,6 +345,48 @@ class EcrConfig(_Model):
         return value
 
 
+class ApiAccessConfig(_Model):
+    """Who may call the cluster's private API endpoint (HTTPS, port 443), beside the nodes and the
+    stack's kubectl handler: each entry becomes an ingress rule of the cluster security group. Being
+    inside the VPC is not enough: EKS admits a bastion, a VPN or a connected network only through such
+    a rule (https://docs.aws.amazon.com/eks/latest/userguide/cluster-endpoint.html). Empty (the
+    default): only the nodes, which sit in that group; a workstation then reaches the API through an
+    SSM port-forwarding session to a system node (docs/aws.md)."""
+
+    cidrs: list[str] = []
+    """IPv4 blocks that call the API: a VPN's client range, a connected VPC or office network, a
+    bastion's address as a /32."""
+    security_group_ids: list[str] = []
+    """Security groups (sg-...) of hosts in the VPC that call the API: a bastion, a CI runner, an
+    instance reached with SSM Session Manager."""
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for block in value:
+            network = rules.parse_ipv4_block(block)
+            if isinstance(network, str):
+                raise ValueError(network)  # noqa: TRY004 - pydantic reports only ValueError
+            if network.prefixlen == 0:
+                raise ValueError(
+                    f"{block} admits every network routed into the VPC; list the ranges that call the "
+                    "API (your VPN's client range, a bastion's address as a /32)"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a block twice ({', '.join(value)})")
+        return value
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _groups(cls, value: list[str]) -> list[str]:
+        for group in value:
+            if not _SECURITY_GROUP_ID.match(group):
+                raise ValueError(f"{group!r} is not a security group id (sg- and 8 or 17 hex digits)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a group twice ({', '.join(value)})")
+        return value
+
+
 class AddonsConfig(_Model):
     cloudwatch_observability: bool = False
     kueue: bool = False
@@ -428,7 +472,7 @@ class ClusterConfig(_Model):
     account: str | None = None
     """12-digit AWS account; None: CDK_DEFAULT_ACCOUNT, else a placeholder (synth stays offline)."""
     region: str
-    kubernetes_version: str = pins.DEFAULT_KUBERNETES_VERSION
+    kubernetes_version: str = cluster_pins.DEFAULT_KUBERNETES_VERSION
     support_after_standard: Literal["upgrade", "extended"] = "upgrade"
     """What EKS does when the version's standard support ends (the cluster's upgrade policy).
     upgrade (default): EKS upgrades the control plane to the next version (nodes keep theirs until
@@ -445,8 +489,10 @@ class ClusterConfig(_Model):
     """gpu_zone: one NAT gateway, in the GPU availability zone (GPU nodes' egress stays in their
     zone and does not fail with another zone); per_zone: one per zone (no cross-zone egress at all)."""
     endpoint_access: Literal["public", "private", "public_and_private"] = "private"
-    """private (default): the API is reachable only inside the VPC, where the kubectl handler runs;
-    public_and_private: also from public_access_cidrs."""
+    """private (default): the API has no public endpoint; its private one admits the nodes, the
+    kubectl handler and what api_access lists; public_and_private: also from public_access_cidrs."""
+    api_access: ApiAccessConfig = ApiAccessConfig()
+    """Networks and security groups that may call the private endpoint (port 443)."""
     public_access_cidrs: list[str] = []
     """Who may reach the public API endpoint (with public_and_private): your office/VPN ranges."""
     allow_public_api_from_anywhere: bool = False
@@ -502,14 +548,14 @@ class ClusterConfig(_Model):
         if isinstance(value, float):
             # ValueError, not TypeError: pydantic turns only ValueError into a field message.
             raise ValueError(  # noqa: TRY004
-                f'write the version as a quoted string such as "{pins.DEFAULT_KUBERNETES_VERSION}" '
+                f'write the version as a quoted string such as "{cluster_pins.DEFAULT_KUBERNETES_VERSION}" '
                 f"(YAML read it as the number {value})"
             )
         text = str(value)
-        if text not in pins.SUPPORTED_KUBERNETES_VERSIONS:
-            supported = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
+        if text not in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+            supported = ", ".join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
             raise ValueError(
-                f"{text} is not supported by the add-on pins in kitcore/pins.py; use one of {supported}"
+                f"{text} is not supported by the add-on pins in infra/cluster_pins.py; use one of {supported}"
             )
         return text
 

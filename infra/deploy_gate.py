@@ -1,11 +1,14 @@
 """`cdk deploy` starts only after a recent passing `nvrx-eks preflight` of the same config.
 
-Some facts a deploy depends on can be settled only by asking AWS: that EKS offers each pinned add-on
-version for the config's Kubernetes version (several pins in kitcore/pins.py have no public source),
-that the version is still in standard support, that the Capacity Block or reservation exists and
-matches, that the quota holds the node groups; and, offline, that every Helm chart image is pinned by
-digest (a chart pulled by a tag its registry may move is refused like an unoffered add-on version).
-`nvrx-eks preflight` asks; when every check passes it
+Some facts a deploy depends on can be settled only by asking AWS and the chart repositories: that EKS
+offers each pinned add-on version for the config's Kubernetes version and takes the kit's configuration
+values for it (several pins in infra/cluster_pins.py have no public source), that the version is still
+in standard support, that the Capacity Block or reservation exists and matches, that the quota holds
+the node groups, that each pinned Helm chart version is published, and, on a deployed stack, that the
+new template does not write a node group's size below what it runs; and, offline, that every Helm
+chart image is pinned by digest (a chart pulled by a tag its registry may move is refused like an
+unoffered add-on version) and the job values, when given, fit the node groups. `nvrx-eks preflight`
+asks; when every check passes it
 records the pass here, and the app refuses a deploy (exit 2, before anything is created) unless such
 a record exists for the same config and account, younger than `MAX_AGE`. `-c skip_preflight="WHY"`
 deploys without one and says so.

@@ -4,14 +4,18 @@
 what their Dockerfiles take from the checkout. The stack's node check names the image by it and the
 job-values fallback points at it (infra/app.py, infra/ops/stack_values.py), so a checkout that deploys
 names the images any checkout with the same image inputs built: a commit to docs, charts or stacks
-names the images already pushed, and only a change to what goes into them asks for a new push. Here,
-below images/ and infra/ops/, so all of them compute the same tag.
+names the images already pushed, and only a change to what goes into them asks for a new push. A file
+the build rewrites before it uses it counts as what the image holds of it: pyproject.toml as
+images/trainer_requires.py cuts it (the trainer's dependencies and packages), so a development tool
+added to it names the same images. Here, below images/ and infra/ops/, so all of them compute the
+same tag.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import runpy
 import subprocess
 from pathlib import Path
 
@@ -23,6 +27,10 @@ IMAGE_TAG_PREFIX = "img-"
 _ARG = re.compile(r"^ARG (\w+)=(\S+)$", re.MULTILINE)
 _BIND_SOURCE = re.compile(r"--mount=type=bind,source=([^,\s]+)")
 _SKIPPED = frozenset({"__pycache__"})
+CUT_IN_BUILD = {"pyproject.toml": "images/trainer_requires.py"}
+"""Inputs the training image's build rewrites before it uses them, and the script that does: its
+`cut(text)` is what the image holds of the file (the script is standard library only: it runs in the
+build before anything is installed, and here without importing the layer above)."""
 
 
 def image_revision(root: Path = REPO_ROOT) -> str:
@@ -30,9 +38,19 @@ def image_revision(root: Path = REPO_ROOT) -> str:
     the image recipes take from it (each path and its bytes, in path order)."""
     digest = hashlib.sha256()
     for path in image_inputs(root):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+        name = path.relative_to(root).as_posix()
+        digest.update(name.encode() + b"\0")
+        digest.update(_as_built(root, name) + b"\0")
     return IMAGE_TAG_PREFIX + digest.hexdigest()[:12]
+
+
+def _as_built(root: Path, name: str) -> bytes:
+    """What the images hold of the input `name`: its bytes, or its cut where the build rewrites it."""
+    script = CUT_IN_BUILD.get(name)
+    if script is None:
+        return (root / name).read_bytes()
+    cut = runpy.run_path(str(root / script))["cut"]
+    return str(cut((root / name).read_text())).encode()
 
 
 def image_inputs(root: Path = REPO_ROOT) -> list[Path]:

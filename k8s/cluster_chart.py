@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from constructs import Construct
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
-# The API version of Kueue's objects, for the chart pinned in kitcore/pins.py (0.19): v1beta2, which
+# The API version of Kueue's objects, for the chart pinned in infra/cluster_pins.py (0.19): v1beta2, which
 # 0.15 introduced and later releases serve alone (https://github.com/kubernetes-sigs/kueue/issues/7626).
 # ResourceFlavor.nodeLabels, ClusterQueue.resourceGroups / namespaceSelector and
 # LocalQueue.clusterQueue are unchanged from v1beta1.

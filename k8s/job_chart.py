@@ -15,7 +15,9 @@ setting is what it is:
   config/image verdict) and NVRx's no-restart exit (a rank's bad input or a bug in the training script:
   every launcher stops without a restart) fail the Job at once; the self-check's exit 75 (node problem)
   and a pod with the DisruptionTarget condition (node drained, preempted, deleted) are ignored: replaced
-  without consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). So is
+  without consuming the index's budget (https://kubernetes.io/docs/tasks/job/pod-failure-policy/). A
+  node problem that a second node reports too is the configuration's, which no replacement cures: the
+  self-check compares them in the job's rendezvous store and exits 2 (training/node/repeats.py). So is
   a collateral stop: the trainer container's exit COLLATERAL_EXIT_CODE (training/resilience/launch.py)
   says every rank of the pod was only stopped by its launcher after a rank elsewhere failed; that rank's
   pod exits otherwise and is charged, so the budget still bounds the replacements.
@@ -111,6 +113,11 @@ else GROUP_RANK). A restart round with hot spares waits `rdzv_last_call_s` for t
 by this identity; with none set NVRx disables that wait, and a spare could take the place of a node whose
 launcher is only restarting its workers. The pod's index is stable across those restarts, and a lost
 node's replacement pod keeps it. ft_launcher sets the workers' own GROUP_RANK (their node rank)."""
+
+
+def _node_name_env() -> k8s.EnvVar:
+    node_name = k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path="spec.nodeName"))
+    return k8s.EnvVar(name=NODE_NAME_ENV, value_from=node_name)
 
 
 def _index_env() -> list[k8s.EnvVar]:
@@ -647,8 +654,9 @@ def selfcheck_command(values: JobValues) -> list[str]:
     checkpointer can start on the node. A script's ranks read the job's configuration from
     NVRX_EKS_CONFIG, in the env the self-check shares with them; the reference trainer's get flags, so
     the self-check is handed what their checkpointer is built from (the run folder and the checkpoint
-    section) as that JSON."""
-    command = ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    section) as that JSON. `--store`: the job's rendezvous store, where each pod's node problems are
+    compared with the other nodes' (training/node/repeats.py)."""
+    command = ["python", "-m", "nvrx_eks.training.node.selfcheck", f"--store={store_endpoint(values)}"]
     if values.entrypoint is None:
         document = config_document(values.trainer)
         checkpointer = {key: document[key] for key in ("run_dir", "checkpoint")}
@@ -741,7 +749,8 @@ class TrainingJob(Construct):
                 image=image,
                 image_pull_policy=pull,
                 command=selfcheck_command(values),
-                env=env,
+                # Its node's name, with which it records a node problem for the other pods to compare.
+                env=[*env, _node_name_env()],
                 resources=_resources(values),
                 volume_mounts=mounts,
                 security_context=security,

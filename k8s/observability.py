@@ -48,7 +48,7 @@ DCGM_EXPORTER_SELECTOR = {"app.kubernetes.io/name": "dcgm-exporter"}
 DCGM_EXPORTER_PORT = "metrics"
 
 # What the DCGM exporter exports with its default counters (etc/default-counters.csv of
-# NVIDIA/dcgm-exporter, the release kitcore/pins.py pins): the dashboard may query only these and the
+# NVIDIA/dcgm-exporter, the release infra/cluster_pins.py pins): the dashboard may query only these and the
 # trainer's own names. The exporter cannot run here, so this is the one list kept by hand.
 DCGM_EXPORTER_METRICS = frozenset(
     {

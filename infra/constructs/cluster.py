@@ -55,6 +55,8 @@ class TrainingCluster(Construct):
         subnets: Sequence[ec2.ISubnet],
         endpoint_access: EndpointKind,
         public_access_cidrs: Sequence[str],
+        api_client_cidrs: Sequence[str] = (),
+        api_client_security_groups: Sequence[str] = (),
         admin_role_arn: str | None,
         admin_principal_arns: Sequence[str] = (),
         service_cidr: str | None = None,
@@ -98,7 +100,7 @@ class TrainingCluster(Construct):
             bootstrap_cluster_creator_admin_permissions=False,
             kubectl_provider_options=eks.KubectlProviderOptions(
                 # kubectl 1.36 is within kubectl's one-minor skew of every supported cluster version
-                # (kitcore/pins.py KUBECTL_LAYER_MINOR).
+                # (infra/cluster_pins.py KUBECTL_LAYER_MINOR).
                 kubectl_layer=KubectlV36Layer(self, "KubectlLayer"),
                 private_subnets=list(subnets),
                 security_groups=[self.kubectl_security_group],
@@ -118,6 +120,19 @@ class TrainingCluster(Construct):
         self.cluster.cluster_security_group.add_ingress_rule(
             self.kubectl_security_group, ec2.Port.tcp(443), "kubectl handler to the API endpoint"
         )
+        # The private endpoint's network interfaces carry the cluster security group: a caller outside
+        # it (a bastion, a VPN, a connected network) needs its own 443 rule, inside the VPC or not.
+        # https://docs.aws.amazon.com/eks/latest/userguide/cluster-endpoint.html
+        for block in api_client_cidrs:
+            self.cluster.cluster_security_group.add_ingress_rule(
+                ec2.Peer.ipv4(block), ec2.Port.tcp(443), f"API clients in {block} (api_access.cidrs)"
+            )
+        for group in api_client_security_groups:
+            self.cluster.cluster_security_group.add_ingress_rule(
+                ec2.Peer.security_group_id(group),
+                ec2.Port.tcp(443),
+                f"API clients in {group} (api_access.security_group_ids)",
+            )
 
         self.admin_role = (
             iam.Role.from_role_arn(self, "AdminRole", admin_role_arn, mutable=False)

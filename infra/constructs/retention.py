@@ -5,6 +5,10 @@ Data and what decrypts it (the checkpoint file system, the image repository, the
 `Retain` policy would keep them anyway, billing (FSx) or blocking the retry (a fixed name), so they
 are retained except on create (CloudFormation `DeletionPolicy: RetainExceptOnCreate`,
 https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/aws-attribute-deletionpolicy.html).
+The rollback deletes them only if nothing wrote what a delete refuses to drop: no image is pushed and
+no checkpoint written before the deploy ends, and the access-log bucket lets S3's log delivery in only
+after every other resource exists (infra/constructs/storage.py `deliver_access_logs_after`).
+tests/infra check the template over every retained resource and every point a create can fail.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
 
@@ -148,6 +148,25 @@ class DurableStorage(Construct):
                 ),
             ],
         )
+
+    def deliver_access_logs_after(self, *others: IConstruct) -> None:
+        """Grant S3 log delivery into the access-log bucket only once `others` exist.
+
+        The bucket outlives the stack but not a failed create (RetainExceptOnCreate), and a rollback
+        can delete it only while it is empty. S3 delivers server access logs within hours of the
+        requests, and the checkpoint bucket logs from its first minute: a create that fails late (the
+        cluster, the file system, the charts' waits take long) could leave logs there, the rollback's
+        delete fail and the retry wait for a hand-emptied bucket. Delivery is allowed by the bucket
+        policy alone (ACLs are off): made after every other resource of the stack, it lets no log in
+        before the create has succeeded, and an undelivered log is dropped, not queued. Its TLS-only
+        statement comes with it: nothing reads or writes the empty bucket before then.
+        https://docs.aws.amazon.com/AmazonS3/latest/userguide/ServerLogs.html
+        """
+        policy = self.access_logs.policy
+        if policy is None:  # the bucket's log-delivery grant made one (the app's feature flag)
+            raise RuntimeError("the access-log bucket has no policy to grant log delivery with")
+        for other in others:
+            policy.node.add_dependency(other)
 
     def _allow_fsx_s3_role(self, stack: Stack) -> None:
         # FSx reaches the SSE-KMS bucket through its per-file-system service-linked role, whose own

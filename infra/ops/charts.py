@@ -1,6 +1,6 @@
 """Is each pinned Helm chart version published where the stack installs it from?
 
-The stack's kubectl handler pulls every chart (kitcore/pins.py HELM_CHARTS) during `cdk deploy`; a
+The stack's kubectl handler pulls every chart (infra/cluster_pins.py HELM_CHARTS) during `cdk deploy`; a
 version its repository does not hold fails there, late, and rolls the stack back. Preflight asks the
 repository first, as Helm would:
 - an HTTP repository serves `index.yaml`, whose `entries[CHART]` list every published version

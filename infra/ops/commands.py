@@ -45,8 +45,19 @@ Stack = Annotated[
     typer.Option(
         "--stack",
         help="Deployed cluster stack: reach its EKS API as the stack's admin role (output AdminRoleArn, "
-        "assumed with your AWS credentials); the endpoint is private by default, so run this inside "
-        "the VPC. Default: --cluster, else the current kubeconfig context.",
+        "assumed with your AWS credentials); the endpoint is private by default: run this where the "
+        "config's api_access admits, or with --tunnel. Default: --cluster, else the current kubeconfig "
+        "context.",
+    ),
+]
+Tunnel = Annotated[
+    int | None,
+    typer.Option(
+        "--tunnel",
+        min=1,
+        max=65535,
+        help="Reach the private API endpoint through this local port, forwarded to it by an SSM "
+        "port-forwarding session through a system node (docs/aws.md); with --stack or --cluster.",
     ),
 ]
 Kubeconfig = Annotated[
@@ -95,9 +106,11 @@ def _api_client(
     context: str | None,
     profile: str | None,
     region: str | None,
+    tunnel: int | None = None,
     check_node_image: bool = False,
 ) -> ApiClient:
     from nvrx_eks.infra.ops import kube  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
     if stack is not None:
         from nvrx_eks.infra.ops.stack_values import read_stack, require_node_check_image  # noqa: PLC0415
@@ -106,10 +119,25 @@ def _api_client(
         info = read_stack(session, stack)
         if check_node_image:
             require_node_check_image(session, info)
-        return kube.eks_api_client(session.assume(info.admin_role_arn), info.cluster_name)
+        return kube.eks_api_client(session.assume(info.admin_role_arn), info.cluster_name, tunnel_port=tunnel)
     if cluster is not None:
-        return kube.eks_api_client(_session(profile, region), cluster)
+        return kube.eks_api_client(_session(profile, region), cluster, tunnel_port=tunnel)
+    if tunnel is not None:
+        raise UserError(
+            "--tunnel needs --stack or --cluster (the endpoint's name comes from EKS); with a kubeconfig, "
+            "set its cluster's server and tls-server-name instead"
+        )
     return kube.kubeconfig_api_client(config_file=kubeconfig, context=context)
+
+
+def _reach(
+    *, stack: str | None, cluster: str | None, region: str | None, profile: str | None, tunnel: int | None
+) -> str:
+    """The options a command reached the cluster with, for the next command it suggests."""
+    options = {"--stack": stack, "--cluster": None if stack else cluster}
+    if stack or cluster:
+        options |= {"--region": region, "--profile": profile, "--tunnel": tunnel}
+    return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
 
 
 def preflight(
@@ -252,6 +280,7 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the values.")] = None,
     stack: Stack = None,
     cluster: Cluster = None,
+    tunnel: Tunnel = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     profile: Profile = None,
@@ -293,9 +322,11 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
             context=context,
             profile=profile,
             region=region,
+            tunnel=tunnel,
             check_node_image=True,
         )
         expected = jobs.expected_pods(manifests)
+        reach = _reach(stack=stack, cluster=cluster, region=region, profile=profile, tunnel=tunnel)
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -318,15 +349,11 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
                 wait=wait,
                 timeout_s=timeout,
                 on_progress=_show,
+                reach=reach,
             )
     print(f"applied: {', '.join(result.applied)}")
     print(
-        jobs.follow_hint(
-            job_name=result.job_name,
-            namespace=result.namespace,
-            num_pods=expected,
-            reach=f" --stack {stack}" if stack else f" --cluster {cluster}" if cluster else "",
-        )
+        jobs.follow_hint(job_name=result.job_name, namespace=result.namespace, num_pods=expected, reach=reach)
     )
 
 
@@ -340,6 +367,7 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
     ] = None,
     stack: Stack = None,
     cluster: Cluster = None,
+    tunnel: Tunnel = None,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     profile: Profile = None,
@@ -388,6 +416,7 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
             context=context,
             profile=profile,
             region=region,
+            tunnel=tunnel,
         )
         session = _session(profile, region) if checkpoints else None
         status = jobs.job_status(

@@ -128,8 +128,10 @@ def submit(
     poll_s: float = 2.0,
     on_progress: Callable[[PodCounts], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    reach: str = "",
 ) -> SubmitResult:
-    """Apply the rendered manifests and (optionally) wait until all their pods run."""
+    """Apply the rendered manifests and (optionally) wait until all their pods run; `reach`: the options
+    this submit reached the cluster with (` --stack NAME --region R`), for the commands it suggests."""
     job = find_job(manifests)
     job_name = job["metadata"]["name"]
     job_ns = job["metadata"].get("namespace") or namespace
@@ -137,7 +139,8 @@ def submit(
         if not replace:
             raise UserError(
                 f"Job {job_name} already exists in namespace {job_ns} (a Job's pod template cannot be "
-                f"changed); check it with `nvrx-eks job status {job_name}`, or pass --replace to delete "
+                f"changed); check it with `nvrx-eks job status {job_name} -n {job_ns}{reach}`, or pass "
+                "--replace to delete "
                 "it and its pods first"
             )
         delete_job(api_client, namespace=job_ns, name=job_name, timeout_s=300.0, sleep=sleep)

@@ -95,8 +95,12 @@ def eks_token(session: AwsSession, cluster: str) -> str:
     return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 
-def eks_api_client(session: AwsSession, cluster: str) -> ApiClient:
-    """An ApiClient for EKS cluster `cluster` (endpoint and CA from eks:DescribeCluster)."""
+def eks_api_client(session: AwsSession, cluster: str, *, tunnel_port: int | None = None) -> ApiClient:
+    """An ApiClient for EKS cluster `cluster` (endpoint and CA from eks:DescribeCluster).
+
+    `tunnel_port`: reach the endpoint through this port on the local machine, which a port-forwarding
+    session (SSM's AWS-StartPortForwardingSessionToRemoteHost, through a node in the cluster security
+    group) forwards to it; TLS still checks the endpoint's own name (SNI and certificate)."""
     from kubernetes.config import new_client_from_config_dict  # noqa: PLC0415
 
     eks = session.client("eks")
@@ -121,6 +125,7 @@ def eks_api_client(session: AwsSession, cluster: str) -> ApiClient:
                 "cluster": {
                     "server": described["endpoint"],
                     "certificate-authority-data": described["certificateAuthority"]["data"],
+                    **_through_tunnel(described["endpoint"], tunnel_port),
                 },
             }
         ],
@@ -137,6 +142,17 @@ def eks_api_client(session: AwsSession, cluster: str) -> ApiClient:
 
     client.configuration.refresh_api_key_hook = _refresh
     return client
+
+
+def _through_tunnel(endpoint: str, port: int | None) -> dict[str, str]:
+    """The kubeconfig cluster fields that send the requests to a local port and check the endpoint's
+    certificate under its own name."""
+    if port is None:
+        return {}
+    import urllib.parse  # noqa: PLC0415
+
+    host = urllib.parse.urlsplit(endpoint).netloc.rsplit("@", 1)[-1].split(":", 1)[0]
+    return {"server": f"https://127.0.0.1:{port}", "tls-server-name": host}
 
 
 def kubeconfig_api_client(*, config_file: str | None = None, context: str | None = None) -> ApiClient:
@@ -214,7 +230,11 @@ class _K8sErrors:
         if isinstance(exc, ApiException):
             raise describe_api_error(exc, action=self.action) from None
         if isinstance(exc, HTTPError):
-            raise ServiceError(f"cannot reach the Kubernetes API to {self.action} ({exc})") from None
+            raise ServiceError(
+                f"cannot reach the Kubernetes API to {self.action} ({exc}); an EKS private endpoint answers "
+                "only the networks and security groups the cluster config's api_access lists, or an SSM "
+                "port-forwarding session through a node (--tunnel, docs/aws.md)"
+            ) from None
         return False
 
 

@@ -3,10 +3,10 @@
 For each GPU node group: the instance type is offered in the configured Availability Zone, it supports
 EFA, its capacity reservation or Capacity Block exists, is active or scheduled and matches type, AZ and
 count, and the account's On-Demand vCPU quota for the instance family covers every node group at its
-maximum size. Every EKS add-on pinned in kitcore/pins.py is offered at its pinned version for the
+maximum size. Every EKS add-on pinned in infra/cluster_pins.py is offered at its pinned version for the
 cluster's Kubernetes version (CreateAddon refuses any other), else the row lists the versions EKS
 offers; and that version is in EKS standard support on the day (DescribeClusterVersions). Offline, every
-image the stack deploys is pulled by digest: a pinned chart image whose digest kitcore/pins.py does not
+image the stack deploys is pulled by digest: a pinned chart image whose digest infra/cluster_pins.py does not
 hold yet fails (`nvrx-eks image pin` records it), the node check by tag warns. Each check yields a row
 (pass / warn / fail) with the fix when it does not pass. A run where every check passes is
 recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent one.
@@ -15,10 +15,12 @@ recorded (infra/deploy_gate.py): `cdk deploy` refuses to start without a recent 
 from __future__ import annotations
 
 import enum
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from nvrx_eks.infra.config import NODE_CHECK_DIGEST_FIX
 from nvrx_eks.infra.ops import charts
@@ -112,10 +114,12 @@ class PreflightTarget:
     node_groups: tuple[NodeGroupTarget, ...]
     cluster_name: str | None = None
     """The EKS cluster the stack creates (the config's `name`): a deployed one's groups are compared."""
+    stack_name: str | None = None
+    """The stack (the config's `name`): its deployed template's node group sizes are compared."""
     kubernetes_version: str | None = None
     addons: tuple[AddonTarget, ...] = ()
     images: tuple[ImageTarget, ...] = ()
-    charts: tuple[pins.ChartPin, ...] = ()
+    charts: tuple[cluster_pins.ChartPin, ...] = ()
     """Helm charts whose pinned version must be published in their repository."""
 
 
@@ -161,7 +165,7 @@ class Preflight:
             results.append(self._guarded("EFA supported", group, self._efa))
             if group.capacity != "on_demand":
                 results.append(self._guarded("capacity reservation", group, self._reservation))
-            if self._target.cluster_name is not None:
+            if self._target.stack_name is not None:
                 results.append(self._guarded(LIVE_SIZE_CHECK, group, self._live_size))
         results.extend(self._quotas())
         results.extend(self._guarded_addon(addon) for addon in self._target.addons)
@@ -268,9 +272,24 @@ class Preflight:
         )
 
     def _live_size(self, group: NodeGroupTarget) -> CheckResult:
-        """A deploy that changes a group's min or max writes the template's desired size too: when that
-        is below the nodes the group runs (scaled by hand for a job), the deploy would remove nodes
-        under the job."""
+        """A deploy that changes a group's scaling in the template writes all three sizes, the desired
+        one included: when that is below the nodes the group runs (scaled by hand for a job), the
+        deploy removes nodes under the job. CloudFormation compares the new template with the one it
+        deployed, not with the group as it runs: an unchanged ScalingConfig is left alone, whatever a
+        hand set since, and a changed one is written whole."""
+        deployed = self._deployed_scaling(group.name)
+        if deployed is None:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK, subject=group.name, status=Status.PASS, detail="not deployed yet"
+            )
+        new = (group.min_nodes, group.max_nodes, group.desired_nodes)
+        if deployed == new:
+            return CheckResult(
+                check=LIVE_SIZE_CHECK,
+                subject=group.name,
+                status=Status.PASS,
+                detail="the deployed template's scaling is unchanged: the deploy leaves the group's size",
+            )
         eks = self._session.client("eks")
         with aws_errors("eks:DescribeNodegroup"):
             try:
@@ -281,34 +300,57 @@ class Preflight:
                         check=LIVE_SIZE_CHECK,
                         subject=group.name,
                         status=Status.PASS,
-                        detail="not deployed yet",
+                        detail="in the deployed template, not running: the deploy creates it",
                     )
                 raise
-        scaling = live["nodegroup"].get("scalingConfig", {})
-        running = int(scaling.get("desiredSize", 0))
-        same_bounds = (scaling.get("minSize"), scaling.get("maxSize")) == (group.min_nodes, group.max_nodes)
-        if running <= group.desired_nodes or same_bounds:
+        running = int(live["nodegroup"].get("scalingConfig", {}).get("desiredSize", 0))
+        change = "/".join(map(str, deployed)) + " -> " + "/".join(map(str, new))
+        if running <= group.desired_nodes:
             return CheckResult(
                 check=LIVE_SIZE_CHECK,
                 subject=group.name,
                 status=Status.PASS,
-                detail=f"runs {running}; the deploy leaves it"
-                + ("" if same_bounds else f" at {group.desired_nodes} or more"),
+                detail=f"runs {running}; the deploy writes min/max/desired {change}, keeping them",
             )
         return CheckResult(
             check=LIVE_SIZE_CHECK,
             subject=group.name,
             status=Status.FAIL,
             detail=(
-                f"runs {running} nodes; the deploy changes its min/max "
-                f"({scaling.get('minSize')}/{scaling.get('maxSize')} -> {group.min_nodes}/{group.max_nodes}) "
-                f"and so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
+                f"runs {running} nodes; the deploy changes the template's min/max/desired ({change}) and "
+                f"so writes desired size {group.desired_nodes}, removing {running - group.desired_nodes}"
             ),
             fix=(
-                "deploy when no job needs the nodes (scale the group down first), or keep min_size/max_size "
-                "as deployed for now"
+                "deploy when no job needs the nodes (scale the group down first), or keep the group's "
+                "min_size/desired_size/max_size as the deployed template has them "
+                f"({'/'.join(map(str, deployed))}) for now"
             ),
         )
+
+    def _deployed_scaling(self, nodegroup: str) -> tuple[int, int, int] | None:
+        """(min, max, desired) of `nodegroup` in the stack's deployed template; None when the stack or
+        the group is not in it yet."""
+        cfn = self._session.client("cloudformation")
+        with aws_errors("cloudformation:GetTemplate"):
+            try:
+                body = cfn.get_template(StackName=self._target.stack_name, TemplateStage="Original")[
+                    "TemplateBody"
+                ]
+            except Exception as exc:
+                if error_code(exc) == "ValidationError" and "does not exist" in str(exc):
+                    return None
+                raise
+        template = json.loads(body) if isinstance(body, str) else body
+        for resource in template.get("Resources", {}).values():
+            props = resource.get("Properties", {})
+            if resource.get("Type") == "AWS::EKS::Nodegroup" and props.get("NodegroupName") == nodegroup:
+                scaling = props.get("ScalingConfig", {})
+                return (
+                    int(scaling.get("MinSize", 0)),
+                    int(scaling.get("MaxSize", 1)),
+                    int(scaling.get("DesiredSize", scaling.get("MinSize", 0))),
+                )
+        return None
 
     def _reservation(self, group: NodeGroupTarget) -> CheckResult:
         return check_reservation(
@@ -417,7 +459,7 @@ class Preflight:
             subject=addon.name,
             status=Status.FAIL,
             detail=f"{addon.version} is not offered for Kubernetes {kubernetes}; valid: {shown}",
-            fix=f"set {addon.name} for {kubernetes} in kitcore/pins.py EKS_ADDONS to one of: {shown}",
+            fix=f"set {addon.name} for {kubernetes} in infra/cluster_pins.py EKS_ADDONS to one of: {shown}",
         )
 
     def _vcpus_of(self, instance_type: str) -> int:
@@ -442,8 +484,10 @@ def kubernetes_support(
     with aws_errors("eks:DescribeClusterVersions"):
         found = eks.describe_cluster_versions(clusterVersions=[version], includeAll=True)["clusterVersions"]
     entry = next((v for v in found if v.get("clusterVersion") == version), None)
-    offered = ", ".join(pins.SUPPORTED_KUBERNETES_VERSIONS)
-    fix = f"use a version in standard support that kitcore/pins.py covers ({offered}), or raise the pins"
+    offered = ", ".join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
+    fix = (
+        f"use a version in standard support that infra/cluster_pins.py covers ({offered}), or raise the pins"
+    )
     if entry is None:
         return CheckResult(
             check=KUBERNETES_CHECK,
@@ -618,6 +662,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         region=config.region,
         availability_zone=config.gpu_availability_zone,
         cluster_name=config.name,
+        stack_name=config.name,
         kubernetes_version=config.kubernetes_version,
         # Every pinned add-on, deployed by this config or not: a pin EKS does not offer is wrong either way.
         addons=tuple(
@@ -626,7 +671,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
                 version=pin.version_for(config.kubernetes_version),
                 configuration=MANAGED_ADDON_CONFIGURATION.get(pin.name),
             )
-            for pin in pins.EKS_ADDONS.values()
+            for pin in cluster_pins.EKS_ADDONS.values()
         ),
         node_groups=tuple(
             NodeGroupTarget(
@@ -642,7 +687,7 @@ def target_from_config(config: ClusterConfig) -> PreflightTarget:
         ),
         images=image_targets(config),
         # Every pinned chart, installed by this config or not, as for the add-on pins.
-        charts=tuple(pins.HELM_CHARTS.values()),
+        charts=tuple(cluster_pins.HELM_CHARTS.values()),
     )
 
 
@@ -650,7 +695,7 @@ CHART_CHECK = "Helm chart version"
 LIVE_SIZE_CHECK = "live node group size"
 
 
-def chart_version(pin: pins.ChartPin) -> CheckResult:
+def chart_version(pin: cluster_pins.ChartPin) -> CheckResult:
     """Pass when the chart's repository publishes the pinned version (the stack installs it at deploy)."""
     subject = f"{pin.chart} {pin.version}"
     try:
@@ -673,7 +718,7 @@ def chart_version(pin: pins.ChartPin) -> CheckResult:
         subject=subject,
         status=Status.FAIL,
         detail=f"{pin.repository} does not publish {pin.chart} {pin.version}{seen}",
-        fix="pin a published version in kitcore/pins.py HELM_CHARTS (with its images), then run "
+        fix="pin a published version in infra/cluster_pins.py HELM_CHARTS (with its images), then run "
         "`nvrx-eks image pin`",
     )
 
@@ -711,9 +756,9 @@ def image_targets(config: ClusterConfig) -> tuple[ImageTarget, ...]:
             reference=image.reference,
             by_digest=image.digest != pins.UNPUBLISHED_SHA256,
             required=True,
-            fix=pins.IMAGE_PIN_FIX,
+            fix=cluster_pins.IMAGE_PIN_FIX,
         )
-        for name, chart in pins.HELM_CHARTS.items()
+        for name, chart in cluster_pins.HELM_CHARTS.items()
         for image in chart.images
     )
     check = config.node_check

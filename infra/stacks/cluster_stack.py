@@ -70,6 +70,8 @@ class ClusterStack(Stack):
             subnets=network.private_subnets,
             endpoint_access=config.endpoint_access,
             public_access_cidrs=config.public_access_cidrs,
+            api_client_cidrs=config.api_access.cidrs,
+            api_client_security_groups=config.api_access.security_group_ids,
             admin_role_arn=config.admin_role_arn,
             admin_principal_arns=config.admin_principal_arns,
             service_cidr=config.service_cidr,
@@ -147,6 +149,12 @@ class ClusterStack(Stack):
         self._training_identity(cluster)
         self._cluster_objects(cluster, addons)
         self._outputs()
+        # Last: access logs are let in only once everything else exists, so a failed create's rollback
+        # finds the log bucket empty and deletes it (DurableStorage.deliver_access_logs_after).
+        storage.deliver_access_logs_after(
+            *(child for child in self.node.children if child is not storage),
+            *(child for child in storage.node.children if child is not storage.access_logs),
+        )
 
     def _config_gpu_taints(self) -> tuple[tuple[str, str], ...]:
         """(key, effect) of every taint the config adds to a GPU group: the kit's GPU DaemonSets

@@ -98,13 +98,32 @@ def test_build_tools_stay_out_of_the_runtime_stage():
     assert re.search(r"^FROM efa_\$\{ACCELERATOR\} AS runtime$", TEXT, flags=re.MULTILINE)
     assert re.search(r"^FROM torch_\$\{ACCELERATOR\} AS torch$", TEXT, flags=re.MULTILINE)
     for stage in ("runtime", "efa_cuda", "efa_cpu"):
-        assert "apt-get install" not in stages[stage]
-        assert not re.search(r"\b(autoconf|automake|libtool|build-essential|make -j)\b", stages[stage])
+        assert not re.search(
+            r"\b(autoconf|automake|libtool|build-essential|make -j|g\+\+|gcc|[\w.-]+-dev)\b", stages[stage]
+        ), stage
+    assert "apt-get install" not in stages["runtime"]
+    # What the EFA stage installs by apt is the plugin's runtime libraries alone, by name.
+    installed = re.findall(r"apt-get install -y --no-install-recommends ([^\\&]+)", stages["efa_cuda"])
+    assert [packages.split() for packages in installed] == [["libhwloc15"]]
     assert "COPY --from=ofi /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in stages["efa_cuda"]
     assert "--enable-platform-aws" in stages["ofi"]
+    # The shipped base is CUDA's runtime image; the plugin's stage adds the headers it compiles with.
+    assert "-runtime-" in IMAGE.base_tag
+    assert re.search(r"cuda-cudart-dev-\$\{cuda\}", stages["ofi"])
     # The shipped torch is the locked one, with hashes; the local variant only checks its base's.
     assert "--require-hashes --no-deps -r /tmp/torch-requirements.lock" in stages["torch_cuda"]
     assert "pip install" not in stages["torch_cpu"]
+
+
+def test_the_build_fails_naming_a_library_the_plugin_cannot_load():
+    """libfabric or libhwloc missing would leave NCCL on TCP sockets with one warning: the image's
+    build resolves every library the plugin links, after it is in place, and stops otherwise."""
+    efa = _stages()["efa_cuda"]
+    check = efa[efa.index("COPY --from=ofi") :]
+    assert "ldd /opt/aws-ofi-nccl/lib/libnccl-net-ofi.so" in check
+    assert "LD_LIBRARY_PATH=/opt/aws-ofi-nccl/lib:/opt/amazon/efa/lib" in check
+    assert "grep 'not found'" in check
+    assert "exit 1" in check
 
 
 def test_locked_dependencies_install_before_the_source():

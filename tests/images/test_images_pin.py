@@ -28,8 +28,9 @@ from typer.testing import CliRunner
 from nvrx_eks.images import build
 from nvrx_eks.images import pin as pinning
 from nvrx_eks.images.commands import register
+from nvrx_eks.infra.cluster_pins import HELM_CHARTS, ChartImage
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.kitcore.pins import HELM_CHARTS, IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256, ChartImage
+from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -46,6 +47,15 @@ ECR_HOST = re.compile(r"\d{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com")
 CHART_IMAGES = {
     (name, image.values_key): image for name, chart in HELM_CHARTS.items() for image in chart.images
 }
+
+
+def _registry(repository: str) -> tuple[str, str]:
+    """(registry host, path) of REPOSITORY, as the pin command asks it (Docker Hub at registry-1)."""
+    host, _, path = repository.partition("/")
+    return {"docker.io": "registry-1.docker.io"}.get(host, host), path
+
+
+BASE_HOST, BASE_PATH = _registry(IMAGE.base_repository)
 
 
 def _location(image: ChartImage) -> tuple[str, str]:
@@ -99,9 +109,11 @@ class _Registry(BaseHTTPRequestHandler):
         store_manifest = f"/v2/library/python/manifests/{STORE_IMAGE.base_tag}"
         if (host, url.path) in tarballs:
             self._send(200, tarballs[host, url.path])
-        elif host == "nvcr.io" and url.path == f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}":
+        elif host == BASE_HOST and url.path == f"/v2/{BASE_PATH}/manifests/{IMAGE.base_tag}":
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                challenge = 'Bearer realm="https://nvcr.io/proxy_auth",scope="repository:nvidia/cuda:pull"'
+                challenge = (
+                    f'Bearer realm="https://{BASE_HOST}/proxy_auth",scope="repository:{BASE_PATH}:pull"'
+                )
                 self._send(401, b"{}", **{"WWW-Authenticate": challenge})
             elif "application/vnd.oci.image.index.v1+json" not in self.headers.get("Accept", ""):
                 self._send(406)
@@ -117,9 +129,9 @@ class _Registry(BaseHTTPRequestHandler):
                 self._send(200, CHART_MANIFESTS[host, url.path])
         elif host == "registry-1.docker.io" and url.path == store_manifest:
             self._send(200, MANIFEST, **{"Docker-Content-Digest": MANIFEST_DIGEST})
-        elif host == "nvcr.io" and url.path == "/proxy_auth":
+        elif host == BASE_HOST and url.path == "/proxy_auth":
             query = urllib.parse.parse_qs(url.query)
-            assert query == {"scope": ["repository:nvidia/cuda:pull"]}
+            assert query == {"scope": [f"repository:{BASE_PATH}:pull"]}
             self._send(200, json.dumps({"token": TOKEN}).encode())
         else:
             self._send(404)
@@ -176,12 +188,12 @@ def test_resolve_hashes_both_tarballs_and_asks_the_registry_with_its_token(serve
         "efa_installer_sha256": hashlib.sha256(EFA_BYTES).hexdigest(),
         "aws_ofi_nccl_sha256": hashlib.sha256(OFI_BYTES).hexdigest(),
     }
-    manifest = f"/v2/nvidia/cuda/manifests/{IMAGE.base_tag}"
+    manifest = f"/v2/{BASE_PATH}/manifests/{IMAGE.base_tag}"
     # First anonymous, refused; then the token; then the manifest with it.
-    assert [s for s in seen if s[0] == "nvcr.io"] == [
-        ("nvcr.io", manifest, None),
-        ("nvcr.io", "/proxy_auth", None),
-        ("nvcr.io", manifest, f"Bearer {TOKEN}"),
+    assert [s for s in seen if s[0] == BASE_HOST and "library/python" not in s[1]] == [
+        (BASE_HOST, manifest, None),
+        (BASE_HOST, "/proxy_auth", None),
+        (BASE_HOST, manifest, f"Bearer {TOKEN}"),
     ]
 
 
@@ -246,24 +258,22 @@ def _load(path: Path) -> object:
     return module
 
 
-REAL_PINS, REAL_DOCKERFILE = pinning.PINS_FILE, build.DOCKERFILE
+REAL_FILES = (pinning.PINS_FILE, pinning.CLUSTER_PINS_FILE, build.DOCKERFILE, build.STORE_DOCKERFILE)
 
 
 @pytest.fixture
 def copies(tmp_path, monkeypatch) -> Iterator[tuple[Path, Path]]:
-    pins_file, dockerfile = tmp_path / "pins.py", tmp_path / "Dockerfile"
-    store_dockerfile = tmp_path / "store.Dockerfile"
-    pins_file.write_text(pinning.PINS_FILE.read_text())
-    dockerfile.write_text(build.DOCKERFILE.read_text())
-    store_dockerfile.write_text(build.STORE_DOCKERFILE.read_text())
-    real = pinning.PINS_FILE.read_text(), build.DOCKERFILE.read_text(), build.STORE_DOCKERFILE.read_text()
-    real_store = build.STORE_DOCKERFILE
-    monkeypatch.setattr(pinning, "PINS_FILE", pins_file)
-    monkeypatch.setattr(build, "DOCKERFILE", dockerfile)
-    monkeypatch.setattr(build, "STORE_DOCKERFILE", store_dockerfile)
-    yield pins_file, dockerfile
-    after = REAL_PINS.read_text(), REAL_DOCKERFILE.read_text(), real_store.read_text()
-    assert after == real, "the test wrote the real files"
+    """Copies of the image pins, the cluster pins and both Dockerfiles, which `pin` writes instead."""
+    real = [path.read_text() for path in REAL_FILES]
+    names = ("pins.py", "cluster_pins.py", "Dockerfile", "store.Dockerfile")
+    for name, text in zip(names, real, strict=True):
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(pinning, "PINS_FILE", tmp_path / "pins.py")
+    monkeypatch.setattr(pinning, "CLUSTER_PINS_FILE", tmp_path / "cluster_pins.py")
+    monkeypatch.setattr(build, "DOCKERFILE", tmp_path / "Dockerfile")
+    monkeypatch.setattr(build, "STORE_DOCKERFILE", tmp_path / "store.Dockerfile")
+    yield tmp_path / "pins.py", tmp_path / "Dockerfile"
+    assert [path.read_text() for path in REAL_FILES] == real, "the test wrote the real files"
 
 
 def _app() -> typer.Typer:
@@ -285,7 +295,9 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
 ):
     opener, _ = served
     pins_file, dockerfile = copies
+    cluster_file = pins_file.with_name("cluster_pins.py")
     pins_before, docker_before = pins_file.read_text(), dockerfile.read_text()
+    cluster_before = cluster_file.read_text()
     monkeypatch.setattr(pinning, "_open", opener)
     monkeypatch.setattr(pinning, "ecr_token", _ecr([]))
     result = CliRunner().invoke(_app(), ["image", "pin"])
@@ -317,15 +329,16 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
         STORE_IMAGE.torch_version,
     )
     # ... and each chart image's digest, the registry named as its source; nothing else of the charts.
-    charts = _load(pins_file).HELM_CHARTS
+    charts = _load(cluster_file).HELM_CHARTS
     for (name, key), image in CHART_IMAGES.items():
         (recorded_image,) = [i for i in charts[name].images if i.values_key == key]
         assert recorded_image.digest == _chart_digest(image)
         assert recorded_image.source == pinning.REGISTRY_SOURCE
         assert (recorded_image.repository, recorded_image.tag) == (image.repository, image.tag)
         assert charts[name].version == HELM_CHARTS[name].version
-    # Three training-image values, two store values, a digest and a source line per chart image.
-    assert len(_changed_lines(pins_before, pins_file.read_text())) == 5 + 2 * len(CHART_IMAGES)
+    # Three training-image values and two store values; a digest and a source line per chart image.
+    assert len(_changed_lines(pins_before, pins_file.read_text())) == 5
+    assert len(_changed_lines(cluster_before, cluster_file.read_text())) == 2 * len(CHART_IMAGES)
     store_dockerfile = dockerfile.with_name("store.Dockerfile")
     assert f"ARG TORCH_SHA256={store.torch_sha256}" in store_dockerfile.read_text()
     assert f"ARG BASE_IMAGE={STORE_IMAGE.base_repository}:{STORE_IMAGE.base_tag}@{MANIFEST_DIGEST}" in (
@@ -356,6 +369,7 @@ def test_pin_dry_run_prints_and_writes_nothing(served, copies, monkeypatch):
     for (name, key), image in CHART_IMAGES.items():
         assert f"HELM_CHARTS[{name}] {key}: {_chart_digest(image)}" in result.stdout
     assert (pins_file.read_text(), dockerfile.read_text()) == before
+    assert pins_file.with_name("cluster_pins.py").read_text() == pinning.CLUSTER_PINS_FILE.read_text()
 
 
 def test_pin_placeholders_are_overwritten_too():
@@ -367,7 +381,9 @@ def test_pin_placeholders_are_overwritten_too():
 
 def test_a_chart_image_pins_py_does_not_list_is_refused_by_name():
     with pytest.raises(RuntimeError, match=r"HELM_CHARTS\['kueue'\] has no ChartImage\(values_key='image'\)"):
-        pinning.rewrite_chart_images(pinning.PINS_FILE.read_text(), {("kueue", "image"): MANIFEST_DIGEST})
+        pinning.rewrite_chart_images(
+            pinning.CLUSTER_PINS_FILE.read_text(), {("kueue", "image"): MANIFEST_DIGEST}
+        )
 
 
 def test_without_internet_pin_is_one_message(copies, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import stat
 import subprocess
 import sys
@@ -140,6 +141,7 @@ def p5_node(tmp_path) -> Node:
         torch_probe=_gpu_torch,
         which=lambda name: str(fi_info) if name == "fi_info" else None,
         memlock=lambda: resource.RLIM_INFINITY,
+        load_library=lambda path: None,  # the placeholder file stands in for a plugin that loads
     )
 
 
@@ -163,7 +165,7 @@ def test_a_healthy_p5_node_can_train(p5_node, tmp_path, capsys):
     assert checks["GPUs"].status is Status.OK
     assert checks["EFA devices"].status is Status.OK
     assert checks["EFA devices"].detail.startswith("32 of 32")
-    assert checks["NCCL net plugin"].detail.endswith("libnccl-net-ofi.so")
+    assert checks["NCCL net plugin"].detail.endswith("libnccl-net-ofi.so (loads)")
     assert checks["NCCL"].detail == "2.27.7"
     for tier in ("memory", "local", "durable"):
         assert checks[f"checkpoint {tier}"].status is Status.OK, checks[f"checkpoint {tier}"]
@@ -335,15 +337,65 @@ def test_the_chart_sets_what_the_selfcheck_requires():
 @pytest.mark.parametrize(
     ("limit", "status"),
     [
-        (64 * 1024, Status.NODE),  # the kernel's default: NCCL's EFA setup fails on every rank
-        (8 << 20, Status.NODE),
+        (64 * 1024, Status.CONFIG),  # the kernel's default: NCCL's EFA setup fails on every rank
+        (8 << 20, Status.CONFIG),
         (2**62, Status.OK),  # what the GPU nodes' NodeConfig sets
         (resource.RLIM_INFINITY, Status.OK),
     ],
 )
-def test_a_memlock_limit_below_the_nodes_memory_is_a_node_problem(p5_node, tmp_path, limit, status):
+def test_a_memlock_limit_below_the_nodes_memory_fails_the_job(p5_node, tmp_path, limit, status):
     p5_node.memlock = lambda: limit
     check = _by_name(p5_node, tmp_path)["memlock limit"]
     assert check.status is status, check
-    # A node problem: the Job's failure policy retries the index elsewhere instead of failing the job.
-    assert _code(p5_node, tmp_path) == (selfcheck.NODE_PROBLEM_EXIT_CODE if status is Status.NODE else 0)
+    # The node group's launch template gives every node the same limit: a replacement pod elsewhere
+    # would meet it again, so the Job's failure policy fails the job (exit 2) with the fix.
+    assert _code(p5_node, tmp_path) == (2 if status is Status.CONFIG else 0)
+    if status is Status.CONFIG:
+        assert "launch template" in check.detail
+
+
+def _plugin(folder: Path, *, needs: str) -> Path:
+    """A real ELF shared library named as the plugin, built with the system's C compiler and linked
+    against lib`needs`.so, which the loader looks for beside it ($ORIGIN), as the image's plugin links
+    libhwloc and libfabric."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build a shared library with")
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "plugin.c"
+    source.write_text("int plugin_answer(void) { return 42; }\n")
+
+    def build(name: str, *link: str) -> Path:
+        library = folder / f"lib{name}.so"
+        argv = [compiler, "-shared", "-fPIC", "-o", str(library), str(source), *link]
+        subprocess.run(argv, check=True, capture_output=True)
+        return library
+
+    build(needs)
+    # --no-as-needed: a dependency even though the stand-in calls nothing of it.
+    return build("nccl-net-ofi", f"-L{folder}", "-Wl,--no-as-needed", f"-l{needs}", "-Wl,-rpath,$ORIGIN")
+
+
+def test_the_plugin_is_loaded_as_nccl_loads_it(tmp_path):
+    assert selfcheck.load_problem(_plugin(tmp_path / "complete", needs="hwloc-stand-in")) is None
+
+
+def test_a_library_the_plugin_needs_and_the_image_lacks_is_named(p5_node, tmp_path):
+    """The plugin file is there but a library it links (libhwloc, libfabric) is not: NCCL would fall back
+    to TCP sockets with one warning. The check loads it as NCCL does and names the missing library."""
+    plugin = _plugin(tmp_path / "incomplete", needs="hwloc-missing")
+    (plugin.parent / "libhwloc-missing.so").unlink()
+    p5_node.env = {**p5_node.env, "LD_LIBRARY_PATH": str(plugin.parent)}
+    p5_node.load_library = selfcheck.load_problem
+    check = _by_name(p5_node, tmp_path)["NCCL net plugin"]
+    assert check.status is Status.CONFIG
+    assert "it needs libhwloc-missing.so, which the image lacks" in check.detail
+    assert "fall back to TCP sockets" in check.detail
+    assert _code(p5_node, tmp_path) == 2
+
+
+def test_a_file_that_is_no_library_does_not_load(tmp_path):
+    (tmp_path / "libnccl-net-ofi.so").write_text("not an ELF object")
+    problem = selfcheck.load_problem(tmp_path / "libnccl-net-ofi.so")
+    assert problem is not None
+    assert "libnccl-net-ofi.so" in problem

@@ -18,11 +18,11 @@ from cfnlint.api import lint
 from kube_objects import container_images
 
 from nvrx_eks.infra import app as infra_app
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.nag import acknowledge, add_checks
 from nvrx_eks.infra.revision import image_revision
 from nvrx_eks.infra.stacks.cluster_stack import OUTPUT_KEYS
 from nvrx_eks.k8s import names
-from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_cluster_encrypts_secrets_and_logs_the_control_plane(synthesized):
         "AWS::EKS::Cluster",
         {
             "Name": "nvrx-eks",
-            "Version": pins.DEFAULT_KUBERNETES_VERSION,
+            "Version": cluster_pins.DEFAULT_KUBERNETES_VERSION,
             "EncryptionConfig": [{"Provider": {"KeyArn": Match.any_value()}, "Resources": ["secrets"]}],
             "Logging": {
                 "ClusterLogging": {
@@ -138,7 +138,7 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
     ):
         template.has_resource_properties(
             "AWS::EKS::Addon",
-            {"AddonName": name, "AddonVersion": pins.EKS_ADDONS[name].version_for(kubernetes)},
+            {"AddonName": name, "AddonVersion": cluster_pins.EKS_ADDONS[name].version_for(kubernetes)},
         )
     template.has_resource_properties(
         "AWS::EKS::Addon",
@@ -153,11 +153,11 @@ def test_addons_are_installed_at_pinned_versions(synthesized):
         r["Properties"]["Chart"]: r["Properties"]["Version"]
         for r in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values()
     }
-    assert charts == {name: pin.version for name, pin in pins.HELM_CHARTS.items()}
-    # Each chart is given every image it runs, by the digest kitcore/pins.py holds (by tag while none).
+    assert charts == {name: pin.version for name, pin in cluster_pins.HELM_CHARTS.items()}
+    # Each chart is given every image it runs, by the digest infra/cluster_pins.py holds (by tag while none).
     for resource in template.find_resources("Custom::AWSCDK-EKS-HelmChart").values():
         values = json.loads(resource["Properties"]["Values"])
-        for image in pins.HELM_CHARTS[resource["Properties"]["Chart"]].images:
+        for image in cluster_pins.HELM_CHARTS[resource["Properties"]["Chart"]].images:
             for key in image.values_key.split("."):
                 values = values[key]
             assert f"{values['repository']}:{values['tag']}" == image.reference
@@ -551,40 +551,41 @@ def test_the_one_nat_gateway_is_in_the_gpu_zone(synthesized):
 
 
 def test_only_kubernetes_versions_in_standard_support_are_offered():
-    assert pins.DEFAULT_KUBERNETES_VERSION in pins.SUPPORTED_KUBERNETES_VERSIONS
+    assert cluster_pins.DEFAULT_KUBERNETES_VERSION in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     # Each offered version is in EKS standard support past the day the pins were reviewed
     # (1.34's ended 2026-12-02, before that day: not offered).
-    for version in pins.SUPPORTED_KUBERNETES_VERSIONS:
-        assert pins.STANDARD_SUPPORT_ENDS[version] > pins.PINS_REVIEWED, version
-    assert "1.34" not in pins.SUPPORTED_KUBERNETES_VERSIONS
+    for version in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+        assert cluster_pins.STANDARD_SUPPORT_ENDS[version] > cluster_pins.PINS_REVIEWED, version
+    assert "1.34" not in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     with pytest.raises(UserError, match=r"kubernetes_version: 1\.34 is not supported"):
         infra_app.load_config(CONFIGS / "default.yaml", ['kubernetes_version="1.34"'])
 
 
 def test_every_addon_pin_names_its_source():
-    for pin in pins.EKS_ADDONS.values():
-        assert sorted(pin.versions) == sorted(pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
+    for pin in cluster_pins.EKS_ADDONS.values():
+        assert sorted(pin.versions) == sorted(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS), pin.name
         for minor, pinned in pin.versions.items():
             assert re.fullmatch(r"v\d+\.\d+\.\d+-eksbuild\.\d+", pinned.version), (pin.name, minor)
             assert pinned.source, (pin.name, minor)
             # An unconfirmed pin says so in its source; only preflight's DescribeAddonVersions settles it.
             assert pinned.confirmed or pinned.source.startswith(("https://", "none found")), (pin.name, minor)
-    for minor in pins.SUPPORTED_KUBERNETES_VERSIONS:
-        assert pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
+    for minor in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS:
+        assert cluster_pins.EKS_ADDONS["kube-proxy"].version_for(minor).startswith(f"v{minor}.")
 
 
 def test_the_default_version_has_the_most_confirmed_pins_of_the_newest():
     def confirmed(minor: str) -> int:
-        return sum(pin.versions[minor].confirmed for pin in pins.EKS_ADDONS.values())
+        return sum(pin.versions[minor].confirmed for pin in cluster_pins.EKS_ADDONS.values())
 
-    default = pins.DEFAULT_KUBERNETES_VERSION
-    newer = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) > _minor(default)]
-    older = [v for v in pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) < _minor(default)]
+    default = cluster_pins.DEFAULT_KUBERNETES_VERSION
+    newer = [v for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) > _minor(default)]
+    older = [v for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS if _minor(v) < _minor(default)]
     assert all(confirmed(default) >= confirmed(v) for v in older)
     assert all(confirmed(v) < confirmed(default) for v in newer)
     # kubectl within one minor of every offered version.
     assert all(
-        abs(_minor(v) - _minor(pins.KUBECTL_LAYER_MINOR)) <= 1 for v in pins.SUPPORTED_KUBERNETES_VERSIONS
+        abs(_minor(v) - _minor(cluster_pins.KUBECTL_LAYER_MINOR)) <= 1
+        for v in cluster_pins.SUPPORTED_KUBERNETES_VERSIONS
     )
 
 
@@ -592,7 +593,7 @@ def _minor(version: str) -> int:
     return int(version.split(".")[1])
 
 
-@pytest.mark.parametrize("kubernetes", pins.SUPPORTED_KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("kubernetes", cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
 def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path, kubernetes):
     config = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", [f'kubernetes_version="{kubernetes}"'])
     stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
@@ -602,8 +603,8 @@ def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path,
         resource["Properties"]["AddonName"]: resource["Properties"]["AddonVersion"]
         for resource in template.find_resources("AWS::EKS::Addon").values()
     }
-    assert addons == {name: pins.EKS_ADDONS[name].version_for(kubernetes) for name in addons}
-    assert sorted(addons) == sorted(pins.EKS_ADDONS)
+    assert addons == {name: cluster_pins.EKS_ADDONS[name].version_for(kubernetes) for name in addons}
+    assert sorted(addons) == sorted(cluster_pins.EKS_ADDONS)
 
 
 @pytest.mark.slow
@@ -923,35 +924,200 @@ def test_gpu_daemon_sets_tolerate_the_taints_a_config_adds(tmp_path):
     assert wanted in daemon_set["spec"]["template"]["spec"]["tolerations"]
 
 
+@pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
+def test_gpu_add_ons_tolerate_the_node_checks_unverified_taint(synthesized, name):
+    """A device plugin or the DCGM exporter re-created on a node the node check has not verified yet
+    must start there: without them the node's GPUs and EFA devices are never advertised and it stays
+    unverified."""
+    from nvrx_eks.training.node.nodecheck import UNVERIFIED_TAINT  # noqa: PLC0415
+
+    wanted = {"key": UNVERIFIED_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+    charts = {
+        chart["Properties"]["Chart"]: json.loads(chart["Properties"]["Values"])
+        for chart in _resources(synthesized[name], "Custom::AWSCDK-EKS-HelmChart").values()
+    }
+    for gpu_add_on in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "dcgm-exporter"):
+        assert wanted in charts[gpu_add_on]["tolerations"], gpu_add_on
+
+
 # -- what a failed first deploy leaves, and how the private API is reached -------------------------
 
-_KEPT_DATA = ("AWS::ECR::Repository", "AWS::FSx::FileSystem", "AWS::KMS::Key")
 # Properties that give a resource a fixed physical name: kept by a Retain policy, it blocks the
 # next create of the same stack.
 _FIXED_NAMES = ("RepositoryName", "BucketName", "FileSystemName", "AliasName", "RoleName", "LogGroupName")
+_RETAINED = frozenset({"Retain", "RetainExceptOnCreate", "Snapshot"})
+# Why each kind of retained resource is gone after a failed create's rollback, so that the CDK CLI's
+# retry creates the stack anew without a hand: RetainExceptOnCreate deletes it, and its delete works
+# only if nothing wrote what the delete refuses to drop. A retained kind without a story here fails
+# the test below: say how a failed create leaves none of it, then add it.
+_RETRY_STORIES = {
+    "AWS::KMS::Key": "deleted (scheduled for deletion) whatever it encrypted",
+    "AWS::FSx::FileSystem": "deleted with what it holds",
+    "AWS::ECR::Repository": "deleted while it holds no image: only `nvrx-eks image push` writes one",
+    "AWS::S3::Bucket": "deleted while empty: a log destination lets delivery in after every other resource",
+}
+# Where a resource names a bucket that a service delivers into on its own (the delivery's grant is the
+# destination's bucket policy).
+_LOG_DESTINATIONS = (("AWS::S3::Bucket", ("LoggingConfiguration", "DestinationBucketName")),)
+
+
+def _references(value: object) -> set[str]:
+    """Logical ids a template value refers to (Ref, Fn::GetAtt, ${X} in Fn::Sub)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        if "Ref" in value:
+            found.add(str(value["Ref"]))
+        if "Fn::GetAtt" in value:
+            target = value["Fn::GetAtt"]
+            found.add(str(target[0] if isinstance(target, list) else target.split(".")[0]))
+        if "Fn::Sub" in value:
+            text = value["Fn::Sub"][0] if isinstance(value["Fn::Sub"], list) else value["Fn::Sub"]
+            found |= {name.split(".")[0] for name in re.findall(r"\$\{([^}!]+)\}", str(text))}
+        for item in value.values():
+            found |= _references(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _references(item)
+    return found
+
+
+def _created_after(resources: dict[str, dict]) -> dict[str, set[str]]:
+    """Each resource's transitive dependencies: what CloudFormation creates before it starts it."""
+    direct = {
+        logical: (set(r.get("DependsOn", [])) | _references(r.get("Properties", {}))) & resources.keys()
+        for logical, r in resources.items()
+    }
+    closed: dict[str, set[str]] = {}
+
+    def visit(logical: str) -> set[str]:
+        if logical not in closed:
+            closed[logical] = set()
+            for dependency in direct[logical]:
+                closed[logical] |= {dependency} | visit(dependency)
+        return closed[logical]
+
+    for logical in resources:
+        visit(logical)
+    return closed
+
+
+def _writes_during_create(resources: dict[str, dict], bucket: str) -> list[str]:
+    """The resources whose service delivers into `bucket` on its own (server access logs)."""
+    writers = []
+    for logical, resource in resources.items():
+        for kind, path in _LOG_DESTINATIONS:
+            value: object = resource.get("Properties", {}) if resource["Type"] == kind else None
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None and bucket in _references(value):
+                writers.append(logical)
+    return writers
+
+
+def _delivery_grants(resources: dict[str, dict], bucket: str) -> list[str]:
+    """The bucket policies of `bucket` (where S3 log delivery is granted, ACLs being off)."""
+    return [
+        logical
+        for logical, r in resources.items()
+        if r["Type"] == "AWS::S3::BucketPolicy" and bucket in _references(r["Properties"].get("Bucket"))
+    ]
 
 
 @pytest.mark.parametrize("name", ["default", "p5-capacity-block"])
-def test_data_outlives_the_stack_but_not_a_failed_create(synthesized, name):
-    template = Template.from_json(synthesized[name])
-    for kind in _KEPT_DATA:
-        found = template.find_resources(kind)
-        assert found, kind
-        template.all_resources(
-            kind, {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
+def test_every_retained_resource_is_gone_after_any_failed_create(synthesized, name):
+    """A failed create at any resource F: every resource that may exist by then (all but those that
+    need F) is rolled back. A retained one must be deleted by that rollback (RetainExceptOnCreate),
+    and deletable then: a bucket that received logs is not, so the grant that lets logs in must not
+    exist before F has been created, for every F. Checked over the dependency graph of the template."""
+    _check_retained(synthesized[name]["Resources"])
+
+
+def _check_retained(resources: dict[str, dict]) -> None:
+    after = _created_after(resources)
+    retained = {k: r for k, r in resources.items() if r.get("DeletionPolicy") in _RETAINED}
+    assert retained
+    for logical, resource in retained.items():
+        kind = resource["Type"]
+        assert kind in _RETRY_STORIES, f"{logical}: a retained {kind} with no story of its failed create"
+        policy = resource["DeletionPolicy"]
+        assert policy == "RetainExceptOnCreate", (
+            f"{logical}: {policy} keeps it after a failed create; use RetainExceptOnCreate"
         )
-    retained = {
-        logical: resource
-        for logical, resource in synthesized[name]["Resources"].items()
-        if resource.get("DeletionPolicy") in {"Retain", "RetainExceptOnCreate"}
+        fixed = [key for key in _FIXED_NAMES if key in resource.get("Properties", {})]
+        assert not fixed, f"{logical}: a fixed {fixed} blocks the next create if it outlives the stack"
+        if kind != "AWS::S3::Bucket" or not _writes_during_create(resources, logical):
+            continue
+        grants = _delivery_grants(resources, logical)
+        assert grants, f"{logical} receives logs without a bucket policy granting them"
+        for failed in resources:
+            exists = {other for other in resources if failed not in after[other] and other != failed}
+            early = [grant for grant in grants if grant in exists]
+            assert not early, (
+                f"{logical} may hold access logs when {failed} fails: {early} lets delivery in first, and "
+                "the rollback cannot delete a bucket that is not empty"
+            )
+
+
+def test_the_failed_create_check_finds_a_log_grant_made_early():
+    """The check above, on a template whose log bucket's grant does not wait: it fails."""
+    resources = {
+        "Logs": {"Type": "AWS::S3::Bucket", "DeletionPolicy": "RetainExceptOnCreate"},
+        "LogsPolicy": {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": {"Ref": "Logs"}}},
+        "Data": {
+            "Type": "AWS::S3::Bucket",
+            "Properties": {"LoggingConfiguration": {"DestinationBucketName": {"Ref": "Logs"}}},
+        },
+        "Cluster": {"Type": "AWS::EKS::Cluster", "Properties": {}},
     }
-    named = {
-        logical: key
-        for logical, resource in retained.items()
-        for key in _FIXED_NAMES
-        if key in resource.get("Properties", {})
+    with pytest.raises(AssertionError, match=r"Logs may hold access logs when (Data|Cluster) fails"):
+        _check_retained(resources)
+    resources["LogsPolicy"]["DependsOn"] = ["Data", "Cluster"]
+    _check_retained(resources)
+    resources["Queue"] = {"Type": "AWS::SQS::Queue", "DeletionPolicy": "RetainExceptOnCreate"}
+    resources["LogsPolicy"]["DependsOn"].append("Queue")
+    with pytest.raises(AssertionError, match=r"Queue: a retained AWS::SQS::Queue with no story"):
+        _check_retained(resources)
+
+
+def test_the_private_endpoint_admits_443_from_the_configured_networks_only(tmp_path):
+    """EKS admits a bastion, a VPN or a connected network to the private endpoint only through an
+    ingress rule of the cluster security group: each api_access entry is one, on 443 alone."""
+    overrides = ['api_access={"cidrs": ["10.200.0.0/16"], "security_group_ids": ["sg-0123456789abcdef0"]}']
+    config = infra_app.load_config(CONFIGS / "p5-capacity-block.yaml", overrides)
+    stack = infra_app.build(App(outdir=str(tmp_path)), config, account="111111111111", nag=False)
+    template = Template.from_stack(stack)
+    cluster_group = {"Fn::GetAtt": [_logical(template, "AWS::EKS::Cluster"), "ClusterSecurityGroupId"]}
+    rules = [
+        r["Properties"]
+        for r in template.find_resources("AWS::EC2::SecurityGroupIngress").values()
+        if r["Properties"]["GroupId"] == cluster_group
+    ]
+    callers = {
+        json.dumps(r.get("CidrIp") or r.get("SourceSecurityGroupId")).strip('"')
+        for r in rules
+        if (r["IpProtocol"], r["FromPort"], r["ToPort"]) == ("tcp", 443, 443)
     }
-    assert named == {}, "a kept resource with a fixed name blocks the next create"
+    assert {"10.200.0.0/16", "sg-0123456789abcdef0"} <= callers
+    assert not [r for r in rules if r.get("CidrIp") and (r["FromPort"], r["ToPort"]) != (443, 443)]
+    # Without api_access the shipped config admits no network at all (the nodes and the handler only).
+    shipped = Template.from_stack(
+        infra_app.build(
+            App(outdir=str(tmp_path / "shipped")),
+            infra_app.load_config(CONFIGS / "p5-capacity-block.yaml"),
+            account="111111111111",
+            nag=False,
+        )
+    )
+    assert not [
+        r
+        for r in shipped.find_resources("AWS::EC2::SecurityGroupIngress").values()
+        if "CidrIp" in r["Properties"] and r["Properties"]["GroupId"] == cluster_group
+    ]
+
+
+def _logical(template: Template, kind: str) -> str:
+    (logical,) = template.find_resources(kind)
+    return logical
 
 
 @pytest.mark.parametrize("name", ["default", "p5-capacity-block"])

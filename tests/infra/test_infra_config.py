@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.app import overrides_from_context
 from nvrx_eks.infra.config import ClusterConfig
-from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,10 +120,25 @@ def test_capacity_block_config_targets_its_block():
             r"gpu_availability_zone us-east-1f is not one of availability_zones",
         ),
         (
+            {"api_access": {"cidrs": ["0.0.0.0/0"]}},
+            r"api_access\.cidrs: 0\.0\.0\.0/0 admits every network routed into the VPC; list the ranges",
+        ),
+        (
+            {"api_access": {"cidrs": ["10.200.0.1/16"]}},
+            (
+                r"api_access\.cidrs: '10\.200\.0\.1/16' has host bits set; write the network address: "
+                r"10\.200\.0\.0/16"
+            ),
+        ),
+        (
+            {"api_access": {"security_group_ids": ["sg-12"]}},
+            r"api_access\.security_group_ids: 'sg-12' is not a security group id",
+        ),
+        (
             {"kubernetes_version": "1.29"},
             (
-                r"kubernetes_version: 1\.29 is not supported by the add-on pins in kitcore/pins\.py; "
-                rf"use one of {re.escape(', '.join(pins.SUPPORTED_KUBERNETES_VERSIONS))}"
+                r"kubernetes_version: 1\.29 is not supported by the add-on pins in infra/cluster_pins\.py; "
+                rf"use one of {re.escape(', '.join(cluster_pins.SUPPORTED_KUBERNETES_VERSIONS))}"
             ),
         ),
         (
@@ -139,7 +154,7 @@ def test_capacity_block_config_targets_its_block():
             (
                 r"gpu_node_groups\.0: a capacity_block group is created with min_size 0 and desired_size 0 "
                 r"\(got 0 / 2\); when the block is active, scale it: aws eks update-nodegroup-config "
-                r"--cluster-name CLUSTER --nodegroup-name gpu "
+                r"--region REGION --cluster-name CLUSTER --nodegroup-name gpu "
                 r"--scaling-config minSize=0,maxSize=2,desiredSize=2"
             ),
         ),
@@ -160,6 +175,9 @@ def test_capacity_block_config_targets_its_block():
         "desired-above-max",
         "missing-az",
         "az-not-in-vpc",
+        "api-access-anywhere",
+        "api-access-host-bits",
+        "api-access-group",
         "k8s-version",
         "capacity-block-created-above-zero",
         "block-without-id",
@@ -211,9 +229,11 @@ def test_unquoted_version_in_yaml_gets_a_fix(tmp_path):
     path.write_text(
         (CONFIGS / "default.yaml")
         .read_text()
-        .replace(f'kubernetes_version: "{pins.DEFAULT_KUBERNETES_VERSION}"', "kubernetes_version: 1.30")
+        .replace(
+            f'kubernetes_version: "{cluster_pins.DEFAULT_KUBERNETES_VERSION}"', "kubernetes_version: 1.30"
+        )
     )
-    quoted = re.escape(f'"{pins.DEFAULT_KUBERNETES_VERSION}"')
+    quoted = re.escape(f'"{cluster_pins.DEFAULT_KUBERNETES_VERSION}"')
     with pytest.raises(
         UserError, match=rf"kubernetes_version: write the version as a quoted string such as {quoted}"
     ):
@@ -236,3 +256,18 @@ def test_context_keys_the_cdk_cli_writes_are_accepted():
     )
     assert overrides == []
     load_model(ClusterConfig, path, overrides)
+
+
+def test_every_example_job_fits_an_example_cluster():
+    """Each GPU job values file of k8s/values runs, nodes and spares, on a GPU node group of the same
+    instance type in one of the example cluster configs (preflight's offline capacity check)."""
+    from nvrx_eks.infra.ops.preflight import Status, job_capacity  # noqa: PLC0415
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+
+    configs = [load_model(ClusterConfig, path) for path in sorted(CONFIGS.glob("*.yaml"))]
+    jobs = [load_values(path, []) for path in sorted((ROOT / "k8s" / "values").glob("*.yaml"))]
+    gpu_jobs = [job for job in jobs if job.profile.gpus]
+    assert gpu_jobs
+    for job in gpu_jobs:
+        checks = [job_capacity(config, job) for config in configs]
+        assert any(c.status is Status.PASS for c in checks), [c.detail for c in checks]

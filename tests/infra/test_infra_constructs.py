@@ -13,6 +13,7 @@ from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Annotations, Match, Template
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.addons import (
     IMAGE_BY_TAG_WARNING,
     KUEUE_VALUES,
@@ -383,7 +384,7 @@ def test_addon_with_missing_dependency_fails_at_synth():
         deploy_addons(ctx, [HelmAddon("kueue"), HelmAddon("kueue")])
 
 
-@pytest.mark.parametrize("kubernetes", pins.SUPPORTED_KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("kubernetes", cluster_pins.SUPPORTED_KUBERNETES_VERSIONS)
 def test_managed_addons_are_pinned_per_kubernetes_version(kubernetes):
     stack = Stack(App(), "Pinned", env=ENV)
     cluster = eks.Cluster.from_cluster_attributes(stack, "Cluster", cluster_name="test")
@@ -394,7 +395,7 @@ def test_managed_addons_are_pinned_per_kubernetes_version(kubernetes):
         "AWS::EKS::Addon",
         {
             "AddonName": "kube-proxy",
-            "AddonVersion": pins.EKS_ADDONS["kube-proxy"].version_for(kubernetes),
+            "AddonVersion": cluster_pins.EKS_ADDONS["kube-proxy"].version_for(kubernetes),
             "ResolveConflicts": "OVERWRITE",
         },
     )
@@ -429,10 +430,10 @@ def _at(values: dict, dotted: str) -> dict:
     return values
 
 
-def _charts_with(*, unpublished: tuple[str, ...]) -> dict[str, pins.ChartPin]:
+def _charts_with(*, unpublished: tuple[str, ...]) -> dict[str, cluster_pins.ChartPin]:
     """The pinned charts, each image by a digest made up from its reference, except the charts named."""
 
-    def digest(name: str, image: pins.ChartImage) -> str:
+    def digest(name: str, image: cluster_pins.ChartImage) -> str:
         made_up = f"sha256:{hashlib.sha256(image.reference.encode()).hexdigest()}"
         return pins.UNPUBLISHED_SHA256 if name in unpublished else made_up
 
@@ -440,19 +441,19 @@ def _charts_with(*, unpublished: tuple[str, ...]) -> dict[str, pins.ChartPin]:
         name: dataclasses.replace(
             chart, images=tuple(dataclasses.replace(i, digest=digest(name, i)) for i in chart.images)
         )
-        for name, chart in pins.HELM_CHARTS.items()
+        for name, chart in cluster_pins.HELM_CHARTS.items()
     }
 
 
 def test_every_helm_chart_is_given_a_digest_for_each_image_it_runs(monkeypatch):
     """The chart values name each image REPOSITORY + TAG@DIGEST, which every pinned chart's template joins
     to REPOSITORY:TAG@DIGEST: the DaemonSets and Deployments pull by digest."""
-    monkeypatch.setattr(pins, "HELM_CHARTS", _charts_with(unpublished=()))
+    monkeypatch.setattr(cluster_pins, "HELM_CHARTS", _charts_with(unpublished=()))
     stack = Stack(App(), "Charts", env=ENV)
     values = _chart_values(_helm_charts(stack))
-    assert set(values) == set(pins.HELM_CHARTS)
-    for name, chart in pins.HELM_CHARTS.items():
-        assert chart.images, f"{name}: list the images the chart runs in kitcore/pins.py"
+    assert set(values) == set(cluster_pins.HELM_CHARTS)
+    for name, chart in cluster_pins.HELM_CHARTS.items():
+        assert chart.images, f"{name}: list the images the chart runs in infra/cluster_pins.py"
         for image in chart.images:
             assert _at(values[name], image.values_key) == {
                 "repository": image.repository,
@@ -465,10 +466,10 @@ def test_every_helm_chart_is_given_a_digest_for_each_image_it_runs(monkeypatch):
 
 
 def test_a_chart_image_without_a_digest_is_pulled_by_tag_and_synth_warns_naming_image_pin(monkeypatch):
-    monkeypatch.setattr(pins, "HELM_CHARTS", _charts_with(unpublished=("kueue",)))
+    monkeypatch.setattr(cluster_pins, "HELM_CHARTS", _charts_with(unpublished=("kueue",)))
     stack = Stack(App(), "ByTag", env=ENV)
     values = _chart_values(_helm_charts(stack))
-    (image,) = pins.HELM_CHARTS["kueue"].images
+    (image,) = cluster_pins.HELM_CHARTS["kueue"].images
     assert _at(values["kueue"], image.values_key) == {"repository": image.repository, "tag": image.tag}
     (warning,) = Annotations.from_stack(stack).find_warning("*", Match.any_value())
     assert warning.id.endswith("/chart-Kueue")

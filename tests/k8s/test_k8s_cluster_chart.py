@@ -162,13 +162,13 @@ def test_kueue_flavor_admits_to_verified_nodes_only(docs, cluster_objects):
 
 
 def test_kueue_objects_are_on_the_api_version_the_pinned_release_serves(docs):
+    from nvrx_eks.infra import cluster_pins  # noqa: PLC0415
     from nvrx_eks.k8s.cluster_chart import KUEUE_API_VERSION  # noqa: PLC0415
-    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
     kueue = [d for d in docs if d["kind"] in {"ResourceFlavor", "ClusterQueue", "LocalQueue"}]
     assert len(kueue) == 3
     assert {d["apiVersion"] for d in kueue} == {KUEUE_API_VERSION} == {"kueue.x-k8s.io/v1beta2"}
-    minor = tuple(int(x) for x in pins.HELM_CHARTS["kueue"].version.split(".")[:2])
+    minor = tuple(int(x) for x in cluster_pins.HELM_CHARTS["kueue"].version.split(".")[:2])
     assert minor >= (0, 19)  # serves v1beta2 only; WaitForPodsReady on by default
 
 

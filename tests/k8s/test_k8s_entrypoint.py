@@ -70,7 +70,13 @@ def test_the_selfcheck_proves_the_checkpointer_the_scripts_ranks_read_from_their
     (job,) = [d for d in docs if d["kind"] == "Job"]
     pod = job["spec"]["template"]["spec"]
     check = next(c for c in pod["initContainers"] if c["name"] == "selfcheck")
-    assert check["command"] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    # No --config: the script's ranks read theirs from the env; --store: where node problems are compared.
+    assert check["command"] == [
+        "python",
+        "-m",
+        "nvrx_eks.training.node.selfcheck",
+        "--store=nvrx-hf-llama-rdzv:29400",
+    ]
     env = {e["name"]: e.get("value") for e in check["env"]}
     ranks = api.load_config(env).effective_checkpoint()
     assert selfcheck.checkpoint_config(selfcheck.parse_args([], env), env) == ranks

@@ -111,7 +111,9 @@ def test_p5_pod_resources_from_profile(rendered):
     # The self-check sees what the ranks will: the same devices, env and mounts (all but the topology
     # file, which the topology init container writes after it).
     assert check["resources"] == c["resources"]
-    assert check["env"] == [e for e in c["env"] if e["name"] != "NVRX_EKS_TOPOLOGY_FILE"]
+    # ... and its node's name, under which it records a node problem for the other pods to compare.
+    node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert check["env"] == [*(e for e in c["env"] if e["name"] != "NVRX_EKS_TOPOLOGY_FILE"), node_name]
     assert check["volumeMounts"] == [m for m in c["volumeMounts"] if m["name"] != "topology"]
     assert env["NVRX_EKS_INSTANCE_PROFILE"] == "p5.48xlarge"
     # Host RAM tier: the pod's own tmpfs, a quarter of the profile's memory, plus /dev/shm within the limit.

@@ -63,10 +63,10 @@ def published_pins(url: str, headers) -> object:
     """Helm repositories that publish every pinned chart version (no test reaches the network)."""
     import yaml  # noqa: PLC0415
 
+    from nvrx_eks.infra import cluster_pins  # noqa: PLC0415
     from nvrx_eks.infra.ops.charts import Answer  # noqa: PLC0415
-    from nvrx_eks.kitcore import pins  # noqa: PLC0415
 
-    for pin in pins.HELM_CHARTS.values():
+    for pin in cluster_pins.HELM_CHARTS.values():
         if url == f"{pin.repository.rstrip('/')}/index.yaml":
             index = {
                 "apiVersion": "v1",

@@ -7,15 +7,15 @@ import json
 
 import yaml
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.ops import charts
 from nvrx_eks.infra.ops.charts import Answer
 from nvrx_eks.infra.ops.preflight import CHART_CHECK, Status, chart_version
-from nvrx_eks.kitcore import pins
 
-HTTP_PIN = pins.ChartPin(
+HTTP_PIN = cluster_pins.ChartPin(
     chart="dcgm-exporter", repository="https://example.test/charts", version="4.1.1", namespace="x"
 )
-OCI_PIN = pins.ChartPin(
+OCI_PIN = cluster_pins.ChartPin(
     chart="kueue", repository="oci://registry.test/kueue/charts/kueue", version="0.19.3", namespace="x"
 )
 MANIFEST = "https://registry.test/v2/kueue/charts/kueue/manifests/0.19.3"
@@ -49,7 +49,7 @@ def test_a_version_the_index_lacks_fails_naming_what_it_publishes(monkeypatch):
     assert row.detail == (
         "https://example.test/charts does not publish dcgm-exporter 4.1.1; it publishes 4.2.0, 4.1.0"
     )
-    assert "kitcore/pins.py HELM_CHARTS" in row.fix
+    assert "infra/cluster_pins.py HELM_CHARTS" in row.fix
 
 
 def test_an_oci_chart_is_read_with_the_registrys_anonymous_token(monkeypatch):

@@ -179,9 +179,13 @@ def test_submit_applies_the_rendered_manifests_server_side(manifests):
 def test_an_existing_job_is_refused_unless_replaced(manifests):
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "demo", "namespace": "training"}}
     client, rec = _client({("GET", JOB_PATH): [(200, job)]})
-    with pytest.raises(UserError, match=r"already exists .* --replace"):
-        jobs.submit(client, manifests, namespace="training", wait=False)
+    with pytest.raises(UserError, match=r"already exists .* --replace") as refused:
+        jobs.submit(
+            client, manifests, namespace="training", wait=False, reach=" --stack s --region us-east-2"
+        )
     assert rec.writes() == []
+    # The command it suggests reaches the cluster the way the submit did.
+    assert "`nvrx-eks job status demo -n training --stack s --region us-east-2`" in str(refused.value)
 
     client, rec = _client({("GET", JOB_PATH): [(200, job), (200, job), (404, {"message": "gone"})]})
     client.rest_client.routes[("DELETE", JOB_PATH)] = [(200, {"kind": "Status"})]
@@ -409,6 +413,49 @@ def test_eks_client_authenticates_with_a_fresh_token(plain_session):
     jobs.list_pods(client, namespace="training", selector="nvrx-eks/job=demo")
     authorization = recorder.calls[0].headers["authorization"]
     assert authorization.startswith(f"Bearer {TOKEN_PREFIX}")
+
+
+def test_a_tunnel_sends_the_requests_to_the_local_port_and_checks_the_endpoints_name(plain_session):
+    """From a workstation: an SSM port-forwarding session forwards a local port to the private
+    endpoint; the client connects there and still verifies the certificate as the endpoint's."""
+    from botocore.stub import Stubber  # noqa: PLC0415
+
+    from nvrx_eks.infra.ops.kube import eks_api_client  # noqa: PLC0415
+
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-checked-offline\n-----END CERTIFICATE-----\n")
+    with Stubber(plain_session.client("eks")) as stubber:
+        stubber.add_response(
+            "describe_cluster",
+            {
+                "cluster": {
+                    "name": "nvrx-eks",
+                    "endpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com",
+                    "certificateAuthority": {"data": ca.decode()},
+                }
+            },
+            {"name": "nvrx-eks"},
+        )
+        client = eks_api_client(plain_session, "nvrx-eks", tunnel_port=8443)
+    assert client.configuration.host == "https://127.0.0.1:8443"
+    assert client.configuration.tls_server_name == "ABC.gr7.us-east-1.eks.amazonaws.com"
+    assert client.configuration.verify_ssl
+
+
+def test_a_tunnel_without_an_eks_cluster_to_name_is_refused():
+    from nvrx_eks.infra.ops import commands  # noqa: PLC0415
+
+    with pytest.raises(UserError, match="--tunnel needs --stack or --cluster"):
+        commands._api_client(
+            cluster=None, kubeconfig=None, context=None, profile=None, region=None, tunnel=8443
+        )
+
+
+def test_the_next_command_reaches_the_cluster_as_this_one_did():
+    from nvrx_eks.infra.ops import commands  # noqa: PLC0415
+
+    reach = commands._reach(stack="s", cluster=None, region="us-east-2", profile=None, tunnel=8443)
+    assert reach == " --stack s --region us-east-2 --tunnel 8443"
+    assert commands._reach(stack=None, cluster=None, region="r", profile=None, tunnel=None) == ""
 
 
 def test_missing_eks_cluster_is_a_user_error(plain_session):

@@ -13,6 +13,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.addon_values import MANAGED_ADDON_CONFIGURATION
 from nvrx_eks.infra.ops.aws import ServiceError
 from nvrx_eks.infra.ops.preflight import (
@@ -352,19 +353,16 @@ gpu_node_groups:
 def _with_chart_digests(monkeypatch, *, unpublished: tuple[str, ...] = ()) -> None:
     """Every chart image pinned by a digest (one made up from its reference), except the charts named."""
 
-    def pinned(name: str, image: pins.ChartImage) -> pins.ChartImage:
+    def pinned(name: str, image: cluster_pins.ChartImage) -> cluster_pins.ChartImage:
         if name in unpublished:
             return dataclasses.replace(image, digest=pins.UNPUBLISHED_SHA256)
         return dataclasses.replace(image, digest=f"sha256:{hashlib.sha256(image.tag.encode()).hexdigest()}")
 
     charts = {
         name: dataclasses.replace(chart, images=tuple(pinned(name, i) for i in chart.images))
-        for name, chart in pins.HELM_CHARTS.items()
+        for name, chart in cluster_pins.HELM_CHARTS.items()
     }
-    monkeypatch.setattr(pins, "HELM_CHARTS", charts)
-
-
-CLI_GROUPS = ("g6-dev", "p5-ondemand")
+    monkeypatch.setattr(cluster_pins, "HELM_CHARTS", charts)
 
 
 @pytest.fixture
@@ -392,16 +390,16 @@ def preflight_cli(moto_session, monkeypatch, tmp_path):
 
 def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 0, result.output
     assert "fail" not in result.output
     # credentials + Kubernetes support + 2 x (offered, EFA) + 2 quotas + one row per pinned add-on, per
     # chart version and per chart image, and the line saying the pass was recorded for `cdk deploy`
     table, recorded = result.output.split("preflight passed; recorded in")
-    images = sum(len(chart.images) for chart in pins.HELM_CHARTS.values())
+    images = sum(len(chart.images) for chart in cluster_pins.HELM_CHARTS.values())
     # + 2 x live node group size (not deployed yet)
-    assert table.count("pass") == 10 + len(pins.EKS_ADDONS) + len(pins.HELM_CHARTS) + images
+    assert table.count("pass") == 10 + len(cluster_pins.EKS_ADDONS) + len(cluster_pins.HELM_CHARTS) + images
     assert table.count("not deployed yet") == 2
     # The node check by tag (no node_check.image_digest) warns and does not stop the pass.
     assert table.count("warn") == 1
@@ -410,7 +408,7 @@ def test_preflight_cli_passes_with_enough_quota(preflight_cli, moto_session):
 
 def test_preflight_cli_exits_3_naming_the_failure_and_fix(preflight_cli, moto_session, tmp_path):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1000))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     result = preflight_cli()
     assert result.exit_code == 3
     assert "FAIL On-Demand vCPU quota [Running On-Demand P instances]" in result.output
@@ -429,7 +427,7 @@ def test_preflight_cli_records_its_pass_for_cdk_deploy(preflight_cli, moto_sessi
 
     record = tmp_path / "state" / "preflight" / "nvrx-eks.json"
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     assert preflight_cli().exit_code == 0
     data = json.loads(record.read_text())
     config = load_model(ClusterConfig, tmp_path / "cluster.yaml")
@@ -446,7 +444,7 @@ def test_a_kubernetes_version_out_of_standard_support_fails_naming_the_fix(plain
     row = _by_check(results, "Kubernetes standard support", "1.35")
     assert row.status is Status.FAIL
     assert row.detail == "Kubernetes 1.35 is EXTENDED_SUPPORT (standard support ends 2027-03-27)"
-    assert "kitcore/pins.py" in row.fix
+    assert "infra/cluster_pins.py" in row.fix
 
 
 def test_configuration_values_the_addon_schema_refuses_fail_naming_the_field(plain_session):
@@ -574,24 +572,12 @@ def _configuration_schema(stubber: Stubber, name: str, version: str, schema: dic
     )
 
 
-def _stub_pinned_addons(
-    session,
-    kubernetes: str,
-    offered: dict[str, list[str]] | None = None,
-    *,
-    node_groups: tuple[str, ...] = (),
-) -> Stubber:
+def _stub_pinned_addons(session, kubernetes: str, offered: dict[str, list[str]] | None = None) -> Stubber:
     """One describe-addon-versions answer per pinned add-on, in pin order: the pin itself unless
-    `offered` says otherwise; before them, `node_groups` not deployed yet (their live size rows)."""
+    `offered` says otherwise. (The node groups' live size rows ask CloudFormation, which holds no
+    stack yet: not deployed.)"""
     stubber = _standard_support(Stubber(session.client("eks")), kubernetes)
-    for group in node_groups:
-        stubber.add_client_error(
-            "describe_nodegroup",
-            service_error_code="ResourceNotFoundException",
-            http_status_code=404,
-            expected_params={"clusterName": "nvrx-eks", "nodegroupName": group},
-        )
-    for pin in pins.EKS_ADDONS.values():
+    for pin in cluster_pins.EKS_ADDONS.values():
         versions = (offered or {}).get(pin.name, [pin.version_for(kubernetes)])
         stubber.add_response(
             "describe_addon_versions",
@@ -632,7 +618,7 @@ def test_target_checks_every_pinned_addon_at_the_clusters_version(tmp_path):
     target = target_from_config(load_model(ClusterConfig, config_file))
     assert target.kubernetes_version == "1.35"
     assert {(a.name, a.version) for a in target.addons} == {
-        (pin.name, pin.version_for("1.35")) for pin in pins.EKS_ADDONS.values()
+        (pin.name, pin.version_for("1.35")) for pin in cluster_pins.EKS_ADDONS.values()
     }
 
 
@@ -659,7 +645,7 @@ def test_an_addon_version_eks_does_not_offer_fails_listing_the_valid_ones(plain_
     assert row.status is Status.FAIL
     assert "v1.19.0-eksbuild.1 is not offered for Kubernetes 1.35" in row.detail
     assert "valid: v1.21.1-eksbuild.3, v1.21.0-eksbuild.4, v1.20.4-eksbuild.1" in row.detail
-    assert "kitcore/pins.py" in row.fix
+    assert "infra/cluster_pins.py" in row.fix
 
 
 def test_an_offered_pin_passes_and_an_unknown_addon_fails(plain_session):
@@ -722,7 +708,7 @@ def _image_rows(tmp_path, *overrides: str) -> dict:
 def test_a_chart_image_pulled_by_tag_fails_naming_image_pin_and_one_by_digest_passes(tmp_path, monkeypatch):
     _with_chart_digests(monkeypatch, unpublished=("dcgm-exporter",))
     rows = _image_rows(tmp_path)
-    for name, chart in pins.HELM_CHARTS.items():
+    for name, chart in cluster_pins.HELM_CHARTS.items():
         for image in chart.images:
             row = rows[f"{name}: {image.values_key}"]
             assert row.check == IMAGE_CHECK
@@ -754,11 +740,11 @@ def test_preflight_cli_fails_on_a_chart_image_by_tag_and_records_nothing(
     preflight_cli, moto_session, tmp_path, monkeypatch
 ):
     _stub_quotas(moto_session, (G_QUOTA, 128), (P_QUOTA, 1536))
-    _stub_pinned_addons(moto_session, pins.DEFAULT_KUBERNETES_VERSION, node_groups=CLI_GROUPS)
+    _stub_pinned_addons(moto_session, cluster_pins.DEFAULT_KUBERNETES_VERSION)
     _with_chart_digests(monkeypatch, unpublished=("aws-efa-k8s-device-plugin",))
     result = preflight_cli()
     assert result.exit_code == 3
-    (image,) = pins.HELM_CHARTS["aws-efa-k8s-device-plugin"].images
+    (image,) = cluster_pins.HELM_CHARTS["aws-efa-k8s-device-plugin"].images
     assert f"FAIL {IMAGE_CHECK} [aws-efa-k8s-device-plugin: image]: {image.reference} is pulled by tag" in (
         result.output
     )
@@ -786,38 +772,91 @@ def test_offline_checks_fail_first_without_asking_for_credentials(preflight_cli,
     assert "credentials" not in result.output
 
 
-def _live_group(session, *, min_size: int, max_size: int, desired: int) -> None:
-    eks = session.client("eks")
-    eks.create_cluster(name="nvrx-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={})
-    eks.create_nodegroup(
-        clusterName="nvrx-eks",
-        nodegroupName="p5",
-        nodeRole="arn:aws:iam::123456789012:role/node",
-        subnets=["subnet-1"],
-        scalingConfig={"minSize": min_size, "maxSize": max_size, "desiredSize": desired},
-    )
+def _deployed(session, *, template: tuple[int, int, int], live: tuple[int, int, int] | None) -> dict:
+    """The stack as CloudFormation deployed it (its node group's min/max/desired in the template) and
+    the node group as it runs (scaled by hand since, perhaps)."""
+    low, high, want = template
+    # What GetTemplate answers (moto cannot deploy an EKS node group from a template).
+    deployed = {
+        "Resources": {
+            "Nodegroup": {
+                "Type": "AWS::EKS::Nodegroup",
+                "Properties": {
+                    "NodegroupName": "p5",
+                    "ScalingConfig": {"MinSize": low, "MaxSize": high, "DesiredSize": want},
+                },
+            }
+        }
+    }
+    if live is not None:
+        low, high, want = live
+        eks = session.client("eks")
+        eks.create_cluster(
+            name="nvrx-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={}
+        )
+        eks.create_nodegroup(
+            clusterName="nvrx-eks",
+            nodegroupName="p5",
+            nodeRole="arn:aws:iam::123456789012:role/node",
+            subnets=["subnet-1"],
+            scalingConfig={"minSize": low, "maxSize": high, "desiredSize": want},
+        )
+    return deployed
 
 
-def _live_row(session, **group):
+def _live_row(session, deployed: dict | None = None, **group):
     target = dataclasses.replace(
-        _target(NodeGroupTarget(name="p5", instance_type="p5.48xlarge", **group)), cluster_name="nvrx-eks"
+        _target(NodeGroupTarget(name="p5", instance_type="p5.48xlarge", **group)),
+        cluster_name="nvrx-eks",
+        stack_name="nvrx-eks",
     )
+    cfn = session.client("cloudformation")
+    if deployed is not None:
+        stubber = Stubber(cfn)
+        stubber.add_response(
+            "get_template",
+            {"TemplateBody": json.dumps(deployed)},
+            {"StackName": "nvrx-eks", "TemplateStage": "Original"},
+        )
+        with stubber:
+            return Preflight(session=session, target=target)._live_size(target.node_groups[0])
     return Preflight(session=session, target=target)._live_size(target.node_groups[0])
 
 
 def test_a_deploy_that_would_shrink_a_group_running_a_job_fails(moto_session):
-    # Scaled by hand to 2 for a job; the config raises max to 4 and keeps desired 0: CloudFormation
-    # would write min 0 / max 4 / desired 0 and take both nodes away.
-    _live_group(moto_session, min_size=0, max_size=2, desired=2)
-    row = _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=0)
+    # Deployed at 0/2/0, scaled by hand to 2 for a job; the config raises max to 4 and keeps desired 0:
+    # CloudFormation writes min 0 / max 4 / desired 0 and takes both nodes away.
+    deployed = _deployed(moto_session, template=(0, 2, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=4, desired_nodes=0)
     assert row.status is Status.FAIL
     assert row.detail == (
-        "runs 2 nodes; the deploy changes its min/max (0/2 -> 0/4) and so writes desired size 0, removing 2"
+        "runs 2 nodes; the deploy changes the template's min/max/desired (0/2/0 -> 0/4/0) and so writes "
+        "desired size 0, removing 2"
     )
-    # Bounds as deployed: the deploy leaves the scaling alone.
-    assert _live_row(moto_session, min_nodes=0, max_nodes=2, desired_nodes=0).status is Status.PASS
+    assert "(0/2/0)" in row.fix
+    # The template's scaling as deployed: CloudFormation leaves the group alone.
+    assert _live_row(moto_session, deployed, min_nodes=0, max_nodes=2, desired_nodes=0).status is Status.PASS
     # A desired size that keeps the running nodes passes too.
-    assert _live_row(moto_session, min_nodes=0, max_nodes=4, desired_nodes=2).status is Status.PASS
+    assert _live_row(moto_session, deployed, min_nodes=0, max_nodes=4, desired_nodes=2).status is Status.PASS
+
+
+def test_a_hand_edit_recorded_in_the_config_is_a_template_change(moto_session):
+    """Scaled by hand to min 0 / max 2 / desired 2 and the config edited to max 2 to match: the live
+    bounds equal the config's, yet the template's change from max 1 still writes desired 0 (a check of
+    live min/max against the config passed this)."""
+    deployed = _deployed(moto_session, template=(0, 1, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=2, desired_nodes=0)
+    assert row.status is Status.FAIL
+    assert "removing 2" in row.detail
+
+
+def test_a_hand_edit_the_config_does_not_record_leaves_the_deploy_alone(moto_session):
+    """Scaled by hand to 0/2/2 and the config left as deployed (0/1/0): the template does not change, so
+    CloudFormation does not touch the group (a check of live min/max against the config refused this)."""
+    deployed = _deployed(moto_session, template=(0, 1, 0), live=(0, 2, 2))
+    row = _live_row(moto_session, deployed, min_nodes=0, max_nodes=1, desired_nodes=0)
+    assert row.status is Status.PASS
+    assert "unchanged" in row.detail
 
 
 def test_a_group_not_deployed_yet_passes(moto_session):

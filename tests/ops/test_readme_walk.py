@@ -2,14 +2,19 @@
 
 Each command of the block runs as a user would type it: the `nvrx-eks` commands are the real ones (in
 process), against moto (STS, ECR, EKS, CloudFormation, EC2) with the calls moto lacks answered from
-the account's facts below (the Capacity Block, quotas, the add-on versions EKS offers); `npx cdk
+the account's facts below (the Capacity Block, quotas) and from a dated record of what AWS and the
+chart repositories publish (tests/ops/published.yaml: the Kubernetes versions, the add-on versions EKS
+offers and their configuration schemas, each chart's published versions), never from the pins, so a
+pin nothing publishes fails the walk; `npx cdk
 deploy` synthesizes the real app (its deploy gate included) and "deploys" the template: the resources
 the later steps use are created in moto and the stack's outputs resolved from the template; `aws eks
 update-nodegroup-config` scales the stand-in node group; the container engine behind `image build` /
 `image push` is a stand-in that builds nothing and pushes a manifest per tag into moto's ECR; and a
-stand-in Kubernetes API serves `job submit` and `job status`: it admits only an EKS token signed by a
-principal that has an access entry in the deployed template, and runs a pod only if its image is in
-the repository by digest and a node is there for it.
+stand-in Kubernetes API serves `job submit` and `job status`: it answers only the user's network if the
+deployed cluster security group admits it on 443 (the endpoint is private), admits only an EKS token
+signed by a principal that has an access entry in the deployed template, and runs a pod only if its
+image is in the repository by digest and a node is there for it. The environment names no Region, as
+on a workstation whose default is another: a command that needs one gets it from the README.
 
 The user's own facts enter where the README names them: the upper-case placeholders (ACCOUNT, REGION)
 and the fields a `# edit FILE: field, ...` line tells them to set. Anything else the README leaves
@@ -43,20 +48,32 @@ from kubernetes.client.rest import RESTClientObject, RESTResponse
 from moto import mock_aws
 from typer.testing import CliRunner
 
+from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra.ops.aws import AwsSession
 from nvrx_eks.kitcore import pins
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"  # moto's account
 REGION = "us-east-2"
-# The stand-in account's Capacity Block: not the example config's id, nor its zone.
+# The stand-in account's Capacity Block: not the example config's id, nor its zone, nor one of the
+# example's availability zones.
 BLOCK_ID = "cr-0f1e2d3c4b5a69788"
-BLOCK_ZONE = "us-east-2a"
+BLOCK_ZONE = "us-east-2c"
 BLOCK_SIZE = 2
+# The user works from their VPN, whose client range reaches the VPC (not the VPC itself).
+USER_NETWORK = "10.200.0.0/16"
+USER_ADDRESS = "10.200.7.9"
 # What the user substitutes for the README's placeholders.
 PLACEHOLDERS = {"ACCOUNT": ACCOUNT, "REGION": REGION}
 # What the user writes into the fields a `# edit FILE: ...` line names (the last dotted part decides).
-USER_FIELDS = {"reservation_id": BLOCK_ID, "gpu_availability_zone": BLOCK_ZONE}
+USER_FIELDS: dict[str, object] = {
+    "reservation_id": BLOCK_ID,
+    "gpu_availability_zone": BLOCK_ZONE,
+    "availability_zones": [BLOCK_ZONE, "us-east-2a"],
+    "cidrs": [USER_NETWORK],
+}
+PUBLISHED = yaml.safe_load((Path(__file__).with_name("published.yaml")).read_text())
+"""What AWS and the chart repositories publish, recorded on PUBLISHED["recorded"]."""
 API_HOST = "https://api.nvrx-eks.stand-in"
 
 
@@ -109,14 +126,67 @@ def readme_steps(text: str) -> list[Command | Edit]:
 
 
 def _addon_versions(params: dict) -> dict:
-    kubernetes = params["kubernetesVersion"]
-    pin = pins.EKS_ADDONS[params["addonName"]]
-    version = {
-        "addonVersion": pin.version_for(kubernetes),
-        "architecture": ["amd64", "arm64"],
-        "compatibilities": [{"clusterVersion": kubernetes, "defaultVersion": True}],
+    kubernetes, name = params["kubernetesVersion"], params["addonName"]
+    offered = PUBLISHED["eks_addons"].get(name, {}).get(kubernetes, {}).get("versions", [])
+    versions = [
+        {
+            "addonVersion": version,
+            "architecture": ["amd64", "arm64"],
+            "compatibilities": [{"clusterVersion": kubernetes, "defaultVersion": i == 0}],
+        }
+        for i, version in enumerate(offered)
+    ]
+    return {
+        "addons": [{"addonName": name, "type": "networking", "addonVersions": versions}] if versions else []
     }
-    return {"addons": [{"addonName": pin.name, "type": "networking", "addonVersions": [version]}]}
+
+
+def _addon_configuration(params: dict) -> dict:
+    schema = PUBLISHED["addon_configuration"].get(params["addonName"])
+    if schema is None:
+        raise _ClientError(
+            "InvalidParameterException", f"no configuration recorded for {params['addonName']}"
+        )
+    return {
+        "addonName": params["addonName"],
+        "addonVersion": params["addonVersion"],
+        "configurationSchema": json.dumps(schema),
+    }
+
+
+def _cluster_versions(params: dict) -> dict:
+    found = []
+    for version in params["clusterVersions"]:
+        recorded = PUBLISHED["kubernetes"].get(version)
+        if recorded is not None:
+            found.append(
+                {
+                    "clusterVersion": version,
+                    "versionStatus": recorded["status"],
+                    "endOfStandardSupportDate": recorded["standard_support_ends"],
+                }
+            )
+    return {"clusterVersions": found}
+
+
+def _chart_repository(url: str, headers: Any) -> Any:
+    """The Helm repositories as recorded: an HTTP repository's index.yaml, an OCI registry's tags."""
+    from nvrx_eks.infra.ops.charts import Answer  # noqa: PLC0415
+
+    for repository, charts in PUBLISHED["helm"].items():
+        if url == f"{repository.rstrip('/')}/index.yaml":
+            entries = {
+                chart: [{"name": chart, "version": v} for v in versions] for chart, versions in charts.items()
+            }
+            return Answer(200, yaml.safe_dump({"apiVersion": "v1", "entries": entries}).encode())
+        host, _, path = repository.removeprefix("oci://").partition("/")
+        for versions in charts.values():
+            for version in versions:
+                if url == f"https://{host}/v2/{path}/manifests/{version}":
+                    return Answer(200, b"{}")
+        if url.startswith(f"https://{host}/v2/{path}/manifests/"):
+            return Answer(404)
+    return Answer(404)
 
 
 def _reservations(params: dict) -> dict:
@@ -149,17 +219,9 @@ class _ClientError(Exception):
 
 
 FACTS = {
-    "DescribeClusterVersions": lambda p: {
-        "clusterVersions": [
-            {"clusterVersion": v, "versionStatus": "STANDARD_SUPPORT"} for v in p["clusterVersions"]
-        ]
-    },
+    "DescribeClusterVersions": _cluster_versions,
     "DescribeAddonVersions": _addon_versions,
-    "DescribeAddonConfiguration": lambda p: {
-        "addonName": p["addonName"],
-        "addonVersion": p["addonVersion"],
-        "configurationSchema": json.dumps({"type": "object"}),
-    },
+    "DescribeAddonConfiguration": _addon_configuration,
     "DescribeCapacityReservations": _reservations,
     "GetServiceQuota": _quota,
 }
@@ -269,6 +331,23 @@ class Deployed:
     def of_type(self, kind: str) -> dict[str, dict]:
         return {k: r for k, r in self.resources.items() if r["Type"] == kind}
 
+    def api_admits(self, address: str) -> bool:
+        """Whether the cluster security group admits `address` on 443: the private endpoint's network
+        interfaces carry that group, so nothing else reaches the API (being in the VPC is not enough)."""
+        import ipaddress  # noqa: PLC0415
+
+        (cluster,) = self.of_type("AWS::EKS::Cluster")
+        group = {"Fn::GetAtt": [cluster, "ClusterSecurityGroupId"]}
+        for rule in self.of_type("AWS::EC2::SecurityGroupIngress").values():
+            props = rule["Properties"]
+            if props["GroupId"] != group or props.get("IpProtocol") != "tcp" or "CidrIp" not in props:
+                continue
+            if props["FromPort"] <= 443 <= props["ToPort"] and ipaddress.ip_address(
+                address
+            ) in ipaddress.ip_network(props["CidrIp"]):
+                return True
+        return False
+
     def admin_principals(self) -> set[str]:
         """Principals an access entry of the template gives cluster admin."""
         found = set()
@@ -320,6 +399,8 @@ class StandInCluster:
 
     session: boto3.Session
     admins: set[str] = field(default_factory=set)
+    reachable: bool = False
+    """Whether the user's network reaches the private endpoint (the deployed security group's 443 rules)."""
     nodes: int = 0
     objects: dict[tuple[str, str], dict] = field(default_factory=dict)
 
@@ -548,9 +629,9 @@ class Walk:
                     dataclasses.replace(i, digest=digest(i.repository + i.tag)) for i in chart.images
                 ),
             )
-            for name, chart in pins.HELM_CHARTS.items()
+            for name, chart in cluster_pins.HELM_CHARTS.items()
         }
-        self.monkeypatch.setattr(pins, "HELM_CHARTS", charts)
+        self.monkeypatch.setattr(cluster_pins, "HELM_CHARTS", charts)
 
     def engine(self, argv: list[str], **_: Any) -> str:
         """The container engine: builds record the local image, pushes put a manifest into ECR."""
@@ -607,12 +688,15 @@ class Walk:
         assert not refused, f"CloudFormation refuses the template: {refused}"
         self.deployed.create_in(self.session)
         self.cluster.admins = self.deployed.admin_principals()
+        self.cluster.reachable = self.deployed.api_admits(USER_ADDRESS)
 
     # aws: the one AWS CLI call of the steps, against the deployed stack
     def _aws(self, argv: list[str]) -> None:
         assert argv[1:3] == ["eks", "update-nodegroup-config"], f"no stand-in for `{shlex.join(argv)}`"
         assert self.deployed is not None, f"`{shlex.join(argv)}` before the deploy"
         options = dict(zip(argv[3::2], argv[4::2], strict=True))
+        # The AWS CLI asks the Region the environment names, which is none (or another) here.
+        assert options.get("--region") == REGION, "no --region: the AWS CLI would look in the default Region"
         outputs = self.deployed.outputs()
         assert options["--cluster-name"] == outputs["ClusterName"], f"no cluster {options['--cluster-name']}"
         groups = json.loads(outputs["GpuNodeGroups"])
@@ -623,9 +707,13 @@ class Walk:
 
 @pytest.fixture
 def walk(aws_env, monkeypatch, tmp_path):
-    monkeypatch.setenv("AWS_REGION", REGION)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    # No Region in the environment: every command that needs one must be given it by the README.
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION", "CDK_DEFAULT_REGION"):
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("NVRX_EKS_STATE_DIR", str(tmp_path / ".nvrx-eks"))
+    from nvrx_eks.infra.ops import charts  # noqa: PLC0415
+
+    monkeypatch.setattr(charts, "http_get", _chart_repository)
     for folder in ("infra", "k8s", "images", "training", "kitcore"):
         (tmp_path / folder).symlink_to(ROOT / folder)
     monkeypatch.chdir(tmp_path)
@@ -649,6 +737,9 @@ def walk(aws_env, monkeypatch, tmp_path):
         def request(
             _self: Any, method: str, url: str, headers: Any = None, body: Any = None, **_: Any
         ) -> Any:
+            if not walker.cluster.reachable:
+                reason = urllib3.exceptions.ConnectTimeoutError(None, f"{USER_ADDRESS} -> {url}: timed out")
+                raise urllib3.exceptions.MaxRetryError(None, url, reason)  # type: ignore[arg-type]
             status, payload = walker.cluster.handle(method, url, dict(headers or {}), body)
             raw = urllib3.HTTPResponse(
                 body=json.dumps(payload).encode(), status=status, headers={"Content-Type": "application/json"}
@@ -688,6 +779,40 @@ def test_the_readme_aws_steps_work_in_order(walk):
     # The walk ends with the job's pods running on the cluster the README deployed.
     assert walk.cluster.objects, "no job was applied"
     assert os.environ.get("NVRX_EKS_CDK_COMMAND") is None
+
+
+@pytest.mark.parametrize(
+    "unpublished",
+    [
+        ("chart", "kueue", "0.19.99"),
+        ("addon", "vpc-cni", "v9.9.9-eksbuild.1"),
+    ],
+)
+def test_a_pin_nothing_publishes_fails_the_walk_at_preflight(walk, monkeypatch, unpublished):
+    """The walk's account and chart repositories answer from the dated record, not from the pins: a pin
+    the record does not list fails preflight, as it would fail against AWS."""
+    from nvrx_eks.infra import cluster_pins  # noqa: PLC0415
+
+    kind, name, version = unpublished
+    if kind == "chart":
+        moved = dataclasses.replace(cluster_pins.HELM_CHARTS[name], version=version)
+        monkeypatch.setattr(cluster_pins, "HELM_CHARTS", {**cluster_pins.HELM_CHARTS, name: moved})
+    else:
+        pin = cluster_pins.EKS_ADDONS[name]
+        versions = {k: dataclasses.replace(v, version=version) for k, v in pin.versions.items()}
+        moved = dataclasses.replace(pin, versions=versions)
+        monkeypatch.setattr(cluster_pins, "EKS_ADDONS", {**cluster_pins.EKS_ADDONS, name: moved})
+    steps = readme_steps((ROOT / "README.md").read_text())
+    with pytest.raises(AssertionError, match=rf"(?s)nvrx-eks preflight.*exited 3.*{re.escape(version)}"):
+        _run_all(walk, steps)
+
+
+def _run_all(walk: Walk, steps: list[Command | Edit]) -> None:
+    for step in steps:
+        try:
+            walk.run(step)
+        except AssertionError as exc:
+            raise AssertionError(f"{step}: {exc}") from None
 
 
 def test_the_walk_reads_every_command_of_the_block():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import resource
 import subprocess
 import sys
 from typing import Any
@@ -177,6 +178,9 @@ def host(tmp_path) -> Host:
         device.mkdir(parents=True)
         (device / "driver").symlink_to(drivers)
         (host_dev / "infiniband" / f"uverbs{i}").touch()
+    plugin_dir = tmp_path / "opt" / "aws-ofi-nccl" / "lib"
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "libnccl-net-ofi.so").touch()
     return Host(
         gpu_dev_root=dev,
         sys_root=sys_root,
@@ -184,6 +188,11 @@ def host(tmp_path) -> Host:
         nvme_path=tmp_path / "nvme",
         run=Tools(),
         statvfs=lambda _path: _Stat(P5.nvme_total_gib * 0.98),
+        # The training image's environment, the limit the GPU nodes' NodeConfig gives every container,
+        # and a plugin that loads (the placeholder file stands in for it).
+        env={"NCCL_NET_PLUGIN": "ofi", "LD_LIBRARY_PATH": str(plugin_dir)},
+        memlock=lambda: resource.RLIM_INFINITY,
+        load_library=lambda _path: None,
     )
 
 
@@ -201,6 +210,8 @@ def test_a_healthy_node_is_labelled_verified_with_a_time_and_one_event(host):
         "DCGM diag": Status.OK,
         "NVLink": Status.OK,
         "EFA devices": Status.OK,
+        "memlock limit": Status.OK,
+        "NCCL net plugin": Status.OK,
         "local NVMe": Status.OK,
         "node conditions": Status.OK,
     }
@@ -218,7 +229,7 @@ def test_a_healthy_node_is_labelled_verified_with_a_time_and_one_event(host):
     )
     report = json.loads(api.node["metadata"]["annotations"][nodecheck.REPORT_ANNOTATION])
     assert report["passed"] is True
-    assert len(report["checks"]) == 7
+    assert len(report["checks"]) == 9
     # The next round: same verdict, no new event, the transition time kept.
     transition = api.condition["lastTransitionTime"]
     assert _round(api, host).passed
@@ -245,6 +256,31 @@ def test_a_missing_gpu_taints_the_node_and_recovery_lifts_the_taint(host):
     assert [t["key"] for t in api.taints] == ["nvidia.com/gpu"]
     assert api.labels[VERIFIED_LABEL] == "true"
     assert len(api.events) == 3
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason", "words"),
+    [
+        ("memlock", "MemlockLimitTooLow", "EFA memory registration would fail"),
+        ("plugin", "NcclNetPluginUnusable", "it needs libfabric.so.1, which the image lacks"),
+    ],
+)
+def test_what_the_self_check_would_refuse_on_any_node_keeps_work_off_the_node(host, fault, reason, words):
+    """A memlock limit below what EFA needs, or a net plugin that does not load, fails every training
+    pod's self-check on the node whatever its hardware: the node check fails it first, so the node
+    takes no pod and its condition names the cause before a job is submitted."""
+    if fault == "memlock":
+        host.memlock = lambda: 64 * 1024
+    else:
+        host.load_library = lambda path: (
+            f"{path}: libfabric.so.1: cannot open shared object file: No such file"
+        )
+    api = FakeApi(_node())
+    result = _round(api, host)
+    assert not result.passed
+    assert result.reason == reason
+    assert words in result.message
+    assert {"key": UNVERIFIED_TAINT, "value": reason, "effect": "NoSchedule"} in api.taints
 
 
 def test_uncorrected_ecc_fails_the_gpu_check(host):

@@ -22,6 +22,10 @@ failure with the time it was given, and nothing here raises out of the loop):
 - DCGM diagnostics level 1 (`dcgmi diag -r 1`) where dcgmi and a host engine are present;
 - NVLink: every link of every GPU active (`nvidia-smi nvlink --status`), on multi-GPU profiles;
 - EFA devices against the profile (the self-check's sysfs/uverbs probe);
+- what the self-check refuses whatever the node's health, with the training pods' own limits and
+  image (the check runs in the training image, as the trainer's user, without a capability): the
+  memlock limit EFA needs, and the NCCL net plugin (aws-ofi-nccl) loading as NCCL loads it. A node
+  that fails them takes no training pod, and its condition names the fix before any job is submitted;
 - the node-local NVMe RAID0: writable and as large as the profile's instance store (a failed array
   leaves the directory on the root volume, far smaller);
 - the EKS node monitoring agent's conditions (AcceleratedHardwareReady, ...): none False.
@@ -38,10 +42,11 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -93,6 +98,8 @@ REASONS = {
     "DCGM diag": "DCGMDiagFailed",
     "NVLink": "NVLinkDown",
     "EFA devices": "EFADevicesMissing",
+    "memlock limit": "MemlockLimitTooLow",
+    "NCCL net plugin": "NcclNetPluginUnusable",
     "local NVMe": "LocalNVMeUnusable",
     "node conditions": "NodeConditionFalse",
 }
@@ -137,6 +144,11 @@ class Host:
     """A directory on the node-local NVMe array (a subdirectory: its root holds kubelet state)."""
     run: Callable[[Sequence[str], float], CommandResult | None] = run_command
     statvfs: Callable[[Path], os.statvfs_result] = os.statvfs
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """The check's own environment: the training image's (LD_LIBRARY_PATH, NCCL_NET_PLUGIN)."""
+    memlock: Callable[[], int] = field(default=lambda: resource.getrlimit(resource.RLIMIT_MEMLOCK)[0])
+    """This container's soft RLIMIT_MEMLOCK: the node's container runtime gives every pod the same."""
+    load_library: Callable[[Path], str | None] = selfcheck.load_problem
     dcgm_host: str | None = None
     """nv-hostengine address for dcgmi (default: dcgmi's own, localhost)."""
     timeout_s: float = 60.0
@@ -264,10 +276,29 @@ def check_nvlink(host: Host, profile: InstanceProfile) -> Check:
     )
 
 
+def _as_pod(host: Host) -> selfcheck.Node:
+    """The self-check's view of the node, pointed at the host's sysfs and device files."""
+    return selfcheck.Node(
+        sys_root=host.sys_root,
+        dev_root=host.efa_dev_root,
+        env=host.env,
+        memlock=host.memlock,
+        load_library=host.load_library,
+    )
+
+
 def check_efa(host: Host, profile: InstanceProfile) -> Check:
-    # The self-check's probe, pointed at the host's sysfs and device files.
-    node = selfcheck.Node(sys_root=host.sys_root, dev_root=host.efa_dev_root, env={})
-    return selfcheck._efa_devices(node, profile)  # noqa: SLF001 - the same check, shared on purpose
+    return selfcheck._efa_devices(_as_pod(host), profile)  # noqa: SLF001 - the same check, shared on purpose
+
+
+def check_memlock(host: Host, profile: InstanceProfile) -> Check:
+    """The self-check's memlock check: a limit every pod of the node gets, so the node takes no work."""
+    return selfcheck.memlock_check(_as_pod(host), profile)
+
+
+def check_net_plugin(host: Host, profile: InstanceProfile) -> Check:
+    """The self-check's NCCL net plugin check, in the training image this check runs in."""
+    return selfcheck.net_plugin_check(_as_pod(host), profile)
 
 
 def check_nvme(host: Host, profile: InstanceProfile) -> Check:
@@ -326,6 +357,8 @@ def run_checks(host: Host, node: Mapping[str, Any]) -> list[Check]:
         ("DCGM diag", lambda: check_dcgm(host)),
         ("NVLink", lambda: check_nvlink(host, profile)),
         ("EFA devices", lambda: check_efa(host, profile)),
+        ("memlock limit", lambda: check_memlock(host, profile)),
+        ("NCCL net plugin", lambda: check_net_plugin(host, profile)),
         ("local NVMe", lambda: check_nvme(host, profile)),
         ("node conditions", lambda: check_node_conditions(node)),
     ]

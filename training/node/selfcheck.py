@@ -1,7 +1,8 @@
 """`python -m nvrx_eks.training.node.selfcheck`: can this node train? Run first in every training pod.
 
 Checks torch/CUDA/NCCL, the GPU count against the instance profile, EFA devices and that NCCL will
-take the aws-ofi-nccl plugin (not TCP sockets), the environment the job chart sets, NVRx at the
+take the aws-ofi-nccl plugin (not TCP sockets: the library is loaded as NCCL loads it, so a missing
+dependency is named here), the memlock limit EFA needs, the environment the job chart sets, NVRx at the
 version the image was built with, /dev/shm, and that the job's checkpointer can start here: its
 implementation imported and each of its tiers created and written where the ranks will write it, as
 the trainer's user (training/checkpoint/factory.py `probe_checkpointer`; its probes are removed). The
@@ -13,13 +14,16 @@ naming the tier, its path or URL, the cause and the fix.
 Prints one table, then one verdict line (the pod's termination message), and exits:
 
 - 0  the node can train (warnings are printed, not fatal);
-- 2  configuration or image problem (wrong image, missing env, plugin absent, /dev/shm too small, a
+- 2  configuration or image problem (wrong image, missing env, plugin absent or not loadable, the
+     memlock limit the node group's launch template gives every node, /dev/shm too small, a
      checkpoint tier of the pod or shared by all pods unusable): every pod would fail the same way,
      so the Job should fail at once;
 - 75 node problem (GPUs or EFA devices missing, driver unusable, the node's own checkpoint disk not
      writable): another node may well succeed, so the Job's podFailurePolicy can treat it like a
      disruption. 75 is EX_TEMPFAIL in sysexits.h ("try again later"), distinct from the trainer's
-     codes and from NVRx's no-restart code (93).
+     codes and from NVRx's no-restart code (93). Nothing a healthy node of a correct configuration
+     would fail is a node problem; the node check (nodecheck.py) runs the same node checks on every
+     GPU node before it takes work.
 
 On a CPU profile (`local-cpu`, no CUDA) it reports CPU mode and checks only what applies there.
 All device roots (/sys, /dev, /dev/shm) and the torch probe are injectable (tests fake them).
@@ -28,11 +32,13 @@ All device roots (/sys, /dev, /dev/shm) and the torch probe are injectable (test
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import re
 import resource
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from importlib import metadata
 from pathlib import Path
@@ -42,6 +48,8 @@ from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_with
 from nvrx_eks.kitcore.console import make_console
 from nvrx_eks.kitcore.pins import IMAGE
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.training.node import repeats
+from nvrx_eks.training.node.topology import NODE_NAME_ENV
 from nvrx_eks.training.resilience.config import CONFIG_ENV, config_from_json
 
 if TYPE_CHECKING:
@@ -127,6 +135,19 @@ def probe_torch() -> TorchInfo:
     )
 
 
+_MISSING_LIBRARY = re.compile(r"(?P<name>[\w.+-]+\.so[\w.]*): cannot open shared object file")
+
+
+def load_problem(path: Path) -> str | None:
+    """dlopen `path` with RTLD_NOW | RTLD_LOCAL, as NCCL loads its net plugin (every dependency and
+    every symbol resolved now); None when it loads, else the dynamic loader's message."""
+    try:
+        ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 @dataclass(kw_only=True)
 class Node:
     """What the checks look at; every path and probe can be replaced (tests, other layouts)."""
@@ -139,6 +160,8 @@ class Node:
     which: Callable[[str], str | None] = shutil.which
     memlock: Callable[[], int] = field(default=lambda: resource.getrlimit(resource.RLIMIT_MEMLOCK)[0])
     """The process's soft RLIMIT_MEMLOCK in bytes (resource.RLIM_INFINITY: unlimited)."""
+    load_library: Callable[[Path], str | None] = load_problem
+    """Loads a shared library as NCCL loads its net plugin; the loader's error, or None."""
 
 
 def run_checks(node: Node, *, profile: InstanceProfile, checkpoint: CheckpointConfig | None) -> list[Check]:
@@ -148,8 +171,8 @@ def run_checks(node: Node, *, profile: InstanceProfile, checkpoint: CheckpointCo
     gpu_mode = profile.gpus > 0
     checks = [_mode(profile, torch_info), _torch(torch_info, gpu_mode=gpu_mode)]
     checks += [_gpus(node, profile, torch_info), _nccl(torch_info, gpu_mode=gpu_mode)]
-    checks += [_efa_devices(node, profile), _ofi_plugin(node, profile), _fi_info(node, profile)]
-    checks += [_memlock(node, profile), _env(node, profile), _nvrx(node), _shm(node, profile)]
+    checks += [_efa_devices(node, profile), net_plugin_check(node, profile), _fi_info(node, profile)]
+    checks += [memlock_check(node, profile), _env(node, profile), _nvrx(node), _shm(node, profile)]
     return checks + _checkpointer(checkpoint)
 
 
@@ -245,7 +268,7 @@ def ofi_plugin_path(env: Mapping[str, str]) -> Path | None:
     return None
 
 
-def _ofi_plugin(node: Node, profile: InstanceProfile) -> Check:
+def net_plugin_check(node: Node, profile: InstanceProfile) -> Check:
     if not profile.efa_devices:
         return Check("NCCL net plugin", Status.SKIP, "no EFA: NCCL uses its socket transport")
     env = node.env
@@ -261,7 +284,19 @@ def _ofi_plugin(node: Node, profile: InstanceProfile) -> Check:
             f"aws-ofi-nccl not found (NCCL_NET_PLUGIN={env.get('NCCL_NET_PLUGIN', '')!r}, searched "
             "LD_LIBRARY_PATH): NCCL would fall back to TCP sockets; rebuild the image",
         )
-    return Check("NCCL net plugin", Status.OK, str(path))
+    problem = node.load_library(path)
+    if problem is not None:
+        # NCCL logs one warning and falls back to TCP sockets: the job would run, at a fraction of its
+        # speed. A missing dependency (libfabric, libhwloc) is the image's: name it.
+        missing = _MISSING_LIBRARY.search(problem)
+        cause = f"it needs {missing['name']}, which the image lacks" if missing else problem
+        return Check(
+            "NCCL net plugin",
+            Status.CONFIG,
+            f"{path} does not load ({cause}): NCCL would fall back to TCP sockets; install the plugin's "
+            "runtime libraries in the image (images/Dockerfile) and rebuild it",
+        )
+    return Check("NCCL net plugin", Status.OK, f"{path} (loads)")
 
 
 def _fi_info(node: Node, profile: InstanceProfile) -> Check:
@@ -321,11 +356,13 @@ def _nvrx(node: Node) -> Check:
     return Check("NVRx", Status.OK, f"{installed}{extension}")
 
 
-def _memlock(node: Node, profile: InstanceProfile) -> Check:
+def memlock_check(node: Node, profile: InstanceProfile) -> Check:
     """EFA registers the memory NCCL and libfabric send from, bounded by RLIMIT_MEMLOCK: the trainer
     holds no CAP_IPC_LOCK, so a limit below the node's memory fails NCCL's setup on every rank of
-    the node. The limit comes from the node's container runtime (the GPU nodes' NodeConfig raises
-    it), so a small one is the node's problem: another node may have it right."""
+    the node. The limit comes from the node's container runtime, which the GPU node group's launch
+    template configures (its NodeConfig's containerd base runtime spec) alike for every node of the
+    group: a small one is the configuration's, and a replacement pod on another node would meet it
+    again. So it fails the job, naming the fix, instead of being retried node after node."""
     name = "memlock limit"
     if not profile.efa_devices:
         return Check(name, Status.SKIP, "no EFA")
@@ -336,9 +373,11 @@ def _memlock(node: Node, profile: InstanceProfile) -> Check:
     if limit < need:
         return Check(
             name,
-            Status.NODE,
+            Status.CONFIG,
             f"{limit} bytes, below the node's {profile.memory_gib} GiB: EFA memory registration would "
-            "fail (containerd's base runtime spec sets RLIMIT_MEMLOCK; see the node's NodeConfig)",
+            "fail; the GPU node group's launch template sets it for every node (its NodeConfig's "
+            "containerd.baseRuntimeSpec, infra/constructs/launch_template.py): run the group on the "
+            "stack's launch template",
         )
     return Check(name, Status.OK, f"{limit / _GIB:,.0f} GiB")
 
@@ -374,6 +413,45 @@ def _checkpointer(config: CheckpointConfig | None) -> list[Check]:
     return [
         Check(f"checkpoint {p.tier}", status(p.ok, p.node_local), f"{p.location}: {p.detail}")
         for p in probe_checkpointer(config)
+    ]
+
+
+def compare_with_other_nodes(
+    checks: Sequence[Check],
+    *,
+    store_endpoint: str | None,
+    node_name: str | None,
+    connect: Callable[[str], repeats.Store] = repeats.connect,
+) -> list[Check]:
+    """`checks`, with a node problem that another node reported too (since any pod last passed) made a
+    configuration problem naming both nodes (training/node/repeats.py); a pass is recorded. Without the
+    job's store (a local run of the check, the store not reachable) the checks stand as they are."""
+    code = exit_code(checks)
+    if store_endpoint is None or node_name is None or code == CONFIG_PROBLEM_EXIT_CODE:
+        return list(checks)
+    try:
+        store = connect(store_endpoint)
+        if code == 0:
+            repeats.record_pass(store)
+            return list(checks)
+        failed = [c.name for c in checks if c.status is Status.NODE]
+        elsewhere = repeats.record_failures(store, node=node_name, checks=failed)
+    except (RuntimeError, OSError, ValueError) as exc:  # TCPStore's errors are RuntimeErrors
+        note = f"the rendezvous store {store_endpoint} was not reached ({exc}): compared with no other node"
+        return [*checks, Check("other nodes", Status.WARN, note[:300])]
+    return [
+        replace(
+            c,
+            status=Status.CONFIG,
+            detail=(
+                f"{c.detail}; the same on node {', '.join(elsewhere[c.name])} (this one: {node_name}): a "
+                "node problem on every node is the configuration's (the node image, its driver, the "
+                "device plugins, the image's CUDA)"
+            ),
+        )
+        if elsewhere.get(c.name)
+        else c
+        for c in checks
     ]
 
 
@@ -428,6 +506,12 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         help=f"instance profile (kitcore/profiles.py); default ${PROFILE_ENV}, else local-cpu",
     )
     parser.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        help="the job's rendezvous store: a node problem another node reported too fails the job as "
+        f"configuration (with ${NODE_NAME_ENV}, this node's name)",
+    )
+    parser.add_argument(
         "--config",
         metavar="JSON",
         help="the job's resilience configuration (a JSON object, as a script's ranks read it), whose "
@@ -448,6 +532,9 @@ def main(argv: Sequence[str] | None = None, *, node: Node | None = None) -> int:
     args = parse_args(argv, node.env)
     profile = get_profile(args.profile or "local-cpu")
     checks = run_checks(node, profile=profile, checkpoint=checkpoint_config(args, node.env))
+    checks = compare_with_other_nodes(
+        checks, store_endpoint=args.store, node_name=node.env.get(NODE_NAME_ENV)
+    )
     render(checks, profile=profile)
     return exit_code(checks)
 
