@@ -216,8 +216,8 @@ class AttemptRun:
             raise UserError("attempt.resume(): " + "; ".join(problems))
         ctx = self.ctx
         self.tracked = tracked
-        load_started = time.perf_counter()
         kept = self.record.kept
+        load_started = time.perf_counter()
         source = self._in_memory_source(kept, tracked) if self.number > 0 and kept is not None else None
         restored_step, tier, resharded, from_world = -1, "none", False, 0
         if source is not None and kept is not None:

@@ -40,6 +40,8 @@ from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from torch.distributed.device_mesh import DeviceMesh
+
 KIT_SECTION = "kit"
 RESERVED_NAMES = frozenset({KIT_SECTION, RANK_SECTION, "rng", "progress", "resilience"})
 """Names the kit's own sections take in a checkpoint: a tracked object may not use them."""
@@ -104,9 +106,21 @@ def _live_groups() -> set[int]:
     return {id(group) for group in distributed_c10d._world.pg_map}  # noqa: SLF001 - the registry itself
 
 
+def meshes_of(modules: Iterable[torch.nn.Module]) -> list[DeviceMesh]:
+    """The device meshes the modules' DTensor parameters live on (each once)."""
+    found: list[DeviceMesh] = []
+    for module in modules:
+        for param in module.parameters():
+            if isinstance(param, DTensor) and not any(param.device_mesh is mesh for mesh in found):
+                found.append(param.device_mesh)
+    return found
+
+
 def stale_group_problems(name: str, module: torch.nn.Module) -> list[str]:
-    """Problems with a module parallelized over a process group that is not this attempt's: built
-    once and kept across restarts, its collectives would run on a destroyed group."""
+    """Problems with a module parallelized over a process group that is not this attempt's (built once
+    and kept across restarts): its collectives would run on a destroyed group. A DDP wrapper holds its
+    group; a device mesh the groups it was made with (`_pg_registry`; looked up by name, they would
+    silently be whichever group of this attempt took the name)."""
     if not (dist.is_available() and dist.is_initialized()):
         return []
     live = _live_groups()
@@ -118,17 +132,16 @@ def stale_group_problems(name: str, module: torch.nn.Module) -> list[str]:
                 "the model (and wrap it) inside the training function, on this attempt's group"
             )
         ]
-    for param_name, param in module.named_parameters():
-        if isinstance(param, DTensor):
-            mesh = param.device_mesh
-            groups = [mesh.get_group(dim) for dim in range(mesh.ndim)]
-            if any(id(group) not in live for group in groups):
-                return [
-                    (
-                        f"{name}: {param_name} is sharded over a device mesh of an earlier attempt; build "
-                        "the mesh with attempt.device_mesh() and the model on it inside the training function"
-                    )
-                ]
+    for mesh in meshes_of([module]):
+        root = mesh._get_root_mesh()  # noqa: SLF001 - the mesh its groups were made for
+        groups = getattr(root, "_pg_registry", {}).values()
+        if any(id(group) not in live for group in groups):
+            return [
+                (
+                    f"{name}: is sharded over a device mesh of an earlier attempt; build the mesh with "
+                    "attempt.device_mesh() and the model on it inside the training function, every attempt"
+                )
+            ]
     return []
 
 
