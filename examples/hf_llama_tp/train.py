@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -28,6 +29,9 @@ from transformers import LlamaForCausalLM
 
 from examples.hf_llama.train import MODEL, Corpus, ShardedLoader
 from nvrx_eks.training import api as kit  # kit
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 log = logging.getLogger("hf_llama_tp")
 
@@ -64,7 +68,7 @@ def bf16_computes(device: torch.device) -> bool:
         return False
 
 
-def parallelize(model: LlamaForCausalLM, mesh: torch.distributed.device_mesh.DeviceMesh, *, bf16: bool) -> None:
+def parallelize(model: LlamaForCausalLM, mesh: DeviceMesh, *, bf16: bool) -> None:
     """Tensor parallelism over `tp`, then FSDP2 over `dp`, in place (the optimizer is built after)."""
     for layer in model.model.layers:
         parallelize_module(layer, mesh["tp"], TP_PLAN)
@@ -92,13 +96,13 @@ def train(attempt: kit.Attempt, args: argparse.Namespace) -> None:  # kit: calle
         seed=args.seed,
     )
     attempt.resume(model=model, optimizer=optimizer, scheduler=scheduler, data=loader)  # kit
-    assert isinstance(model, FSDPModule)
+    sharded = cast("FSDPModule", model)  # fully_shard made it one
     for step in attempt.steps(args.steps):  # kit: was range(args.steps)
         batch = loader.next_batch()
         step_loss = torch.zeros((), device=attempt.device)
         for micro in range(args.accumulate):
             # FSDP2 reduce-scatters the gradients only after the last micro-batch's backward.
-            model.set_requires_gradient_sync(micro == args.accumulate - 1)
+            sharded.set_requires_gradient_sync(micro == args.accumulate - 1)
             part = {key: value.chunk(args.accumulate)[micro] for key, value in batch.items()}
             loss = model(**part).loss / args.accumulate
             loss.backward()
