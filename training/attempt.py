@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import parallel
 from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION, Stager, load_copy
-from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
+from nvrx_eks.training.checkpoint.floor import copy_bandwidth
 from nvrx_eks.training.events import imported_since_fork
 from nvrx_eks.training.faults import FaultInjector, build_schedule
 from nvrx_eks.training.resilience.config import check_fault_plan
@@ -237,7 +237,7 @@ class AttemptRun:
         tracked.capture()
         self.record.kept = Kept(tracked=tracked, last_done=self.last_done)
         load_s = time.perf_counter() - load_started
-        nbytes = state_bytes(tracked.state(kit=self._kit(), rank=self._rank_section()))
+        nbytes = tracked.nbytes()
         ctx.events.emit(
             "startup_done",
             attempt=self.number,

@@ -164,6 +164,24 @@ class Tracked:
         """Some parameter is a DTensor (FSDP2, tensor parallelism): ranks hold different shards."""
         return any(isinstance(p, DTensor) for module in self.modules.values() for p in module.parameters())
 
+    def nbytes(self) -> int:
+        """This rank's tensor bytes: the modules' state and the optimizers' (what a snapshot copies).
+        Read from the objects themselves: `get_optimizer_state_dict` would initialize an optimizer that
+        has no state yet (a fresh start), and its first real step would then count as its second."""
+        total = 0
+        for module in self.modules.values():
+            for tensor in module.state_dict().values():
+                if isinstance(tensor, torch.Tensor):
+                    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+                    total += local.numel() * local.element_size()
+        for optimizer in self.optimizers.values():
+            for per_param in optimizer.state.values():
+                for value in per_param.values():
+                    if isinstance(value, torch.Tensor):
+                        local = value.to_local() if isinstance(value, DTensor) else value
+                        total += local.numel() * local.element_size()
+        return total
+
     def stale_group_problems(self) -> list[str]:
         return [p for name, module in self.modules.items() for p in stale_group_problems(name, module)]
 

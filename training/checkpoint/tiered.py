@@ -316,7 +316,7 @@ class TieredCheckpointer(Checkpointer):
             if tier in self._owed or (not catch_up and step % every == 0)
         ]
         carried = {"write_steps": {tier: list(steps) for tier, steps in self._write_steps.items()}}
-        staged = self.stager.stage(_with_carried(state, json.dumps(carried)))
+        staged = self.stager.stage(with_carried(state, json.dumps(carried)))
         skeleton, tensors, layout = flatten(staged.tree)
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
@@ -561,7 +561,7 @@ class TieredCheckpointer(Checkpointer):
             world_size=self.world_size,
             device=self.device,
             emit=self.emit,
-            target=None if target is None else lambda: _with_carried(target(), ""),
+            target=None if target is None else lambda: with_carried(target(), ""),
         )
         carried = None
         if restored is not None:
@@ -673,7 +673,7 @@ class TieredCheckpointer(Checkpointer):
         return {"rank": self.rank, "node": self.node_index, "pid": os.getpid(), **self.stats.as_dict()}
 
 
-def _with_carried(state: dict[str, Any], carried: str) -> dict[str, Any]:
+def with_carried(state: dict[str, Any], carried: str) -> dict[str, Any]:
     """`state` with the checkpointer's measurements (`CARRIED`) in the rank's own section."""
     section = state.get(RANK_SECTION)
     own = dict(section) if isinstance(section, dict) else {}
