@@ -51,7 +51,7 @@ from torch.distributed.tensor import DTensor
 if TYPE_CHECKING:
     import os
     import threading
-    from collections.abc import Generator, Iterable
+    from collections.abc import Callable, Generator, Iterable
 
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import SavePlan
@@ -345,19 +345,56 @@ def load_planner() -> DefaultLoadPlanner:
     return DefaultLoadPlanner(allow_partial_load=False)
 
 
-def load_copy(live: dict[str, Any], saved_tree: dict[str, Any], *, rank: int) -> dict[str, Any]:
-    """A snapshot of the same layout (its rank-keyed tree, tensors as views) loaded into the live state:
-    tensors copied in place, objects set; returns the live state. KeyError / ValueError: it does not fit."""
+def load_into(
+    live: dict[str, Any], saved: dict[str, Any], *, rank: int, fill: Callable[[str, torch.Tensor, Any], None]
+) -> dict[str, Any]:
+    """Load a saved copy of the same layout into the live state: `saved` is its rank-keyed tree with any
+    leaf standing for a tensor; `fill(key, live_local, leaf)` puts that tensor's bytes into the live
+    local tensor (or its shard) in place. Objects are set as saved. Returns the live state; KeyError /
+    ValueError when the copy does not fit."""
     keyed = rank_keyed(live, rank)
     live_flat, mappings = flatten(keyed)
-    taken = copy_into(live_flat, flatten(saved_tree)[0])
-    for key, value in taken.items():
-        node: Any = keyed
-        path = mappings[key]
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = value
+    leaves = {key: _at(saved, mappings[key]) for key in live_flat}
+    missing = sorted(key for key, leaf in leaves.items() if leaf is _MISSING)
+    if missing:
+        raise KeyError(f"the checkpoint holds no {', '.join(missing[:3])}")
+    with torch.no_grad():
+        for key, value in live_flat.items():
+            if isinstance(value, torch.Tensor):
+                fill(key, value.to_local() if isinstance(value, DTensor) else value, leaves[key])
+                continue
+            node: Any = keyed
+            path = mappings[key]
+            for part in path[:-1]:
+                node = node[part]
+            node[path[-1]] = leaves[key]
     return unkeyed(keyed, rank)
+
+
+_MISSING = object()
+
+
+def _at(tree: object, path: Iterable[object]) -> object:
+    """The leaf of `tree` at a DCP key's path (dict keys, list indices), or `_MISSING`."""
+    node: Any = tree
+    for part in path:
+        try:
+            node = node[part] if isinstance(node, dict) else node[int(part)]  # type: ignore[call-overload]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return _MISSING
+    return node
+
+
+def load_copy(live: dict[str, Any], saved_tree: dict[str, Any], *, rank: int) -> dict[str, Any]:
+    """`load_into` from a saved tree whose tensors are tensors (views of a snapshot in memory)."""
+
+    def fill(key: str, local: torch.Tensor, saved: Any) -> None:  # noqa: ANN401 - a saved leaf
+        if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
+            got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise ValueError(f"{key}: the checkpoint holds {got}, this run {tuple(local.shape)}")
+        local.copy_(saved)
+
+    return load_into(live, saved_tree, rank=rank, fill=fill)
 
 
 def unkeyed(state: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -370,25 +407,3 @@ def unkeyed(state: dict[str, Any], rank: int) -> dict[str, Any]:
     mine = f"{RANK_SECTION}_{rank}"
     out[RANK_SECTION] = state[mine if mine in state else sections[0]]
     return out
-
-
-def copy_into(target: dict[str, Any], staged: dict[str, Any]) -> dict[str, Any]:
-    """Load a staged copy of the same layout into the live flat state: each tensor copied into the
-    live one (a DTensor's local shard) in place, each object taken. Returns the objects taken, by key
-    (the tensors need nothing more). Raises KeyError / ValueError for a copy that does not fit."""
-    missing = sorted(set(target) - set(staged))
-    if missing:
-        raise KeyError(f"the checkpoint holds no {', '.join(missing[:3])}")
-    taken: dict[str, Any] = {}
-    with torch.no_grad():
-        for key, live in target.items():
-            saved = staged[key]
-            if isinstance(live, torch.Tensor):
-                local = live.to_local() if isinstance(live, DTensor) else live
-                if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
-                    got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
-                    raise ValueError(f"{key}: the checkpoint holds {got}, this run {tuple(local.shape)}")
-                local.copy_(saved)
-            else:
-                taken[key] = saved
-    return taken

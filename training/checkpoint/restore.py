@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from nvrx_eks.training.checkpoint.base import Restored
 from nvrx_eks.training.checkpoint.config import TIER_ORDER
-from nvrx_eks.training.checkpoint.dcp_format import load_copy, load_planner, rank_keyed, unkeyed
+from nvrx_eks.training.checkpoint.dcp_format import load_copy, load_into, load_planner, rank_keyed, unkeyed
 from nvrx_eks.training.checkpoint.replica import PEER_DIR
 from nvrx_eks.training.checkpoint.shard import ShardError, decode
 from nvrx_eks.training.checkpoint.slot import SlotFiles, committed
@@ -260,8 +260,11 @@ def _same(
             state = _from_views(decode(blob), rank=rank, live=live)
         elif tier == "memory":
             held = memory[(rank, plan.step)]
-            with held.files.mapped(held.manifest) as views:
-                state = _from_views(views, rank=rank, live=live)
+            if live is None:
+                state = _from_views(decode(read_slot(held)), rank=rank, live=None)
+            else:
+                with held.files.reader(held.manifest) as (saved, fill):
+                    state = load_into(live, saved, rank=rank, fill=fill)
         else:
             store = next(s for s in stores if s.tier == tier)
             store.verify(plan.step, rank)

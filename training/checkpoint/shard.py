@@ -104,6 +104,11 @@ class _Slot:
     index: int
 
 
+def tensor_index(leaf: object) -> int | None:
+    """The tensor a skeleton's leaf stands for (its index in the layout), or None for a plain value."""
+    return leaf.index if isinstance(leaf, _Slot) else None
+
+
 def flatten(state: dict[str, Any]) -> tuple[object, list[torch.Tensor], Layout]:
     """(skeleton, tensors, layout): the skeleton is the tree with tensors replaced by slots."""
     tensors: list[torch.Tensor] = []

@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mmap
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from nvrx_eks.training.checkpoint.shard import ShardError, fill, header_key, parse_header
+from nvrx_eks.training.checkpoint.shard import ShardError, header_key, parse_header, tensor_index
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
+
+    Fill = Callable[[str, torch.Tensor, object], None]
 
 
 @dataclass(frozen=True)
@@ -93,33 +96,61 @@ class SlotFiles:
         return blob
 
     @contextlib.contextmanager
-    def mapped(self, manifest: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The slot's state tree, its tensors views of the slot's memory mapped read-only (no copy:
-        a restore copies each straight into the live tensor). The views are valid inside the block."""
+    def reader(self, manifest: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Fill]]:
+        """(the slot's state tree, `fill`): the tree's tensor leaves stand for the slot's tensors, and
+        `fill(key, target, leaf)` reads one straight into `target` (a live tensor of the same shape and
+        dtype) -- one copy from the page cache into the live tensor, the least a restore from RAM can
+        do (a mapping of the slot costs its page-table set-up and tear-down on top of the copy). The
+        reads run on a thread per core, in chunks (the kernel copies each on the calling thread): the
+        block's exit waits for them and raises the first failure."""
         skeleton, layout, _ = parse_header(self.header.read_bytes())
-        nbytes = int(manifest["data_bytes"])
-        if layout.data_bytes > nbytes:
-            raise ShardError(
-                f"{self.data}: the header needs {layout.data_bytes} bytes, the slot holds {nbytes}"
-            )
-        if not layout.data_bytes:
-            yield fill(skeleton, layout, torch.empty(0, dtype=torch.uint8))
-            return
-        with self.data.open("rb") as source:
-            if source.seek(0, 2) < layout.data_bytes:
-                raise ShardError(f"{self.data}: shorter than its manifest")
-            # Copy-on-write, never written: torch.frombuffer of a read-only mapping warns. MAP_POPULATE
-            # maps every page at once instead of faulting each in during the copy.
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-            mapping = mmap.mmap(source.fileno(), layout.data_bytes, flags=flags)
-        data: torch.Tensor | None = None
-        try:
-            data = torch.frombuffer(mapping, dtype=torch.uint8, count=layout.data_bytes)
-            yield fill(skeleton, layout, data)
-        finally:
-            del data
-            with contextlib.suppress(BufferError):  # a caller still holding a view: closed when freed
-                mapping.close()
+        if layout.data_bytes > int(manifest["data_bytes"]):
+            raise ShardError(f"{self.data}: the header needs {layout.data_bytes} bytes, the slot holds fewer")
+        with (
+            self.data.open("rb", buffering=0) as source,
+            ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ckpt-read") as pool,
+        ):
+            reads: list[Future[None]] = []
+
+            def fill(key: str, target: torch.Tensor, leaf: object) -> None:
+                index = tensor_index(leaf)
+                if index is None:
+                    raise ValueError(f"{key}: the checkpoint holds a {type(leaf).__name__}, not a tensor")
+                ref = layout.refs[index]
+                if ref.shape != tuple(target.shape) or ref.dtype != target.dtype:
+                    raise ValueError(
+                        f"{key}: the checkpoint holds {ref.dtype} {ref.shape}, this run {target.dtype} "
+                        f"{tuple(target.shape)}"
+                    )
+                direct = target.device.type == "cpu" and target.is_contiguous()
+                buffer = target if direct else torch.empty(ref.shape, dtype=ref.dtype)
+                flat = buffer.view(-1).view(torch.uint8)
+                for start in range(0, ref.nbytes, READ_CHUNK):
+                    part = flat[start : start + READ_CHUNK]
+                    reads.append(pool.submit(_read_at, source.fileno(), part, ref.offset + start, self.data))
+                if not direct:
+                    for read in reads:
+                        read.result()
+                    target.copy_(buffer)
+
+            yield cast("dict[str, Any]", skeleton), fill
+            for read in reads:
+                read.result()
+
+
+READ_CHUNK = 64 << 20
+"""Bytes per read of a restore from RAM: enough to amortize a thread hand-off, small enough to spread a
+large tensor over every core."""
+
+
+def _read_at(fd: int, into: torch.Tensor, offset: int, path: Path) -> None:
+    view = into.numpy().data.cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if not got:
+            raise ShardError(f"{path}: shorter than its manifest")
+        done += got
 
 
 def committed(folder: Path) -> list[tuple[SlotFiles, dict[str, Any]]]:
