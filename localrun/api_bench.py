@@ -11,8 +11,18 @@ same steps, interleaved in blocks so the machine's drift hits both alike:
   or a layer would add on top.
 
 It prints each loop's median step time, their ratio, and the parts of the API's per-step work timed on
-their own. Step times are medians of many steps; a single run's absolute times are this machine's
-and not comparable across machines (docs/measurements.md keeps the dated figures).
+their own.
+
+Device-bound emulation (`loss_sync`): what reading the loss every step costs when a device computes.
+A worker thread stands in for a GPU stream: each step the host spends `host_s` preparing it and queues
+`device_s` of device work, whose loss is a `torch.futures.Future` completed when that work ends. Two
+loops through the API: one reads the loss on the host every step (`float(loss)`: what the kit did in
+`update()`, a device sync per step), one hands it to `update(loss=...)`, which reads it once landed.
+Synced, a step costs host + device; not synced, the host prepares the next step while the device
+computes, and a step costs max(host, device).
+
+Step times are medians of many steps; a single run's absolute times are this machine's and not
+comparable across machines (docs/measurements.md keeps the dated figures).
 
 `--against REV`: the reference trainer (`python -m nvrx_eks.training`, one rank, its default checkpoint
 cadences) at REV and in this checkout, interleaved runs, each step's full cost as the interval between
@@ -112,8 +122,85 @@ def _parts() -> dict[str, float]:
     number = 2000
     return {
         "rng capture": timeit.timeit(rng_state, number=number) / number * 1e6,
-        "loss to float": timeit.timeit(lambda: float(tensor.detach()), number=number) / number * 1e6,
+        "loss read": timeit.timeit(lambda: _read_loss(tensor), number=number) / number * 1e6,
     }
+
+
+def _device_bound(*, steps: int, host_s: float, device_s: float, sync: bool, run_dir: Path) -> list[float]:
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from nvrx_eks.training import api  # noqa: PLC0415
+
+    times: list[float] = []
+    stream = ThreadPoolExecutor(max_workers=1, thread_name_prefix="emulated-device")
+
+    def launch(step: int) -> torch.futures.Future[torch.Tensor]:
+        """Queue one step's device work; its loss lands when the work ends."""
+        loss: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done = stream.submit(time.sleep, device_s)
+        done.add_done_callback(lambda _: loss.set_result(torch.tensor(1.0 / (step + 1))))
+        return loss
+
+    def train(attempt: api.Attempt) -> None:
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        attempt.resume(model=model, optimizer=optimizer)
+        started = time.perf_counter()
+        for step in attempt.steps(steps):
+            deadline = time.perf_counter() + host_s
+            while time.perf_counter() < deadline:  # the host's own work for the step: a core busy
+                pass
+            loss = launch(step)
+            if sync:
+                float(loss.wait())  # the host waits for the device's result
+            with attempt.update(loss=loss):
+                optimizer.step()
+            now = time.perf_counter()
+            times.append(now - started)
+            started = now
+        stream.submit(lambda: None).result()  # the queue drained: the last steps' device time counted
+        times.append(time.perf_counter() - started)
+
+    config = api.ResilienceConfig.model_validate(
+        {"mode": "baseline", "run_dir": run_dir, "checkpoint": {"implementation": "sync", "durable_every": 0}}
+    )
+    try:
+        api.Job(config).run(train)
+    finally:
+        stream.shutdown()
+    return times
+
+
+def bench_loss_sync(*, steps: int = 100, host_s: float = 0.005, device_s: float = 0.010) -> dict[str, Any]:
+    """The device-bound emulation (module docstring): seconds per step with a host sync per step for the
+    loss and without, and their ratio."""
+    with tempfile.TemporaryDirectory(prefix="nvrx-eks-bench-api-") as tmp:
+        arms = {
+            label: sum(
+                _device_bound(
+                    steps=steps, host_s=host_s, device_s=device_s, sync=sync, run_dir=Path(tmp) / label
+                )
+            )
+            / steps
+            for label, sync in (("synced", True), ("kit", False))
+        }
+    return {
+        "host_ms": host_s * 1e3,
+        "device_ms": device_s * 1e3,
+        "synced_step_ms": arms["synced"] * 1e3,
+        "kit_step_ms": arms["kit"] * 1e3,
+        "synced_over_kit": arms["synced"] / arms["kit"],
+    }
+
+
+def _read_loss(tensor: Any) -> None:  # noqa: ANN401
+    from nvrx_eks.training.attempt import LossReader  # noqa: PLC0415
+
+    reader = LossReader()
+    reader.put(0, tensor)
+    reader.poll()
 
 
 def bench_api(
@@ -137,6 +224,7 @@ def bench_api(
         "api_over_plain": api_ms / plain_ms,
         "api_cost_ms": api_ms - plain_ms,
         "parts_us": _parts(),
+        "loss_sync": bench_loss_sync(),
     }
 
 
@@ -153,6 +241,12 @@ def print_bench(result: dict[str, Any]) -> None:
     )
     for name, micros in result["parts_us"].items():
         print(f"  part: {name:16} {micros:.1f} us per call")
+    sync = result["loss_sync"]
+    print(
+        f"device-bound emulation (host {sync['host_ms']:.0f} ms + device {sync['device_ms']:.0f} ms a step): "
+        f"the loss read every step {sync['synced_step_ms']:.2f} ms per step, handed to update() "
+        f"{sync['kit_step_ms']:.2f} ms ({sync['synced_over_kit']:.2f}x)"
+    )
 
 
 def _reference_intervals(source: Path, run_dir: Path, steps: int) -> list[float]:

@@ -85,15 +85,20 @@ class LossReader:
     kernel queued before it: once per step, that sync costs the overlap of the host running ahead.
     So the loss is copied to pinned host memory behind the step's kernels, with an event, and read at
     a later step end once the event has passed: the step event carries the newest loss that is ready
-    (`loss_step` says which step it belongs to), a step or two behind on a busy GPU."""
+    (`loss_step` says which step it belongs to), a step or two behind on a busy GPU. A
+    `torch.futures.Future` (a loss averaged over the ranks with `async_op=True`, `work.get_future()`)
+    is read the same way, once done."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[int, torch.Tensor, Any]] = []
+        self._pending: list[tuple[int, Any, Any]] = []
         self.step = -1
         self.value = float("nan")
 
     def put(self, step: int, loss: object) -> None:
         if loss is None:
+            return
+        if isinstance(loss, torch.futures.Future):
+            self._pending.append((step, loss, None))
             return
         if not isinstance(loss, torch.Tensor):
             self.step, self.value = step, float(loss)  # type: ignore[arg-type]
@@ -109,17 +114,34 @@ class LossReader:
         self._pending.append((step, host, event))
 
     def poll(self) -> None:
-        """Take every copy that has landed (never waits)."""
-        while self._pending and self._pending[0][2].query():
-            step, host, _ = self._pending.pop(0)
-            self.step, self.value = step, float(host)
+        """Take every value that has landed (never waits)."""
+        while self._pending and _landed(self._pending[0]):
+            step, value, _ = self._pending.pop(0)
+            self.step, self.value = step, _as_float(value)
 
     def read(self) -> float:
-        """The newest loss, waiting for its copy (a sync: the caller asked for it)."""
+        """The newest loss, waiting for it (a sync: the caller asked for it)."""
         if self._pending:
-            self._pending[-1][2].synchronize()
-        self.poll()
+            step, value, event = self._pending[-1]
+            if event is not None:
+                event.synchronize()
+            else:
+                value.wait()
+            self._pending.clear()
+            self.step, self.value = step, _as_float(value)
         return self.value
+
+
+def _landed(pending: tuple[int, Any, Any]) -> bool:
+    _, value, event = pending
+    return bool(value.done()) if event is None else bool(event.query())
+
+
+def _as_float(value: Any) -> float:  # noqa: ANN401 - a host tensor or a Future of one
+    result = value.value() if isinstance(value, torch.futures.Future) else value
+    if isinstance(result, list | tuple):  # an all_reduce's future holds the reduced tensors
+        result = result[0]
+    return float(result)
 
 
 class AttemptRun:

@@ -49,7 +49,7 @@ TP_PLAN = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="A small Llama with tensor parallelism and FSDP2.")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--batch-size", type=int, default=4, help="samples per data-parallel rank and step")
     parser.add_argument("--accumulate", type=int, default=2, help="micro-batches per step")
     parser.add_argument("--lr", type=float, default=3e-3)
