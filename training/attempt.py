@@ -206,7 +206,7 @@ class AttemptRun:
         except ValueError as exc:
             where = "parallel.mesh" if shape is None else "attempt.device_mesh()"
             raise UserError(f"{where}: {_first_line(exc)}") from None
-        mesh = parallel.device_mesh(ctx.world, names, sizes)
+        mesh = parallel.device_mesh(ctx.world, names, sizes, timeout_s=ctx.cfg.collective_timeout_s)
         self.meshes.append(mesh)
         self.mesh_shape = dict(zip(names, sizes, strict=True))
         ctx.events.emit("device_mesh", attempt=self.number, mesh=self.mesh_shape)

@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -197,11 +197,30 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
         time.sleep(0.01)
 
 
-def device_mesh(world: World, names: tuple[str, ...], sizes: tuple[int, ...]) -> DeviceMesh:
-    """A DeviceMesh of this attempt's ranks (its sub-groups are made now: every rank calls it)."""
+_GLOO_OPTIONS = "_Options"
+
+
+def device_mesh(
+    world: World, names: tuple[str, ...], sizes: tuple[int, ...], *, timeout_s: float
+) -> DeviceMesh:
+    """A DeviceMesh of this attempt's ranks (its sub-groups are made now: every rank calls it).
+
+    Its sub-groups get the attempt's collective timeout. torch gives a group made after
+    `init_process_group` the 30-minute default, not the default group's timeout: a tensor-parallel or
+    FSDP collective blocked on a failed peer would then hold its rank far past the in-process restart
+    and the launcher's heartbeat (gloo cannot abort a collective; its timeout is what ends it)."""
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    return init_device_mesh(world.device.type, sizes, mesh_dim_names=names)
+    timeout = timedelta(seconds=timeout_s)
+    # `_timeout` is the field torch's own mesh code reads; gloo's options class is private.
+    options: Any = (
+        dist.ProcessGroupNCCL.Options()
+        if world.backend == "nccl"
+        else getattr(dist.ProcessGroupGloo, _GLOO_OPTIONS)()
+    )
+    options._timeout = timeout  # noqa: SLF001
+    override: dict[int | str, Any] = dict.fromkeys(names, (world.backend, options))
+    return init_device_mesh(world.device.type, sizes, mesh_dim_names=names, backend_override=override)
 
 
 def wrap(

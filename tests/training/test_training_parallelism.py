@@ -200,17 +200,18 @@ def test_a_mesh_that_does_not_fit_the_world_names_both_layouts(tmp_path):
 
 
 def test_a_model_sharded_on_an_earlier_attempts_mesh_is_refused(tmp_path):
-    """A script that builds its mesh once, outside the training function, shards the next attempt's model
-    over destroyed process groups: said at resume, before any collective hangs on them."""
+    """A script that keeps its sharded model across attempts would run the next attempt's collectives on
+    destroyed process groups: said at resume, before any collective hangs on them."""
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
 
-    meshes = []
+    models = []
 
     def first(attempt):
-        meshes.append(attempt.device_mesh())
         model = torch.nn.Linear(4, 4)
+        fully_shard(model, mesh=attempt.device_mesh({"dp": 1, "tp": 1}))
+        models.append(model)  # kept for the next attempt: the misuse
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         attempt.resume(model=model, optimizer=optimizer)
         for _ in attempt.steps(1):
@@ -218,8 +219,7 @@ def test_a_model_sharded_on_an_earlier_attempts_mesh_is_refused(tmp_path):
                 optimizer.step()
 
     def second(attempt):
-        model = torch.nn.Linear(4, 4)
-        fully_shard(model, mesh=meshes[0])  # the first attempt's mesh
+        model = models[0]  # sharded over the first attempt's mesh
         attempt.resume(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
 
     with pytest.raises(UserError, match="sharded over a device mesh of an earlier attempt"):
