@@ -119,8 +119,7 @@ def meshes_of(modules: Iterable[torch.nn.Module]) -> list[DeviceMesh]:
 def stale_group_problems(name: str, module: torch.nn.Module) -> list[str]:
     """Problems with a module parallelized over a process group that is not this attempt's (built once
     and kept across restarts): its collectives would run on a destroyed group. A DDP wrapper holds its
-    group; a device mesh the groups it was made with (`_pg_registry`; looked up by name, they would
-    silently be whichever group of this attempt took the name)."""
+    group; a device mesh names its groups, and a name this attempt has not made is an earlier one's."""
     if not (dist.is_available() and dist.is_initialized()):
         return []
     live = _live_groups()
@@ -132,10 +131,13 @@ def stale_group_problems(name: str, module: torch.nn.Module) -> list[str]:
                 "the model (and wrap it) inside the training function, on this attempt's group"
             )
         ]
+    from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: PLC0415
+
     for mesh in meshes_of([module]):
-        root = mesh._get_root_mesh()  # noqa: SLF001 - the mesh its groups were made for
-        groups = getattr(root, "_pg_registry", {}).values()
-        if any(id(group) not in live for group in groups):
+        try:
+            for group_name in getattr(mesh, "_dim_group_names", ()):
+                _resolve_process_group(group_name)
+        except (RuntimeError, ValueError, KeyError):
             return [
                 (
                     f"{name}: is sharded over a device mesh of an earlier attempt; build the mesh with "
