@@ -144,6 +144,10 @@ def _as_float(value: Any) -> float:  # noqa: ANN401 - a host tensor or a Future 
     return float(result)
 
 
+NO_STATE = -2
+"""A rank's newest step in the in-process agreement when its previous attempt cannot serve."""
+
+
 class AttemptRun:
     """The engine of one `Attempt`: every public call delegates here."""
 
@@ -322,14 +326,21 @@ class AttemptRun:
         that finished step N holds exactly what the slow rank would have computed: the slow rank takes
         it instead of every rank rolling back to the newest snapshot. Shards have no replica."""
         world = self.ctx.world
-        same = self._same_layout(kept.tracked, tracked)
+        why = self._same_layout(kept.tracked, tracked)
         replicated = not (tracked.sharded or kept.tracked.sharded)
         # Every rank joins the same collectives whatever its state; -2 marks a rank that cannot serve.
-        mine = kept.last_done if same else -2
+        mine = kept.last_done if not why else NO_STATE
         flags = torch.tensor([mine, -mine, 0 if replicated else 1], dtype=torch.int64, device=world.device)
         parallel.wait(dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True))
         newest, oldest, any_sharded = int(flags[0]), -int(flags[1]), bool(flags[2])
-        if oldest == -2 or newest - oldest > 1 or (newest != oldest and any_sharded):  # noqa: PLR2004
+        if oldest == NO_STATE or newest - oldest > 1 or (newest != oldest and any_sharded):
+            if not why:
+                why = (
+                    "a rank's previous attempt left no state"
+                    if oldest == NO_STATE
+                    else f"ranks finished steps {oldest} to {newest} and their state is sharded (no replica)"
+                )
+            self.ctx.events.emit("inprocess_state_unused", attempt=self.number, reason=why)
             return None
         if newest == oldest:
             return -1
@@ -337,19 +348,21 @@ class AttemptRun:
         parallel.wait(dist.all_reduce(ahead, op=dist.ReduceOp.MIN, async_op=True))
         return int(ahead[0])
 
-    def _same_layout(self, old: Tracked, new: Tracked) -> bool:
+    def _same_layout(self, old: Tracked, new: Tracked) -> str:
+        """Why the previous attempt's objects cannot give this one its state ("" when they can)."""
         if set(old.objects) != set(new.objects):
-            return False
+            return f"this attempt tracks {sorted(new.objects)}, the previous one {sorted(old.objects)}"
         if old is new:
-            return True
+            return ""
         try:
+            kit, rank = self._kit(), self._rank_section()
             keys = [
-                self.stager.stage(t.memory_tree(kit=self._kit(), rank=self._rank_section())).key
-                for t in (old, new)
+                self.stager.stage(old.memory_tree(kit=kit, rank=rank)).key,
+                self.stager.stage(new.target(kit=kit, rank=rank)).key,
             ]
-        except (RuntimeError, ValueError, KeyError):
-            return False
-        return keys[0] == keys[1]
+        except (RuntimeError, ValueError, KeyError) as exc:
+            return f"the previous attempt's state could not be read: {type(exc).__name__}: {exc}"[:300]
+        return "" if keys[0] == keys[1] else "the parallel layout changed"
 
     def _take_from_memory(self, kept: Kept, tracked: Tracked, source: int) -> None:
         """The new attempt's objects take the state of the last step boundary from the previous

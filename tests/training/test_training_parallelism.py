@@ -224,3 +224,67 @@ def test_a_model_sharded_on_an_earlier_attempts_mesh_is_refused(tmp_path):
 
     with pytest.raises(UserError, match="sharded over a device mesh of an earlier attempt"):
         _one_rank_attempt(tmp_path, first, second)
+
+
+def _fsdp_tp_run(tmp_path: Path, *, stop: int | None) -> tuple[str | None, list[dict]]:
+    """FSDP2 over `dp` and tensor parallelism over `tp` on one rank's (1, 1) mesh, with a scheduler:
+    `stop` ends the first attempt after that step's backward, as an in-process restart does."""
+    import contextlib  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: PLC0415
+    from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
+
+    from nvrx_eks.training import api, parallel  # noqa: PLC0415
+
+    class Stopped(Exception):  # noqa: N818 - stands in for the in-process restart's interrupt
+        pass
+
+    def train(attempt_: api.Attempt, *, stop_at: int | None) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.Tanh()
+        )
+        mesh = attempt_.device_mesh({"dp": 1, "tp": 1})
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+        attempt_.resume(model=model, optimizer=optimizer, scheduler=scheduler)
+        for step in attempt_.steps(8):
+            inputs = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            model(inputs).pow(2).mean().backward()
+            if step == stop_at:
+                raise Stopped
+            with attempt_.update(clip_grad_norm=0.5):
+                optimizer.step()
+                scheduler.step()
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    world = parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    ctx, record = stub_context(api.ResilienceConfig(run_dir=run_dir), world, run_dir), Record()
+    try:
+        if stop is not None:
+            with contextlib.suppress(Stopped):
+                attempt(ctx, record, lambda a: train(a, stop_at=stop))
+        digest = attempt(ctx, record, lambda a: train(a, stop_at=None))
+    finally:
+        parallel.release_retired_groups()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        ctx.events.close()
+    return digest, _events(run_dir, "startup_done")
+
+
+def test_an_in_process_restart_of_a_sharded_model_takes_its_state_from_memory_exactly(tmp_path):
+    """The next attempt builds its model, mesh and optimizer anew; each tensor (DTensor shards, the
+    optimizer's moments) and the scheduler's counters come from the previous attempt's objects."""
+    clean, _ = _fsdp_tp_run(tmp_path / "clean", stop=None)
+    faulted, starts = _fsdp_tp_run(tmp_path / "faulted", stop=4)
+    assert [(e["attempt"], e["tier"], e["restored_step"]) for e in starts] == [
+        (0, "none", -1),
+        (1, "inprocess", 3),
+    ]
+    assert faulted == clean
