@@ -22,12 +22,18 @@ from torch.distributed.tensor import DTensor
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import parallel
-from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION, Stager, load_copy
+from nvrx_eks.training.checkpoint.dcp_format import (
+    KIT_SECTION,
+    RANK_SECTION,
+    LayoutMismatchError,
+    Stager,
+    load_copy,
+)
 from nvrx_eks.training.checkpoint.floor import copy_bandwidth
 from nvrx_eks.training.events import imported_since_fork
 from nvrx_eks.training.faults import FaultInjector, build_schedule
 from nvrx_eks.training.resilience.config import check_fault_plan
-from nvrx_eks.training.tracked import KEEP, KIT_SECTION, Tracked, local_parameters, set_rng_state
+from nvrx_eks.training.tracked import KEEP, Tracked, local_parameters, set_rng_state
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -251,9 +257,15 @@ class AttemptRun:
             restored_step, tier = self.last_done, "inprocess"
         else:
             self.last_done = -1
-            restored = ctx.checkpointer.load_latest(
-                lambda: tracked.target(kit=self._kit(), rank=self._rank_section())
-            )
+            try:
+                restored = ctx.checkpointer.load_latest(
+                    lambda: tracked.target(kit=self._kit(), rank=self._rank_section()), self._check_meta
+                )
+            except LayoutMismatchError as exc:
+                raise UserError(
+                    f"attempt.resume(): the newest checkpoint does not fit this run's state ({exc}): build "
+                    f"the model and optimizer as they were when it was written ({KEEP})"
+                ) from None
             if restored is None:
                 tracked.discard_target()
             else:
@@ -290,10 +302,12 @@ class AttemptRun:
     def _rank_section(self) -> dict[str, Any]:
         return {"resilience": json.dumps(self.ctx.resilience.state_dict(), default=str)}
 
-    def _load(self, state: dict[str, Any]) -> None:
-        assert self.tracked is not None  # noqa: S101 - resume set it
-        kit = state.get(KIT_SECTION) or {}
-        written = json.loads(kit.get("meta") or "{}")
+    def _check_meta(self, kit: dict[str, Any]) -> None:
+        """Before a tensor is loaded: the step was written with the job's facts (`Job(meta=...)`)."""
+        try:
+            written = json.loads(kit.get("meta") or "{}")
+        except (TypeError, ValueError):
+            return
         for key, want in self.ctx.meta.items():
             have = written.get(key)
             if have is not None and have != json.loads(json.dumps(want, default=str)):
@@ -301,6 +315,11 @@ class AttemptRun:
                     f"{key}: the newest checkpoint was written with {key} {have!r}, this run has {want!r}; "
                     f"run with {key} {have!r} to resume it ({KEEP})"
                 )
+
+    def _load(self, state: dict[str, Any]) -> None:
+        assert self.tracked is not None  # noqa: S101 - resume set it
+        kit = state.get(KIT_SECTION) or {}
+        self._check_meta(kit)
         sections = self.tracked.apply(state)
         self.last_done = int(kit["next_step"]) - 1
         rank = sections[RANK_SECTION]

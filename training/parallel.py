@@ -107,7 +107,19 @@ def preload() -> None:
     half-initialised `torch._dynamo` in sys.modules (every later attempt fails with "module
     'torch._dynamo' has no attribute 'utils'") or crashes the worker with SIGSEGV.
     """
-    import torch._dynamo  # noqa: F401, PLC0415
+    # What a checkpoint and a script's own parallelism import on first use: DCP, its state-dict API,
+    # DTensor, FSDP2, tensor parallelism, the device mesh; and what torch.save/torch.load of an object
+    # pull in (their serialization helpers and the latin-1 codec numpy's RNG state is pickled with).
+    import encodings.latin_1  # noqa: F401, PLC0415
+
+    import torch._dynamo  # noqa: PLC0415
+    import torch.distributed.checkpoint  # noqa: PLC0415
+    import torch.distributed.checkpoint.state_dict  # noqa: PLC0415
+    import torch.distributed.device_mesh  # noqa: PLC0415
+    import torch.distributed.fsdp  # noqa: PLC0415
+    import torch.distributed.tensor.parallel  # noqa: PLC0415
+    import torch.profiler._cupti_monitor  # noqa: PLC0415
+    import torch.utils.serialization  # noqa: F401, PLC0415
 
 
 def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: float = 300.0) -> int:

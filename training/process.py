@@ -119,6 +119,11 @@ def run_process(
         resilience.close()
         if checkpointer is not None:
             checkpointer.close()
+        # The script's objects go before the groups: a DDP model's hooks hold its reducer, and the
+        # reducer its process group, which must not outlive the interpreter (parallel.py
+        # `release_retired_groups`: a gloo group torn down at exit aborts the process).
+        record.kept = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
         parallel.release_retired_groups()

@@ -35,14 +35,13 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION
+from nvrx_eks.training.checkpoint.dcp_format import KIT_SECTION, RANK_SECTION
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from torch.distributed.device_mesh import DeviceMesh
 
-KIT_SECTION = "kit"
 RESERVED_NAMES = frozenset({KIT_SECTION, RANK_SECTION, "rng", "progress", "resilience"})
 """Names the kit's own sections take in a checkpoint: a tracked object may not use them."""
 KEEP = "the checkpoints are kept; point checkpoint.*_dir at a new folder to start afresh"

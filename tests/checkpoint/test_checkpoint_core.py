@@ -241,3 +241,18 @@ def test_a_step_folder_removed_by_a_node_mate_mid_prune_fails_nothing(tmp_path, 
     assert store.prune(rank=2, keep=1) == [0]
     assert not folder.exists()
     assert store.manifests().keys() == {10}
+
+
+def test_a_durable_step_that_does_not_fit_the_live_state_is_a_layout_mismatch_not_a_fresh_start(tmp_path):
+    """The live model changed (another size): its layout matches no copy, the durable step is tried
+    resharded, and DCP's planning finds the sizes differ. That is the run's configuration, not a torn
+    file: no older step would fit either, so the restore says so instead of starting afresh."""
+    from nvrx_eks.training.checkpoint.dcp_format import LayoutMismatchError  # noqa: PLC0415
+
+    ckpt = build_checkpointer(sync_config(tmp_path, local_dir=None), rank=0, world_size=1, device=CPU)
+    ckpt.save(4, {"model": {"w": torch.ones(4)}})
+    ckpt.close()  # the global metadata of the newest complete step
+    seen: list[dict] = []
+    with pytest.raises(LayoutMismatchError, match=r"model\.w"):
+        ckpt.load_latest(lambda: {"model": {"w": torch.zeros(8)}, "kit": {"next_step": 0}}, seen.append)
+    assert seen == [{}]  # shown before any tensor: the step holds no kit section

@@ -69,12 +69,18 @@ class Checkpointer(ABC):
         snapshot copy, if any. A no-op for implementations that copy inside `save`."""
         self._fence()
 
-    def load_latest(self, target: Callable[[], dict[str, Any]] | None = None) -> Restored | None:
+    def load_latest(
+        self,
+        target: Callable[[], dict[str, Any]] | None = None,
+        validate: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Restored | None:
         """Newest step that every rank can load (collective when a process group exists), loaded into
         the live state `target()` builds (called only when a checkpoint exists; tensors loaded in
         place, objects set in it; `Restored.state` is that state). Without `target`, the state as
-        saved, with CPU tensors, at this world size."""
-        return self._load_latest(target)
+        saved, with CPU tensors, at this world size. `validate` sees the chosen step's kit section
+        (`dcp_format.KIT_SECTION`) before a tensor is loaded and raises to refuse it; a step whose
+        tensors do not fit the live state raises `dcp_format.LayoutMismatchError`."""
+        return self._load_latest(target, validate)
 
     def wait(self) -> None:
         """Block until background work finishes (end of training, tests)."""
@@ -87,7 +93,9 @@ class Checkpointer(ABC):
     def _save(self, step: int, state: dict[str, Any]) -> None: ...
 
     @abstractmethod
-    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None: ...
+    def _load_latest(
+        self, target: Callable[[], dict[str, Any]] | None, validate: Callable[[dict[str, Any]], None] | None
+    ) -> Restored | None: ...
 
     def _fence(self) -> None:
         return None

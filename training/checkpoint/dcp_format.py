@@ -56,6 +56,10 @@ if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.planner import SavePlan
 
+KIT_SECTION = "kit"
+"""The key of the kit's own part of the state: the next step, the world size, the mesh, the job's facts
+(the same on every rank)."""
+
 RANK_SECTION = "kit_rank"
 """The key of a rank's own part of the state. Stored under `kit_rank_<rank>`, so every rank's survives
 DCP's one-value-per-key metadata; a restore at another world size takes it from one old rank
@@ -339,10 +343,16 @@ class RankReader(FileSystemReader):
         return super().read_metadata(rank=self._rank)
 
 
-def load_planner() -> DefaultLoadPlanner:
+def load_planner(*, partial: bool = False) -> DefaultLoadPlanner:
     """DCP's default load planner; a key of the checkpoint that the live state lacks (a rank section
-    not asked for) is no error, a key of the live state that the checkpoint lacks is."""
-    return DefaultLoadPlanner(allow_partial_load=False)
+    not asked for) is no error, a key of the live state that the checkpoint lacks is (unless
+    `partial`: reading one section alone)."""
+    return DefaultLoadPlanner(allow_partial_load=partial)
+
+
+class LayoutMismatchError(Exception):
+    """A checkpoint step whose tensors do not fit this run's state (another model, another optimizer):
+    no tier and no older step can fix that, the run's configuration can."""
 
 
 def load_into(

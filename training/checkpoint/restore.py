@@ -30,12 +30,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from nvrx_eks.training.checkpoint.base import Restored
 from nvrx_eks.training.checkpoint.config import TIER_ORDER
-from nvrx_eks.training.checkpoint.dcp_format import load_copy, load_into, load_planner, rank_keyed, unkeyed
+from nvrx_eks.training.checkpoint.dcp_format import (
+    KIT_SECTION,
+    LayoutMismatchError,
+    load_copy,
+    load_into,
+    load_planner,
+    rank_keyed,
+    unkeyed,
+)
 from nvrx_eks.training.checkpoint.replica import PEER_DIR
 from nvrx_eks.training.checkpoint.shard import ShardError, decode
 from nvrx_eks.training.checkpoint.slot import SlotFiles, committed
@@ -187,10 +196,13 @@ def restore(
     device: torch.device,
     emit: Callable[[str, dict[str, Any]], None],
     target: Callable[[], dict[str, Any]] | None,
+    validate: Callable[[dict[str, Any]], None] | None = None,
 ) -> Restored | None:
     """The newest state every rank can load, loaded (collective: every rank of the default process
     group calls it). `target` builds the live state to load into (tensors are loaded in place, objects
-    set in it); None: the state comes back as saved, with CPU tensors (tests, tools)."""
+    set in it); None: the state comes back as saved, with CPU tensors (tests, tools). `validate` is
+    shown the chosen step's kit section (`KIT_SECTION`) before any tensor is loaded: it raises what
+    makes the step unusable for this run (a changed model), which ends the restore."""
     memory = node_memory(memory_dir) if memory_dir is not None and memory_dir.is_dir() else {}
     own: dict[str, dict[int, tuple[int, str]]] = {
         "memory": {
@@ -226,11 +238,25 @@ def restore(
         plan = plans[0]
         if plan.reshard_tier:
             restored = _reshard(
-                plan, stores=stores, rank=rank, world_size=world_size, device=device, emit=emit, live=live
+                plan,
+                stores=stores,
+                rank=rank,
+                world_size=world_size,
+                device=device,
+                emit=emit,
+                live=live,
+                validate=validate,
             )
         else:
             restored = _same(
-                plan, memory=memory, stores=stores, rank=rank, device=device, emit=emit, live=live
+                plan,
+                memory=memory,
+                stores=stores,
+                rank=rank,
+                device=device,
+                emit=emit,
+                live=live,
+                validate=validate,
             )
         if restored is not None:
             return restored
@@ -250,24 +276,33 @@ def _same(
     device: torch.device,
     emit: Callable[[str, dict[str, Any]], None],
     live: dict[str, Any] | None,
+    validate: Callable[[dict[str, Any]], None] | None,
 ) -> Restored | None:
     blob = _transfer(plan, memory=memory, rank=rank)
+    check = validate if validate is not None and live is not None else None
     tier, server = plan.where[rank]
     state: dict[str, Any] | None = None
     try:
         if tier == "peer_memory":
             # An empty reply: the partner could not read its copy (decode rejects it).
-            state = _from_views(decode(blob), rank=rank, live=live)
+            views = decode(blob)
+            if check is not None:
+                check(views.get(KIT_SECTION) or {})
+            state = _from_views(views, rank=rank, live=live)
         elif tier == "memory":
             held = memory[(rank, plan.step)]
             if live is None:
                 state = _from_views(decode(read_slot(held)), rank=rank, live=None)
             else:
                 with held.files.reader(held.manifest) as (saved, fill):
+                    if check is not None:
+                        check(saved.get(KIT_SECTION) or {})
                     state = load_into(live, saved, rank=rank, fill=fill)
         else:
             store = next(s for s in stores if s.tier == tier)
             store.verify(plan.step, rank)
+            if check is not None and live is not None:
+                check(_kit_section(store.reader(plan.step, rank=rank), live))
             state = _from_disk(store.reader(plan.step, rank=rank), rank=rank, live=live)
     except (OSError, ShardError, KeyError, ValueError, RuntimeError) as exc:
         emit("checkpoint_rejected", {"tier": tier, "step": plan.step, "rank": rank, "reason": str(exc)[:500]})
@@ -319,23 +354,45 @@ def _from_disk(
     return unkeyed(keyed, rank if source is None else source)
 
 
+def _kit_section(reader: StorageReader, live: dict[str, Any]) -> dict[str, Any]:
+    """The kit's section of a disk step alone, read by DCP (no tensor is loaded; no collective)."""
+    template = live.get(KIT_SECTION)
+    if not isinstance(template, dict) or not template:
+        return {}
+    section = {KIT_SECTION: dict.fromkeys(template, _UNREAD)}
+    _load_state_dict(section, storage_reader=reader, planner=load_planner(partial=True), no_dist=True)
+    return {key: value for key, value in section[KIT_SECTION].items() if value is not _UNREAD}
+
+
+_UNREAD = "\0unread"
+"""A kit-section entry the step does not hold (a string: DCP keeps a target's strings as they are)."""
+
+
+def _first_problem(exc: BaseException) -> str:
+    """The first line worth reading of DCP's error (its CheckpointException wraps each rank's)."""
+    for line in str(exc).splitlines():
+        if "mismatch" in line or "Missing key" in line or "missing" in line.lower():
+            return line.strip().strip("'\"")[:400]
+    return str(exc).splitlines()[0][:400] if str(exc) else type(exc).__name__
+
+
 def load_part(store: ShardStore, step: int, rank: int) -> dict[str, Any]:
     """One rank's part of a disk step, verified, as saved (CPU tensors); no process group needed."""
     store.verify(step, rank)
     return _from_disk(store.reader(step, rank=rank), rank=rank, live=None)
 
 
-def _reshard(
+def _whole(
+    store: ShardStore,
     plan: _Plan,
     *,
-    stores: Sequence[ShardStore],
     rank: int,
     world_size: int,
     device: torch.device,
     emit: Callable[[str, dict[str, Any]], None],
-    live: dict[str, Any] | None,
-) -> Restored | None:
-    store = next(s for s in stores if s.tier == plan.reshard_tier)
+) -> bool:
+    """Every old rank's files verified (spread over this job's ranks) and the global metadata written
+    (rank 0, where the writers had not): on every rank, whether the step can be resharded."""
     old = plan.old_world_size
     problem = ""
     try:
@@ -348,7 +405,7 @@ def _reshard(
             {"tier": store.tier, "step": plan.step, "rank": rank, "reason": problem[:500]},
         )
     if not all_ok(not problem, device):
-        return None
+        return False
     if rank == 0:
         try:
             if not store.finalize(plan.step, old):
@@ -365,13 +422,37 @@ def _reshard(
                 "reason": problem or "rank 0 could not finalize it",
             },
         )
+        return False
+    return True
+
+
+def _reshard(
+    plan: _Plan,
+    *,
+    stores: Sequence[ShardStore],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    emit: Callable[[str, dict[str, Any]], None],
+    live: dict[str, Any] | None,
+    validate: Callable[[dict[str, Any]], None] | None,
+) -> Restored | None:
+    store = next(s for s in stores if s.tier == plan.reshard_tier)
+    old = plan.old_world_size
+    if not _whole(store, plan, rank=rank, world_size=world_size, device=device, emit=emit):
         return None
+    if validate is not None and live is not None:
+        validate(_kit_section(store.reader(plan.step), live))
     state: dict[str, Any] | None = None
     try:
         state = _from_disk(
             store.reader(plan.step), rank=rank, live=live, source=rank % old, collective=_collective()
         )
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
+    except (KeyError, ValueError, CheckpointException) as exc:
+        # DCP's planning found a key or a size this run's state does not have: the same on every rank
+        # (DCP raises one rank's planning error on all), and no older step would fit better.
+        raise LayoutMismatchError(_first_problem(exc)) from None
+    except (OSError, RuntimeError) as exc:
         emit(
             "checkpoint_rejected",
             {"tier": store.tier, "step": plan.step, "rank": rank, "reason": str(exc)[:500]},

@@ -87,7 +87,9 @@ class SyncCheckpointer(Checkpointer):
         self.stats.stall_s += stall
         self.stats.max_stall_s = max(self.stats.max_stall_s, stall)
 
-    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None:
+    def _load_latest(
+        self, target: Callable[[], dict[str, Any]] | None, validate: Callable[[dict[str, Any]], None] | None
+    ) -> Restored | None:
         return restore(
             memory_dir=None,
             stores=[store for store, _, _ in self.stores],
@@ -97,6 +99,7 @@ class SyncCheckpointer(Checkpointer):
             device=self.device,
             emit=self.emit,
             target=target,
+            validate=validate,
         )
 
     def _close(self) -> None:

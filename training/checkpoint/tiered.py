@@ -546,7 +546,9 @@ class TieredCheckpointer(Checkpointer):
         )
 
     # --- restore / lifecycle --------------------------------------------------------------------
-    def _load_latest(self, target: Callable[[], dict[str, Any]] | None) -> Restored | None:
+    def _load_latest(
+        self, target: Callable[[], dict[str, Any]] | None, validate: Callable[[dict[str, Any]], None] | None
+    ) -> Restored | None:
         # Restoring writes into the live parameters: no copy may still be reading them.
         self._settle()
         self.agreement.reset()  # a restore starts a new agreement history (new process group)
@@ -562,6 +564,7 @@ class TieredCheckpointer(Checkpointer):
             device=self.device,
             emit=self.emit,
             target=None if target is None else lambda: with_carried(target(), ""),
+            validate=validate,
         )
         carried = None
         if restored is not None:
