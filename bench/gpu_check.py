@@ -12,7 +12,7 @@ Four checks, each printing its numbers, then `gpu-check.json` in the run folder:
    down and the same process goes on from memory. Each fault's layer, recovery and steps lost come
    from the run's own events (localrun.summary.summarize);
 4. NVRx's GPU-only checkpointing rows, which `bench checkpoint` prints as "not measurable on CPU"
-   (localrun/checkpoint_bench/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
+   (bench/checkpoint/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
    BasicTensorAwareStateDict) and the async queue with DCP over CUDA IPC, on check 2's loop shape,
    each with its stall over the device-to-host floor of its own (smaller) state, its first save and
    its restore; stopped past NVRX_TIMEOUT_S.
@@ -168,7 +168,7 @@ def _nvrx_rows(workdir: Path) -> dict[str, Any]:
         LocalCheckpointManager,
     )
 
-    from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
+    from nvrx_eks.bench.checkpoint.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
 
     state, nbytes = _gpu_state(NVRX_STATE_GB)
     floor_s = nbytes / _d2h_bandwidth(nbytes)
@@ -281,7 +281,7 @@ def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
     ok = (
         done.returncode == 0
         and summary.completed
-        and len(faults) == 2  # noqa: PLR2004 - the two planned faults
+        and len(faults) == 2
         and all(f["layer"] == "inprocess" and f["steps_lost"] == 0 for f in faults)
     )
     return {"ok": ok, "exit_code": done.returncode, "faults": faults, "stderr_tail": done.stderr[-800:]}

@@ -203,7 +203,7 @@ def local_lock(kind: str, lock: Path) -> tuple[Path, dict[str, Path]]:
     }
     wheels = _wheelhouse([f"{n}=={v}" for n, v in sorted(pinned.items())])
     wheels["nvidia-resiliency-ext"] = nvrx
-    lines = [f"# {kind}: {lock.name} at this environment's versions, cp311 wheels (localrun/image_check.py)"]
+    lines = [f"# {kind}: {lock.name} at this environment's versions, cp311 wheels (bench/image_check.py)"]
     for name, wheel in sorted(wheels.items()):
         version = IMAGE.nvrx_version if name == "nvidia-resiliency-ext" else pinned[name]
         lines.append(

@@ -125,7 +125,7 @@ class Prometheus:
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer,  # noqa: S310 - loopback
             ):
-                if answer.status == 200:  # noqa: PLR2004 - HTTP OK
+                if answer.status == 200:
                     return self
             time.sleep(0.2)
         self.__exit__()

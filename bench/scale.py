@@ -22,9 +22,9 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.bench.peer import DEFAULT_DEVICE_STEP_S
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.runtime import runtime_versions
-from nvrx_eks.localrun.peer_bench import DEFAULT_DEVICE_STEP_S
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,7 +55,7 @@ def parse_nodes(text: str) -> list[int]:
             count = int(item.strip())
         except ValueError:
             count = 0
-        if count < 2:  # noqa: PLR2004 - two nodes: the smallest job with a partner to restore from
+        if count < 2:
             raise UserError(
                 f"--nodes {text!r}: {item.strip()!r} is not a node count of 2 or more; "
                 "pass comma-separated counts, e.g. --nodes 2,4,8"

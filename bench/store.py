@@ -386,7 +386,7 @@ def _thread_cpu(pid: int) -> dict[int, float]:
 
 
 def _client_worker(port: int, key: str, count: int, world: int, threads: int, deadline_s: float) -> None:
-    """A process of simulated clients (`python -m nvrx_eks.localrun.store_bench`), one step per line on stdin,
+    """A process of simulated clients (`python -m nvrx_eks.bench.store`), one step per line on stdin,
     one JSON line on stdout after each: import torch (while the store starts), connect, run the barrier
     and report the stamps and this process's CPU."""
     import resource  # noqa: PLC0415
@@ -484,7 +484,7 @@ def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: floa
                 ]
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "nvrx_eks.localrun.store_bench", *argv],
+                        [sys.executable, "-m", "nvrx_eks.bench.store", *argv],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=log,

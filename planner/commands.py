@@ -116,7 +116,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     intervals = projection.modes[mode].intervals
     durable = intervals["durable"].every_steps
     # The trainer's tiered checkpointer persists disk tiers from the memory snapshot: a mode without
-    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, localrun/peer_bench.py).
+    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, bench/peer.py).
     memory = intervals["memory"].every_steps if "memory" in intervals else durable
     local = intervals["local"].every_steps if "local" in intervals else 0
     cadences = {"memory_every": memory, "local_every": local, "durable_every": durable}

@@ -70,7 +70,7 @@ KOKOLIS_PER_NODE_DAY = 5e-3
 # The trainer's state per parameter: fp32 parameters plus AdamW's two fp32 moments (training/trainer.py
 # builds torch.optim.AdamW over fp32 parameters).
 TRAINER_BYTES_PER_PARAM = 12.0
-# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (localrun/peer_bench.py
+# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (bench/peer.py
 # PEER_PUBLISHED): in-process 10 s, ft_launcher 17 s, torchrun restart from checkpoint 270 s.
 PEER_INPROCESS_S = 10.0
 PEER_LAUNCHER_S = 17.0
@@ -251,7 +251,7 @@ class ModeSetup(_Section):
 
 def _default_modes() -> dict[Mode, ModeSetup]:
     # The peer's tiering for the three single-layer modes (one checkpoint cadence, durable), the kit's
-    # tiering for its default (RAM, node-local disk, durable) -- the same split as localrun/peer_bench.py.
+    # tiering for its default (RAM, node-local disk, durable) -- the same split as bench/peer.py.
     one = ModeSetup(tiers={"durable": "auto"})
     return {
         "baseline": one,

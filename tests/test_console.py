@@ -19,7 +19,7 @@ from rich.table import Table
 from nvrx_eks.kitcore.console import make_console
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
+PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks")
 ELLIPSIS = "…"
 
 
@@ -69,7 +69,7 @@ def test_plan_into_a_pipe_cuts_no_cell(nvrx_eks, tmp_path):
 _PRINT_TABLES = """
 import json, sys
 from nvrx_eks.kitcore.console import make_console
-from nvrx_eks.localrun.peer_bench import comparison_table
+from nvrx_eks.bench.peer import comparison_table
 from nvrx_eks.localrun.report import print_report
 document = json.loads(sys.stdin.read())
 console = make_console()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
+PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks")
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:

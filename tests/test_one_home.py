@@ -18,7 +18,7 @@ from nvrx_eks.localrun.summary import FaultPhases
 from nvrx_eks.training.metrics import RECOVERY_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks", "tools")
+PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks", "tools")
 
 FLOOR = "training/checkpoint/floor.py"
 CHECKPOINT_CONFIG = "training/checkpoint/config.py"

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nvrx_eks.bench.checkpoint.benchstate import forward_backward, make_state
+from nvrx_eks.bench.checkpoint.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 from nvrx_eks.kitcore.runtime import runtime_versions
-from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
-from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ def bench(
     json_out: Path | None = None,
     nvrx: bool = True,
 ) -> None:
-    from nvrx_eks.localrun.checkpoint_bench.torture import run_trials  # noqa: PLC0415
+    from nvrx_eks.bench.checkpoint.torture import run_trials  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 

@@ -1,4 +1,4 @@
-"""`nvrx-eks bench checkpoint` (wired in by localrun/commands.py)."""
+"""`nvrx-eks bench checkpoint` (wired in by bench/commands.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def register(bench: typer.Typer) -> None:
     ) -> None:
         """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP and NVRx's own
         checkpointing, restore per tier, kill -9."""
-        from nvrx_eks.localrun.checkpoint_bench.bench import bench as run  # noqa: PLC0415
+        from nvrx_eks.bench.checkpoint.bench import bench as run  # noqa: PLC0415
 
         run(
             state_gb=state_gb,

@@ -14,7 +14,7 @@ Two seams of that path call CUDA and are replaced here by what they do for one r
 all-reduces the call index on CUDA unless `no_dist=True`, which one rank passes.
 
 Not measurable on CPU: the paths in `CPU_ONLY_REASONS`, each with the line of NVRx that stops it
-(printed as the row); localrun/gpu_check.py measures them on a GPU.
+(printed as the row); bench/gpu_check.py measures them on a GPU.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
+from nvrx_eks.bench.checkpoint.benchstate import forward_backward, make_state
 
 ROW_TIMEOUT_S = 600
 """A row's child process is killed past this: a worker that dies leaves NVRx's queue waiting forever

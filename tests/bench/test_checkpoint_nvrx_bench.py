@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
+from nvrx_eks.bench.checkpoint.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
 
 @pytest.mark.slow
@@ -56,7 +56,7 @@ def test_bench_checkpoint_prints_nvrx_rows_beside_the_kits_and_records_them(nvrx
     assert all(row["first_save_s"] > 0 for row in document["rows"])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these paths run (localrun/gpu_check.py)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these paths run (bench/gpu_check.py)")
 def test_the_rows_printed_not_measurable_fail_on_cpu_where_their_reason_says(tmp_path):
     """Each reason is what NVRx does on this CPU: when NVRx makes a path CPU-capable, this fails and
     the path gets a measured row instead."""

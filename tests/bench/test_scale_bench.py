@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_eks.k8s.load import load_values
-from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.scale_bench import (
+from nvrx_eks.bench.scale import (
     MEMORY_EVERY,
     fault_plan,
     goals,
@@ -18,6 +16,8 @@ from nvrx_eks.localrun.scale_bench import (
     parse_nodes,
     scale_rows,
 )
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.localrun.summary import FaultPhases, FaultSummary
 from nvrx_eks.training.faults import build_schedule
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from nvrx_eks.bench.peer import durable_every, mode_setups
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import _progress_line, fault_free_key, without_faults
-from nvrx_eks.localrun.peer_bench import durable_every, mode_setups
 from nvrx_eks.localrun.report import (
     FAULT_KEYS,
     FLEET_PLAN,

@@ -12,10 +12,10 @@ from typing import get_args
 
 import pytest
 
+from nvrx_eks.bench.peer import PEER_PUBLISHED
 from nvrx_eks.k8s.durable_cost import PlanHints, durable_cadence_warning
 from nvrx_eks.k8s.values import JobValues
 from nvrx_eks.kitcore.configio import UserError, load_model
-from nvrx_eks.localrun.peer_bench import PEER_PUBLISHED
 from nvrx_eks.planner.commands import load_plan, write_values
 from nvrx_eks.planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,
@@ -563,7 +563,7 @@ def test_checkpoint_bench_and_demo_summary_calibrate_the_tiers(tmp_path):
     assert plan.recovery.launcher_s == pytest.approx(13.0)
     assert plan.workload.step_s == pytest.approx(0.036)
     # The device step model's median stall: the bench judges GPU hosts on it
-    # (localrun/checkpoint_bench/bench.py).
+    # (bench/checkpoint/bench.py).
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.003)
     for field in ("checkpoint.durable.write_s", "recovery.launcher_s", "checkpoint.memory.stall_s"):
         assert cal.labels[field].startswith("measured"), field

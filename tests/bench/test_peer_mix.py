@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.bench.peer import DEFAULT_SEEDS, mode_setups, run_peer_bench
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.peer_bench import DEFAULT_SEEDS, mode_setups, run_peer_bench
 from nvrx_eks.training.faults import build_schedule
 
 REPO = Path(__file__).resolve().parents[2]
