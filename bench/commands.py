@@ -42,7 +42,10 @@ def bench_peer_cmd(
         ),
     ] = None,
     modes: Annotated[
-        list[str] | None, typer.Option("--mode", help="Run only these modes (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--mode", help="Run only these modes (repeatable): baseline, inprocess, ft_launcher, both."
+        ),
     ] = None,
     mix: Annotated[
         str,
@@ -54,9 +57,9 @@ def bench_peer_cmd(
     runs_root: RunsRoot = Path("runs"),
 ) -> None:
     """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
-    from nvrx_eks.bench.peer import run_peer_bench  # noqa: PLC0415
+    from nvrx_eks.bench.peer import parse_modes, run_peer_bench  # noqa: PLC0415
 
-    kwargs = {"modes": tuple(modes)} if modes else {}
+    kwargs = {"modes": parse_modes(modes)} if modes else {}
     run_peer_bench(
         values_path=values_file,
         steps=steps,

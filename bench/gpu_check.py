@@ -248,30 +248,30 @@ def _nvrx_rows_in_tmpfs() -> dict[str, Any]:
 
 def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
+    from nvrx_eks.training.resilience.config import CONFIG_ENV  # noqa: PLC0415
 
     cmd = [
         str(Path(sys.executable).parent / "torchrun"),
         "--standalone",
         "--nproc-per-node=1",
-        "-m",
-        "nvrx_eks.training",
-        "--dist-device",
-        "cuda",
-        "--mode",
-        "inprocess",
-        "--model",
-        "small",
-        "--steps",
-        "30",
-        "--faults-plan",
-        "exception@8:0,oom@18:0",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-memory-dir",
-        str(run_dir / "shm"),
+        *("-m", "nvrx_eks.training", "--model", "small", "--steps", "30"),
     ]
+    # The kit's settings as any script gets them (the chart renders the same variable).
+    kit = {
+        "dist": {"device": "cuda"},
+        "mode": "inprocess",
+        "faults": {"plan": ["exception@8:0", "oom@18:0"]},
+        "run_dir": str(run_dir),
+        "checkpoint": {"memory_dir": str(run_dir / "shm")},
+    }
     done = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S, check=False
+        cmd,
+        cwd=REPO,
+        env={**os.environ, CONFIG_ENV: json.dumps(kit)},
+        capture_output=True,
+        text=True,
+        timeout=RESTART_TIMEOUT_S,
+        check=False,
     )
     summary = summarize(run_dir)
     faults = [

@@ -420,20 +420,15 @@ def _left_in_shm() -> set[str]:
 def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
     """The demo's job and fault plan with every pod a container (the executor's podman runtime), against
     the same job fault-free as processes (the demo's cached reference, run once if missing)."""
-    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from nvrx_eks.localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
+    from nvrx_eks.localrun.demo import DEMO_FAULTS, demo_values  # noqa: PLC0415
     from nvrx_eks.localrun.report import summary_document  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
-    plan = ",".join(DEMO_FAULTS)
-    values = load_values(
-        REPO_ROOT / "k8s/values/local-cpu.yaml",
-        (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}"),
-    )
+    values = demo_values(REPO_ROOT / "k8s/values/local-cpu.yaml")
     reference = fault_free_sha256(
         values, cache_dir=REPO_ROOT / "runs" / ".cache", run_dir=work / "fault-free", console=console
     )

@@ -386,14 +386,13 @@ def observe_check(*, console: Console, workdir: Path | None = None, timeout_s: f
 def _run(console: Console, work: Path, *, timeout_s: float) -> Findings:
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.k8s.observability import monitoring_objects  # noqa: PLC0415
-    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import reference_trainer, run_job  # noqa: PLC0415
     from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     values = load_values(
         VALUES,
         (
-            f"trainer.steps={OBSERVE_STEPS}",
-            f"trainer.emulated_device_step_s={EMULATED_STEP_S}",
+            *reference_trainer(steps=OBSERVE_STEPS, emulated_device_step_s=EMULATED_STEP_S),
             f"trainer.faults.plan={','.join(OBSERVE_FAULTS)}",
             f"trainer.metrics.prometheus_port={free_port()}",
         ),

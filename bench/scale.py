@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from nvrx_eks.bench.peer import DEFAULT_DEVICE_STEP_S
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.runtime import runtime_versions
+from nvrx_eks.localrun.chaos import reference_trainer
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -79,8 +80,7 @@ def overrides(*, nodes: int, steps: int, device_step_s: float) -> tuple[str, ...
     return (
         f"num_nodes={nodes}",
         f"instance_profile={PROFILE}",
-        f"trainer.steps={steps}",
-        f"trainer.emulated_device_step_s={device_step_s}",
+        *reference_trainer(steps=steps, emulated_device_step_s=device_step_s),
         f"trainer.checkpoint.memory_every={MEMORY_EVERY}",
         f"trainer.faults.plan={fault_plan(nodes)}",
     )

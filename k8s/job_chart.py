@@ -33,7 +33,6 @@ setting is what it is:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +46,7 @@ from nvrx_eks.k8s.env import container_env
 from nvrx_eks.k8s.launcher import control_command, launcher_command
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from nvrx_eks.k8s.rank_config import entry_command, resilience_env
+from nvrx_eks.k8s.rank_config import resilience_env
 from nvrx_eks.k8s.values import ALLOCATABLE_FRACTION
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.kitcore.pins import TRAINER_UID
@@ -62,7 +61,6 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
-from nvrx_eks.training.resilience.config import config_document
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -642,18 +640,9 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
     return k8s.ResourceRequirements(requests=requests, limits=limits)
 
 
-def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m nvrx_eks.training.node.selfcheck`, which proves among its checks that the ranks'
-    checkpointer can start on the node. A script's ranks read the job's configuration from
-    NVRX_EKS_CONFIG, in the env the self-check shares with them; the reference trainer's get flags, so
-    the self-check is handed what their checkpointer is built from (the run folder and the checkpoint
-    section) as that JSON."""
-    command = ["python", "-m", "nvrx_eks.training.node.selfcheck"]
-    if values.entrypoint is None:
-        document = config_document(values.trainer)
-        checkpointer = {key: document[key] for key in ("run_dir", "checkpoint")}
-        command.append(f"--config={json.dumps(checkpointer, sort_keys=True, separators=(',', ':'))}")
-    return command
+SELFCHECK_COMMAND = ("python", "-m", "nvrx_eks.training.node.selfcheck")
+"""The pod's self-check, which proves among its checks that the ranks' checkpointer can start on the
+node: it reads the job's configuration from NVRX_EKS_CONFIG, in the env it shares with the ranks."""
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:
@@ -720,7 +709,7 @@ class TrainingJob(Construct):
             values,
             store_endpoint=store_endpoint(values),
             node_address=node_address(values),
-            entry=entry_command(values.entrypoint, values.trainer),
+            entry=values.entrypoint.command(),
         )
         security = trainer_security()
         # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs
@@ -740,7 +729,7 @@ class TrainingJob(Construct):
                 name=SELFCHECK_CONTAINER,
                 image=image,
                 image_pull_policy=pull,
-                command=selfcheck_command(values),
+                command=list(SELFCHECK_COMMAND),
                 env=env,
                 resources=_resources(values),
                 volume_mounts=mounts,

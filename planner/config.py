@@ -7,10 +7,9 @@ planner/calibrate.py), or from a default below whose source is named beside it. 
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from functools import cached_property
-from typing import Literal, Self, get_args
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy.stats import poisson
@@ -18,7 +17,8 @@ from scipy.stats import poisson
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
-from nvrx_eks.training.resilience.config import MODES, FaultClass, Mode
+from nvrx_eks.training.resilience.config import parse_plan_item
+from nvrx_eks.training.resilience.modes import FAULT_CLASSES, MODES, SOFT_FAULTS, Mode
 from nvrx_eks.training.shapes import PRESETS, ModelShape
 
 TierName = CadenceTier
@@ -87,17 +87,10 @@ STORE_LOSS_PER_DAY = LLAMA3_TABLE5["dependency"][0] / LLAMA3_DAYS
 Source = str
 
 
-# training.faults.SOFT, restated: that module imports torch, which the planner does not need
-# (tests/planner checks the two agree).
-SOFT_CLASSES = frozenset({"exception", "hang", "skip_collective", "oom"})
-KNOWN_CLASSES: tuple[str, ...] = get_args(FaultClass)
-_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::\d+)?$")  # training/config.py _PLAN_ITEM
-
-
 def fault_kind(cls: str) -> FaultKind:
     """What a fault class takes to recover (training/faults.py): soft ones stay in the process; a store
     loss restarts every pod (NVRx 0.7's launchers do not reconnect to the replacement store)."""
-    if cls in SOFT_CLASSES:
+    if cls in SOFT_FAULTS:
         return "soft"
     if cls == "node_loss":
         return "node"
@@ -299,11 +292,11 @@ class Faults(_Section):
     @classmethod
     def _items(cls, value: list[str] | None) -> list[str] | None:
         for item in value or []:
-            match = _ITEM.match(item)
-            if match is None or match["cls"] not in KNOWN_CLASSES:
+            parsed = parse_plan_item(item)
+            if parsed is None or parsed[0] not in FAULT_CLASSES:
                 raise ValueError(
                     f"{item!r} is not CLASS@STEP (e.g. exception@57) with CLASS one of "
-                    f"{', '.join(KNOWN_CLASSES)}"
+                    f"{', '.join(FAULT_CLASSES)}"
                 )
         return value
 
@@ -311,17 +304,17 @@ class Faults(_Section):
         """(class, step) of each scheduled fault, by step."""
         out = []
         for item in self.schedule or []:
-            match = _ITEM.match(item)
-            assert match is not None  # noqa: S101 - validated
-            out.append((match["cls"], int(match["step"])))
+            parsed = parse_plan_item(item)
+            assert parsed is not None  # noqa: S101 - validated
+            out.append(parsed[:2])
         return sorted(out, key=lambda f: f[1])
 
     @field_validator("mix")
     @classmethod
     def _classes(cls, value: dict[str, float]) -> dict[str, float]:
         for name, share in value.items():
-            if name not in KNOWN_CLASSES:
-                raise ValueError(f"unknown fault class {name!r}; use one of: {', '.join(KNOWN_CLASSES)}")
+            if name not in FAULT_CLASSES:
+                raise ValueError(f"unknown fault class {name!r}; use one of: {', '.join(FAULT_CLASSES)}")
             if share < 0:
                 raise ValueError(f"{name}: a share is >= 0")
         total = sum(value.values())

@@ -64,7 +64,7 @@ from nvrx_eks.planner.config import (
     poisson_fewest,
     poisson_tail,
 )
-from nvrx_eks.training.resilience.config import MODES, Mode
+from nvrx_eks.training.resilience.modes import MODES, Mode, layers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,15 +84,17 @@ class Route:
 def route(plan: Plan, mode: Mode, kind: FaultKind) -> Route:
     written = tuple(t for t in TIERS if t in plan.modes[mode].tiers)
     remote = tuple(t for t in written if t == "durable" or (t == "memory" and plan.checkpoint.peer_replica))
-    if kind == "soft" and mode in {"inprocess", "both"}:
+    spec = layers(mode)
+    if kind == "soft" and spec.inprocess:
         return Route("inprocess", ())
     if kind == "store":
         return Route("store_restart", tuple(t for t in written if t != "memory"))
+    # ft_launcher restarts a node's workers in place and, with the job's rendezvous, takes a node's
+    # replacement in; torchrun's job is restarted whole from a checkpoint.
+    in_job = spec.launcher == "ft_launcher"
     if kind == "node":
-        return Route("node_swap" if mode in {"ft_launcher", "both"} else "job_restart", remote)
-    if mode in {"ft_launcher", "both"}:
-        return Route("ft_launcher", written)
-    return Route("job_restart", written)
+        return Route("node_swap" if in_job else "job_restart", remote)
+    return Route("ft_launcher" if in_job else "job_restart", written)
 
 
 def layer_recovery_s(plan: Plan, layer: str) -> float:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.planner.config import SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Plan, TierName
 from nvrx_eks.planner.model import KINDS, ModeResult, Projection, evaluate, project
-from nvrx_eks.training.resilience.config import MODES, Mode
+from nvrx_eks.training.resilience.modes import MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

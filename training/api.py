@@ -76,7 +76,7 @@ from nvrx_eks.training.resilience.config import (
     CONFIG_ENV,
     ResilienceConfig,
     check_fault_plan,
-    config_from_json,
+    config_from_env,
 )
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
 
@@ -119,8 +119,7 @@ class UserCodeError(UserError):
 
 def load_config(env: dict[str, str] | None = None) -> ResilienceConfig:
     """The job's configuration from `NVRX_EKS_CONFIG` (set by the chart), else the defaults."""
-    raw = (os.environ if env is None else env).get(CONFIG_ENV)
-    return config_from_json(raw, source=CONFIG_ENV) if raw else ResilienceConfig()
+    return config_from_env(env)
 
 
 @dataclass
