@@ -78,17 +78,23 @@ def rank_config(
     chart-owned field set in the section is one of its errors, naming the value that sets it, and so is
     a script's own setting (trainer.steps), naming where it goes."""
     problems = [*_chart_owned_in(section), *_script_settings_in(section)]
-    if problems:
-        raise ValidationError.from_exception_data("trainer", problems)
     owned = _chart_owned(name, mode, storage, budgets)
     if storage.peer_replicas is None and num_nodes > 1 and _takes_memory_snapshots(section.get("checkpoint")):
         owned["checkpoint"]["peer_replicas"] = 1
-    return ResilienceConfig.model_validate(merge(dict(section), owned))
+    kits = {key: value for key, value in section.items() if key in ResilienceConfig.model_fields}
+    try:
+        config = ResilienceConfig.model_validate(merge(kits, owned))
+    except ValidationError as exc:
+        # One message for all: the section's own errors beside the fields it must not hold.
+        problems += [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+    if problems:
+        raise ValidationError.from_exception_data("trainer", problems)
+    return config
 
 
 def _chart_owned_in(section: Mapping[str, Any]) -> list[Any]:
     """An error for each field of the section the chart sets itself."""
-    owned_here = []
+    owned_here: list[Any] = []
     for path, owner in CHART_OWNED_FIELDS.items():
         node: Any = section
         for part in path:

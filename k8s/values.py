@@ -97,6 +97,12 @@ class JobValues(Section):
     so it reads as the ranks will: values.trainer.checkpoint.memory_every. Handed to every rank as
     NVRX_EKS_CONFIG."""
 
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _default_entrypoint(cls, value: Any) -> Any:  # noqa: ANN401
+        # `entrypoint:` with nothing under it (YAML's null) is the default entry point.
+        return {} if value is None else value
+
     @field_validator("trainer", mode="before")
     @classmethod
     def _the_ranks_config(cls, section: Any, info: ValidationInfo) -> ResilienceConfig:  # noqa: ANN401

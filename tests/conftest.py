@@ -66,7 +66,6 @@ class LocalJobRunner:
 
     values = REPO / "k8s" / "values" / "local-cpu.yaml"
     sync_durable_every_2 = (
-        "trainer.log_every=10",
         "trainer.checkpoint.implementation=sync",
         "trainer.checkpoint.durable_every=2",
         "trainer.checkpoint.local_every=0",

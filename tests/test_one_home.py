@@ -21,10 +21,24 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks", "tools")
 
 FLOOR = "training/checkpoint/floor.py"
+MODES = "training/resilience/modes.py"
+_NAME = "(?:baseline|inprocess|ft_launcher|both)"
+_MODE_TEST = (
+    rf'mode\)?\s*(?:==|!=)\s*"|\bmode\s+(?:not\s+)?in\s+[{{(\[]\s*"{_NAME}"'
+    rf'|[{{(\[]\s*"{_NAME}",\s*"{_NAME}"'
+)
 CHECKPOINT_CONFIG = "training/checkpoint/config.py"
 METRICS = "training/metrics.py"
 HOMES: dict[str, tuple[str, str | None]] = {
-    "the resilience mode": (r'Literal\[\s*"baseline"', "training/resilience/config.py"),
+    "the resilience mode": (r'Literal\[\s*"baseline"', MODES),
+    # What a mode runs is asked of training/resilience/modes.py `layers`, never spelled as the names
+    # that run a layer: a set of mode names, or a mode compared with one (`mode in {"inprocess", "both"}`).
+    "what a mode runs": (
+        _MODE_TEST,
+        MODES,
+    ),
+    "the fault classes": (r'Literal\[\s*"exception"', MODES),
+    "the fault-plan grammar": (r"@\(\?P<step>", "training/resilience/config.py"),
     "the checkpoint tiers in order": (
         r'=\s*(?:Literal)?[(\[]\s*"memory",\s*"(?:peer_memory|local)"',
         CHECKPOINT_CONFIG,

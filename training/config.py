@@ -96,6 +96,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m nvrx_eks.training",
+        # No abbreviations: `--mode` (a kit setting, NVRX_EKS_CONFIG's) must not be read as `--model`.
+        allow_abbrev=False,
         description="Reference trainer: Llama-style decoder with NVRx in-process and in-job restart.",
         epilog="Values are parsed as YAML scalars. A --config file gives the same fields as a tree; flags "
         "win. The kit's settings (mode, checkpoints, faults, ...) come from NVRX_EKS_CONFIG, as for any "

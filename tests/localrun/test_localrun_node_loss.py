@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ MEMORY_EVERY = 2
 
 
 def _run(local_job: LocalJobRunner, run_dir: Path, plan: str) -> Path:
-    overrides = [f"trainer.steps={STEPS}", f"trainer.checkpoint.memory_every={MEMORY_EVERY}"]
+    overrides = [*reference_trainer(steps=STEPS), f"trainer.checkpoint.memory_every={MEMORY_EVERY}"]
     if plan:
         overrides.append(f"trainer.faults.plan={plan}")
     return local_job.run(run_dir, overrides, timeout_s=240)[1]

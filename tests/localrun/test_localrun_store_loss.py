@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nvrx_eks.k8s.termination import failure_cause, log_tail
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ FAULT_STEP = 25
 
 @pytest.mark.timeout(600)
 def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, local_job: LocalJobRunner):
-    overrides = [f"trainer.steps={STEPS}", f"trainer.checkpoint.local_every={LOCAL_EVERY}"]
+    overrides = [*reference_trainer(steps=STEPS), f"trainer.checkpoint.local_every={LOCAL_EVERY}"]
     _, reference = local_job.run(tmp_path / "reference", overrides, timeout_s=240)
     plan = f"trainer.faults.plan=store_loss@{FAULT_STEP}"
     _, events_dir = local_job.run(tmp_path / "run", [*overrides, plan], timeout_s=300)

@@ -16,12 +16,12 @@ from nvrx_eks.bench.peer import PEER_PUBLISHED
 from nvrx_eks.k8s.durable_cost import PlanHints, durable_cadence_warning
 from nvrx_eks.k8s.values import JobValues
 from nvrx_eks.kitcore.configio import UserError, load_model
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.planner.commands import load_plan, write_values
 from nvrx_eks.planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,
     LLAMA3_INTERRUPTIONS,
     MODES,
-    SOFT_CLASSES,
     STORE_LOSS_PER_DAY,
     Plan,
     fault_kind,
@@ -76,12 +76,6 @@ def test_llama3_mix_sums_to_the_table_and_is_mostly_node_loss():
     mix = llama3_mix()
     assert sum(mix.values()) == pytest.approx(1.0)
     assert 0.75 <= mix["node_loss"] <= 0.85  # ~78% hardware, plus unplanned host maintenance
-
-
-def test_soft_classes_match_the_trainers():
-    from nvrx_eks.training.faults import SOFT  # noqa: PLC0415 - imports torch
-
-    assert SOFT == SOFT_CLASSES
 
 
 # ---- closed form against the simulation ------------------------------------------------------------
@@ -168,7 +162,7 @@ def _mode_row(mode: str, recoveries: list[float], layer: str, lost_each: list[in
     wall = STEPS * STEP_S + startup + sum(recoveries) + lost * STEP_S
     every = 2 if mode == "both" else DURABLE_EVERY
     overrides = [
-        f"trainer.steps={STEPS}",
+        *reference_trainer(steps=STEPS),
         f"trainer.checkpoint.memory_every={every}",
         f"trainer.checkpoint.local_every={10 if mode == 'both' else 0}",
         f"trainer.checkpoint.durable_every={DURABLE_EVERY}",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ HARD_PLAN = "sigkill@4:1,deadlock@9:2,node_loss@14:3"
 
 def _run(local_job: LocalJobRunner, run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
     overrides = [
-        f"trainer.steps={STEPS}",
+        *reference_trainer(steps=STEPS),
         *local_job.sync_durable_every_2,
     ]
     if plan:
@@ -109,9 +110,8 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
     _, events = local_job.run(
         tmp_path,
         [
-            "trainer.steps=8",
+            *reference_trainer(steps=8, emulated_device_step_s=2),
             *local_job.sync_durable_every_2,
-            "trainer.emulated_device_step_s=2",
             "trainer.inprocess.soft_timeout_s=3.5",
             "trainer.ft.heartbeat_timeout_floor_s=5",
             "timeouts.launcher_heartbeat_s=5",

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def _run(
     node_provision_s: float = 0.0,
 ) -> tuple[JobResult, Path]:
     overrides = [
-        f"trainer.steps={STEPS}",
+        *reference_trainer(steps=STEPS),
         *local_job.sync_durable_every_2,
         *BUDGETS,
         *extra,

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import parallel
 from nvrx_eks.training.resilience import nvrx_compat
+from nvrx_eks.training.resilience.modes import layers as mode_layers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -370,9 +371,10 @@ class Resilience(Layer):
 def for_mode(cfg: ResilienceConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
     """The layers `cfg.mode` names; `store` is the process-group store (the in-process layer agrees on
     its own store's port through it)."""
-    ft = FtLauncherLayer(cfg, events) if cfg.mode in {"ft_launcher", "both"} else None
+    spec = mode_layers(cfg.mode)
+    ft = FtLauncherLayer(cfg, events) if spec.heartbeats else None
     layers: list[Layer] = []
-    if cfg.mode in {"inprocess", "both"}:
+    if spec.inprocess:
         beat = ft.beat_while_recovering if ft is not None else None
         layers.append(InProcessLayer(cfg, events, store=store, world=world, on_restart_decided=beat))
     if ft is not None:
