@@ -20,12 +20,13 @@ from nvrx_eks.bench.store import (
     DEFAULT_BARRIER_SIMS,
     RESTART_ROUNDS,
 )
+from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
 from nvrx_eks.localrun.commands import LocalValues, RunsRoot  # noqa: TC001 - typer reads the annotations
 
 
 def bench_peer_cmd(
-    values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
+    values_file: LocalValues = DEFAULT_VALUES,
     steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
     device_step_s: Annotated[
         float,
@@ -91,7 +92,7 @@ def bench_api_cmd(
 
 
 def bench_scale_cmd(
-    values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
+    values_file: LocalValues = DEFAULT_VALUES,
     nodes: Annotated[
         str, typer.Option("--nodes", help="Node counts to run, comma-separated (1 CPU rank per node).")
     ] = "2,4,8",

@@ -58,6 +58,7 @@ from nvrx_eks.images.build import (
     store_build_args,
     user_build_args,
 )
+from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
 from nvrx_eks.localrun.runtimes import RUNC, ULIMITS
 
@@ -333,7 +334,7 @@ def render(*, trainer: Built, store: Built, out: Path) -> dict[str, dict[str, An
     """The local job's pod specs, rendered with the built images (by digest, as job values require)."""
     import yaml  # noqa: PLC0415
 
-    values = (REPO_ROOT / "k8s/values/local-cpu.yaml").read_text()
+    values = DEFAULT_VALUES.read_text()
     values = re.sub(
         r"^image: local$",
         f"image: {trainer.name}@{trainer.digest}\nstore_image: {store.name}@{store.digest}",
@@ -428,7 +429,7 @@ def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: 
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
-    values = demo_values(REPO_ROOT / "k8s/values/local-cpu.yaml")
+    values = demo_values(DEFAULT_VALUES)
     reference = fault_free_sha256(
         values, cache_dir=REPO_ROOT / "runs" / ".cache", run_dir=work / "fault-free", console=console
     )

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-VALUES = Path("k8s/values/local-cpu.yaml")
 SCRAPE_INTERVAL_S = 1
 """The PodMonitor's 30 s would see a one-minute job twice; relabeling, not timing, is under test."""
 OBSERVE_FAULTS = ("exception@30:1", "sigkill@60:1", "node_loss@90:3")
@@ -384,13 +383,14 @@ def observe_check(*, console: Console, workdir: Path | None = None, timeout_s: f
 
 
 def _run(console: Console, work: Path, *, timeout_s: float) -> Findings:
+    from nvrx_eks.k8s import DEFAULT_VALUES  # noqa: PLC0415
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.k8s.observability import monitoring_objects  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import reference_trainer, run_job  # noqa: PLC0415
     from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     values = load_values(
-        VALUES,
+        DEFAULT_VALUES,
         (
             *reference_trainer(steps=OBSERVE_STEPS, emulated_device_step_s=EMULATED_STEP_S),
             f"trainer.faults.plan={','.join(OBSERVE_FAULTS)}",

@@ -1,9 +1,10 @@
-"""Cut pyproject.toml down to the trainer, for the image's wheel: its dependencies and its packages.
+"""Cut pyproject.toml down to the trainer, for the image's wheel: its dependencies and its parts.
 
 images/Dockerfile runs this in its `wheel` stage (`python images/trainer_requires.py pyproject.toml`):
 the kit's cluster tooling (CDK, cdk8s, kubernetes, matplotlib) is not in the image, and a requirement
 the wheel declares but the image does not install fails `pip check` there; the stage copies only the
-trainer's folders, and a listed package whose folder is absent fails the build. The ranges stay
+trainer's folders, and a mapped part whose folder is absent fails the build (setup.py derives the
+packages from pyproject.toml's package-dir). The ranges stay
 pyproject.toml's. Standard library only: it runs in the image's build before anything is installed.
 """
 
@@ -32,27 +33,34 @@ images/torch-requirements.lock (tests/images checks)."""
 
 
 TRAINER_PACKAGES = ("nvrx_eks.kitcore", "nvrx_eks.training")
-"""The packages (with their subpackages) the trainer's wheel holds besides the kit's own `nvrx_eks`: the
-trainer and the core below it."""
+"""The parts the trainer's wheel holds besides the kit's own `nvrx_eks`: the trainer and the core below
+it (each with its subpackages)."""
 
 
 def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
     """`text` (a pyproject.toml) with only the `keep` entries left in [project] dependencies, only
-    TRAINER_PACKAGES (and their subpackages) in [tool.setuptools] packages, and no readme."""
+    TRAINER_PACKAGES (and `nvrx_eks`) in [tool.setuptools.package-dir], and no readme."""
     text, declared = _keep_entries(text, "dependencies", lambda name: name.lower() in keep)
     if declared != len(keep):
         raise SystemExit(f"pyproject.toml declares {declared} of {keep}")
     # The README is the kit's page, not the trainer's: left out of the image, an edit to it does not
     # change the images' tag (infra/revision.py hashes what the image recipes copy).
     text = re.sub(r'^readme = "README.md"\n', "", text, count=1, flags=re.MULTILINE)
-    text, _ = _keep_entries(
-        text,
-        "packages",
-        lambda name: (
-            name == "nvrx_eks" or any(name == p or name.startswith(p + ".") for p in TRAINER_PACKAGES)
-        ),
-    )
-    return text
+    return _keep_parts(text, ("nvrx_eks", *TRAINER_PACKAGES))
+
+
+def _keep_parts(text: str, parts: tuple[str, ...]) -> str:
+    """`text` with only the `parts` left in its [tool.setuptools.package-dir] table (one `"part" =
+    "folder"` line each)."""
+    table = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)", text, re.DOTALL | re.MULTILINE)
+    if table is None:
+        raise SystemExit("pyproject.toml has no [tool.setuptools.package-dir] table")
+    kept = [
+        line
+        for line in table.group(1).splitlines()
+        if not (entry := re.match(r'\s*"([A-Za-z0-9_.]+)"\s*=', line)) or entry.group(1) in parts
+    ]
+    return text[: table.start(1)] + "\n".join(kept) + "\n" + text[table.end(1) :]
 
 
 def _keep_entries(text: str, key: str, keeps: Callable[[str], bool]) -> tuple[str, int]:

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
 
 LocalValues = Annotated[
@@ -27,7 +28,7 @@ RunsRoot = Annotated[
 
 
 def demo_cmd(
-    values_file: LocalValues = Path("k8s/values/local-cpu.yaml"),
+    values_file: LocalValues = DEFAULT_VALUES,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
     ] = None,

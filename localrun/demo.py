@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nvrx_eks.infra import DEFAULT_CONFIG
+from nvrx_eks.k8s import DEFAULT_VALUES
+
 if TYPE_CHECKING:
     from nvrx_eks.k8s.values import JobValues
 
-DEFAULT_VALUES = Path("k8s/values/local-cpu.yaml")
-DEFAULT_CLUSTER_CONFIG = Path("infra/configs/default.yaml")
 
 # One fault of every class training/faults.py injects, spaced so each recovery completes before the
 # next fault. Ranks 2-3 live on node 1, so the node loss takes the node that does not host rank 0.
@@ -45,7 +46,7 @@ def demo_values(values_path: Path, overrides: tuple[str, ...] = ()) -> JobValues
 def demo(
     *,
     values_path: Path = DEFAULT_VALUES,
-    cluster_config: Path = DEFAULT_CLUSTER_CONFIG,
+    cluster_config: Path = DEFAULT_CONFIG,
     runs_root: Path = Path("runs"),
     overrides: tuple[str, ...] = (),
     skip_synth: bool = False,

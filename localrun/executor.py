@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP
+from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
@@ -187,8 +188,6 @@ class _Rendered:
 # plugin's (nvidia.com/gpu, vpc.amazonaws.com/efa) would stay Pending on a cluster without such a
 # node; here its command would start without them and fail minutes later.
 LOCAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
-LOCAL_IMAGE = "local"
-"""`image: local` (k8s/values.py): the command runs in this virtualenv; any other image is a cluster's."""
 
 
 def local_node_labels(index: int, nodes: int) -> dict[str, str]:

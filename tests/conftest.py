@@ -42,14 +42,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root; output
-    captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80)."""
+    """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root (or `cwd`);
+    output captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80)."""
 
-    def run(*args: str, timeout: float, piped: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout: float, piped: bool = False, cwd: Path = REPO
+    ) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"}
         return subprocess.run(
             [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
-            cwd=REPO,
+            cwd=cwd,
             env=env if piped else env | {"COLUMNS": "200"},
             capture_output=True,
             text=True,

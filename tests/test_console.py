@@ -17,9 +17,10 @@ from pathlib import Path
 from rich.table import Table
 
 from nvrx_eks.kitcore.console import make_console
+from nvrx_eks.layout import parts
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks")
+PACKAGES = parts(REPO)  # the kit's folders, as pyproject.toml's package-dir declares them
 ELLIPSIS = "…"
 
 

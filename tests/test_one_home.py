@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.layout import parts
 from nvrx_eks.localrun.report import PHASE_COLUMNS, PHASE_NAMES
 from nvrx_eks.localrun.summary import FaultPhases
 from nvrx_eks.training.metrics import RECOVERY_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("kitcore", "training", "k8s", "infra", "images", "localrun", "bench", "planner", "nvrx_eks", "tools")
+PARTS = (*parts(ROOT), "tools")  # the kit's folders, as pyproject.toml's package-dir declares them
 
 FLOOR = "training/checkpoint/floor.py"
 MODES = "training/resilience/modes.py"

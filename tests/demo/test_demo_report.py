@@ -297,8 +297,8 @@ def test_the_totals_say_what_they_measure_and_where_a_real_jobs_figures_come_fro
     wall = document["wall_s"]
     assert f"{document['steps']} steps of {document['mean_step_s'] * 1e3:.0f} ms" in text
     assert f"{faults} faults in {wall:.1f} s (one every {wall / faults:.1f} s)" in text
-    assert f"`nvrx-eks plan {FLEET_PLAN} --from {tmp_path}`" in text
+    assert f"`nvrx-eks plan {FLEET_PLAN.relative_to(REPO)} --from {tmp_path}`" in text
     # The same sentences on the report page, and the plan they point at exists and loads.
     page = render_html(document, read_events(tmp_path), title="t", run_dir=tmp_path)
     assert all(html.escape(line) in page for line in totals_in_scale(document, tmp_path))
-    assert (REPO / FLEET_PLAN).is_file()
+    assert FLEET_PLAN.is_file()
