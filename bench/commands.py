@@ -59,8 +59,8 @@ def bench_peer_cmd(
 ) -> None:
     """The AWS sample's recovery experiment (5 faults, seed 42), mode by mode; writes peer.json."""
     from nvrx_eks.bench.peer import parse_modes, run_peer_bench  # noqa: PLC0415
+    from nvrx_eks.training.resilience.modes import MODES  # noqa: PLC0415
 
-    kwargs = {"modes": parse_modes(modes)} if modes else {}
     run_peer_bench(
         values_path=values_file,
         steps=steps,
@@ -68,7 +68,7 @@ def bench_peer_cmd(
         fault_seed=fault_seed,
         runs_root=runs_root,
         mix=mix,
-        **kwargs,
+        modes=parse_modes(modes) if modes else MODES,
     )
 
 

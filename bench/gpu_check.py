@@ -84,7 +84,9 @@ def _staging_stall(workdir: Path) -> dict[str, Any]:
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     per = int(STAGING_STATE_GB * 1e9) // 4 // 8
-    state = {"model": {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}, "data": {"step": 0}}
+    model = {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}
+    data = {"step": 0}
+    state: dict[str, Any] = {"model": model, "data": data}
     nbytes = per * 4 * 8
     floor_s = nbytes / _d2h_bandwidth(nbytes)
     config = CheckpointConfig(memory_dir=workdir / "shm", memory_every=1, local_every=0, durable_every=0)
@@ -99,8 +101,8 @@ def _staging_stall(workdir: Path) -> dict[str, Any]:
             torch.cuda._sleep(cycles)  # noqa: SLF001 - a kernel that holds the device, not the host
             before = time.perf_counter()
             ckpt.fence()
-            state["model"]["w0"].mul_(1.0001)  # the update: the first write to what the copy reads
-            state["data"]["step"] = step
+            model["w0"].mul_(1.0001)  # the update: the first write to what the copy reads
+            data["step"] = step
             ckpt.save(step, state)
             stalls.append(time.perf_counter() - before)
         ckpt.wait()

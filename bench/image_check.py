@@ -536,7 +536,7 @@ def check_images(
         def ok(stdout: str) -> bool:
             probe = json.loads(stdout.strip().splitlines()[-1])
             probes[kind] = probe
-            return (
+            return bool(
                 probe["uid"] == uid and probe["torch"] == local_torch and probe["nvrx"] == IMAGE.nvrx_version
             )
 

@@ -189,7 +189,8 @@ class PodDiscovery:
             for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
                 if doc and doc.get("kind") == "Job":
                     self._namespace = doc["metadata"]["namespace"]
-                    return doc["spec"]["template"]
+                    template: dict[str, Any] = doc["spec"]["template"]
+                    return template
         return None
 
     def _follow(self) -> None:
@@ -226,7 +227,7 @@ class PodDiscovery:
         pod_labels = {meta_label(k): v for k, v in labels.items()} | {
             meta_label(k).replace("_pod_label_", "_pod_labelpresent_", 1): "true" for k in labels
         }
-        groups = []
+        groups: list[dict[str, Any]] = []
         for name, pod in sorted(self.pods.items()):
             address = f"127.0.0.{2 + pod['index']}"
             meta = {

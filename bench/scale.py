@@ -201,7 +201,7 @@ def run_scale_bench(
         "versions": runtime_versions(),
     }
     console.print(scale_table(rows, steps=steps, device_step_s=device_step_s))
-    console.print(goals_line(document["goals"]))
+    console.print(goals_line(goals(rows)))
     out = json_out or bench_dir / "scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -457,7 +457,8 @@ def _read_line(proc: subprocess.Popen[str], what: str, log: Path) -> dict[str, A
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"a client process exited before {what} ({proc.wait()}); see {log}")
-    return json.loads(line)
+    answer: dict[str, Any] = json.loads(line)
+    return answer
 
 
 def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
@@ -642,7 +643,7 @@ def run_store_bench(
     _print(console, rows)
     if barriers:
         console.print(barrier_table(barriers))
-        console.print(breakdown_line(document["barrier_breakdown"]), soft_wrap=True)
+        console.print(breakdown_line(barrier_breakdown(barriers)), soft_wrap=True)
     echo(f"bench: rendezvous rows {rendezvous_s:.0f} s, barriers {barrier_s:.0f} s (setup included)")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cdk8s_plus_33 import k8s
 
-from nvrx_eks.k8s.values import REGION_ENV
+from nvrx_eks.k8s.sections import REGION_ENV
 from nvrx_eks.training.node.selfcheck import PROFILE_ENV
 from nvrx_eks.training.resilience.modes import layers
 

@@ -260,7 +260,10 @@ class NodeVerification(Construct):
         if spec.dcgm_host:
             command.append(f"--dcgm-host={spec.dcgm_host}")
         nvme_mount = k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME)
-        field = lambda path: k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path))  # noqa: E731
+
+        def field(path: str) -> k8s.EnvVarSource:
+            return k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path))
+
         container = k8s.Container(
             name="nodecheck",
             image=spec.image,

@@ -86,7 +86,9 @@ def rank_config(
         config = ResilienceConfig.model_validate(merge(kits, owned))
     except ValidationError as exc:
         # One message for all: the section's own errors beside the fields it must not hold.
-        problems += [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+        problems += [
+            {k: v for k, v in e.items() if k in ("type", "loc", "input", "ctx")} for e in exc.errors()
+        ]
     if problems:
         raise ValidationError.from_exception_data("trainer", problems)
     return config
@@ -130,13 +132,12 @@ def _takes_memory_snapshots(checkpoint: object) -> bool:
     (staging slots), so it is read before the section is validated, each field with its own type. A bad
     value reads as the default here; the section's validation reports it."""
     given = checkpoint if isinstance(checkpoint, dict) else {}
-    values = {}
+    values: dict[str, Any] = {}
     for name in ("implementation", "memory_every"):
         field = CheckpointConfig.model_fields[name]
+        adapter: TypeAdapter[Any] = TypeAdapter(Annotated[field.annotation, field])  # type: ignore[arg-type]
         try:
-            values[name] = TypeAdapter(Annotated[field.annotation, field]).validate_python(
-                given.get(name, field.default)
-            )
+            values[name] = adapter.validate_python(given.get(name, field.default))
         except ValidationError:
             values[name] = field.default
     return CheckpointConfig.model_construct(**values).snapshots_in_memory

@@ -90,7 +90,7 @@ class JobValues(Section):
     entrypoint: Entrypoint = Entrypoint()
     """The training script every rank runs and its own arguments: the reference trainer (`python -m
     nvrx_eks.training`) unless it names your module or script."""
-    trainer: ResilienceConfig = Field(None, validate_default=True)  # type: ignore[assignment]
+    trainer: ResilienceConfig = Field(None, validate_default=True)
     """The kit's settings every rank runs with, as a tree, whatever the script: checkpoint cadences,
     inprocess, ft, dist, faults, metrics, seed (training/resilience/config.py; default: none set).
     Validated with the fields the chart owns set from mode, storage and budgets (k8s/rank_config.py),

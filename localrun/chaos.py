@@ -185,9 +185,9 @@ def fault_free_sha256(
     key = fault_free_key(values)
     cached = cache_dir / f"fault-free-{key}.json"
     if cached.exists():
-        sha = json.loads(cached.read_text())["final_params_sha256"]
-        console.print(f"fault-free reference: cached ({cached}) sha256 {sha[:16]}")
-        return sha
+        known = str(json.loads(cached.read_text())["final_params_sha256"])
+        console.print(f"fault-free reference: cached ({cached}) sha256 {known[:16]}")
+        return known
     outcome = run_job(
         without_faults(values), run_dir=run_dir, console=console, label="fault-free", timeout_s=timeout_s
     )

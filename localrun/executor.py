@@ -177,11 +177,11 @@ class _Rendered:
 
     @property
     def job_name(self) -> str:
-        return self.job["metadata"]["name"]
+        return str(self.job["metadata"]["name"])
 
     @property
     def namespace(self) -> str:
-        return self.job["metadata"].get("namespace", "default")
+        return str(self.job["metadata"].get("namespace", "default"))
 
 
 # What a local "node" offers: the kubelet's own resources. A container that asks for a device
@@ -259,7 +259,7 @@ def free_port() -> int:
     """A TCP port nothing listens on now, on any interface (bind to port 0, release it)."""
     with socket.socket() as sock:
         sock.bind(("", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _container_ports(pod_spec: dict[str, Any]) -> dict[str | int, int]:
@@ -726,10 +726,10 @@ class LocalJob:
                     continue
                 hit = o.exit_code in codes["values"]
                 if hit == (codes.get("operator", "In") == "In"):
-                    return rule["action"]
+                    return str(rule["action"])
             for cond in rule.get("onPodConditions", []):
                 if cond.get("type") == "DisruptionTarget" and o.reason == "NodeDeleted":
-                    return rule["action"]
+                    return str(rule["action"])
         return "Count"
 
     def delete_store(self) -> None:
@@ -793,10 +793,8 @@ class LocalJob:
             self._store.kill(deleted=False)
             self._ended_stores.append(self._store.outcome)
         else:
-            raise UserError(
-                f"rendezvous store did not listen on port {self.local_ports.get(probe_port, probe_port)}; "
-                f"see {self.run_dir / 'pods'}"
-            )
+            shown = self.local_ports.get(probe_port, probe_port) if probe_port is not None else "?"
+            raise UserError(f"rendezvous store did not listen on port {shown}; see {self.run_dir / 'pods'}")
         ports = {svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()}
         self._emit("store_ready", pod=name, ports=ports)
         for svc, port in ports.items():

@@ -380,7 +380,7 @@ def timeline_svg(events: Sequence[dict[str, Any]], document: dict[str, Any]) -> 
     faults = list(zip(injected, document["faults"], strict=False))
 
     def x_of(t: float) -> float:
-        return PLOT_LEFT + (t - t0) / span * plot_w
+        return float(PLOT_LEFT + (t - t0) / span * plot_w)
 
     labels = place_labels(
         [(x_of(event["t"]), f"{fault['class']} > {fault['layer']}") for event, fault in faults],

@@ -35,7 +35,10 @@ RUN_LABEL = "io.nvrx-eks.local-run"
 
 
 class Runtime(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """How the command line names it (`--runtime`)."""
+        ...
 
     def command(
         self,
@@ -145,7 +148,7 @@ def _shm_size(pod_spec: dict[str, Any]) -> str:
     }
     for volume in pod_spec.get("volumes", []):
         if volume["name"] in mounted and (volume.get("emptyDir") or {}).get("sizeLimit"):
-            return volume["emptyDir"]["sizeLimit"].replace("Gi", "g").replace("Mi", "m")
+            return str(volume["emptyDir"]["sizeLimit"]).replace("Gi", "g").replace("Mi", "m")
     return "64m"  # podman's default, and a pod's without a shm volume
 
 

@@ -373,7 +373,7 @@ def _peer_scenario(
     """peer.json's own scenario as a whole plan: this machine, the run's faults, each mode's cadences."""
     label = f"measured: {path}"
     steps = int(scenario["steps"])
-    drawn = next((row.get("faults") for row in modes.values() if row.get("faults")), [])
+    drawn: list[dict[str, Any]] = next((row["faults"] for row in modes.values() if row.get("faults")), [])
     schedule = [f"{f['class']}@{f['step']}" for f in drawn]
     if len(schedule) != int(scenario["num_faults"]):
         raise UserError(

@@ -101,7 +101,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     from io import StringIO  # noqa: PLC0415
 
     from pydantic import ValidationError  # noqa: PLC0415
-    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+    from ruamel.yaml.comments import CommentedMap  # noqa: PLC0415
 
     from nvrx_eks.k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
     from nvrx_eks.k8s.values import JobValues  # noqa: PLC0415

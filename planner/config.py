@@ -216,7 +216,8 @@ class Checkpoint(_Section):
     """RAM snapshots also held by partner nodes: a lost node's shards come back from memory."""
 
     def tier(self, name: TierName) -> Tier | None:
-        return getattr(self, name)
+        tier: Tier | None = getattr(self, name)
+        return tier
 
 
 Cadence = int | Literal["auto"]

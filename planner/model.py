@@ -157,10 +157,11 @@ def tier_costs(plan: Plan, mode: Mode, cadences: Mapping[TierName, int]) -> dict
 
 def restore_choice(route_: Route, costs: Mapping[TierName, TierCosts]) -> TierName | None:
     """The tier a restore loads from: the newest checkpoint among the usable tiers, fastest on a tie."""
-    usable = [t for t in route_.tiers if t in costs]
+    usable: list[TierName] = [t for t in route_.tiers if t in costs]
     if not usable:
         return None
-    return min(usable, key=lambda t: (costs[t].lost_s, costs[t].restore_s))
+    choice: TierName = min(usable, key=lambda t: (costs[t].lost_s, costs[t].restore_s))
+    return choice
 
 
 @dataclass(frozen=True)
@@ -410,9 +411,10 @@ def evaluate(
             at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
             if at_steps and tier is not None:
                 # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
-                usable = [t for t in r.tiers if t in costs]
+                usable: list[TierName] = [t for t in r.tiers if t in costs]
                 picks = [
-                    min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s)) for s in at_steps
+                    min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s))  # type: ignore[misc]
+                    for s in at_steps
                 ]
                 lost = statistics.fmean(
                     scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)

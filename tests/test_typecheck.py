@@ -1,4 +1,4 @@
-"""The kit type-checks (pyproject `[tool.mypy]`: strict over kitcore/ and training/).
+"""The kit type-checks (pyproject `[tool.mypy]`: strict over every part).
 
 The check is mypy, run as `make check` runs it (tools/typecheck.py: over the kit laid out as installed,
 one package nvrx_eks, with each reported path mapped back to the repository's). The first test proves

@@ -24,6 +24,7 @@ beside the kit's staging stall.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,12 @@ def run_loop(
         if kind == "checkpoint_committed" and fields["tier"] == "peer":
             peer.append((fields["seconds"], fields.get("bytes_sent", 0)))
 
-    ckpt = build_checkpointer(
-        config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
+    # The config's default implementation, the tiered checkpointer: its workers and stats are read below.
+    ckpt = cast(
+        "TieredCheckpointer",
+        build_checkpointer(
+            config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
+        ),
     )
     work = torch.randn(256, 256)
     gradient = torch.zeros(1024) if world_size > 1 else None
@@ -134,7 +140,7 @@ def run_loop(
     deadline = time.monotonic() + 120
     while not all(worker.warm() for worker in ckpt.workers.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    ckpt.stats.__init__()
+    ckpt.stats.__init__()  # type: ignore[misc]  # the counters reset in place, where the tiers hold them
     durable_s.clear()
     peer.clear()
     stalls: list[float] = []
@@ -358,7 +364,7 @@ def _restore_times(config: CheckpointConfig) -> dict[str, float]:
     memory = MemoryTier(root=config.memory_dir, rank=0, world_size=1, num_slots=2, device=torch.device("cpu"))
     times = {"memory": timed(lambda: memory.load(1, 0))}
     for store, _, shared in disk_stores(config):
-        times[store.tier] = timed(lambda s=store, sh=shared: StoreSource(s, shared=sh).load(1, 0))
+        times[store.tier] = timed(functools.partial(StoreSource(store, shared=shared).load, 1, 0))
     return times
 
 

@@ -112,7 +112,7 @@ def child(root: Path, delay_s: float, report_path: Path) -> None:
         time.sleep(0.02)
 
 
-def _fork_server() -> multiprocessing.context.BaseContext:
+def _fork_server() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(
         ["torch", "nvrx_eks.training.checkpoint.tiered", "nvrx_eks.training.checkpoint.factory"]
