@@ -37,7 +37,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from pathlib import Path
 
+    from rich.console import Console
     from rich.table import Table
+
+    from nvrx_eks.localrun.summary import RunSummary
 
 NUM_FAULTS = 5
 FAULT_SEED = 42
@@ -199,26 +202,7 @@ def run_peer_bench(
             console.print(f"[red]{name}: no trainer events ({outcome.job.reason})[/red]")
             results[name] = {"mode": name, "completed": False, "reason": outcome.job.reason}
             continue
-        recoveries = [f.recovery_s for f in summary.faults if f.recovery_s is not None]
-        results[name] = {
-            "mode": setup.mode,
-            "completed": outcome.job.succeeded and summary.completed,
-            "training_goodput": summary.training_goodput,
-            "infra_goodput": summary.infra_goodput,
-            "mean_recovery_s": sum(recoveries) / len(recoveries) if recoveries else None,
-            "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
-            "faults": [f.to_dict() for f in summary.faults],
-            "wall_s": summary.wall_s,
-            # The run's own costs beside its goodput, for `nvrx-eks plan --from`: one step, the job's
-            # first start, the loop's time in checkpoint calls and how many it made.
-            "mean_step_s": summary.mean_step_s,
-            "startup_s": summary.startup_s,
-            "checkpoint_stall_s": summary.checkpoint_stall_s,
-            "checkpoints": summary.checkpoints,
-            "wall_breakdown_s": summary.wall_breakdown(),
-            # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
-            "overrides": list(setup.overrides),
-        }
+        results[name] = _mode_row(setup, summary, succeeded=outcome.job.succeeded)
         print_phases(console, results[name]["faults"])
 
     console.print(
@@ -226,20 +210,7 @@ def run_peer_bench(
     )
     console.print("* the AWS sample's published figures on 16 H100, not measured here.")
     console.print(breakdown_table(results))
-    kit = results.get("both")
-    if kit is not None and "faults" in kit:
-        goal = KIT_GOODPUT_GOALS[mix]
-        soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
-        goodput_ok = kit["training_goodput"] >= goal
-        parts = kit["wall_breakdown_s"]
-        unproductive_s = kit["wall_s"] - parts["productive"]
-        console.print(
-            f"kit goals: training goodput >= {goal:.0%}: "
-            f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}: {unproductive_s:.1f} s of "
-            f"{kit['wall_s']:.1f} s not productive, {goal:.0%} allows "
-            f"{parts['productive'] * (1 / goal - 1):.1f} s); "
-            f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
-        )
+    _print_goals(console, results.get("both"), mix=mix)
     document = {
         "scenario": scenario,
         "modes": results,
@@ -251,6 +222,48 @@ def run_peer_bench(
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     console.print(f"peer.json: {out}")
     return document
+
+
+def _mode_row(setup: ModeSetup, summary: RunSummary, *, succeeded: bool) -> dict[str, Any]:
+    """peer.json's row of one mode, from its run's summary."""
+    recoveries = [f.recovery_s for f in summary.faults if f.recovery_s is not None]
+    return {
+        "mode": setup.mode,
+        "completed": succeeded and summary.completed,
+        "training_goodput": summary.training_goodput,
+        "infra_goodput": summary.infra_goodput,
+        "mean_recovery_s": sum(recoveries) / len(recoveries) if recoveries else None,
+        "steps_lost": sum(f.steps_lost or 0 for f in summary.faults),
+        "faults": [f.to_dict() for f in summary.faults],
+        "wall_s": summary.wall_s,
+        # The run's own costs beside its goodput, for `nvrx-eks plan --from`: one step, the job's
+        # first start, the loop's time in checkpoint calls and how many it made.
+        "mean_step_s": summary.mean_step_s,
+        "startup_s": summary.startup_s,
+        "checkpoint_stall_s": summary.checkpoint_stall_s,
+        "checkpoints": summary.checkpoints,
+        "wall_breakdown_s": summary.wall_breakdown(),
+        # The job-value overrides of this mode (cadences included): `nvrx-eks plan --from` reads them.
+        "overrides": list(setup.overrides),
+    }
+
+
+def _print_goals(console: Console, kit: dict[str, Any] | None, *, mix: str) -> None:
+    """The kit mode's goals, met or not: training goodput, and at most one step lost per soft fault."""
+    if kit is None or "faults" not in kit:
+        return
+    goal = KIT_GOODPUT_GOALS[mix]
+    soft_ok = all((f["steps_lost"] or 0) <= 1 for f in kit["faults"])
+    goodput_ok = kit["training_goodput"] >= goal
+    parts = kit["wall_breakdown_s"]
+    unproductive_s = kit["wall_s"] - parts["productive"]
+    console.print(
+        f"kit goals: training goodput >= {goal:.0%}: "
+        f"{'PASS' if goodput_ok else 'FAIL'} ({kit['training_goodput']:.1%}: {unproductive_s:.1f} s of "
+        f"{kit['wall_s']:.1f} s not productive, {goal:.0%} allows "
+        f"{parts['productive'] * (1 / goal - 1):.1f} s); "
+        f"each soft fault loses <= 1 step: {'PASS' if soft_ok else 'FAIL'}"
+    )
 
 
 BREAKDOWN_COLUMNS = ("productive", "replayed", "checkpoint_stall", "recovery", "startup", "other")

@@ -5,12 +5,15 @@ the benchmarks share (bench/commands.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
+
+if TYPE_CHECKING:
+    from nvrx_eks.localrun.runtimes import Runtime
 
 LocalValues = Annotated[
     Path,
@@ -47,23 +50,35 @@ def demo_cmd(
     raise typer.Exit(code)
 
 
+DistDir = Annotated[
+    Path,
+    typer.Argument(
+        metavar="DIST_DIR",
+        parser=paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/"),
+        help="Folder with one rendered job (nvrx-eks job render).",
+    ),
+]
+LocalRunDir = Annotated[
+    Path,
+    typer.Option(
+        "--run-dir",
+        parser=paths.write_folder("run's logs, volumes and results", "runs/local"),
+        help="Folder for logs, volumes, results.",
+    ),
+]
+RuntimeName = Annotated[
+    str,
+    typer.Option(
+        "--runtime",
+        help="processes (this virtualenv, fast) or podman (each container in the images below, "
+        "as its pod runs it: `make image-check` builds them).",
+    ),
+]
+
+
 def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
-    dist_dir: Annotated[
-        Path,
-        typer.Argument(
-            metavar="DIST_DIR",
-            parser=paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/"),
-            help="Folder with one rendered job (nvrx-eks job render).",
-        ),
-    ],
-    run_dir: Annotated[
-        Path,
-        typer.Option(
-            "--run-dir",
-            parser=paths.write_folder("run's logs, volumes and results", "runs/local"),
-            help="Folder for logs, volumes, results.",
-        ),
-    ] = Path("runs/local"),
+    dist_dir: DistDir,
+    run_dir: LocalRunDir = Path("runs/local"),
     delete_node: Annotated[
         list[str] | None,
         typer.Option(
@@ -85,14 +100,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
             help="Seconds a deleted node's replacement pod stays Pending (its new node coming).",
         ),
     ] = 0.0,
-    runtime_name: Annotated[
-        str,
-        typer.Option(
-            "--runtime",
-            help="processes (this virtualenv, fast) or podman (each container in the images below, "
-            "as its pod runs it: `make image-check` builds them).",
-        ),
-    ] = "processes",
+    runtime_name: RuntimeName = "processes",
     image: Annotated[
         str, typer.Option("--image", help="With --runtime podman: the training image.")
     ] = "localhost/nvrx-eks-local/training:check",
@@ -102,17 +110,9 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
 ) -> None:
     """Run a rendered job as local processes, or each pod's containers in podman (the executor plays
     the Job controller)."""
-    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
     from nvrx_eks.localrun.executor import NodeDeletion, load_rendered, run_local, store_ports  # noqa: PLC0415
-    from nvrx_eks.localrun.runtimes import Podman, Processes, Runtime  # noqa: PLC0415
 
-    runtimes: dict[str, Runtime] = {
-        "processes": Processes(),
-        "podman": Podman(trainer_image=image, store_image=store_image),
-    }
-    if runtime_name not in runtimes:
-        raise UserError(f"--runtime {runtime_name!r}: one of {', '.join(runtimes)}")
-
+    runtime = _runtime(runtime_name, image=image, store_image=store_image)
     deletions = [NodeDeletion.parse(item) for item in delete_node or []]
     # --store-port N: the store's declared port(s) map to N, as `kubectl port-forward` would.
     ports = dict.fromkeys(store_ports(load_rendered(dist_dir)), store_port) if store_port else None
@@ -124,13 +124,27 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         ports=ports,
         echo=lambda line: print(line, flush=True),
         node_provision_s=node_provision_s,
-        runtime=runtimes[runtime_name],
+        runtime=runtime,
     )
-    print(f"runtime: {runtimes[runtime_name].name}")
+    print(f"runtime: {runtime.name}")
     for pod in result.pods:
         print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
     print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
     raise typer.Exit(0 if result.succeeded else 1)
+
+
+def _runtime(name: str, *, image: str, store_image: str) -> Runtime:
+    """The `--runtime` by name; an unknown name is a UserError naming the choices."""
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+    from nvrx_eks.localrun.runtimes import Podman, Processes  # noqa: PLC0415
+
+    runtimes: dict[str, Runtime] = {
+        "processes": Processes(),
+        "podman": Podman(trainer_image=image, store_image=store_image),
+    }
+    if name not in runtimes:
+        raise UserError(f"--runtime {name!r}: one of {', '.join(runtimes)}")
+    return runtimes[name]
 
 
 def report_cmd(

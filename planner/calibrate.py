@@ -426,8 +426,16 @@ def _peer_scenario(
                 setup["step_s"] = costs.step_s[name]
         cal.scenario_labels["modes.*.startup_s"] = f"{label} (each mode's first start)"
         cal.scenario_labels["modes.*.step_s"] = f"{label} (each mode's mean step)"
+    _label_peer_scenario(cal, label, costs=costs, kit_tiering=kit_memory is not None, tiers=tiers)
+
+
+def _label_peer_scenario(
+    cal: Calibration, label: str, *, costs: _PeerCosts | None, kit_tiering: bool, tiers: set[Any]
+) -> None:
+    """Where each figure of the scenario `_peer_scenario` built comes from: measured (the run), or an
+    assumption named."""
     scenario_labels = cal.scenario_labels
-    if kit_memory is None:
+    if not kit_tiering:
         scenario_labels["modes.both.tiers"] = (
             "assumed: bench/peer.py kit tiering (RAM every 2, disk every 10)"
         )

@@ -383,6 +383,43 @@ def recommend(plan: Plan, mode: Mode, *, wall_guess_s: float) -> dict[TierName, 
     return out
 
 
+def fault_costs(
+    plan: Plan, mode: Mode, costs: Mapping[TierName, TierCosts], *, wait_per_node_loss: float
+) -> dict[FaultKind, FaultCost]:
+    """What one fault of each kind costs in `mode`: its layer's recovery, the restore and the work lost
+    from the tier it restores from, and (a node loss) the wait for a spare."""
+    step = plan.workload.step_s
+    scheduled = plan.faults.scheduled()
+    out: dict[FaultKind, FaultCost] = {}
+    for kind in KINDS:
+        r = route(plan, mode, kind)
+        tier = restore_choice(r, costs)
+        lost = step / 2 if tier is None else costs[tier].lost_s
+        restore = 0.0 if tier is None else costs[tier].restore_s
+        at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
+        if at_steps and tier is not None:
+            # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
+            usable: list[TierName] = [t for t in r.tiers if t in costs]
+            picks = [
+                min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s))  # type: ignore[misc]
+                for s in at_steps
+            ]
+            lost = statistics.fmean(
+                scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)
+            )
+            restore = statistics.fmean(costs[t].restore_s for t in picks)
+        out[kind] = FaultCost(
+            kind=kind,
+            layer=r.layer,
+            tier=tier,
+            recovery_s=layer_recovery_s(plan, r.layer),
+            restore_s=restore,
+            lost_s=lost,
+            wait_s=wait_per_node_loss if kind == "node" else 0.0,
+        )
+    return out
+
+
 def evaluate(
     plan: Plan,
     mode: Mode,
@@ -395,41 +432,11 @@ def evaluate(
     costs = tier_costs(plan, mode, cadences)
     rates = _rates(plan)
     useful = plan.useful_s
-    step = plan.workload.step_s
     sigma = sum(c.stall_s / c.interval_s for c in costs.values())
     startup = plan.workload.startup_s
 
-    scheduled = plan.faults.scheduled()
-
     def per_fault(wait_per_node_loss: float) -> dict[FaultKind, FaultCost]:
-        out: dict[FaultKind, FaultCost] = {}
-        for kind in KINDS:
-            r = route(plan, mode, kind)
-            tier = restore_choice(r, costs)
-            lost = step / 2 if tier is None else costs[tier].lost_s
-            restore = 0.0 if tier is None else costs[tier].restore_s
-            at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
-            if at_steps and tier is not None:
-                # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
-                usable: list[TierName] = [t for t in r.tiers if t in costs]
-                picks = [
-                    min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s))  # type: ignore[misc]
-                    for s in at_steps
-                ]
-                lost = statistics.fmean(
-                    scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)
-                )
-                restore = statistics.fmean(costs[t].restore_s for t in picks)
-            out[kind] = FaultCost(
-                kind=kind,
-                layer=r.layer,
-                tier=tier,
-                recovery_s=layer_recovery_s(plan, r.layer),
-                restore_s=restore,
-                lost_s=lost,
-                wait_s=wait_per_node_loss if kind == "node" else 0.0,
-            )
-        return out
+        return fault_costs(plan, mode, costs, wait_per_node_loss=wait_per_node_loss)
 
     def wall_for(fcosts: dict[FaultKind, FaultCost]) -> tuple[float, float, dict[FaultKind, float]]:
         """(wall, useful, expected faults per kind)."""
