@@ -158,3 +158,22 @@ def test_bench_and_demo_tables_into_a_pipe_cut_no_cell():
         "peer_memory",
     ):
         assert whole in done.stdout, whole
+
+
+def test_an_event_reads_as_one_line_of_its_kind_and_fields_never_a_python_repr():
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    fields = {"tier": "local", "step": 631, "allowed_steps": 12, "error": "disk full", "at": {"rank": 1}}
+    line = event_line("checkpoint_behind", fields)
+    assert line == 'checkpoint_behind tier=local step=631 allowed_steps=12 error="disk full" at={"rank":1}'
+    assert "'" not in line
+
+
+def test_the_checkpointers_warnings_read_as_event_lines(caplog):
+    from nvrx_eks.training.checkpoint.stats import log_event  # noqa: PLC0415
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    fields = {"tier": "local", "step": 631, "allowed_steps": 12}
+    with caplog.at_level("WARNING", logger="nvrx_eks.training.checkpoint"):
+        log_event("checkpoint_behind", fields)
+    assert [record.getMessage() for record in caplog.records] == [event_line("checkpoint_behind", fields)]

@@ -523,15 +523,26 @@ def bench(
         )
 
         if torture_trials:
-            result = run_trials(root=shm / "torture", trials=torture_trials, seed=0)
-            print(
-                f"\nkill -9 torture: {result['ok']}/{result['trials']} resumed from the newest committed "
-                f"checkpoint with exact state (wrong step {result['wrong_step']}, "
-                f"inexact {result['inexact']}, failed start {result['failed_start']}; "
-                f"{result['seconds_per_trial']:.1f} s per trial) {_verdict(result['ok'] == result['trials'])}"
-            )
-            for failure in result["failures"]:
-                print(f"  {failure}")
+            _print_torture(run_trials(root=shm / "torture", trials=torture_trials, seed=0))
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def _print_torture(result: dict[str, Any]) -> None:
+    """The kill -9 trials' verdict, their failures one readable line each, and the checkpoint events
+    the killed ranks logged as one count per kind."""
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    print(
+        f"\nkill -9 torture: {result['ok']}/{result['trials']} resumed from the newest committed "
+        f"checkpoint with exact state (wrong step {result['wrong_step']}, "
+        f"inexact {result['inexact']}, failed start {result['failed_start']}; "
+        f"{result['seconds_per_trial']:.1f} s per trial) {_verdict(result['ok'] == result['trials'])}"
+    )
+    for failure in result["failures"]:
+        print(f"  {event_line('failure', failure)}")
+    if result["events"]:
+        # Expected: a rank killed at random leaves its tiers behind; each event is one count.
+        counted = ", ".join(f"{kind} x{count}" for kind, count in sorted(result["events"].items()))
+        print(f"  checkpoint events during the trials: {counted}")

@@ -35,7 +35,9 @@ def test_bench_checkpoint_prints_nvrx_rows_beside_the_kits_and_records_them(nvrx
     # fmt: off
     result = nvrx_eks(
         "bench", "checkpoint", "--state-gb", "0.01", "--step-s", "0.05", "--interval", "2",
-        "--checkpoints", "2", "--torture-trials", "0", "--workdir", str(tmp_path), "--json-out", str(out),
+        "--checkpoints", "2", "--torture-trials", "0", "--json-out", str(out),
+        # A folder that does not exist yet: created, never a FileNotFoundError traceback.
+        "--workdir", str(tmp_path / "missing" / "deeper"),
         timeout=540,
     )
     # fmt: on
