@@ -65,8 +65,8 @@ restart or a node swap (the peer mix's are soft faults, recovered in process).""
 # The scale model's device time per step (see the module docstring): the order of a GPU step.
 DEFAULT_DEVICE_STEP_S = 1.0
 
-# The sample's published results on 16 H100 (the figures, in the order in-process, in-job
-# ft_launcher, restart from checkpoint). Printed as theirs, never mixed with ours.
+# The sample's published results on 16 H100 (in-process, in-job ft_launcher, restart from checkpoint).
+# Printed as theirs, never mixed with ours.
 PEER_PUBLISHED = {
     "inprocess": {"training_goodput": 0.31, "mean_recovery_s": 10.0},
     "ft_launcher": {"training_goodput": 0.255, "mean_recovery_s": 17.0},

@@ -42,7 +42,8 @@ MEMORY_EVERY = 2
 PROFILE = "local-cpu-1"
 # (class, step, rank): the rank of the node loss is the last one, filled in per size.
 PLAN = (("exception", 10, 0), ("sigkill", 20, 1), ("node_loss", 30, None), ("store_loss", 41, 0))
-# The goals for node loss and SIGKILL: recovery at the largest size over the smallest.
+# The goals for node loss and SIGKILL: a node loss recovered within NODE_LOSS_GOAL_S at the largest size,
+# and each class's recovery there at most GROWTH_GOAL times the smallest size's.
 NODE_LOSS_GOAL_S = 10.0
 GROWTH_GOAL = 2.0
 GROWTH_CLASSES = ("node_loss", "sigkill")

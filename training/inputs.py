@@ -1,6 +1,6 @@
 """The trainer's runtime input, checked before any process, thread or socket exists.
 
-The config's own checks (training/config.py) run wherever the config is parsed, the job renderer
+The config's own checks (training/resilience/config.py) run wherever the config is parsed, the job renderer
 included, so they cannot look at files or variables that exist only in the pod: the token file on FSx,
 the run folder, the launcher's environment. These are checked here, first thing in each rank. Every
 rank checks the same inputs and exits 2 with the same message, so no rank is left waiting in a

@@ -1,4 +1,4 @@
-"""The issue's reproduction, end to end: the local example's job, rendered as is and run as local pods.
+"""The local example's job end to end, rendered as is and run as local pods: its disk tiers keep up.
 
 A fault-free 60-step run of k8s/values/local-cpu.yaml (2 nodes x 2 CPU ranks, the peer replica on,
 RAM every 2 steps, NVMe and durable every 10) with the checkpoint defaults the p5 examples run. With

@@ -20,9 +20,9 @@ restarts every node's workers as soon as one rank's process is gone (SIGKILL, a 
 heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
 A rank the in-process layer is restarting sends no step heartbeats, so the in-process layer beats for
 it (once the restart is decided, and as the next attempt starts) and the launcher's heartbeat timeout
-must exceed only the longer of its two silent waits (training/config.py `inprocess_recovery_silence_s`):
-a Python-visible hang stays the in-process layer's, and a deadlock below Python, whose rank holds the
-GIL and beats for nothing, is ended that much sooner.
+must exceed only the longer of its two silent waits (training/resilience/config.py
+`inprocess_recovery_silence_s`): a Python-visible hang stays the in-process layer's, and a deadlock below
+Python, whose rank holds the GIL and beats for nothing, is ended that much sooner.
 
 Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by side
 (the demo per mode, README.md and docs/measurements.md), the in-process layer recovers an exception, an
