@@ -22,19 +22,25 @@ from nvrx_eks.bench.store import (
 )
 from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.options import path_option
 from nvrx_eks.localrun.commands import LocalValues, RunsRoot  # noqa: TC001 - typer reads the annotations
+
+DeviceStepS = Annotated[
+    float, typer.Option(min=0.0, help="Emulated device time per step (0: CPU speed); see bench/peer.py.")
+]
+_SCALE_JSON = paths.write_file("figures as JSON", "runs/scale.json")
+_SCALE_JSON_HELP = "Where the rows go (default: scale.json in the run folder); the PNG goes beside it."
+_STORE_JSON = paths.write_file("figures as JSON", "runs/store-bench.json")
+ScaleJson = Annotated[Path | None, path_option("--json-out", path=_SCALE_JSON, help=_SCALE_JSON_HELP)]
+StoreJson = Annotated[
+    Path | None, path_option("--json-out", path=_STORE_JSON, help="Also write the rows as JSON.")
+]
 
 
 def bench_peer_cmd(
     values_file: LocalValues = DEFAULT_VALUES,
     steps: Annotated[int, typer.Option(min=40, help="Steps per run (the same for every mode).")] = 400,
-    device_step_s: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="Emulated device time per step (0: CPU speed); see bench/peer.py.",
-        ),
-    ] = DEFAULT_DEVICE_STEP_S,
+    device_step_s: DeviceStepS = DEFAULT_DEVICE_STEP_S,
     fault_seed: Annotated[
         int | None,
         typer.Option(
@@ -99,20 +105,9 @@ def bench_scale_cmd(
     steps: Annotated[
         int, typer.Option(min=1, help=f"Steps per run (the plan's last fault is at {SCALE_PLAN[-1][1]}).")
     ] = SCALE_STEPS,
-    device_step_s: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="Emulated device time per step (0: CPU speed); see bench/peer.py.",
-        ),
-    ] = DEFAULT_DEVICE_STEP_S,
+    device_step_s: DeviceStepS = DEFAULT_DEVICE_STEP_S,
     json_out: Annotated[
-        Path | None,
-        typer.Option(
-            "--json-out",
-            parser=paths.write_file("figures as JSON", "runs/scale.json"),
-            help="Where the rows go (default: scale.json in the run folder); the PNG goes beside it.",
-        ),
+        Path | None, path_option("--json-out", path=_SCALE_JSON, help=_SCALE_JSON_HELP)
     ] = None,
     runs_root: RunsRoot = Path("runs"),
 ) -> None:
@@ -157,12 +152,7 @@ def bench_store_cmd(
         int, typer.Option(min=1, help="Restart rounds timed per row (the row is their median).")
     ] = RESTART_ROUNDS,
     json_out: Annotated[
-        Path | None,
-        typer.Option(
-            "--json-out",
-            parser=paths.write_file("figures as JSON", "runs/store-bench.json"),
-            help="Also write the rows as JSON.",
-        ),
+        Path | None, path_option("--json-out", path=_STORE_JSON, help="Also write the rows as JSON.")
     ] = None,
     runs_root: RunsRoot = Path("runs"),
 ) -> None:

@@ -11,30 +11,20 @@ import typer
 
 from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.options import Overrides, path_option
 
 if TYPE_CHECKING:
     from nvrx_eks.localrun.runtimes import Runtime
 
-LocalValues = Annotated[
-    Path,
-    typer.Option(
-        "-f",
-        "--values",
-        parser=paths.read_file("job values YAML file", "k8s/values/local-cpu.yaml"),
-        help="Local job values.",
-    ),
-]
-RunsRoot = Annotated[
-    Path,
-    typer.Option("--runs", parser=paths.write_folder("run folders", "runs/"), help="Folder for run folders."),
-]
+_VALUES = paths.read_file("job values YAML file", "k8s/values/local-cpu.yaml")
+_RUNS = paths.write_folder("run folders", "runs/")
+LocalValues = Annotated[Path, path_option("-f", "--values", path=_VALUES, help="Local job values.")]
+RunsRoot = Annotated[Path, path_option("--runs", path=_RUNS, help="Folder for run folders.")]
 
 
 def demo_cmd(
     values_file: LocalValues = DEFAULT_VALUES,
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a value: key.sub=value (repeatable).")
-    ] = None,
+    overrides: Overrides = None,
     runs_root: RunsRoot = Path("runs"),
     skip_synth: Annotated[bool, typer.Option("--skip-synth", help="Do not synthesize the CDK app.")] = False,
 ) -> None:
@@ -50,21 +40,16 @@ def demo_cmd(
     raise typer.Exit(code)
 
 
+_DIST = paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/")
+_RUN_DIR = paths.write_folder("run's logs, volumes and results", "runs/local")
 DistDir = Annotated[
     Path,
     typer.Argument(
-        metavar="DIST_DIR",
-        parser=paths.read_folder("folder of one rendered job (nvrx-eks job render -o)", "dist/"),
-        help="Folder with one rendered job (nvrx-eks job render).",
+        metavar="DIST_DIR", parser=_DIST, help="Folder with one rendered job (nvrx-eks job render)."
     ),
 ]
 LocalRunDir = Annotated[
-    Path,
-    typer.Option(
-        "--run-dir",
-        parser=paths.write_folder("run's logs, volumes and results", "runs/local"),
-        help="Folder for logs, volumes, results.",
-    ),
+    Path, path_option("--run-dir", path=_RUN_DIR, help="Folder for logs, volumes, results.")
 ]
 RuntimeName = Annotated[
     str,

@@ -90,7 +90,7 @@ from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
-from nvrx_eks.localrun.runtimes import Processes
+from nvrx_eks.localrun.runtimes import ContainerSpec, Processes
 from nvrx_eks.training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
@@ -1003,15 +1003,14 @@ class LocalJob:
         argv = [local(a) for a in [*spec.get("command", []), *spec.get("args", [])]]
         env |= {k: local(v) for k, v in declared.items()}
         mounted = [folder for _, folder in path_map if folder is not None]
-        argv, env = self.runtime.command(
-            argv,
-            env,
+        where = ContainerSpec(
             container=spec,
             pod_spec=pod_spec,
             store=index is None,
             folders=[*mounted, self.chaos_dir],
             run_key=self.run_key,
         )
+        argv, env = self.runtime.command(argv, env, where)
         return _Container(name=spec["name"], argv=argv, env=env)
 
     def _node_name(self, index: int | None) -> str:

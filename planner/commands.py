@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.options import path_option
 
 if TYPE_CHECKING:
     from nvrx_eks.planner.calibrate import Calibration
@@ -152,38 +153,23 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     return changed
 
 
+_PLAN = paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml")
+_FROM = paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS")
+_FROM_HELP = "Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json, scale.json)."
+_OUT = paths.write_folder("PNG plots", "runs/plan-mine")
+_WRITE = paths.update_file("job values YAML file", "my-job.yaml")
+_WRITE_HELP = "Write the chosen intervals into this job values file (comments kept)."
 PlanFile = Annotated[
     Path | None,
     typer.Argument(
-        metavar="PLAN_FILE",
-        parser=paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml"),
-        help="Plan YAML (planner/examples/*.yaml); optional with --from.",
+        metavar="PLAN_FILE", parser=_PLAN, help="Plan YAML (planner/examples/*.yaml); optional with --from."
     ),
 ]
-FromRun = Annotated[
-    Path | None,
-    typer.Option(
-        "--from",
-        parser=paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS"),
-        help="Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json, scale.json).",
-    ),
-]
+FromRun = Annotated[Path | None, path_option("--from", path=_FROM, help=_FROM_HELP)]
 PlotFolder = Annotated[
-    Path | None,
-    typer.Option(
-        "--out",
-        parser=paths.write_folder("PNG plots", "runs/plan-mine"),
-        help="Folder for the PNG plots (default runs/plan-<name>).",
-    ),
+    Path | None, path_option("--out", path=_OUT, help="Folder for the PNG plots (default runs/plan-<name>).")
 ]
-WriteValues = Annotated[
-    Path | None,
-    typer.Option(
-        "--write",
-        parser=paths.update_file("job values YAML file", "my-job.yaml"),
-        help="Write the chosen intervals into this job values file (comments kept).",
-    ),
-]
+WriteValues = Annotated[Path | None, path_option("--write", path=_WRITE, help=_WRITE_HELP)]
 
 
 def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter

@@ -3,6 +3,7 @@ keeps its name beside it, in their environment and in an image built on the kit'
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -170,27 +171,13 @@ def test_installing_the_kit_leaves_a_users_own_training_package_intact(tmp_path)
     outside.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "400"}
     env["PATH"] = os.pathsep.join([str(REPO / "node_modules" / ".bin"), env.get("PATH", "")])
-    cli = [sys.executable, "-m", "nvrx_eks"]
-    helped = subprocess.run(
-        [*cli, "demo", "--help"],
-        cwd=outside,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    kit = functools.partial(
+        subprocess.run, cwd=outside, env=env, capture_output=True, text=True, timeout=180, check=False
     )
+    helped = kit([sys.executable, "-m", "nvrx_eks", "demo", "--help"])
     assert helped.returncode == 0, helped.stderr
     assert str(site / "nvrx_eks" / "k8s" / "values" / "local-cpu.yaml") in helped.stdout
     shutil.copy(site / "nvrx_eks" / "k8s" / "values" / "local-cpu.yaml", outside / "job.yaml")
-    rendered = subprocess.run(
-        [*cli, "job", "render", "-f", "job.yaml", "-o", "dist"],
-        cwd=outside,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    rendered = kit([sys.executable, "-m", "nvrx_eks", "job", "render", "-f", "job.yaml", "-o", "dist"])
     assert rendered.returncode == 0, rendered.stderr
     assert (outside / "dist" / "nvrx-local.k8s.yaml").is_file()
