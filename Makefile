@@ -45,14 +45,14 @@ check: setup
 	$(PY) tools/typecheck.py
 	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile -q
 
-# CI: every test, the slow end-to-end ones included: the fast ones on every core as `make check` runs
-# them, then the slow ones one at a time (each starts a job or a benchmark whose timeouts and figures
-# assume the machine's cores are its own).
+# CI: every test, the slow end-to-end ones included: the fast ones, and the slow ones that run no job
+# (`shareable`), on every core as `make check` runs them; then the other slow ones one at a time (each
+# starts a job or a benchmark whose timeouts and figures assume the machine's cores are its own).
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -m "not slow" -n auto --dist loadfile -q
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "not slow or shareable" -n auto --dist loadfile -q
+	$(PY) -m pytest -m "slow and not shareable"
 
 demo: setup
 	$(VENV)/bin/nvrx-eks demo

@@ -12,6 +12,7 @@ import json
 import sys
 import threading
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,8 +146,11 @@ def run_job(
 
 
 def _code_digest(values: JobValues) -> str:
-    """The trainer's code, and a script's own: its module's package (or its script's folder)."""
+    """The trainer's code, and a script's own: its module's package (or its script's folder); and the
+    torch and NVRx releases that run it (another release may round differently)."""
     digest = hashlib.sha256()
+    for distribution in ("torch", "nvidia-resiliency-ext"):
+        digest.update(f"{distribution}=={metadata.version(distribution)};".encode())
     for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + _script_sources(values):
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -20,6 +20,11 @@ _VALUES = paths.read_file("job values YAML file", "k8s/values/local-cpu.yaml")
 _RUNS = paths.write_folder("run folders", "runs/")
 LocalValues = Annotated[Path, path_option("-f", "--values", path=_VALUES, help="Local job values.")]
 RunsRoot = Annotated[Path, path_option("--runs", path=_RUNS, help="Folder for run folders.")]
+_CACHE = paths.write_folder("fault-free references", "runs/.cache")
+ReferenceCache = Annotated[
+    Path | None,
+    path_option("--cache", path=_CACHE, help="Fault-free references kept (default: RUNS/.cache)."),
+]
 
 
 def demo_cmd(
@@ -27,6 +32,7 @@ def demo_cmd(
     overrides: Overrides = None,
     runs_root: RunsRoot = Path("runs"),
     skip_synth: Annotated[bool, typer.Option("--skip-synth", help="Do not synthesize the CDK app.")] = False,
+    cache: ReferenceCache = None,
 ) -> None:
     """The kit end to end on this machine: synth, render, chaos run with every fault class, report."""
     from nvrx_eks.localrun.demo import demo  # noqa: PLC0415
@@ -36,6 +42,7 @@ def demo_cmd(
         runs_root=runs_root,
         overrides=tuple(overrides or ()),
         skip_synth=skip_synth,
+        cache_dir=cache,
     )
     raise typer.Exit(code)
 

@@ -51,8 +51,10 @@ def demo(
     overrides: tuple[str, ...] = (),
     skip_synth: bool = False,
     timeout_s: float = 600.0,
+    cache_dir: Path | None = None,
 ) -> int:
-    """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
+    """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result).
+    `cache_dir`: where fault-free references are kept (default: RUNS/.cache)."""
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from nvrx_eks.localrun.report import (  # noqa: PLC0415
@@ -91,7 +93,7 @@ def demo(
     console.rule("3. Fault-free reference")
     reference = fault_free_sha256(
         values,
-        cache_dir=runs_root / ".cache",
+        cache_dir=cache_dir or runs_root / ".cache",
         run_dir=run_dir / "fault-free",
         console=console,
         timeout_s=timeout_s,

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from nvrx_eks.localrun.executor import JobResult
 
 REPO = Path(__file__).resolve().parents[1]
+REFERENCES = REPO / "runs" / ".cache"
+"""Fault-free references, shared by the tests, the demo and the image check of this checkout: one file
+per job values (faults removed), trainer code and torch and NVRx release (localrun/chaos.py
+`fault_free_key`), so a reference is run once, not once per test module and run of the suite."""
 
 # jsii (aws-cdk-lib, cdk8s) starts `node` from PATH: the pinned Node LTS, as `make test` and the
 # console script do, for a bare `pytest` run and the subprocesses tests start.
@@ -99,6 +103,21 @@ class LocalJobRunner:
         if must_succeed:
             assert result.succeeded, f"{result.reason}; pod logs in {run_dir}"
         return result, trainer_run_dir(values, run_dir)
+
+    def fault_free_hash(self, run_dir: Path, overrides: list[str], *, timeout_s: float) -> str:
+        """The final-parameter hash of the local job with `overrides` and no faults: from REFERENCES,
+        else run once and kept there (the demo's own cache format)."""
+        from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+        from nvrx_eks.localrun.chaos import fault_free_key  # noqa: PLC0415
+
+        cached = REFERENCES / f"fault-free-{fault_free_key(load_values(self.values, overrides))}.json"
+        if cached.exists():
+            return str(json.loads(cached.read_text())["final_params_sha256"])
+        _, events = self.run(run_dir, overrides, timeout_s=timeout_s)
+        sha = self.final_hash(events)
+        REFERENCES.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")
+        return sha
 
     @staticmethod
     def events(events_dir: Path, kind: str) -> list[dict[str, Any]]:

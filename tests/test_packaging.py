@@ -118,6 +118,7 @@ def test_the_cli_finds_its_default_files_from_any_folder(nvrx_eks, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 @pytest.mark.timeout(300)
 def test_installing_the_kit_leaves_a_users_own_training_package_intact(tmp_path):
     # The wheel, built from a copy of what pyproject.toml packages (setuptools builds in the source tree).

@@ -287,6 +287,7 @@ HARDWARE_RUN = Path(__file__).parent / "data" / "peer-hardware"
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 @pytest.mark.timeout(120)
 def test_projection_from_the_hardware_mix_run_is_within_5_points_of_what_it_measured(tmp_path):
     plan, _, cal = load_plan(None, [], HARDWARE_RUN)
@@ -507,6 +508,7 @@ def test_render_prints_the_warning(nvrx_eks, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_plots_are_written(tmp_path):
     plan = _plan(PEER)
     projection = project_all(plan)
