@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REFERENCES
 
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.localrun.demo import DEMO_FAULTS
@@ -22,7 +23,11 @@ OWN_PACKAGE = ROOT / "examples" / "own_package"
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
-    result = nvrx_eks("demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), timeout=560)
+    # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
+    cache = ("--cache", str(REFERENCES))
+    result = nvrx_eks(
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())
