@@ -134,14 +134,6 @@ class PathType:
     def __call__(self, value: str | Path) -> Path:
         path = value if isinstance(value, Path) else Path(value)
         problem = path_problem(path, self.kind, what=self.what, example=self.example)
-        if problem is None and self.kind == "write_folder":
-            # Created here, as its check promises: no command meets a missing folder it writes into.
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                problem = (
-                    f"cannot be created ({exc.strerror}); pass a folder you can write for the {self.what}"
-                )
         if problem:
             import typer  # noqa: PLC0415 - the trainer uses path_problem without the CLI's libraries
 
@@ -165,7 +157,7 @@ def update_folder(what: str, example: str = "") -> PathType:
 
 
 def write_folder(what: str, example: str = "") -> PathType:
-    """A folder the command writes into (a folder, or created with its parents, writable)."""
+    """A folder the command writes into (a folder or creatable, writable)."""
     return PathType("write_folder", what=what, example=example)
 
 

@@ -131,5 +131,11 @@ class LocalJobRunner:
 
 
 @pytest.fixture(scope="session")
+def references() -> Path:
+    """REFERENCES, for the tests that hand it to a command (`nvrx-eks demo --cache`)."""
+    return REFERENCES
+
+
+@pytest.fixture(scope="session")
 def local_job() -> LocalJobRunner:
     return LocalJobRunner()

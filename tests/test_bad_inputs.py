@@ -208,13 +208,3 @@ def test_preflight_reports_a_bad_values_file_before_credentials(nvrx_eks, tmp_pa
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{bad}: not valid YAML" in result.stderr
     assert "credentials" not in result.stderr
-
-
-def test_a_folder_an_option_writes_into_is_created_with_its_parents(tmp_path):
-    """A missing folder (e.g. `bench checkpoint --workdir`) is made by the option's own check: no command
-    meets it missing later, deep inside, as a FileNotFoundError traceback."""
-    from nvrx_eks.kitcore import paths  # noqa: PLC0415
-
-    target = tmp_path / "missing" / "deeper"
-    assert paths.write_folder("disk tiers")(str(target)) == target
-    assert target.is_dir()

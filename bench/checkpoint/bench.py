@@ -384,6 +384,8 @@ def bench(
     from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)  # the option checked it can be; it is made here
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
     shm = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir="/dev/shm"))
     try:

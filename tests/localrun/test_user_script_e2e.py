@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REFERENCES
 
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.localrun.demo import DEMO_FAULTS
@@ -22,9 +21,9 @@ OWN_PACKAGE = ROOT / "examples" / "own_package"
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
+def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
     # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
-    cache = ("--cache", str(REFERENCES))
+    cache = ("--cache", str(references))
     result = nvrx_eks(
         "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
     )
