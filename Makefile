@@ -45,14 +45,14 @@ check: setup
 	$(PY) tools/typecheck.py
 	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile -q
 
-# CI: every test, the slow end-to-end ones included: the fast ones on every core as `make check` runs
-# them, then the slow ones one at a time (each starts a job or a benchmark whose timeouts and figures
-# assume the machine's cores are its own).
+# CI: every test, the slow end-to-end ones included: the fast ones, and the slow ones that run no job
+# (`shareable`), on every core as `make check` runs them; then the other slow ones one at a time (each
+# starts a job or a benchmark whose timeouts and figures assume the machine's cores are its own).
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -m "not slow" -n auto --dist loadfile -q
-	$(PY) -m pytest -m slow
+	$(PY) -m pytest -m "not slow or shareable" -n auto --dist loadfile -q
+	$(PY) -m pytest -m "slow and not shareable"
 
 demo: setup
 	$(VENV)/bin/nvrx-eks demo
@@ -63,22 +63,22 @@ bench: setup
 bench-checkpoint: setup
 	$(VENV)/bin/nvrx-eks bench checkpoint
 
-# The GPU-only paths on a machine with one GPU, under 5 minutes (localrun/gpu_check.py); elsewhere it
+# The GPU-only paths on a machine with one GPU, under 5 minutes (bench/gpu_check.py); elsewhere it
 # prints "no CUDA: skipped" and exits 0.
 gpu-check: setup
-	$(PY) -m nvrx_eks.localrun.gpu_check
+	$(PY) -m nvrx_eks.bench.gpu_check
 
 # The dashboard and the alert rules against a real Prometheus (Debian's `prometheus`, which .ci/run
 # installs): the local job with faults scraped through the PodMonitor's relabeling, every dashboard
-# query evaluated, promtool's unit tests of the rules (localrun/observe.py). Under 5 minutes.
+# query evaluated, promtool's unit tests of the rules (bench/observe.py). Under 5 minutes.
 observe-check: setup
-	$(PY) -m nvrx_eks.localrun.observe
+	$(PY) -m nvrx_eks.bench.observe
 
 # The shipped images built here with podman (Debian's podman, runc and mmdebstrap, which .ci/run
 # installs) and run as the rendered pods run them: the pod's user, read-only root, no capabilities, its
-# mounts and environment (localrun/image_check.py). Built images are cached: a rerun builds nothing new.
+# mounts and environment (bench/image_check.py). Built images are cached: a rerun builds nothing new.
 image-check: setup
-	$(PY) -m nvrx_eks.localrun.image_check
+	$(PY) -m nvrx_eks.bench.image_check
 
 synth: setup
 	npx cdk synth --quiet

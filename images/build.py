@@ -210,7 +210,7 @@ def pushed_digest(ecr_client: Any, repository_uri: str, tag: str) -> str:  # noq
     )["imageDetails"]
     if not details:
         raise UserError(f"{repository_uri}:{tag} is not in the repository after the push")
-    return details[0]["imageDigest"]
+    return str(details[0]["imageDigest"])
 
 
 def login_argv(*, engine: str, registry: str) -> list[str]:
@@ -311,7 +311,7 @@ NOT_TORCH = re.compile(f"^(?!{TORCH_PROVIDED.pattern[1:-1]}$)")
 
 def parse_report(stdout: str) -> dict[str, Any]:
     try:
-        report = json.loads(stdout)
+        report: dict[str, Any] = json.loads(stdout)
     except json.JSONDecodeError:
         raise UserError(
             "pip did not print an installation report (is the base image's pip >= 23.0?)"

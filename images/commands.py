@@ -104,6 +104,7 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
     """Build the training image (images/Dockerfile) and the rendezvous store's image
     (images/store.Dockerfile, tagged TAG-store) with every version from kitcore/pins.py."""
     from nvrx_eks.images.build import (  # noqa: PLC0415
+        DOCKERFILE,
         STORE_DOCKERFILE,
         STORE_TAG_SUFFIX,
         build_args,
@@ -135,8 +136,10 @@ def _build(*, engine: str | None, name: str, tag: str | None, dry_run: bool) -> 
         ),
     )
     for image_name, args, dockerfile in builds:
-        extra = {"dockerfile": dockerfile} if dockerfile else {}
-        _run(build_argv(engine=engine, image=image_name, args=args, **extra), dry_run=dry_run)
+        _run(
+            build_argv(engine=engine, image=image_name, args=args, dockerfile=dockerfile or DOCKERFILE),
+            dry_run=dry_run,
+        )
     for image_name, _, _ in builds:
         print(image_name)
 

@@ -70,7 +70,8 @@ class Opener(Protocol):
 
 
 def _open(request: urllib.request.Request, *, timeout: float) -> Response:
-    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - https URLs built from the pins
+    response: Response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - https URLs built from the pins
+    return response
 
 
 def _get(opener: Opener, url: str, **headers: str) -> Response:
@@ -112,7 +113,7 @@ def _bearer_token(challenge: str, *, opener: Opener, scheme: str) -> str:
     token = body.get("token") or body.get("access_token")
     if not token:
         raise UserError(f"the registry's token service {realm} returned no token")
-    return token
+    return str(token)
 
 
 def ecr_token(region: str) -> str:
@@ -314,7 +315,7 @@ def record(
     """Write `values` into kitcore/pins.py (or `pins_file`) and the Dockerfile; return the pins as now
     recorded."""
     pins_file = pins_file or PINS_FILE
-    pinned = dataclasses.replace(pins, **values)
+    pinned = dataclasses.replace(pins, **values)  # type: ignore[arg-type]  # each a str field of the pins
     pins_file.write_text(rewrite_pins(pins_file.read_text(), values))
     dockerfile.write_text(rewrite_dockerfile(dockerfile.read_text(), pinned))
     return pinned

@@ -50,14 +50,15 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requ
 
 # Only what `python -m nvrx_eks.training.resilience.control` imports from this project (tests/images checks
 # the list against the module's imports): the control module, the NVRx patches, the launcher beat they
-# read and the pins, laid out as the installed kit lays them out (one package, nvrx_eks, over the
-# repository's folders).
+# read and the pins, each at its path in the repository. pyproject.toml's package-dir, read by
+# nvrx_eks/layout.py as in any checkout on the Python path, maps them under the kit's one name.
 WORKDIR /app
-COPY nvrx_eks/__init__.py nvrx_eks/
-COPY kitcore/__init__.py kitcore/pins.py nvrx_eks/kitcore/
-COPY training/__init__.py training/forks.py nvrx_eks/training/
-COPY training/resilience/__init__.py training/resilience/control.py nvrx_eks/training/resilience/
-COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py nvrx_eks/training/resilience/
+COPY pyproject.toml ./
+COPY nvrx_eks/__init__.py nvrx_eks/layout.py nvrx_eks/
+COPY kitcore/__init__.py kitcore/pins.py kitcore/
+COPY training/__init__.py training/forks.py training/
+COPY training/resilience/__init__.py training/resilience/control.py training/resilience/
+COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py training/resilience/
 
 ENV PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \

@@ -3,7 +3,8 @@
 images/Dockerfile runs this in its `wheel` stage (`python images/trainer_requires.py pyproject.toml`):
 the kit's cluster tooling (CDK, cdk8s, kubernetes, matplotlib) is not in the image, and a requirement
 the wheel declares but the image does not install fails `pip check` there; the stage copies only the
-trainer's folders, and a listed package whose folder is absent fails the build. The ranges stay
+trainer's folders, and a mapped part whose folder is absent fails the build (setup.py derives the
+packages from pyproject.toml's package-dir). The ranges stay
 pyproject.toml's. Only what builds the wheel is kept (the build system, the project's metadata and
 the package layout): the development extras, the `nvrx-eks` command (its module is not in the image),
 the tools' settings and comments go, so an edit to any of them leaves the images' tag alone
@@ -36,18 +37,24 @@ images/torch-requirements.lock (tests/images checks)."""
 
 
 TRAINER_PACKAGES = ("nvrx_eks.kitcore", "nvrx_eks.training")
-"""The packages (with their subpackages) the trainer's wheel holds besides the kit's own `nvrx_eks`: the
-trainer and the core below it."""
+"""The parts the trainer's wheel holds besides the kit's own `nvrx_eks`: the trainer and the core below
+it (each with its subpackages)."""
 
 
-WHEEL_TABLES = ("build-system", "project", "tool.setuptools", "tool.setuptools.package-data")
+WHEEL_TABLES = (
+    "build-system",
+    "project",
+    "tool.setuptools",
+    "tool.setuptools.package-dir",
+    "tool.setuptools.package-data",
+)
 """The pyproject.toml tables the wheel is built from; every other one is cut."""
 
 
 def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
     """`text` (a pyproject.toml) with only WHEEL_TABLES, no comment, only the `keep` entries left in
-    [project] dependencies, only TRAINER_PACKAGES (and their subpackages) in [tool.setuptools]
-    packages, and no readme."""
+    [project] dependencies, only TRAINER_PACKAGES (and `nvrx_eks`) in [tool.setuptools.package-dir], and
+    no readme."""
     text = _wheel_tables(text)
     text, declared = _keep_entries(text, "dependencies", lambda name: name.lower() in keep)
     if declared != len(keep):
@@ -55,21 +62,21 @@ def cut(text: str, keep: tuple[str, ...] = TRAINER_REQUIRES) -> str:
     # The README is the kit's page, not the trainer's: left out of the image, an edit to it does not
     # change the images' tag (infra/revision.py hashes what the image recipes copy).
     text = re.sub(r'^readme = "README.md"\n', "", text, count=1, flags=re.MULTILINE)
-    trainer = lambda name: (  # noqa: E731
-        name == "nvrx_eks" or any(name == p or name.startswith(p + ".") for p in TRAINER_PACKAGES)
-    )
-    text, _ = _keep_entries(text, "packages", trainer)
-    return re.sub(
-        r"^package-dir = \{(.*)\}$",
-        lambda m: (
-            "package-dir = {"
-            + ", ".join(pair for pair in m.group(1).split(", ") if trainer(pair.split(" = ")[0].strip('"')))
-            + "}"
-        ),
-        text,
-        count=1,
-        flags=re.MULTILINE,
-    )
+    return _keep_parts(text, ("nvrx_eks", *TRAINER_PACKAGES))
+
+
+def _keep_parts(text: str, parts: tuple[str, ...]) -> str:
+    """`text` with only the `parts` left in its [tool.setuptools.package-dir] table (one `"part" =
+    "folder"` line each)."""
+    table = re.search(r"^\[tool\.setuptools\.package-dir\]\n(.*?)(?=^\[|\Z)", text, re.DOTALL | re.MULTILINE)
+    if table is None:
+        raise SystemExit("pyproject.toml has no [tool.setuptools.package-dir] table")
+    kept = [
+        line
+        for line in table.group(1).splitlines()
+        if not (entry := re.match(r'\s*"([A-Za-z0-9_.]+)"\s*=', line)) or entry.group(1) in parts
+    ]
+    return text[: table.start(1)] + "\n".join(kept) + "\n" + text[table.end(1) :]
 
 
 def _wheel_tables(text: str) -> str:

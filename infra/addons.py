@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from aws_cdk import Annotations, Duration
 from aws_cdk import aws_eks_v2 as eks
@@ -51,8 +51,10 @@ class AddonContext:
 
 
 class Addon(Protocol):
-    name: str
-    depends_on: tuple[str, ...]
+    @property
+    def name(self) -> str: ...
+    @property
+    def depends_on(self) -> tuple[str, ...]: ...
 
     def deploy(self, ctx: AddonContext) -> IConstruct: ...
 
@@ -159,7 +161,7 @@ class ManagedAddon:
             role = _pod_identity_role(
                 ctx.scope,
                 f"{_camel(self.name)}Role",
-                cluster=ctx.cluster,
+                cluster=cast("eks.ICluster", ctx.cluster),  # one: eks_v2's stubs do not see it
                 namespace=self.namespace,
                 service_account=self.service_account,
                 statements=self.policy,

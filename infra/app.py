@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvrx_eks.infra import deploy_gate
+from nvrx_eks.infra import DEFAULT_CONFIG, deploy_gate
 from nvrx_eks.infra.config import ClusterConfig
 from nvrx_eks.infra.deploy_gate import SKIP_CONTEXT_KEY
 from nvrx_eks.infra.revision import image_revision
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from nvrx_eks.infra.stacks.cluster_stack import ClusterStack
 
-DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 # Context keys the CDK CLI itself writes into cdk.context.json (`cdk acknowledge ID`, `cdk
 # cli-telemetry --disable`) and reads back on every run: not config fields, and not to be refused.
 CDK_CLI_CONTEXT_KEYS = frozenset({"acknowledged-issue-numbers", "cli-telemetry"})

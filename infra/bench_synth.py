@@ -44,6 +44,6 @@ def run(configs: Sequence[Path], *, repeats: int) -> dict[str, list[float]]:
     if len(first) > 1:
         print(f"warm/first synth ratio ({next(iter(times))}): {min(first[1:]) / first[0]:.2f}")
     base = min(first[1:] or first)
-    for path, values in times.items():
-        print(f"{path}: best {min(values):.2f} s, {min(values) / base:.2f}x the first config's best")
+    for name, values in times.items():
+        print(f"{name}: best {min(values):.2f} s, {min(values) / base:.2f}x the first config's best")
     return times

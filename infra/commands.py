@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
+from nvrx_eks.infra import DEFAULT_CONFIG
 from nvrx_eks.kitcore import paths
-
-DEFAULT_CONFIG = Path("infra/configs/default.yaml")
 
 ConfigOption = Annotated[
     Path,
@@ -49,7 +48,7 @@ def bench_synth(
     """Time in-process synthesis of the whole app per config; the first synth pays jsii start-up."""
     from nvrx_eks.infra.bench_synth import run  # noqa: PLC0415
 
-    run(configs or [DEFAULT_CONFIG, Path("infra/configs/p5-capacity-block.yaml")], repeats=repeats)
+    run(configs or [DEFAULT_CONFIG, DEFAULT_CONFIG.parent / "p5-capacity-block.yaml"], repeats=repeats)
 
 
 def register(*, app: typer.Typer, bench: typer.Typer, **_: typer.Typer) -> None:

@@ -99,7 +99,7 @@ def subnet_space(*, zones: int, public_mask: int, private_mask: int) -> int:
     aligned to its own size (so the public ones take a whole private-sized slot)."""
     public = zones * 2 ** (32 - public_mask)
     private_size = 2 ** (32 - private_mask)
-    return -(-public // private_size) * private_size + zones * private_size
+    return int(-(-public // private_size) * private_size + zones * private_size)
 
 
 def service_block_problem(network: ipaddress.IPv4Network, *, vpc: ipaddress.IPv4Network) -> str | None:

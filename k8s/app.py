@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.kitcore.configio import exit_on_user_error
-
-DEFAULT_VALUES = Path(__file__).parent / "values" / "local-cpu.yaml"
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
     `warn` and `audit` stay at `baseline`, so whatever a pod here does beyond it is reported on every
     apply and in the audit log instead of passing silently.
     """
-    labels = {"pod-security.kubernetes.io/enforce": enforce}
+    labels: dict[str, str] = {"pod-security.kubernetes.io/enforce": enforce}
     for mode in ("warn", "audit"):
         labels[f"pod-security.kubernetes.io/{mode}"] = "restricted" if enforce == "restricted" else "baseline"
     return labels

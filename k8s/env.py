@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from cdk8s_plus_33 import k8s
 
-from nvrx_eks.k8s.values import REGION_ENV
+from nvrx_eks.k8s.sections import REGION_ENV
 from nvrx_eks.training.node.selfcheck import PROFILE_ENV
+from nvrx_eks.training.resilience.modes import layers
 
 if TYPE_CHECKING:
     from nvrx_eks.k8s.values import JobValues
@@ -32,8 +33,8 @@ CPU_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
 }
 COMMON_ENV: dict[str, str] = {"PYTHONUNBUFFERED": "1"}
-# Plain torchrun shares its rendezvous TCPStore with the workers by default; a node loss then takes the
-# store with it: the survivors exit and a replacement cannot rejoin.
+# Plain torchrun (the baseline's launcher) shares its rendezvous TCPStore with the workers by default; a
+# node loss then takes the store with it: the survivors exit and a replacement cannot rejoin.
 BASELINE_ENV: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -42,7 +43,7 @@ def plain_env(values: JobValues) -> dict[str, str]:
     env = COMMON_ENV | {PROFILE_ENV: values.instance_profile}
     env |= EFA_NCCL_ENV if values.profile.efa_devices else {}
     env |= CPU_ENV if not values.profile.gpus else {}
-    env |= BASELINE_ENV if values.mode == "baseline" else {}
+    env |= BASELINE_ENV if layers(values.mode).launcher == "torchrun" else {}
     # The SDKs' Region (k8s/values.py REGION_ENV): the pods cannot reach the instance metadata service.
     env |= dict.fromkeys(REGION_ENV, values.aws_region) if values.aws_region else {}
     env |= values.env

@@ -35,7 +35,6 @@ setting is what it is:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,7 +48,7 @@ from nvrx_eks.k8s.env import container_env
 from nvrx_eks.k8s.launcher import control_command, launcher_command
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.observability import metrics_port, metrics_ports, scrape_annotations
-from nvrx_eks.k8s.rank_config import entry_command, resilience_env
+from nvrx_eks.k8s.rank_config import resilience_env
 from nvrx_eks.k8s.values import ALLOCATABLE_FRACTION
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.kitcore.pins import TRAINER_UID
@@ -64,7 +63,6 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
-from nvrx_eks.training.resilience.config import config_document
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -335,6 +333,36 @@ def topology_init(*, image: str, pull: str) -> tuple[k8s.Container, list[k8s.Vol
     )
 
 
+def store_container(values: JobValues, *, image: str, pull: str, port: int) -> k8s.Container:
+    """The store pod's one container: NVRx's control process serving the TCPStore on `port`."""
+    return k8s.Container(
+        name=STORE_CONTAINER,
+        image=image,
+        image_pull_policy=pull,
+        command=control_command(values, port=port),
+        ports=[k8s.ContainerPort(container_port=port, name="rdzv")],
+        readiness_probe=k8s.Probe(
+            tcp_socket=k8s.TcpSocketAction(port=k8s.IntOrString.from_number(port)),
+            period_seconds=5,
+        ),
+        resources=k8s.ResourceRequirements(
+            requests={
+                "cpu": k8s.Quantity.from_string("250m"),
+                "memory": k8s.Quantity.from_string("512Mi"),
+            },
+            limits={"memory": k8s.Quantity.from_string("1Gi")},
+        ),
+        # Pod Security `restricted`: the store needs no root and writes nothing but temporary files
+        # (the /tmp emptyDir of its pod).
+        security_context=nonroot_security(),
+        env=[
+            k8s.EnvVar(name="HOME", value=STORE_TMP),
+            k8s.EnvVar(name="TMPDIR", value=STORE_TMP),
+        ],
+        volume_mounts=[k8s.VolumeMount(name="tmp", mount_path=STORE_TMP)],
+    )
+
+
 class RendezvousStore(Construct):
     """One-replica Deployment running NVRx's control process (the job's TCPStore and rendezvous
     coordinator), and the headless Service whose name resolves to its pod."""
@@ -372,34 +400,7 @@ class RendezvousStore(Construct):
                         node_selector=values.system_node_selector or None,
                         service_account_name=store_service_name(values),
                         automount_service_account_token=False,
-                        containers=[
-                            k8s.Container(
-                                name=STORE_CONTAINER,
-                                image=image,
-                                image_pull_policy=pull,
-                                command=control_command(values, port=port),
-                                ports=[k8s.ContainerPort(container_port=port, name="rdzv")],
-                                readiness_probe=k8s.Probe(
-                                    tcp_socket=k8s.TcpSocketAction(port=k8s.IntOrString.from_number(port)),
-                                    period_seconds=5,
-                                ),
-                                resources=k8s.ResourceRequirements(
-                                    requests={
-                                        "cpu": k8s.Quantity.from_string("250m"),
-                                        "memory": k8s.Quantity.from_string("512Mi"),
-                                    },
-                                    limits={"memory": k8s.Quantity.from_string("1Gi")},
-                                ),
-                                # Pod Security `restricted`: the store needs no root and writes
-                                # nothing but temporary files (the /tmp emptyDir below).
-                                security_context=nonroot_security(),
-                                env=[
-                                    k8s.EnvVar(name="HOME", value=STORE_TMP),
-                                    k8s.EnvVar(name="TMPDIR", value=STORE_TMP),
-                                ],
-                                volume_mounts=[k8s.VolumeMount(name="tmp", mount_path=STORE_TMP)],
-                            )
-                        ],
+                        containers=[store_container(values, image=image, pull=pull, port=port)],
                         security_context=k8s.PodSecurityContext(
                             run_as_non_root=True, seccomp_profile=RUNTIME_DEFAULT_SECCOMP
                         ),
@@ -649,19 +650,15 @@ def _resources(values: JobValues) -> k8s.ResourceRequirements:
     return k8s.ResourceRequirements(requests=requests, limits=limits)
 
 
+SELFCHECK_COMMAND = ("python", "-m", "nvrx_eks.training.node.selfcheck")
+"""The pod's self-check, which proves among its checks that the ranks' checkpointer can start on the
+node: it reads the job's configuration from NVRX_EKS_CONFIG, in the env it shares with the ranks."""
+
+
 def selfcheck_command(values: JobValues) -> list[str]:
-    """`python -m nvrx_eks.training.node.selfcheck`, which proves among its checks that the ranks'
-    checkpointer can start on the node. A script's ranks read the job's configuration from
-    NVRX_EKS_CONFIG, in the env the self-check shares with them; the reference trainer's get flags, so
-    the self-check is handed what their checkpointer is built from (the run folder and the checkpoint
-    section) as that JSON. `--store`: the job's rendezvous store, where each pod's node problems are
+    """SELFCHECK_COMMAND with `--store`: the job's rendezvous store, where each pod's node problems are
     compared with the other nodes' (training/node/repeats.py)."""
-    command = ["python", "-m", "nvrx_eks.training.node.selfcheck", f"--store={store_endpoint(values)}"]
-    if values.entrypoint is None:
-        document = config_document(values.trainer)
-        checkpointer = {key: document[key] for key in ("run_dir", "checkpoint")}
-        command.append(f"--config={json.dumps(checkpointer, sort_keys=True, separators=(',', ':'))}")
-    return command
+    return [*SELFCHECK_COMMAND, f"--store={store_endpoint(values)}"]
 
 
 def _failure_policy() -> k8s.PodFailurePolicy:
@@ -704,6 +701,132 @@ def _failure_policy() -> k8s.PodFailurePolicy:
     )
 
 
+def _trainer_env(values: JobValues, *, port: int | None) -> list[k8s.EnvVar]:
+    """What the self-check and the launcher (and so every rank) see: the pod's index, the chart's
+    variables, the kit's section (NVRX_EKS_CONFIG) and the preloads."""
+    env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
+    script_env = resilience_env(values.entrypoint, values.trainer)
+    env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(script_env.items())]
+    if values.peer_replicas:
+        env.append(_failure_domain_env())
+    if values.image != LOCAL_IMAGE:
+        # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
+        # stays unset, so /tmp (the same volume) is the temporary folder.
+        env.append(k8s.EnvVar(name="HOME", value=SCRATCH_PATH))
+    return env
+
+
+def _selfcheck_container(
+    values: JobValues, *, image: str, pull: str, env: list[k8s.EnvVar], mounts: list[k8s.VolumeMount]
+) -> k8s.Container:
+    """The self-check, in every pod (images/README.md): exit 2 fails the Job, 75 (node problem) replaces
+    the pod without consuming the budget (_failure_policy). It gets the trainer's resources, env and
+    mounts: the kubelet hands an init container's GPUs/EFA devices on to the main container, so the
+    check sees the devices the ranks will use, at no extra request."""
+    return k8s.Container(
+        name=SELFCHECK_CONTAINER,
+        image=image,
+        image_pull_policy=pull,
+        command=selfcheck_command(values),
+        # Its node's name, with which it records a node problem for the other pods to compare.
+        env=[*env, _node_name_env()],
+        resources=_resources(values),
+        volume_mounts=mounts,
+        security_context=trainer_security(),
+        # A failed check's pod status carries the verdict line (`job status` names it).
+        termination_message_policy="FallbackToLogsOnError",
+    )
+
+
+def _trainer_container(
+    values: JobValues,
+    *,
+    image: str,
+    pull: str,
+    env: list[k8s.EnvVar],
+    mounts: list[k8s.VolumeMount],
+    port: int | None,
+) -> k8s.Container:
+    """The launcher (training/resilience/launch.py or torchrun), which starts the node's ranks."""
+    command = launcher_command(
+        values,
+        store_endpoint=store_endpoint(values),
+        node_address=node_address(values),
+        entry=values.entrypoint.command(),
+    )
+    return k8s.Container(
+        name=TRAINER_CONTAINER,
+        image=image,
+        image_pull_policy=pull,
+        command=command,
+        env=env,
+        ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
+        resources=_resources(values),
+        volume_mounts=mounts,
+        security_context=trainer_security(),
+        # A failed pod's status carries its log tail: the launcher's root cause (rank, exit code,
+        # signal), which `job status` and a failed job's reason name (k8s/termination.py).
+        termination_message_policy="FallbackToLogsOnError",
+    )
+
+
+def _training_pod(values: JobValues, *, port: int | None) -> k8s.PodSpec:
+    """One training pod: its init containers (folder owner, self-check, topology), then the launcher."""
+    image, pull = _image(values)
+    volumes, mounts = _volumes(values)
+    env = _trainer_env(values, port=port)
+    # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs
+    # as this machine's user, who owns them already.
+    folders = trainer_owned_folders(values)
+    init_containers = (
+        []
+        if values.image == LOCAL_IMAGE
+        else [owner_setup_container(image=image, pull=pull, folders=folders, mounts=mounts)]
+    )
+    init_containers.append(_selfcheck_container(values, image=image, pull=pull, env=env, mounts=mounts))
+    trainer_env, trainer_mounts = list(env), list(mounts)
+    if values.peer_replicas:
+        # Last: the node's labels for the peer replica's partners (FAILURE_DOMAIN_LABELS).
+        topology, topology_volumes, topology_mount = topology_init(image=image, pull=pull)
+        init_containers.append(topology)
+        volumes += topology_volumes
+        trainer_mounts.append(topology_mount)
+        trainer_env.append(k8s.EnvVar(name=TOPOLOGY_FILE_ENV, value=TOPOLOGY_FILE))
+    trainer = _trainer_container(
+        values, image=image, pull=pull, env=trainer_env, mounts=trainer_mounts, port=port
+    )
+    return k8s.PodSpec(
+        restart_policy="Never",
+        subdomain=headless_service_name(values),
+        service_account_name=values.service_account,
+        automount_service_account_token=False,
+        priority_class_name=values.priority_class,
+        node_selector=_node_selector(values) or None,
+        tolerations=(
+            [k8s.Toleration(key=names.GPU_TAINT_KEY, operator="Exists", effect=names.GPU_TAINT_EFFECT)]
+            if values.profile.gpus
+            else None
+        ),
+        # Ranks get workers_stop + term timeouts to save and leave before SIGKILL.
+        termination_grace_period_seconds=int(values.timeouts.workers_stop_s + values.timeouts.term_s),
+        # The runtime's default seccomp filter for every container of the pod, init ones included.
+        security_context=k8s.PodSecurityContext(seccomp_profile=RUNTIME_DEFAULT_SECCOMP),
+        init_containers=init_containers,
+        containers=[trainer],
+        volumes=volumes,
+    )
+
+
+def _node_selector(values: JobValues) -> dict[str, str]:
+    selector = dict(values.gpu_node_selector)
+    if values.profile.is_ec2:
+        selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
+    if values.verified_nodes_required:
+        # Set by the node check (training/node/nodecheck.py): a node takes work once it passed.
+        selector[VERIFIED_LABEL] = "true"
+    return selector
+
+
 class TrainingJob(Construct):
     """The Indexed Job: one pod per node running the launcher, which starts the node's ranks."""
 
@@ -712,95 +835,8 @@ class TrainingJob(Construct):
         labels = names.job_labels(values.name, "trainer")
         if values.kueue_queue:
             labels["kueue.x-k8s.io/queue-name"] = values.kueue_queue
-        image, pull = _image(values)
-        volumes, mounts = _volumes(values)
         port = metrics_port(values)  # the trainer's /metrics, served when the values ask for it
-        env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
-        script_env = resilience_env(values.entrypoint, values.trainer)
-        env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(script_env.items())]
-        if values.peer_replicas:
-            env.append(_failure_domain_env())
-        if values.image != LOCAL_IMAGE:
-            # $HOME on the scratch volume: the root filesystem is read-only (trainer_security); TMPDIR
-            # stays unset, so /tmp (the same volume) is the temporary folder.
-            env.append(k8s.EnvVar(name="HOME", value=SCRATCH_PATH))
-        command = launcher_command(
-            values,
-            store_endpoint=store_endpoint(values),
-            node_address=node_address(values),
-            entry=entry_command(values.entrypoint, values.trainer),
-        )
-        security = trainer_security()
-        # A container image first hands the trainer its folders on root-owned volumes; `image: local` runs
-        # as this machine's user, who owns them already.
-        folders = trainer_owned_folders(values)
-        init_containers = (
-            []
-            if values.image == LOCAL_IMAGE
-            else [owner_setup_container(image=image, pull=pull, folders=folders, mounts=mounts)]
-        )
-        # Then the self-check, in every pod (images/README.md): exit 2 fails the Job, 75 (node
-        # problem) replaces the pod without consuming the budget (_failure_policy). It gets the trainer's
-        # resources, env and mounts: the kubelet hands an init container's GPUs/EFA devices on to the
-        # main container, so the check sees the devices the ranks will use, at no extra request.
-        init_containers += [
-            k8s.Container(
-                name=SELFCHECK_CONTAINER,
-                image=image,
-                image_pull_policy=pull,
-                command=selfcheck_command(values),
-                # Its node's name, with which it records a node problem for the other pods to compare.
-                env=[*env, _node_name_env()],
-                resources=_resources(values),
-                volume_mounts=mounts,
-                security_context=security,
-                # A failed check's pod status carries the verdict line (`job status` names it).
-                termination_message_policy="FallbackToLogsOnError",
-            )
-        ]
-        trainer_env, trainer_mounts = list(env), list(mounts)
-        if values.peer_replicas:
-            # Last: the node's labels for the peer replica's partners (FAILURE_DOMAIN_LABELS).
-            topology, topology_volumes, topology_mount = topology_init(image=image, pull=pull)
-            init_containers.append(topology)
-            volumes += topology_volumes
-            trainer_mounts.append(topology_mount)
-            trainer_env.append(k8s.EnvVar(name=TOPOLOGY_FILE_ENV, value=TOPOLOGY_FILE))
-        pod = k8s.PodSpec(
-            restart_policy="Never",
-            subdomain=headless_service_name(values),
-            service_account_name=values.service_account,
-            automount_service_account_token=False,
-            priority_class_name=values.priority_class,
-            node_selector=self._node_selector(values) or None,
-            tolerations=(
-                [k8s.Toleration(key=names.GPU_TAINT_KEY, operator="Exists", effect=names.GPU_TAINT_EFFECT)]
-                if values.profile.gpus
-                else None
-            ),
-            # Ranks get workers_stop + term timeouts to save and leave before SIGKILL.
-            termination_grace_period_seconds=int(values.timeouts.workers_stop_s + values.timeouts.term_s),
-            # The runtime's default seccomp filter for every container of the pod, init ones included.
-            security_context=k8s.PodSecurityContext(seccomp_profile=RUNTIME_DEFAULT_SECCOMP),
-            init_containers=init_containers,
-            containers=[
-                k8s.Container(
-                    name=TRAINER_CONTAINER,
-                    image=image,
-                    image_pull_policy=pull,
-                    command=command,
-                    env=trainer_env,
-                    ports=metrics_ports(port, values.profile.workers_per_node) if port else None,
-                    resources=_resources(values),
-                    volume_mounts=trainer_mounts,
-                    security_context=security,
-                    # A failed pod's status carries its log tail: the launcher's root cause (rank, exit
-                    # code, signal), which `job status` and a failed job's reason name (k8s/termination.py).
-                    termination_message_policy="FallbackToLogsOnError",
-                )
-            ],
-            volumes=volumes,
-        )
+        pod = _training_pod(values, port=port)
         b = values.budgets
         k8s.KubeJob(
             self,
@@ -846,16 +882,6 @@ class TrainingJob(Construct):
                 ),
             ),
         )
-
-    @staticmethod
-    def _node_selector(values: JobValues) -> dict[str, str]:
-        selector = dict(values.gpu_node_selector)
-        if values.profile.is_ec2:
-            selector.setdefault("node.kubernetes.io/instance-type", values.profile.name)
-        if values.verified_nodes_required:
-            # Set by the node check (training/node/nodecheck.py): a node takes work once it passed.
-            selector[VERIFIED_LABEL] = "true"
-        return selector
 
 
 class JobChart(cdk8s.Chart):

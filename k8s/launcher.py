@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nvrx_eks.training.resilience.launch import ENTRY_SEPARATOR
+from nvrx_eks.training.resilience.modes import layers
+
 if TYPE_CHECKING:
     from nvrx_eks.k8s.values import JobValues
 
@@ -65,8 +68,10 @@ def control_command(values: JobValues, *, port: int) -> list[str]:
 def launcher_command(
     values: JobValues, *, store_endpoint: str, node_address: str, entry: list[str]
 ) -> list[str]:
-    """The training container's command: ft_launcher (torchrun for the baseline), then `entry`, what
-    every rank runs (`-m nvrx_eks.training ARGS`, or a script's own module or path and arguments)."""
+    """The training container's command: the launcher the mode runs (training/resilience/modes.py) and
+    its flags, then `entry`, what every rank runs (`-m MODULE ARGS` or `SCRIPT ARGS`). For ft_launcher,
+    through training/resilience/launch.py, `--` marks where the launcher's flags end and the script
+    begins: the wrapper never guesses it from the flags."""
     b, t = values.budgets, values.timeouts
     common = [
         _nnodes(values),
@@ -81,7 +86,7 @@ def launcher_command(
         f"--max-restarts={b.launcher_max_restarts}",
         f"--monitor-interval={t.monitor_interval_s:g}",
     ]
-    if values.mode == "baseline":
+    if layers(values.mode).launcher == "torchrun":
         return ["torchrun", *common, *entry]
     ft = [
         f"--workers-stop-timeout={t.workers_stop_s:g}",
@@ -90,4 +95,4 @@ def launcher_command(
         f"--ft-rank-heartbeat-timeout={t.launcher_heartbeat_s:g}",
         f"--ft-workload-check-interval={t.heartbeat_check_s:g}",
     ]
-    return [*FT_LAUNCHER, *common, *ft, *entry]
+    return [*FT_LAUNCHER, *common, *ft, ENTRY_SEPARATOR, *entry]

@@ -6,6 +6,8 @@ are derived from the job name here, never typed by hand in a chart.
 
 from __future__ import annotations
 
+from typing import Final
+
 APP = "nvrx-eks"
 
 # Where jobs run and who they run as: the cluster stack creates these (infra/config.py TrainingConfig
@@ -42,7 +44,7 @@ JOB_LABEL = "nvrx-eks/job"
 # plugin's own chart tolerates by default.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_VALUE = "true"
-GPU_TAINT_EFFECT = "NoSchedule"
+GPU_TAINT_EFFECT: Final = "NoSchedule"
 GPU_NODE_LABEL = "nvrx-eks/gpu"
 EFA_NODE_LABEL = "nvrx-eks/efa"
 """`"true"` where the node has EFA devices, `"false"` where not: the EFA device plugin selects it."""

@@ -256,47 +256,8 @@ class NodeVerification(Construct):
         def host_path(name: str, path: str, kind: str) -> k8s.Volume:
             return k8s.Volume(name=name, host_path=k8s.HostPathVolumeSource(path=path, type=kind))
 
-        command = ["python", "-m", "nvrx_eks.training.node.nodecheck", f"--interval-s={spec.interval_s}"]
-        if spec.dcgm_host:
-            command.append(f"--dcgm-host={spec.dcgm_host}")
         nvme_mount = k8s.VolumeMount(name="local-nvme", mount_path=HOST_NVME)
-        field = lambda path: k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path))  # noqa: E731
-        container = k8s.Container(
-            name="nodecheck",
-            image=spec.image,
-            image_pull_policy="IfNotPresent",
-            command=command,
-            env=[
-                k8s.EnvVar(name="NODE_NAME", value_from=field("spec.nodeName")),
-                k8s.EnvVar(name="POD_NAMESPACE", value_from=field("metadata.namespace")),
-                # dcgmi's own default is localhost, the pod itself: the engine is the node's (the
-                # DCGM exporter reaches it the same way, infra/addon_values.py).
-                *(
-                    []
-                    if spec.dcgm_host
-                    else [k8s.EnvVar(name="NVRX_EKS_DCGM_HOST", value_from=field("status.hostIP"))]
-                ),
-                # Every GPU visible, none allocated (the NVIDIA runtime is the AL2023 NVIDIA AMI's
-                # default); utility: nvidia-smi and NVML only.
-                k8s.EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),
-                k8s.EnvVar(name="NVIDIA_DRIVER_CAPABILITIES", value="utility"),
-                k8s.EnvVar(name="PYTHONDONTWRITEBYTECODE", value="1"),
-            ],
-            resources=k8s.ResourceRequirements(
-                requests={
-                    "cpu": k8s.Quantity.from_string("100m"),
-                    "memory": k8s.Quantity.from_string("256Mi"),
-                },
-                limits={"memory": k8s.Quantity.from_string("1Gi")},
-            ),
-            volume_mounts=[
-                k8s.VolumeMount(name="host-sys", mount_path=HOST_SYS, read_only=True),
-                k8s.VolumeMount(name="host-infiniband", mount_path=f"{HOST_DEV}/infiniband", read_only=True),
-                nvme_mount,
-            ],
-            # The training image's uid, no capability, read-only root filesystem (job_chart.trainer_security).
-            security_context=trainer_security(),
-        )
+        container = _node_check_container(spec, nvme_mount)
         k8s.KubeDaemonSet(
             self,
             "daemon-set",
@@ -356,3 +317,51 @@ class NodeVerification(Construct):
                 ),
             ),
         )
+
+
+def _node_check_container(spec: NodeCheckSpec, nvme_mount: k8s.VolumeMount) -> k8s.Container:
+    """`python -m nvrx_eks.training.node.nodecheck` with its Node's name, the node's DCGM engine and
+    every GPU visible (none allocated)."""
+    command = ["python", "-m", "nvrx_eks.training.node.nodecheck", f"--interval-s={spec.interval_s}"]
+    if spec.dcgm_host:
+        command.append(f"--dcgm-host={spec.dcgm_host}")
+
+    def field(path: str) -> k8s.EnvVarSource:
+        return k8s.EnvVarSource(field_ref=k8s.ObjectFieldSelector(field_path=path))
+
+    return k8s.Container(
+        name="nodecheck",
+        image=spec.image,
+        image_pull_policy="IfNotPresent",
+        command=command,
+        env=[
+            k8s.EnvVar(name="NODE_NAME", value_from=field("spec.nodeName")),
+            k8s.EnvVar(name="POD_NAMESPACE", value_from=field("metadata.namespace")),
+            # dcgmi's own default is localhost, the pod itself: the engine is the node's (the
+            # DCGM exporter reaches it the same way, infra/addon_values.py).
+            *(
+                []
+                if spec.dcgm_host
+                else [k8s.EnvVar(name="NVRX_EKS_DCGM_HOST", value_from=field("status.hostIP"))]
+            ),
+            # Every GPU visible, none allocated (the NVIDIA runtime is the AL2023 NVIDIA AMI's
+            # default); utility: nvidia-smi and NVML only.
+            k8s.EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),
+            k8s.EnvVar(name="NVIDIA_DRIVER_CAPABILITIES", value="utility"),
+            k8s.EnvVar(name="PYTHONDONTWRITEBYTECODE", value="1"),
+        ],
+        resources=k8s.ResourceRequirements(
+            requests={
+                "cpu": k8s.Quantity.from_string("100m"),
+                "memory": k8s.Quantity.from_string("256Mi"),
+            },
+            limits={"memory": k8s.Quantity.from_string("1Gi")},
+        ),
+        volume_mounts=[
+            k8s.VolumeMount(name="host-sys", mount_path=HOST_SYS, read_only=True),
+            k8s.VolumeMount(name="host-infiniband", mount_path=f"{HOST_DEV}/infiniband", read_only=True),
+            nvme_mount,
+        ],
+        # The training image's uid, no capability, read-only root filesystem (job_chart.trainer_security).
+        security_context=trainer_security(),
+    )

@@ -1,12 +1,12 @@
-"""What each rank is given: the job values' `trainer` section, as the trainer's own typed configuration.
+"""What each rank is given: the job values' `trainer` section, as the kit's typed configuration.
 
-The reference trainer: the section is its `TrainConfig` (training/config.py), handed to the ranks as
-the flags its parser reads back (`to_args`). A script of your own (`entrypoint`): the section is the
-kit's `ResilienceConfig` (training/resilience/config.py), handed over whole as one JSON variable
-(`NVRX_EKS_CONFIG`, `config_env_value`), since its command line is its own. Either way the
-chart owns some fields (mode, run folder, checkpoint folders per tier, peer replicas, the in-process
-restart budget): `rank_config` refuses them in the section, sets them from the rest of the values, and
-validates the whole once, so the job values hold exactly what the ranks will run with.
+Whatever the script (the reference trainer or your own, the values' `entrypoint`), the section is the
+kit's `ResilienceConfig` (training/resilience/config.py), handed to every rank whole as one JSON
+variable (`NVRX_EKS_CONFIG`, `config_env_value`), which `kit.Job()` reads; the script's own settings
+are its command line (`entrypoint.args`). The chart owns some fields (mode, run folder, checkpoint
+folders per tier, peer replicas, the in-process restart budget): `rank_config` refuses them in the
+section, sets them from the rest of the values, and validates the whole once, so the job values hold
+exactly what the ranks will run with.
 """
 
 from __future__ import annotations
@@ -18,21 +18,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from nvrx_eks.kitcore.configio import merge
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
-from nvrx_eks.training.config import TrainConfig, to_args
-from nvrx_eks.training.resilience.config import (
-    CONFIG_ENV,
-    REFERENCE_TRAINER,
-    ResilienceConfig,
-    config_env_value,
-)
-from nvrx_eks.training.shapes import PRESETS
+from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_env_value
+from nvrx_eks.training.resilience.modes import layers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from nvrx_eks.k8s.sections import Budgets, Entrypoint, Storage
     from nvrx_eks.kitcore.profiles import InstanceProfile
-    from nvrx_eks.training.resilience.config import Mode
+    from nvrx_eks.training.resilience.modes import Mode
 
 CHART_OWNED_FIELDS = {
     ("mode",): "mode",
@@ -63,7 +57,7 @@ def _chart_owned(name: str, mode: Mode, storage: Storage, budgets: Budgets) -> d
         "run_dir": f"{storage.fsx_mount_path}/runs/{name}",
         "checkpoint": checkpoint,
     }
-    if mode in {"inprocess", "both"}:
+    if layers(mode).inprocess:
         owned["inprocess"] = {"max_iterations": budgets.inprocess_max_iterations}
     return owned
 
@@ -71,19 +65,38 @@ def _chart_owned(name: str, mode: Mode, storage: Storage, budgets: Budgets) -> d
 def rank_config(
     section: Mapping[str, Any],
     *,
-    script: bool,
     name: str,
     mode: Mode,
     storage: Storage,
     budgets: Budgets,
     num_nodes: int,
 ) -> ResilienceConfig:
-    """The values' `trainer` section with the chart's fields set, validated once as the trainer's own
-    configuration: `TrainConfig` for the reference trainer, `ResilienceConfig` for a script.
+    """The values' `trainer` section with the chart's fields set, validated once as the ranks'
+    `ResilienceConfig`.
 
     Raises pydantic's ValidationError, each field's path kept (trainer.checkpoint.memory_every...); a
-    chart-owned field set in the section is one of its errors, naming the value that sets it."""
-    owned_here = []
+    chart-owned field set in the section is one of its errors, naming the value that sets it, and so is
+    a script's own setting (trainer.steps), naming where it goes."""
+    problems = [*_chart_owned_in(section), *_script_settings_in(section)]
+    owned = _chart_owned(name, mode, storage, budgets)
+    if storage.peer_replicas is None and num_nodes > 1 and _takes_memory_snapshots(section.get("checkpoint")):
+        owned["checkpoint"]["peer_replicas"] = 1
+    kits = {key: value for key, value in section.items() if key in ResilienceConfig.model_fields}
+    try:
+        config = ResilienceConfig.model_validate(merge(kits, owned))
+    except ValidationError as exc:
+        # One message for all: the section's own errors beside the fields it must not hold.
+        problems += [
+            {k: v for k, v in e.items() if k in ("type", "loc", "input", "ctx")} for e in exc.errors()
+        ]
+    if problems:
+        raise ValidationError.from_exception_data("trainer", problems)
+    return config
+
+
+def _chart_owned_in(section: Mapping[str, Any]) -> list[Any]:
+    """An error for each field of the section the chart sets itself."""
+    owned_here: list[Any] = []
     for path, owner in CHART_OWNED_FIELDS.items():
         node: Any = section
         for part in path:
@@ -91,13 +104,26 @@ def rank_config(
         if node is not None:
             why = f"set by the chart (from {owner}); remove it from trainer"
             owned_here.append({"type": "value_error", "loc": path, "input": node, "ctx": {"error": why}})
-    if owned_here:
-        raise ValidationError.from_exception_data("trainer", owned_here)
-    model: type[ResilienceConfig] = ResilienceConfig if script else TrainConfig
-    owned = _chart_owned(name, mode, storage, budgets)
-    if storage.peer_replicas is None and num_nodes > 1 and _takes_memory_snapshots(section.get("checkpoint")):
-        owned["checkpoint"]["peer_replicas"] = 1
-    return model.model_validate(merge(dict(section), owned))
+    return owned_here
+
+
+def _script_settings_in(section: Mapping[str, Any]) -> list[Any]:
+    """An error for each top-level key that is none of the kit's fields: a script's own setting (the
+    reference trainer's model or steps), which is the script's argument, not the kit's."""
+    kit = ", ".join(ResilienceConfig.model_fields)
+    return [
+        {
+            "type": "value_error",
+            "loc": (key,),
+            "input": value,
+            "ctx": {
+                "error": f"not one of the kit's fields ({kit}); a script's own setting is its argument: "
+                f"entrypoint.args, e.g. [--{str(key).replace('_', '-')}, {value}]"
+            },
+        }
+        for key, value in section.items()
+        if key not in ResilienceConfig.model_fields
+    ]
 
 
 def _takes_memory_snapshots(checkpoint: object) -> bool:
@@ -106,33 +132,21 @@ def _takes_memory_snapshots(checkpoint: object) -> bool:
     (staging slots), so it is read before the section is validated, each field with its own type. A bad
     value reads as the default here; the section's validation reports it."""
     given = checkpoint if isinstance(checkpoint, dict) else {}
-    values = {}
+    values: dict[str, Any] = {}
     for name in ("implementation", "memory_every"):
         field = CheckpointConfig.model_fields[name]
+        adapter: TypeAdapter[Any] = TypeAdapter(Annotated[field.annotation, field])  # type: ignore[arg-type]
         try:
-            values[name] = TypeAdapter(Annotated[field.annotation, field]).validate_python(
-                given.get(name, field.default)
-            )
+            values[name] = adapter.validate_python(given.get(name, field.default))
         except ValidationError:
             values[name] = field.default
     return CheckpointConfig.model_construct(**values).snapshots_in_memory
 
 
-def entry_command(entrypoint: Entrypoint | None, config: ResilienceConfig) -> list[str]:
-    """What the launcher runs in every rank: `-m nvrx_eks.training ARGS`, or the entrypoint's module or
-    script."""
-    if entrypoint is None:
-        return ["-m", REFERENCE_TRAINER, *to_args(config)]
-    return entrypoint.command()
-
-
-def resilience_env(entrypoint: Entrypoint | None, config: ResilienceConfig) -> dict[str, str]:
-    """The variables a script's ranks read the kit's settings from (none for the reference trainer,
-    whose settings are its flags)."""
+def resilience_env(entrypoint: Entrypoint, config: ResilienceConfig) -> dict[str, str]:
+    """The variables every rank reads the kit's settings from, and the modules its pod preloads."""
     from nvrx_eks.training.resilience.launch import PRELOAD_ENV  # noqa: PLC0415 - imports NVRx
 
-    if entrypoint is None:
-        return {}
     env = {CONFIG_ENV: config_env_value(config)}
     if entrypoint.preload:
         env[PRELOAD_ENV] = ",".join(entrypoint.preload)
@@ -157,19 +171,16 @@ class MemoryBudget:
         )
 
 
-def memory_budget(config: ResilienceConfig, profile: InstanceProfile, num_nodes: int) -> MemoryBudget | None:
-    """Per node: ranks x state per rank x (staging slots + 2 kept copies per partner node served); None
-    for a script of your own, whose state size only its ranks know (they report it as `state_bytes`).
-
-    State per rank: the whole model on CPU (replicated data parallel); a 1/world share on GPU (FSDP2)."""
-    if not isinstance(config, TrainConfig):
+def memory_budget(
+    config: ResilienceConfig, entrypoint: Entrypoint, profile: InstanceProfile
+) -> MemoryBudget | None:
+    """Per node: ranks x state per rank x (staging slots + 2 kept copies per partner node served), from
+    the values' hint of the state per rank (`entrypoint.state_gib_per_rank`); None without the hint,
+    when only the ranks know the state's size (they report it as `state_bytes`)."""
+    if entrypoint.state_gib_per_rank is None:
         return None
-    world_size = num_nodes * profile.workers_per_node
-    state = PRESETS[config.model].state_bytes
-    per_rank = state if profile.gpus == 0 else state / world_size
-    per_node = per_rank * profile.workers_per_node
-    gib = 1024**3
+    per_node_gib = entrypoint.state_gib_per_rank * profile.workers_per_node
     return MemoryBudget(
-        own_gib=per_node * config.checkpoint.staging_slots / gib,
-        partners_gib=per_node * 2 * config.checkpoint.peer_replicas / gib,
+        own_gib=per_node_gib * config.checkpoint.staging_slots,
+        partners_gib=per_node_gib * 2 * config.checkpoint.peer_replicas,
     )

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import naming
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
 
 # Kubernetes rules beyond the names (kitcore/naming.py has those): an environment variable name and a
 # Secret's key (k8s.io/apimachinery/pkg/util/validation).
@@ -282,24 +281,44 @@ class SecretRef(Section):
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
+REFERENCE_TRAINER_MODULE = "nvrx_eks.training"
+"""The entry point of values that name none: the reference trainer (`python -m nvrx_eks.training`,
+training/__main__.py), a client of the kit like any other script."""
+
 
 class Entrypoint(Section):
-    """Your own training script, run by the launcher in every rank in place of the reference trainer.
+    """The training script the launcher runs in every rank: the reference trainer unless the values name
+    another module or script.
 
-    It uses the kit through training/api.py (`Job().run(train)`); the values' `trainer:` section then
-    holds only the kit's resilience fields (training/resilience/config.py `ResilienceConfig`), which the
-    chart hands to it as `NVRX_EKS_CONFIG`. docs/your-script.md walks through it."""
+    Every script uses the kit through training/api.py (`Job().run(train)`): the values' `trainer:`
+    section holds the kit's fields (training/resilience/config.py `ResilienceConfig`), which the chart
+    hands to every rank as `NVRX_EKS_CONFIG`; the script's own settings are its `args`.
+    docs/your-script.md walks through it."""
 
     module: str | None = None
-    """A module on the image's Python path, run as `python -m MODULE ARGS` (e.g. mytrain.main)."""
+    """A module on the image's Python path, run as `python -m MODULE ARGS` (e.g. mytrain.main); the
+    reference trainer's when neither module nor script is given."""
     script: str | None = None
     """Or a script, run as `python SCRIPT ARGS`: its path in the image (relative: to the working folder
     or the Python path)."""
     args: list[str] = Field(default_factory=list)
-    """The script's own arguments."""
+    """The script's own arguments (the reference trainer's: `python -m nvrx_eks.training --help`, e.g.
+    [--model, 8b, --steps, "20000"])."""
     preload: list[str] = Field(default_factory=list)
     """Modules the script imports before its first step (e.g. transformers): each pod imports them once,
     into the warm process every restarted rank is forked from, instead of every rank at every restart."""
+    state_gib_per_rank: float | None = Field(None, gt=0)
+    """The checkpointed state one rank holds, GiB: its shard of the parameters, the optimizer state and
+    whatever else it saves (what its ranks report as `state_bytes`). `job render` checks from it that the
+    memory tier holds the node's snapshots and its partners' copies; without it that check is left to
+    the ranks."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_trainer_by_default(cls, data: Any) -> Any:  # noqa: ANN401
+        if isinstance(data, dict) and data.get("module") is None and data.get("script") is None:
+            return {**data, "module": REFERENCE_TRAINER_MODULE}
+        return data
 
     @field_validator("args", mode="before")
     @classmethod
@@ -314,8 +333,6 @@ class Entrypoint(Section):
     def _module_name(cls, value: str | None) -> str | None:
         if value is not None and not _MODULE_NAME.match(value):
             raise ValueError(f"{value!r} is not a module name: dotted identifiers, e.g. mytrain.main")
-        if value == REFERENCE_TRAINER:
-            raise ValueError(f"{REFERENCE_TRAINER} is the reference trainer: remove entrypoint to run it")
         return value
 
     @field_validator("preload")
@@ -328,8 +345,8 @@ class Entrypoint(Section):
 
     @model_validator(mode="after")
     def _one_of(self) -> Entrypoint:
-        if (self.module is None) == (self.script is None):
-            raise ValueError("give exactly one of module (python -m MODULE) or script (python SCRIPT)")
+        if self.module is not None and self.script is not None:
+            raise ValueError("give one of module (python -m MODULE) or script (python SCRIPT), not both")
         return self
 
     def command(self) -> list[str]:

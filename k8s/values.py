@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from nvrx_eks.k8s import names
 from nvrx_eks.k8s.durable_cost import PlanHints  # noqa: TC001 - used at runtime by pydantic
@@ -44,7 +44,8 @@ from nvrx_eks.k8s.sections import (
 from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
-from nvrx_eks.training.resilience.config import Mode, ResilienceConfig
+from nvrx_eks.training.resilience.config import ResilienceConfig
+from nvrx_eks.training.resilience.modes import Mode, layers
 
 _SECRET_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY)", re.IGNORECASE)
 # Shared memory for NCCL and data loaders: an eighth of host memory; the memory checkpoint tier: a
@@ -86,37 +87,40 @@ class JobValues(Section):
     budgets: Budgets = Budgets()
     timeouts: Timeouts = Timeouts()
     storage: Storage = Storage()
-    entrypoint: Entrypoint | None = None
-    """Your own training script instead of the reference trainer (`python -m nvrx_eks.training`)."""
-    # Serialized as what it is: the reference trainer's TrainConfig has fields ResilienceConfig lacks.
-    trainer: SerializeAsAny[ResilienceConfig] = Field(None, validate_default=True)  # type: ignore[assignment]
-    """What every rank runs with, as a tree. The reference trainer's fields (`python -m nvrx_eks.training
-    --help`: model, steps, seed, checkpoint cadences, fault schedule, in-process timeouts...; default:
-    model tiny, 200 steps); with an `entrypoint`, only the kit's resilience fields (checkpoint,
-    inprocess, ft, dist, faults, metrics, seed; default: none set). Validated as the trainer's own
-    configuration with the fields the chart owns set from mode, storage and budgets
-    (k8s/rank_config.py), so it reads as the ranks will: values.trainer.checkpoint.memory_every."""
+    entrypoint: Entrypoint = Entrypoint()
+    """The training script every rank runs and its own arguments: the reference trainer (`python -m
+    nvrx_eks.training`) unless it names your module or script."""
+    trainer: ResilienceConfig = Field(None, validate_default=True)
+    """The kit's settings every rank runs with, as a tree, whatever the script: checkpoint cadences,
+    inprocess, ft, dist, faults, metrics, seed (training/resilience/config.py; default: none set).
+    Validated with the fields the chart owns set from mode, storage and budgets (k8s/rank_config.py),
+    so it reads as the ranks will: values.trainer.checkpoint.memory_every. Handed to every rank as
+    NVRX_EKS_CONFIG."""
+
+    @field_validator("entrypoint", mode="before")
+    @classmethod
+    def _default_entrypoint(cls, value: Any) -> Any:  # noqa: ANN401
+        # `entrypoint:` with nothing under it (YAML's null) is the default entry point.
+        return {} if value is None else value
 
     @field_validator("trainer", mode="before")
     @classmethod
     def _the_ranks_config(cls, section: Any, info: ValidationInfo) -> ResilienceConfig:  # noqa: ANN401
         given = info.data
-        needed = ("name", "num_nodes", "mode", "budgets", "storage", "entrypoint")
+        needed = ("name", "num_nodes", "mode", "budgets", "storage")
         if any(field not in given for field in needed):
             # One of them is invalid and reported, so these values fail anyway: the section is checked
             # once they are right.
             return ResilienceConfig()
-        script = given["entrypoint"] is not None
         if section is None:
-            section = {} if script else {"model": "tiny", "steps": 200}
+            section = {}
         if not isinstance(section, dict):
             # A ValueError: pydantic reports it as this field's error (a TypeError would escape).
             raise ValueError(  # noqa: TRY004
-                "a mapping of the trainer's fields (`python -m nvrx_eks.training --help`)"
+                "a mapping of the kit's fields (training/resilience/config.py ResilienceConfig)"
             )
         return rank_config(
             section,
-            script=script,
             name=given["name"],
             mode=given["mode"],
             storage=given["storage"],
@@ -286,8 +290,7 @@ class JobValues(Section):
     @model_validator(mode="after")
     def _consistent(self) -> JobValues:
         b, t = self.budgets, self.timeouts
-        uses_inprocess = self.mode in {"inprocess", "both"}
-        if uses_inprocess and b.inprocess_max_iterations >= b.launcher_max_restarts:
+        if layers(self.mode).inprocess and b.inprocess_max_iterations >= b.launcher_max_restarts:
             raise ValueError(
                 f"budgets: inprocess_max_iterations ({b.inprocess_max_iterations}) must be below "
                 f"launcher_max_restarts ({b.launcher_max_restarts}): restart budgets nest in-process < "
@@ -345,7 +348,7 @@ class JobValues(Section):
             raise ValueError(f"trainer.{ranks} ({self.num_nodes} nodes x {self.profile.workers_per_node})")
         t = self.timeouts
         silence = config.inprocess_recovery_silence_s
-        if self.mode in {"inprocess", "both"} and t.launcher_heartbeat_s <= silence:
+        if layers(self.mode).inprocess and t.launcher_heartbeat_s <= silence:
             raise ValueError(
                 f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed the longest "
                 "silence of a rank recovering in process (trainer max(inprocess.soft_timeout_s, "
@@ -358,7 +361,8 @@ class JobValues(Section):
                 f"storage.memory_tier_gib: the node's checkpoints in RAM need {budget.describe()}, more "
                 f"than the memory tier's {self.memory_tier_gib} GiB: raise storage.memory_tier_gib (the "
                 f"{self.instance_profile} profile has {self.profile.memory_gib} GiB), lower "
-                "storage.peer_replicas or trainer.checkpoint.num_staging_slots"
+                "storage.peer_replicas or trainer.checkpoint.num_staging_slots (the state per rank is "
+                "entrypoint.state_gib_per_rank)"
             )
 
     def _check_devices(self) -> None:
@@ -425,8 +429,8 @@ class JobValues(Section):
 
     @property
     def memory_budget(self) -> MemoryBudget | None:
-        """What the memory tier holds per node; None for a script, whose state only its ranks know."""
-        return memory_budget(self.trainer, self.profile, self.num_nodes)
+        """What the memory tier holds per node; None without the values' hint of the state per rank."""
+        return memory_budget(self.trainer, self.entrypoint, self.profile)
 
     @property
     def world_size(self) -> int:

@@ -8,15 +8,15 @@ the reference for "nothing lost": its final-parameter hash is cached per configu
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import sys
 import threading
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nvrx_eks.training.config import TrainConfig
+from nvrx_eks.k8s.sections import REFERENCE_TRAINER_MODULE
 from nvrx_eks.training.events import read_events
 from nvrx_eks.training.resilience.config import FaultsConfig
 
@@ -37,6 +37,14 @@ class ChaosResult:
     """Where the trainer wrote its events (the FSx PVC's folder in the executor's run dir)."""
 
 
+def reference_trainer(**flags: object) -> tuple[str, str]:
+    """Job-value overrides that run the reference trainer (`python -m nvrx_eks.training`) with these
+    flags of its own (`steps=40` is `--steps 40`): what the benchmarks and the tests of the local job
+    set, as any script's settings, in `entrypoint.args`."""
+    args = [part for name, value in flags.items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    return f"entrypoint.module={REFERENCE_TRAINER_MODULE}", f"entrypoint.args={json.dumps(args)}"
+
+
 def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
     """The local folder behind the trainer's `--run-dir` for a job the executor ran in `run_dir`."""
     from nvrx_eks.localrun.executor import pvc_folder  # noqa: PLC0415
@@ -46,12 +54,26 @@ def trainer_run_dir(values: JobValues, run_dir: Path) -> Path:
     return pvc_folder(run_dir, values.storage.fsx_pvc) / inside
 
 
-def _progress_line(events_root: Path, *, steps: int) -> tuple[int, str, int]:
-    """(steps rank 0 has finished, current phase, faults injected so far) from the event streams."""
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is, from its event streams."""
+
+    done: int
+    """Steps rank 0 has finished."""
+    total: int | None
+    """The run's steps, once its loop said them (`loop_start`); None before."""
+    phase: str
+    faults: int
+    """Faults injected so far."""
+
+
+def _progress_line(events_root: Path) -> Progress:
+    """The run's progress from its event streams: whatever script runs, its loop states its length."""
     try:
         events = read_events(events_root)
     except FileNotFoundError:
-        return 0, "starting", 0
+        return Progress(0, None, "starting", 0)
+    total = next((int(e["steps"]) for e in events if e["kind"] == "loop_start"), None)
     # Steps are numbered from 0: the newest finished step N means N + 1 steps done.
     done = max((e["step"] + 1 for e in events if e["kind"] == "step" and e["rank"] == 0), default=0)
     faults = sum(1 for e in events if e["kind"] == "fault_injected")
@@ -71,7 +93,7 @@ def _progress_line(events_root: Path, *, steps: int) -> tuple[int, str, int]:
         else:
             continue
         break
-    return min(done, steps), phase, faults
+    return Progress(min(done, total) if total is not None else done, total, phase, faults)
 
 
 def run_job(
@@ -93,7 +115,6 @@ def run_job(
     dist = run_dir / "dist"
     render(values, str(dist))
     events_root = trainer_run_dir(values, run_dir)
-    steps = values.trainer.steps if isinstance(values.trainer, TrainConfig) else script_steps(values)
     stop = threading.Event()
     with Progress(
         TextColumn(f"[bold]{label}[/bold]"),
@@ -104,12 +125,12 @@ def run_job(
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task(label, total=steps, phase="starting", faults=0)
+        task = progress.add_task(label, total=None, phase="starting", faults=0)
 
         def watch() -> None:
             while not stop.wait(0.5):
-                done, phase, faults = _progress_line(events_root, steps=steps)
-                progress.update(task, completed=done, phase=phase, faults=faults)
+                now = _progress_line(events_root)
+                progress.update(task, completed=now.done, total=now.total, phase=now.phase, faults=now.faults)
 
         watcher = threading.Thread(target=watch, name="progress", daemon=True)
         watcher.start()
@@ -118,23 +139,18 @@ def run_job(
         finally:
             stop.set()
             watcher.join()
-        done, phase, faults = _progress_line(events_root, steps=steps)
-        progress.update(task, completed=done, phase=phase if result.succeeded else "FAILED", faults=faults)
+        end = _progress_line(events_root)
+        phase = end.phase if result.succeeded else "FAILED"
+        progress.update(task, completed=end.done, total=end.total, phase=phase, faults=end.faults)
     return ChaosResult(job=result, trainer_run_dir=events_root)
 
 
-def script_steps(values: JobValues) -> int:
-    """A script's loop length where its args say `--steps N` (the progress bar's total; 0: unknown)."""
-    args = values.entrypoint.args if values.entrypoint else []
-    for flag, value in itertools.pairwise(args):
-        if flag == "--steps" and value.isdigit():
-            return int(value)
-    return 0
-
-
 def _code_digest(values: JobValues) -> str:
-    """The trainer's code, and a script's own: its module's package (or its script's folder)."""
+    """The trainer's code, and a script's own: its module's package (or its script's folder); and the
+    torch and NVRx releases that run it (another release may round differently)."""
     digest = hashlib.sha256()
+    for distribution in ("torch", "nvidia-resiliency-ext"):
+        digest.update(f"{distribution}=={metadata.version(distribution)};".encode())
     for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + _script_sources(values):
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -142,8 +158,6 @@ def _code_digest(values: JobValues) -> str:
 
 def _script_sources(values: JobValues) -> list[Path]:
     entry = values.entrypoint
-    if entry is None:
-        return []
     if entry.script is not None:
         return sorted(Path(entry.script).resolve().parent.rglob("*.py"))
     # Where its pods find it: the project folder first (the executor puts it on their Python path).
@@ -175,9 +189,9 @@ def fault_free_sha256(
     key = fault_free_key(values)
     cached = cache_dir / f"fault-free-{key}.json"
     if cached.exists():
-        sha = json.loads(cached.read_text())["final_params_sha256"]
-        console.print(f"fault-free reference: cached ({cached}) sha256 {sha[:16]}")
-        return sha
+        known = str(json.loads(cached.read_text())["final_params_sha256"])
+        console.print(f"fault-free reference: cached ({cached}) sha256 {known[:16]}")
+        return known
     outcome = run_job(
         without_faults(values), run_dir=run_dir, console=console, label="fault-free", timeout_s=timeout_s
     )

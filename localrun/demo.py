@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nvrx_eks.training.config import TrainConfig
+from nvrx_eks.infra import DEFAULT_CONFIG
+from nvrx_eks.k8s import DEFAULT_VALUES
 
-DEFAULT_VALUES = Path("k8s/values/local-cpu.yaml")
-DEFAULT_CLUSTER_CONFIG = Path("infra/configs/default.yaml")
+if TYPE_CHECKING:
+    from nvrx_eks.k8s.values import JobValues
+
 
 # One fault of every class training/faults.py injects, spaced so each recovery completes before the
 # next fault. Ranks 2-3 live on node 1, so the node loss takes the node that does not host rank 0.
@@ -29,20 +32,29 @@ DEMO_FAULTS = (
     "deadlock@50:2",
     "node_loss@60:3",
 )
-DEMO_STEPS = 80
+
+
+def demo_values(values_path: Path, overrides: tuple[str, ...] = ()) -> JobValues:
+    """The demo's job: the values with every fault of DEMO_FAULTS planned. The script runs the steps its
+    args give (k8s/values/local-cpu.yaml: 80); its ranks refuse a plan past them, exit 2, before
+    anything is lost."""
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+
+    return load_values(values_path, (f"trainer.faults.plan={','.join(DEMO_FAULTS)}", *overrides))
 
 
 def demo(
     *,
     values_path: Path = DEFAULT_VALUES,
-    cluster_config: Path = DEFAULT_CLUSTER_CONFIG,
+    cluster_config: Path = DEFAULT_CONFIG,
     runs_root: Path = Path("runs"),
     overrides: tuple[str, ...] = (),
     skip_synth: bool = False,
     timeout_s: float = 600.0,
+    cache_dir: Path | None = None,
 ) -> int:
-    """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result)."""
-    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result).
+    `cache_dir`: where fault-free references are kept (default: RUNS/.cache)."""
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
     from nvrx_eks.localrun.report import (  # noqa: PLC0415
@@ -61,11 +73,7 @@ def demo(
 
     # The values first: a bad file or override is one message at once, not after the synth.
     plan = ",".join(DEMO_FAULTS)
-    # The reference trainer runs DEMO_STEPS; a script of your own runs the steps its args give (its
-    # ranks refuse a plan past them, exit 2, before anything is lost).
-    own_script = load_values(values_path, overrides).entrypoint is not None
-    steps = () if own_script else (f"trainer.steps={DEMO_STEPS}",)
-    values = load_values(values_path, (*steps, f"trainer.faults.plan={plan}", *overrides))
+    values = demo_values(values_path, overrides)
 
     console.rule("1. Cluster (CDK synth, offline)")
     if skip_synth:
@@ -76,8 +84,7 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    trainer, entry = values.trainer, values.entrypoint
-    runs = f"{trainer.steps} steps" if isinstance(trainer, TrainConfig) else " ".join(entry.command())
+    runs = " ".join(values.entrypoint.command())
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"
@@ -86,7 +93,7 @@ def demo(
     console.rule("3. Fault-free reference")
     reference = fault_free_sha256(
         values,
-        cache_dir=runs_root / ".cache",
+        cache_dir=cache_dir or runs_root / ".cache",
         run_dir=run_dir / "fault-free",
         console=console,
         timeout_s=timeout_s,

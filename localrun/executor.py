@@ -86,10 +86,11 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP
+from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
-from nvrx_eks.localrun.runtimes import Processes
+from nvrx_eks.localrun.runtimes import ContainerSpec, Processes
 from nvrx_eks.training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
@@ -176,19 +177,17 @@ class _Rendered:
 
     @property
     def job_name(self) -> str:
-        return self.job["metadata"]["name"]
+        return str(self.job["metadata"]["name"])
 
     @property
     def namespace(self) -> str:
-        return self.job["metadata"].get("namespace", "default")
+        return str(self.job["metadata"].get("namespace", "default"))
 
 
 # What a local "node" offers: the kubelet's own resources. A container that asks for a device
 # plugin's (nvidia.com/gpu, vpc.amazonaws.com/efa) would stay Pending on a cluster without such a
 # node; here its command would start without them and fail minutes later.
 LOCAL_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
-LOCAL_IMAGE = "local"
-"""`image: local` (k8s/values.py): the command runs in this virtualenv; any other image is a cluster's."""
 
 
 def local_node_labels(index: int, nodes: int) -> dict[str, str]:
@@ -260,7 +259,7 @@ def free_port() -> int:
     """A TCP port nothing listens on now, on any interface (bind to port 0, release it)."""
     with socket.socket() as sock:
         sock.bind(("", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _container_ports(pod_spec: dict[str, Any]) -> dict[str | int, int]:
@@ -727,10 +726,10 @@ class LocalJob:
                     continue
                 hit = o.exit_code in codes["values"]
                 if hit == (codes.get("operator", "In") == "In"):
-                    return rule["action"]
+                    return str(rule["action"])
             for cond in rule.get("onPodConditions", []):
                 if cond.get("type") == "DisruptionTarget" and o.reason == "NodeDeleted":
-                    return rule["action"]
+                    return str(rule["action"])
         return "Count"
 
     def delete_store(self) -> None:
@@ -794,10 +793,8 @@ class LocalJob:
             self._store.kill(deleted=False)
             self._ended_stores.append(self._store.outcome)
         else:
-            raise UserError(
-                f"rendezvous store did not listen on port {self.local_ports.get(probe_port, probe_port)}; "
-                f"see {self.run_dir / 'pods'}"
-            )
+            shown = self.local_ports.get(probe_port, probe_port) if probe_port is not None else "?"
+            raise UserError(f"rendezvous store did not listen on port {shown}; see {self.run_dir / 'pods'}")
         ports = {svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()}
         self._emit("store_ready", pod=name, ports=ports)
         for svc, port in ports.items():
@@ -1006,15 +1003,14 @@ class LocalJob:
         argv = [local(a) for a in [*spec.get("command", []), *spec.get("args", [])]]
         env |= {k: local(v) for k, v in declared.items()}
         mounted = [folder for _, folder in path_map if folder is not None]
-        argv, env = self.runtime.command(
-            argv,
-            env,
+        where = ContainerSpec(
             container=spec,
             pod_spec=pod_spec,
             store=index is None,
             folders=[*mounted, self.chaos_dir],
             run_key=self.run_key,
         )
+        argv, env = self.runtime.command(argv, env, where)
         return _Container(name=spec["name"], argv=argv, env=env)
 
     def _node_name(self, index: int | None) -> str:

@@ -121,7 +121,7 @@ class LocalApiServer:
             key.unlink()
         self._server = ThreadingHTTPServer((LOOPBACK, 0), _Handler)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self._server.api = self  # type: ignore[attr-defined] - read by the handler
+        self._server.api = self  # type: ignore[attr-defined]  # read by the handler
         # A short poll: `close` waits for the loop to see it, at the end of every run.
         serve = functools.partial(self._server.serve_forever, poll_interval=0.05)
         self._thread = threading.Thread(target=serve, name="local-api", daemon=True)

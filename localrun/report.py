@@ -105,8 +105,10 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-FLEET_PLAN = Path("planner/examples/llama3-16k-h100.yaml")
-"""The plan a run's recoveries are projected onto for a real job's figures (`nvrx-eks plan --from`)."""
+FLEET_PLAN = Path(__file__).resolve().parents[1] / "planner" / "examples" / "llama3-16k-h100.yaml"
+"""The plan a run's recoveries are projected onto for a real job's figures (`nvrx-eks plan --from`): the
+planner's example, beside this part in a checkout and in an install alike (no import: the planner is a
+sibling of the local run, not below it)."""
 
 
 def totals_in_scale(document: dict[str, Any], run_dir: Path | None = None) -> list[str]:
@@ -139,7 +141,7 @@ def totals_in_scale(document: dict[str, Any], run_dir: Path | None = None) -> li
     source = run_dir if run_dir is not None else Path("RUN_DIR")
     lines.append(
         "A real job's figures from these recoveries, at a fleet's fault rates: "
-        f"`nvrx-eks plan {FLEET_PLAN} --from {_shown(source)}`."
+        f"`nvrx-eks plan {_shown(FLEET_PLAN)} --from {_shown(source)}`."
     )
     return lines
 
@@ -378,7 +380,7 @@ def timeline_svg(events: Sequence[dict[str, Any]], document: dict[str, Any]) -> 
     faults = list(zip(injected, document["faults"], strict=False))
 
     def x_of(t: float) -> float:
-        return PLOT_LEFT + (t - t0) / span * plot_w
+        return float(PLOT_LEFT + (t - t0) / span * plot_w)
 
     labels = place_labels(
         [(x_of(event["t"]), f"{fault['class']} > {fault['layer']}") for event, fault in faults],

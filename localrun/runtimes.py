@@ -34,21 +34,34 @@ ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 RUN_LABEL = "io.nvrx-eks.local-run"
 
 
+Started = tuple[list[str], dict[str, str]]
+"""A container's start: the command line and the environment to run it with."""
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container of a rendered pod, as a runtime starts it."""
+
+    container: dict[str, Any]
+    pod_spec: dict[str, Any] = field(default_factory=dict)
+    store: bool = False
+    """The rendezvous store's pod (its own image), not the Job's."""
+    folders: list[Path] = field(default_factory=list)
+    """The local folders behind the pod's volumes."""
+    run_key: str = ""
+    """Marks what the run started, so that its end removes it all."""
+
+
 class Runtime(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """How the command line names it (`--runtime`)."""
+        ...
 
     def command(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        *,
-        container: dict[str, Any],
-        pod_spec: dict[str, Any],
-        store: bool,
-        folders: list[Path],
-        run_key: str,
+        self, argv: list[str], env: dict[str, str], spec: ContainerSpec
     ) -> tuple[list[str], dict[str, str]]:
-        """The command line and environment that start `container` of a pod."""
+        """The command line and environment that start `spec`'s container."""
         ...
 
     def close(self, run_key: str) -> None:
@@ -66,11 +79,9 @@ class Processes:
     project_dir: Path = field(default_factory=lambda: Path.cwd().resolve())
 
     def command(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        **_: object,
+        self, argv: list[str], env: dict[str, str], spec: ContainerSpec
     ) -> tuple[list[str], dict[str, str]]:
+        del spec  # the process is the container, whatever it declares
         path = os.pathsep.join(p for p in (str(self.project_dir), env.get("PYTHONPATH")) if p)
         return argv, {**env, "PYTHONPATH": path}
 
@@ -87,19 +98,12 @@ class Podman:
     name: str = "podman"
 
     def command(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        *,
-        container: dict[str, Any],
-        pod_spec: dict[str, Any],
-        store: bool,
-        folders: list[Path],
-        run_key: str,
+        self, argv: list[str], env: dict[str, str], spec: ContainerSpec
     ) -> tuple[list[str], dict[str, str]]:
-        security = {**pod_spec.get("securityContext", {}), **container.get("securityContext", {})}
+        pod, container = spec.pod_spec, spec.container
+        security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
         run = ["podman", "--runtime", RUNC, "run", "--rm", *ULIMITS, "--network", "host"]
-        run += ["--label", f"{RUN_LABEL}={run_key}", "--workdir", "/tmp"]  # noqa: S108 - the pod's own /tmp
+        run += ["--label", f"{RUN_LABEL}={spec.run_key}", "--workdir", "/tmp"]  # noqa: S108 - the pod's own /tmp
         uid = security.get("runAsUser")
         if uid is not None:
             run += ["--user", f"{uid}:{security.get('runAsGroup', uid)}"]
@@ -115,12 +119,12 @@ class Podman:
         inner.setdefault("HOME", env.get("TMPDIR", "/tmp"))  # noqa: S108 - the pod's own /tmp
         for key, value in sorted(inner.items()):
             run += ["--env", f"{key}={value}"]
-        mounts = sorted({*folders, Path(inner["TMPDIR"])} if "TMPDIR" in inner else set(folders))
+        mounts = sorted({*spec.folders, Path(inner["TMPDIR"])} if "TMPDIR" in inner else set(spec.folders))
         for folder in mounts:
             _hand_over(folder, uid)
             run += ["--volume", f"{folder}:{folder}:rw"]
-        run += ["--shm-size", _shm_size(pod_spec)]
-        image = self.store_image if store else self.trainer_image
+        run += ["--shm-size", _shm_size(spec.pod_spec)]
+        image = self.store_image if spec.store else self.trainer_image
         return [*run, image, *argv], dict(os.environ)
 
     def close(self, run_key: str) -> None:
@@ -145,7 +149,7 @@ def _shm_size(pod_spec: dict[str, Any]) -> str:
     }
     for volume in pod_spec.get("volumes", []):
         if volume["name"] in mounted and (volume.get("emptyDir") or {}).get("sizeLimit"):
-            return volume["emptyDir"]["sizeLimit"].replace("Gi", "g").replace("Mi", "m")
+            return str(volume["emptyDir"]["sizeLimit"]).replace("Gi", "g").replace("Mi", "m")
     return "64m"  # podman's default, and a pod's without a shm volume
 
 

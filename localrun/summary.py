@@ -27,7 +27,7 @@ from typing import Any
 
 from nvrx_eks.training.checkpoint.config import TIER_ORDER
 from nvrx_eks.training.events import read_events
-from nvrx_eks.training.faults import launcher_layer
+from nvrx_eks.training.resilience.modes import NODE_FAULTS, layers, parse_mode
 
 CHECKPOINT_CALL_KINDS = frozenset({"checkpoint_committed", "checkpoint_staged"})
 
@@ -221,7 +221,9 @@ def _fault_summary(fault: dict[str, Any], events: list[dict[str, Any]], *, mode:
     elif all(e["tier"] == "inprocess" or e["pid"] in before_pids for e in first_startup.values()):
         layer = "inprocess"
     else:
-        layer = "job_controller" if fault["class"] in {"node_loss", "store_loss"} else launcher_layer(mode)
+        known = parse_mode(mode)
+        launcher = layers(known).launcher if known is not None else "unknown"
+        layer = "job_controller" if fault["class"] in NODE_FAULTS else launcher
     done_before = [e["step"] for e in events if e["kind"] == "step" and e["t"] <= t0]
     steps_lost = None
     if recovery is not None:

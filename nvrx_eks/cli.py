@@ -32,6 +32,7 @@ app.add_typer(bench_app, name="bench")
 
 def _register_all() -> None:
     # Imported here so `nvrx-eks --help` stays fast: each module imports its heavy libraries lazily.
+    from nvrx_eks.bench import commands as bench_commands  # noqa: PLC0415
     from nvrx_eks.images import commands as image_commands  # noqa: PLC0415
     from nvrx_eks.infra import commands as infra_commands  # noqa: PLC0415
     from nvrx_eks.infra.ops import commands as ops_commands  # noqa: PLC0415
@@ -42,7 +43,8 @@ def _register_all() -> None:
     infra_commands.register(app=app, bench=bench_app)
     ops_commands.register(app=app, job=job_app)
     k8s_commands.register(job=job_app)
-    localrun_commands.register(app=app, local=local_app, bench=bench_app)
+    localrun_commands.register(app=app, local=local_app)
+    bench_commands.register(bench=bench_app)
     image_commands.register(image=image_app)
     planner_commands.register(app=app)
 

@@ -28,7 +28,8 @@ def pinned_node_version() -> str | None:
     machine = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
         os.uname().machine.lower(), os.uname().machine
     )
-    return package.get("optionalDependencies", {}).get(f"node-{os.uname().sysname.lower()}-{machine}")
+    version = package.get("optionalDependencies", {}).get(f"node-{os.uname().sysname.lower()}-{machine}")
+    return str(version) if version is not None else None
 
 
 def use_pinned_node() -> Path | None:

@@ -1,13 +1,13 @@
 """`--from RUN_DIR`: the costs this kit measured, fed into the plan and labelled measured.
 
 It reads, anywhere below RUN_DIR:
-- `peer.json` (`nvrx-eks bench peer`, localrun/peer_bench.py): per mode the goodput, wall time and every
+- `peer.json` (`nvrx-eks bench peer`, bench/peer.py): per mode the goodput, wall time and every
   fault with the layer that recovered it and its recovery time; the scenario (steps, faults, cadences).
 - `summary.json` (`nvrx-eks demo` / a chaos run, localrun/report.py): step time, loop stall per
   checkpoint, faults with layer and recovery time.
-- `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, localrun/checkpoint_bench/bench.py): the
+- `checkpoint-bench.json` (`nvrx-eks bench checkpoint --json-out`, bench/checkpoint/bench.py): the
   loop stall per snapshot, the durable write time and the restore time per tier.
-- `scale.json` (`nvrx-eks bench scale`, localrun/scale_bench.py): each fault class's recovery at several
+- `scale.json` (`nvrx-eks bench scale`, bench/scale.py): each fault class's recovery at several
   node counts. Each layer's recovery becomes a + b*log2(nodes), fitted to the rows that recovered, and
   is evaluated at the plan's fleet size once the plan is known (`ScaleFit`); it replaces the layer's
   constant from peer.json or summary.json, which were measured at one size. The fit itself goes on to
@@ -373,7 +373,7 @@ def _peer_scenario(
     """peer.json's own scenario as a whole plan: this machine, the run's faults, each mode's cadences."""
     label = f"measured: {path}"
     steps = int(scenario["steps"])
-    drawn = next((row.get("faults") for row in modes.values() if row.get("faults")), [])
+    drawn: list[dict[str, Any]] = next((row["faults"] for row in modes.values() if row.get("faults")), [])
     schedule = [f"{f['class']}@{f['step']}" for f in drawn]
     if len(schedule) != int(scenario["num_faults"]):
         raise UserError(
@@ -395,7 +395,7 @@ def _peer_scenario(
             "repair_hours": LOCAL_REPAIR_S / 3600.0,
         },
         "workload": {"step_s": step_s, "steps": steps, "model": "tiny"},
-        # The run's own faults, fault for fault: the same draw for every mode (localrun/peer_bench.py).
+        # The run's own faults, fault for fault: the same draw for every mode (bench/peer.py).
         "faults": {
             "schedule": schedule,
             "source": f"{path} (seed {scenario.get('fault_seed')}, the faults that run drew)",
@@ -426,10 +426,18 @@ def _peer_scenario(
                 setup["step_s"] = costs.step_s[name]
         cal.scenario_labels["modes.*.startup_s"] = f"{label} (each mode's first start)"
         cal.scenario_labels["modes.*.step_s"] = f"{label} (each mode's mean step)"
+    _label_peer_scenario(cal, label, costs=costs, kit_tiering=kit_memory is not None, tiers=tiers)
+
+
+def _label_peer_scenario(
+    cal: Calibration, label: str, *, costs: _PeerCosts | None, kit_tiering: bool, tiers: set[Any]
+) -> None:
+    """Where each figure of the scenario `_peer_scenario` built comes from: measured (the run), or an
+    assumption named."""
     scenario_labels = cal.scenario_labels
-    if kit_memory is None:
+    if not kit_tiering:
         scenario_labels["modes.both.tiers"] = (
-            "assumed: localrun/peer_bench.py kit tiering (RAM every 2, disk every 10)"
+            "assumed: bench/peer.py kit tiering (RAM every 2, disk every 10)"
         )
     scenario_labels["checkpoint.peer_replica"] = (
         f"{label} (a node loss restored from a partner's RAM)"

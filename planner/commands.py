@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.options import path_option
 
 if TYPE_CHECKING:
     from nvrx_eks.planner.calibrate import Calibration
     from nvrx_eks.planner.config import Plan
     from nvrx_eks.planner.model import Projection
+    from nvrx_eks.planner.simulate import SimResult
+    from nvrx_eks.training.resilience.modes import Mode
 
 
 def load_plan(
@@ -101,7 +104,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     from io import StringIO  # noqa: PLC0415
 
     from pydantic import ValidationError  # noqa: PLC0415
-    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+    from ruamel.yaml.comments import CommentedMap  # noqa: PLC0415
 
     from nvrx_eks.k8s.durable_cost import durable_cadence_warning  # noqa: PLC0415
     from nvrx_eks.k8s.values import JobValues  # noqa: PLC0415
@@ -116,7 +119,7 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     intervals = projection.modes[mode].intervals
     durable = intervals["durable"].every_steps
     # The trainer's tiered checkpointer persists disk tiers from the memory snapshot: a mode without
-    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, localrun/peer_bench.py).
+    # a memory tier of its own snapshots at the durable cadence (the peer's tiering, bench/peer.py).
     memory = intervals["memory"].every_steps if "memory" in intervals else durable
     local = intervals["local"].every_steps if "local" in intervals else 0
     cadences = {"memory_every": memory, "local_every": local, "durable_every": durable}
@@ -150,99 +153,95 @@ def write_values(values_path: Path, plan: Plan, projection: Projection) -> list[
     return changed
 
 
-def register(*, app: typer.Typer) -> None:
-    @app.command("plan")
-    def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
-        plan_file: Annotated[
-            Path | None,
-            typer.Argument(
-                metavar="PLAN_FILE",
-                parser=paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml"),
-                help="Plan YAML (planner/examples/*.yaml); optional with --from.",
-            ),
-        ] = None,
-        overrides: Annotated[
-            list[str] | None, typer.Option("--set", help="Override a plan field: key.sub=value (repeatable).")
-        ] = None,
-        run_dir: Annotated[
-            Path | None,
-            typer.Option(
-                "--from",
-                parser=paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS"),
-                help=(
-                    "Calibrate from a run folder"
-                    " (peer.json, summary.json, checkpoint-bench.json, scale.json)."
-                ),
-            ),
-        ] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")
-        ] = False,
-        out: Annotated[
-            Path | None,
-            typer.Option(
-                "--out",
-                parser=paths.write_folder("PNG plots", "runs/plan-mine"),
-                help="Folder for the PNG plots (default runs/plan-<name>).",
-            ),
-        ] = None,
-        plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
-        simulate: Annotated[
-            bool, typer.Option("--simulate/--no-simulate", help="Check the closed form by simulation.")
-        ] = True,
-        runs: Annotated[
-            int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")
-        ] = None,
-        seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 0,
-        write: Annotated[
-            Path | None,
-            typer.Option(
-                "--write",
-                parser=paths.update_file("job values YAML file", "my-job.yaml"),
-                help="Write the chosen intervals into this job values file (comments kept).",
-            ),
-        ] = None,
-    ) -> None:
-        """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
-        from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
-        from nvrx_eks.planner import report  # noqa: PLC0415
-        from nvrx_eks.planner.model import project_all  # noqa: PLC0415
-        from nvrx_eks.planner.simulate import simulate as run_sim  # noqa: PLC0415
+_PLAN = paths.read_file("plan YAML file", "planner/examples/llama3-16k-h100.yaml")
+_FROM = paths.read_folder("run folder", "runs/peer-YYYYMMDD-HHMMSS")
+_FROM_HELP = "Calibrate from a run folder (peer.json, summary.json, checkpoint-bench.json, scale.json)."
+_OUT = paths.write_folder("PNG plots", "runs/plan-mine")
+_WRITE = paths.update_file("job values YAML file", "my-job.yaml")
+_WRITE_HELP = "Write the chosen intervals into this job values file (comments kept)."
+PlanFile = Annotated[
+    Path | None,
+    typer.Argument(
+        metavar="PLAN_FILE", parser=_PLAN, help="Plan YAML (planner/examples/*.yaml); optional with --from."
+    ),
+]
+FromRun = Annotated[Path | None, path_option("--from", path=_FROM, help=_FROM_HELP)]
+PlotFolder = Annotated[
+    Path | None, path_option("--out", path=_OUT, help="Folder for the PNG plots (default runs/plan-<name>).")
+]
+WriteValues = Annotated[Path | None, path_option("--write", path=_WRITE, help=_WRITE_HELP)]
 
-        plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
-        projection = project_all(plan)
-        sims = {}
-        if simulate:
-            count = runs or (200 if plan.fault_rate() is None else 20)
-            for mode, result in projection.modes.items():
-                if result.feasible:
-                    cadences = {t: i.every_steps for t, i in result.intervals.items()}
-                    sims[mode] = run_sim(
-                        plan, mode, cadences, spares=result.spares.spares, runs=count, seed=seed
-                    )
-        labels = cal.labels if cal else {}
-        measured = cal.measured_goodput if cal else {}
-        inputs = report.provenance(plan, given=given, labels=labels)
-        written: list[str] = []
-        if plots:
-            folder = out or Path("runs") / f"plan-{plan.name}"
-            folder.mkdir(parents=True, exist_ok=True)
-            written = [
-                str(report.plot_interval(projection, folder / "goodput-vs-interval.png")),
-                str(
-                    report.plot_fleet(plan, folder / "goodput-vs-fleet.png", fits=cal.fitted if cal else None)
-                ),
-            ]
-        changed = write_values(write, plan, projection) if write is not None else []
-        if as_json:
-            doc = report.document(projection, sims=sims, measured=measured, inputs=inputs, plots=written)
-            if write is not None:
-                doc["written"] = {"values": str(write), "fields": changed}
-            print(json.dumps(doc, indent=2, default=str))
-            return
-        console = make_console()
-        report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs)
-        for path in written:
-            console.print(f"plot: {path}")
+
+def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
+    plan_file: PlanFile = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a plan field: key.sub=value (repeatable).")
+    ] = None,
+    run_dir: FromRun = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the plan as JSON instead of tables.")
+    ] = False,
+    out: PlotFolder = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG plots.")] = True,
+    simulate: Annotated[
+        bool, typer.Option("--simulate/--no-simulate", help="Check the closed form by simulation.")
+    ] = True,
+    runs: Annotated[int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 0,
+    write: WriteValues = None,
+) -> None:
+    """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+    from nvrx_eks.planner import report  # noqa: PLC0415
+    from nvrx_eks.planner.model import project_all  # noqa: PLC0415
+
+    plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
+    projection = project_all(plan)
+    sims = _simulations(plan, projection, runs=runs, seed=seed) if simulate else {}
+    labels = cal.labels if cal else {}
+    measured = cal.measured_goodput if cal else {}
+    inputs = report.provenance(plan, given=given, labels=labels)
+    folder = out or Path("runs") / f"plan-{plan.name}"
+    written = _plots(plan, projection, folder, cal) if plots else []
+    changed = write_values(write, plan, projection) if write is not None else []
+    if as_json:
+        doc = report.document(projection, sims=sims, measured=measured, inputs=inputs, plots=written)
         if write is not None:
-            console.print(f"wrote {write}: {', '.join(changed)}")
+            doc["written"] = {"values": str(write), "fields": changed}
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    console = make_console()
+    report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs)
+    for path in written:
+        console.print(f"plot: {path}")
+    if write is not None:
+        console.print(f"wrote {write}: {', '.join(changed)}")
+
+
+def _simulations(plan: Plan, projection: Projection, *, runs: int | None, seed: int) -> dict[Mode, SimResult]:
+    """Each feasible mode's seeded simulation at the cadences and spares the closed form chose."""
+    from nvrx_eks.planner.simulate import simulate as run_sim  # noqa: PLC0415
+
+    count = runs or (200 if plan.fault_rate() is None else 20)
+    sims: dict[Mode, SimResult] = {}
+    for mode, result in projection.modes.items():
+        if result.feasible:
+            cadences = {t: i.every_steps for t, i in result.intervals.items()}
+            sims[mode] = run_sim(plan, mode, cadences, spares=result.spares.spares, runs=count, seed=seed)
+    return sims
+
+
+def _plots(plan: Plan, projection: Projection, folder: Path, cal: Calibration | None) -> list[str]:
+    """The two PNG plots in `folder`: goodput against the interval, and against the fleet's size."""
+    from nvrx_eks.planner import report  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return [
+        str(report.plot_interval(projection, folder / "goodput-vs-interval.png")),
+        str(report.plot_fleet(plan, folder / "goodput-vs-fleet.png", fits=cal.fitted if cal else None)),
+    ]
+
+
+def register(*, app: typer.Typer, **_: typer.Typer) -> None:
+    """Attach `nvrx-eks plan`."""
+    app.command("plan")(plan_cmd)

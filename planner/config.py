@@ -7,10 +7,9 @@ planner/calibrate.py), or from a default below whose source is named beside it. 
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from functools import cached_property
-from typing import Literal, Self, get_args
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy.stats import poisson
@@ -18,7 +17,8 @@ from scipy.stats import poisson
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
-from nvrx_eks.training.resilience.config import MODES, FaultClass, Mode
+from nvrx_eks.training.resilience.config import parse_plan_item
+from nvrx_eks.training.resilience.modes import FAULT_CLASSES, MODES, SOFT_FAULTS, Mode
 from nvrx_eks.training.shapes import PRESETS, ModelShape
 
 TierName = CadenceTier
@@ -70,7 +70,7 @@ KOKOLIS_PER_NODE_DAY = 5e-3
 # The trainer's state per parameter: fp32 parameters plus AdamW's two fp32 moments (training/trainer.py
 # builds torch.optim.AdamW over fp32 parameters).
 TRAINER_BYTES_PER_PARAM = 12.0
-# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (localrun/peer_bench.py
+# The AWS NVRx-on-EKS sample's published mean recovery per mode on 16 H100 (bench/peer.py
 # PEER_PUBLISHED): in-process 10 s, ft_launcher 17 s, torchrun restart from checkpoint 270 s.
 PEER_INPROCESS_S = 10.0
 PEER_LAUNCHER_S = 17.0
@@ -87,17 +87,10 @@ STORE_LOSS_PER_DAY = LLAMA3_TABLE5["dependency"][0] / LLAMA3_DAYS
 Source = str
 
 
-# training.faults.SOFT, restated: that module imports torch, which the planner does not need
-# (tests/planner checks the two agree).
-SOFT_CLASSES = frozenset({"exception", "hang", "skip_collective", "oom"})
-KNOWN_CLASSES: tuple[str, ...] = get_args(FaultClass)
-_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::\d+)?$")  # training/config.py _PLAN_ITEM
-
-
 def fault_kind(cls: str) -> FaultKind:
     """What a fault class takes to recover (training/faults.py): soft ones stay in the process; a store
     loss restarts every pod (NVRx 0.7's launchers do not reconnect to the replacement store)."""
-    if cls in SOFT_CLASSES:
+    if cls in SOFT_FAULTS:
         return "soft"
     if cls == "node_loss":
         return "node"
@@ -223,7 +216,8 @@ class Checkpoint(_Section):
     """RAM snapshots also held by partner nodes: a lost node's shards come back from memory."""
 
     def tier(self, name: TierName) -> Tier | None:
-        return getattr(self, name)
+        tier: Tier | None = getattr(self, name)
+        return tier
 
 
 Cadence = int | Literal["auto"]
@@ -251,7 +245,7 @@ class ModeSetup(_Section):
 
 def _default_modes() -> dict[Mode, ModeSetup]:
     # The peer's tiering for the three single-layer modes (one checkpoint cadence, durable), the kit's
-    # tiering for its default (RAM, node-local disk, durable) -- the same split as localrun/peer_bench.py.
+    # tiering for its default (RAM, node-local disk, durable) -- the same split as bench/peer.py.
     one = ModeSetup(tiers={"durable": "auto"})
     return {
         "baseline": one,
@@ -299,11 +293,11 @@ class Faults(_Section):
     @classmethod
     def _items(cls, value: list[str] | None) -> list[str] | None:
         for item in value or []:
-            match = _ITEM.match(item)
-            if match is None or match["cls"] not in KNOWN_CLASSES:
+            parsed = parse_plan_item(item)
+            if parsed is None or parsed[0] not in FAULT_CLASSES:
                 raise ValueError(
                     f"{item!r} is not CLASS@STEP (e.g. exception@57) with CLASS one of "
-                    f"{', '.join(KNOWN_CLASSES)}"
+                    f"{', '.join(FAULT_CLASSES)}"
                 )
         return value
 
@@ -311,17 +305,17 @@ class Faults(_Section):
         """(class, step) of each scheduled fault, by step."""
         out = []
         for item in self.schedule or []:
-            match = _ITEM.match(item)
-            assert match is not None  # noqa: S101 - validated
-            out.append((match["cls"], int(match["step"])))
+            parsed = parse_plan_item(item)
+            assert parsed is not None  # noqa: S101 - validated
+            out.append(parsed[:2])
         return sorted(out, key=lambda f: f[1])
 
     @field_validator("mix")
     @classmethod
     def _classes(cls, value: dict[str, float]) -> dict[str, float]:
         for name, share in value.items():
-            if name not in KNOWN_CLASSES:
-                raise ValueError(f"unknown fault class {name!r}; use one of: {', '.join(KNOWN_CLASSES)}")
+            if name not in FAULT_CLASSES:
+                raise ValueError(f"unknown fault class {name!r}; use one of: {', '.join(FAULT_CLASSES)}")
             if share < 0:
                 raise ValueError(f"{name}: a share is >= 0")
         total = sum(value.values())

@@ -64,7 +64,7 @@ from nvrx_eks.planner.config import (
     poisson_fewest,
     poisson_tail,
 )
-from nvrx_eks.training.resilience.config import MODES, Mode
+from nvrx_eks.training.resilience.modes import MODES, Mode, layers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,15 +84,17 @@ class Route:
 def route(plan: Plan, mode: Mode, kind: FaultKind) -> Route:
     written = tuple(t for t in TIERS if t in plan.modes[mode].tiers)
     remote = tuple(t for t in written if t == "durable" or (t == "memory" and plan.checkpoint.peer_replica))
-    if kind == "soft" and mode in {"inprocess", "both"}:
+    spec = layers(mode)
+    if kind == "soft" and spec.inprocess:
         return Route("inprocess", ())
     if kind == "store":
         return Route("store_restart", tuple(t for t in written if t != "memory"))
+    # ft_launcher restarts a node's workers in place and, with the job's rendezvous, takes a node's
+    # replacement in; torchrun's job is restarted whole from a checkpoint.
+    in_job = spec.launcher == "ft_launcher"
     if kind == "node":
-        return Route("node_swap" if mode in {"ft_launcher", "both"} else "job_restart", remote)
-    if mode in {"ft_launcher", "both"}:
-        return Route("ft_launcher", written)
-    return Route("job_restart", written)
+        return Route("node_swap" if in_job else "job_restart", remote)
+    return Route("ft_launcher" if in_job else "job_restart", written)
 
 
 def layer_recovery_s(plan: Plan, layer: str) -> float:
@@ -155,10 +157,11 @@ def tier_costs(plan: Plan, mode: Mode, cadences: Mapping[TierName, int]) -> dict
 
 def restore_choice(route_: Route, costs: Mapping[TierName, TierCosts]) -> TierName | None:
     """The tier a restore loads from: the newest checkpoint among the usable tiers, fastest on a tie."""
-    usable = [t for t in route_.tiers if t in costs]
+    usable: list[TierName] = [t for t in route_.tiers if t in costs]
     if not usable:
         return None
-    return min(usable, key=lambda t: (costs[t].lost_s, costs[t].restore_s))
+    choice: TierName = min(usable, key=lambda t: (costs[t].lost_s, costs[t].restore_s))
+    return choice
 
 
 @dataclass(frozen=True)
@@ -380,6 +383,43 @@ def recommend(plan: Plan, mode: Mode, *, wall_guess_s: float) -> dict[TierName, 
     return out
 
 
+def fault_costs(
+    plan: Plan, mode: Mode, costs: Mapping[TierName, TierCosts], *, wait_per_node_loss: float
+) -> dict[FaultKind, FaultCost]:
+    """What one fault of each kind costs in `mode`: its layer's recovery, the restore and the work lost
+    from the tier it restores from, and (a node loss) the wait for a spare."""
+    step = plan.workload.step_s
+    scheduled = plan.faults.scheduled()
+    out: dict[FaultKind, FaultCost] = {}
+    for kind in KINDS:
+        r = route(plan, mode, kind)
+        tier = restore_choice(r, costs)
+        lost = step / 2 if tier is None else costs[tier].lost_s
+        restore = 0.0 if tier is None else costs[tier].restore_s
+        at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
+        if at_steps and tier is not None:
+            # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
+            usable: list[TierName] = [t for t in r.tiers if t in costs]
+            picks = [
+                min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s))  # type: ignore[misc]
+                for s in at_steps
+            ]
+            lost = statistics.fmean(
+                scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)
+            )
+            restore = statistics.fmean(costs[t].restore_s for t in picks)
+        out[kind] = FaultCost(
+            kind=kind,
+            layer=r.layer,
+            tier=tier,
+            recovery_s=layer_recovery_s(plan, r.layer),
+            restore_s=restore,
+            lost_s=lost,
+            wait_s=wait_per_node_loss if kind == "node" else 0.0,
+        )
+    return out
+
+
 def evaluate(
     plan: Plan,
     mode: Mode,
@@ -392,40 +432,11 @@ def evaluate(
     costs = tier_costs(plan, mode, cadences)
     rates = _rates(plan)
     useful = plan.useful_s
-    step = plan.workload.step_s
     sigma = sum(c.stall_s / c.interval_s for c in costs.values())
     startup = plan.workload.startup_s
 
-    scheduled = plan.faults.scheduled()
-
     def per_fault(wait_per_node_loss: float) -> dict[FaultKind, FaultCost]:
-        out: dict[FaultKind, FaultCost] = {}
-        for kind in KINDS:
-            r = route(plan, mode, kind)
-            tier = restore_choice(r, costs)
-            lost = step / 2 if tier is None else costs[tier].lost_s
-            restore = 0.0 if tier is None else costs[tier].restore_s
-            at_steps = [s for cls, s in scheduled if fault_kind(cls) == kind]
-            if at_steps and tier is not None:
-                # A replayed run: each fault's own lost work, from the tier whose checkpoint is newest.
-                usable = [t for t in r.tiers if t in costs]
-                picks = [
-                    min(usable, key=lambda t, s=s: scheduled_lost_s(plan, costs[t], s)) for s in at_steps
-                ]
-                lost = statistics.fmean(
-                    scheduled_lost_s(plan, costs[t], s) for t, s in zip(picks, at_steps, strict=True)
-                )
-                restore = statistics.fmean(costs[t].restore_s for t in picks)
-            out[kind] = FaultCost(
-                kind=kind,
-                layer=r.layer,
-                tier=tier,
-                recovery_s=layer_recovery_s(plan, r.layer),
-                restore_s=restore,
-                lost_s=lost,
-                wait_s=wait_per_node_loss if kind == "node" else 0.0,
-            )
-        return out
+        return fault_costs(plan, mode, costs, wait_per_node_loss=wait_per_node_loss)
 
     def wall_for(fcosts: dict[FaultKind, FaultCost]) -> tuple[float, float, dict[FaultKind, float]]:
         """(wall, useful, expected faults per kind)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.planner.config import SECONDS_PER_DAY, STORE_LOSS_PER_DAY, TIERS, Plan, TierName
 from nvrx_eks.planner.model import KINDS, ModeResult, Projection, evaluate, project
-from nvrx_eks.training.resilience.config import MODES, Mode
+from nvrx_eks.training.resilience.modes import MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -426,7 +426,7 @@ def scale_plan(
             mix = {cls: classes.count(cls) / len(classes) for cls in set(classes)} if classes else mix
         store = mix.get("store_loss", 0.0)
         per_node = {cls: share for cls, share in mix.items() if cls != "store_loss"}
-        update = {
+        faults_update = {
             "count": None,
             "schedule": None,
             "per_node_day": count * (1 - store) / (plan.fleet.nodes * days) if days else 0.0,
@@ -434,7 +434,7 @@ def scale_plan(
             "mix": per_node or {"node_loss": 1.0},
             "store_loss_per_day": count * store / days if days else 0.0,
         }
-        faults = faults.model_copy(update=update)
+        faults = faults.model_copy(update=faults_update)
     fleet = plan.fleet.model_copy(update={"nodes": nodes, "spares": None})
     update: dict[str, Any] = {"fleet": fleet, "faults": faults}
     if recovery:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from nvrx_eks.planner.model import TierCosts
-    from nvrx_eks.training.resilience.config import Mode
+    from nvrx_eks.training.resilience.modes import Mode
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from nvrx_eks.localrun.executor import JobResult
 
 REPO = Path(__file__).resolve().parents[1]
+REFERENCES = REPO / "runs" / ".cache"
+"""Fault-free references, shared by the tests, the demo and the image check of this checkout: one file
+per job values (faults removed), trainer code and torch and NVRx release (localrun/chaos.py
+`fault_free_key`), so a reference is run once, not once per test module and run of the suite."""
 
 # jsii (aws-cdk-lib, cdk8s) starts `node` from PATH: the pinned Node LTS, as `make test` and the
 # console script do, for a bare `pytest` run and the subprocesses tests start.
@@ -42,14 +46,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root; output
-    captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80)."""
+    """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root (or `cwd`);
+    output captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80)."""
 
-    def run(*args: str, timeout: float, piped: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, timeout: float, piped: bool = False, cwd: Path = REPO
+    ) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"}
         return subprocess.run(
             [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
-            cwd=REPO,
+            cwd=cwd,
             env=env if piped else env | {"COLUMNS": "200"},
             capture_output=True,
             text=True,
@@ -66,7 +72,6 @@ class LocalJobRunner:
 
     values = REPO / "k8s" / "values" / "local-cpu.yaml"
     sync_durable_every_2 = (
-        "trainer.log_every=10",
         "trainer.checkpoint.implementation=sync",
         "trainer.checkpoint.durable_every=2",
         "trainer.checkpoint.local_every=0",
@@ -99,6 +104,21 @@ class LocalJobRunner:
             assert result.succeeded, f"{result.reason}; pod logs in {run_dir}"
         return result, trainer_run_dir(values, run_dir)
 
+    def fault_free_hash(self, run_dir: Path, overrides: list[str], *, timeout_s: float) -> str:
+        """The final-parameter hash of the local job with `overrides` and no faults: from REFERENCES,
+        else run once and kept there (the demo's own cache format)."""
+        from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+        from nvrx_eks.localrun.chaos import fault_free_key  # noqa: PLC0415
+
+        cached = REFERENCES / f"fault-free-{fault_free_key(load_values(self.values, overrides))}.json"
+        if cached.exists():
+            return str(json.loads(cached.read_text())["final_params_sha256"])
+        _, events = self.run(run_dir, overrides, timeout_s=timeout_s)
+        sha = self.final_hash(events)
+        REFERENCES.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")
+        return sha
+
     @staticmethod
     def events(events_dir: Path, kind: str) -> list[dict[str, Any]]:
         """Every rank's events of one kind (training/events.py), in no particular order."""
@@ -108,6 +128,12 @@ class LocalJobRunner:
     @staticmethod
     def final_hash(events_dir: Path) -> str:
         return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
+
+
+@pytest.fixture(scope="session")
+def references() -> Path:
+    """REFERENCES, for the tests that hand it to a command (`nvrx-eks demo --cache`)."""
+    return REFERENCES
 
 
 @pytest.fixture(scope="session")

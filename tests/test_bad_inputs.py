@@ -177,6 +177,7 @@ def test_bad_input_exits_2_with_one_message(nvrx_eks, tmp_path, case):
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_local_run_refuses_a_p5_rendering(nvrx_eks, tmp_path):
     """A job rendered for p5 asks for GPUs, EFA and a registry image: refused, no pod started."""
     dist = tmp_path / "dist"

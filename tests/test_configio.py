@@ -118,9 +118,9 @@ def test_every_cli_reports_a_bad_override_as_one_message(command, tmp_path):
 
 
 def test_trainer_flags_report_a_bad_value_as_one_message():
-    proc = _cli("-m", "nvrx_eks.training", "--faults-weights", "{exception: 0.6", timeout=60)
+    proc = _cli("-m", "nvrx_eks.training", "--optim-lr", "{0.6", timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert "faults.weights" in proc.stderr
+    assert "optim.lr" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from rich.table import Table
 
 from nvrx_eks.kitcore.console import make_console
+from nvrx_eks.layout import parts
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
+PACKAGES = parts(REPO)  # the kit's folders, as pyproject.toml's package-dir declares them
 ELLIPSIS = "…"
 
 
@@ -69,7 +70,7 @@ def test_plan_into_a_pipe_cuts_no_cell(nvrx_eks, tmp_path):
 _PRINT_TABLES = """
 import json, sys
 from nvrx_eks.kitcore.console import make_console
-from nvrx_eks.localrun.peer_bench import comparison_table
+from nvrx_eks.bench.peer import comparison_table
 from nvrx_eks.localrun.report import print_report
 document = json.loads(sys.stdin.read())
 console = make_console()
@@ -157,3 +158,22 @@ def test_bench_and_demo_tables_into_a_pipe_cut_no_cell():
         "peer_memory",
     ):
         assert whole in done.stdout, whole
+
+
+def test_an_event_reads_as_one_line_of_its_kind_and_fields_never_a_python_repr():
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    fields = {"tier": "local", "step": 631, "allowed_steps": 12, "error": "disk full", "at": {"rank": 1}}
+    line = event_line("checkpoint_behind", fields)
+    assert line == 'checkpoint_behind tier=local step=631 allowed_steps=12 error="disk full" at={"rank":1}'
+    assert "'" not in line
+
+
+def test_the_checkpointers_warnings_read_as_event_lines(caplog):
+    from nvrx_eks.training.checkpoint.stats import log_event  # noqa: PLC0415
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    fields = {"tier": "local", "step": 631, "allowed_steps": 12}
+    with caplog.at_level("WARNING", logger="nvrx_eks.training.checkpoint"):
+        log_event("checkpoint_behind", fields)
+    assert [record.getMessage() for record in caplog.records] == [event_line("checkpoint_behind", fields)]

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.layout import parts
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kitcore", "training", "k8s", "infra", "images", "localrun", "planner", "nvrx_eks")
+PACKAGES = parts(REPO)  # the kit's folders, as pyproject.toml's package-dir declares them
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:

@@ -63,6 +63,7 @@ def test_node_as_the_kit_resolves_it_is_the_pinned_major() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_job_render_prints_no_node_banner(tmp_path: Path) -> None:
     """`nvrx-eks job render` as a user runs it from the activated venv (no JSII_SILENCE_* set)."""
     result = subprocess.run(

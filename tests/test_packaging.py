@@ -3,6 +3,9 @@ keeps its name beside it, in their environment and in an image built on the kit'
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,18 +15,55 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks import layout
+
 REPO = Path(__file__).resolve().parents[1]
 SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+LEAKS = ("nvrx_eks.tests", "nvrx_eks.examples.hf_llama", "nvrx_eks.nvrx_eks.kitcore.pins", "nvrx_eks.build")
+"""Folders of a checkout that are no part of the kit, and a second copy of a part: none may import."""
+LEAK_PROBE = (
+    "import importlib, sys\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        importlib.import_module(name)\n"
+    "    except ImportError:\n"
+    "        continue\n"
+    "    print('imports:', name)\n"
+)
 
 
-def test_every_package_folder_of_the_kit_is_listed_under_its_mapped_name():
-    found = set()
+def test_the_layout_is_declared_once_and_every_package_derives_from_it():
+    """pyproject.toml's package-dir is the one declaration: no package list beside it; setup.py, the
+    checkout finder and the static tools all read it (nvrx_eks/layout.py)."""
+    assert "packages" not in SETUPTOOLS
+    assert "_LAYOUT.packages(" in (REPO / "setup.py").read_text()
+    found = layout.packages(REPO)
     for package, folder in SETUPTOOLS["package-dir"].items():
         for init in (REPO / folder).rglob("__init__.py"):
-            relative = init.parent.relative_to(REPO / folder)
-            found.add(".".join([package, *relative.parts]))
-    assert found == set(SETUPTOOLS["packages"])
-    assert {name.split(".")[0] for name in SETUPTOOLS["packages"]} == {"nvrx_eks"}
+            if "__pycache__" not in init.parts:
+                assert ".".join([package, *init.parent.relative_to(REPO / folder).parts]) in found
+    assert {name.split(".")[0] for name in found} == {"nvrx_eks"}
+    assert "nvrx_eks.k8s.values" in found  # the data the CLI defaults to ships beside its modules
+
+
+def test_a_mapped_folder_that_is_no_package_is_refused(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"nvrx_eks.gone" = "gone"\n')
+    with pytest.raises(FileNotFoundError, match=r"maps nvrx_eks\.gone to gone/, which holds no __init__\.py"):
+        layout.packages(tmp_path)
+
+
+def test_no_folder_of_the_checkout_leaks_in_as_a_part_of_the_kit():
+    """This environment's install (editable, from this checkout) imports the kit's parts and nothing
+    else of the checkout under the kit's name."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEAK_PROBE, "nvrx_eks.kitcore.pins", *LEAKS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.splitlines() == ["imports: nvrx_eks.kitcore.pins"]
 
 
 def test_a_checkout_on_the_python_path_resolves_the_kit_as_installed(tmp_path):
@@ -49,15 +89,42 @@ def test_a_checkout_on_the_python_path_resolves_the_kit_as_installed(tmp_path):
     pins, training = done.stdout.split()
     assert pins == str(REPO / "kitcore" / "pins.py")
     assert training == str(tmp_path / "training" / "__init__.py")
+    leaks = subprocess.run(
+        [
+            *(sys.executable, "-S", "-c", f"import sys; sys.path[:0] = [sys.argv.pop(1)]\n{LEAK_PROBE}"),
+            *(str(REPO), "nvrx_eks.kitcore.pins", *LEAKS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert leaks.stdout.splitlines() == ["imports: nvrx_eks.kitcore.pins"]
+
+
+def test_the_cli_finds_its_default_files_from_any_folder(nvrx_eks, tmp_path):
+    """Run from a folder outside the checkout: the defaults are the kit's own files (package data),
+    and a values file given by path renders."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    helped = nvrx_eks("demo", "--help", timeout=120, cwd=outside)
+    assert helped.returncode == 0, helped.stderr
+    default = REPO / "k8s" / "values" / "local-cpu.yaml"
+    assert str(default) in re.sub(r"\s+", "", re.sub(r"[│╭╮╰╯─]", " ", helped.stdout)), helped.stdout
+    shutil.copy(default, outside / "job.yaml")
+    rendered = nvrx_eks("job", "render", "-f", "job.yaml", "-o", "dist", timeout=180, cwd=outside)
+    assert rendered.returncode == 0, rendered.stderr
+    assert (outside / "dist" / "nvrx-local.k8s.yaml").is_file()
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 @pytest.mark.timeout(300)
 def test_installing_the_kit_leaves_a_users_own_training_package_intact(tmp_path):
     # The wheel, built from a copy of what pyproject.toml packages (setuptools builds in the source tree).
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     for folder in SETUPTOOLS["package-dir"].values():
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -99,3 +166,19 @@ def test_installing_the_kit_leaves_a_users_own_training_package_intact(tmp_path)
     assert owner == "the user"
     assert pins == str(site / "nvrx_eks" / "kitcore" / "pins.py")
     assert path == str([str(site / "nvrx_eks")])  # an installed kit adds no folder to its path
+
+    # The installed kit's command, from a folder that is no checkout: its defaults are its own files.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "400"}
+    env["PATH"] = os.pathsep.join([str(REPO / "node_modules" / ".bin"), env.get("PATH", "")])
+    kit = functools.partial(
+        subprocess.run, cwd=outside, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    helped = kit([sys.executable, "-m", "nvrx_eks", "demo", "--help"])
+    assert helped.returncode == 0, helped.stderr
+    assert str(site / "nvrx_eks" / "k8s" / "values" / "local-cpu.yaml") in helped.stdout
+    shutil.copy(site / "nvrx_eks" / "k8s" / "values" / "local-cpu.yaml", outside / "job.yaml")
+    rendered = kit([sys.executable, "-m", "nvrx_eks", "job", "render", "-f", "job.yaml", "-o", "dist"])
+    assert rendered.returncode == 0, rendered.stderr
+    assert (outside / "dist" / "nvrx-local.k8s.yaml").is_file()

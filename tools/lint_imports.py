@@ -3,7 +3,8 @@
 The repository keeps the kit's parts in top-level folders that pyproject.toml's package-dir maps under
 nvrx_eks; import-linter (grimp) finds a package's modules by walking the one folder its import spec
 names, so it would see nvrx_eks/ alone. This lays the mapped folders out as the wheel does
-(installed_layout.py), in a temporary folder, and runs `lint-imports` there with the same configuration.
+(nvrx_eks/layout.py, from pyproject.toml's package-dir), in a temporary folder, and runs `lint-imports`
+there with the same configuration.
 
     python tools/lint_imports.py [CHECKOUT]    # exit code and output: lint-imports'
 """
@@ -16,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from installed_layout import lay_out
+from nvrx_eks.layout import lay_out
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 

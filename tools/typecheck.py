@@ -7,9 +7,10 @@ the real folders instead (`explicit_package_bases` with the checkout on `mypy_pa
 `training.api`, `kitcore.configio`, ..., and then every `from nvrx_eks.kitcore ... import` fails to
 resolve; a farm of symbolic links would need links the repository cannot carry everywhere. So, as
 tools/lint_imports.py does for import-linter, this copies the mapped folders into a temporary folder in
-the installed layout (installed_layout.py) and runs mypy there, which resolves every name as an
-installed kit does. mypy's report names the copies; each is rewritten to the repository's own path
-(nvrx_eks/training/api.py:12 -> training/api.py:12) so an error points at a file a developer edits.
+the installed layout (nvrx_eks/layout.py, from pyproject.toml's package-dir) and runs mypy there, which
+resolves every name as an installed kit does. mypy's report names the copies; each is rewritten to the
+repository's own path (nvrx_eks/training/api.py:12 -> training/api.py:12) so an error points at a file a
+developer edits.
 
 The copies keep their modification times and the cache (CHECKOUT/.mypy_cache by default) is keyed by
 module, not by folder, so a rerun rechecks only what changed: about a minute cold, seconds warm.
@@ -25,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from installed_layout import lay_out, source_of
+from nvrx_eks.layout import lay_out, source_of
 
 # The path that starts a line of mypy's report, before `:LINE:`.
 REPORTED_PATH = re.compile(r"^(?P<path>[^\s:]+\.pyi?)(?=:)", re.MULTILINE)

@@ -1,4 +1,7 @@
-"""`python -m nvrx_eks.training`: parse, build, run (the loop itself is training/trainer.py)."""
+"""`python -m nvrx_eks.training`: parse, build, run (the loop itself is training/trainer.py).
+
+Its own flags are its own knobs (training/config.py); the kit's section arrives as for any script, in
+`NVRX_EKS_CONFIG`, read by `kit.Job()`."""
 
 from __future__ import annotations
 
@@ -17,7 +20,6 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = ReferenceTrainer(cfg)
     job = kit.Job(
-        cfg,
         input_checks=[trainer.input_problems],
         tokens_per_step=trainer.tokens_per_step,
         meta={"model": cfg.model},

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
@@ -54,7 +53,7 @@ from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
 from nvrx_eks.training.attempt import Record, params_sha256
 from nvrx_eks.training.inputs import check_runtime_inputs
 from nvrx_eks.training.process import UserCodeError, record_for_the_launcher, run_process
-from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_from_json
+from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_from_env
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -92,8 +91,7 @@ class Stateful(Protocol):
 
 def load_config(env: dict[str, str] | None = None) -> ResilienceConfig:
     """The job's configuration from `NVRX_EKS_CONFIG` (set by the chart), else the defaults."""
-    raw = (os.environ if env is None else env).get(CONFIG_ENV)
-    return config_from_json(raw, source=CONFIG_ENV) if raw else ResilienceConfig()
+    return config_from_env(env)
 
 
 class Job:

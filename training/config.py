@@ -1,12 +1,13 @@
-"""The reference trainer's typed configuration and command line.
+"""The reference trainer's own typed configuration and command line: model preset, steps, data, optimizer.
 
-`TrainConfig` is the kit's `ResilienceConfig` (training/resilience/config.py) and the reference
-trainer's own fields (model preset, steps, data, optimizer).
+The kit's part of a run (mode, run folder, checkpoint tiers, fault schedule, ...) is not here: it reaches
+the reference trainer as it reaches any script, through `NVRX_EKS_CONFIG` and `kit.Job()`
+(training/resilience/config.py `ResilienceConfig`).
 `python -m nvrx_eks.training [--config FILE] [--FLAG VALUE ...]`: every field of `TrainConfig` (nested
-sections included) is a flag, generated from the model so the two never drift: `--steps`,
-`--run-dir`, `--inprocess-soft-timeout-s`, `--faults-plan`, ... `--help` lists each with its
-description and default. A YAML file gives the same fields as a tree; flags override it. Bad input is
-one message naming the field and the fix (kitcore.configio.UserError -> exit 2).
+sections included) is a flag, generated from the model so the two never drift: `--steps`, `--model`,
+`--data-batch-size`, `--optim-lr`, ... `--help` lists each with its description and default. A YAML file
+gives the same fields as a tree; flags override it. Bad input is one message naming the field and the
+fix (kitcore.configio.UserError -> exit 2).
 """
 
 from __future__ import annotations
@@ -15,16 +16,9 @@ import argparse
 from pathlib import Path
 from typing import Any, Literal, NoReturn, get_args, get_origin
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nvrx_eks.kitcore.configio import UserError, load_model
-from nvrx_eks.training.resilience.config import (
-    ResilienceConfig,
-    check_fault_plan,
-    config_document,
-    config_leaves,
-)
 from nvrx_eks.training.shapes import PRESETS
 
 
@@ -45,12 +39,12 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, ge=0, description="Gradient norm clip (0 disables).")
 
 
-class TrainConfig(ResilienceConfig):
-    """The reference trainer: the kit's resilience settings and its own model, data and optimizer."""
+class TrainConfig(_Section):
+    """The reference trainer's own settings: its model, data and optimizer, and how long it trains."""
 
     model: str = Field("tiny", description=f"Model preset: {', '.join(PRESETS)}.")
     steps: int = Field(50, ge=1, description="Optimizer steps to train.")
-    seed: int = Field(0, description="Seed for weights, data and the fault draw.")
+    seed: int = Field(0, description="Seed for the weights and the synthetic data.")
     log_every: int = Field(10, ge=1, description="Steps between progress lines on rank 0.")
     emulated_device_step_s: float = Field(
         0.0,
@@ -68,11 +62,6 @@ class TrainConfig(ResilienceConfig):
         if value not in PRESETS:
             raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESETS)}")
         return value
-
-    @model_validator(mode="after")
-    def _faults_fit_the_steps(self) -> TrainConfig:
-        check_fault_plan(self.faults, steps=self.steps)
-        return self
 
 
 def _flag(path: tuple[str, ...]) -> str:
@@ -107,9 +96,12 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m nvrx_eks.training",
+        # No abbreviations: `--mode` (a kit setting, NVRX_EKS_CONFIG's) must not be read as `--model`.
+        allow_abbrev=False,
         description="Reference trainer: Llama-style decoder with NVRx in-process and in-job restart.",
-        epilog="Values are parsed as YAML scalars (lists and mappings too: --faults-weights "
-        "'{exception: 0.6, hang: 0.4}'). A --config file gives the same fields as a tree; flags win.",
+        epilog="Values are parsed as YAML scalars. A --config file gives the same fields as a tree; flags "
+        "win. The kit's settings (mode, checkpoints, faults, ...) come from NVRX_EKS_CONFIG, as for any "
+        "script (docs/your-script.md).",
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML file with TrainConfig fields.")
     for path, field in _leaves(TrainConfig):
@@ -117,23 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
             _flag(path), dest=".".join(path), default=None, metavar="V", help=_describe(field)
         )
     return parser
-
-
-def _value(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return ",".join(value)  # e.g. faults.plan: CLASS@STEP[:RANK],...
-    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
-
-
-def to_args(config: ResilienceConfig) -> list[str]:
-    """The flags `parse_args` reads back to `config` (a `TrainConfig`, or the kit's part of one): one
-    `--a-b VALUE` per field it was given."""
-    args: list[str] = []
-    for path, value in config_leaves(config_document(config)):
-        args += [_flag(path), _value(value)]
-    return args
 
 
 def parse_args(argv: list[str]) -> TrainConfig:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 
 def process_created_at(pid: int | None = None) -> float:
@@ -95,6 +95,17 @@ def imported_since_fork() -> list[str] | None:
         return None
     new = set(sys.modules) - _modules_at_fork
     return sorted(name for name in new if name.rpartition(".")[0] not in new)
+
+
+def event_line(kind: str, fields: Mapping[str, Any]) -> str:
+    """One event as one readable console line, `kind key=value ...`: each value as JSON writes it (a
+    string bare unless it has spaces), never a Python repr. The one way an event reads in a log."""
+    parts = [kind]
+    for key, value in fields.items():
+        plain = isinstance(value, str) and value and not any(c.isspace() or c == '"' for c in value)
+        text = value if plain else json.dumps(value, default=str, separators=(",", ":"))
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
 
 
 def events_dir(run_dir: Path) -> Path:

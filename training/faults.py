@@ -1,7 +1,7 @@
 """Deterministic fault injection: a schedule from the config, fired once each at a fixed point of a step.
 
 Every fault class of the fault table (docs/architecture.md) and the layer that must recover it
-(`expected_layer`):
+(training/resilience/modes.py `recovering_layer`):
 
 | class            | what the target rank does                                  | recovered by       |
 |------------------|------------------------------------------------------------|--------------------|
@@ -44,12 +44,12 @@ import torch
 import torch.distributed as dist
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.training.resilience.config import PLAN_ITEM, FaultsConfig, Mode
+from nvrx_eks.training.resilience.config import FaultsConfig, parse_plan_item
+from nvrx_eks.training.resilience.modes import Mode, recovering_layer
 
 if TYPE_CHECKING:
     from nvrx_eks.training.events import EventLog
 
-SOFT = frozenset({"exception", "hang", "skip_collective", "oom"})
 CHAOS_DIR_ENV = "NVRX_EKS_CHAOS_DIR"
 
 
@@ -65,20 +65,6 @@ class Fault:
     rank: int
 
 
-def expected_layer(cls: str, mode: Mode) -> str:
-    """The layer that must bring the job back: a fault that ends a process is its launcher's (torchrun
-    in the baseline, ft_launcher otherwise, with or without heartbeats)."""
-    if cls in {"node_loss", "store_loss"}:
-        return "job_controller"
-    if cls in SOFT and mode in {"inprocess", "both"}:
-        return "inprocess"
-    return launcher_layer(mode)
-
-
-def launcher_layer(mode: str) -> str:
-    return "torchrun" if mode == "baseline" else "ft_launcher"
-
-
 def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int) -> list[Fault]:
     """The plan's faults plus `count` drawn ones; identical on every rank and every restart."""
     problem = cfg.ranks_problem(world_size)
@@ -86,9 +72,9 @@ def build_schedule(cfg: FaultsConfig, *, steps: int, world_size: int, seed: int)
         raise UserError(problem)
     faults: list[tuple[str, int, int]] = []
     for item in cfg.plan:
-        match = PLAN_ITEM.match(item)
-        assert match is not None  # noqa: S101 - validated by FaultsConfig
-        faults.append((match["cls"], int(match["step"]), int(match["rank"] or 0)))
+        parsed = parse_plan_item(item)
+        assert parsed is not None  # noqa: S101 - validated by FaultsConfig
+        faults.append(parsed)
     if cfg.count:
         rng = random.Random(cfg.seed if cfg.seed is not None else seed)  # noqa: S311 - not crypto
         last = cfg.last_step if cfg.last_step is not None else steps - 1
@@ -138,7 +124,7 @@ class FaultInjector:
             step=step,
             target_rank=fault.rank,
             index=fault.index,
-            expected_layer=expected_layer(fault.cls, self.mode),
+            expected_layer=recovering_layer(fault.cls, self.mode),
         )
         getattr(self, f"_{fault.cls}")(fault)
 

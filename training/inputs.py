@@ -1,6 +1,6 @@
 """The trainer's runtime input, checked before any process, thread or socket exists.
 
-The config's own checks (training/config.py) run wherever the config is parsed, the job renderer
+The config's own checks (training/resilience/config.py) run wherever the config is parsed, the job renderer
 included, so they cannot look at files or variables that exist only in the pod: the token file on FSx,
 the run folder, the launcher's environment. These are checked here, first thing in each rank. Every
 rank checks the same inputs and exits 2 with the same message, so no rank is left waiting in a
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.paths import name_problem, path_problem
+from nvrx_eks.training.resilience.modes import layers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -179,10 +180,11 @@ def _device(cfg: ResilienceConfig) -> list[str]:
 
 
 def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
-    """Modes ft_launcher and both send heartbeats to ft_launcher's rank monitor, whose socket the
-    launcher passes each worker; without it NVRx fails at the first heartbeat with a RuntimeError."""
+    """A mode with heartbeats beats to ft_launcher's rank monitor, whose socket the launcher passes each
+    worker; without it NVRx fails at the first heartbeat with a RuntimeError."""
     problems = []
-    if cfg.mode in {"inprocess", "both"} and "WORLD_SIZE" not in env:
+    spec = layers(cfg.mode)
+    if spec.inprocess and "WORLD_SIZE" not in env:
         # NVRx's in-process store reads RANK and WORLD_SIZE from the environment (a KeyError without).
         problems.append(
             f"mode {cfg.mode} needs a launcher's RANK and WORLD_SIZE (NVRx's in-process restart reads "
@@ -190,7 +192,7 @@ def _launcher(cfg: ResilienceConfig, env: Mapping[str, str]) -> list[str]:
             "one rank set RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; "
             "or use mode baseline to run alone"
         )
-    if cfg.mode not in {"ft_launcher", "both"}:
+    if not spec.heartbeats:
         return problems
     from nvidia_resiliency_ext.fault_tolerance.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR  # noqa: PLC0415
 

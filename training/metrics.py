@@ -129,6 +129,44 @@ METRICS_HOST_ENV = "POD_IP"
 `status.podIP`), the local executor to the "node's" loopback address; unset: every interface."""
 
 
+class _Catalogue:
+    """A registry and the series it can expose: each family declared once, with its labels."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+        self.registry = CollectorRegistry()
+        self.labels: dict[str, tuple[str, ...]] = {}
+        """Each series name this registry can expose -> its label names."""
+
+    def _declare(
+        self, name: str, labels: tuple[str, ...], *suffixes: tuple[str, tuple[str, ...]]
+    ) -> list[str]:
+        # The family's name (a counter's without `_total`) with its type's suffixes, as exposed.
+        family = METRIC_PREFIX + name.removesuffix("_total")
+        for suffix, extra in suffixes:
+            self.labels[family + suffix] = ("rank", *labels, *extra)
+        return ["rank", *labels]
+
+    def counter(self, name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401 - a prometheus metric
+        from prometheus_client import Counter  # noqa: PLC0415
+
+        names = self._declare(name, labels, ("_total", ()), ("_created", ()))
+        return Counter(METRIC_PREFIX + name, doc, names, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401
+        from prometheus_client import Gauge  # noqa: PLC0415
+
+        return Gauge(METRIC_PREFIX + name, doc, self._declare(name, labels, ("", ())), registry=self.registry)
+
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Any:  # noqa: ANN401
+        from prometheus_client import Histogram  # noqa: PLC0415
+
+        series = (("_bucket", ("le",)), ("_sum", ()), ("_count", ()), ("_created", ()))
+        names = self._declare(name, labels, *series)
+        return Histogram(METRIC_PREFIX + name, doc, names, registry=self.registry, buckets=buckets)
+
+
 class Metrics:
     """Prometheus exposition for one rank: `<run_dir>/metrics/rank-<R>.prom`, optionally served.
 
@@ -137,7 +175,7 @@ class Metrics:
     read the same facts.
     """
 
-    def __init__(  # noqa: PLR0915 - the catalogue of series: one declaration each, in one place
+    def __init__(
         self,
         *,
         run_dir: Path,
@@ -149,9 +187,8 @@ class Metrics:
         restart_count: int = 0,
         checkpoint_intervals: Mapping[str, int] | None = None,
     ) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram  # noqa: PLC0415
-
-        self.registry = r = CollectorRegistry()
+        series = _Catalogue()
+        self.registry = series.registry
         self.path = run_dir / "metrics" / f"rank-{rank}.prom"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.every = every
@@ -160,29 +197,26 @@ class Metrics:
         self.high_water = high_water_step(run_dir, rank)
         self._rank = str(rank)
 
-        self._labels: dict[str, tuple[str, ...]] = {}
+        self._labels = series.labels
         """Each series name this registry can expose -> its label names."""
+        self._declare_training_series(series)
+        self._declare_checkpoint_series(series)
+        self._ckpt_steps: dict[str, int] = {}
+        """Per tier: the step of its newest checkpoint on this rank."""
+        self._tiers(checkpoint_intervals or {})
+        self.start_time.labels(self._rank).set_to_current_time()
+        self.launcher_restarts.labels(self._rank).set(restart_count)
+        self._process_start_s: float | None = None
+        self._detected_t: float | None = None
+        self._layer: str | None = None
+        self._ready_t: float | None = None
+        if port is not None:
+            host = os.environ.get(METRICS_HOST_ENV) or "0.0.0.0"  # noqa: S104 - a pod's own address
+            serve_metrics(self.registry, host=host, port=port + local_rank)
 
-        def declare(name: str, labels: tuple[str, ...], *suffixes: tuple[str, tuple[str, ...]]) -> list[str]:
-            # The family's name (a counter's without `_total`) with its type's suffixes, as exposed.
-            family = METRIC_PREFIX + name.removesuffix("_total")
-            for suffix, extra in suffixes:
-                self._labels[family + suffix] = ("rank", *labels, *extra)
-            return ["rank", *labels]
-
-        def counter(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401 - a prometheus metric
-            names = declare(name, labels, ("_total", ()), ("_created", ()))
-            return Counter(METRIC_PREFIX + name, doc, names, registry=r)
-
-        def gauge(name: str, doc: str, *labels: str) -> Any:  # noqa: ANN401
-            return Gauge(METRIC_PREFIX + name, doc, declare(name, labels, ("", ())), registry=r)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...], *labels: str) -> Any:  # noqa: ANN401
-            series = (("_bucket", ("le",)), ("_sum", ()), ("_count", ()), ("_created", ()))
-            return Histogram(
-                METRIC_PREFIX + name, doc, declare(name, labels, *series), registry=r, buckets=buckets
-            )
-
+    def _declare_training_series(self, series: _Catalogue) -> None:
+        """The steps, the loss, the process and the recoveries."""
+        counter, gauge, histogram = series.counter, series.gauge, series.histogram
         self.steps = counter("steps_total", "Optimizer steps completed (replays included)")
         self.productive_steps = counter("productive_steps_total", "Steps completed for the first time")
         self.replayed_steps = counter("replayed_steps_total", "Steps trained again after a rollback")
@@ -217,6 +251,10 @@ class Metrics:
         self.faults = counter(
             "faults_injected_total", "Faults the chaos schedule injected on this rank", "class"
         )
+
+    def _declare_checkpoint_series(self, series: _Catalogue) -> None:
+        """Per checkpoint tier: the newest checkpoint, its persists, skips, failures and lag."""
+        counter, gauge, histogram = series.counter, series.gauge, series.histogram
         self.ckpt_time = gauge(
             "checkpoint_last_success_timestamp_seconds",
             "When the newest checkpoint of the tier completed",
@@ -243,21 +281,9 @@ class Metrics:
             "Times the tier fell more than one cadence plus one write behind",
             "tier",
         )
-        self._ckpt_steps: dict[str, int] = {}
-        """Per tier: the step of its newest checkpoint on this rank."""
         self.ckpt_interval = gauge(
             "checkpoint_interval_steps", "Steps between two checkpoints of the tier (its *_every)", "tier"
         )
-        self._tiers(checkpoint_intervals or {})
-        self.start_time.labels(self._rank).set_to_current_time()
-        self.launcher_restarts.labels(self._rank).set(restart_count)
-        self._process_start_s: float | None = None
-        self._detected_t: float | None = None
-        self._layer: str | None = None
-        self._ready_t: float | None = None
-        if port is not None:
-            host = os.environ.get(METRICS_HOST_ENV) or "0.0.0.0"  # noqa: S104 - a pod's own address
-            serve_metrics(self.registry, host=host, port=port + local_rank)
 
     def _tiers(self, intervals: Mapping[str, int]) -> None:
         for tier, interval in intervals.items():

@@ -36,7 +36,7 @@ def emulate_device_wait(seconds: float) -> None:
 
 
 class ReferenceTrainer:
-    """`Job.run(ReferenceTrainer(cfg))`: one call per attempt."""
+    """`Job().run(ReferenceTrainer(cfg))`: one call per attempt; `cfg` is the trainer's own settings."""
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

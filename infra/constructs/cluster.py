@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
@@ -216,7 +216,10 @@ class TrainingCluster(Construct):
             nag.acknowledge(provider, "IAM4", nag.HANDLER_REASON, finding=nag.managed_policy_finding(policy))
         # The ECR-public policy is attached through a condition; cdk-nag names the finding by its JSON.
         nag.acknowledge(
-            provider, "IAM4", nag.HANDLER_REASON, finding=_conditional_ecr_public_finding(handler)
+            provider,
+            "IAM4",
+            nag.HANDLER_REASON,
+            finding=_conditional_ecr_public_finding(cast("Construct", handler)),
         )
         nag.acknowledge(provider, "L1", nag.HANDLER_REASON)
         nag.acknowledge(provider, "IAM5", nag.HANDLER_REASON, finding=nag.arn_finding(handler, ":*"))

@@ -83,7 +83,7 @@ class AwsSession:
 
     @property
     def region(self) -> str:
-        region = self.session.region_name
+        region: str | None = self.session.region_name
         if not region:
             raise UserError(
                 "no AWS region configured: pass --region, set AWS_REGION, or add `region` to your AWS profile"

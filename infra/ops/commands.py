@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from nvrx_eks.infra.ops.aws import AwsSession
+    from nvrx_eks.infra.ops.kube import PodCounts
 
 _EXIT_CODES = (
     "Exit codes: 0 ok; 2 fix the input/credentials/permissions (the message says how); 3 a preflight "
@@ -338,7 +339,7 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
         ) as progress:
             task = progress.add_task("pods running", total=expected, detail="applying")
 
-            def _show(counts: jobs.PodCounts) -> None:
+            def _show(counts: PodCounts) -> None:
                 progress.update(task, completed=counts.running, detail=counts.line())
 
             result = jobs.submit(

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.infra.ops.aws import ServiceError, aws_errors
 from nvrx_eks.infra.ops.kube import (
@@ -52,14 +52,14 @@ def job_selector(name: str) -> str:
     return f"{JOB_LABEL}={name}"
 
 
-def find_job(manifests: list[dict]) -> dict:
+def find_job(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     jobs = [m for m in manifests if m["kind"] == "Job"]
     if len(jobs) != 1:
         raise UserError(f"the chart rendered {len(jobs)} Job objects; expected exactly one")
     return jobs[0]
 
 
-def expected_pods(manifests: list[dict]) -> int:
+def expected_pods(manifests: list[dict[str, Any]]) -> int:
     """Pods the rendered objects start: the Job's parallelism plus replicas of other workloads."""
     total = 0
     for m in manifests:
@@ -119,7 +119,7 @@ class SubmitResult:
 
 def submit(
     api_client: ApiClient,
-    manifests: list[dict],
+    manifests: list[dict[str, Any]],
     *,
     namespace: str,
     replace: bool = False,
@@ -241,7 +241,7 @@ class JobStatus:
     checkpoint: CheckpointInfo | None
 
 
-def durable_s3_url(job: dict) -> str | None:
+def durable_s3_url(job: dict[str, Any]) -> str | None:
     """The first s3:// URL on the Job's container command lines or env (the durable tier)."""
     for container in job.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
         words = [*container.get("command", []), *container.get("args", [])]
@@ -308,7 +308,7 @@ def job_status(
         raw = BatchV1Api(api_client).read_namespaced_job(
             name=name, namespace=namespace, _preload_content=False
         )
-    job = json.loads(raw.data)
+    job = json.loads(raw.data)  # type: ignore[attr-defined]  # the raw response, not the typed V1Job
     pods = list_pods(api_client, namespace=namespace, selector=job_selector(name))
     checkpoint = None
     url = checkpoints_at or durable_s3_url(job)
@@ -341,7 +341,7 @@ def job_status(
     )
 
 
-def render(values: JobValues) -> list[dict]:
+def render(values: JobValues) -> list[dict[str, Any]]:
     """The manifests the job chart renders for `values` (the same files `k8s.job_chart.render` writes)."""
     import tempfile  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415

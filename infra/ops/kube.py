@@ -15,7 +15,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from nvrx_eks.infra.ops.aws import ServiceError, aws_errors, error_code
 from nvrx_eks.kitcore.configio import UserError
@@ -70,7 +70,7 @@ def eks_token(session: AwsSession, cluster: str) -> str:
     """A bearer token for EKS cluster `cluster`, signed with the session's credentials."""
     sts = session.client("sts")
 
-    def _take_cluster(params: dict, context: dict, **_: Any) -> None:  # noqa: ANN401
+    def _take_cluster(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:  # noqa: ANN401
         if "ClusterName" in params:
             context["eks_cluster"] = params.pop("ClusterName")
 
@@ -133,7 +133,7 @@ def eks_api_client(session: AwsSession, cluster: str, *, tunnel_port: int | None
         "contexts": [{"name": cluster, "context": {"cluster": cluster, "user": "nvrx-eks"}}],
         "current-context": cluster,
     }
-    client = new_client_from_config_dict(kubeconfig)
+    client: ApiClient = new_client_from_config_dict(kubeconfig)  # type: ignore[no-untyped-call]
 
     def _refresh(configuration: Any) -> None:  # noqa: ANN401 - kubernetes Configuration
         if time.monotonic() - issued[0] > TOKEN_REFRESH_S:
@@ -159,12 +159,15 @@ def kubeconfig_api_client(*, config_file: str | None = None, context: str | None
     from kubernetes.config import ConfigException, new_client_from_config  # noqa: PLC0415
 
     try:
-        return new_client_from_config(config_file=config_file, context=context, persist_config=False)
+        client: ApiClient = new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=config_file, context=context, persist_config=False
+        )
     except (ConfigException, FileNotFoundError) as exc:
         raise UserError(
             f"cannot load a kubeconfig ({exc}); run `aws eks update-kubeconfig --name CLUSTER`, or pass "
             "--cluster (and --region) to authenticate with your AWS credentials instead"
         ) from None
+    return client
 
 
 def _snake(kind: str) -> str:
@@ -184,12 +187,12 @@ def _api_for(api_client: ApiClient, api_version: str) -> Any:  # noqa: ANN401 - 
     return api_class(api_client)
 
 
-def apply_order(manifests: Iterable[dict]) -> list[dict]:
+def apply_order(manifests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rank = {kind: i for i, kind in enumerate(_KIND_ORDER)}
     return sorted(manifests, key=lambda m: rank.get(m["kind"], len(_KIND_ORDER) - 1))
 
 
-def server_side_apply(api_client: ApiClient, manifest: dict, *, namespace: str) -> dict:
+def server_side_apply(api_client: ApiClient, manifest: dict[str, Any], *, namespace: str) -> dict[str, Any]:
     """Server-side apply one object (field manager nvrx-eks, taking over conflicting fields).
 
     https://kubernetes.io/docs/reference/using-api/server-side-apply/
@@ -213,7 +216,8 @@ def server_side_apply(api_client: ApiClient, manifest: dict, *, namespace: str) 
             response = namespaced(name=name, namespace=ns, body=body, **options)
         else:
             response = getattr(api, f"patch_{kind}")(name=name, body=manifest, **options)
-    return json.loads(response.data or b"{}")
+    applied: dict[str, Any] = json.loads(response.data or b"{}")
+    return applied
 
 
 class _K8sErrors:
@@ -223,7 +227,7 @@ class _K8sErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> Literal[False]:
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
         from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
@@ -269,7 +273,7 @@ def describe_api_error(exc: Any, *, action: str) -> UserError | ServiceError:  #
 def _api_message(exc: Any) -> str:  # noqa: ANN401
     body = getattr(exc, "body", None)
     try:
-        return json.loads(body)["message"]
+        return str(json.loads(body)["message"])  # type: ignore[arg-type]  # None: TypeError, below
     except (TypeError, ValueError, KeyError):
         return str(getattr(exc, "reason", "") or body or exc)
 

@@ -237,7 +237,7 @@ class Preflight:
             ),
         )
 
-    def _instance_info(self, instance_type: str) -> dict:
+    def _instance_info(self, instance_type: str) -> dict[str, Any]:
         ec2 = self._session.client("ec2")
         with aws_errors("ec2:DescribeInstanceTypes"):
             try:
@@ -250,7 +250,8 @@ class Preflight:
                     ) from None
                 raise
         self._vcpus[instance_type] = int(info[0]["VCpuInfo"]["DefaultVCpus"])
-        return info[0]
+        first: dict[str, Any] = info[0]
+        return first
 
     def _efa(self, group: NodeGroupTarget) -> CheckResult:
         info = self._instance_info(group.instance_type)
@@ -594,7 +595,9 @@ def check_reservation(
     return _match_reservation(group, reservation, kind=kind, az=availability_zone)
 
 
-def _match_reservation(group: NodeGroupTarget, reservation: dict, *, kind: str, az: str) -> CheckResult:
+def _match_reservation(
+    group: NodeGroupTarget, reservation: dict[str, Any], *, kind: str, az: str
+) -> CheckResult:
     """Compare one DescribeCapacityReservations entry with the node group it should serve."""
     rid = reservation["CapacityReservationId"]
     state = reservation.get("State", "?")
@@ -646,7 +649,7 @@ def _match_reservation(group: NodeGroupTarget, reservation: dict, *, kind: str, 
     )
 
 
-def _reserved_count(reservation: dict) -> int:
+def _reserved_count(reservation: dict[str, Any]) -> int:
     total = int(reservation.get("TotalInstanceCount", 0))
     if total:
         return total

@@ -246,7 +246,7 @@ def _yaml() -> Any:  # noqa: ANN401 - ruamel.yaml.YAML
 
 
 def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
-    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+    from ruamel.yaml.comments import CommentedMap  # noqa: PLC0415
     from ruamel.yaml.error import YAMLError  # noqa: PLC0415
 
     if not path.exists():
@@ -269,7 +269,7 @@ def load_roundtrip(path: Path) -> Any:  # noqa: ANN401 - ruamel CommentedMap
 
 def apply_updates(doc: Any, updates: dict[str, Any], prefix: str = "") -> list[str]:  # noqa: ANN401
     """Set `updates` into the round-trip document in place; returns the dotted fields that changed."""
-    from ruamel.yaml import CommentedMap  # noqa: PLC0415
+    from ruamel.yaml.comments import CommentedMap  # noqa: PLC0415
 
     changed: list[str] = []
     for key, value in updates.items():

@@ -7,7 +7,7 @@ no environment. Its outputs (exactly the keys of infra/outputs.py) feed the job 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import cdk8s
 from aws_cdk import Annotations, CfnOutput, Environment, Stack
@@ -35,7 +35,9 @@ from nvrx_eks.k8s.node_verification import NodeCheckSpec
 from nvrx_eks.kitcore.configio import UserError
 
 if TYPE_CHECKING:
-    from constructs import Construct
+    from collections.abc import Mapping
+
+    from constructs import Construct, IConstruct
 
     from nvrx_eks.infra.config import ClusterConfig
 
@@ -84,6 +86,9 @@ class ClusterStack(Stack):
         )
         self.training_cluster = training
         cluster = training.cluster
+        # The same cluster where an interface is asked for: eks_v2's type stubs leave
+        # kubectl_provider_options off Cluster, so the checker does not see that it is one.
+        icluster = cast("eks.ICluster", cluster)
 
         # GPU nodes are the Lustre clients: the file system's servers open connections back to them.
         lustre_clients = LustreClientSecurityGroup(self, "LustreClients", vpc=network.vpc)
@@ -91,7 +96,7 @@ class ClusterStack(Stack):
             GpuNodeGroup(
                 self,
                 f"Gpu-{group.name}",
-                cluster=cluster,
+                cluster=icluster,
                 nodegroup_name=group.name,
                 profile=group.profile,
                 vpc=network.vpc,
@@ -146,7 +151,7 @@ class ClusterStack(Stack):
                 gpu_taints=self._config_gpu_taints(),
             ),
         )
-        self._training_identity(cluster)
+        self._training_identity(icluster)
         self._cluster_objects(cluster, addons)
         self._outputs()
         # Last: access logs are let in only once everything else exists, so a failed create's rollback
@@ -188,7 +193,7 @@ class ClusterStack(Stack):
             role_arn=self.training_role.role_arn,
         )
 
-    def _cluster_objects(self, cluster: eks.Cluster, addons: dict[str, object]) -> None:
+    def _cluster_objects(self, cluster: eks.Cluster, addons: Mapping[str, IConstruct]) -> None:
         training = self.config.training
         kueue = None
         check = self.config.node_check
@@ -237,7 +242,7 @@ class ClusterStack(Stack):
         manifest.node.add_dependency(self.training_cluster.system_nodegroup)
         for name in ("aws-fsx-csi-driver", "kueue"):
             if name in addons:
-                manifest.node.add_dependency(addons[name])  # type: ignore[arg-type]
+                manifest.node.add_dependency(addons[name])
 
     def _outputs(self) -> None:
         config, storage = self.config, self.storage

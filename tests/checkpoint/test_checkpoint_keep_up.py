@@ -75,13 +75,14 @@ def test_render_refuses_too_few_staging_slots_with_the_fix(tmp_path, nvrx_eks):
 def test_every_example_runs_the_same_derived_slots():
     """The p5 and local examples set no slot count: each gets the slots its tiers need."""
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
-    from nvrx_eks.training.config import to_args  # noqa: PLC0415
+    from nvrx_eks.training.resilience.config import config_document  # noqa: PLC0415
 
     for path in sorted(VALUES.glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
         assert "num_staging_slots" not in (raw.get("trainer", {}).get("checkpoint") or {}), path
         values = load_values(path)
-        assert "--checkpoint-num-staging-slots" not in to_args(values.trainer), path
+        # What the ranks are handed (NVRX_EKS_CONFIG) sets no slot count either: they derive it.
+        assert "num_staging_slots" not in config_document(values.trainer)["checkpoint"], path
         config = values.trainer.checkpoint
         tiers = [tier for tier, _ in config.tiers()] + (["peer"] if config.peer_replicas else [])
         assert tiers == ["memory", "local", "durable", "peer"], path

@@ -1,4 +1,4 @@
-"""The issue's reproduction, end to end: the local example's job, rendered as is and run as local pods.
+"""The local example's job end to end, rendered as is and run as local pods: its disk tiers keep up.
 
 A fault-free 60-step run of k8s/values/local-cpu.yaml (2 nodes x 2 CPU ranks, the peer replica on,
 RAM every 2 steps, NVMe and durable every 10) with the checkpoint defaults the p5 examples run. With
@@ -15,6 +15,7 @@ import pytest
 
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.executor import LocalJob, marked_processes
 from nvrx_eks.localrun.summary import summarize
 from nvrx_eks.training.events import read_events
@@ -28,7 +29,7 @@ EVERY = 10
 @pytest.mark.timeout(300)
 def test_the_local_example_writes_every_disk_tier_at_every_cadence(tmp_path):
     dist = tmp_path / "dist"
-    render(load_values(LOCAL, [f"trainer.steps={STEPS}"]), str(dist))
+    render(load_values(LOCAL, [*reference_trainer(steps=STEPS)]), str(dist))
     job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=240)
     result = job.run()
     assert result.succeeded, (result.reason, [(p.pod, p.reason, p.exit_code) for p in result.pods])

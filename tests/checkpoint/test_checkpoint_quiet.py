@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.bench import _timed_dcp_save
+from nvrx_eks.bench.checkpoint.bench import _timed_dcp_save
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.torture import run_trials
+from nvrx_eks.bench.checkpoint.torture import run_trials
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.memory import MemoryTier

@@ -11,9 +11,12 @@ from nvrx_eks.localrun.demo import DEMO_FAULTS
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_demo_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
+def test_demo_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
     # Into a pipe, as a user saving the output would: every table cell whole (tests/test_console.py).
-    result = nvrx_eks("demo", "--skip-synth", "--runs", str(tmp_path), timeout=560, piped=True)
+    # The fault-free reference from the checkout's cache, shared with every demo run and the image
+    # check here (keyed by the values, the trainer's code and the torch and NVRx releases).
+    cache = ("--cache", str(references))
+    result = nvrx_eks("demo", "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560, piped=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())

@@ -12,9 +12,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from nvrx_eks.bench.peer import durable_every, mode_setups
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.localrun.chaos import _progress_line, fault_free_key, without_faults
-from nvrx_eks.localrun.peer_bench import durable_every, mode_setups
+from nvrx_eks.localrun.chaos import (
+    Progress,
+    _progress_line,
+    fault_free_key,
+    reference_trainer,
+    without_faults,
+)
 from nvrx_eks.localrun.report import (
     FAULT_KEYS,
     FLEET_PLAN,
@@ -27,7 +33,7 @@ from nvrx_eks.localrun.report import (
     write_summary,
 )
 from nvrx_eks.localrun.summary import summarize
-from nvrx_eks.training.config import TrainConfig
+from nvrx_eks.training.config import parse_args
 from nvrx_eks.training.events import read_events
 from nvrx_eks.training.resilience.config import FaultsConfig
 
@@ -233,26 +239,28 @@ def test_report_table_and_timeline(tmp_path):
     assert height > 300
 
 
-def test_progress_reads_step_phase_and_faults(tmp_path):
-    assert _progress_line(tmp_path, steps=6) == (0, "starting", 0)
+def test_progress_reads_step_phase_and_faults_and_the_loops_own_length(tmp_path):
+    """Whatever script runs, the progress bar's total is the length its loop states (`loop_start`)."""
+    assert _progress_line(tmp_path) == Progress(0, None, "starting", 0)
     _write(
         tmp_path,
         0,
         [
             {"t": 0.0, "kind": "process_start", "pid": 1},
+            {"t": 0.5, "kind": "loop_start", "pid": 1, "attempt": 0, "steps": 6, "first_step": 0},
             {"t": 1.0, "kind": "step", "pid": 1, "step": 2},
             {"t": 2.0, "kind": "fault_injected", "pid": 1, "class": "hang", "target_rank": 1},
         ],
     )
-    assert _progress_line(tmp_path, steps=6) == (3, "fault: hang on rank 1", 1)
+    assert _progress_line(tmp_path) == Progress(3, 6, "fault: hang on rank 1", 1)
     _write(tmp_path, 0, [{"t": 3.0, "kind": "terminated", "pid": 1, "layer": "ft_launcher"}])
-    assert _progress_line(tmp_path, steps=6)[1] == "recovering (ft_launcher)"
+    assert _progress_line(tmp_path).phase == "recovering (ft_launcher)"
 
 
 def test_fault_free_reference_key_ignores_faults_only():
     plain = load_values(LOCAL_VALUES)
     faulty = load_values(LOCAL_VALUES, ["trainer.faults.plan=exception@5:1"])
-    longer = load_values(LOCAL_VALUES, ["trainer.steps=99"])
+    longer = load_values(LOCAL_VALUES, [*reference_trainer(steps=99)])
     assert fault_free_key(plain) == fault_free_key(faulty)
     assert fault_free_key(plain) != fault_free_key(longer)
     assert without_faults(faulty).trainer.faults == FaultsConfig()
@@ -267,14 +275,15 @@ def test_peer_scenario_values_are_valid_for_every_mode():
         values = load_values(LOCAL_VALUES, (f"mode={setup.mode}", *setup.overrides))
         modes.add(values.mode)
         trainer = values.trainer
-        assert isinstance(trainer, TrainConfig)
         assert trainer.checkpoint.durable_every == 30
-        # The scenario itself is the same for every mode.
-        assert (trainer.steps, trainer.emulated_device_step_s) == (steps, 0.5)
+        # The scenario itself is the same for every mode: the reference trainer's own args.
+        own = parse_args(values.entrypoint.args)
+        assert values.entrypoint.module == "nvrx_eks.training"
+        assert (own.steps, own.emulated_device_step_s) == (steps, 0.5)
         assert (trainer.faults.count, trainer.faults.seed) == (5, 42)
         assert trainer.faults.weights == {"exception": 0.6, "hang": 0.4}
     assert modes == {"baseline", "inprocess", "ft_launcher", "both"}
-    (kit,) = (setup for setup in mode_setups(steps=steps, fault_seed=40) if setup.name == "kit")
+    (kit,) = (setup for setup in mode_setups(steps=steps, fault_seed=40) if setup.mode == "both")
     assert "trainer.faults.seed=40" in kit.overrides
 
 
@@ -288,8 +297,8 @@ def test_the_totals_say_what_they_measure_and_where_a_real_jobs_figures_come_fro
     wall = document["wall_s"]
     assert f"{document['steps']} steps of {document['mean_step_s'] * 1e3:.0f} ms" in text
     assert f"{faults} faults in {wall:.1f} s (one every {wall / faults:.1f} s)" in text
-    assert f"`nvrx-eks plan {FLEET_PLAN} --from {tmp_path}`" in text
+    assert f"`nvrx-eks plan {FLEET_PLAN.relative_to(REPO)} --from {tmp_path}`" in text
     # The same sentences on the report page, and the plan they point at exists and loads.
     page = render_html(document, read_events(tmp_path), title="t", run_dir=tmp_path)
     assert all(html.escape(line) in page for line in totals_in_scale(document, tmp_path))
-    assert (REPO / FLEET_PLAN).is_file()
+    assert FLEET_PLAN.is_file()

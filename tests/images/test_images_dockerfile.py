@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks import layout
 from nvrx_eks.images.build import (
     BASE_PARTS,
     BUILD_ARG_NAMES,
@@ -306,12 +307,23 @@ def test_the_trainer_wheel_declares_only_what_the_image_installs(tmp_path):
     assert names == set(TRAINER_REQUIRES)
     locked = locked_versions(LOCK_FILE.read_text()) | locked_versions(TORCH_LOCK_FILE.read_text())
     assert names <= locked.keys()
-    # The wheel holds the packages the stage copied, under the kit's one name; nothing else changes.
-    packages = tomllib.loads(target.read_text())["tool"]["setuptools"]["packages"]
+    # The wheel maps the parts the stage copied, under the kit's one name; nothing else changes.
+    mapped = tomllib.loads(target.read_text())["tool"]["setuptools"]["package-dir"]
+    assert mapped == {"nvrx_eks": "nvrx_eks", "nvrx_eks.kitcore": "kitcore", "nvrx_eks.training": "training"}
+    assert project["name"] == "nvrx-eks"
+    # setup.py derives the packages from that table, over exactly what the stage copies.
+    assert "COPY pyproject.toml setup.py ./" in _stages()["wheel"]
+    tree = tmp_path / "stage"
+    for folder in ("kitcore", "training"):
+        shutil.copytree(REPO_ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "nvrx_eks").mkdir()
+    for name in ("__init__.py", "layout.py"):
+        shutil.copy(REPO_ROOT / "nvrx_eks" / name, tree / "nvrx_eks" / name)
+    shutil.copy(target, tree / "pyproject.toml")
+    packages = layout.packages(tree)
     assert packages[:2] == ["nvrx_eks", "nvrx_eks.kitcore"]
     assert {p.split(".")[1] for p in packages[1:]} == {"kitcore", "training"}
     assert "nvrx_eks.training.resilience" in packages
-    assert project["name"] == "nvrx-eks"
 
 
 def test_the_cut_never_writes_through_a_hard_link_to_the_checkout(tmp_path):

@@ -16,10 +16,8 @@ from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 from nvrx_eks.k8s.job_chart import node_address, store_endpoint
 from nvrx_eks.k8s.launcher import FT_LAUNCHER, launcher_command
 from nvrx_eks.k8s.load import load_values
-from nvrx_eks.k8s.rank_config import entry_command
 from nvrx_eks.kitcore.pins import IMAGE
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
-from nvrx_eks.training.resilience.launch import launcher_argv, trainer_script
+from nvrx_eks.training.resilience.launch import ENTRY_SEPARATOR, entry_script, launcher_argv
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "k8s" / "values" / "p5-2.yaml"
@@ -39,7 +37,7 @@ def _chart_command(mode: str) -> list[str]:
         values,
         store_endpoint=store_endpoint(values),
         node_address=node_address(values),
-        entry=entry_command(values.entrypoint, values.trainer),
+        entry=values.entrypoint.command(),
     )
 
 
@@ -50,25 +48,27 @@ def test_chart_launcher_flags_parse_with_the_pinned_ft_launcher(mode):
     # What ft_launcher receives: training/resilience/launch.py's rewrite of the rendered command's arguments.
     args = launcher.parse_args(launcher_argv(command[len(FT_LAUNCHER) :]))
     cfg = FaultToleranceConfig.from_args(args)
-    # The workers fork from the warm forkserver and run the trainer's __main__
+    # The workers fork from the warm forkserver and run the entry point, the reference trainer's module
     # (training/resilience/launch.py).
     assert args.module is False
     assert args.run_path is True
     assert args.start_method == "forkserver"
-    assert args.training_script == trainer_script()
+    assert args.training_script == entry_script()
     assert args.nnodes == "2:2"
     assert args.nproc_per_node == "8"
     assert cfg.rank_heartbeat_timeout == 300
     assert cfg.initial_rank_heartbeat_timeout == 1200
     assert args.ft_restart_policy == "any-failed"
     # The trainer's own arguments arrive untouched after `-m nvrx_eks.training`.
-    assert args.training_script_args == command[command.index(REFERENCE_TRAINER) + 1 :]
+    at = command.index(ENTRY_SEPARATOR)
+    assert command[at + 1 : at + 3] == ["-m", "nvrx_eks.training"]
+    assert args.training_script_args == ["--module", "nvrx_eks.training", *command[at + 3 :]]
 
 
 @pytest.mark.parametrize("extra", REMOVED_IN_PIN, ids=lambda e: e[0])
 def test_the_pinned_parser_really_rejects_flags_it_lacks(extra, capsys):
     base = _chart_command("ft_launcher")
-    at = base.index(REFERENCE_TRAINER) - 1  # the trainer's `-m nvrx_eks.training`
+    at = base.index(ENTRY_SEPARATOR)  # where the launcher's flags end
     with pytest.raises(SystemExit) as info:
         launcher.parse_args(launcher_argv([*base[len(FT_LAUNCHER) : at], *extra, *base[at:]]))
     assert info.value.code == 2

@@ -87,7 +87,8 @@ def test_the_lock_has_nvrx_at_the_pin_with_hashes_and_leaves_torch_to_its_verifi
 
 def test_the_image_holds_exactly_what_the_store_command_imports_from_this_project(tmp_path):
     """The files the Dockerfile copies, alone on sys.path, run the imports of `python -m
-    nvrx_eks.training.resilience.control`."""
+    nvrx_eks.training.resilience.control`: each at its repository path, mapped by pyproject.toml's
+    package-dir as in any checkout, and nothing else of the checkout importable."""
     copied = []  # where each copied file lands under WORKDIR /app
     for line in TEXT.splitlines():
         if line.startswith("COPY ") and "--from" not in line and "requirements" not in line:
@@ -96,7 +97,8 @@ def test_the_image_holds_exactly_what_the_store_command_imports_from_this_projec
                 target = tmp_path / dest / Path(source).name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(ROOT / source, target)
-                copied.append(str(target.relative_to(tmp_path)))
+                if target.suffix == ".py":
+                    copied.append(str(target.relative_to(tmp_path)))
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
         # Only the copied files: this environment's editable install would find the rest of the kit.

@@ -608,6 +608,7 @@ def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
     """The documented command, as a user runs it: the CDK CLI alone would exit 1 (infra/cdk-cli.js)."""
     bad = tmp_path / "bad.yaml"
@@ -865,6 +866,7 @@ def test_a_recent_pass_of_the_same_config_and_account_lets_the_deploy_start(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_npx_cdk_deploy_without_a_preflight_pass_exits_2_before_any_aws_call(tmp_path):
     """As a user runs it: infra/cdk-cli.js tells the app it deploys; refused without credentials."""
     env = {

@@ -55,6 +55,7 @@ def test_the_shipped_configs_still_load():
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_the_system_node_group_is_named_as_the_config_reserves(tmp_path):
     """The synthesized template names the add-on node group SYSTEM_NODEGROUP_NAME, and no GPU group."""
     config = infra_app.load_config(DEFAULT)

@@ -16,9 +16,9 @@ import promql_parser
 import pytest
 import yaml
 
+from nvrx_eks.bench.observe import prometheus_config, run_promtool_tests
 from nvrx_eks.k8s import alerts
 from nvrx_eks.k8s.observability import TARGET_RELABELINGS, monitoring_objects, scrape_configs
-from nvrx_eks.localrun.observe import prometheus_config, run_promtool_tests
 from nvrx_eks.training.metrics import Metrics
 
 NAMESPACE = "training"

@@ -46,7 +46,7 @@ def test_the_launcher_runs_the_scripts_module_with_its_own_args_in_a_warm_worker
 def test_the_script_gets_the_kits_settings_as_one_json_variable_the_api_reads(tmp_path):
     env = {e["name"]: e.get("value") for e in _trainer_container(tmp_path)["env"]}
     config = api.load_config({CONFIG_ENV: env[CONFIG_ENV]})
-    # The chart's own fields and the values' trainer tree, merged: what the reference trainer's flags say.
+    # The chart's own fields and the values' trainer tree, merged: what the reference trainer reads too.
     assert config.mode == "both"
     assert str(config.run_dir) == "/fsx/runs/nvrx-hf-llama"
     assert str(config.checkpoint.memory_dir) == "/checkpoint-memory"
@@ -95,18 +95,15 @@ def test_a_script_path_is_run_as_python_would(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["entrypoint.script=/workspace/train.py"], "- entrypoint: give exactly one of module"),
+        (["entrypoint.script=/workspace/train.py"], "- entrypoint: give one of module"),
         (["entrypoint.module=my-train"], "- entrypoint.module: 'my-train' is not a module name"),
-        (
-            ["entrypoint.module=nvrx_eks.training"],
-            "nvrx_eks.training is the reference trainer: remove entrypoint",
-        ),
         (["entrypoint.preload=[transformers, 'not a module']"], "'not a module': not module names"),
-        # The reference trainer's fields are not the kit's: a script's own are its args.
         (
-            ["trainer.model=tiny"],
-            "1 invalid value(s)\n  - trainer.model: Extra inputs",
+            ["entrypoint.state_gib_per_rank=0"],
+            "entrypoint.state_gib_per_rank: Input should be greater than 0",
         ),
+        # The reference trainer's fields are not the kit's: a script's own are its args.
+        (["trainer.model=tiny"], "1 invalid value(s)\n  - trainer.model: not one of the kit's fields"),
         (["trainer.checkpoint.memory_every=-1"], "checkpoint.memory_every"),
         (["trainer.faults.plan=exception@8:9"], "targets rank 9, but the job has ranks 0..3"),
     ],
@@ -115,3 +112,36 @@ def test_bad_entrypoint_values_are_one_message_naming_the_field(overrides, messa
     with pytest.raises(UserError) as error:
         load_values(HF_VALUES, overrides)
     assert message in str(error.value)
+
+
+def test_values_without_an_entrypoint_run_the_reference_trainer_as_any_script(tmp_path):
+    """The chart's default entry point is the reference trainer, given the same transport as a script:
+    its module and own args on the command line, the kit's section in NVRX_EKS_CONFIG."""
+    values = load_values(ROOT / "k8s" / "values" / "local-cpu.yaml", ["entrypoint=null"])
+    assert values.entrypoint.command() == ["-m", "nvrx_eks.training"]
+    files = render(values, str(tmp_path))
+    docs = [doc for f in files for doc in yaml.safe_load_all(Path(f).read_text()) if doc]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-3:] == ["--", "-m", "nvrx_eks.training"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert api.load_config(env) == values.trainer
+
+
+@pytest.mark.parametrize(
+    ("path", "hint", "fits"),
+    [
+        ("local-hf-llama.yaml", None, True),  # no hint: the ranks report their state, nothing to check
+        ("local-hf-llama.yaml", 0.05, True),
+        ("local-hf-llama.yaml", 2.0, False),
+        ("local-cpu.yaml", 2.0, False),  # the reference trainer gets the same check, from the same hint
+    ],
+)
+def test_every_script_gets_the_memory_tier_budget_check_from_its_state_hint(path, hint, fits):
+    overrides = [f"entrypoint.state_gib_per_rank={hint}"] if hint is not None else []
+    if fits:
+        values = load_values(ROOT / "k8s" / "values" / path, overrides)
+        assert (values.memory_budget is None) == (hint is None)
+        return
+    with pytest.raises(UserError, match=r"storage\.memory_tier_gib: the node's checkpoints in RAM need"):
+        load_values(ROOT / "k8s" / "values" / path, overrides)

@@ -12,6 +12,7 @@ import cdk8s
 import pytest
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional
+from kube_objects import merge_patch
 
 from nvrx_eks.k8s.node_verification import NODE_CHECK, NODE_NAME_EXTRA, NodeCheckSpec, NodeVerification
 from nvrx_eks.training.node import nodecheck
@@ -20,18 +21,6 @@ from nvrx_eks.training.node.selfcheck import Check, Status
 NAMESPACE = "training"
 USER = f"system:serviceaccount:{NAMESPACE}:{NODE_CHECK}"
 NODE = "ip-10-0-1-23.ec2.internal"
-
-
-def _merge(target: Any, patch: Any) -> Any:  # RFC 7386
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merge(result.get(key), value)
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +86,7 @@ NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 def _patched(old: dict, *, passed: bool) -> dict:
     patch = nodecheck.node_patch(old, _verdict(passed=passed), NOW)
     patch["metadata"].pop("resourceVersion")
-    return _merge(old, patch)
+    return merge_patch(old, patch)
 
 
 @pytest.mark.parametrize("passed", [True, False])

@@ -1,8 +1,8 @@
-"""The job values' `trainer` section is the trainer's own typed configuration, validated once.
+"""The job values' `trainer` section is the kit's typed configuration, validated once, for every script.
 
-What the values hold is what the ranks run with: the chart's fields are set in it, the rendered flags
-and a script's `NVRX_EKS_CONFIG` parse back to it, and every problem in it is reported at once with the
-field's full path.
+What the values hold is what the ranks run with: the chart's fields are set in it, every script's
+`NVRX_EKS_CONFIG` (the reference trainer's included) parses back to it, and every problem in it is
+reported at once with the field's full path.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import pytest
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.k8s.rank_config import resilience_env
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.training.config import TrainConfig, parse_args, to_args
 from nvrx_eks.training.faults import build_schedule
 from nvrx_eks.training.resilience.config import CONFIG_ENV, FaultsConfig, ResilienceConfig, resilience_config
 
@@ -28,13 +27,9 @@ SCRIPT = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
 @pytest.mark.parametrize("path", VALUES, ids=lambda p: p.name)
 def test_what_the_ranks_parse_is_what_the_values_hold(path):
     values = load_values(path)
-    if values.entrypoint is None:
-        assert isinstance(values.trainer, TrainConfig)
-        assert parse_args(to_args(values.trainer)) == values.trainer
-    else:
-        assert type(values.trainer) is ResilienceConfig
-        document = json.loads(resilience_env(values.entrypoint, values.trainer)[CONFIG_ENV])
-        assert resilience_config(document, source="NVRX_EKS_CONFIG") == values.trainer
+    assert type(values.trainer) is ResilienceConfig
+    document = json.loads(resilience_env(values.entrypoint, values.trainer)[CONFIG_ENV])
+    assert resilience_config(document, source="NVRX_EKS_CONFIG") == values.trainer
 
 
 def test_the_chart_owned_fields_are_set_from_the_rest_of_the_values():
@@ -68,7 +63,7 @@ def test_every_problem_of_the_section_is_one_message_with_full_paths():
         load_values(
             LOCAL,
             [
-                "trainer.steps=0",
+                "trainer.steps=0",  # the script's own setting, in the kit's section
                 "trainer.checkpoint.memory_every=-1",
                 "trainer.inprocess.soft_timeout_s=oops",
                 "spares=-1",
@@ -100,9 +95,11 @@ def test_a_chart_owned_field_names_the_value_that_sets_it(override, owner):
         load_values(LOCAL, [override])
 
 
-def test_a_script_section_holds_only_the_kits_fields():
-    with pytest.raises(UserError, match=r"trainer\.steps: Extra inputs are not permitted"):
-        load_values(SCRIPT, ["trainer.steps=10"])
+@pytest.mark.parametrize("path", [LOCAL, SCRIPT], ids=lambda p: p.name)
+def test_the_section_holds_only_the_kits_fields_whatever_the_script(path):
+    """The reference trainer's own settings are its arguments, as a script's are."""
+    with pytest.raises(UserError, match=r"trainer\.steps: not one of the kit's fields .* entrypoint\.args"):
+        load_values(path, ["trainer.steps=10"])
 
 
 def test_a_too_small_slot_count_names_what_the_default_replica_needs():

@@ -16,8 +16,8 @@ from nvrx_eks.k8s.launcher import FT_LAUNCHER
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.training.config import parse_args
 from nvrx_eks.training.node import selfcheck
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
-from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, launcher_argv, trainer_script
+from nvrx_eks.training.resilience.config import ResilienceConfig, config_from_env
+from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, entry_script, launcher_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))
@@ -129,8 +129,7 @@ def test_memory_tier_is_a_pod_emptydir_at_the_trainers_memory_dir(rendered):
     mount = next(m for m in c["volumeMounts"] if m["name"] == "checkpoint-memory")
     volume = next(v for v in pod["volumes"] if v["name"] == "checkpoint-memory")
     assert volume["emptyDir"]["medium"] == "Memory"
-    _, trainer = _split(c["command"])
-    config = parse_args(trainer)
+    _, config, _ = _split(c)
     assert str(config.checkpoint.memory_dir) == mount["mountPath"]
     # Set explicitly, so the trainer does not move it to a host-wide /dev/shm folder of the run.
     assert config.effective_checkpoint().memory_dir == config.checkpoint.memory_dir
@@ -141,13 +140,13 @@ def test_selfcheck_runs_first_and_is_handed_the_checkpointer_the_ranks_build(ren
     pod = job["spec"]["template"]["spec"]
     assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "topology"]
     check = pod["initContainers"][0]
-    _, trainer = _split(pod["containers"][0]["command"])
-    assert check["command"][:3] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
-    # The reference trainer's ranks get flags: the self-check gets the same settings as JSON, and
+    _, config, _ = _split(pod["containers"][0])
+    assert check["command"] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    # The self-check reads the ranks' settings from the env it shares with them (NVRX_EKS_CONFIG), and
     # proves the very tiers their checkpointer is built with.
     env = {e["name"]: e.get("value") for e in check["env"]}
-    args = selfcheck.parse_args(check["command"][3:], env)
-    want = parse_args(trainer).effective_checkpoint()
+    args = selfcheck.parse_args([], env)
+    want = config.effective_checkpoint()
     assert selfcheck.checkpoint_config(args, env) == want
     assert (want.local_dir, want.durable_dir) == (
         Path("/local/checkpoints/nvrx-local"),
@@ -177,15 +176,16 @@ def test_store_is_separate_and_prioritized(rendered):
     assert any(a.startswith("--rdzv-conf=is_host=0,join_timeout=1800") for a in cmd)
 
 
-def _split(command: list[str]) -> tuple[list[str], list[str]]:
-    """Launcher args (as the launcher receives them) and trainer args of a rendered command
-    (`torchrun ... -m nvrx_eks.training ARGS`, or `python -m nvrx_eks.training.resilience.launch ... -m
-    nvrx_eks.training ARGS`)."""
-    i = command.index(REFERENCE_TRAINER) - 1
+def _split(container: dict) -> tuple[list[str], ResilienceConfig, list[str]]:
+    """A rendered trainer container's launcher args (as the launcher receives them), its ranks' kit
+    section (their NVRX_EKS_CONFIG, as every script reads it) and the script's own args, from
+    `torchrun ... -m MODULE ARGS` or `python -m nvrx_eks.training.resilience.launch ... -- -m MODULE ARGS`."""
+    command = container["command"]
+    config = config_from_env({e["name"]: e["value"] for e in container["env"] if "value" in e})
     if command[0] == "torchrun":
-        return command[1 : i + 2], command[i + 2 :]
+        return command[1:], config, command[command.index("-m") + 2 :]
     assert command[: len(FT_LAUNCHER)] == list(FT_LAUNCHER), command
-    return launcher_argv(command[len(FT_LAUNCHER) : i + 2]), command[i + 2 :]
+    return launcher_argv(command[len(FT_LAUNCHER) :]), config, command[command.index("--") + 3 :]
 
 
 @pytest.mark.parametrize("mode", ["baseline", "inprocess", "ft_launcher", "both"])
@@ -193,19 +193,20 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
     docs = _render(VALUES[0].parent / "local-cpu.yaml", tmp_path, f"mode={mode}")
     (job,) = _by_kind(docs, "Job")
     (c,) = job["spec"]["template"]["spec"]["containers"]
-    launcher, trainer = _split(c["command"])
+    launcher, config, script = _split(c)
     assert c["command"][0] == ("torchrun" if mode == "baseline" else FT_LAUNCHER[0])
-    config = parse_args(trainer)
+    assert parse_args(script).steps == 80
     assert config.mode == mode
     assert str(config.run_dir) == "/fsx/runs/nvrx-local"
     args = get_args_parser().parse_args(launcher)
     if mode == "baseline":
         assert args.module
-        assert args.training_script == REFERENCE_TRAINER
-    else:  # forked from the warm forkserver, the trainer's __main__ as a callable (resilience/launch.py)
+        assert args.training_script == "nvrx_eks.training"
+    else:  # forked from the warm forkserver, the entry point as a callable (resilience/launch.py)
         assert args.run_path
         assert args.start_method == "forkserver"
-        assert args.training_script == trainer_script()
+        assert args.training_script == entry_script()
+        assert args.training_script_args[:2] == ["--module", "nvrx_eks.training"]
     assert args.nnodes == "2:2"
     assert args.nproc_per_node == "2"
     assert args.max_restarts == 10
@@ -219,9 +220,8 @@ def test_args_parse_with_trainer_and_ft_launcher(tmp_path, mode):
 
 def test_p5_args_parse_with_trainer(rendered):
     (job,) = _by_kind(rendered["p5-8"], "Job")
-    _, trainer = _split(job["spec"]["template"]["spec"]["containers"][0]["command"])
-    config = parse_args(trainer)
-    assert config.model == "8b"
+    _, config, script = _split(job["spec"]["template"]["spec"]["containers"][0])
+    assert parse_args(script).model == "8b"
     assert config.inprocess.max_iterations == 3
 
 
@@ -259,8 +259,11 @@ def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
             if c["name"] not in {"selfcheck", "trainer", "store"}:
                 continue
-            cut = c["command"].index(REFERENCE_TRAINER) + 1 if REFERENCE_TRAINER in c["command"] else None
-            launcher = c["command"][:cut]
+            command = c["command"]
+            # Up to the training script: the renderer's `--` (ft_launcher), torchrun's `-m`.
+            torchrun = command[0] == "torchrun"
+            cut = command.index("--") if "--" in command else command.index("-m") if torchrun else None
+            launcher = command[:cut]
             flags = [arg.split("=")[0] for arg in launcher]
             conf = next((a for a in launcher if a.startswith("--rdzv-conf=")), "")
             conf_keys = [item.split("=")[0] for item in conf.removeprefix("--rdzv-conf=").split(",")]

@@ -27,6 +27,7 @@ import pytest
 
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes
 
 pytestmark = pytest.mark.slow
@@ -67,7 +68,7 @@ def _private_shm() -> list[str]:
 
 
 def _render(dist: Path, *overrides: str) -> None:
-    render(load_values(LOCAL, ["trainer.steps=12", "trainer.log_every=10", *overrides]), str(dist))
+    render(load_values(LOCAL, [*reference_trainer(steps=12), *overrides]), str(dist))
 
 
 def _pod_tmp_dirs(run_key: str) -> list[Path]:
@@ -84,7 +85,7 @@ def _listeners(port: int) -> list[int]:
 def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The local job (default tiered checkpointer: NVRx writer processes) with a SIGKILL and a node loss."""
     root = tmp_path_factory.mktemp("cleanup")
-    _render(root / "dist", "trainer.steps=10", f"trainer.faults.plan={FAULTS}")
+    _render(root / "dist", *reference_trainer(steps=10), f"trainer.faults.plan={FAULTS}")
     prefix = _private_shm()
     tmp = root / "tmp"  # the machine's temp folder as the executor and its pods see it: theirs alone
     tmp.mkdir()
@@ -130,7 +131,7 @@ def test_faulty_run_leaves_no_semaphore(faulty_run):
 @pytest.mark.timeout(200)
 def test_sigterm_to_local_run_releases_everything(tmp_path):
     """`nvrx-eks local run` killed by SIGTERM (a cancelled CI job): its pods go with it."""
-    _render(tmp_path / "dist", "trainer.steps=400", "trainer.checkpoint.implementation=sync")
+    _render(tmp_path / "dist", *reference_trainer(steps=400), "trainer.checkpoint.implementation=sync")
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [
@@ -183,7 +184,9 @@ def test_two_local_jobs_at_once_both_complete(tmp_path):
     results: dict[str, Any] = {}
 
     for name in ("a", "b"):  # before the threads: jsii (under cdk8s) is not thread-safe
-        _render(tmp_path / name / "dist", "trainer.steps=6", "trainer.checkpoint.implementation=sync")
+        _render(
+            tmp_path / name / "dist", *reference_trainer(steps=6), "trainer.checkpoint.implementation=sync"
+        )
 
     def run(name: str) -> None:
         job = LocalJob(tmp_path / name / "dist", run_dir=tmp_path / name / "run", timeout_s=240)

@@ -21,6 +21,7 @@ import yaml
 
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.executor import (
     COMPLETION_INDEX_ANNOTATION,
     LocalJob,
@@ -37,7 +38,7 @@ LOCAL = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml
 # The demo's configuration (mode both: in-process layer, whose monitor processes leave the launcher's
 # process tree, under ft_launcher) with fewer steps and a durable checkpoint every 4 steps.
 OVERRIDES = [
-    "trainer.steps=40",
+    *reference_trainer(steps=40),
     "trainer.checkpoint.memory_every=2",
     "trainer.checkpoint.local_every=4",
     "trainer.checkpoint.durable_every=4",
@@ -204,7 +205,7 @@ def test_init_exit_75_is_ignored_config_error_fails_job_and_chaos_dir_deletes(tm
     """podFailurePolicy with init containers: the self-check's 75 (node problem) replaces the pod without
     consuming its budget; exit code 2 fails the job at once; a file in the chaos dir
     ($NVRX_EKS_CHAOS_DIR) deletes a node."""
-    dist = _render(tmp_path, "trainer.steps=1")
+    dist = _render(tmp_path, *reference_trainer(steps=1))
     manifest = next(dist.glob("*.yaml"))
     docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
     (job_doc,) = [d for d in docs if d["kind"] == "Job"]
@@ -248,7 +249,7 @@ def test_a_checkpointer_that_cannot_start_fails_the_job_before_any_launcher(tmp_
     """The rendered self-check proves the reference trainer's tiers: a file where the durable tier's
     folder goes on the shared volume fails the Job from the first pod's self-check (exit 2), and the
     reason names the tier, its folder, the cause and the fix."""
-    job = LocalJob(_render(tmp_path, "trainer.steps=1"), run_dir=tmp_path / "run", timeout_s=100)
+    job = LocalJob(_render(tmp_path, *reference_trainer(steps=1)), run_dir=tmp_path / "run", timeout_s=100)
     pod = job.rendered.job["spec"]["template"]["spec"]
     (fsx,) = (v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v)
     shared = pvc_folder(job.run_dir, fsx)
@@ -344,7 +345,11 @@ def test_four_local_nodes_choose_partners_under_another_network_node_from_their_
     """End to end: four nodes of one rank, two by two under two layer-3 network nodes (by index); the
     trainer's events show the domains it gathered from the labels and partners across them."""
     dist = _render(
-        tmp_path, "num_nodes=4", "instance_profile=local-cpu-1", "trainer.steps=8", "mode=ft_launcher"
+        tmp_path,
+        "num_nodes=4",
+        "instance_profile=local-cpu-1",
+        *reference_trainer(steps=8),
+        "mode=ft_launcher",
     )
     job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=200)
     try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -28,16 +29,16 @@ STEPS = 40
 MEMORY_EVERY = 2
 
 
+OVERRIDES = [*reference_trainer(steps=STEPS), f"trainer.checkpoint.memory_every={MEMORY_EVERY}"]
+
+
 def _run(local_job: LocalJobRunner, run_dir: Path, plan: str) -> Path:
-    overrides = [f"trainer.steps={STEPS}", f"trainer.checkpoint.memory_every={MEMORY_EVERY}"]
-    if plan:
-        overrides.append(f"trainer.faults.plan={plan}")
-    return local_job.run(run_dir, overrides, timeout_s=240)[1]
+    return local_job.run(run_dir, [*OVERRIDES, f"trainer.faults.plan={plan}"], timeout_s=240)[1]
 
 
 @pytest.fixture(scope="module")
 def fault_free_hash(tmp_path_factory: pytest.TempPathFactory, local_job: LocalJobRunner) -> str:
-    return local_job.final_hash(_run(local_job, tmp_path_factory.mktemp("reference"), ""))
+    return local_job.fault_free_hash(tmp_path_factory.mktemp("reference"), OVERRIDES, timeout_s=240)
 
 
 @pytest.mark.timeout(300)

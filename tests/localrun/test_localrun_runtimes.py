@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from nvrx_eks.kitcore.pins import TRAINER_UID
-from nvrx_eks.localrun.runtimes import RUNC, Podman, Processes
+from nvrx_eks.localrun.runtimes import RUNC, ContainerSpec, Podman, Processes
 
 POD_SPEC = {
     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -32,7 +32,7 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 def test_processes_run_the_command_as_prepared_with_the_project_on_the_path(tmp_path):
     argv, env = Processes(project_dir=tmp_path).command(
-        ["python", "-m", "training"], {"A": "1"}, container=CONTAINER
+        ["python", "-m", "training"], {"A": "1"}, ContainerSpec(container=CONTAINER)
     )
     assert (argv, env) == (["python", "-m", "training"], {"A": "1", "PYTHONPATH": str(tmp_path)})
 
@@ -46,11 +46,7 @@ def test_podman_runs_the_same_command_in_the_image_as_the_pod_would(tmp_path):
     argv, _ = runtime.command(
         ["python", "-m", "nvrx_eks.training.resilience.launch", f"--run-dir={volume}/runs"],
         env,
-        container=CONTAINER,
-        pod_spec=POD_SPEC,
-        store=False,
-        folders=[volume, chaos, memory],
-        run_key="run",
+        ContainerSpec(container=CONTAINER, pod_spec=POD_SPEC, folders=[volume, chaos, memory], run_key="run"),
     )
     shutil.rmtree(memory.parents[1], ignore_errors=True)
     assert argv[:4] == ["podman", "--runtime", RUNC, "run"]
@@ -80,11 +76,9 @@ def test_podman_runs_the_store_pod_from_the_store_image(tmp_path):
     argv, _ = Podman(trainer_image="train:x", store_image="store:x").command(
         ["python", "-m", "nvrx_eks.training.resilience.control"],
         {"TMPDIR": str(tmp_path)},
-        container={"name": "store", "securityContext": {"runAsUser": 65534}},
-        pod_spec={},
-        store=True,
-        folders=[],
-        run_key="run",
+        ContainerSpec(
+            container={"name": "store", "securityContext": {"runAsUser": 65534}}, store=True, run_key="run"
+        ),
     )
     assert "store:x" in argv
     assert "train:x" not in argv

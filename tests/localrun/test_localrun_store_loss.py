@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nvrx_eks.k8s.termination import failure_cause, log_tail
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -30,8 +31,8 @@ FAULT_STEP = 25
 
 @pytest.mark.timeout(600)
 def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, local_job: LocalJobRunner):
-    overrides = [f"trainer.steps={STEPS}", f"trainer.checkpoint.local_every={LOCAL_EVERY}"]
-    _, reference = local_job.run(tmp_path / "reference", overrides, timeout_s=240)
+    overrides = [*reference_trainer(steps=STEPS), f"trainer.checkpoint.local_every={LOCAL_EVERY}"]
+    reference = local_job.fault_free_hash(tmp_path / "reference", overrides, timeout_s=240)
     plan = f"trainer.faults.plan=store_loss@{FAULT_STEP}"
     _, events_dir = local_job.run(tmp_path / "run", [*overrides, plan], timeout_s=300)
     log = [json.loads(line) for line in (tmp_path / "run" / "executor.jsonl").read_text().splitlines()]
@@ -53,4 +54,4 @@ def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, lo
     assert fault.steps_lost < LOCAL_EVERY
     assert fault.recovery_s is not None
     assert fault.recovery_s < 60
-    assert local_job.final_hash(events_dir) == local_job.final_hash(reference)
+    assert local_job.final_hash(events_dir) == reference

@@ -21,8 +21,12 @@ OWN_PACKAGE = ROOT / "examples" / "own_package"
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks):
-    result = nvrx_eks("demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), timeout=560)
+def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
+    # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
+    cache = ("--cache", str(references))
+    result = nvrx_eks(
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())

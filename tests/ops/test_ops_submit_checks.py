@@ -16,8 +16,11 @@ P5_VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "p5-2.yaml"
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ("trainer.model=gigantic", "model: unknown preset 'gigantic'"),
-        ("trainer.no_such_flag=1", "trainer.no_such_flag: Extra inputs are not permitted"),
+        ("trainer.model=8b", "trainer.model: not one of the kit's fields"),
+        (
+            "trainer.checkpoint.no_such_field=1",
+            "trainer.checkpoint.no_such_field: Extra inputs are not permitted",
+        ),
         ("timeouts.launcher_heartbeat_s=31", "timeouts.launcher_heartbeat_s (31) must exceed"),
     ],
 )

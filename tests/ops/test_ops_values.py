@@ -63,9 +63,11 @@ name: llama-ft   # keep this name
 num_nodes: 2
 image: local
 mode: ft_launcher
+entrypoint:
+  args: [--model, small, --steps, "5000"]
 trainer:
-  model: small
-  steps: 5000
+  checkpoint:
+    memory_every: 5
 storage:
   local_nvme_path: /mnt/k8s-disks/0/nvrx-checkpoints   # node NVMe
 """
@@ -100,7 +102,8 @@ def test_outputs_fill_the_stack_fields_and_keep_everything_else(cli, moto_sessio
     assert "# node NVMe" in text
     data = yaml.safe_load(text)
     assert data["name"] == "llama-ft"
-    assert data["trainer"] == {"model": "small", "steps": 5000}
+    assert data["entrypoint"] == {"args": ["--model", "small", "--steps", "5000"]}
+    assert data["trainer"] == {"checkpoint": {"memory_every": 5}}
     assert data["mode"] == "ft_launcher"
     # No tag in the file: this checkout's revision, the tag `nvrx-eks image push` gives its image, with
     # the digest ECR gives that tag (job values take images by digest only).

@@ -764,6 +764,7 @@ def walk(aws_env, monkeypatch, tmp_path):
 
 
 @pytest.mark.slow  # synthesizes the whole app
+@pytest.mark.shareable
 def test_the_readme_aws_steps_work_in_order(walk):
     steps = readme_steps((ROOT / "README.md").read_text())
     assert any(isinstance(s, Command) and s.argv[:3] == ["nvrx-eks", "job", "submit"] for s in steps)

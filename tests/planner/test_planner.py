@@ -12,16 +12,16 @@ from typing import get_args
 
 import pytest
 
+from nvrx_eks.bench.peer import PEER_PUBLISHED
 from nvrx_eks.k8s.durable_cost import PlanHints, durable_cadence_warning
 from nvrx_eks.k8s.values import JobValues
 from nvrx_eks.kitcore.configio import UserError, load_model
-from nvrx_eks.localrun.peer_bench import PEER_PUBLISHED
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.planner.commands import load_plan, write_values
 from nvrx_eks.planner.config import (
     LLAMA3_EFFECTIVE_TRAINING_TIME,
     LLAMA3_INTERRUPTIONS,
     MODES,
-    SOFT_CLASSES,
     STORE_LOSS_PER_DAY,
     Plan,
     fault_kind,
@@ -76,12 +76,6 @@ def test_llama3_mix_sums_to_the_table_and_is_mostly_node_loss():
     mix = llama3_mix()
     assert sum(mix.values()) == pytest.approx(1.0)
     assert 0.75 <= mix["node_loss"] <= 0.85  # ~78% hardware, plus unplanned host maintenance
-
-
-def test_soft_classes_match_the_trainers():
-    from nvrx_eks.training.faults import SOFT  # noqa: PLC0415 - imports torch
-
-    assert SOFT == SOFT_CLASSES
 
 
 # ---- closed form against the simulation ------------------------------------------------------------
@@ -168,7 +162,7 @@ def _mode_row(mode: str, recoveries: list[float], layer: str, lost_each: list[in
     wall = STEPS * STEP_S + startup + sum(recoveries) + lost * STEP_S
     every = 2 if mode == "both" else DURABLE_EVERY
     overrides = [
-        f"trainer.steps={STEPS}",
+        *reference_trainer(steps=STEPS),
         f"trainer.checkpoint.memory_every={every}",
         f"trainer.checkpoint.local_every={10 if mode == 'both' else 0}",
         f"trainer.checkpoint.durable_every={DURABLE_EVERY}",
@@ -293,6 +287,7 @@ HARDWARE_RUN = Path(__file__).parent / "data" / "peer-hardware"
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 @pytest.mark.timeout(120)
 def test_projection_from_the_hardware_mix_run_is_within_5_points_of_what_it_measured(tmp_path):
     plan, _, cal = load_plan(None, [], HARDWARE_RUN)
@@ -513,6 +508,7 @@ def test_render_prints_the_warning(nvrx_eks, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shareable
 def test_plots_are_written(tmp_path):
     plan = _plan(PEER)
     projection = project_all(plan)
@@ -563,7 +559,7 @@ def test_checkpoint_bench_and_demo_summary_calibrate_the_tiers(tmp_path):
     assert plan.recovery.launcher_s == pytest.approx(13.0)
     assert plan.workload.step_s == pytest.approx(0.036)
     # The device step model's median stall: the bench judges GPU hosts on it
-    # (localrun/checkpoint_bench/bench.py).
+    # (bench/checkpoint/bench.py).
     assert plan.checkpoint.memory.stall_s == pytest.approx(0.003)
     for field in ("checkpoint.durable.write_s", "recovery.launcher_s", "checkpoint.memory.stall_s"):
         assert cal.labels[field].startswith("measured"), field

@@ -33,12 +33,14 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
 
     from nvrx_eks.training import api, parallel  # noqa: PLC0415
     from nvrx_eks.training.config import parse_args  # noqa: PLC0415
+    from nvrx_eks.training.resilience.config import ResilienceConfig  # noqa: PLC0415
     from nvrx_eks.training.trainer import ReferenceTrainer  # noqa: PLC0415
 
     root = Path(run_dir)
-    cfg = parse_args(["--steps", str(STEPS), "--model", "tiny", "--run-dir", run_dir, "--mode", "baseline"])
+    cfg = parse_args(["--steps", str(STEPS), "--model", "tiny"])  # the trainer's own
+    kit = ResilienceConfig.model_validate({"run_dir": run_dir, "mode": "baseline"})  # the kit's
     world = parallel.World(rank=rank, world_size=WORLD_SIZE, local_rank=rank, device=torch.device("cpu"))
-    context, record = stub_context(cfg, world, root), Record()
+    context, record = stub_context(kit, world, root), Record()
     trainer = ReferenceTrainer(cfg)
     if lag:
 

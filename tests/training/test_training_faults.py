@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -32,19 +33,19 @@ HARD_PLAN = "sigkill@4:1,deadlock@9:2,node_loss@14:3"
 
 
 def _run(local_job: LocalJobRunner, run_dir: Path, *, plan: str, timeout_s: float) -> tuple[JobResult, Path]:
-    overrides = [
-        f"trainer.steps={STEPS}",
-        *local_job.sync_durable_every_2,
-    ]
-    if plan:
-        overrides.append(f"trainer.faults.plan={plan}")
+    overrides = [*_overrides(local_job), *([f"trainer.faults.plan={plan}"] if plan else [])]
     return local_job.run(run_dir, overrides, timeout_s=timeout_s)
+
+
+def _overrides(local_job: LocalJobRunner) -> list[str]:
+    return [*reference_trainer(steps=STEPS), *local_job.sync_durable_every_2]
 
 
 @pytest.fixture(scope="module")
 def fault_free_hash(tmp_path_factory: pytest.TempPathFactory, local_job: LocalJobRunner) -> str:
-    _, events = _run(local_job, tmp_path_factory.mktemp("reference"), plan="", timeout_s=120)
-    return local_job.final_hash(events)
+    return local_job.fault_free_hash(
+        tmp_path_factory.mktemp("reference"), _overrides(local_job), timeout_s=120
+    )
 
 
 @pytest.mark.timeout(200)
@@ -109,9 +110,8 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
     _, events = local_job.run(
         tmp_path,
         [
-            "trainer.steps=8",
+            *reference_trainer(steps=8, emulated_device_step_s=2),
             *local_job.sync_durable_every_2,
-            "trainer.emulated_device_step_s=2",
             "trainer.inprocess.soft_timeout_s=3.5",
             "trainer.ft.heartbeat_timeout_floor_s=5",
             "timeouts.launcher_heartbeat_s=5",

@@ -5,6 +5,7 @@ Real processes, each bounded: a rank that hangs fails the test at its timeout an
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -26,11 +27,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _env(kit: dict[str, object] | None = None, **extra: str) -> dict[str, str]:
+    """The rank's environment; `kit`: its kit section, as the chart hands it to any script."""
     env = {
         k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"}
     }
-    return env | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+    config = {"NVRX_EKS_CONFIG": json.dumps(kit)} if kit is not None else {}
+    return env | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **config, **extra}
 
 
 def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -59,12 +62,14 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int | None, str]:
 def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
     port = str(_free_port())
     missing = tmp_path / "tokens.bin"
-    args = ["-m", "nvrx_eks.training", "--mode", "both", "--steps", "5", "--run-dir", str(tmp_path / "run")]
-    args += ["--data-token-file", str(missing)]
+    args = ["-m", "nvrx_eks.training", "--steps", "5", "--data-token-file", str(missing)]
+    kit = {"mode": "both", "run_dir": str(tmp_path / "run")}
     ranks = [
         _start(
             args,
-            _env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            _env(
+                kit, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+            ),
         )
         for r in range(2)
     ]
@@ -92,6 +97,7 @@ def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
 def test_bad_runtime_input_is_one_message_and_exit_2(setup, env, message, tmp_path):
     run_dir = tmp_path / "run"
     args = ["-m", "nvrx_eks.training", "--steps", "3"]
+    kit: dict[str, object] = {}
     if setup == "run_dir_file":
         run_dir.write_text("")
     elif setup == "run_dir_below_file":
@@ -105,16 +111,17 @@ def test_bad_runtime_input_is_one_message_and_exit_2(setup, env, message, tmp_pa
             tokens.write_bytes(b"\0" * (8 if setup == "short_tokens" else 9))
         args += ["--data-token-file", str(tokens)]
     elif setup == "prometheus":
-        args += ["--metrics-prometheus-port", "65535"]
-    code, out = _finish(_start([*args, "--run-dir", str(run_dir)], _env(**env)))
+        kit["metrics"] = {"prometheus_port": 65535}
+    code, out = _finish(_start(args, _env({**kit, "run_dir": str(run_dir)}, **env)))
     assert code == 2, out[-3000:]
     assert message in out
     assert "Traceback" not in out
 
 
 def test_a_port_past_65535_is_a_field_error():
-    code, out = _finish(_start(["-m", "nvrx_eks.training", "--metrics-prometheus-port", "70000"], _env()))
+    code, out = _finish(_start(["-m", "nvrx_eks.training"], _env({"metrics": {"prometheus_port": 70000}})))
     assert code == 2, out[-3000:]
+    assert "NVRX_EKS_CONFIG: 1 invalid value(s)" in out
     assert "metrics.prometheus_port: Input should be less than or equal to 65535" in out
 
 
@@ -122,7 +129,7 @@ def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
     """Whatever fails between starting the persistent checkpoint workers and the loop, the rank exits:
     run() closes what it built (NVRx's own teardown at interpreter exit joined a dead worker forever)."""
     script = textwrap.dedent(
-        f"""
+        """
         import sys
         import nvrx_eks.training.process
         class Boom(RuntimeError):
@@ -131,11 +138,11 @@ def test_a_failure_after_the_checkpoint_workers_started_still_exits(tmp_path):
             raise Boom("the trainer could not be built")
         nvrx_eks.training.process.Context = fail
         from nvrx_eks.training.__main__ import main
-        sys.argv = ["training", "--steps", "3", "--run-dir", {str(tmp_path / "run")!r}]
+        sys.argv = ["training", "--steps", "3"]
         main()
         """
     )
-    code, out = _finish(_start(["-c", script], _env()))
+    code, out = _finish(_start(["-c", script], _env({"run_dir": str(tmp_path / "run")})))
     assert code is not None, f"the rank did not exit within {PROMPT_S} s:\n{out[-3000:]}"
     assert code == 1
     assert "Boom: the trainer could not be built" in out

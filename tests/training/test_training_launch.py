@@ -15,40 +15,43 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.training.resilience.config import ResilienceConfig
 from nvrx_eks.training.resilience.launch import (
     S3_MODULES,
-    VALUELESS_FLAGS,
     WARM_MODULES,
     _flag,
     entry_script,
     launcher_argv,
     start_method,
-    trainer_script,
     warm_modules,
 )
 
 REPO = Path(__file__).resolve().parents[2]
+REFERENCE = ["--", "-m", "nvrx_eks.training"]
+"""The training script after the renderer's `--`: the reference trainer, an entry point like any other."""
 
 
-def test_the_trainer_module_becomes_the_run_path_of_its_main_in_a_forkserver():
-    argv = ["--nnodes=2:2", "--max-restarts=3", "-m", "nvrx_eks.training", "--mode", "both", "-m", "x"]
+def test_the_training_script_after_the_separator_becomes_the_run_path_in_a_forkserver():
+    argv = ["--nnodes=2:2", "--max-restarts=3", *REFERENCE, "--model", "tiny", "-m", "x"]
     assert launcher_argv(argv) == [
         "--nnodes=2:2",
         "--max-restarts=3",
         "--start-method=forkserver",
         "--run-path",
-        trainer_script(),
-        "--mode",
-        "both",
+        entry_script(),
+        "--module",
+        "nvrx_eks.training",
+        "--model",
+        "tiny",
         "-m",
         "x",
     ]
-    assert Path(trainer_script()) == REPO / "training" / "__main__.py"
+    assert Path(entry_script()) == REPO / "training" / "entry.py"
 
 
 def test_an_explicit_start_method_is_kept():
-    argv = ["--start-method=spawn", "-m", "nvrx_eks.training", "--steps", "3"]
-    assert launcher_argv(argv)[:3] == ["--start-method=spawn", "--run-path", trainer_script()]
+    argv = ["--start-method=spawn", *REFERENCE, "--steps", "3"]
+    assert launcher_argv(argv)[:3] == ["--start-method=spawn", "--run-path", entry_script()]
 
 
 @pytest.mark.parametrize(
@@ -61,8 +64,9 @@ def test_an_explicit_start_method_is_kept():
     ],
 )
 def test_an_explicit_start_method_is_kept_in_every_spelling_ft_launcher_accepts(given):
-    ft_argv = launcher_argv([*given, "--nnodes=1", "-m", "nvrx_eks.training", "--steps", "3"])
-    assert ft_argv == [*given, "--nnodes=1", "--run-path", trainer_script(), "--steps", "3"]
+    ft_argv = launcher_argv([*given, "--nnodes=1", *REFERENCE, "--steps", "3"])
+    run = ["--run-path", entry_script(), "--module", "nvrx_eks.training"]
+    assert ft_argv == [*given, "--nnodes=1", *run, "--steps", "3"]
     assert start_method(ft_argv) == "spawn"
 
 
@@ -86,29 +90,36 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
     monkeypatch.setattr(launch, "format_tracebacks_without_dynamo", lambda: None)
     monkeypatch.setattr(launch, "beat", lambda ft_argv: None)
     monkeypatch.setattr(launch, "poll_rendezvous_faster", lambda: None)
+    monkeypatch.delenv("NVRX_EKS_CONFIG", raising=False)
+    monkeypatch.delenv("NVRX_EKS_PRELOAD", raising=False)
     ran: list[list[str]] = []
     monkeypatch.setattr(nvrx_launcher, "main", ran.append)
-    monkeypatch.setattr(
-        sys, "argv", ["nvrx_eks.training.resilience.launch", *given, "-m", "nvrx_eks.training"]
-    )
+    monkeypatch.setattr(sys, "argv", ["nvrx_eks.training.resilience.launch", *given, *REFERENCE])
     launch.main()
     assert warmed == [list(WARM_MODULES), "started"]
-    assert ran == [[*given, "--run-path", trainer_script()]]
+    assert ran == [[*given, "--run-path", entry_script(), "--module", "nvrx_eks.training"]]
 
 
-def test_launcher_flags_are_read_in_both_forms_and_never_from_the_trainers_arguments():
-    ft_argv = launcher_argv(
-        ["--rdzv-endpoint", "store:29400", "--rdzv_id=job", "--nnodes=2:3", "-m", "nvrx_eks.training"]
-    )
+def test_launcher_flags_are_read_in_both_forms_and_never_from_the_scripts_arguments():
+    ft_argv = launcher_argv(["--rdzv-endpoint", "store:29400", "--rdzv_id=job", "--nnodes=2:3", *REFERENCE])
     read = [_flag([*ft_argv, "--nnodes", "9"], f) for f in ("--rdzv-endpoint", "--rdzv-id", "--nnodes")]
     assert read == ["store:29400", "job", "2:3"]
-    assert _flag(launcher_argv(["-m", "nvrx_eks.training", "--nnodes", "9"]), "--nnodes") is None
-    assert start_method(launcher_argv(["-m", "nvrx_eks.training", "--start-method", "spawn"])) == "forkserver"
+    assert _flag(launcher_argv([*REFERENCE, "--nnodes", "9"]), "--nnodes") is None
+    assert start_method(launcher_argv([*REFERENCE, "--start-method", "spawn"])) == "forkserver"
 
 
-def test_a_command_without_a_training_script_is_refused():
-    with pytest.raises(SystemExit, match="must end in `-m MODULE ARGS` or `SCRIPT ARGS`"):
-        launcher_argv(["--nnodes=1", "--rdzv-endpoint", "store:29400"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nnodes=1", "--rdzv-endpoint", "store:29400"],  # no separator
+        ["--nnodes=1", "--"],  # nothing after it
+        ["--nnodes=1", "--", "-m"],  # a module flag without its module
+        ["--nnodes=1", "--", "--steps", "3"],  # a flag where the script belongs
+    ],
+)
+def test_a_command_without_a_training_script_is_refused(argv):
+    with pytest.raises(SystemExit, match=r"usage: .* FT_LAUNCHER_FLAGS -- \(-m MODULE \| SCRIPT\)"):
+        launcher_argv(argv)
 
 
 @pytest.mark.parametrize(
@@ -119,22 +130,15 @@ def test_a_command_without_a_training_script_is_refused():
     ],
 )
 def test_any_module_or_script_runs_through_the_entry_shim_in_a_forked_worker(entry, run):
-    ft_argv = launcher_argv(["--nnodes", "2", "--rdzv-id=job", *entry, "--steps", "80", "--nnodes", "9"])
+    # A bare word after a flag is its value or the script, by ft_launcher's own flags; the separator the
+    # renderer writes says which, so `--standalone train.py` is never misread.
+    flags = ["--nnodes", "2", "--standalone", "--rdzv-id=job"]
+    ft_argv = launcher_argv([*flags, "--", *entry, "--steps", "80", "--nnodes", "9"])
     assert ft_argv == [
-        "--nnodes", "2", "--rdzv-id=job", "--start-method=forkserver", "--run-path", entry_script(), *run,
+        *flags, "--start-method=forkserver", "--run-path", entry_script(), *run,
         "--steps", "80", "--nnodes", "9",
     ]  # fmt: skip
     assert _flag(ft_argv, "--nnodes") == "2"
-
-
-def test_the_valueless_flags_are_ft_launchers_own():
-    """A flag's value is told from the training script by the flags that take none: the list must be the
-    pinned launcher's, or a script after such a flag would be read as its value."""
-    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser  # noqa: PLC0415
-
-    parser = get_args_parser()
-    valueless = {s for action in parser._actions if action.nargs == 0 for s in action.option_strings}
-    assert valueless - {"-m", "--module", "--run-path", "--run_path"} == VALUELESS_FLAGS
 
 
 # The variables ft_launcher sets per worker (torch.distributed.elastic's worker env and NVRx's rank
@@ -288,7 +292,8 @@ def launch_agent(config, entrypoint, args):
 
 launcher.launch_agent = launch_agent
 sys.argv = ["nvrx_eks.training.resilience.launch", "--nnodes=1", "--nproc-per-node=2", "--start-method=spawn",
-            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test", "-m", "nvrx_eks.training"]
+            "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1", "--rdzv-id=test",
+            "--", "-m", "nvrx_eks.training"]
 main()
 """
 
@@ -354,17 +359,16 @@ def test_a_forked_process_names_the_modules_it_imported_itself_and_a_fresh_one_s
 
 
 @pytest.mark.parametrize(
-    ("trainer_args", "s3"),
-    [
-        (["--checkpoint-durable-dir", "s3://bucket/run"], True),
-        (["--checkpoint-durable-dir=s3://bucket/run"], True),
-        (["--checkpoint-durable-dir", "/fsx/durable/run"], False),
-        ([], False),
-    ],
+    ("durable_dir", "s3"), [("s3://bucket/run", True), ("/fsx/durable/run", False), (None, False)]
 )
-def test_a_trainer_with_an_s3_durable_tier_gets_the_sdk_warm(trainer_args, s3):
-    ft_argv = launcher_argv(["--nnodes=2", "-m", "nvrx_eks.training", "--model", "8b", *trainer_args])
-    assert warm_modules(ft_argv) == [*WARM_MODULES, *(S3_MODULES if s3 else ())]
+def test_any_script_with_an_s3_durable_tier_gets_the_sdk_warm(durable_dir, s3, monkeypatch):
+    """The durable tier is read from the job's configuration (the ranks' NVRX_EKS_CONFIG), whatever the
+    script: never from a script's flags."""
+    monkeypatch.delenv("NVRX_EKS_PRELOAD", raising=False)
+    config = ResilienceConfig.model_validate({"checkpoint": {"durable_dir": durable_dir}})
+    assert warm_modules(config) == [*WARM_MODULES, *(S3_MODULES if s3 else ())]
+    monkeypatch.setenv("NVRX_EKS_PRELOAD", "transformers, examples.hf_llama.train")
+    assert warm_modules(config)[-2:] == ["transformers", "examples.hf_llama.train"]
 
 
 def test_the_forkserver_imports_start_no_thread():

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import pytest
+from kube_objects import merge_patch
 
 from nvrx_eks.kitcore.profiles import get_profile
 from nvrx_eks.training.node import nodecheck
@@ -32,19 +33,6 @@ from nvrx_eks.training.node.nodecheck import (
 
 P5 = get_profile("p5.48xlarge")
 NAME = "ip-10-0-1-23.ec2.internal"
-
-
-def _merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: objects merge, null deletes, everything else (lists) replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merge(result.get(key), value)
-    return result
 
 
 class FakeApi:
@@ -71,7 +59,7 @@ class FakeApi:
         assert patch["metadata"]["resourceVersion"] == str(self.version)
         body = copy.deepcopy(patch)
         body["metadata"].pop("resourceVersion")
-        self.node = _merge(self.node, body)
+        self.node = merge_patch(self.node, body)
         self.version += 1
 
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
 
 if TYPE_CHECKING:
@@ -70,17 +71,14 @@ def _run(
     extra: tuple[str, ...] = (),
     node_provision_s: float = 0.0,
 ) -> tuple[JobResult, Path]:
-    overrides = [
-        f"trainer.steps={STEPS}",
-        *local_job.sync_durable_every_2,
-        *BUDGETS,
-        *extra,
-    ]
-    if plan:
-        overrides.append(f"trainer.faults.plan={plan}")
+    overrides = [*_overrides(local_job, extra), *([f"trainer.faults.plan={plan}"] if plan else [])]
     return local_job.run(
         run_dir, overrides, timeout_s=timeout_s, node_provision_s=node_provision_s, must_succeed=False
     )
+
+
+def _overrides(local_job: LocalJobRunner, extra: tuple[str, ...] = ()) -> list[str]:
+    return [*reference_trainer(steps=STEPS), *local_job.sync_durable_every_2, *BUDGETS, *extra]
 
 
 def _kill_store_at(run_dir: Path, *, step: int, stop: threading.Event) -> None:
@@ -96,9 +94,9 @@ def _kill_store_at(run_dir: Path, *, step: int, stop: threading.Event) -> None:
 
 @pytest.fixture(scope="module")
 def fault_free_hash(tmp_path_factory: pytest.TempPathFactory, local_job: LocalJobRunner) -> str:
-    result, events = _run(local_job, tmp_path_factory.mktemp("reference"), plan="", timeout_s=240)
-    assert result.succeeded, result.reason
-    return local_job.final_hash(events)
+    return local_job.fault_free_hash(
+        tmp_path_factory.mktemp("reference"), _overrides(local_job), timeout_s=240
+    )
 
 
 @pytest.mark.timeout(600)

@@ -1,12 +1,14 @@
 """Trainer input that only fails once the run is under way, checked before anything starts.
 
-Each case is `python -m nvrx_eks.training` as a user starts it (no launcher unless the case says so): exit 2,
+Each case is `python -m nvrx_eks.training` as a user starts it (no launcher unless the case says so), its
+kit section in NVRX_EKS_CONFIG as the chart hands it to any script: exit 2,
 the field and the fix, no traceback, and no step trained; never a traceback at the first persist or
 heartbeat, a checkpoint_failed warning every due step, or an input silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,9 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.kitcore.configio import merge
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPT_S = 90
-BASE = ["-m", "nvrx_eks.training", "--steps", "4", "--checkpoint-memory-every", "2", "--log-every", "1"]
+BASE = ["-m", "nvrx_eks.training", "--steps", "4", "--log-every", "1"]
+BASE_KIT = {"checkpoint": {"memory_every": 2}}
+
+
+def _kit(run_dir: Path, *sections: dict[str, object]) -> dict[str, str]:
+    """NVRX_EKS_CONFIG: BASE_KIT, the run folder and `sections`, merged in order."""
+    document: dict[str, object] = {**BASE_KIT, "run_dir": str(run_dir)}
+    for section in sections:
+        document = merge(document, section)
+    return {"NVRX_EKS_CONFIG": json.dumps(document)}
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -41,45 +54,49 @@ def _file(tmp_path: Path) -> str:
 
 CASES = {
     "durable dir is a file": (
-        lambda t: ["--checkpoint-durable-dir", _file(t), "--checkpoint-durable-every", "2"],
+        lambda t: {"checkpoint": {"durable_dir": _file(t), "durable_every": 2}},
         "checkpoint.durable_dir",
         "is a file; pass a folder for the durable tier",
     ),
     "local tier is the durable tier": (
-        lambda t: [
-            *("--checkpoint-local-dir", str(t / "same"), "--checkpoint-local-every", "2"),
-            *("--checkpoint-durable-dir", str(t / "same"), "--checkpoint-durable-every", "2"),
-        ],
+        lambda t: {
+            "checkpoint": {
+                "local_dir": str(t / "same"),
+                "local_every": 2,
+                "durable_dir": str(t / "same"),
+                "durable_every": 2,
+            }
+        },
         "checkpoint.local_dir and checkpoint.durable_dir are both",
         "give each tier its own folder",
     ),
     "s3 durable tier without credentials": (
-        lambda t: ["--checkpoint-durable-dir", "s3://nvrx-eks-test/ckpt", "--checkpoint-durable-every", "2"],
+        lambda t: {"checkpoint": {"durable_dir": "s3://nvrx-eks-test/ckpt", "durable_every": 2}},
         "checkpoint.durable_dir s3://nvrx-eks-test/ckpt: no AWS credentials",
         "set AWS_PROFILE",
     ),
     "inprocess mode without a launcher's variables": (
-        lambda t: ["--mode", "inprocess"],
+        lambda t: {"mode": "inprocess"},
         "mode inprocess needs a launcher's RANK and WORLD_SIZE",
         "or use mode baseline to run alone",
     ),
     "ft_launcher mode without the launcher": (
-        lambda t: ["--mode", "ft_launcher"],
+        lambda t: {"mode": "ft_launcher"},
         "mode ft_launcher runs under ft_launcher",
         "start it with `python -m nvrx_eks.training.resilience.launch`",
     ),
     "run dir name too long": (
-        lambda t: ["--run-dir", str(t / ("x" * 300))],
+        lambda t: {"run_dir": str(t / ("x" * 300))},
         "run_dir has a name part of 300 bytes",
         "shorten it",
     ),
     "peer replicas on a single node": (
-        lambda t: ["--checkpoint-implementation", "tiered", "--checkpoint-peer-replicas", "1"],
+        lambda t: {"checkpoint": {"implementation": "tiered", "peer_replicas": 1}},
         "checkpoint.peer_replicas=1 keeps copies on other nodes, and this job has 1 node(s)",
         "set it to 0",
     ),
     "cuda on a machine without one": (
-        lambda t: ["--dist-device", "cuda"],
+        lambda t: {"dist": {"device": "cuda"}},
         "dist.device is cuda, but torch",
         "use dist.device auto",
     ),
@@ -94,12 +111,10 @@ def test_runtime_input_is_refused_before_the_first_step(case, tmp_path):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a CUDA device")
-    run_dir = tmp_path / "run"
-    args = [*BASE, "--run-dir", str(run_dir), *build(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, *args],
+        [sys.executable, *BASE],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=_env(tmp_path) | _kit(tmp_path / "run", build(tmp_path)),
         capture_output=True,
         text=True,
         timeout=PROMPT_S,
@@ -123,10 +138,14 @@ ONE_RANK = {
     "MASTER_ADDR": "127.0.0.1",
 }
 # In-process timeouts far above a loaded 2-core machine's step of the small preset.
-SLOW_STEPS = [
-    *("--inprocess-soft-timeout-s", "60", "--inprocess-hard-timeout-s", "90"),
-    *("--inprocess-heartbeat-timeout-s", "70", "--inprocess-barrier-timeout-s", "120"),
-]
+SLOW_STEPS = {
+    "inprocess": {
+        "soft_timeout_s": 60,
+        "hard_timeout_s": 90,
+        "heartbeat_timeout_s": 70,
+        "barrier_timeout_s": 120,
+    }
+}
 
 
 @pytest.mark.slow
@@ -137,12 +156,12 @@ def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpo
     from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     env = _env(tmp_path) | (ONE_RANK | {"MASTER_PORT": str(free_port())} if mode == "inprocess" else {})
-    args = [*BASE, "--mode", mode, "--run-dir", str(tmp_path / "run"), "--checkpoint-durable-every", "2"]
-    args += ["--checkpoint-local-every", "0", *(SLOW_STEPS if mode == "inprocess" else [])]
+    kit = {"mode": mode, "checkpoint": {"durable_every": 2, "local_every": 0}}
+    env |= _kit(tmp_path / "run", kit, SLOW_STEPS if mode == "inprocess" else {})
 
     def train(model: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, *args, "--model", model],
+            [sys.executable, *BASE, "--model", model],
             cwd=tmp_path,
             env=env,
             capture_output=True,

@@ -17,34 +17,35 @@ import torch
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.localrun.summary import summarize
-from nvrx_eks.training.config import TrainConfig, build_parser, parse_args
+from nvrx_eks.training.config import build_parser, parse_args
 from nvrx_eks.training.data import DataSource, SyntheticTokens
-from nvrx_eks.training.faults import build_schedule, expected_layer
+from nvrx_eks.training.faults import build_schedule
 from nvrx_eks.training.model import build_model
 from nvrx_eks.training.parallel import wait as parallel_wait
+from nvrx_eks.training.resilience.config import ResilienceConfig, resilience_config
+from nvrx_eks.training.resilience.modes import recovering_layer
 from nvrx_eks.training.trainer import emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_field_is_a_documented_flag():
+def test_every_field_of_the_trainers_own_is_a_documented_flag_and_the_kits_none():
     helptext = build_parser().format_help()
     for flag in (
-        "--mode",
         "--model",
         "--steps",
         "--seed",
-        "--run-dir",
-        "--faults-plan",
-        "--inprocess-soft-timeout-s",
-        "--ft-heartbeat-timeout-floor-s",
-        "--checkpoint-durable-dir",
+        "--data-batch-size",
+        "--optim-lr",
+        "--emulated-device-step-s",
     ):
         assert flag in helptext
-    cfg = parse_args(["--steps", "7", "--mode", "both", "--faults-plan", "exception@3:1,sigkill@5"])
-    assert cfg.steps == 7
-    assert cfg.mode == "both"
-    assert cfg.faults.plan == ["exception@3:1", "sigkill@5"]
+    # The kit's settings reach the reference trainer as they reach any script: NVRX_EKS_CONFIG.
+    for flag in ("--mode", "--run-dir", "--faults-plan", "--checkpoint-durable-dir"):
+        assert f"{flag} V" not in helptext
+    assert "NVRX_EKS_CONFIG" in " ".join(helptext.split())
+    cfg = parse_args(["--steps", "7", "--model", "small", "--optim-lr", "0.01"])
+    assert (cfg.steps, cfg.model, cfg.optim.lr) == (7, "small", 0.01)
 
 
 @pytest.mark.parametrize(
@@ -52,15 +53,9 @@ def test_every_field_is_a_documented_flag():
     [
         (["--steps", "0"], "steps"),
         (["--model", "huge"], "unknown preset"),
-        (["--mode", "inprocess", "--dist-timeout-s", "5"], "dist.timeout_s"),
-        (["--faults-plan", "meteor@3"], "CLASS@STEP"),
         (["--nope", "1"], "unrecognized arguments"),
-        (["--inprocess-last-call-wait-s", "5"], "last_call_wait_s"),
+        (["--mode", "both"], "unrecognized arguments"),  # the kit's, not the trainer's
         (["--emulated-device-step-s", "-1"], "emulated_device_step_s"),
-        (
-            ["--mode", "both", "--ft-heartbeat-timeout-floor-s", "20", "--dist-timeout-s", "1"],
-            "hard_timeout_s",
-        ),
     ],
 )
 def test_bad_input_is_one_user_error(argv, needle):
@@ -68,12 +63,33 @@ def test_bad_input_is_one_user_error(argv, needle):
         parse_args(argv)
 
 
+def _kit(document: dict[str, object]) -> ResilienceConfig:
+    return resilience_config(document, source="NVRX_EKS_CONFIG")
+
+
+@pytest.mark.parametrize(
+    ("document", "needle"),
+    [
+        ({"mode": "inprocess", "dist": {"timeout_s": 5}}, "dist.timeout_s"),
+        ({"faults": {"plan": "meteor@3"}}, "CLASS@STEP"),
+        ({"inprocess": {"last_call_wait_s": 5}}, "last_call_wait_s"),
+        (
+            {"mode": "both", "ft": {"heartbeat_timeout_floor_s": 20}, "dist": {"timeout_s": 1}},
+            "hard_timeout_s",
+        ),
+    ],
+)
+def test_bad_kit_settings_are_one_user_error(document, needle):
+    with pytest.raises(UserError, match=needle):
+        _kit(document)
+
+
 def test_the_launcher_heartbeat_floor_covers_the_longer_of_the_two_recovery_waits_not_their_sum():
     # soft 2.5 s, collective 2 s, monitor interval 0.5 s: a recovering rank is silent at most 3 s.
-    both = ["--mode", "both", "--inprocess-soft-timeout-s", "2.5", "--dist-timeout-s", "2"]
-    assert parse_args([*both, "--ft-heartbeat-timeout-floor-s", "3.5"]).inprocess_recovery_silence_s == 3
+    both = {"mode": "both", "inprocess": {"soft_timeout_s": 2.5}, "dist": {"timeout_s": 2}}
+    assert _kit({**both, "ft": {"heartbeat_timeout_floor_s": 3.5}}).inprocess_recovery_silence_s == 3
     with pytest.raises(UserError, match=r"now 3 < 3 < 12"):
-        parse_args([*both, "--ft-heartbeat-timeout-floor-s", "3"])
+        _kit({**both, "ft": {"heartbeat_timeout_floor_s": 3}})
 
 
 def test_cli_bad_input_exits_2_without_traceback():
@@ -91,8 +107,8 @@ def test_cli_bad_input_exits_2_without_traceback():
 
 
 def test_schedule_is_deterministic_and_spread():
-    cfg = TrainConfig.model_validate(
-        {"steps": 100, "faults": {"count": 5, "seed": 42, "weights": {"exception": 0.6, "hang": 0.4}}}
+    cfg = ResilienceConfig.model_validate(
+        {"faults": {"count": 5, "seed": 42, "weights": {"exception": 0.6, "hang": 0.4}}}
     )
     first = build_schedule(cfg.faults, steps=100, world_size=4, seed=0)
     again = build_schedule(cfg.faults, steps=100, world_size=4, seed=0)
@@ -102,18 +118,18 @@ def test_schedule_is_deterministic_and_spread():
     steps = [f.step for f in first]
     assert all(b - a >= 1 for a, b in itertools.pairwise(steps))
     assert all(2 <= s <= 99 for s in steps)
-    other = TrainConfig.model_validate({"steps": 100, "faults": {"count": 5, "seed": 43}})
+    other = ResilienceConfig.model_validate({"faults": {"count": 5, "seed": 43}})
     assert build_schedule(other.faults, steps=100, world_size=4, seed=0) != first
 
 
 def test_layers_follow_the_mode():
-    assert expected_layer("exception", "both") == "inprocess"
-    assert expected_layer("exception", "ft_launcher") == "ft_launcher"
-    assert expected_layer("deadlock", "both") == "ft_launcher"
-    assert expected_layer("node_loss", "both") == "job_controller"
-    assert expected_layer("sigkill", "baseline") == "torchrun"
-    assert expected_layer("exception", "baseline") == "torchrun"
-    assert expected_layer("sigkill", "inprocess") == "ft_launcher"
+    assert recovering_layer("exception", "both") == "inprocess"
+    assert recovering_layer("exception", "ft_launcher") == "ft_launcher"
+    assert recovering_layer("deadlock", "both") == "ft_launcher"
+    assert recovering_layer("node_loss", "both") == "job_controller"
+    assert recovering_layer("sigkill", "baseline") == "torchrun"
+    assert recovering_layer("exception", "baseline") == "torchrun"
+    assert recovering_layer("sigkill", "inprocess") == "ft_launcher"
 
 
 def test_data_is_keyed_by_sample_index():

@@ -1,4 +1,4 @@
-"""The checkpoint section of the trainer's configuration (embedded in `TrainConfig`).
+"""The checkpoint section of the kit's configuration (`ResilienceConfig.checkpoint`, any script's).
 
 Field names are a contract: the trainer generates `--checkpoint-*` flags from them.
 """

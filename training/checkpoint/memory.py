@@ -91,7 +91,8 @@ class MemoryTier:
     # --- save side ----------------------------------------------------------------------------
     def ensure(self, layout: Layout) -> None:
         """(Re)allocate the slots for this layout: sized files in shared memory, mapped and
-        pre-faulted (a fresh allocation per save is 3-10x slower than a reused buffer, notes sect. 5)."""
+        pre-faulted: a fresh allocation per save pays the page faults a reused buffer paid once
+        (`nvrx-eks bench checkpoint` measures the copy against that floor)."""
         if layout.signature == self.signature:
             return
         self.release()

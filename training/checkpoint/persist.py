@@ -7,7 +7,7 @@ in between.
 Why threads, not worker processes such as NVRx's AsyncCallsQueue(persistent=True): a persist is a
 sequential read of a staged slot, CRC32 and file writes -- `write`, `fsync` and `zlib.crc32` on large
 buffers all release the GIL, so a thread costs the loop no more than a process does (the bench's loop,
-localrun/checkpoint_bench/bench.py `run_loop`, measures them side by side). A process costs what a
+bench/checkpoint/bench.py `run_loop`, measures them side by side). A process costs what a
 thread does not: a spawned interpreter importing torch again, two per rank (local, durable), started
 again on every launcher restart, which on a host with few cores is a large share of a hard-fault
 recovery's CPU (docs/measurements.md), plus multiprocessing semaphores in /dev/shm and a pynvml warning

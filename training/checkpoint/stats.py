@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.events import event_line
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -58,7 +60,7 @@ def log_event(kind: str, fields: dict[str, Any]) -> None:
         if kind.endswith(("failed", "timeout", "rejected", "fallback", "behind"))
         else logging.DEBUG
     )
-    logger.log(level, "%s %s", kind, fields)
+    logger.log(level, "%s", event_line(kind, fields))
 
 
 def make_emitter(hook: Callable[[str, dict[str, Any]], None] | None) -> Callable[[str, dict[str, Any]], None]:

@@ -1,44 +1,46 @@
 """The resilience layers' typed configuration: what any training script run under the kit is given.
 
 `ResilienceConfig` is the part of a job's configuration the kit owns, whatever the script: the mode
-(which NVRx layers wrap the loop), the run folder, the process group's timeout, the checkpoint tiers,
-the in-process restart and ft_launcher settings, the fault schedule and the metrics. The public API
-(training/api.py) reads it from the `NVRX_EKS_CONFIG` variable the chart sets (a JSON object) or takes
-it from the caller; the reference trainer's `TrainConfig` (training/config.py) extends it with its own
-model, data and optimizer fields. Torch-free: the charts validate it when they render a job.
+(which NVRx layers wrap the loop: training/resilience/modes.py), the run folder, the process group's
+timeout, the checkpoint tiers, the in-process restart and ft_launcher settings, the fault schedule and
+the metrics. The public API (training/api.py) reads it from the `NVRX_EKS_CONFIG` variable the chart
+sets (a JSON object) or takes it from the caller; every script, the reference trainer included, keeps
+its own settings on its own command line. Torch-free: the charts validate it when they render a job.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from nvrx_eks.kitcore.configio import UserError, load_model
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.resilience.modes import FAULT_CLASSES, HARNESS_ONLY, FaultClass, Mode, layers
 
-REFERENCE_TRAINER = "nvrx_eks.training"
-"""The module `python -m` runs for the reference trainer (training/__main__.py): a job whose values name
-no entrypoint runs it."""
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 CONFIG_ENV = "NVRX_EKS_CONFIG"
 """A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'
 `trainer` tree over the fields it owns (k8s/rank_config.py `resilience_env`)."""
 
-Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
-"""The resilience layers around the loop, one name from the job values through the trainer to the planner."""
-MODES: tuple[Mode, ...] = get_args(Mode)
-FaultClass = Literal[
-    "exception", "hang", "skip_collective", "sigkill", "oom", "deadlock", "node_loss", "store_loss"
-]
-FAULT_CLASSES: tuple[FaultClass, ...] = get_args(FaultClass)
-HARNESS_ONLY = frozenset({"store_loss"})
-"""Classes only a harness can fire: the rendezvous store's pod is not a training pod's to delete."""
 PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
+"""One planned fault, CLASS@STEP[:RANK] (rank 0 when left out): the grammar of `faults.plan`."""
+
+
+def parse_plan_item(item: str) -> tuple[str, int, int] | None:
+    """(class, step, rank) of one `faults.plan` item, or None when it is not CLASS@STEP[:RANK]. The class
+    is not checked here: `FaultsConfig` refuses an unknown one, the planner names it in its own words."""
+    match = PLAN_ITEM.match(item)
+    if match is None:
+        return None
+    return match["cls"], int(match["step"]), int(match["rank"] or 0)
 
 
 class _Section(BaseModel):
@@ -164,8 +166,8 @@ class FaultsConfig(_Section):
     @classmethod
     def _check_plan(cls, value: list[str]) -> list[str]:
         for item in value:
-            match = PLAN_ITEM.match(item)
-            if not match or match["cls"] not in FAULT_CLASSES:
+            parsed = parse_plan_item(item)
+            if parsed is None or parsed[0] not in FAULT_CLASSES:
                 raise ValueError(
                     f"{item!r} is not CLASS@STEP[:RANK] with CLASS one of {', '.join(FAULT_CLASSES)}"
                 )
@@ -184,9 +186,9 @@ class FaultsConfig(_Section):
         """The ranks a fault targets exist only once the world size is known: the chart checks them
         against the job's, the fault schedule against the run's."""
         for item in self.plan:
-            match = PLAN_ITEM.match(item)
-            assert match is not None  # noqa: S101 - checked by _check_plan
-            rank = int(match["rank"] or 0)
+            parsed = parse_plan_item(item)
+            assert parsed is not None  # noqa: S101 - checked by _check_plan
+            rank = parsed[2]
             if rank >= world_size:
                 return (
                     f"faults.plan: {item!r} targets rank {rank}, but the job has ranks 0..{world_size - 1}; "
@@ -264,7 +266,9 @@ class ResilienceConfig(_Section):
     """What the kit needs to run one training process resiliently, whatever the training script."""
 
     mode: Mode = Field(
-        "baseline", description="Resilience layers around the loop: baseline, inprocess, ft_launcher or both."
+        "baseline",
+        description="Resilience layers around the loop: baseline, inprocess, ft_launcher or both "
+        "(training/resilience/modes.py).",
     )
     seed: int = Field(0, description="Seed of the fault draw (faults.seed overrides it).")
     run_dir: Path = Field(
@@ -280,14 +284,14 @@ class ResilienceConfig(_Section):
 
     @model_validator(mode="after")
     def _layers_agree(self) -> ResilienceConfig:
-        uses_inprocess = self.mode in {"inprocess", "both"}
+        spec = layers(self.mode)
         timeout = self.collective_timeout_s
-        if uses_inprocess and self.dist.device != "cuda" and timeout >= self.inprocess.soft_timeout_s:
+        if spec.inprocess and self.dist.device != "cuda" and timeout >= self.inprocess.soft_timeout_s:
             raise ValueError(
                 f"dist.timeout_s ({timeout}) must be below inprocess.soft_timeout_s "
                 f"({self.inprocess.soft_timeout_s}) on CPU: gloo collectives cannot be aborted"
             )
-        if self.mode == "both":
+        if spec.inprocess and spec.heartbeats:
             # Python-visible hangs belong to the in-process layer, deadlocks below Python to ft_launcher:
             # a rank recovering in process must never go silent for the heartbeat timeout, which must
             # fire before the wrapper's hard timeout kills the rank on its own.
@@ -303,7 +307,8 @@ class ResilienceConfig(_Section):
 
     @property
     def inprocess_recovery_silence_s(self) -> float:
-        """The longest a rank recovering in process goes without an ft_launcher heartbeat (mode both).
+        """The longest a rank recovering in process goes without an ft_launcher heartbeat (a mode with
+        both layers).
 
         The in-process layer beats for the rank once a restart is decided and again as the next
         attempt starts (training/resilience/layers.py), so the silence is the longer of two waits,
@@ -319,7 +324,7 @@ class ResilienceConfig(_Section):
         if self.dist.timeout_s is not None:
             return self.dist.timeout_s
         # gloo collectives cannot be aborted, so an in-process restart waits for the timeout: keep it short.
-        return 1.5 if self.mode in {"inprocess", "both"} else 60.0
+        return 1.5 if layers(self.mode).inprocess else 60.0
 
     def effective_checkpoint(self) -> CheckpointConfig:
         """The checkpoint section with run-scoped defaults: durable tier under the run dir unless set,
@@ -340,7 +345,7 @@ MAPPING_FIELDS = frozenset({("faults", "weights"), ("parallel", "mesh")})
 
 def config_leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
     """(path, value) for every leaf of a configuration tree, sections walked, mapping fields whole: the
-    reference trainer's flags and a script's `NVRX_EKS_CONFIG` are both made of them."""
+    `key=value` overrides `resilience_config` validates a document as."""
     leaves: list[tuple[tuple[str, ...], Any]] = []
     for key, value in tree.items():
         path = (*prefix, str(key))
@@ -353,8 +358,8 @@ def config_leaves(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tu
 
 def config_document(config: BaseModel) -> dict[str, Any]:
     """The fields `config` was given (the job values' and the chart's), as JSON types: what the chart
-    hands a rank, whose own defaults fill in the rest. `resilience_config` (or, as flags, the reference
-    trainer's `parse_args`) reads it back to the same configuration."""
+    hands a rank, whose own defaults fill in the rest. `resilience_config` reads it back to the same
+    configuration."""
     return config.model_dump(mode="json", exclude_unset=True)
 
 
@@ -367,6 +372,13 @@ def resilience_config(document: dict[str, Any], *, source: str) -> ResilienceCon
     """A `ResilienceConfig` from a tree (the chart's JSON document), every bad field in one UserError."""
     overrides = [f"{'.'.join(path)}={json.dumps(value)}" for path, value in config_leaves(document)]
     return load_model(ResilienceConfig, None, overrides, source=source)
+
+
+def config_from_env(env: Mapping[str, str] | None = None) -> ResilienceConfig:
+    """The job's configuration from `NVRX_EKS_CONFIG` in `env` (default: this process's), as the chart
+    set it; the defaults where it is unset."""
+    raw = (os.environ if env is None else env).get(CONFIG_ENV)
+    return config_from_json(raw, source=CONFIG_ENV) if raw else ResilienceConfig()
 
 
 def config_from_json(text: str, *, source: str) -> ResilienceConfig:
@@ -389,9 +401,9 @@ def check_fault_plan(faults: FaultsConfig, *, steps: int | None) -> None:
     `Attempt.steps`, which checks again)."""
     seen: dict[tuple[int, int], str] = {}
     for item in faults.plan:
-        match = PLAN_ITEM.match(item)
-        assert match is not None  # noqa: S101 - checked by FaultsConfig
-        step, rank = int(match["step"]), int(match["rank"] or 0)
+        parsed = parse_plan_item(item)
+        assert parsed is not None  # noqa: S101 - checked by FaultsConfig
+        _, step, rank = parsed
         if steps is not None and step >= steps:
             raise ValueError(
                 f"faults.plan: {item!r} is at step {step}, but the run's steps are 0..{steps - 1}; "

@@ -1,12 +1,13 @@
 """`python -m nvrx_eks.training.resilience.launch`: ft_launcher whose restarted workers fork from a warm
 process.
 
-The command line is ft_launcher's own, unchanged, ending in `-m nvrx_eks.training ARGS` (or
-the job's own module or script) as for ft_launcher. What
-this adds: the workers are not fresh interpreters. ft_launcher's `--run-path` runs the trainer through a
-Python callable, and `--start-method=forkserver` (torch.distributed.elastic's multiprocessing, not ours)
-starts each worker as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload`
-makes that process import torch, torch._dynamo and the trainer once, before any worker exists.
+The command line is ft_launcher's own flags, then `--` and the training script as `python` would take
+it: `-m MODULE ARGS` or `SCRIPT ARGS` (k8s/launcher.py writes it so: the boundary is marked, never
+guessed from the flags). What this adds: the workers are not fresh interpreters. ft_launcher's
+`--run-path` runs the script through training/entry.py, a Python callable, and
+`--start-method=forkserver` (torch.distributed.elastic's multiprocessing, not ours) starts each worker
+as a fork of one forkserver process per pod; `multiprocessing.set_forkserver_preload` makes that process
+import torch, torch._dynamo and the kit once, before any worker exists.
 
 Why: with fresh interpreters, a restart's worker start is the longest phase of a hard-fault recovery:
 every rank of every node imports torch and torch._dynamo (training/parallel.py `preload`) again after
@@ -45,8 +46,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
+from nvrx_eks.training.resilience.config import ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
 from nvrx_eks.training.resilience.nvrx_compat import (
     capture_worker_failures,
@@ -68,7 +69,8 @@ WARM_MODULES = (
     "torch.distributed.elastic.multiprocessing.api",
     "nvidia_resiliency_ext.fault_tolerance.launcher",
     "nvrx_eks.training.resilience.launch",
-    # The trainer: its entry point and what it imports on the way to the first step.
+    # The kit's side of every script (the API and what it builds on the way to the first step) and the
+    # reference trainer, the default entry point: all of it ships in the image.
     "nvrx_eks.training.inputs",
     "nvrx_eks.training.config",
     "nvrx_eks.training.api",
@@ -100,31 +102,17 @@ S3_MODULES = ("boto3",)
 check at start (training/inputs.py) and the tier's client."""
 
 
-def warm_modules(ft_argv: list[str]) -> list[str]:
-    """`WARM_MODULES`, and `S3_MODULES` when the trainer's arguments put its durable tier on S3."""
-    trainer = ft_argv[ft_argv.index("--run-path") + 2 :] if "--run-path" in ft_argv else []
-    durable = _trainer_flag(trainer, "--checkpoint-durable-dir") or ""
+def warm_modules(config: ResilienceConfig) -> list[str]:
+    """`WARM_MODULES`, `S3_MODULES` when the job's configuration (the ranks' `NVRX_EKS_CONFIG`) puts the
+    durable tier on S3, and the script's own preloads."""
+    durable = config.checkpoint.durable_dir or ""
     preload = [m.strip() for m in os.environ.get(PRELOAD_ENV, "").split(",") if m.strip()]
     return [*WARM_MODULES, *(S3_MODULES if durable.startswith("s3://") else ()), *preload]
 
 
-def _trainer_flag(trainer_argv: list[str], name: str) -> str | None:
-    """The last value of the trainer's `name` flag (`--name VALUE` or `--name=VALUE`), as argparse does."""
-    value = None
-    for i, arg in enumerate(trainer_argv):
-        flag, eq, rest = arg.partition("=")
-        if flag == name:
-            value = rest if eq else (trainer_argv[i + 1] if i + 1 < len(trainer_argv) else None)
-    return value
-
-
-def trainer_script() -> str:
-    """The absolute path of training/__main__.py, as `--run-path` wants it, wherever it is installed."""
-    return str(Path(__file__).resolve().parents[1] / "__main__.py")
-
-
 def entry_script() -> str:
-    """The absolute path of training/entry.py, which runs any other module or script in the worker."""
+    """The absolute path of training/entry.py, which runs the training script in the worker, wherever the
+    kit is installed: `--run-path` wants a path."""
     return str(Path(__file__).resolve().parents[1] / "entry.py")
 
 
@@ -132,57 +120,35 @@ PRELOAD_ENV = "NVRX_EKS_PRELOAD"
 """Comma-separated modules a training script imports before its first step (the job values'
 `entrypoint.preload`): the forkserver imports them once per pod instead of every worker at every start."""
 
-
-VALUELESS_FLAGS = frozenset(
-    {"--ft-ignore-missing-cfg", "--help", "--no-python", "--no_python", "--standalone", "-h"}
-)
-"""ft_launcher's flags that take no value (besides `-m` and `--run-path`, which name the script): a bare
-word after any other flag written without `=` is that flag's value, not the training script."""
-
-
-def _entry_at(argv: list[str]) -> int | None:
-    """Where the training script begins: `-m MODULE`, or the first bare word that is no flag's value;
-    None when the command line names none (or already runs one through `--run-path`)."""
-    previous = ""
-    for i, arg in enumerate(argv):
-        if arg in ("--run-path", "--run_path"):
-            return None
-        if arg in ("-m", "--module"):
-            return i if i + 1 < len(argv) else None
-        takes_value = previous.startswith("-") and "=" not in previous and previous not in VALUELESS_FLAGS
-        if not arg.startswith("-") and not takes_value:
-            return i
-        previous = arg if not takes_value else ""
-    return None
+ENTRY_SEPARATOR = "--"
+"""On this wrapper's command line, where ft_launcher's flags end and the training script begins."""
+USAGE = "python -m nvrx_eks.training.resilience.launch FT_LAUNCHER_FLAGS -- (-m MODULE | SCRIPT) [ARGS...]"
 
 
 def launcher_argv(argv: list[str]) -> list[str]:
-    """ft_launcher's arguments, with the training script (a fresh interpreter each) replaced by
-    `--run-path` (a callable in a worker forked from the warm forkserver): `-m nvrx_eks.training` by
-    training/__main__.py, any other `-m MODULE` or `SCRIPT` by training/entry.py, which runs it."""
-    at = _entry_at(argv)
-    if at is None:
-        raise SystemExit(
-            "nvrx_eks.training.resilience.launch: the command line must end in `-m MODULE ARGS` or "
-            "`SCRIPT ARGS`"
-        )
-    if argv[at] in ("-m", "--module"):
-        module, rest = argv[at + 1], argv[at + 2 :]
-        run = [trainer_script()] if module == REFERENCE_TRAINER else [entry_script(), "--module", module]
+    """ft_launcher's arguments: the flags before `--`, then the training script after it (a fresh
+    interpreter each) as `--run-path` (a callable in a worker forked from the warm forkserver):
+    training/entry.py, which runs the module or the script."""
+    if ENTRY_SEPARATOR not in argv:
+        raise SystemExit(f"usage: {USAGE}")
+    at = argv.index(ENTRY_SEPARATOR)
+    flags, entry = argv[:at], argv[at + 1 :]
+    if len(entry) >= 2 and entry[0] == "-m":  # noqa: PLR2004 - `-m` and the module
+        run, rest = [entry_script(), "--module", entry[1]], entry[2:]
+    elif entry and not entry[0].startswith("-"):
+        run, rest = [entry_script(), "--script", entry[0]], entry[1:]
     else:
-        run, rest = [entry_script(), "--script", argv[at]], argv[at + 1 :]
-    start = [] if _flag(argv, "--start-method") is not None else ["--start-method=forkserver"]
-    return [*argv[:at], *start, "--run-path", *run, *rest]
+        raise SystemExit(f"usage: {USAGE}")
+    start = [] if _flag(flags, "--start-method") is not None else ["--start-method=forkserver"]
+    return [*flags, *start, "--run-path", *run, *rest]
 
 
 def _own_args(argv: list[str]) -> list[str]:
-    """ft_launcher's own arguments: those before the training script (`-m MODULE`, `SCRIPT` or
-    `--run-path SCRIPT`); what follows is the script's, whose flags may share a launcher flag's name."""
-    at = _entry_at(argv)
-    if at is not None:
-        return argv[:at]
+    """ft_launcher's own arguments: those before the training script (`--` on this wrapper's command
+    line, `--run-path` on ft_launcher's); what follows is the script's, whose flags may share a launcher
+    flag's name."""
     for i, arg in enumerate(argv):
-        if arg in ("--run-path", "--run_path"):
+        if arg in (ENTRY_SEPARATOR, "--run-path", "--run_path"):
             return argv[:i]
     return argv
 
@@ -299,8 +265,10 @@ def main() -> None:
     # (tests/training/test_training_launch.py checks that nothing asks).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     ft_argv = launcher_argv(sys.argv[1:])
+    with exit_on_user_error():
+        config = config_from_env()
     if start_method(ft_argv) == "forkserver":
-        multiprocessing.set_forkserver_preload(warm_modules(ft_argv))
+        multiprocessing.set_forkserver_preload(warm_modules(config))
         # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
         multiprocessing.forkserver.ensure_running()
         keep_launcher_process_group()

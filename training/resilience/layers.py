@@ -20,9 +20,9 @@ restarts every node's workers as soon as one rank's process is gone (SIGKILL, a 
 heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
 A rank the in-process layer is restarting sends no step heartbeats, so the in-process layer beats for
 it (once the restart is decided, and as the next attempt starts) and the launcher's heartbeat timeout
-must exceed only the longer of its two silent waits (training/config.py `inprocess_recovery_silence_s`):
-a Python-visible hang stays the in-process layer's, and a deadlock below Python, whose rank holds the
-GIL and beats for nothing, is ended that much sooner.
+must exceed only the longer of its two silent waits (training/resilience/config.py
+`inprocess_recovery_silence_s`): a Python-visible hang stays the in-process layer's, and a deadlock below
+Python, whose rank holds the GIL and beats for nothing, is ended that much sooner.
 
 Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by side
 (the demo per mode, README.md and docs/measurements.md), the in-process layer recovers an exception, an
@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import parallel
 from nvrx_eks.training.resilience import nvrx_compat
+from nvrx_eks.training.resilience.modes import layers as mode_layers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -102,9 +103,38 @@ class InProcessLayer(Layer):
             self.port = parallel.shared_free_port(store, world, key="inprocess-store-port")
 
     def _wrapper(self) -> Any:  # noqa: ANN401
+        import torch  # noqa: PLC0415
         from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
-        events = self.events
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        seconds = dt.timedelta
+        c = self.cfg
+        gpu = torch.cuda.is_available()
+        return nvrx_compat.inprocess_wrapper(
+            gpu=gpu,
+            store_factory=nvrx_compat.host_first_store(),
+            store_kwargs={"port": self.port},
+            initialize=inprocess.initialize.RetryController(
+                max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
+            ),
+            finalize=self._finalize(),
+            abort=self._abort(gpu=gpu),
+            health_check=self._health_check(gpu=gpu),
+            soft_timeout=seconds(seconds=c.soft_timeout_s),
+            hard_timeout=seconds(seconds=c.hard_timeout_s),
+            heartbeat_timeout=seconds(seconds=c.heartbeat_timeout_s),
+            barrier_timeout=seconds(seconds=c.barrier_timeout_s),
+            completion_timeout=seconds(seconds=c.completion_timeout_s),
+            monitor_thread_interval=seconds(seconds=c.interval_s),
+            monitor_process_interval=seconds(seconds=c.interval_s),
+            heartbeat_interval=seconds(seconds=c.interval_s),
+            progress_watchdog_interval=seconds(seconds=c.interval_s),
+            last_call_wait=seconds(seconds=c.last_call_wait_s),
+            termination_grace_time=seconds(seconds=2),
+        )
+
+    def _abort(self, *, gpu: bool) -> Any:  # noqa: ANN401
+        from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
         class _KeepGlooGroups(inprocess.abort.Abort):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # The monitor thread runs `abort` before it interrupts the main thread. NVRx's default
@@ -130,11 +160,26 @@ class InProcessLayer(Layer):
                     on_restart_decided()
                 return self.inner(state)
 
+        # NVRx's default abort on GPU, named: passing `abort=None` would turn aborting off, and a rank
+        # waiting on a collective of a failed peer would wait out the NCCL timeout.
+        inner = inprocess.abort.AbortTorchDistributed() if gpu else _KeepGlooGroups()
+        return _SignalRestartThenAbort(inner)
+
+    def _finalize(self) -> Any:  # noqa: ANN401
+        from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
+
+        events = self.events
+
         class _Finalize(inprocess.finalize.Finalize):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # Runs on every surviving rank once a restart is decided: the detection event.
             def __call__(self, state: Any) -> Any:  # noqa: ANN401
                 events.emit("detected", layer="inprocess", cause=repr(state.fn_exception)[:300])
                 return state
+
+        return _Finalize()
+
+    def _health_check(self, *, gpu: bool) -> Any:  # noqa: ANN401
+        from nvidia_resiliency_ext import inprocess  # noqa: PLC0415
 
         class _InputIsFinal(inprocess.health_check.HealthCheck):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # Input the user must fix (kitcore UserError: resuming another model's checkpoint, ...)
@@ -145,45 +190,13 @@ class InProcessLayer(Layer):
                     raise state.fn_exception
                 return state
 
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        seconds = dt.timedelta
-        c = self.cfg
-        health_checks: list[Any] = [
+        checks: list[Any] = [
             _InputIsFinal(),
-            inprocess.health_check.FaultCounter(max_rank_faults=c.max_rank_faults),
+            inprocess.health_check.FaultCounter(max_rank_faults=self.cfg.max_rank_faults),
         ]
-        import torch  # noqa: PLC0415
-
-        gpu = torch.cuda.is_available()
         if gpu:
-            health_checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=seconds(seconds=10)))
-            # NVRx's default abort, named: passing `abort=None` would turn aborting off, and a rank
-            # waiting on a collective of a failed peer would wait out the NCCL timeout.
-            inner_abort: Any = inprocess.abort.AbortTorchDistributed()
-        else:
-            inner_abort = _KeepGlooGroups()
-        return nvrx_compat.inprocess_wrapper(
-            gpu=gpu,
-            store_factory=nvrx_compat.host_first_store(),
-            store_kwargs={"port": self.port},
-            initialize=inprocess.initialize.RetryController(
-                max_iterations=c.max_iterations, min_world_size=world_size, min_active_world_size=world_size
-            ),
-            finalize=_Finalize(),
-            abort=_SignalRestartThenAbort(inner_abort),
-            health_check=inprocess.Compose(*health_checks),
-            soft_timeout=seconds(seconds=c.soft_timeout_s),
-            hard_timeout=seconds(seconds=c.hard_timeout_s),
-            heartbeat_timeout=seconds(seconds=c.heartbeat_timeout_s),
-            barrier_timeout=seconds(seconds=c.barrier_timeout_s),
-            completion_timeout=seconds(seconds=c.completion_timeout_s),
-            monitor_thread_interval=seconds(seconds=c.interval_s),
-            monitor_process_interval=seconds(seconds=c.interval_s),
-            heartbeat_interval=seconds(seconds=c.interval_s),
-            progress_watchdog_interval=seconds(seconds=c.interval_s),
-            last_call_wait=seconds(seconds=c.last_call_wait_s),
-            termination_grace_time=seconds(seconds=2),
-        )
+            checks.insert(0, inprocess.health_check.CudaHealthCheck(timeout=dt.timedelta(seconds=10)))
+        return inprocess.Compose(*checks)
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         from nvidia_resiliency_ext.inprocess import CallWrapper  # noqa: PLC0415
@@ -370,9 +383,10 @@ class Resilience(Layer):
 def for_mode(cfg: ResilienceConfig, events: EventLog, *, store: Any, world: parallel.World) -> Resilience:  # noqa: ANN401
     """The layers `cfg.mode` names; `store` is the process-group store (the in-process layer agrees on
     its own store's port through it)."""
-    ft = FtLauncherLayer(cfg, events) if cfg.mode in {"ft_launcher", "both"} else None
+    spec = mode_layers(cfg.mode)
+    ft = FtLauncherLayer(cfg, events) if spec.heartbeats else None
     layers: list[Layer] = []
-    if cfg.mode in {"inprocess", "both"}:
+    if spec.inprocess:
         beat = ft.beat_while_recovering if ft is not None else None
         layers.append(InProcessLayer(cfg, events, store=store, world=world, on_restart_decided=beat))
     if ft is not None:

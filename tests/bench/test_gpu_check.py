@@ -8,13 +8,13 @@ import sys
 import pytest
 import torch
 
-from nvrx_eks.localrun import gpu_check
+from nvrx_eks.bench import gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the script runs its checks")
 def test_without_cuda_it_says_skipped_and_exits_0():
     done = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.localrun.gpu_check"],
+        [sys.executable, "-m", "nvrx_eks.bench.gpu_check"],
         cwd=gpu_check.REPO,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     # CPU speed (no emulated device time) and 40 steps: the same code path as the full bench, in a minute.
     result = nvrx_eks(
         *("bench", "peer", "--steps", "40", "--device-step-s", "0", "--runs", str(tmp_path)),
-        *("--mode", "inprocess", "--mode", "kit"),
+        *("--mode", "inprocess", "--mode", "both"),
         timeout=400,
         piped=True,  # as into a file: every table cell whole (tests/test_console.py)
     )
@@ -23,7 +23,7 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     scenario = document["scenario"]
     assert (scenario["steps"], scenario["emulated_device_step_s"], scenario["durable_every"]) == (40, 0.0, 10)
     assert (scenario["num_faults"], scenario["fault_seed"]) == (5, 42)
-    assert set(document["modes"]) == {"inprocess", "kit"}
+    assert set(document["modes"]) == {"inprocess", "both"}
     for name, row in document["modes"].items():
         assert row["completed"], (name, row)
         assert 0.0 < row["training_goodput"] <= row["infra_goodput"] <= 1.0, (name, row)
@@ -54,6 +54,6 @@ def test_peer_bench_writes_each_modes_figures_beside_the_peers(tmp_path, nvrx_ek
     assert planned.returncode == 0, planned.stdout[-3000:] + planned.stderr[-3000:]
     projection = json.loads(planned.stdout[planned.stdout.index("{") :])
     for name, row in document["modes"].items():
-        projected = projection["modes"][row["mode"]]  # the `kit` arm runs mode `both`
+        projected = projection["modes"][row["mode"]]
         assert projected["measured_goodput"] == pytest.approx(row["training_goodput"]), name
         assert abs(projected["training_goodput"] - row["training_goodput"]) <= 0.05, (name, projected, row)

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-VALUES = Path("k8s/values/local-cpu.yaml")
 SCRAPE_INTERVAL_S = 1
 """The PodMonitor's 30 s would see a one-minute job twice; relabeling, not timing, is under test."""
 OBSERVE_FAULTS = ("exception@30:1", "sigkill@60:1", "node_loss@90:3")
@@ -125,7 +124,7 @@ class Prometheus:
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer,  # noqa: S310 - loopback
             ):
-                if answer.status == 200:  # noqa: PLR2004 - HTTP OK
+                if answer.status == 200:
                     return self
             time.sleep(0.2)
         self.__exit__()
@@ -190,7 +189,8 @@ class PodDiscovery:
             for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
                 if doc and doc.get("kind") == "Job":
                     self._namespace = doc["metadata"]["namespace"]
-                    return doc["spec"]["template"]
+                    template: dict[str, Any] = doc["spec"]["template"]
+                    return template
         return None
 
     def _follow(self) -> None:
@@ -227,7 +227,7 @@ class PodDiscovery:
         pod_labels = {meta_label(k): v for k, v in labels.items()} | {
             meta_label(k).replace("_pod_label_", "_pod_labelpresent_", 1): "true" for k in labels
         }
-        groups = []
+        groups: list[dict[str, Any]] = []
         for name, pod in sorted(self.pods.items()):
             address = f"127.0.0.{2 + pod['index']}"
             meta = {
@@ -384,16 +384,16 @@ def observe_check(*, console: Console, workdir: Path | None = None, timeout_s: f
 
 
 def _run(console: Console, work: Path, *, timeout_s: float) -> Findings:
+    from nvrx_eks.k8s import DEFAULT_VALUES  # noqa: PLC0415
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.k8s.observability import monitoring_objects  # noqa: PLC0415
-    from nvrx_eks.localrun.chaos import run_job  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import reference_trainer, run_job  # noqa: PLC0415
     from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     values = load_values(
-        VALUES,
+        DEFAULT_VALUES,
         (
-            f"trainer.steps={OBSERVE_STEPS}",
-            f"trainer.emulated_device_step_s={EMULATED_STEP_S}",
+            *reference_trainer(steps=OBSERVE_STEPS, emulated_device_step_s=EMULATED_STEP_S),
             f"trainer.faults.plan={','.join(OBSERVE_FAULTS)}",
             f"trainer.metrics.prometheus_port={free_port()}",
         ),

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
+from nvrx_eks.bench.store import barrier_arrive, barrier_key, barrier_wait, parse_sims
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.store_bench import barrier_arrive, barrier_key, barrier_wait, parse_sims
 
 
 def test_bench_store_times_rounds_the_control_process_closed(nvrx_eks, tmp_path):
@@ -137,7 +137,7 @@ def test_bench_store_refuses_a_bad_client_simulation(nvrx_eks):
 
 @pytest.mark.slow
 def test_a_simulation_past_its_deadline_is_reported_and_the_bench_goes_on(tmp_path):
-    from nvrx_eks.localrun.store_bench import ClientSim, run_store_bench  # noqa: PLC0415
+    from nvrx_eks.bench.store import ClientSim, run_store_bench  # noqa: PLC0415
 
     document = run_store_bench(
         agents=[],

@@ -1,4 +1,4 @@
-"""`nvrx-eks bench api` runs both loops and prints their medians and ratio (localrun/api_bench.py)."""
+"""`nvrx-eks bench api` runs both loops and prints their medians and ratio (bench/api.py)."""
 
 from __future__ import annotations
 

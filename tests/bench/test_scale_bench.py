@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_eks.k8s.load import load_values
-from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.scale_bench import (
+from nvrx_eks.bench.scale import (
     MEMORY_EVERY,
     fault_plan,
     goals,
@@ -18,7 +16,10 @@ from nvrx_eks.localrun.scale_bench import (
     parse_nodes,
     scale_rows,
 )
+from nvrx_eks.k8s.load import load_values
+from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.localrun.summary import FaultPhases, FaultSummary
+from nvrx_eks.training.config import parse_args
 from nvrx_eks.training.faults import build_schedule
 
 VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "local-cpu.yaml"
@@ -104,7 +105,8 @@ def test_each_size_is_the_local_job_with_one_rank_per_node_and_the_node_loss_on_
     assert values.profile.workers_per_node == 1
     assert values.world_size == 8
     config = values.trainer
-    schedule = build_schedule(config.faults, steps=config.steps, world_size=values.world_size, seed=0)
+    assert parse_args(values.entrypoint.args).steps == 50  # the reference trainer's own argument
+    schedule = build_schedule(config.faults, steps=50, world_size=values.world_size, seed=0)
     assert [(f.cls, f.step, f.rank) for f in schedule] == [
         ("exception", 10, 0),
         ("sigkill", 20, 1),

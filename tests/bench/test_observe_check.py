@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nvrx_eks.bench import observe
 from nvrx_eks.k8s.alerts import RULES_TEST
 from nvrx_eks.k8s.observability import dashboards
 from nvrx_eks.kitcore.console import make_console
-from nvrx_eks.localrun import observe
 from nvrx_eks.localrun.executor import LocalJob
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ Two seams of that path call CUDA and are replaced here by what they do for one r
 all-reduces the call index on CUDA unless `no_dist=True`, which one rank passes.
 
 Not measurable on CPU: the paths in `CPU_ONLY_REASONS`, each with the line of NVRx that stops it
-(printed as the row); localrun/gpu_check.py measures them on a GPU.
+(printed as the row); bench/gpu_check.py measures them on a GPU.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
+from nvrx_eks.bench.checkpoint.benchstate import forward_backward, make_state
 
 ROW_TIMEOUT_S = 600
 """A row's child process is killed past this: a worker that dies leaves NVRx's queue waiting forever
@@ -182,7 +182,12 @@ def _async_dcp_row(kwargs: dict[str, Any], out: str) -> None:
         # without a cache. run_loop times the kit's first save the same way.
         for _ in range(every):
             forward_backward(kind, step_s, work)
-        first = _timed(lambda: (ckpt.save(0, state), ckpt.fence()))
+
+        def first_save() -> None:
+            ckpt.save(0, state)
+            ckpt.fence()
+
+        first = _timed(first_save)
         ckpt.fence(blocking=True)
         ckpt.persist_s.clear()
         stalls: list[float] = []
@@ -240,8 +245,8 @@ def run_async_dcp_row(
     try:
         child.join(ROW_TIMEOUT_S)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)  # the row's NVRx worker too, whatever state it is in
+        with contextlib.suppress(ProcessLookupError, TypeError):  # TypeError: no pid, never started
+            os.killpg(child.pid, signal.SIGKILL)  # type: ignore[arg-type]  # its NVRx worker too
         child.kill()  # before its setpgid, the group does not exist yet
         child.join()
     try:

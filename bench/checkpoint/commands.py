@@ -1,13 +1,27 @@
-"""`nvrx-eks bench checkpoint` (wired in by localrun/commands.py)."""
+"""`nvrx-eks bench checkpoint` (wired in by bench/commands.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path  # noqa: TC003 - typer reads the annotations at runtime
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.options import path_option
+
+_WORKDIR = paths.write_folder("disk tiers")
+_JSON = paths.write_file("figures as JSON", "runs/checkpoint-bench.json")
+Workdir = Annotated[
+    Path | None,
+    path_option("--workdir", path=_WORKDIR, help="Folder for the disk tiers (default: system temp)."),
+]
+JsonOut = Annotated[
+    Path | None,
+    path_option(
+        "--json-out", path=_JSON, help="Also write the figures as JSON (read by `nvrx-eks plan --from`)."
+    ),
+]
 
 
 def register(bench: typer.Typer) -> None:
@@ -26,21 +40,8 @@ def register(bench: typer.Typer) -> None:
         ] = 1,
         checkpoints: Annotated[int, typer.Option(min=2, help="Snapshots measured per row.")] = 6,
         torture_trials: Annotated[int, typer.Option(min=0, help="kill -9 trials (0 skips).")] = 100,
-        workdir: Annotated[
-            Path | None,
-            typer.Option(
-                parser=paths.write_folder("disk tiers"),
-                help="Folder for the disk tiers (default: system temp).",
-            ),
-        ] = None,
-        json_out: Annotated[
-            Path | None,
-            typer.Option(
-                "--json-out",
-                parser=paths.write_file("figures as JSON", "runs/checkpoint-bench.json"),
-                help="Also write the figures as JSON (read by `nvrx-eks plan --from`).",
-            ),
-        ] = None,
+        workdir: Workdir = None,
+        json_out: JsonOut = None,
         nvrx: Annotated[
             bool,
             typer.Option(
@@ -50,7 +51,7 @@ def register(bench: typer.Typer) -> None:
     ) -> None:
         """Loop stall vs the memcpy floor, efficiency vs sync torch.save/DCP and NVRx's own
         checkpointing, restore per tier, kill -9."""
-        from nvrx_eks.localrun.checkpoint_bench.bench import bench as run  # noqa: PLC0415
+        from nvrx_eks.bench.checkpoint.bench import bench as run  # noqa: PLC0415
 
         run(
             state_gb=state_gb,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_eks.localrun.checkpoint_bench.bench import make_state, run_replicated_loop
+from nvrx_eks.bench.checkpoint.bench import make_state, run_replicated_loop
 from nvrx_eks.training.checkpoint.floor import state_bytes
 
 

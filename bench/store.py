@@ -386,7 +386,7 @@ def _thread_cpu(pid: int) -> dict[int, float]:
 
 
 def _client_worker(port: int, key: str, count: int, world: int, threads: int, deadline_s: float) -> None:
-    """A process of simulated clients (`python -m nvrx_eks.localrun.store_bench`), one step per line on stdin,
+    """A process of simulated clients (`python -m nvrx_eks.bench.store`), one step per line on stdin,
     one JSON line on stdout after each: import torch (while the store starts), connect, run the barrier
     and report the stamps and this process's CPU."""
     import resource  # noqa: PLC0415
@@ -457,7 +457,8 @@ def _read_line(proc: subprocess.Popen[str], what: str, log: Path) -> dict[str, A
     line = proc.stdout.readline()
     if not line:
         raise RuntimeError(f"a client process exited before {what} ({proc.wait()}); see {log}")
-    return json.loads(line)
+    answer: dict[str, Any] = json.loads(line)
+    return answer
 
 
 def _tell(procs: list[subprocess.Popen[str]], line: str) -> None:
@@ -484,7 +485,7 @@ def barrier_row(clients: int, sim: ClientSim, *, log_dir: Path, deadline_s: floa
                 ]
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "nvrx_eks.localrun.store_bench", *argv],
+                        [sys.executable, "-m", "nvrx_eks.bench.store", *argv],
                         stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE,
                         stderr=log,
@@ -642,7 +643,7 @@ def run_store_bench(
     _print(console, rows)
     if barriers:
         console.print(barrier_table(barriers))
-        console.print(breakdown_line(document["barrier_breakdown"]), soft_wrap=True)
+        console.print(breakdown_line(barrier_breakdown(barriers)), soft_wrap=True)
     echo(f"bench: rendezvous rows {rendezvous_s:.0f} s, barriers {barrier_s:.0f} s (setup included)")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import random
 import signal
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nvrx_eks.training.checkpoint.slot import committed
+from nvrx_eks.training.checkpoint.stats import logger as checkpoint_logger
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -71,11 +74,34 @@ def newest_committed(root: Path) -> int | None:
     return max(steps, default=None)
 
 
+EVENTS_LOG = "events.log"
+"""Where the trials' children log the checkpointer's events, one readable line each: a rank killed at
+random leaves its tiers behind on purpose, so the parent counts them by kind instead of showing each."""
+
+
+def _log_events_to(path: Path) -> None:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    checkpoint_log = logging.getLogger(checkpoint_logger.name)
+    checkpoint_log.addHandler(handler)
+    checkpoint_log.propagate = False
+
+
+def event_counts(root: Path) -> dict[str, int]:
+    """How many events of each kind the trials' children logged (`EVENTS_LOG`)."""
+    try:
+        lines = (root / EVENTS_LOG).read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(Counter(line.split(" ", 1)[0] for line in lines if line.strip()))
+
+
 def child(root: Path, delay_s: float, report_path: Path) -> None:
     os.setsid()  # its own process group: the parent's killpg takes the whole child
     from nvrx_eks.training.checkpoint.stats import make_emitter  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
+    _log_events_to(root / EVENTS_LOG)
     config = _config(root)
     ckpt = TieredCheckpointer(
         config=config,
@@ -112,7 +138,7 @@ def child(root: Path, delay_s: float, report_path: Path) -> None:
         time.sleep(0.02)
 
 
-def _fork_server() -> multiprocessing.context.BaseContext:
+def _fork_server() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(
         ["torch", "nvrx_eks.training.checkpoint.tiered", "nvrx_eks.training.checkpoint.factory"]
@@ -166,4 +192,9 @@ def run_trials(*, root: Path, trials: int, seed: int = 0, max_kill_s: float = 1.
             report_path.unlink(missing_ok=True)
         expected = newest_committed(root)
     elapsed = time.monotonic() - started
-    return {**counts, "seconds_per_trial": elapsed / max(trials, 1), "failures": failures[:5]}
+    return {
+        **counts,
+        "seconds_per_trial": elapsed / max(trials, 1),
+        "failures": failures[:5],
+        "events": event_counts(root),
+    }

@@ -45,8 +45,12 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from nvrx_eks.training.resilience.config import CONFIG_ENV
+
 DEFAULT_STEPS = 200
 DEFAULT_BLOCKS = 3
+RUN_DIR = "runs/train"
+"""`ResilienceConfig.run_dir`'s default: where `--against` finds each revision's events."""
 
 
 def _plain(model_name: str, steps: int, seed: int) -> list[float]:
@@ -250,19 +254,23 @@ def print_bench(result: dict[str, Any]) -> None:
 
 
 def _reference_intervals(source: Path, run_dir: Path, steps: int) -> list[float]:
-    """Seconds between consecutive steps of `python -m nvrx_eks.training` run from the tree at `source`."""
+    """Seconds between consecutive steps of `python -m nvrx_eks.training` run from the tree at `source`.
+
+    The trainer runs in `run_dir` with the kit's default run folder, runs/train, named in
+    NVRX_EKS_CONFIG: a revision that took the kit's settings as flags writes to the same default."""
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT"}}
-    env |= {"PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "nvrx_eks.training", "--steps", str(steps), "--run-dir", str(run_dir)]
+    env |= {"PYTHONPATH": str(source), "OMP_NUM_THREADS": "1", CONFIG_ENV: json.dumps({"run_dir": RUN_DIR})}
+    run_dir.mkdir(parents=True)
     subprocess.run(
-        [*argv, "--log-every", str(steps)],
-        cwd=run_dir.parent,
+        [sys.executable, "-m", "nvrx_eks.training", "--steps", str(steps), "--log-every", str(steps)],
+        cwd=run_dir,
         env=env,
         check=True,
         capture_output=True,
         timeout=600,
     )
-    events = [json.loads(line) for line in (run_dir / "events" / "rank-0.jsonl").read_text().splitlines()]
+    events_file = run_dir / RUN_DIR / "events" / "rank-0.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
     times = [e["t"] for e in events if e["kind"] == "step"]
     return [later - earlier for earlier, later in itertools.pairwise(times[10:])]
 

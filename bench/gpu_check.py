@@ -12,7 +12,7 @@ Four checks, each printing its numbers, then `gpu-check.json` in the run folder:
    down and the same process goes on from memory. Each fault's layer, recovery and steps lost come
    from the run's own events (localrun.summary.summarize);
 4. NVRx's GPU-only checkpointing rows, which `bench checkpoint` prints as "not measurable on CPU"
-   (localrun/checkpoint_bench/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
+   (bench/checkpoint/nvrx_bench.py): TorchAsyncCheckpoint, LocalCheckpointManager (async,
    BasicTensorAwareStateDict) and the async queue with DCP over CUDA IPC, on check 2's loop shape,
    each with its stall over the device-to-host floor of its own (smaller) state, its first save and
    its restore; stopped past NVRX_TIMEOUT_S.
@@ -84,7 +84,9 @@ def _staging_stall(workdir: Path) -> dict[str, Any]:
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     per = int(STAGING_STATE_GB * 1e9) // 4 // 8
-    state = {"model": {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}, "data": {"step": 0}}
+    model = {f"w{i}": torch.randn(per, device="cuda") for i in range(8)}
+    data = {"step": 0}
+    state: dict[str, Any] = {"model": model, "data": data}
     nbytes = per * 4 * 8
     floor_s = nbytes / _d2h_bandwidth(nbytes)
     config = CheckpointConfig(memory_dir=workdir / "shm", memory_every=1, local_every=0, durable_every=0)
@@ -99,8 +101,8 @@ def _staging_stall(workdir: Path) -> dict[str, Any]:
             torch.cuda._sleep(cycles)  # noqa: SLF001 - a kernel that holds the device, not the host
             before = time.perf_counter()
             ckpt.fence()
-            state["model"]["w0"].mul_(1.0001)  # the update: the first write to what the copy reads
-            state["data"]["step"] = step
+            model["w0"].mul_(1.0001)  # the update: the first write to what the copy reads
+            data["step"] = step
             ckpt.save(step, state)
             stalls.append(time.perf_counter() - before)
         ckpt.wait()
@@ -168,7 +170,7 @@ def _nvrx_rows(workdir: Path) -> dict[str, Any]:
         LocalCheckpointManager,
     )
 
-    from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
+    from nvrx_eks.bench.checkpoint.nvrx_bench import NvrxAsyncDcp  # noqa: PLC0415
 
     state, nbytes = _gpu_state(NVRX_STATE_GB)
     floor_s = nbytes / _d2h_bandwidth(nbytes)
@@ -248,30 +250,30 @@ def _nvrx_rows_in_tmpfs() -> dict[str, Any]:
 
 def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
+    from nvrx_eks.training.resilience.config import CONFIG_ENV  # noqa: PLC0415
 
     cmd = [
         str(Path(sys.executable).parent / "torchrun"),
         "--standalone",
         "--nproc-per-node=1",
-        "-m",
-        "nvrx_eks.training",
-        "--dist-device",
-        "cuda",
-        "--mode",
-        "inprocess",
-        "--model",
-        "small",
-        "--steps",
-        "30",
-        "--faults-plan",
-        "exception@8:0,oom@18:0",
-        "--run-dir",
-        str(run_dir),
-        "--checkpoint-memory-dir",
-        str(run_dir / "shm"),
+        *("-m", "nvrx_eks.training", "--model", "small", "--steps", "30"),
     ]
+    # The kit's settings as any script gets them (the chart renders the same variable).
+    kit = {
+        "dist": {"device": "cuda"},
+        "mode": "inprocess",
+        "faults": {"plan": ["exception@8:0", "oom@18:0"]},
+        "run_dir": str(run_dir),
+        "checkpoint": {"memory_dir": str(run_dir / "shm")},
+    }
     done = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S, check=False
+        cmd,
+        cwd=REPO,
+        env={**os.environ, CONFIG_ENV: json.dumps(kit)},
+        capture_output=True,
+        text=True,
+        timeout=RESTART_TIMEOUT_S,
+        check=False,
     )
     summary = summarize(run_dir)
     faults = [
@@ -281,7 +283,7 @@ def _inprocess_restart(run_dir: Path) -> dict[str, Any]:
     ok = (
         done.returncode == 0
         and summary.completed
-        and len(faults) == 2  # noqa: PLR2004 - the two planned faults
+        and len(faults) == 2
         and all(f["layer"] == "inprocess" and f["steps_lost"] == 0 for f in faults)
     )
     return {"ok": ok, "exit_code": done.returncode, "faults": faults, "stderr_tail": done.stderr[-800:]}

@@ -22,9 +22,10 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.bench.peer import DEFAULT_DEVICE_STEP_S
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.runtime import runtime_versions
-from nvrx_eks.localrun.peer_bench import DEFAULT_DEVICE_STEP_S
+from nvrx_eks.localrun.chaos import reference_trainer
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,7 +42,8 @@ MEMORY_EVERY = 2
 PROFILE = "local-cpu-1"
 # (class, step, rank): the rank of the node loss is the last one, filled in per size.
 PLAN = (("exception", 10, 0), ("sigkill", 20, 1), ("node_loss", 30, None), ("store_loss", 41, 0))
-# The goals for node loss and SIGKILL: recovery at the largest size over the smallest.
+# The goals for node loss and SIGKILL: a node loss recovered within NODE_LOSS_GOAL_S at the largest size,
+# and each class's recovery there at most GROWTH_GOAL times the smallest size's.
 NODE_LOSS_GOAL_S = 10.0
 GROWTH_GOAL = 2.0
 GROWTH_CLASSES = ("node_loss", "sigkill")
@@ -55,7 +57,7 @@ def parse_nodes(text: str) -> list[int]:
             count = int(item.strip())
         except ValueError:
             count = 0
-        if count < 2:  # noqa: PLR2004 - two nodes: the smallest job with a partner to restore from
+        if count < 2:
             raise UserError(
                 f"--nodes {text!r}: {item.strip()!r} is not a node count of 2 or more; "
                 "pass comma-separated counts, e.g. --nodes 2,4,8"
@@ -79,8 +81,7 @@ def overrides(*, nodes: int, steps: int, device_step_s: float) -> tuple[str, ...
     return (
         f"num_nodes={nodes}",
         f"instance_profile={PROFILE}",
-        f"trainer.steps={steps}",
-        f"trainer.emulated_device_step_s={device_step_s}",
+        *reference_trainer(steps=steps, emulated_device_step_s=device_step_s),
         f"trainer.checkpoint.memory_every={MEMORY_EVERY}",
         f"trainer.faults.plan={fault_plan(nodes)}",
     )
@@ -201,7 +202,7 @@ def run_scale_bench(
         "versions": runtime_versions(),
     }
     console.print(scale_table(rows, steps=steps, device_step_s=device_step_s))
-    console.print(goals_line(document["goals"]))
+    console.print(goals_line(goals(rows)))
     out = json_out or bench_dir / "scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
+from nvrx_eks.bench.checkpoint.nvrx_bench import CPU_ONLY_REASONS, run_async_dcp_row
 
 
 @pytest.mark.slow
@@ -35,7 +35,9 @@ def test_bench_checkpoint_prints_nvrx_rows_beside_the_kits_and_records_them(nvrx
     # fmt: off
     result = nvrx_eks(
         "bench", "checkpoint", "--state-gb", "0.01", "--step-s", "0.05", "--interval", "2",
-        "--checkpoints", "2", "--torture-trials", "0", "--workdir", str(tmp_path), "--json-out", str(out),
+        "--checkpoints", "2", "--torture-trials", "0", "--json-out", str(out),
+        # A folder that does not exist yet: created, never a FileNotFoundError traceback.
+        "--workdir", str(tmp_path / "missing" / "deeper"),
         timeout=540,
     )
     # fmt: on
@@ -56,7 +58,7 @@ def test_bench_checkpoint_prints_nvrx_rows_beside_the_kits_and_records_them(nvrx
     assert all(row["first_save_s"] > 0 for row in document["rows"])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these paths run (localrun/gpu_check.py)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these paths run (bench/gpu_check.py)")
 def test_the_rows_printed_not_measurable_fail_on_cpu_where_their_reason_says(tmp_path):
     """Each reason is what NVRx does on this CPU: when NVRx makes a path CPU-capable, this fails and
     the path gets a measured row instead."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -33,19 +34,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from nvrx_eks.bench.checkpoint.benchstate import forward_backward, make_state
+from nvrx_eks.bench.checkpoint.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 from nvrx_eks.kitcore.runtime import runtime_versions
-from nvrx_eks.localrun.checkpoint_bench.benchstate import forward_backward, make_state
-from nvrx_eks.localrun.checkpoint_bench.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
+    from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,12 @@ def run_loop(
         if kind == "checkpoint_committed" and fields["tier"] == "peer":
             peer.append((fields["seconds"], fields.get("bytes_sent", 0)))
 
-    ckpt = build_checkpointer(
-        config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
+    # The config's default implementation, the tiered checkpointer: its workers and stats are read below.
+    ckpt = cast(
+        "TieredCheckpointer",
+        build_checkpointer(
+            config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
+        ),
     )
     work = torch.randn(256, 256)
     gradient = torch.zeros(1024) if world_size > 1 else None
@@ -135,7 +141,7 @@ def run_loop(
     deadline = time.monotonic() + 120
     while not all(worker.warm() for worker in ckpt.workers.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    ckpt.stats.__init__()
+    ckpt.stats.__init__()  # type: ignore[misc]  # the counters reset in place, where the tiers hold them
     durable_s.clear()
     peer.clear()
     stalls: list[float] = []
@@ -393,10 +399,12 @@ def bench(
     json_out: Path | None = None,
     nvrx: bool = True,
 ) -> None:
-    from nvrx_eks.localrun.checkpoint_bench.torture import run_trials  # noqa: PLC0415
+    from nvrx_eks.bench.checkpoint.torture import run_trials  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)  # the option checked it can be; it is made here
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=workdir))
     shm = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir="/dev/shm"))
     try:
@@ -536,15 +544,26 @@ def bench(
         )
 
         if torture_trials:
-            result = run_trials(root=shm / "torture", trials=torture_trials, seed=0)
-            print(
-                f"\nkill -9 torture: {result['ok']}/{result['trials']} resumed from the newest committed "
-                f"checkpoint with exact state (wrong step {result['wrong_step']}, "
-                f"inexact {result['inexact']}, failed start {result['failed_start']}; "
-                f"{result['seconds_per_trial']:.1f} s per trial) {_verdict(result['ok'] == result['trials'])}"
-            )
-            for failure in result["failures"]:
-                print(f"  {failure}")
+            _print_torture(run_trials(root=shm / "torture", trials=torture_trials, seed=0))
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def _print_torture(result: dict[str, Any]) -> None:
+    """The kill -9 trials' verdict, their failures one readable line each, and the checkpoint events
+    the killed ranks logged as one count per kind."""
+    from nvrx_eks.training.events import event_line  # noqa: PLC0415
+
+    print(
+        f"\nkill -9 torture: {result['ok']}/{result['trials']} resumed from the newest committed "
+        f"checkpoint with exact state (wrong step {result['wrong_step']}, "
+        f"inexact {result['inexact']}, failed start {result['failed_start']}; "
+        f"{result['seconds_per_trial']:.1f} s per trial) {_verdict(result['ok'] == result['trials'])}"
+    )
+    for failure in result["failures"]:
+        print(f"  {event_line('failure', failure)}")
+    if result["events"]:
+        # Expected: a rank killed at random leaves its tiers behind; each event is one count.
+        counted = ", ".join(f"{kind} x{count}" for kind, count in sorted(result["events"].items()))
+        print(f"  checkpoint events during the trials: {counted}")

@@ -58,6 +58,7 @@ from nvrx_eks.images.build import (
     store_build_args,
     user_build_args,
 )
+from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, TORCH_VERSION
 from nvrx_eks.localrun.runtimes import RUNC, ULIMITS
 
@@ -203,7 +204,7 @@ def local_lock(kind: str, lock: Path) -> tuple[Path, dict[str, Path]]:
     }
     wheels = _wheelhouse([f"{n}=={v}" for n, v in sorted(pinned.items())])
     wheels["nvidia-resiliency-ext"] = nvrx
-    lines = [f"# {kind}: {lock.name} at this environment's versions, cp311 wheels (localrun/image_check.py)"]
+    lines = [f"# {kind}: {lock.name} at this environment's versions, cp311 wheels (bench/image_check.py)"]
     for name, wheel in sorted(wheels.items()):
         version = IMAGE.nvrx_version if name == "nvidia-resiliency-ext" else pinned[name]
         lines.append(
@@ -333,7 +334,7 @@ def render(*, trainer: Built, store: Built, out: Path) -> dict[str, dict[str, An
     """The local job's pod specs, rendered with the built images (by digest, as job values require)."""
     import yaml  # noqa: PLC0415
 
-    values = (REPO_ROOT / "k8s/values/local-cpu.yaml").read_text()
+    values = DEFAULT_VALUES.read_text()
     values = re.sub(
         r"^image: local$",
         f"image: {trainer.name}@{trainer.digest}\nstore_image: {store.name}@{store.digest}",
@@ -420,20 +421,15 @@ def _left_in_shm() -> set[str]:
 def chaos_in_containers(*, trainer: Built, store: Built, work: Path, timeout_s: float) -> Check:
     """The demo's job and fault plan with every pod a container (the executor's podman runtime), against
     the same job fault-free as processes (the demo's cached reference, run once if missing)."""
-    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from nvrx_eks.localrun.demo import DEMO_FAULTS, DEMO_STEPS  # noqa: PLC0415
+    from nvrx_eks.localrun.demo import DEMO_FAULTS, demo_values  # noqa: PLC0415
     from nvrx_eks.localrun.report import summary_document  # noqa: PLC0415
     from nvrx_eks.localrun.runtimes import Podman  # noqa: PLC0415
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     console = make_console()
-    plan = ",".join(DEMO_FAULTS)
-    values = load_values(
-        REPO_ROOT / "k8s/values/local-cpu.yaml",
-        (f"trainer.steps={DEMO_STEPS}", f"trainer.faults.plan={plan}"),
-    )
+    values = demo_values(DEFAULT_VALUES)
     reference = fault_free_sha256(
         values, cache_dir=REPO_ROOT / "runs" / ".cache", run_dir=work / "fault-free", console=console
     )
@@ -540,7 +536,7 @@ def check_images(
         def ok(stdout: str) -> bool:
             probe = json.loads(stdout.strip().splitlines()[-1])
             probes[kind] = probe
-            return (
+            return bool(
                 probe["uid"] == uid and probe["torch"] == local_torch and probe["nvrx"] == IMAGE.nvrx_version
             )
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_eks.bench import image_check
+from nvrx_eks.bench.image_check import Built
 from nvrx_eks.kitcore.pins import TRAINER_UID
-from nvrx_eks.localrun import image_check
-from nvrx_eks.localrun.image_check import Built
 
 TRAINER = Built(
     name="localhost/nvrx-eks-local/training:check", seconds=0, size_bytes=0, digest="sha256:" + "a" * 64
