@@ -370,21 +370,20 @@ def _restore_times(config: CheckpointConfig, state: dict[str, Any]) -> dict[str,
     stores = [store for store, _, _ in disk_stores(config)]
     sources: dict[str, tuple[Path | None, list[Any]]] = {"memory": (config.memory_dir, [])}
     sources |= {store.tier: (None, [store]) for store in stores}
-    times = {}
-    for tier, (memory_dir, tier_stores) in sources.items():
-        times[tier] = timed(
-            lambda m=memory_dir, s=tier_stores: restore(
-                memory_dir=m,
-                stores=s,
-                stager=Stager(rank=0, world_size=1),
-                rank=0,
-                world_size=1,
-                device=torch.device("cpu"),
-                emit=make_emitter(None),
-                target=lambda: with_carried(live, ""),  # the tiered checkpointer's own section too
-            )
+
+    def restore_from(memory_dir: Path | None, tier_stores: list[Any]) -> None:
+        restore(
+            memory_dir=memory_dir,
+            stores=tier_stores,
+            stager=Stager(rank=0, world_size=1),
+            rank=0,
+            world_size=1,
+            device=torch.device("cpu"),
+            emit=make_emitter(None),
+            target=lambda: with_carried(live, ""),  # the tiered checkpointer's own section too
         )
-    return times
+
+    return {tier: timed(functools.partial(restore_from, *source)) for tier, source in sources.items()}
 
 
 def bench(

@@ -25,7 +25,7 @@ import yaml
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from nvrx_eks.kitcore.pins import ChartPin
+    from nvrx_eks.infra.cluster_pins import ChartPin
 
 _TIMEOUT_S = 20.0
 _OCI_MANIFESTS = (

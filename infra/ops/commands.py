@@ -135,7 +135,7 @@ def _reach(
     *, stack: str | None, cluster: str | None, region: str | None, profile: str | None, tunnel: int | None
 ) -> str:
     """The options a command reached the cluster with, for the next command it suggests."""
-    options = {"--stack": stack, "--cluster": None if stack else cluster}
+    options: dict[str, str | int | None] = {"--stack": stack, "--cluster": None if stack else cluster}
     if stack or cluster:
         options |= {"--region": region, "--profile": profile, "--tunnel": tunnel}
     return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
