@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from nvrx_eks.kitcore import supervisor
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
     from pathlib import Path
@@ -25,6 +27,9 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 class UserError(Exception):
     """Input the user can fix; the message names the field and the fix."""
+
+    details: str = ""
+    """What helps beyond the message, printed before it: the traceback of a bug in a user's own code."""
 
 
 def describe_validation_error(error: ValidationError, *, source: str) -> str:
@@ -203,15 +208,24 @@ def load_model(
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Print a UserError / ValidationError as one message on stderr and exit 2, without a traceback."""
+    """Print a UserError / ValidationError as one message on stderr and exit 2, without a traceback (a
+    UserError may carry one as `details`, for a bug in a user's own code: printed before the message)."""
     try:
         yield
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(USER_ERROR_EXIT_CODE) from None
+        _exit_with_message(str(exc), details=exc.details)
     except ValidationError as exc:
-        print(f"error: {describe_validation_error(exc, source=exc.title)}", file=sys.stderr)
-        raise SystemExit(USER_ERROR_EXIT_CODE) from None
+        _exit_with_message(describe_validation_error(exc, source=exc.title))
+
+
+def _exit_with_message(message: str, *, details: str = "") -> NoReturn:
+    """The message on stderr (after `details`, a traceback, when there is one) and, folded into one
+    line, to the launcher that runs this process, if any (kitcore/supervisor.py); exit 2."""
+    if details:
+        print(details.rstrip(), file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    supervisor.tell(message, details=details)
+    raise SystemExit(USER_ERROR_EXIT_CODE) from None
 
 
 def exit_with(main: Callable[[], int]) -> NoReturn:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
 from nvrx_eks.localrun.api_bench import DEFAULT_BLOCKS as API_BLOCKS
 from nvrx_eks.localrun.api_bench import DEFAULT_STEPS as API_STEPS
 from nvrx_eks.localrun.checkpoint_bench import commands as checkpoint_bench_commands
@@ -291,7 +292,7 @@ def register(*, app: typer.Typer, local: typer.Typer, bench: typer.Typer, **_: t
         for pod in result.pods:
             print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
         print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
-        raise typer.Exit(0 if result.succeeded else 1)
+        raise typer.Exit(0 if result.succeeded else USER_ERROR_EXIT_CODE if result.user_error else 1)
 
     @app.command("report")
     def report_cmd(

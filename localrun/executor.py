@@ -159,6 +159,9 @@ class JobResult:
     """The pod marker prefix of this run's processes (`marked_processes(run_key)` finds any left)."""
     ports: dict[str, int] = field(default_factory=dict)
     """`<service>:<port>` -> the local port it reached (see the module docstring)."""
+    user_error: bool = False
+    """The job failed on its input or on the user's script (k8s/termination.py `Cause.user_error`): the
+    same at every restart, the user's to fix (`nvrx-eks local run` and the demo exit 2)."""
 
 
 @dataclass
@@ -577,6 +580,8 @@ class LocalJob:
         self.api: LocalApiServer | None = None
         """The loopback API server (started in `start` when a pod mounts a service account token)."""
         self._delete_requests: list[int] = []
+        self._user_error = False
+        """The failure verdict's cause was the user's input or script (`JobResult.user_error`)."""
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._events = self.run_dir / "executor.jsonl"
@@ -668,7 +673,9 @@ class LocalJob:
                 continue
             action = self._failure_action(o)
             if action == "FailJob":
-                cause = f": {failure_cause(o.message).text}" if o.message else ""
+                found = failure_cause(o.message) if o.message else None
+                self._user_error = found is not None and found.user_error
+                cause = f": {found.text}" if found is not None else ""
                 return False, (
                     f"PodFailurePolicy: pod {pod.name} container {o.container} exit code {o.exit_code} "
                     f"fails the job{cause}"
@@ -712,6 +719,7 @@ class LocalJob:
         by_end = sorted(self._out_of_budget, key=lambda i: self._out_of_budget[i].ended or 0.0)
         index = max(by_end, key=lambda i: causes[i].severity)  # max keeps the first of equals
         o = self._out_of_budget[index]
+        self._user_error = causes[index].user_error
         others = sorted(set(self._out_of_budget) - {index})
         also = f" (also out of budget: index {', '.join(map(str, others))})" if others else ""
         return False, (
@@ -1053,6 +1061,7 @@ class LocalJob:
             run_dir=str(self.run_dir),
             run_key=self.run_key,
             ports={svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()},
+            user_error=not succeeded and self._user_error,
         )
 
     def _shutdown(self) -> None:

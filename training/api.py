@@ -58,15 +58,16 @@ import os
 import random
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from nvrx_eks.kitcore import supervisor
 from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
-from nvrx_eks.training import parallel
+from nvrx_eks.training import failures, parallel
 from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
 from nvrx_eks.training.events import EventLog, imported_since_fork, process_created_at
 from nvrx_eks.training.faults import FaultInjector, InjectedFaultError, build_schedule
@@ -79,11 +80,13 @@ from nvrx_eks.training.resilience.config import (
     config_from_json,
 )
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
+from nvrx_eks.training.run_scope import RunScope, resumed_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from nvrx_eks.training.checkpoint.base import Checkpointer
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
     from nvrx_eks.training.parallel import World
     from nvrx_eks.training.resilience.layers import Resilience
 
@@ -114,7 +117,8 @@ class Stateful(Protocol):
 
 
 class UserCodeError(UserError):
-    """The training script failed the same way twice at the same point: a bug, not a fault."""
+    """A rank of the training script failed the same way in two attempts at the same step: a bug, not a
+    fault (training/failures.py). Its message is one line; `details` holds the traceback."""
 
 
 def load_config(env: dict[str, str] | None = None) -> ResilienceConfig:
@@ -138,8 +142,8 @@ class _Kept:
 @dataclass
 class _JobState:
     kept: _Kept | None = None
-    failures: set[str] = field(default_factory=set)
-    """Signatures of the failures this process saw (`_Context._judge`)."""
+    scope: RunScope | None = None
+    """The run this process belongs to (training/run_scope.py), once its store is known."""
     injector: FaultInjector | None = None
     attempts: int = 0
 
@@ -181,21 +185,20 @@ class Job:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         with exit_on_user_error():
             try:
-                return _Process(self, train).run()
-            except UserError as exc:
-                _record_for_the_launcher(exc)
+                digest = _Process(self, train).run()
+            except UserError:
+                self._release()  # bad input or a bug ends the job: this rank is done for good
                 raise
+            except Exception as exc:
+                # A fault for the launcher to restart: its summary names it in the kit's words.
+                supervisor.tell(failures.describe(exc), details=traceback.format_exc())
+                raise
+            self._release()
+            return digest
 
-
-def _record_for_the_launcher(exc: BaseException) -> None:
-    """The error's first line in torch elastic's per-worker error file: the launcher's failure summary,
-    the pod's termination message and `nvrx-eks job status` then name it (k8s/termination.py)."""
-    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
-        return
-    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # noqa: PLC0415
-
-    with contextlib.suppress(Exception):  # the message is a courtesy; the exit code is the verdict
-        ErrorHandler().record_exception(exc)
+    def _release(self) -> None:
+        if self._state.scope is not None:
+            self._state.scope.release()
 
 
 class _Process:
@@ -227,6 +230,7 @@ class _Process:
         parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
         marks["preload_s"] = time.time() - started
         store = parallel.base_store(world, cfg.collective_timeout_s)
+        scope = self.job._state.scope = RunScope.start(cfg, store=store, rank=world.rank)  # noqa: SLF001
         resilience = for_mode(cfg, events, store=store, world=world)
         marks["layers_s"] = time.time() - started - sum(marks.values())
         checkpointer: Checkpointer | None = None
@@ -243,7 +247,7 @@ class _Process:
                 checkpoint_intervals=checkpoint_intervals(cfg.effective_checkpoint()),
             )
             events.subscribe(metrics.observe)
-            checkpointer = _make_checkpointer(cfg, world, events)
+            checkpointer = _make_checkpointer(scope.checkpoint, world, events)
             context = _Context(
                 job=self.job,
                 cfg=cfg,
@@ -277,16 +281,17 @@ class _Process:
         return digest
 
 
-def _make_checkpointer(cfg: ResilienceConfig, world: World, events: EventLog) -> Checkpointer:
-    """The configured checkpointer. No fallback: a tier that cannot start fails the rank with its error,
-    never a silent downgrade to a slower implementation."""
+def _make_checkpointer(checkpoint: CheckpointConfig, world: World, events: EventLog) -> Checkpointer:
+    """The configured checkpointer (the run's own memory folder: training/run_scope.py). No fallback: a
+    tier that cannot start fails the rank with its error, never a silent downgrade to a slower
+    implementation."""
     from nvrx_eks.training.checkpoint import build_checkpointer  # noqa: PLC0415
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         events.emit(kind if kind.startswith("checkpoint") else f"checkpoint_{kind}", **fields)
 
     return build_checkpointer(
-        cfg.effective_checkpoint(),
+        checkpoint,
         rank=world.rank,
         world_size=world.world_size,
         # The node's rank in this rendezvous round (torchelastic's GROUP_RANK), not the pod's Job index:
@@ -325,58 +330,27 @@ class _Context:
         return attempt._finish()  # noqa: SLF001
 
     def _judge(self, attempt: Attempt, exc: BaseException) -> None:
-        """A failure seen before at the same step, with the same type, message and place, is the script's
-        bug: end the job with its traceback instead of restarting into it again."""
+        """A failure this rank saw in an earlier attempt at the same step, with the same type, message and
+        place, is the script's bug: end the job instead of restarting into it again. A first failure is
+        always retried (training/failures.py)."""
 
-        if isinstance(exc, InjectedFaultError) or _is_restart_interrupt(exc):
+        if isinstance(exc, InjectedFaultError) or failures.is_restart_interrupt(exc):
             return
+        in_step = attempt._step is not None  # noqa: SLF001
         step = attempt._step if attempt._step is not None else attempt.last_done  # noqa: SLF001
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-        signature = f"{type(exc).__qualname__}|{str(exc)[:500]}|{where}|{step}"
-        text = "".join(traceback.format_exception(exc))[-4000:]
-        failures = self.job._state.failures  # noqa: SLF001
-        seen = signature in failures or _seen_on_disk(self.cfg, signature)
-        _record_on_disk(self.cfg, self.world.rank, signature)
-        failures.add(signature)
+        scope = self.job._state.scope  # noqa: SLF001
+        run_id = scope.run_id if scope is not None else "unscoped"
+        history = failures.History(self.cfg.run_dir, run_id=run_id, rank=self.world.rank)
+        signature = failures.signature(exc, step=step)
+        seen = history.seen(signature)
+        history.add(signature)
         if seen:
-            self.events.emit(
-                "user_code_error", step=step, error=f"{type(exc).__name__}: {exc}"[:300], traceback=text
-            )
-            raise UserCodeError(
-                f"the training script failed the same way twice at step {step}, a bug, not a fault (nothing "
-                f"is retried): {type(exc).__name__}: {str(exc)[:300]}\n{text.rstrip()}"
-            ) from None
-
-
-_FAILURES_DIR = "failures"
-
-
-def _is_restart_interrupt(exc: BaseException) -> bool:
-    """NVRx's own interrupt of a rank whose peer failed, and what a torn collective raises with it."""
-    name = type(exc).__name__
-    return name in {"RankShouldRestart", "DistBackendError", "DistNetworkError"} or (
-        isinstance(exc, RuntimeError) and ("gloo" in str(exc).lower() or "timed out" in str(exc).lower())
-    )
-
-
-def _signature_file(cfg: ResilienceConfig, rank: int) -> Any:  # noqa: ANN401 - a Path
-    return cfg.run_dir / _FAILURES_DIR / f"rank-{rank}.txt"
-
-
-def _seen_on_disk(cfg: ResilienceConfig, signature: str) -> bool:
-    """Across launcher restarts (a fresh process): the run folder keeps each rank's failure signatures."""
-    folder = cfg.run_dir / _FAILURES_DIR
-    if not folder.is_dir():
-        return False
-    return any(signature in path.read_text().splitlines() for path in folder.glob("rank-*.txt"))
-
-
-def _record_on_disk(cfg: ResilienceConfig, rank: int, signature: str) -> None:
-    path = _signature_file(cfg, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write(signature.replace("\n", " ") + "\n")
+            text = "".join(traceback.format_exception(exc))[-4000:]
+            self.events.emit("user_code_error", step=step, error=failures.describe(exc), traceback=text)
+            message = failures.bug_message(exc, rank=self.world.rank, step=step if in_step else None)
+            error = UserCodeError(message)
+            error.details = text
+            raise error from None
 
 
 def _is_heavy(obj: object) -> bool:
@@ -502,20 +476,23 @@ class Attempt:
             self._take_from_memory(objects, kept)
             if source >= 0:
                 self._catch_up(objects, source, newest)
-            tier, restored_step = "inprocess", self.last_done
+            tier, restored_step, written_by = "inprocess", self.last_done, None
         else:
             self.last_done = -1
             restored = ctx.checkpointer.load_latest()
-            tier, restored_step = "none", -1
+            tier, restored_step, written_by = "none", -1, None
             if restored is not None:
                 self._load(objects, restored.state)
                 tier, restored_step = restored.tier, restored.step
+                written_by = restored.state["progress"].get("run_id") or "unknown"
+        self._say_resumed(tier, restored_step, written_by)
         self._capture_boundary()
         ctx.job._state.kept = _Kept(  # noqa: SLF001
             objects=objects, last_done=self.last_done, light=self._light, rng=self._rng, buffers=self._buffers
         )
         load_s = time.perf_counter() - load_started
         nbytes = state_bytes(self._state())
+        modules = [o for o in objects.values() if _is_module(o)]
 
         ctx.events.emit(
             "startup_done",
@@ -525,10 +502,27 @@ class Attempt:
             startup_s=time.time() - self._started,
             load_s=load_s,
             state_bytes=nbytes,
+            num_parameters=sum(p.numel() for module in modules for p in module.parameters()),
             memcpy_gbps=copy_bandwidth(nbytes) / 1e9,
             imported_since_fork=imported_since_fork(),
         )
         return self.last_done + 1
+
+    def _say_resumed(self, tier: str, step: int, written_by: str | None) -> None:
+        """Every rank says where it resumed from, on its console (a fresh start says nothing); a
+        checkpoint another run wrote is named as such (training/run_scope.py)."""
+        scope = self._ctx.job._state.scope  # noqa: SLF001
+        if tier == "none" or scope is None:
+            return
+        line = resumed_line(
+            rank=self.rank,
+            attempt=self.number,
+            tier=tier,
+            step=step,
+            where=scope.location(tier),
+            written_by=written_by if written_by != scope.run_id else None,
+        )
+        print(line, flush=True)
 
     def _check_objects(self, objects: dict[str, Any]) -> None:
         if not objects:
@@ -837,6 +831,7 @@ class Attempt:
             "next_step": self.last_done + 1,
             "world_size": self._ctx.world.world_size,
             "meta": self._ctx.job.meta,
+            "run_id": scope.run_id if (scope := self._ctx.job._state.scope) is not None else "",  # noqa: SLF001
         }
         state["resilience"] = self._ctx.resilience.state_dict()
         return state
