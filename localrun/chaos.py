@@ -30,6 +30,35 @@ if TYPE_CHECKING:
 _TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
 
 
+class RunFailed(Exception):  # noqa: N818 - a run's outcome, not a programming error
+    """A local run of the job that did not complete: why, and whether the job's input or the user's
+    script is to blame (the demo exits 2 then, as for any bad input)."""
+
+    def __init__(self, reason: str, *, user_error: bool, logs: Path) -> None:
+        super().__init__(reason)
+        self.reason, self.user_error, self.logs = reason, user_error, logs
+
+
+def local_entry_problem(values: JobValues) -> str | None:
+    """Why the job's own module or script cannot run under the local executor (`image: local`: from
+    the folder `nvrx-eks` runs in, which the executor puts on the pods' Python path), or None. Said
+    before anything is rendered or started; the launcher of every pod would say it again."""
+    from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
+    from nvrx_eks.training.entry import entry_problem  # noqa: PLC0415
+
+    entry = values.entrypoint
+    if entry is None or values.image != LOCAL_IMAGE:
+        return None
+    project = str(Path.cwd())
+    sys.path.insert(0, project)
+    try:
+        if entry.module is not None:
+            return entry_problem("module", entry.module)
+        return entry_problem("script", str(entry.script))
+    finally:
+        sys.path.remove(project)
+
+
 @dataclass(frozen=True)
 class ChaosResult:
     job: JobResult
@@ -169,7 +198,8 @@ def without_faults(values: JobValues) -> JobValues:
 def fault_free_sha256(
     values: JobValues, *, cache_dir: Path, run_dir: Path, console: Console, timeout_s: float = 600.0
 ) -> str | None:
-    """The fault-free run's final-parameter hash: from the cache, else by running it once."""
+    """The fault-free run's final-parameter hash: from the cache, else by running it once (RunFailed when
+    that run fails: there is nothing to compare a chaos run with)."""
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     key = fault_free_key(values)
@@ -182,8 +212,7 @@ def fault_free_sha256(
         without_faults(values), run_dir=run_dir, console=console, label="fault-free", timeout_s=timeout_s
     )
     if not outcome.job.succeeded:
-        console.print(f"[red]fault-free run failed: {outcome.job.reason}[/red] (logs in {run_dir}/pods)")
-        return None
+        raise RunFailed(outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "pods")
     sha = summarize(outcome.trainer_run_dir).final_params_sha256
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")

@@ -65,15 +65,23 @@ def _find(fullname: str, locations: list[str] | None) -> importlib.machinery.Mod
     return None
 
 
+def script_path(target: str) -> Path | None:
+    """The script `target` names: itself when absolute; else relative to the working folder, then to
+    each folder of the Python path (an image built on the kit's has the project's folder there)."""
+    path = Path(target)
+    bases = [Path()] if path.is_absolute() else [Path.cwd(), *(Path(p) for p in sys.path if p)]
+    return next(((base / path).resolve() for base in bases if (base / path).is_file()), None)
+
+
 def entry_problem(kind: str, target: str) -> str | None:
     """Why `kind` ("module" | "script") `target` cannot run from this process's working folder and Python
     path, or None. Imports nothing while the answer is yes; confirms a no by importing the parents."""
     if kind == "script":
-        if Path(target).is_file():
+        if script_path(target) is not None:
             return None
         return (
-            f"entrypoint.script {target}: no such file in the image (working folder {Path.cwd()}); give "
-            "the script's path inside the image, or use entrypoint.module"
+            f"entrypoint.script {target}: no such file in the image (working folder {Path.cwd()}, or "
+            "relative to the Python path); give the script's path inside the image, or use entrypoint.module"
         )
     if find_module(target) is not None:
         return None
@@ -92,7 +100,7 @@ def entry_problem(kind: str, target: str) -> str | None:
 def entry_source(kind: str, target: str) -> Path | None:
     """The file the entry point's code is in (a module's source, a package's `__main__`), or None."""
     if kind == "script":
-        return Path(target).resolve() if Path(target).is_file() else None
+        return script_path(target)
     spec = find_module(target)
     if spec is not None and spec.submodule_search_locations:  # a package runs its __main__
         spec = find_module(f"{target}.__main__")
@@ -108,7 +116,7 @@ def resolve(argv: list[str]) -> tuple[str, str, list[str]]:
     problem = entry_problem(kind, target)
     if problem is not None:
         raise UserError(problem)
-    return kind, str(Path(target).resolve()) if kind == "script" else target, args
+    return kind, str(script_path(target)) if kind == "script" else target, args
 
 
 class _Tail:
