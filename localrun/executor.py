@@ -79,13 +79,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP
+from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP, JOB_UID_LABEL
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
@@ -590,6 +591,8 @@ class LocalJob:
         self.run_key = f"{self.rendered.job_name}-{digest}"
         """Names this run's pods in their marker and in the machine's tmpfs (unique per run folder)."""
         self.shm_dir = LOCAL_SHM_ROOT / self.run_key
+        self.job_uid = str(uuid.uuid4())
+        """The Job's UID, as the Job controller labels each of its pods (names.JOB_UID_LABEL): one per run."""
 
     # ---- public API -------------------------------------------------------------------------
     def delete_node(self, index: int) -> None:
@@ -853,7 +856,10 @@ class LocalJob:
         name = f"{self.rendered.job_name}-{index}-a{attempt}"
         pod_spec = self.rendered.job["spec"]["template"]["spec"]
         pod = self._make_pod(
-            name=name, index=index, pod_spec=pod_spec, annotations={COMPLETION_INDEX_ANNOTATION: str(index)}
+            name=name,
+            index=index,
+            pod_spec=pod_spec,
+            annotations={COMPLETION_INDEX_ANNOTATION: str(index), JOB_UID_LABEL: self.job_uid},
         )
         self.pods[index] = pod
         self.history.append(pod.outcome)

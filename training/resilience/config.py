@@ -28,6 +28,9 @@ no entrypoint runs it."""
 CONFIG_ENV = "NVRX_EKS_CONFIG"
 """A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'
 `trainer` tree over the fields it owns (k8s/rank_config.py `resilience_env`)."""
+RUN_ID_ENV = "NVRX_EKS_RUN_ID"
+"""The run's identity, the same in every rank and restart of one run (training/run_scope.py): the chart
+sets the Job's UID; the kit's launcher draws one when nothing set it."""
 
 Mode = Literal["baseline", "inprocess", "ft_launcher", "both"]
 """The resilience layers around the loop, one name from the job values through the trainer to the planner."""

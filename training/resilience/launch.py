@@ -42,12 +42,13 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
 from nvrx_eks.training.entry import entry_problem, entry_source
-from nvrx_eks.training.resilience.config import REFERENCE_TRAINER
+from nvrx_eks.training.resilience.config import REFERENCE_TRAINER, RUN_ID_ENV
 from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
 from nvrx_eks.training.resilience.nvrx_compat import (
     capture_worker_failures,
@@ -336,6 +337,9 @@ def main() -> None:
     ft_argv = launcher_argv(sys.argv[1:])
     with exit_on_user_error():
         check_entry(ft_argv)
+    # One run's identity for every rank this launcher starts, at every restart (training/run_scope.py):
+    # the chart's (the Job's UID), else this launch's own. Set before the forkserver copies the environment.
+    os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex[:12])
     if start_method(ft_argv) == "forkserver":
         preload = warm_modules(ft_argv)
         warm = warm_entry_imports(ft_argv)
