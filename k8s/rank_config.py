@@ -91,6 +91,22 @@ def rank_config(
         if node is not None:
             why = f"set by the chart (from {owner}); remove it from trainer"
             owned_here.append({"type": "value_error", "loc": path, "input": node, "ctx": {"error": why}})
+    if script:
+        # The reference trainer's own fields (model, steps, ...) are the script's business: its args.
+        kit = sorted(f for f in ResilienceConfig.model_fields if (f,) not in CHART_OWNED_FIELDS)
+        owned_here += [
+            {
+                "type": "value_error",
+                "loc": (key,),
+                "input": section[key],
+                "ctx": {
+                    "error": f"with an entrypoint, trainer: holds only the kit's fields ({', '.join(kit)}); "
+                    f"your script's own settings go in entrypoint.args (e.g. [--{key}, VALUE])"
+                },
+            }
+            for key in section
+            if key not in ResilienceConfig.model_fields
+        ]
     if owned_here:
         raise ValidationError.from_exception_data("trainer", owned_here)
     model: type[ResilienceConfig] = ResilienceConfig if script else TrainConfig

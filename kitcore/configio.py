@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -23,6 +24,32 @@ if TYPE_CHECKING:
 USER_ERROR_EXIT_CODE = 2
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class StaleInput(FutureWarning):
+    """A value the kit still reads in a form it will stop reading (a renamed field): warned with
+    `warnings.warn(..., StaleInput)` where it is validated, said by the loader as one `warning: ...`
+    line naming the value and the fix (`stale_input_said`), never in Python's warning format (the
+    validating library's path and source line)."""
+
+
+@contextmanager
+def stale_input_said() -> Iterator[None]:
+    """Inside: each `StaleInput` warning is one `warning: MESSAGE` line on stderr; any other warning goes
+    on as it would have."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StaleInput)
+        yield
+    said = set()
+    for item in caught:
+        if issubclass(item.category, StaleInput):
+            if str(item.message) not in said:
+                said.add(str(item.message))
+                print(f"warning: {item.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(
+                item.message, item.category, item.filename, item.lineno, source=item.source
+            )
 
 
 class UserError(Exception):
@@ -186,7 +213,8 @@ def validate_file(model: type[ModelT], data: object, path: Path, *, what: str) -
     """`data` read from `path` checked against `model`: a missing or mistyped field is one UserError
     naming the file and the field."""
     try:
-        return model.model_validate(data)
+        with stale_input_said():
+            return model.model_validate(data)
     except ValidationError as exc:
         message = describe_validation_error(exc, source=str(path))
         raise UserError(f"{message}\n  (expected a {what})") from None
@@ -199,7 +227,8 @@ def load_model(
     data = read_yaml(path) if path is not None else {}
     data = merge(data, parse_overrides(overrides))
     try:
-        return model.model_validate(data)
+        with stale_input_said():
+            return model.model_validate(data)
     except ValidationError as exc:
         raise UserError(
             describe_validation_error(exc, source=source or str(path or model.__name__))
