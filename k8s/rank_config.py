@@ -25,6 +25,7 @@ from nvrx_eks.training.resilience.config import (
     ResilienceConfig,
     config_env_value,
 )
+from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV
 from nvrx_eks.training.shapes import PRESETS
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ def resilience_env(entrypoint: Entrypoint | None, config: ResilienceConfig) -> d
     env = {CONFIG_ENV: config_env_value(config)}
     if entrypoint.preload:
         env[PRELOAD_ENV] = ",".join(entrypoint.preload)
+    if not entrypoint.preload_imports:
+        env[PRELOAD_IMPORTS_ENV] = "0"
     return env
 
 

@@ -300,6 +300,10 @@ class Entrypoint(Section):
     preload: list[str] = Field(default_factory=list)
     """Modules the script imports before its first step (e.g. transformers): each pod imports them once,
     into the warm process every restarted rank is forked from, instead of every rank at every restart."""
+    preload_imports: bool = True
+    """Also make the module's or script's own top-level `import` statements there, once per pod (no
+    other code of it runs there: training/resilience/warm_entry.py). Turn off for a script whose imports
+    must not run before the rank starts (one that initialises CUDA at import)."""
 
     @field_validator("args", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -162,32 +163,58 @@ def script_steps(values: JobValues) -> int:
 
 
 def _code_digest(values: JobValues) -> str:
-    """The trainer's code, and a script's own: its module's package (or its script's folder)."""
+    """The trainer's code, and a script's own (`code_files`)."""
     digest = hashlib.sha256()
-    for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + _script_sources(values):
+    for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + code_files(values):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def _script_sources(values: JobValues) -> list[Path]:
+NOT_CODE_DIRS = frozenset({"site-packages", "dist-packages", "node_modules", "__pycache__", "build", "dist"})
+"""Folders below a script's that hold no code of its own: installed or vendored packages, build output."""
+
+
+def code_files(values: JobValues) -> list[Path]:
+    """A script's own code, as the fault-free cache key counts it: the `*.py` files of its module's
+    top-level package (or of its script's folder), recursively, but for hidden folders (`.venv`, `.git`),
+    folders holding a virtual environment (a `pyvenv.cfg`) and NOT_CODE_DIRS. What it imports from
+    installed packages is not code here: their versions are, for torch and NVRx (`fault_free_key`)."""
     entry = values.entrypoint
     if entry is None:
         return []
     if entry.script is not None:
-        return sorted(Path(entry.script).resolve().parent.rglob("*.py"))
+        return _own_py_files(Path(entry.script).resolve().parent)
     # Where its pods find it: the project folder first (the executor puts it on their Python path).
-    relative = Path(*str(entry.module).split("."))
+    top = str(entry.module).split(".")[0]
     for base in (Path.cwd(), *map(Path, sys.path)):
-        for candidate in (base / relative.with_suffix(".py"), base / relative / "__init__.py"):
-            if candidate.is_file():
-                return sorted(candidate.parent.rglob("*.py"))
+        if (base / top / "__init__.py").is_file() or (base / top).is_dir():
+            return _own_py_files(base / top)
+        if (base / f"{top}.py").is_file():
+            return [base / f"{top}.py"]
     return []
 
 
+def _own_py_files(folder: Path) -> list[Path]:
+    found: list[Path] = []
+    for parent, dirs, files in os.walk(folder):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in NOT_CODE_DIRS
+            and not (Path(parent) / d / "pyvenv.cfg").exists()
+        )
+        found += [Path(parent) / f for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
 def fault_free_key(values: JobValues) -> str:
-    """Same values (faults removed) and same trainer code -> same final parameters."""
+    """Same values (faults removed), same code (the kit's trainer and `code_files`) and the same torch,
+    NVRx and Python -> same final parameters."""
+    from nvrx_eks.kitcore.runtime import runtime_versions  # noqa: PLC0415
+
     document: dict[str, Any] = without_faults(values).model_dump(mode="json")
-    blob = json.dumps(document, sort_keys=True) + _code_digest(values)
+    blob = json.dumps([document, runtime_versions()], sort_keys=True) + _code_digest(values)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
