@@ -91,7 +91,8 @@ def demo(
         ran = f"python -m nvrx_eks.training (the reference trainer, model {trainer.model})"
         runs = f"{trainer.steps} steps"
     else:
-        ran = runs = " ".join(entry.command())
+        runs = " ".join(entry.command())
+        ran = f"python {runs}"
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"
