@@ -204,8 +204,8 @@ def _own_py_files(folder: Path) -> list[Path]:
             and d not in NOT_CODE_DIRS
             and not (Path(parent) / d / "pyvenv.cfg").exists()
         )
-        found += [Path(parent) / f for f in sorted(files) if f.endswith(".py")]
-    return found
+        found += [Path(parent) / f for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def fault_free_key(values: JobValues) -> str:

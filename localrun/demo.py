@@ -25,6 +25,7 @@ from nvrx_eks.training.config import TrainConfig
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from nvrx_eks.k8s.values import JobValues
     from nvrx_eks.localrun.chaos import ChaosResult, RunFailed
 
 DEFAULT_VALUES = Path("k8s/values/local-cpu.yaml")
@@ -86,13 +87,7 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    trainer, entry = values.trainer, values.entrypoint
-    if isinstance(trainer, TrainConfig):
-        ran = f"python -m nvrx_eks.training (the reference trainer, model {trainer.model})"
-        runs = f"{trainer.steps} steps"
-    else:
-        runs = " ".join(entry.command())
-        ran = f"python {runs}"
+    ran, runs = _what_runs(values)
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"
@@ -162,6 +157,16 @@ def _report(
     console.print(f"report:   {page}")
     console.print(f"pod logs: {run_dir / 'chaos' / 'pods'}")
     return document
+
+
+def _what_runs(values: JobValues) -> tuple[str, str]:
+    """(the command every rank runs, as the report names it; its steps or arguments, for the header)."""
+    trainer, entry = values.trainer, values.entrypoint
+    if isinstance(trainer, TrainConfig) or entry is None:
+        model = getattr(trainer, "model", "?")
+        return f"python -m nvrx_eks.training (the reference trainer, model {model})", f"{trainer.steps} steps"
+    runs = " ".join(entry.command())
+    return f"python {runs}", runs
 
 
 def trained(trainer_run_dir: Path) -> bool:

@@ -57,7 +57,7 @@ def _find(fullname: str, locations: list[str] | None) -> importlib.machinery.Mod
         if find is None:
             continue
         try:
-            spec = find(fullname, locations)
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, locations)
         except (ImportError, ValueError):
             continue
         if spec is not None:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         kind, target, args = resolve(sys.argv[1:] if argv is None else argv)
         sys.argv = [target, *args]
         tail = _Tail(sys.stderr)
-        sys.stderr = tail  # type: ignore[assignment]
+        sys.stderr = tail
         try:
             with _told_to_launcher(kind, target, tail):
                 if kind == "script":
