@@ -99,9 +99,11 @@ def test_a_script_path_is_run_as_python_would(tmp_path):
         # The reference trainer's fields are not the kit's: a script's own are its args.
         (
             ["trainer.model=tiny"],
-            "1 invalid value(s)\n  - trainer.model: with an entrypoint, trainer: holds only the kit's fields "
-            "(checkpoint, dist, faults, ft, inprocess, metrics, seed); your script's own settings go in "
-            "entrypoint.args (e.g. [--model, VALUE])",
+            (
+                "1 invalid value(s)\n  - trainer.model: with an entrypoint, trainer: holds only the kit's "
+                "fields (checkpoint, dist, faults, ft, inprocess, metrics, seed); your script's own settings "
+                "go in entrypoint.args (e.g. [--model, VALUE])"
+            ),
         ),
         (["trainer.checkpoint.memory_every=-1"], "checkpoint.memory_every"),
         (["trainer.faults.plan=exception@8:9"], "targets rank 9, but the job has ranks 0..3"),

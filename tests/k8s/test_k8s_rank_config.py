@@ -101,7 +101,7 @@ def test_a_chart_owned_field_names_the_value_that_sets_it(override, owner):
 
 
 def test_a_script_section_holds_only_the_kits_fields():
-    with pytest.raises(UserError, match=r"trainer\.steps: .*your script's own settings go in entrypoint\.args"):
+    with pytest.raises(UserError, match=r"trainer\.steps: .*your script's own settings go in entrypoint"):
         load_values(SCRIPT, ["trainer.steps=10"])
 
 

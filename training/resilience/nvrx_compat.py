@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import Version
 
 from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
-from nvrx_eks.kitcore.supervisor import MAX_CHARS, TORCH_NO_REASON, one_line
 from nvrx_eks.training.forks import close_in_forks
 
 if TYPE_CHECKING:
@@ -445,6 +444,9 @@ def _user_error_line(failure: Any, exit_code: int) -> str:  # noqa: ANN401 - tor
 def rank_reason(failure: Any) -> str:  # noqa: ANN401 - torch's ProcessFailure
     """What a failed rank said of its failure, in one line (kitcore/supervisor.py); "" when it said
     nothing (torch's generic "To enable traceback see: ..." names nothing)."""
+    # Here, not at the top: the store's image holds this module and only the kit's pins besides.
+    from nvrx_eks.kitcore.supervisor import MAX_CHARS, TORCH_NO_REASON, one_line  # noqa: PLC0415
+
     message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
     line = one_line(str(message))[:MAX_CHARS]
     return "" if line.startswith(TORCH_NO_REASON) else line
