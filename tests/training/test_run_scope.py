@@ -103,7 +103,7 @@ STEPS, KILL_AT = int(sys.argv[1]), int(sys.argv[2])
 def train(attempt):
     model = torch.nn.Linear(4, 4)
     wrapped = attempt.data_parallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     attempt.resume(model=model, optimizer=optimizer)
     for step in attempt.steps(STEPS):
         if step == KILL_AT:
