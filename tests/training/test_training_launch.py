@@ -9,6 +9,7 @@ interpreter does). Here: the rewrite, and the condition that makes a fork safe t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -516,3 +517,43 @@ def test_the_entry_points_imports_can_be_left_to_the_ranks(tmp_path, monkeypatch
     monkeypatch.setenv(PRELOAD_IMPORTS_ENV, "0")  # entrypoint.preload_imports: false
     assert warm_entry_imports(ft_argv) is None
     assert warm_entry_imports(launcher_argv(["--nnodes=1", "-m", "nvrx_eks.training"])) is None
+
+
+_FORKSERVER_PROBE = """
+import json, multiprocessing, sys
+from nvrx_eks.training.resilience import launch
+
+launch.WARM_MODULES = ()  # the kit's own warm modules are another test's: only the entry point's here
+launch.start_forkserver(launch.launcher_argv(["--nnodes=1", sys.argv[1]]))
+import probe
+
+queue = multiprocessing.get_context("forkserver").SimpleQueue()
+worker = multiprocessing.get_context("forkserver").Process(target=probe.report, args=(queue,))
+worker.start()
+worker.join(60)
+print(json.dumps(queue.get()))
+"""
+
+
+def test_a_worker_forked_from_the_forkserver_has_the_scripts_imports_made(tmp_path):
+    """Through a real forkserver (a fresh `python -c` that finds modules on PYTHONPATH, not on the
+    launcher's sys.path): the worker finds the script's imports already made, the helper beside it too."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import colorsys\nimport helper\n")
+    (project / "helper.py").write_text("MARK = 'beside the script'\n")
+    (tmp_path / "probe.py").write_text(
+        "import sys\n\n\ndef report(queue):\n"
+        "    queue.put([name in sys.modules for name in ('colorsys', 'helper')])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKSERVER_PROBE, str(project / "train.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True]

@@ -183,3 +183,29 @@ def test_every_rank_failing_alike_in_one_attempt_is_retried_and_a_repeat_is_a_bu
     # Another run of the same folder starts with a clean history: its first failure is retried.
     rank_0.context.job._state.scope = SimpleNamespace(run_id="run-b")
     rank_0.judge(in_step, failure)
+
+
+def test_a_fault_the_launcher_restarts_for_is_named_with_its_place(tmp_path):
+    """An exception out of `train` with no in-process layer (mode baseline): the rank exits 1 for its
+    launcher to restart, which names the exception and where the user's code raised it."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from nvrx_eks.training import api as kit
+
+            def train(attempt):
+                model = torch.nn.Linear(4, 4)
+                attempt.resume(model=model)
+                for step in attempt.steps(5):
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+            kit.Job().run(train)
+            """
+        )
+    )
+    config = {"run_dir": str(tmp_path / "run")}
+    done, said = _run([sys.executable, str(script)], tmp_path, **{CONFIG_ENV: json.dumps(config)})
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert said == "RuntimeError: CUDA error: an illegal memory access was encountered (train.py:9 in train)"

@@ -328,6 +328,22 @@ def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
     return endpoint, run_id, int(infra_rank)
 
 
+def start_forkserver(ft_argv: list[str]) -> None:
+    """Start the forkserver now, not at the first worker (its imports overlap this process's and the
+    rendezvous), importing `warm_modules` and the entry point's own imports (`warm_entry_imports`)."""
+    preload = warm_modules(ft_argv)
+    warm = warm_entry_imports(ft_argv)
+    if warm is not None:
+        # The forkserver is a fresh `python -c`: it finds modules on PYTHONPATH, not on this process's
+        # sys.path. Appended: nothing but the one generated module is there to shadow anything.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.environ.get("PYTHONPATH"), str(warm[0])) if p
+        )
+        preload.append(warm[1])
+    multiprocessing.set_forkserver_preload(preload)
+    multiprocessing.forkserver.ensure_running()
+
+
 def main() -> None:
     check_supported_nvrx()
     # Defence in depth for GPU nodes: should anything in the forkserver ask torch for the device count,
@@ -341,15 +357,7 @@ def main() -> None:
     # the chart's (the Job's UID), else this launch's own. Set before the forkserver copies the environment.
     os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex[:12])
     if start_method(ft_argv) == "forkserver":
-        preload = warm_modules(ft_argv)
-        warm = warm_entry_imports(ft_argv)
-        if warm is not None:
-            # Appended: nothing but the one generated module is there to shadow anything.
-            sys.path.append(str(warm[0]))
-            preload.append(warm[1])
-        multiprocessing.set_forkserver_preload(preload)
-        # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
-        multiprocessing.forkserver.ensure_running()
+        start_forkserver(ft_argv)
         keep_launcher_process_group()
     hand_over(ft_argv)
     alive = beat(ft_argv)
