@@ -63,6 +63,7 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
+from nvrx_eks.training.resilience.config import RUN_ID_ENV
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -147,6 +148,13 @@ FAILURE_DOMAIN_ANNOTATION = "nvrx-eks.io/peer-failure-domain-labels"
 def _failure_domain_env() -> k8s.EnvVar:
     label = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{ZONE_LABEL}']")
     return k8s.EnvVar(name=FAILURE_DOMAIN_ENV, value_from=k8s.EnvVarSource(field_ref=label))
+
+
+def _run_id_env() -> k8s.EnvVar:
+    # One identity per run of the job, shared by its pods and kept by a lost node's replacement: the Job's
+    # UID. The ranks key what belongs to one run by it (training/run_scope.py).
+    uid = k8s.ObjectFieldSelector(field_path=f"metadata.labels['{names.JOB_UID_LABEL}']")
+    return k8s.EnvVar(name=RUN_ID_ENV, value_from=k8s.EnvVarSource(field_ref=uid))
 
 
 def _pod_ip_env() -> k8s.EnvVar:
@@ -704,7 +712,7 @@ def _failure_policy() -> k8s.PodFailurePolicy:
 def _trainer_env(values: JobValues, *, port: int | None) -> list[k8s.EnvVar]:
     """What the self-check and the launcher (and so every rank) see: the pod's index, the chart's
     variables, the kit's section (NVRX_EKS_CONFIG) and the preloads."""
-    env = [*_index_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
+    env = [*_index_env(), _run_id_env(), *container_env(values), *([_pod_ip_env()] if port else [])]
     script_env = resilience_env(values.entrypoint, values.trainer)
     env += [k8s.EnvVar(name=k, value=v) for k, v in sorted(script_env.items())]
     if values.peer_replicas:

@@ -37,6 +37,8 @@ CLUSTER_CA_CONFIG_MAP = "kube-root-ca.crt"
 projects it beside a service account token, the local executor writes its own API server's CA there."""
 COMPONENT_LABEL = "app.kubernetes.io/component"
 JOB_LABEL = "nvrx-eks/job"
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""Set by the Job controller on each of a Job's pods: the Job's UID, one per submission of the job."""
 
 # What every GPU node carries: the GPU node groups set the taint and the labels
 # (infra/constructs/gpu_nodegroup.py), the device plugins, the job's pods and the node check tolerate

@@ -20,6 +20,7 @@ from nvrx_eks.kitcore.configio import merge
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_env_value
 from nvrx_eks.training.resilience.modes import layers
+from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -150,6 +151,8 @@ def resilience_env(entrypoint: Entrypoint, config: ResilienceConfig) -> dict[str
     env = {CONFIG_ENV: config_env_value(config)}
     if entrypoint.preload:
         env[PRELOAD_ENV] = ",".join(entrypoint.preload)
+    if not entrypoint.preload_imports:
+        env[PRELOAD_IMPORTS_ENV] = "0"
     return env
 
 

@@ -307,6 +307,11 @@ class Entrypoint(Section):
     preload: list[str] = Field(default_factory=list)
     """Modules the script imports before its first step (e.g. transformers): each pod imports them once,
     into the warm process every restarted rank is forked from, instead of every rank at every restart."""
+    preload_imports: bool = True
+    """Also make the module's or script's own top-level `import` statements there, once per pod (no
+    other code of it runs there: training/resilience/warm_entry.py). Turn off for a script whose imports
+    must not run before the rank starts (one that initialises CUDA at import)."""
+
     state_gib_per_rank: float | None = Field(None, gt=0)
     """The checkpointed state one rank holds, GiB: its shard of the parameters, the optimizer state and
     whatever else it saves (what its ranks report as `state_bytes`). `job render` checks from it that the

@@ -10,7 +10,9 @@ ProcessFailure(...)}" instead); for a launcher turned away by a closed rendezvou
 A rank that exited 143 (SIGTERM) was stopped by its own launcher because a peer failed: that pod is not
 where the fault was, and the cause says so (when all its ranks were, its launcher exits
 training/resilience/launch.py `COLLATERAL_EXIT_CODE`, which the Job does not charge). A launcher that lost its
-connection to the rendezvous store (its pod restarted) names that. The local executor
+connection to the rendezvous store (its pod restarted) names that. A rank that failed says why in one
+line (kitcore/supervisor.py), which the cause carries; a launcher that stopped on bad input before any
+rank started (an entry point that does not exist) has its `error: ...` line as the cause. The local executor
 (localrun/executor.py) keeps the same tail of each failed pod, so a job that finally fails names the
 index and this cause in both places.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nvrx_eks.kitcore.supervisor import TORCH_NO_REASON
 from nvrx_eks.training.node.selfcheck import CANNOT_TRAIN
 from nvrx_eks.training.resilience.launch import STOPPED_EXIT_CODES
 
@@ -43,6 +46,9 @@ _USER_ERROR = re.compile(
     r"(?:\. Agent's exit code = \d+)?$",
     re.MULTILINE,
 )
+# A process of the kit's that stopped on bad input (kitcore/configio.py `exit_on_user_error`): the launcher
+# itself when the job's entry point cannot run (training/resilience/launch.py `check_entry`), before any rank.
+_KIT_ERROR = re.compile(r"^error: (?P<message>.+)$", re.MULTILINE)
 # The self-check init container's verdict line (training/node/selfcheck.py `render`): the failed checks,
 # each with its fix, whole (a verdict may well exceed the 200 characters kept of an unknown last line).
 _SELFCHECK = re.compile(rf"^{CANNOT_TRAIN} \((?P<kind>[^)]*)\): (?P<reasons>.+)$", re.MULTILINE)
@@ -67,6 +73,8 @@ class Cause:
     nothing in the job sends those to a healthy rank), 1 a rank exited with an error (which may be a
     consequence: a collective fails when a peer dies), 0 its ranks were stopped by its own launcher
     (SIGTERM) or the launcher failed without a rank failure (e.g. a closed rendezvous)."""
+    user_error: bool = False
+    """The job's input or the user's script is wrong (exit 2): the same at every restart, the user's fix."""
 
 
 def log_tail(text: str) -> str:
@@ -77,10 +85,12 @@ def log_tail(text: str) -> str:
 
 def _rank_failure(rank: str, exitcode: str, message: str) -> Cause:
     text = f"worker rank {rank} exit code {exitcode}"
-    if message.startswith("Signal"):
-        text += f" ({message.split(' received', maxsplit=1)[0]})"
     if exitcode in _STOPPED:
         return Cause(text=f"{text}: stopped by its launcher after a peer failed", severity=0)
+    if message.startswith("Signal"):
+        text += f" ({message.split(' received', maxsplit=1)[0]})"
+    elif message and not message.startswith(TORCH_NO_REASON):
+        text += f": {message}"  # what the rank said of its failure (kitcore/supervisor.py)
     return Cause(text=text, severity=2 if exitcode.startswith("-") else 1)
 
 
@@ -88,7 +98,8 @@ def failure_cause(message: str) -> Cause:
     """The pod's cause in one line: the ranks' failures (own ones first), a known error, or the last line."""
     user_error = _USER_ERROR.search(message)
     if user_error:
-        return Cause(text=f"local rank {user_error['rank']}: {user_error['message'].strip()}", severity=2)
+        text = f"local rank {user_error['rank']}: {user_error['message'].strip()}"
+        return Cause(text=text, severity=2, user_error=True)
     verdict = _SELFCHECK.search(message)
     if verdict:
         return Cause(text=f"self-check ({verdict['kind']}): {verdict['reasons'].strip()}", severity=1)
@@ -109,5 +120,8 @@ def failure_cause(message: str) -> Cause:
     for needle, text in _KNOWN:
         if needle in message:
             return Cause(text=text, severity=0)
+    kit_errors = _KIT_ERROR.findall(message)
+    if kit_errors:
+        return Cause(text=kit_errors[-1].strip(), severity=2, user_error=True)
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     return Cause(text=lines[-1][:200] if lines else "no termination message", severity=1)

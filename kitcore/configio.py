@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+from nvrx_eks.kitcore import supervisor
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -23,8 +26,37 @@ USER_ERROR_EXIT_CODE = 2
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+class StaleInput(FutureWarning):
+    """A value the kit still reads in a form it will stop reading (a renamed field): warned with
+    `warnings.warn(..., StaleInput)` where it is validated, said by the loader as one `warning: ...`
+    line naming the value and the fix (`stale_input_said`), never in Python's warning format (the
+    validating library's path and source line)."""
+
+
+@contextmanager
+def stale_input_said() -> Iterator[None]:
+    """Inside: each `StaleInput` warning is one `warning: MESSAGE` line on stderr; any other warning goes
+    on as it would have."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StaleInput)
+        yield
+    said = set()
+    for item in caught:
+        if issubclass(item.category, StaleInput):
+            if str(item.message) not in said:
+                said.add(str(item.message))
+                print(f"warning: {item.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(
+                item.message, item.category, item.filename, item.lineno, source=item.source
+            )
+
+
 class UserError(Exception):
     """Input the user can fix; the message names the field and the fix."""
+
+    details: str = ""
+    """What helps beyond the message, printed before it: the traceback of a bug in a user's own code."""
 
 
 def describe_validation_error(error: ValidationError, *, source: str) -> str:
@@ -181,7 +213,8 @@ def validate_file(model: type[ModelT], data: object, path: Path, *, what: str) -
     """`data` read from `path` checked against `model`: a missing or mistyped field is one UserError
     naming the file and the field."""
     try:
-        return model.model_validate(data)
+        with stale_input_said():
+            return model.model_validate(data)
     except ValidationError as exc:
         message = describe_validation_error(exc, source=str(path))
         raise UserError(f"{message}\n  (expected a {what})") from None
@@ -194,7 +227,8 @@ def load_model(
     data = read_yaml(path) if path is not None else {}
     data = merge(data, parse_overrides(overrides))
     try:
-        return model.model_validate(data)
+        with stale_input_said():
+            return model.model_validate(data)
     except ValidationError as exc:
         raise UserError(
             describe_validation_error(exc, source=source or str(path or model.__name__))
@@ -203,15 +237,24 @@ def load_model(
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """Print a UserError / ValidationError as one message on stderr and exit 2, without a traceback."""
+    """Print a UserError / ValidationError as one message on stderr and exit 2, without a traceback (a
+    UserError may carry one as `details`, for a bug in a user's own code: printed before the message)."""
     try:
         yield
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(USER_ERROR_EXIT_CODE) from None
+        _exit_with_message(str(exc), details=exc.details)
     except ValidationError as exc:
-        print(f"error: {describe_validation_error(exc, source=exc.title)}", file=sys.stderr)
-        raise SystemExit(USER_ERROR_EXIT_CODE) from None
+        _exit_with_message(describe_validation_error(exc, source=exc.title))
+
+
+def _exit_with_message(message: str, *, details: str = "") -> NoReturn:
+    """The message on stderr (after `details`, a traceback, when there is one) and, folded into one
+    line, to the launcher that runs this process, if any (kitcore/supervisor.py); exit 2."""
+    if details:
+        print(details.rstrip(), file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    supervisor.tell(message, details=details)
+    raise SystemExit(USER_ERROR_EXIT_CODE) from None
 
 
 def exit_with(main: Callable[[], int]) -> NoReturn:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,6 +29,35 @@ if TYPE_CHECKING:
     from nvrx_eks.localrun.runtimes import Runtime
 
 _TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "training"
+
+
+class RunFailed(Exception):  # noqa: N818 - a run's outcome, not a programming error
+    """A local run of the job that did not complete: why, and whether the job's input or the user's
+    script is to blame (the demo exits 2 then, as for any bad input)."""
+
+    def __init__(self, reason: str, *, user_error: bool, logs: Path) -> None:
+        super().__init__(reason)
+        self.reason, self.user_error, self.logs = reason, user_error, logs
+
+
+def local_entry_problem(values: JobValues) -> str | None:
+    """Why the job's own module or script cannot run under the local executor (`image: local`: from
+    the folder `nvrx-eks` runs in, which the executor puts on the pods' Python path), or None. Said
+    before anything is rendered or started; the launcher of every pod would say it again."""
+    from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE  # noqa: PLC0415
+    from nvrx_eks.training.entry import entry_problem  # noqa: PLC0415
+
+    entry = values.entrypoint
+    if entry is None or values.image != LOCAL_IMAGE:
+        return None
+    project = str(Path.cwd())
+    sys.path.insert(0, project)
+    try:
+        if entry.module is not None:
+            return entry_problem("module", entry.module)
+        return entry_problem("script", str(entry.script))
+    finally:
+        sys.path.remove(project)
 
 
 @dataclass(frozen=True)
@@ -146,33 +176,59 @@ def run_job(
 
 
 def _code_digest(values: JobValues) -> str:
-    """The trainer's code, and a script's own: its module's package (or its script's folder); and the
-    torch and NVRx releases that run it (another release may round differently)."""
+    """The trainer's code, and a script's own (`code_files`); and the torch and NVRx releases that run it
+    (another release may round differently)."""
     digest = hashlib.sha256()
     for distribution in ("torch", "nvidia-resiliency-ext"):
         digest.update(f"{distribution}=={metadata.version(distribution)};".encode())
-    for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + _script_sources(values):
+    for path in sorted(_TRAINER_SOURCES.rglob("*.py")) + code_files(values):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def _script_sources(values: JobValues) -> list[Path]:
+NOT_CODE_DIRS = frozenset({"site-packages", "dist-packages", "node_modules", "__pycache__", "build", "dist"})
+"""Folders below a script's that hold no code of its own: installed or vendored packages, build output."""
+
+
+def code_files(values: JobValues) -> list[Path]:
+    """A script's own code, as the fault-free cache key counts it: the `*.py` files of its module's
+    top-level package (or of its script's folder), recursively, but for hidden folders (`.venv`, `.git`),
+    folders holding a virtual environment (a `pyvenv.cfg`) and NOT_CODE_DIRS. What it imports from
+    installed packages is not code here: their versions are, for torch and NVRx (`fault_free_key`)."""
     entry = values.entrypoint
     if entry.script is not None:
-        return sorted(Path(entry.script).resolve().parent.rglob("*.py"))
+        return _own_py_files(Path(entry.script).resolve().parent)
     # Where its pods find it: the project folder first (the executor puts it on their Python path).
-    relative = Path(*str(entry.module).split("."))
+    top = str(entry.module).split(".")[0]
     for base in (Path.cwd(), *map(Path, sys.path)):
-        for candidate in (base / relative.with_suffix(".py"), base / relative / "__init__.py"):
-            if candidate.is_file():
-                return sorted(candidate.parent.rglob("*.py"))
+        if (base / top / "__init__.py").is_file() or (base / top).is_dir():
+            return _own_py_files(base / top)
+        if (base / f"{top}.py").is_file():
+            return [base / f"{top}.py"]
     return []
 
 
+def _own_py_files(folder: Path) -> list[Path]:
+    found: list[Path] = []
+    for parent, dirs, files in os.walk(folder):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in NOT_CODE_DIRS
+            and not (Path(parent) / d / "pyvenv.cfg").exists()
+        )
+        found += [Path(parent) / f for f in files if f.endswith(".py")]
+    return sorted(found)
+
+
 def fault_free_key(values: JobValues) -> str:
-    """Same values (faults removed) and same trainer code -> same final parameters."""
+    """Same values (faults removed), same code (the kit's trainer and `code_files`) and the same torch,
+    NVRx and Python -> same final parameters."""
+    from nvrx_eks.kitcore.runtime import runtime_versions  # noqa: PLC0415
+
     document: dict[str, Any] = without_faults(values).model_dump(mode="json")
-    blob = json.dumps(document, sort_keys=True) + _code_digest(values)
+    blob = json.dumps([document, runtime_versions()], sort_keys=True) + _code_digest(values)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -183,7 +239,8 @@ def without_faults(values: JobValues) -> JobValues:
 def fault_free_sha256(
     values: JobValues, *, cache_dir: Path, run_dir: Path, console: Console, timeout_s: float = 600.0
 ) -> str | None:
-    """The fault-free run's final-parameter hash: from the cache, else by running it once."""
+    """The fault-free run's final-parameter hash: from the cache, else by running it once (RunFailed when
+    that run fails: there is nothing to compare a chaos run with)."""
     from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
 
     key = fault_free_key(values)
@@ -196,8 +253,7 @@ def fault_free_sha256(
         without_faults(values), run_dir=run_dir, console=console, label="fault-free", timeout_s=timeout_s
     )
     if not outcome.job.succeeded:
-        console.print(f"[red]fault-free run failed: {outcome.job.reason}[/red] (logs in {run_dir}/pods)")
-        return None
+        raise RunFailed(outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "pods")
     sha = summarize(outcome.trainer_run_dir).final_params_sha256
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")

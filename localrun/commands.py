@@ -11,6 +11,7 @@ import typer
 
 from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
 from nvrx_eks.kitcore.options import Overrides, path_option
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     for pod in result.pods:
         print(f"{pod.pod:32} {pod.reason:12} exit={pod.exit_code}  {pod.log}")
     print(f"job {'succeeded' if result.succeeded else 'FAILED'}: {result.reason} ({result.wall_s:.1f} s)")
-    raise typer.Exit(0 if result.succeeded else 1)
+    raise typer.Exit(0 if result.succeeded else USER_ERROR_EXIT_CODE if result.user_error else 1)
 
 
 def _runtime(name: str, *, image: str, store_image: str) -> Runtime:

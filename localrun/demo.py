@@ -5,20 +5,29 @@
 3. run the fault-free reference once (cached per configuration and trainer code);
 4. run the rendered job with the local executor, the trainer injecting the faults;
 5. report: one row per fault, the run's goodput figures, summary.json, events, timeline.png and
-   report.html (the same on one self-contained page).
+   report.html (the same on one self-contained page), headed by what ran.
+
+It stops at the first step that cannot be compared with anything: a module or script that is not there
+(before anything is rendered), a fault-free reference that failed (no chaos run), a chaos run that never
+trained (no report). Its reason is the job's, in one line; the exit code 2 when the job's input or the
+script is to blame (the same at every restart), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.infra import DEFAULT_CONFIG
 from nvrx_eks.k8s import DEFAULT_VALUES
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from nvrx_eks.k8s.values import JobValues
+    from nvrx_eks.localrun.chaos import ChaosResult, RunFailed
 
 
 # One fault of every class training/faults.py injects, spaced so each recovery completes before the
@@ -55,25 +64,23 @@ def demo(
 ) -> int:
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result).
     `cache_dir`: where fault-free references are kept (default: RUNS/.cache)."""
+    from rich.markup import escape  # noqa: PLC0415
+
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
-    from nvrx_eks.localrun.chaos import fault_free_sha256, run_job  # noqa: PLC0415
-    from nvrx_eks.localrun.report import (  # noqa: PLC0415
-        plot_timeline,
-        print_report,
-        summary_document,
-        write_html_report,
-        write_summary,
-    )
-    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
+    from nvrx_eks.localrun.chaos import RunFailed, fault_free_sha256, local_entry_problem, run_job  # noqa: PLC0415
 
     console = make_console()
     started = time.monotonic()
-    run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
 
-    # The values first: a bad file or override is one message at once, not after the synth.
+    # The values first: a bad file or override, or an entry point that is not there, is one message at
+    # once, not after the synth.
     plan = ",".join(DEMO_FAULTS)
     values = demo_values(values_path, overrides)
+    problem = local_entry_problem(values)
+    if problem is not None:
+        raise UserError(problem)
+    run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
 
     console.rule("1. Cluster (CDK synth, offline)")
     if skip_synth:
@@ -84,31 +91,64 @@ def demo(
         console.print(synth_summary(cluster_config, ()))
 
     console.rule("2. Job (cdk8s render)")
-    runs = " ".join(values.entrypoint.command())
+    ran, runs = _what_runs(values)
     console.print(
         f"{values_path}: {values.num_nodes} nodes x {values.profile.workers_per_node} ranks, mode "
         f"{values.mode}, NVRx {values.resolved_nvrx_version}, {runs}; faults: {plan}"
     )
 
     console.rule("3. Fault-free reference")
-    reference = fault_free_sha256(
-        values,
-        cache_dir=cache_dir or runs_root / ".cache",
-        run_dir=run_dir / "fault-free",
-        console=console,
-        timeout_s=timeout_s,
-    )
+    try:
+        reference = fault_free_sha256(
+            values,
+            cache_dir=cache_dir or runs_root / ".cache",
+            run_dir=run_dir / "fault-free",
+            console=console,
+            timeout_s=timeout_s,
+        )
+    except RunFailed as failed:
+        return _stopped(console, "the fault-free reference failed", failed)
 
     console.rule("4. Chaos run (local executor plays the Job controller)")
     outcome = run_job(values, run_dir=run_dir / "chaos", console=console, label="chaos", timeout_s=timeout_s)
     for pod in outcome.job.pods:
         console.print(f"  pod {pod.pod:28} {pod.reason:12} exit={pod.exit_code}")
-    console.print(
-        f"job {'succeeded' if outcome.job.succeeded else '[red]FAILED[/red]'}: {outcome.job.reason}"
-    )
+    verdict = "succeeded" if outcome.job.succeeded else "[red]FAILED[/red]"
+    console.print(f"job {verdict}: {escape(outcome.job.reason)}", highlight=False, soft_wrap=True)
+    if not outcome.job.succeeded and (outcome.job.user_error or not trained(outcome.trainer_run_dir)):
+        failed = RunFailed(
+            outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "chaos" / "pods"
+        )
+        return _stopped(console, "the chaos run failed", failed)
 
     console.rule("5. Report")
-    document = summary_document(summarize(outcome.trainer_run_dir), fault_free_sha256=reference)
+    document = _report(
+        console, outcome, run_dir, reference=reference, ran={"entrypoint": ran, "values": str(values_path)}
+    )
+    console.print(f"demo took {time.monotonic() - started:.0f} s")
+    recovered = all(f["layer"] == f.get("expected_layer") for f in document["faults"])
+    classes = {f["class"] for f in document["faults"]}
+    expected = {item.split("@")[0] for item in DEMO_FAULTS}
+    ok = outcome.job.succeeded and recovered and document["bit_identical"] and classes >= expected
+    if not ok:
+        console.print("[red]the demo did not meet its claims; see the table and the pod logs[/red]")
+    return 0 if ok else 1
+
+
+def _report(
+    console: Console, outcome: ChaosResult, run_dir: Path, *, reference: str | None, ran: dict[str, str]
+) -> dict[str, Any]:
+    """The chaos run's report: the table, summary.json, the timeline and report.html; the summary."""
+    from nvrx_eks.localrun.report import (  # noqa: PLC0415
+        plot_timeline,
+        print_report,
+        summary_document,
+        write_html_report,
+        write_summary,
+    )
+    from nvrx_eks.localrun.summary import summarize  # noqa: PLC0415
+
+    document = summary_document(summarize(outcome.trainer_run_dir), fault_free_sha256=reference, ran=ran)
     print_report(console, document, run_dir)
     summary_path = write_summary(run_dir, document)
     timeline = plot_timeline(outcome.trainer_run_dir, document, out=run_dir / "timeline.png")
@@ -120,12 +160,30 @@ def demo(
     )
     console.print(f"report:   {page}")
     console.print(f"pod logs: {run_dir / 'chaos' / 'pods'}")
-    console.print(f"demo took {time.monotonic() - started:.0f} s")
+    return document
 
-    recovered = all(f["layer"] == f.get("expected_layer") for f in document["faults"])
-    classes = {f["class"] for f in document["faults"]}
-    expected = {item.split("@")[0] for item in DEMO_FAULTS}
-    ok = outcome.job.succeeded and recovered and document["bit_identical"] and classes >= expected
-    if not ok:
-        console.print("[red]the demo did not meet its claims; see the table and the pod logs[/red]")
-    return 0 if ok else 1
+
+def _what_runs(values: JobValues) -> tuple[str, str]:
+    """(the command every rank runs, as the report names it; its steps or arguments, for the header)."""
+    from nvrx_eks.k8s.sections import REFERENCE_TRAINER_MODULE  # noqa: PLC0415
+
+    runs = " ".join(values.entrypoint.command())
+    reference = " (the reference trainer)" if values.entrypoint.module == REFERENCE_TRAINER_MODULE else ""
+    return f"python {runs}{reference}", runs
+
+
+def trained(trainer_run_dir: Path) -> bool:
+    """Whether a run's ranks started at all (a `process_start` event): else there is nothing to report."""
+    from nvrx_eks.training.events import read_events  # noqa: PLC0415
+
+    try:
+        return any(event["kind"] == "process_start" for event in read_events(trainer_run_dir))
+    except FileNotFoundError:
+        return False
+
+
+def _stopped(console: Console, what: str, failed: RunFailed) -> int:
+    """The demo ends at a run that failed: its reason in one line, no report of a run that did not happen."""
+    console.print(f"{what}: {failed.reason}", markup=False, highlight=False, style="red", soft_wrap=True)
+    console.print(f"pod logs: {failed.logs}", markup=False, highlight=False)
+    return USER_ERROR_EXIT_CODE if failed.user_error else 1

@@ -79,13 +79,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP
+from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP, JOB_UID_LABEL
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
@@ -160,6 +161,9 @@ class JobResult:
     """The pod marker prefix of this run's processes (`marked_processes(run_key)` finds any left)."""
     ports: dict[str, int] = field(default_factory=dict)
     """`<service>:<port>` -> the local port it reached (see the module docstring)."""
+    user_error: bool = False
+    """The job failed on its input or on the user's script (k8s/termination.py `Cause.user_error`): the
+    same at every restart, the user's to fix (`nvrx-eks local run` and the demo exit 2)."""
 
 
 @dataclass
@@ -576,6 +580,8 @@ class LocalJob:
         self.api: LocalApiServer | None = None
         """The loopback API server (started in `start` when a pod mounts a service account token)."""
         self._delete_requests: list[int] = []
+        self._user_error = False
+        """The failure verdict's cause was the user's input or script (`JobResult.user_error`)."""
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._events = self.run_dir / "executor.jsonl"
@@ -584,6 +590,8 @@ class LocalJob:
         self.run_key = f"{self.rendered.job_name}-{digest}"
         """Names this run's pods in their marker and in the machine's tmpfs (unique per run folder)."""
         self.shm_dir = LOCAL_SHM_ROOT / self.run_key
+        self.job_uid = str(uuid.uuid4())
+        """The Job's UID, as the Job controller labels each of its pods (names.JOB_UID_LABEL): one per run."""
 
     # ---- public API -------------------------------------------------------------------------
     def delete_node(self, index: int) -> None:
@@ -667,7 +675,9 @@ class LocalJob:
                 continue
             action = self._failure_action(o)
             if action == "FailJob":
-                cause = f": {failure_cause(o.message).text}" if o.message else ""
+                found = failure_cause(o.message) if o.message else None
+                self._user_error = found is not None and found.user_error
+                cause = f": {found.text}" if found is not None else ""
                 return False, (
                     f"PodFailurePolicy: pod {pod.name} container {o.container} exit code {o.exit_code} "
                     f"fails the job{cause}"
@@ -711,6 +721,7 @@ class LocalJob:
         by_end = sorted(self._out_of_budget, key=lambda i: self._out_of_budget[i].ended or 0.0)
         index = max(by_end, key=lambda i: causes[i].severity)  # max keeps the first of equals
         o = self._out_of_budget[index]
+        self._user_error = causes[index].user_error
         others = sorted(set(self._out_of_budget) - {index})
         also = f" (also out of budget: index {', '.join(map(str, others))})" if others else ""
         return False, (
@@ -842,7 +853,10 @@ class LocalJob:
         name = f"{self.rendered.job_name}-{index}-a{attempt}"
         pod_spec = self.rendered.job["spec"]["template"]["spec"]
         pod = self._make_pod(
-            name=name, index=index, pod_spec=pod_spec, annotations={COMPLETION_INDEX_ANNOTATION: str(index)}
+            name=name,
+            index=index,
+            pod_spec=pod_spec,
+            annotations={COMPLETION_INDEX_ANNOTATION: str(index), JOB_UID_LABEL: self.job_uid},
         )
         self.pods[index] = pod
         self.history.append(pod.outcome)
@@ -1049,6 +1063,7 @@ class LocalJob:
             run_dir=str(self.run_dir),
             run_key=self.run_key,
             ports={svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()},
+            user_error=not succeeded and self._user_error,
         )
 
     def _shutdown(self) -> None:

@@ -73,8 +73,11 @@ class _SummaryShape(BaseModel):
     bit_identical: bool
 
 
-def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> dict[str, Any]:
-    """summary.json: the stable keys first, then the run's other figures for whoever wants them."""
+def summary_document(
+    summary: RunSummary, *, fault_free_sha256: str | None, ran: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """summary.json: the stable keys first, then the run's other figures for whoever wants them. `ran`:
+    what the run was ({"entrypoint": ..., "values": ...}, as `nvrx-eks demo` knows it)."""
     full = summary.to_dict()
     faults = [{key: fault[key] for key in FAULT_KEYS} | fault for fault in full.pop("faults")]
     document: dict[str, Any] = {
@@ -92,7 +95,28 @@ def summary_document(summary: RunSummary, *, fault_free_sha256: str | None) -> d
         fault_free_sha256 is not None and document["final_params_sha256"] == fault_free_sha256
     )
     document["versions"] = runtime_versions()
+    if ran:
+        document["ran"] = dict(ran)
     return document | full
+
+
+def ran_line(document: dict[str, Any]) -> str:
+    """What ran, in one line, so that two reports of two scripts are told apart: the entry point, its
+    values file, the model and its size."""
+    ran = document.get("ran") or {}
+    parts = [
+        ran.get("entrypoint")
+        or (f"the reference trainer, model {document['model']}" if document.get("model") else "")
+    ]
+    if ran.get("values"):
+        parts.append(f"values {ran['values']}")
+    size = []
+    if document.get("num_parameters"):
+        size.append(f"{document['num_parameters']:,} parameters")
+    if document.get("state_bytes"):
+        size.append(f"{document['state_bytes'] / 1e6:.1f} MB of state per rank")
+    parts.append(", ".join(size))
+    return "; ".join(p for p in parts if p)
 
 
 def write_summary(run_dir: Path, document: dict[str, Any]) -> Path:
@@ -159,6 +183,9 @@ def print_report(console: Console, document: dict[str, Any], run_dir: Path | Non
     the planner's command line)."""
     from rich.table import Table  # noqa: PLC0415
 
+    what = ran_line(document)
+    if what:
+        console.print(f"ran: {what}", markup=False, highlight=False)
     faults = Table(title=f"Faults ({document['mode']}, {document['steps']} steps)", title_justify="left")
     # Names never wrap (an 80-column terminal still shows them whole); numbers' headers may.
     for column in ("class", "recovered by"):
@@ -585,6 +612,7 @@ def render_html(
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>{_esc(title)}</h1>
+<p id="ran">{_esc(ran_line(document))}</p>
 <p>mode <b>{_esc(document["mode"])}</b>, {document["steps"]} steps, {len(document["faults"])} faults.
 {verdict}</p>
 <h2>Timeline</h2>

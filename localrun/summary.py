@@ -117,6 +117,12 @@ class RunSummary:
     recovery_s: float = 0.0
     """Wall time inside a recovery (a fault -> every rank restored), overlapping recoveries once: the
     time infra goodput leaves out."""
+    model: str | None = None
+    """The model preset the reference trainer ran (its `process_start` meta); None for a script."""
+    num_parameters: int | None = None
+    """Parameters of the tracked modules (rank 0's `startup_done`): the model's size, whatever ran."""
+    state_bytes: int | None = None
+    """Bytes of one rank's checkpointed state (rank 0's `startup_done`)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -351,4 +357,7 @@ def summarize(run_dir: Path) -> RunSummary:
         checkpoints=len(calls),
         checkpoint_warnings=checkpoint_warnings(events),
         recovery_s=round(recovering_s, 3),
+        model=starts[0].get("model"),
+        num_parameters=sizes[-1].get("num_parameters") if sizes else None,
+        state_bytes=sizes[-1].get("state_bytes") if sizes else None,
     )

@@ -31,6 +31,7 @@ def load_plan(
         merge,
         parse_overrides,
         read_yaml,
+        stale_input_said,
     )
     from nvrx_eks.planner.calibrate import calibrate  # noqa: PLC0415
     from nvrx_eks.planner.config import Plan  # noqa: PLC0415
@@ -51,7 +52,8 @@ def load_plan(
     def build() -> Plan:
         merged = merge(data, cal.overrides) if cal is not None else data
         try:
-            return Plan.model_validate(merge(merged, parse_overrides(overrides)))
+            with stale_input_said():
+                return Plan.model_validate(merge(merged, parse_overrides(overrides)))
         except ValidationError as exc:
             raise UserError(describe_validation_error(exc, source=source)) from None
 

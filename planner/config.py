@@ -14,7 +14,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy.stats import poisson
 
-from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.configio import StaleInput, UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
 from nvrx_eks.training.resilience.config import parse_plan_item
@@ -409,7 +409,7 @@ class Plan(_Section):
             warnings.warn(
                 f"modes.{RENAMED_MODE} is now modes.both, the job values' name for the mode; {RENAMED_MODE} "
                 "is read as both for now: rename it in the plan file (and in --set modes.* overrides)",
-                FutureWarning,
+                StaleInput,
                 stacklevel=2,
             )
             value = {("both" if name == RENAMED_MODE else name): setup for name, setup in value.items()}

@@ -45,14 +45,17 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import traceback
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch.distributed as dist
 
+from nvrx_eks.kitcore import supervisor
 from nvrx_eks.kitcore.configio import UserError, exit_on_user_error
+from nvrx_eks.training import failures
 from nvrx_eks.training.attempt import Record, params_sha256
 from nvrx_eks.training.inputs import check_runtime_inputs
-from nvrx_eks.training.process import UserCodeError, record_for_the_launcher, run_process
+from nvrx_eks.training.process import UserCodeError, run_process
 from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_from_env
 
 if TYPE_CHECKING:
@@ -131,16 +134,22 @@ class Job:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         with exit_on_user_error():
             try:
-                return run_process(
+                digest = run_process(
                     self.config,
                     record=self._record,
                     tokens_per_step=self.tokens_per_step,
                     meta=self.meta,
                     attempt=lambda run: train(Attempt(run)),
                 )
-            except UserError as exc:
-                record_for_the_launcher(exc)
+            except UserError:
+                self._record.release()  # bad input or a bug ends the job: this rank is done for good
                 raise
+            except Exception as exc:
+                # A fault for the launcher to restart: its summary names it in the kit's words.
+                supervisor.tell(failures.describe(exc), details=traceback.format_exc())
+                raise
+            self._record.release()
+            return digest
 
 
 class Attempt:

@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +33,7 @@ from nvrx_eks.training.checkpoint.floor import copy_bandwidth
 from nvrx_eks.training.events import imported_since_fork
 from nvrx_eks.training.faults import FaultInjector, build_schedule
 from nvrx_eks.training.resilience.config import check_fault_plan
+from nvrx_eks.training.run_scope import resumed_line
 from nvrx_eks.training.tracked import KEEP, Tracked, local_parameters, set_rng_state
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from nvrx_eks.training.parallel import World
     from nvrx_eks.training.resilience.config import ResilienceConfig
     from nvrx_eks.training.resilience.layers import Resilience
+    from nvrx_eks.training.run_scope import RunScope
 
 
 @dataclass
@@ -80,8 +82,13 @@ class Record:
     kept: Kept | None = None
     injector: FaultInjector | None = None
     attempts: int = 0
-    failures: set[str] = field(default_factory=set)
-    """Signatures of the failures this process saw (process.py `judge`)."""
+    scope: RunScope | None = None
+    """The run this process belongs to (training/run_scope.py), once its store is known."""
+
+    def release(self) -> None:
+        """This rank has ended for good: the last of the host's ranks removes the run's RAM snapshots."""
+        if self.scope is not None:
+            self.scope.release()
 
 
 class LossReader:
@@ -251,7 +258,7 @@ class AttemptRun:
         kept = self.record.kept
         load_started = time.perf_counter()
         source = self._in_memory_source(kept, tracked) if self.number > 0 and kept is not None else None
-        restored_step, tier, resharded, from_world = -1, "none", False, 0
+        restored_step, tier, resharded, from_world, written_by = -1, "none", False, 0, None
         if source is not None and kept is not None:
             self._take_from_memory(kept, tracked, source)
             restored_step, tier = self.last_done, "inprocess"
@@ -271,7 +278,9 @@ class AttemptRun:
             else:
                 self._load(restored.state)
                 restored_step, tier = restored.step, restored.tier
+                written_by = (restored.state.get(KIT_SECTION) or {}).get("run_id") or "unknown"
                 resharded, from_world = restored.resharded, restored.from_world_size
+        self._say_resumed(tier, restored_step, written_by)
         tracked.capture()
         self.record.kept = Kept(tracked=tracked, last_done=self.last_done)
         load_s = time.perf_counter() - load_started
@@ -286,13 +295,16 @@ class AttemptRun:
             startup_s=time.time() - self._started,
             load_s=load_s,
             state_bytes=nbytes,
+            num_parameters=sum(p.numel() for module in tracked.modules.values() for p in module.parameters()),
             memcpy_gbps=copy_bandwidth(nbytes) / 1e9,
             imported_since_fork=imported_since_fork(),
         )
         return self.last_done + 1
 
     def _kit(self) -> dict[str, Any]:
+        scope = self.record.scope
         return {
+            "run_id": scope.run_id if scope is not None else "",
             "next_step": self.last_done + 1,
             "world_size": self.ctx.world.world_size,
             "mesh": json.dumps(self.mesh_shape),
@@ -301,6 +313,22 @@ class AttemptRun:
 
     def _rank_section(self) -> dict[str, Any]:
         return {"resilience": json.dumps(self.ctx.resilience.state_dict(), default=str)}
+
+    def _say_resumed(self, tier: str, step: int, written_by: str | None) -> None:
+        """Every rank says where it resumed from, on its console (a fresh start says nothing); a
+        checkpoint another run wrote is named as such (training/run_scope.py)."""
+        scope = self.record.scope
+        if tier == "none" or scope is None:
+            return
+        line = resumed_line(
+            rank=self.ctx.world.rank,
+            attempt=self.number,
+            tier=tier,
+            step=step,
+            where=scope.location(tier),
+            written_by=written_by if written_by != scope.run_id else None,
+        )
+        print(line, flush=True)
 
     def _check_meta(self, kit: dict[str, Any]) -> None:
         """Before a tensor is loaded: the step was written with the job's facts (`Job(meta=...)`)."""

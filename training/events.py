@@ -14,7 +14,8 @@ Kinds and their extra fields (training/metrics.py and localrun/summary.py read t
 - `attempt_start`: attempt (0 for a fresh process, +1 per in-process restart)
 - `loop_start`: attempt, steps (the loop's length), first_step -- the script entered `Attempt.steps`
 - `startup_done`: attempt, restored_step (-1: none), tier ("memory", "local", "durable", "inprocess", "none"),
-  startup_s (attempt start -> ready), load_s, state_bytes, memcpy_gbps, imported_since_fork (the
+  startup_s (attempt start -> ready), load_s, state_bytes, num_parameters (the tracked modules'),
+  memcpy_gbps, imported_since_fork (the
   modules a forked worker imported itself before this attempt's first step; None when not forked)
 - `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
@@ -31,8 +32,8 @@ Kinds and their extra fields (training/metrics.py and localrun/summary.py read t
   ("inprocess"), cause -- this worker ends itself: its in-process store is gone, so only its launcher
   can restart it
 - `ft_timeouts`: initial_s, subsequent_s, calculated -- heartbeat timeouts in force
-- `user_code_error`: step, error, traceback -- the script failed the same way twice at the same step:
-  a bug, not a fault; the job ends (training/api.py)
+- `user_code_error`: step, error (type, message, place), traceback -- this rank failed the same way in
+  two attempts at the same step: a bug, not a fault; the job ends (training/failures.py)
 - `end`: steps, final_params_sha256 (rank 0), wall_s
 """
 

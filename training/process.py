@@ -9,7 +9,6 @@ traceback (`UserCodeError`, exit 2) instead of spending every restart budget on 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import time
@@ -19,34 +18,26 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.training import parallel
+from nvrx_eks.training import failures, parallel
 from nvrx_eks.training.attempt import AttemptRun, Context, Record
 from nvrx_eks.training.events import EventLog, process_created_at
 from nvrx_eks.training.faults import InjectedFaultError
 from nvrx_eks.training.metrics import Metrics, checkpoint_intervals
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
+from nvrx_eks.training.run_scope import RunScope
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nvrx_eks.training.checkpoint.base import Checkpointer
+    from nvrx_eks.training.checkpoint.config import CheckpointConfig
     from nvrx_eks.training.parallel import World
     from nvrx_eks.training.resilience.config import ResilienceConfig
 
 
 class UserCodeError(UserError):
-    """The training script failed the same way twice at the same point: a bug, not a fault."""
-
-
-def record_for_the_launcher(exc: BaseException) -> None:
-    """The error's first line in torch elastic's per-worker error file: the launcher's failure summary,
-    the pod's termination message and `nvrx-eks job status` then name it (k8s/termination.py)."""
-    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
-        return
-    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler  # noqa: PLC0415
-
-    with contextlib.suppress(Exception):  # the message is a courtesy; the exit code is the verdict
-        ErrorHandler().record_exception(exc)
+    """A rank of the training script failed the same way in two attempts at the same step: a bug, not a
+    fault (training/failures.py). Its message is one line; `details` holds the traceback."""
 
 
 def run_process(
@@ -77,6 +68,7 @@ def run_process(
     parallel.preload()  # before any timeout or restart machinery is armed (see its docstring)
     marks["preload_s"] = time.time() - started
     store = parallel.base_store(world, cfg.collective_timeout_s)
+    scope = record.scope = RunScope.start(cfg, store=store, rank=world.rank)
     resilience = for_mode(cfg, events, store=store, world=world)
     marks["layers_s"] = time.time() - started - sum(marks.values())
     checkpointer: Checkpointer | None = None
@@ -93,7 +85,7 @@ def run_process(
             checkpoint_intervals=checkpoint_intervals(cfg.effective_checkpoint()),
         )
         events.subscribe(metrics.observe)
-        checkpointer = _make_checkpointer(cfg, world, events)
+        checkpointer = _make_checkpointer(scope.checkpoint, world, events)
         ctx = Context(
             cfg=cfg,
             world=world,
@@ -132,16 +124,17 @@ def run_process(
     return digest
 
 
-def _make_checkpointer(cfg: ResilienceConfig, world: World, events: EventLog) -> Checkpointer:
-    """The configured checkpointer. No fallback: a tier that cannot start fails the rank with its error,
-    never a silent downgrade to a slower implementation."""
+def _make_checkpointer(checkpoint: CheckpointConfig, world: World, events: EventLog) -> Checkpointer:
+    """The configured checkpointer (the run's own memory folder: training/run_scope.py). No fallback: a
+    tier that cannot start fails the rank with its error, never a silent downgrade to a slower
+    implementation."""
     from nvrx_eks.training.checkpoint import build_checkpointer  # noqa: PLC0415
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         events.emit(kind if kind.startswith("checkpoint") else f"checkpoint_{kind}", **fields)
 
     return build_checkpointer(
-        cfg.effective_checkpoint(),
+        checkpoint,
         rank=world.rank,
         world_size=world.world_size,
         # The node's rank in this rendezvous round (torchelastic's GROUP_RANK), not the pod's Job index:
@@ -165,50 +158,22 @@ def _attempt(ctx: Context, record: Record, attempt: Callable[[AttemptRun], objec
     return run.finish()
 
 
-FAILURES_DIR = "failures"
-
-
 def judge(ctx: Context, record: Record, run: AttemptRun, exc: BaseException) -> None:
-    """A failure seen before at the same step, with the same type, message and place, is the script's
-    bug: end the job with its traceback instead of restarting into it again."""
-    if isinstance(exc, InjectedFaultError) or is_restart_interrupt(exc):
+    """A failure this rank saw in an earlier attempt at the same step, with the same type, message and
+    place, is the script's bug: end the job instead of restarting into it again. A first failure is
+    always retried (training/failures.py)."""
+    if isinstance(exc, InjectedFaultError) or failures.is_restart_interrupt(exc):
         return
+    in_step = run.step is not None
     step = run.step if run.step is not None else run.last_done
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-    signature = f"{type(exc).__qualname__}|{str(exc)[:500]}|{where}|{step}"
-    text = "".join(traceback.format_exception(exc))[-4000:]
-    seen = signature in record.failures or _seen_on_disk(ctx.cfg, signature)
-    _record_on_disk(ctx.cfg, ctx.world.rank, signature)
-    record.failures.add(signature)
+    run_id = record.scope.run_id if record.scope is not None else "unscoped"
+    history = failures.History(ctx.cfg.run_dir, run_id=run_id, rank=ctx.world.rank)
+    signature = failures.signature(exc, step=step)
+    seen = history.seen(signature)
+    history.add(signature)
     if seen:
-        ctx.events.emit(
-            "user_code_error", step=step, error=f"{type(exc).__name__}: {exc}"[:300], traceback=text
-        )
-        raise UserCodeError(
-            f"the training script failed the same way twice at step {step}, a bug, not a fault (nothing "
-            f"is retried): {type(exc).__name__}: {str(exc)[:300]}\n{text.rstrip()}"
-        ) from None
-
-
-def is_restart_interrupt(exc: BaseException) -> bool:
-    """NVRx's own interrupt of a rank whose peer failed, and what a torn collective raises with it."""
-    name = type(exc).__name__
-    return name in {"RankShouldRestart", "DistBackendError", "DistNetworkError"} or (
-        isinstance(exc, RuntimeError) and ("gloo" in str(exc).lower() or "timed out" in str(exc).lower())
-    )
-
-
-def _seen_on_disk(cfg: ResilienceConfig, signature: str) -> bool:
-    """Across launcher restarts (a fresh process): the run folder keeps each rank's failure signatures."""
-    folder = cfg.run_dir / FAILURES_DIR
-    if not folder.is_dir():
-        return False
-    return any(signature in path.read_text().splitlines() for path in folder.glob("rank-*.txt"))
-
-
-def _record_on_disk(cfg: ResilienceConfig, rank: int, signature: str) -> None:
-    path = cfg.run_dir / FAILURES_DIR / f"rank-{rank}.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        handle.write(signature.replace("\n", " ") + "\n")
+        text = "".join(traceback.format_exception(exc))[-4000:]
+        ctx.events.emit("user_code_error", step=step, error=failures.describe(exc), traceback=text)
+        error = UserCodeError(failures.bug_message(exc, rank=ctx.world.rank, step=step if in_step else None))
+        error.details = text
+        raise error from None

@@ -17,6 +17,7 @@ from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import (
     Progress,
     _progress_line,
+    code_files,
     fault_free_key,
     reference_trainer,
     without_faults,
@@ -40,6 +41,7 @@ from nvrx_eks.training.resilience.config import FaultsConfig
 REPO = Path(__file__).resolve().parents[2]
 
 LOCAL_VALUES = Path("k8s/values/local-cpu.yaml")
+HF_VALUES = REPO / "k8s" / "values" / "local-hf-llama.yaml"
 
 
 def _write(run_dir: Path, rank: int, events: list[dict]) -> None:
@@ -302,3 +304,48 @@ def test_the_totals_say_what_they_measure_and_where_a_real_jobs_figures_come_fro
     page = render_html(document, read_events(tmp_path), title="t", run_dir=tmp_path)
     assert all(html.escape(line) in page for line in totals_in_scale(document, tmp_path))
     assert FLEET_PLAN.is_file()
+
+
+def test_the_report_names_what_ran_so_two_scripts_reports_are_told_apart(tmp_path):
+    _soft_fault_run(tmp_path)
+    sizes = {"state_bytes": 4_000_000, "memcpy_gbps": 4.0, "num_parameters": 106816}
+    _write(tmp_path, 0, [{"t": 9.0, "kind": "startup_done", "pid": 1, **sizes}])
+    ran = {
+        "entrypoint": "python -m examples.hf_llama.train --steps 80",
+        "values": "k8s/values/local-hf-llama.yaml",
+    }
+    document = summary_document(summarize(tmp_path), fault_free_sha256="f" * 64, ran=ran)
+    console = Console(record=True, width=200)
+    print_report(console, document)
+    header = console.export_text().splitlines()[0]
+    assert header == (
+        "ran: python -m examples.hf_llama.train --steps 80; values k8s/values/local-hf-llama.yaml; "
+        "106,816 parameters, 4.0 MB of state per rank"
+    )
+    page = render_html(document, read_events(tmp_path), title="t")
+    assert f'<p id="ran">{html.escape(header.removeprefix("ran: "))}</p>' in page
+    assert json.loads(write_summary(tmp_path, document).read_text())["ran"] == ran
+
+
+def test_the_fault_free_key_counts_a_scripts_own_code_not_what_is_vendored_beside_it(tmp_path):
+    """A script's folder with a virtual environment, a vendored site-packages and hidden folders: only
+    its own Python files are its code."""
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "data.py").write_text("DATA = 1\n")
+    for vendored in (
+        "vendor/site-packages/big",
+        ".venv/lib/python3.11/site-packages/x",
+        "env/lib",
+        ".git/hooks",
+    ):
+        (tmp_path / vendored).mkdir(parents=True)
+        (tmp_path / vendored / "mod.py").write_text("X = 1\n")
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    script = load_values(HF_VALUES, ["entrypoint.module=null", f"entrypoint.script={tmp_path / 'train.py'}"])
+    assert code_files(script) == [tmp_path / "lib" / "data.py", tmp_path / "train.py"]
+    key = fault_free_key(script)
+    (tmp_path / "vendor" / "site-packages" / "big" / "mod.py").write_text("X = 2\n")
+    assert fault_free_key(script) == key
+    (tmp_path / "lib" / "data.py").write_text("DATA = 2\n")
+    assert fault_free_key(script) != key

@@ -93,3 +93,41 @@ def test_the_selfchecks_verdict_is_the_cause_whole(capsys, monkeypatch):
     render(checks, profile=get_profile("local-cpu"))
     cause = failure_cause(log_tail(capsys.readouterr().out))
     assert cause.text == f"self-check (configuration/image problem, exit 2): checkpoint durable: {detail}"
+
+
+def test_a_launcher_that_stopped_on_bad_input_names_it_as_the_users_error():
+    """The launcher's own check of the entry point, before any rank: its `error:` line is the cause."""
+    message = (
+        "=== container trainer: python -m nvrx_eks.training.resilience.launch --nnodes=2:2 -m mytrain.main\n"
+        "error: entrypoint.module mytrain.main: no such module on the Python path (/workspace, ...); install "
+        "your package into the image (images/README.md) or fix the module name\n"
+    )
+    cause = failure_cause(message)
+    assert cause.text.startswith("entrypoint.module mytrain.main: no such module"), cause
+    assert cause.user_error
+    assert not failure_cause(FAULTY).user_error
+
+
+def test_a_ranks_own_reason_is_the_cause_and_torchs_generic_line_is_not():
+    said = (
+        "worker failures: {1: ProcessFailure(local_rank=1, pid=7, exitcode=1, message='ValueError: shapes "
+        "do not match (train.py:40 in train)')}\n"
+    )
+    assert failure_cause(said).text == (
+        "worker rank 1 exit code 1: ValueError: shapes do not match (train.py:40 in train)"
+    )
+    silent = said.replace(
+        "ValueError: shapes do not match (train.py:40 in train)", "To enable traceback see: x"
+    )
+    assert failure_cause(silent).text == "worker rank 1 exit code 1"
+
+
+def test_a_bug_the_launcher_stopped_the_job_for_is_the_users_error():
+    line = (
+        "NVRx decided the job must not be restarted (user_error): local rank 1 exited 2: the training "
+        "script failed the same way twice on rank 3 at step 12: ValueError: x (train.py:4 in train); a "
+        "bug, not a fault: nothing is retried. Agent's exit code = 93\n"
+    )
+    cause = failure_cause(line)
+    assert cause.text.startswith("local rank 1: the training script failed the same way twice on rank 3")
+    assert cause.user_error

@@ -113,3 +113,102 @@ def test_a_bug_in_the_script_ends_the_job_once_with_its_traceback(tmp_path, loca
     cause = failure_cause(log_tail(Path(pod.log).read_text()))
     assert "local rank 1" in cause.text, cause
     assert "ValueError: shapes do not match" in cause.text, cause
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("entrypoint.module=examples.no_such.train", "error: entrypoint.module examples.no_such.train: "),
+        ("entrypoint.script=no_such/train.py", "error: entrypoint.script no_such/train.py: no such file"),
+    ],
+    ids=["module", "script"],
+)
+def test_the_demo_of_an_entry_point_that_is_not_there_is_one_line_and_exit_2(
+    tmp_path, nvrx_eks, entry, message
+):
+    """Before anything is synthesized, rendered or run: no fault-free run, no chaos run, no report."""
+    result = nvrx_eks(
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path),
+        "--set", "entrypoint.module=null", "--set", entry, "--set", "entrypoint.preload=[]",
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith(message), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+_BUG_ON_EVERY_RANK = """
+import torch
+
+from nvrx_eks.training import api as kit
+
+
+def train(attempt):
+    model = torch.nn.Linear(4, 4)
+    wrapped = attempt.data_parallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    attempt.resume(model=model, optimizer=optimizer)
+    for step in attempt.steps(80):
+        if step == 5:
+            raise ValueError("shapes do not match: a bug in the step")
+        wrapped(torch.ones(2, 4)).sum().backward()
+        with attempt.update():
+            optimizer.step()
+
+
+kit.Job().run(train)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_demo_stops_at_a_failed_fault_free_reference_with_its_reason(tmp_path, nvrx_eks):
+    """No chaos run, no report of a run that did not happen, no traceback: the script's bug in one line,
+    exit 2. Every rank raising alike is one failure, retried once in process, then the bug."""
+    script = tmp_path / "buggy.py"
+    script.write_text(textwrap.dedent(_BUG_ON_EVERY_RANK))
+    runs = tmp_path / "runs"
+    result = nvrx_eks(
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(runs),
+        "--set", "entrypoint.module=null", "--set", f"entrypoint.script={script}",
+        "--set", "entrypoint.preload=[]", timeout=280,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-4000:]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("the fault-free reference failed: ")]
+    assert "the training script failed the same way twice on rank" in line, line
+    assert "at step 5: ValueError: shapes do not match: a bug in the step (" in line, line
+    assert "4. Chaos run" not in out
+    assert "Traceback" not in out
+    (demo,) = runs.glob("demo-*")
+    assert not (demo / "chaos").exists()
+    assert not (demo / "summary.json").exists()
+    events = [json.loads(x) for p in demo.rglob("rank-*.jsonl") for x in p.read_text().splitlines()]
+    assert max(e["attempt"] for e in events if e["kind"] == "attempt_start") == 1  # retried once
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_local_run_of_a_job_whose_module_is_not_there_is_one_line_and_exit_2(tmp_path, nvrx_eks):
+    """The launcher of each pod checks the entry point before any rank starts (the rendered job cannot
+    know what the image holds): the job fails with that line as its reason, exit 2."""
+    dist = tmp_path / "dist"
+    rendered = nvrx_eks(
+        "job", "render", "-f", str(HF_VALUES), "-o", str(dist),
+        "--set", "entrypoint.module=examples.no_such.train", "--set", "entrypoint.preload=[]",
+        timeout=120,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    result = nvrx_eks("local", "run", str(dist), "--run-dir", str(run_dir), "--timeout", "200", timeout=280)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-4000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("job FAILED: PodFailurePolicy: pod "), last
+    assert "exit code 2 fails the job: entrypoint.module examples.no_such.train: ModuleNotFoundError" in last
+    assert "Traceback" not in out
+    assert "To enable traceback" not in out
+    logs = "".join(p.read_text() for p in (run_dir / "pods").glob("*-0-a0.log"))
+    assert "starting workers" not in logs  # ft_launcher's line before it starts any rank

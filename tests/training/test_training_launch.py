@@ -9,22 +9,28 @@ interpreter does). Here: the rewrite, and the condition that makes a fork safe t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
+from nvrx_eks.training.entry import entry_source
 from nvrx_eks.training.resilience.config import ResilienceConfig
 from nvrx_eks.training.resilience.launch import (
     S3_MODULES,
     WARM_MODULES,
     _flag,
+    check_entry,
     entry_script,
     launcher_argv,
     start_method,
+    warm_entry_imports,
     warm_modules,
 )
+from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV, write_warm_module
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = ["--", "-m", "nvrx_eks.training"]
@@ -385,3 +391,173 @@ def test_the_forkserver_imports_start_no_thread():
         cwd=REPO,
     )
     assert done.stdout.strip().splitlines()[-1] == "1"
+
+
+# ----- the entry point: checked before any rank, its imports made once per pod --------------------------
+
+LAUNCH = (sys.executable, "-m", "nvrx_eks.training.resilience.launch")
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+
+
+def test_the_launcher_refuses_an_entry_point_that_is_not_there(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"entrypoint\.module no_such_package\.train: .*fix the module name"):
+        check_entry(launcher_argv(["--nnodes=1", "-m", "no_such_package.train", "--steps", "3"]))
+    with pytest.raises(UserError, match=r"entrypoint\.script missing\.py: no such file"):
+        check_entry(launcher_argv(["--nnodes=1", "missing.py"]))
+    check_entry(launcher_argv(["--nnodes=1", "-m", "nvrx_eks.training", "--steps", "3"]))  # the trainer's own
+
+
+def test_the_launcher_finds_a_module_without_running_its_packages(tmp_path, monkeypatch):
+    """A package that imports torch at its top would cost the launcher seconds at every pod start; one
+    that raises shows the check never ran it. Found all the same, as the worker will find it."""
+    package = tmp_path / "mytrain"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "main.py").write_text("print('training')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_entry(launcher_argv(["--nnodes=1", "-m", "mytrain.main"]))
+    assert "mytrain" not in sys.modules
+    assert entry_source("module", "mytrain.main") == package / "main.py"
+
+
+def test_a_relative_script_is_found_on_the_python_path_as_the_image_finds_it(tmp_path, monkeypatch):
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "train.py").write_text("print('training')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "project"))
+    check_entry(launcher_argv(["--nnodes=1", "train.py"]))
+    assert entry_source("script", "train.py") == tmp_path / "project" / "train.py"
+
+
+def test_a_launcher_with_no_such_module_exits_2_with_one_line_before_any_rank(tmp_path):
+    """Not 13-31 s later, after the rendezvous, with torch's "To enable traceback" as the job's reason."""
+    done = subprocess.run(
+        [*LAUNCH, "--standalone", "--nproc-per-node=1", "-m", "no_such_package.train", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == USER_ERROR_EXIT_CODE, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: entrypoint.module no_such_package.train: ModuleNotFoundError"), last
+    assert "Traceback" not in done.stderr
+    assert "starting workers" not in done.stdout + done.stderr  # ft_launcher's line before any rank
+
+
+_PROJECT_SCRIPT = """
+from __future__ import annotations
+
+import json
+from collections import OrderedDict as Ordered
+
+try:
+    import helper
+except ImportError:
+    helper = None
+
+if False:
+    import not_at_the_top
+from . import relative  # a script has no package: never made
+
+def main():
+    import inside_a_function
+"""
+
+
+def test_the_warm_module_makes_the_entry_points_top_level_imports_only(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(_PROJECT_SCRIPT)
+    # A helper beside the script whose name a module elsewhere on the path also has: the script's own.
+    (project / "helper.py").write_text("MARK = 'beside the script'\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "helper.py").write_text("MARK = 'elsewhere'\n")
+    folder, name = write_warm_module(project / "train.py", script_folder=project)
+    probe = (
+        "import sys, json\n"
+        f"sys.path[:0] = [{str(tmp_path / 'elsewhere')!r}]\n"
+        f"sys.path.append({str(folder)!r})\n"
+        f"__import__({name!r})\n"
+        "print(json.dumps([sys.modules['helper'].MARK, 'collections' in sys.modules,"
+        " 'not_at_the_top' in sys.modules, 'inside_a_function' in sys.modules,"
+        f" {str(project)!r} in sys.path]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    helper_mark, ordered, nested, inside, folder_left = json.loads(done.stdout.splitlines()[-1])
+    assert helper_mark == "beside the script"
+    assert (ordered, nested, inside, folder_left) == (True, False, False, False)
+
+
+def test_the_warm_module_imports_a_name_a_package_loads_lazily(tmp_path):
+    """`from transformers import LlamaForCausalLM` loads the model's code only when the name is taken:
+    importing the bare module (all `entrypoint.preload` can name) leaves it for every restarted rank."""
+    script = tmp_path / "train.py"
+    script.write_text("from transformers import LlamaForCausalLM\n")
+    folder, name = write_warm_module(script, script_folder=tmp_path)
+    probe = f"import sys\nsys.path.append({str(folder)!r})\n__import__({name!r})\n"
+    probe += "print('transformers.models.llama.modeling_llama' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_the_entry_points_imports_can_be_left_to_the_ranks(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("import json\n")
+    ft_argv = launcher_argv(["--nnodes=1", str(tmp_path / "train.py")])
+    warm = warm_entry_imports(ft_argv)
+    assert warm is not None
+    assert (warm[0] / f"{warm[1]}.py").is_file()
+    monkeypatch.setenv(PRELOAD_IMPORTS_ENV, "0")  # entrypoint.preload_imports: false
+    assert warm_entry_imports(ft_argv) is None
+    assert warm_entry_imports(launcher_argv(["--nnodes=1", "-m", "nvrx_eks.training"])) is None
+
+
+_FORKSERVER_PROBE = """
+import json, multiprocessing, sys
+from nvrx_eks.training.resilience import launch
+
+launch.WARM_MODULES = ()  # the kit's own warm modules are another test's: only the entry point's here
+launch.start_forkserver(launch.launcher_argv(["--nnodes=1", sys.argv[1]]))
+import probe
+
+queue = multiprocessing.get_context("forkserver").SimpleQueue()
+worker = multiprocessing.get_context("forkserver").Process(target=probe.report, args=(queue,))
+worker.start()
+worker.join(60)
+print(json.dumps(queue.get()))
+"""
+
+
+def test_a_worker_forked_from_the_forkserver_has_the_scripts_imports_made(tmp_path):
+    """Through a real forkserver (a fresh `python -c` that finds modules on PYTHONPATH, not on the
+    launcher's sys.path): the worker finds the script's imports already made, the helper beside it too."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import colorsys\nimport helper\n")
+    (project / "helper.py").write_text("MARK = 'beside the script'\n")
+    (tmp_path / "probe.py").write_text(
+        "import sys\n\n\ndef report(queue):\n"
+        "    queue.put([name in sys.modules for name in ('colorsys', 'helper')])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKSERVER_PROBE, str(project / "train.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True]

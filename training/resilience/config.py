@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 CONFIG_ENV = "NVRX_EKS_CONFIG"
 """A script's `ResilienceConfig` as one JSON object: the chart renders it from the job values'
 `trainer` tree over the fields it owns (k8s/rank_config.py `resilience_env`)."""
+RUN_ID_ENV = "NVRX_EKS_RUN_ID"
+"""The run's identity, the same in every rank and restart of one run (training/run_scope.py): the chart
+sets the Job's UID; the kit's launcher draws one when nothing set it."""
 
 PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
 """One planned fault, CLASS@STEP[:RANK] (rank 0 when left out): the grammar of `faults.plan`."""

@@ -43,11 +43,13 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, exit_on_user_error
-from nvrx_eks.training.resilience.config import ResilienceConfig, config_from_env
+from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
+from nvrx_eks.training.entry import entry_problem, entry_source
+from nvrx_eks.training.resilience.config import RUN_ID_ENV, ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
 from nvrx_eks.training.resilience.nvrx_compat import (
     capture_worker_failures,
@@ -55,9 +57,11 @@ from nvrx_eks.training.resilience.nvrx_compat import (
     format_tracebacks_without_dynamo,
     keep_launcher_process_group,
     poll_rendezvous_faster,
+    rank_reason,
     report_every_failed_worker,
     stop_on_user_error,
 )
+from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV, write_warm_module
 
 WARM_MODULES = (
     "torch",
@@ -141,6 +145,38 @@ def launcher_argv(argv: list[str]) -> list[str]:
         raise SystemExit(f"usage: {USAGE}")
     start = [] if _flag(flags, "--start-method") is not None else ["--start-method=forkserver"]
     return [*flags, *start, "--run-path", *run, *rest]
+
+
+def entry_of(ft_argv: list[str]) -> tuple[str, str] | None:
+    """The training script `launcher_argv` hands to training/entry.py: ("module" | "script", its name or
+    path); None for the reference trainer (or a command line that runs neither)."""
+    if "--run-path" not in ft_argv:
+        return None
+    run = ft_argv[ft_argv.index("--run-path") + 1 :]
+    if len(run) < 3 or run[0] != entry_script() or run[1] not in {"--module", "--script"}:  # noqa: PLR2004
+        return None
+    return run[1].removeprefix("--"), run[2]
+
+
+def check_entry(ft_argv: list[str]) -> None:
+    """UserError when the job's module or script cannot run here: said once, before any rank starts
+    (each rank would say it again, after the rendezvous, in every pod)."""
+    entry = entry_of(ft_argv)
+    problem = entry_problem(*entry) if entry is not None else None
+    if problem is not None:
+        raise UserError(problem)
+
+
+def warm_entry_imports(ft_argv: list[str]) -> tuple[Path, str] | None:
+    """The entry point's top-level imports as a module for the forkserver (training/resilience/
+    warm_entry.py): (its folder, its name), or None (the reference trainer, no imports, turned off)."""
+    entry = entry_of(ft_argv)
+    if entry is None or os.environ.get(PRELOAD_IMPORTS_ENV, "1") == "0":
+        return None
+    source = entry_source(*entry)
+    if source is None:
+        return None
+    return write_warm_module(source, script_folder=source.parent if entry[0] == "script" else None)
 
 
 def _own_args(argv: list[str]) -> list[str]:
@@ -258,6 +294,22 @@ def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
     return endpoint, run_id, int(infra_rank)
 
 
+def start_forkserver(ft_argv: list[str], config: ResilienceConfig) -> None:
+    """Start the forkserver now, not at the first worker (its imports overlap this process's and the
+    rendezvous), importing `warm_modules` and the entry point's own imports (`warm_entry_imports`)."""
+    preload = warm_modules(config)
+    warm = warm_entry_imports(ft_argv)
+    if warm is not None:
+        # The forkserver is a fresh `python -c`: it finds modules on PYTHONPATH, not on this process's
+        # sys.path. Appended: nothing but the one generated module is there to shadow anything.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.environ.get("PYTHONPATH"), str(warm[0])) if p
+        )
+        preload.append(warm[1])
+    multiprocessing.set_forkserver_preload(preload)
+    multiprocessing.forkserver.ensure_running()
+
+
 def main() -> None:
     check_supported_nvrx()
     # Defence in depth for GPU nodes: should anything in the forkserver ask torch for the device count,
@@ -267,10 +319,12 @@ def main() -> None:
     ft_argv = launcher_argv(sys.argv[1:])
     with exit_on_user_error():
         config = config_from_env()
+        check_entry(ft_argv)
+    # One run's identity for every rank this launcher starts, at every restart (training/run_scope.py):
+    # the chart's (the Job's UID), else this launch's own. Set before the forkserver copies the environment.
+    os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex[:12])
     if start_method(ft_argv) == "forkserver":
-        multiprocessing.set_forkserver_preload(warm_modules(config))
-        # Started now, not at the first worker: its imports overlap this process's and the rendezvous.
-        multiprocessing.forkserver.ensure_running()
+        start_forkserver(ft_argv, config)
         keep_launcher_process_group()
     hand_over(ft_argv)
     alive = beat(ft_argv)
@@ -293,15 +347,17 @@ def main() -> None:
 
 
 def failure_summary(failures: dict[int, Any]) -> str:
-    """`{rank: ProcessFailure(...)}` with each entry short: the exit code and the message's first line."""
+    """`{rank: ProcessFailure(...)}` with each entry short: the exit code and the rank's reason (or its
+    signal), in one line."""
 
-    def first_line(message: object) -> str:
-        text = message.get("message", "") if isinstance(message, dict) else str(message)
-        return str(text).strip().splitlines()[0][:160].replace("'", "") if str(text).strip() else ""
+    def said(failure: Any) -> str:  # noqa: ANN401 - torch's ProcessFailure
+        if failure.exitcode < 0:  # torch's "Signal 9 (SIGKILL) received by PID ..."
+            return str(failure.message).strip().splitlines()[0][:160] if str(failure.message).strip() else ""
+        return rank_reason(failure)[:160].replace("'", "")
 
     entries = [
         f"{rank}: ProcessFailure(local_rank={f.local_rank}, pid={f.pid}, exitcode={f.exitcode}, "
-        f"message='{first_line(f.message)}')"
+        f"message='{said(f)}')"
         for rank, f in sorted(failures.items())
     ]
     return "{" + ", ".join(entries) + "}"

@@ -435,11 +435,21 @@ USER_ERROR_LINE = "local rank {rank} exited {code}: {message}"
 
 
 def _user_error_line(failure: Any, exit_code: int) -> str:  # noqa: ANN401 - torch's ProcessFailure
-    """The rank and the first line of its error (torch elastic's error file, which training/api.py
-    writes), or a pointer to its log."""
+    """The rank and its error in one line (torch elastic's error file, which the rank writes:
+    kitcore/supervisor.py), or a pointer to its log."""
+    said = rank_reason(failure) or "it wrote no reason: see the rank's log"
+    return USER_ERROR_LINE.format(rank=failure.local_rank, code=exit_code, message=said)
+
+
+def rank_reason(failure: Any) -> str:  # noqa: ANN401 - torch's ProcessFailure
+    """What a failed rank said of its failure, in one line (kitcore/supervisor.py); "" when it said
+    nothing (torch's generic "To enable traceback see: ..." names nothing)."""
+    # Here, not at the top: the store's image holds this module and only the kit's pins besides.
+    from nvrx_eks.kitcore.supervisor import MAX_CHARS, TORCH_NO_REASON, one_line  # noqa: PLC0415
+
     message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
-    first = str(message).strip().splitlines()[0][:300] if str(message).strip() else "see the rank's log"
-    return USER_ERROR_LINE.format(rank=failure.local_rank, code=exit_code, message=first)
+    line = one_line(str(message))[:MAX_CHARS]
+    return "" if line.startswith(TORCH_NO_REASON) else line
 
 
 def stop_on_user_error(exit_code: int) -> None:
