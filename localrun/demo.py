@@ -116,10 +116,10 @@ def demo(
     verdict = "succeeded" if outcome.job.succeeded else "[red]FAILED[/red]"
     console.print(f"job {verdict}: {escape(outcome.job.reason)}", highlight=False, soft_wrap=True)
     if not outcome.job.succeeded and (outcome.job.user_error or not trained(outcome.trainer_run_dir)):
-        failed = RunFailed(
+        chaos = RunFailed(
             outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "chaos" / "pods"
         )
-        return _stopped(console, "the chaos run failed", failed)
+        return _stopped(console, "the chaos run failed", chaos)
 
     console.rule("5. Report")
     document = _report(
