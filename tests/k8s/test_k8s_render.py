@@ -141,11 +141,17 @@ def test_selfcheck_runs_first_and_is_handed_the_checkpointer_the_ranks_build(ren
     assert [i["name"] for i in pod["initContainers"]] == ["selfcheck", "topology"]
     check = pod["initContainers"][0]
     _, config, _ = _split(pod["containers"][0])
-    assert check["command"] == ["python", "-m", "nvrx_eks.training.node.selfcheck"]
+    # `--store`: where a node problem is compared with the other nodes' (training/node/repeats.py).
+    assert check["command"] == [
+        "python",
+        "-m",
+        "nvrx_eks.training.node.selfcheck",
+        "--store=nvrx-local-rdzv:29400",
+    ]
     # The self-check reads the ranks' settings from the env it shares with them (NVRX_EKS_CONFIG), and
     # proves the very tiers their checkpointer is built with.
     env = {e["name"]: e.get("value") for e in check["env"]}
-    args = selfcheck.parse_args([], env)
+    args = selfcheck.parse_args(check["command"][3:], env)
     want = config.effective_checkpoint()
     assert selfcheck.checkpoint_config(args, env) == want
     assert (want.local_dir, want.durable_dir) == (

@@ -98,6 +98,7 @@ def test_the_launcher_warms_the_forkserver_whichever_form_names_it(given, monkey
     monkeypatch.setattr(launch, "poll_rendezvous_faster", lambda: None)
     monkeypatch.delenv("NVRX_EKS_CONFIG", raising=False)
     monkeypatch.delenv("NVRX_EKS_PRELOAD", raising=False)
+    monkeypatch.setenv(PRELOAD_IMPORTS_ENV, "0")  # the entry point's own imports: tested below
     ran: list[list[str]] = []
     monkeypatch.setattr(nvrx_launcher, "main", ran.append)
     monkeypatch.setattr(sys, "argv", ["nvrx_eks.training.resilience.launch", *given, *REFERENCE])
@@ -407,10 +408,12 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_launcher_refuses_an_entry_point_that_is_not_there(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"entrypoint\.module no_such_package\.train: .*fix the module name"):
-        check_entry(launcher_argv(["--nnodes=1", "-m", "no_such_package.train", "--steps", "3"]))
+        check_entry(launcher_argv(["--nnodes=1", "--", "-m", "no_such_package.train", "--steps", "3"]))
     with pytest.raises(UserError, match=r"entrypoint\.script missing\.py: no such file"):
-        check_entry(launcher_argv(["--nnodes=1", "missing.py"]))
-    check_entry(launcher_argv(["--nnodes=1", "-m", "nvrx_eks.training", "--steps", "3"]))  # the trainer's own
+        check_entry(launcher_argv(["--nnodes=1", "--", "missing.py"]))
+    check_entry(
+        launcher_argv(["--nnodes=1", "--", "-m", "nvrx_eks.training", "--steps", "3"])
+    )  # the trainer's own
 
 
 def test_the_launcher_finds_a_module_without_running_its_packages(tmp_path, monkeypatch):
@@ -421,7 +424,7 @@ def test_the_launcher_finds_a_module_without_running_its_packages(tmp_path, monk
     (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
     (package / "main.py").write_text("print('training')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    check_entry(launcher_argv(["--nnodes=1", "-m", "mytrain.main"]))
+    check_entry(launcher_argv(["--nnodes=1", "--", "-m", "mytrain.main"]))
     assert "mytrain" not in sys.modules
     assert entry_source("module", "mytrain.main") == package / "main.py"
 
@@ -431,14 +434,14 @@ def test_a_relative_script_is_found_on_the_python_path_as_the_image_finds_it(tmp
     (tmp_path / "project" / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path / "project"))
-    check_entry(launcher_argv(["--nnodes=1", "train.py"]))
+    check_entry(launcher_argv(["--nnodes=1", "--", "train.py"]))
     assert entry_source("script", "train.py") == tmp_path / "project" / "train.py"
 
 
 def test_a_launcher_with_no_such_module_exits_2_with_one_line_before_any_rank(tmp_path):
     """Not 13-31 s later, after the rendezvous, with torch's "To enable traceback" as the job's reason."""
     done = subprocess.run(
-        [*LAUNCH, "--standalone", "--nproc-per-node=1", "-m", "no_such_package.train", "--steps", "3"],
+        [*LAUNCH, "--standalone", "--nproc-per-node=1", "--", "-m", "no_such_package.train", "--steps", "3"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -514,13 +517,13 @@ def test_the_warm_module_imports_a_name_a_package_loads_lazily(tmp_path):
 
 def test_the_entry_points_imports_can_be_left_to_the_ranks(tmp_path, monkeypatch):
     (tmp_path / "train.py").write_text("import json\n")
-    ft_argv = launcher_argv(["--nnodes=1", str(tmp_path / "train.py")])
+    ft_argv = launcher_argv(["--nnodes=1", "--", str(tmp_path / "train.py")])
     warm = warm_entry_imports(ft_argv)
     assert warm is not None
     assert (warm[0] / f"{warm[1]}.py").is_file()
     monkeypatch.setenv(PRELOAD_IMPORTS_ENV, "0")  # entrypoint.preload_imports: false
     assert warm_entry_imports(ft_argv) is None
-    assert warm_entry_imports(launcher_argv(["--nnodes=1", "-m", "nvrx_eks.training"])) is None
+    assert warm_entry_imports(launcher_argv(["--nnodes=1", "--", "-m", "nvrx_eks.training"])) is None
 
 
 _FORKSERVER_PROBE = """
@@ -528,7 +531,8 @@ import json, multiprocessing, sys
 from nvrx_eks.training.resilience import launch
 
 launch.WARM_MODULES = ()  # the kit's own warm modules are another test's: only the entry point's here
-launch.start_forkserver(launch.launcher_argv(["--nnodes=1", sys.argv[1]]))
+from nvrx_eks.training.resilience.config import ResilienceConfig
+launch.start_forkserver(launch.launcher_argv(["--nnodes=1", "--", sys.argv[1]]), ResilienceConfig())
 import probe
 
 queue = multiprocessing.get_context("forkserver").SimpleQueue()

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from nvrx_eks.kitcore.supervisor import ERROR_FILE_ENV, one_line
-from nvrx_eks.training import api, failures
+from nvrx_eks.training import api, failures, process
+from nvrx_eks.training.attempt import Record
 from nvrx_eks.training.resilience.config import CONFIG_ENV
 from nvrx_eks.training.resilience.launch import entry_script
 
@@ -142,17 +143,15 @@ class _Rank:
     """Rank `rank`'s context as far as judging a failure needs it: its run, its rank, its events."""
 
     def __init__(self, run_dir: Path, rank: int) -> None:
-        job = api.Job(api.ResilienceConfig(run_dir=run_dir))
-        job._state.scope = SimpleNamespace(run_id="run-a")
+        self.record = Record(scope=SimpleNamespace(run_id="run-a"))  # type: ignore[arg-type]
         self.context = SimpleNamespace(
-            job=job,
-            cfg=job.config,
+            cfg=api.ResilienceConfig(run_dir=run_dir),
             world=SimpleNamespace(rank=rank),
             events=SimpleNamespace(emit=lambda kind, **fields: None),
         )
 
     def judge(self, attempt: object, exc: BaseException) -> None:
-        api._Context._judge(self.context, attempt, exc)  # type: ignore[arg-type]
+        process.judge(self.context, self.record, attempt, exc)  # type: ignore[arg-type]
 
 
 def _fail(step: int) -> ValueError:
@@ -167,7 +166,7 @@ def test_every_rank_failing_alike_in_one_attempt_is_retried_and_a_repeat_is_a_bu
     failure (a fault may hit them all), retried; the same rank failing the same way in its next attempt
     is the bug. Before, rank 0 read rank 1's record of that same attempt and ended the job at once."""
     rank_0, rank_1 = _Rank(tmp_path, 0), _Rank(tmp_path, 1)
-    in_step = SimpleNamespace(_step=7, last_done=6)
+    in_step = SimpleNamespace(step=7, last_done=6)
     failure = _fail(7)
     rank_1.judge(in_step, failure)  # attempt 0, rank 1
     rank_0.judge(in_step, failure)  # attempt 0, rank 0: the same failure, the same attempt: retried
@@ -181,7 +180,7 @@ def test_every_rank_failing_alike_in_one_attempt_is_retried_and_a_repeat_is_a_bu
     assert "test_user_failures.py:" in message  # its place: the user's frame
     assert "Traceback" in bug.value.details
     # Another run of the same folder starts with a clean history: its first failure is retried.
-    rank_0.context.job._state.scope = SimpleNamespace(run_id="run-b")
+    rank_0.record.scope = SimpleNamespace(run_id="run-b")  # type: ignore[assignment]
     rank_0.judge(in_step, failure)
 
 

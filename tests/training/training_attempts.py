@@ -38,7 +38,7 @@ def stub_context(cfg: ResilienceConfig, world: World, run_dir: Path) -> Context:
             fence=lambda: None,
             save=lambda step, state: None,
             wait=lambda: None,
-            load_latest=lambda target=None: None,
+            load_latest=lambda target=None, validate=None: None,
         ),  # type: ignore[arg-type]
         metrics=SimpleNamespace(step=lambda **_: None),  # type: ignore[arg-type]
         meta={},
