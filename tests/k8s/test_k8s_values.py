@@ -83,8 +83,8 @@ P5 = LOCAL.with_name("p5-2.yaml")
             ["trainer.model=gigantic"],
             (
                 "trainer.model: not one of the kit's fields (mode, seed, run_dir, dist, checkpoint, "
-                "inprocess, ft, faults, metrics, parallel); a script's own setting is its argument: entrypoint.args, "
-                "e.g. [--model, gigantic]"
+                "inprocess, ft, faults, metrics, parallel); a script's own setting is its argument: "
+                "entrypoint.args, e.g. [--model, gigantic]"
             ),
         ),
         (LOCAL, ["trainer.no_such_flag=1"], "entrypoint.args, e.g. [--no-such-flag, 1]"),
