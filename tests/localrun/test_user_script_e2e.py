@@ -1,5 +1,6 @@
 """A training script the kit did not write, under the local job: every fault class recovered by its layer
-with a bit-identical verdict (a Hugging Face Llama, examples/hf_llama), a project whose own package is
+with a bit-identical verdict (a Hugging Face Llama, examples/hf_llama; the same Llama with its own
+tensor parallelism and FSDP2 on a 2-D mesh, examples/hf_llama_tp), a project whose own package is
 named `training` (examples/own_package), and a bug in a script that ends the job once instead of
 spending every restart budget."""
 
@@ -16,17 +17,19 @@ from nvrx_eks.localrun.demo import DEMO_FAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
+HF_TP_VALUES = ROOT / "k8s" / "values" / "local-hf-llama-tp.yaml"
 OWN_PACKAGE = ROOT / "examples" / "own_package"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
+@pytest.mark.parametrize("values", [HF_VALUES, HF_TP_VALUES], ids=["ddp-like", "fsdp2-tp"])
+def test_a_transformers_llama_recovers_every_fault_class_bit_identically(
+    tmp_path, nvrx_eks, references, values
+):
     # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
     cache = ("--cache", str(references))
-    result = nvrx_eks(
-        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
-    )
+    result = nvrx_eks("demo", "-f", str(values), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -36,6 +39,16 @@ def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_pat
         assert fault["layer"] == fault["expected_layer"], fault
         if fault["layer"] == "inprocess":
             assert fault["steps_lost"] == 0, fault
+    if values == HF_TP_VALUES:  # the script's own (dp, tp) mesh, rebuilt at every attempt
+        events_dir = next(tmp_path.glob("demo-*/chaos/volumes/*/runs/*/events"))
+        meshes = [
+            json.loads(line)["mesh"]
+            for path in events_dir.glob("rank-*.jsonl")
+            for line in path.read_text().splitlines()
+            if '"device_mesh"' in line
+        ]
+        assert meshes
+        assert all(mesh == {"dp": 2, "tp": 2} for mesh in meshes), meshes
 
 
 @pytest.mark.slow
