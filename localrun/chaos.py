@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import threading
 from dataclasses import dataclass
@@ -254,7 +255,18 @@ def fault_free_sha256(
     )
     if not outcome.job.succeeded:
         raise RunFailed(outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "pods")
+    from nvrx_eks.training.attempt import FINAL_STATE  # noqa: PLC0415 - torch, only when a run ran
+
     sha = summarize(outcome.trainer_run_dir).final_params_sha256
     cache_dir.mkdir(parents=True, exist_ok=True)
+    state = outcome.trainer_run_dir / FINAL_STATE
+    if state.is_file():
+        shutil.copyfile(state, cached.with_suffix(".pt"))
     cached.write_text(json.dumps({"final_params_sha256": sha, "run_dir": str(run_dir)}) + "\n")
     return sha
+
+
+def fault_free_state(values: JobValues, *, cache_dir: Path) -> Path | None:
+    """The fault-free run's final parameters, whole (`training.attempt.FINAL_STATE`), when it kept them."""
+    path = cache_dir / f"fault-free-{fault_free_key(values)}.pt"
+    return path if path.is_file() else None

@@ -178,6 +178,25 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def numerics_line(numerics: dict[str, Any]) -> str:
+    """The measured difference from the fault-free run, in one phrase."""
+    difference = numerics.get("difference") or {}
+    if not difference:
+        return "no final parameters kept to compare"
+    return (
+        f"max |diff| {difference['max_abs_diff']:.3g}, relative L2 {difference['relative_l2']:.3g} "
+        f"({difference['differing']} of {difference['tensors']} tensors differ)"
+    )
+
+
+def _identity_verdict(identical: bool, numerics: dict[str, Any]) -> str:
+    if identical:
+        return "[green]yes[/green]"
+    if numerics.get("explained"):
+        return f"[yellow]no, as expected: {numerics_line(numerics)}[/yellow]"
+    return f"[red]no{': ' + numerics_line(numerics) if numerics.get('difference') else ''}[/red]"
+
+
 def print_report(console: Console, document: dict[str, Any], run_dir: Path | None = None) -> None:
     """One row per fault, then the run's totals and what they measure (`run_dir`: the run's folder, for
     the planner's command line)."""
@@ -222,10 +241,11 @@ def print_report(console: Console, document: dict[str, Any], run_dir: Path | Non
     totals.add_row("stall / floor", stall_text)
     totals.add_row("final params sha256", str(document["final_params_sha256"])[:16])
     totals.add_row("fault-free params sha256", str(document["fault_free_params_sha256"])[:16])
-    verdict = "[green]yes[/green]" if document["bit_identical"] else "[red]no[/red]"
-    totals.add_row("bit-identical to fault-free", verdict)
+    numerics = document.get("numerics") or {}
+    totals.add_row("bit-identical to fault-free", _identity_verdict(document["bit_identical"], numerics))
     console.print(totals)
-    for line in totals_in_scale(document, run_dir):
+    why = [f"why: {numerics['explained']}"] if numerics.get("explained") else []
+    for line in [*why, *totals_in_scale(document, run_dir)]:
         console.print(line, markup=False, highlight=False)
     for line in document.get("checkpoint_warnings", []):
         console.print(f"[yellow]warning:[/yellow] {line}", markup=True, highlight=False)
@@ -603,11 +623,16 @@ def render_html(
     document: dict[str, Any], events: Sequence[dict[str, Any]], *, title: str, run_dir: Path | None = None
 ) -> str:
     identical = document["bit_identical"]
-    verdict = (
-        '<span id="verdict" class="verdict ok">bit-identical to the fault-free run</span>'
-        if identical
-        else '<span id="verdict" class="verdict bad">NOT bit-identical to the fault-free run</span>'
-    )
+    numerics = document.get("numerics") or {}
+    if identical:
+        verdict = '<span id="verdict" class="verdict ok">bit-identical to the fault-free run</span>'
+    elif numerics.get("explained"):
+        verdict = (
+            '<span id="verdict" class="verdict ok">not bit-identical to the fault-free run, as expected: '
+            f"{_esc(numerics_line(numerics))} ({_esc(numerics['explained'])})</span>"
+        )
+    else:
+        verdict = '<span id="verdict" class="verdict bad">NOT bit-identical to the fault-free run</span>'
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title><style>{_CSS}</style></head>
 <body>

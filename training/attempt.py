@@ -201,12 +201,16 @@ class AttemptRun:
         ctx = self.ctx
         ctx.checkpointer.wait()
         modules = list(self.tracked.modules.values()) if self.tracked is not None else []
-        digest = params_sha256(modules)
+        small = self.tracked is not None and self.tracked.nbytes() * ctx.world.world_size <= FINAL_STATE_BYTES
+        whole: dict[str, torch.Tensor] | None = {} if small and ctx.world.rank == 0 else None
+        digest = params_sha256(modules, keep=whole)
         ctx.events.emit("end", steps=self.last_done + 1, final_params_sha256=digest)
         if ctx.world.rank == 0:
             (ctx.cfg.run_dir / "final.json").write_text(
                 json.dumps({"steps": self.last_done + 1, "final_params_sha256": digest}) + "\n"
             )
+            if whole is not None:
+                torch.save(whole, ctx.cfg.run_dir / FINAL_STATE)
         # On the store, not a collective: ranks get here seconds apart (each waited for its own
         # persists), far more than the collective timeout, which a barrier here would trip.
         parallel.store_barrier(ctx.store, f"finished-{self.number}", ctx.world.world_size)
@@ -295,6 +299,7 @@ class AttemptRun:
             startup_s=time.time() - self._started,
             load_s=load_s,
             state_bytes=nbytes,
+            parallelism=self._parallelism(tracked),
             num_parameters=sum(p.numel() for module in tracked.modules.values() for p in module.parameters()),
             memcpy_gbps=copy_bandwidth(nbytes) / 1e9,
             imported_since_fork=imported_since_fork(),
@@ -313,6 +318,16 @@ class AttemptRun:
 
     def _rank_section(self) -> dict[str, Any]:
         return {"resilience": json.dumps(self.ctx.resilience.state_dict(), default=str)}
+
+    def _parallelism(self, tracked: Tracked) -> str:
+        """How the modules' state is spread over the ranks, for the report: `sharded` (DTensors: FSDP2,
+        tensor parallelism), `kit` (the kit's own gradient average), `replicated` (the script's own,
+        DistributedDataParallel or alike), `single` (one rank)."""
+        if tracked.sharded:
+            return "sharded"
+        if self.ctx.world.world_size == 1:
+            return "single"
+        return "kit" if self.kit_parallel else "replicated"
 
     def _say_resumed(self, tier: str, step: int, written_by: str | None) -> None:
         """Every rank says where it resumed from, on its console (a fresh start says nothing); a
@@ -597,10 +612,18 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
-def params_sha256(modules: Iterable[torch.nn.Module]) -> str | None:
+FINAL_STATE = "final_state.pt"
+"""The final parameters, whole, beside final.json (rank 0) when they are at most FINAL_STATE_BYTES: what
+the demo compares with its fault-free run when the hashes differ, to say by how much."""
+FINAL_STATE_BYTES = 256 << 20
+
+
+def params_sha256(
+    modules: Iterable[torch.nn.Module], *, keep: dict[str, torch.Tensor] | None = None
+) -> str | None:
     """sha256 over the modules' whole state (keys and bytes, sharded tensors made whole): the
     bit-identity verdict's value, the same whatever the parallel layout. Collective when a module is
-    sharded: every rank calls it."""
+    sharded: every rank calls it. `keep`: filled with each whole tensor, by its key (CPU copies)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: PLC0415
 
     modules = list(modules)
@@ -615,6 +638,10 @@ def params_sha256(modules: Iterable[torch.nn.Module]) -> str | None:
                 tensor = tensor.full_tensor()
             if not isinstance(tensor, torch.Tensor):
                 continue  # a module's extra state: not parameters
-            digest.update(f"{index}.{name}".encode() if index else name.encode())
-            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            key = f"{index}.{name}" if index else name
+            whole = tensor.detach().cpu().contiguous()
+            digest.update(key.encode())
+            digest.update(whole.reshape(-1).view(torch.uint8).numpy().tobytes())
+            if keep is not None:
+                keep[key] = whole.clone()
     return digest.hexdigest()

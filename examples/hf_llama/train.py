@@ -23,6 +23,7 @@ import logging
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from nvrx_eks.training import api as kit  # kit
@@ -38,6 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--parallel",
+        choices=["kit", "ddp"],
+        default="kit",
+        help="kit: attempt.data_parallel (exact across restarts on CPU); ddp: the script's own "
+        "DistributedDataParallel on the attempt's group (its restarts differ in the last bits)",
+    )
     return parser.parse_args(argv)
 
 
@@ -101,7 +109,12 @@ class ShardedLoader:
 def train(attempt: kit.Attempt, args: argparse.Namespace) -> None:  # kit: called again after a restart
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(MODEL)
-    ddp = attempt.data_parallel(model, blocks=model.model.layers)  # kit: was DistributedDataParallel(model)
+    if args.parallel == "ddp":  # the script's own parallelism, on this attempt's process group
+        ddp: torch.nn.Module = DistributedDataParallel(model, process_group=attempt.group)
+    else:
+        ddp = attempt.data_parallel(
+            model, blocks=model.model.layers
+        )  # kit: was DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup))
     corpus = Corpus(seed=args.seed, seq_len=args.seq_len, vocab=MODEL.vocab_size)

@@ -225,3 +225,26 @@ def test_a_local_run_of_a_job_whose_module_is_not_there_is_one_line_and_exit_2(t
     assert "To enable traceback" not in out
     logs = "".join(p.read_text() for p in (run_dir / "pods").glob("*-0-a0.log"))
     assert "starting workers" not in logs  # ft_launcher's line before it starts any rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_scripts_own_ddp_is_recovered_and_its_difference_measured_and_explained(tmp_path, nvrx_eks):
+    """The same Llama with its own DistributedDataParallel: every fault recovered by its layer; its
+    restarts reorder DDP's reduction, so the verdict is not bit-identity but the measured difference and
+    the reason, and the demo passes on that explanation (never silently either way)."""
+    args = "entrypoint.args=[--steps, '80', --parallel, ddp]"
+    result = nvrx_eks(
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), "--set", args, timeout=560
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (summary_path,) = tmp_path.glob("demo-*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    for fault in summary["faults"]:
+        assert fault["layer"] == fault["expected_layer"], fault
+    numerics = summary["numerics"]
+    assert numerics["parallelism"] == ["replicated"], numerics
+    if not summary["bit_identical"]:
+        assert "rebuilds its gradient buckets" in numerics["explained"]
+        assert 0 < numerics["difference"]["max_abs_diff"] < 1e-2, numerics
+        assert "why: the script's own data parallelism" in result.stdout
