@@ -71,7 +71,7 @@ def verdict(
     """The numerics verdict summary.json carries: bit-identical, or the measured difference and whether
     the parallelism explains it (`explained`: the reason, or "" when nothing does)."""
     if document["bit_identical"]:
-        return {"bit_identical": True, "explained": ""}
+        return {"bit_identical": True, "parallelism": sorted(parallelism), "explained": ""}
     reasons = [REORDERED[kind] for kind in sorted(parallelism) if kind in REORDERED]
     finite = difference is not None and difference["differing"] >= 0
     return {

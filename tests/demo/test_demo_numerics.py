@@ -37,7 +37,8 @@ def test_a_reordered_reduction_explains_a_difference_and_nothing_else_does(tmp_p
     assert verdict(differs, difference, {"sharded"})["explained"] == ""
     assert verdict(differs, difference, {"kit"})["explained"] == ""
     assert verdict(differs, None, {"replicated"})["explained"] == ""
-    assert verdict({"bit_identical": True}, None, {"replicated"}) == {"bit_identical": True, "explained": ""}
+    exact = verdict({"bit_identical": True}, None, {"replicated"})
+    assert exact == {"bit_identical": True, "parallelism": ["replicated"], "explained": ""}
     # Different keys or shapes are no rounding: unexplained whatever the parallelism.
     other = compare(_save(tmp_path / "other.pt", v=torch.ones(4)), reference)
     assert verdict(differs, other, {"replicated"})["explained"] == ""
