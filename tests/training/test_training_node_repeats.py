@@ -12,6 +12,7 @@ from torch.distributed import TCPStore
 
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
+from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.executor import LocalJob
 from nvrx_eks.training.node import repeats
 from nvrx_eks.training.node.selfcheck import Check, Status, compare_with_other_nodes, exit_code
@@ -98,7 +99,7 @@ def test_a_node_problem_on_every_node_ends_the_job_with_the_reason_within_its_bu
     second node's self-check finds the first's report and fails the job, naming the check and both
     nodes, with no index charged."""
     dist = tmp_path / "dist"
-    render(load_values(LOCAL, ["trainer.steps=4"]), str(dist))
+    render(load_values(LOCAL, list(reference_trainer(steps=4))), str(dist))
     job = LocalJob(dist, run_dir=tmp_path / "run", timeout_s=150)
     pod = job.rendered.job["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if "hostPath" in v]

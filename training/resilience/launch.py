@@ -83,6 +83,17 @@ WARM_MODULES = (
     "nvrx_eks.training.checkpoint.factory",
     "nvrx_eks.training.checkpoint.tiered",
     "nvrx_eks.training.checkpoint.sync",
+    # What a checkpoint's DCP files and a script's own parallelism import on first use (training/
+    # parallel.py `preload` names the same for a process started without a forkserver): torch.save's
+    # and torch.load's helpers, the latin-1 codec numpy's pickled RNG state needs, the profiler hook
+    # DCP's writer reaches for, the state-dict API, the device mesh, FSDP2 and tensor parallelism.
+    "encodings.latin_1",
+    "torch.utils.serialization",
+    "torch.profiler._cupti_monitor",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.device_mesh",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor.parallel",
     "nvidia_resiliency_ext.inprocess",
     "prometheus_client",
     "psutil",
