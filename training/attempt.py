@@ -592,7 +592,9 @@ class AttemptRun:
         # The fence inside the step is checkpoint stall, not step time.
         step_s = time.perf_counter() - self._step_started - self._fence_s
         started = time.perf_counter()
-        ctx.checkpointer.save(step, self.tracked.state(kit=self._kit(), rank=self._rank_section()))
+        tracked = self.tracked
+        # Read only when a snapshot is due: the state dicts' walk is not free on a large model.
+        ctx.checkpointer.save(step, lambda: tracked.state(kit=self._kit(), rank=self._rank_section()))
         ckpt_s = time.perf_counter() - started + self._fence_s
         self.loss.poll()
         loss = self.loss.value if self.loss.step >= 0 else float("nan")

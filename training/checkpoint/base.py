@@ -18,15 +18,22 @@ torch.distributed.checkpoint files, which a job of another size reshards on load
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
 
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
+
+
+State = dict[str, Any] | Callable[[], dict[str, Any]]
+"""A state, or a call that reads it when a snapshot is due (`resolve`)."""
+
+
+def resolve(state: State) -> dict[str, Any]:
+    return state() if callable(state) else state
 
 
 @dataclass(frozen=True)
@@ -59,9 +66,10 @@ class Checkpointer(ABC):
     ) -> Self:
         """This rank's checkpointer for `config` (factory.py `build_checkpointer` calls it)."""
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
+    def save(self, step: int, state: State) -> None:
         """Called by the loop after `step`, every step (it decides what is due). `state` must not be
-        mutated until `fence()` has returned."""
+        mutated until `fence()` has returned. It may be a call that returns the state: made only when
+        a snapshot is due, so a step with nothing due pays nothing for reading the state."""
         self._save(step, state)
 
     def fence(self) -> None:
@@ -90,7 +98,7 @@ class Checkpointer(ABC):
         self._close()
 
     @abstractmethod
-    def _save(self, step: int, state: dict[str, Any]) -> None: ...
+    def _save(self, step: int, state: State) -> None: ...
 
     @abstractmethod
     def _load_latest(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Self
 
-from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+from nvrx_eks.training.checkpoint.base import Checkpointer, Restored, State, resolve
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.restore import restore
 from nvrx_eks.training.checkpoint.stats import CheckpointStats
@@ -66,12 +66,12 @@ class SyncCheckpointer(Checkpointer):
         self.stats = CheckpointStats()
         self.stager = Stager(rank=rank, world_size=world_size)
 
-    def _save(self, step: int, state: dict[str, Any]) -> None:
+    def _save(self, step: int, state: State) -> None:
         started = time.perf_counter()
         self.stats.save_calls += 1
         due = [store for store, every, _ in self.stores if every and step % every == 0]
         if due:
-            staged = self.stager.stage(state)
+            staged = self.stager.stage(resolve(state))
             for store in due:
                 try:
                     store.commit(step=step, rank=self.rank, world_size=self.world_size, staged=staged)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nvrx_eks.training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
-from nvrx_eks.training.checkpoint.base import Checkpointer, Restored
+from nvrx_eks.training.checkpoint.base import Checkpointer, Restored, State, resolve
 from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION, Stager
 from nvrx_eks.training.checkpoint.domains import node_domain
 from nvrx_eks.training.checkpoint.memory import MemoryTier, Slot
@@ -173,7 +173,7 @@ class TieredCheckpointer(Checkpointer):
             worker.start()
 
     # --- loop side ------------------------------------------------------------------------------
-    def _save(self, step: int, state: dict[str, Any]) -> None:
+    def _save(self, step: int, state: State) -> None:
         started = time.perf_counter()
         self.stats.save_calls += 1
         self._step = step
@@ -307,7 +307,7 @@ class TieredCheckpointer(Checkpointer):
         self.stats.stall_s += seconds
         self.stats.max_stall_s = max(self.stats.max_stall_s, seconds)
 
-    def _snapshot(self, step: int, state: dict[str, Any], *, catch_up: bool = False) -> None:
+    def _snapshot(self, step: int, state: State, *, catch_up: bool = False) -> None:
         """Stage this step's state and launch the tiers due at it (`catch_up`: the owed ones only)."""
         snapshot_started = time.perf_counter()
         due = [
@@ -316,7 +316,7 @@ class TieredCheckpointer(Checkpointer):
             if tier in self._owed or (not catch_up and step % every == 0)
         ]
         carried = {"write_steps": {tier: list(steps) for tier, steps in self._write_steps.items()}}
-        staged = self.stager.stage(with_carried(state, json.dumps(carried)))
+        staged = self.stager.stage(with_carried(resolve(state), json.dumps(carried)))
         skeleton, tensors, layout = flatten(staged.tree)
         # A new layout reallocates the slots: never under a writer that is still reading one.
         if layout.signature != self.memory.signature and not any(
