@@ -76,7 +76,9 @@ def test_a_project_with_its_own_training_package_runs_under_the_kits_launcher(
     assert all(f.layer == f.expected_layer for f in faults), faults
 
 
-_BUGGY = """
+def _buggy_script(*, steps: int, bug_when: str) -> str:
+    """A kit script whose step raises the same ValueError when `bug_when` holds (step and rank in scope)."""
+    return f"""
 import torch
 
 from nvrx_eks.training import api as kit
@@ -87,8 +89,8 @@ def train(attempt):
     wrapped = attempt.data_parallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     attempt.resume(model=model, optimizer=optimizer)
-    for step in attempt.steps(40):
-        if step == 12 and attempt.rank == 1:
+    for step in attempt.steps({steps}):
+        if {bug_when}:
             raise ValueError("shapes do not match: a bug in the step")
         wrapped(torch.ones(2, 4)).sum().backward()
         with attempt.update():
@@ -97,6 +99,9 @@ def train(attempt):
 
 kit.Job().run(train)
 """
+
+
+_BUGGY = _buggy_script(steps=40, bug_when="step == 12 and attempt.rank == 1")
 
 
 @pytest.mark.slow
@@ -152,27 +157,7 @@ def test_the_demo_of_an_entry_point_that_is_not_there_is_one_line_and_exit_2(
     assert not list(tmp_path.iterdir())
 
 
-_BUG_ON_EVERY_RANK = """
-import torch
-
-from nvrx_eks.training import api as kit
-
-
-def train(attempt):
-    model = torch.nn.Linear(4, 4)
-    wrapped = attempt.data_parallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    attempt.resume(model=model, optimizer=optimizer)
-    for step in attempt.steps(80):
-        if step == 5:
-            raise ValueError("shapes do not match: a bug in the step")
-        wrapped(torch.ones(2, 4)).sum().backward()
-        with attempt.update():
-            optimizer.step()
-
-
-kit.Job().run(train)
-"""
+_BUG_ON_EVERY_RANK = _buggy_script(steps=80, bug_when="step == 5")
 
 
 @pytest.mark.slow

@@ -388,7 +388,8 @@ def test_status_cli_prints_pods_restarts_and_checkpoint(cli, manifests, moto_ses
     assert "latest checkpoint: step 40 (2/2 ranks)" in result.output
 
 
-def test_eks_client_authenticates_with_a_fresh_token(plain_session):
+def _stubbed_eks_client(plain_session, **kwargs):
+    """`eks_api_client` against a stubbed DescribeCluster of a cluster named nvrx-eks."""
     from botocore.stub import Stubber  # noqa: PLC0415
 
     from nvrx_eks.infra.ops.kube import eks_api_client  # noqa: PLC0415
@@ -406,7 +407,11 @@ def test_eks_client_authenticates_with_a_fresh_token(plain_session):
             },
             {"name": "nvrx-eks"},
         )
-        client = eks_api_client(plain_session, "nvrx-eks")
+        return eks_api_client(plain_session, "nvrx-eks", **kwargs)
+
+
+def test_eks_client_authenticates_with_a_fresh_token(plain_session):
+    client = _stubbed_eks_client(plain_session)
     assert client.configuration.host == "https://ABC.gr7.us-east-1.eks.amazonaws.com"
     recorder = Recorder({("GET", PODS_PATH): [_pods()]})
     client.rest_client = recorder
@@ -418,24 +423,7 @@ def test_eks_client_authenticates_with_a_fresh_token(plain_session):
 def test_a_tunnel_sends_the_requests_to_the_local_port_and_checks_the_endpoints_name(plain_session):
     """From a workstation: an SSM port-forwarding session forwards a local port to the private
     endpoint; the client connects there and still verifies the certificate as the endpoint's."""
-    from botocore.stub import Stubber  # noqa: PLC0415
-
-    from nvrx_eks.infra.ops.kube import eks_api_client  # noqa: PLC0415
-
-    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-checked-offline\n-----END CERTIFICATE-----\n")
-    with Stubber(plain_session.client("eks")) as stubber:
-        stubber.add_response(
-            "describe_cluster",
-            {
-                "cluster": {
-                    "name": "nvrx-eks",
-                    "endpoint": "https://ABC.gr7.us-east-1.eks.amazonaws.com",
-                    "certificateAuthority": {"data": ca.decode()},
-                }
-            },
-            {"name": "nvrx-eks"},
-        )
-        client = eks_api_client(plain_session, "nvrx-eks", tunnel_port=8443)
+    client = _stubbed_eks_client(plain_session, tunnel_port=8443)
     assert client.configuration.host == "https://127.0.0.1:8443"
     assert client.configuration.tls_server_name == "ABC.gr7.us-east-1.eks.amazonaws.com"
     assert client.configuration.verify_ssl
