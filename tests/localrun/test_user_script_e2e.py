@@ -26,10 +26,11 @@ OWN_PACKAGE = ROOT / "examples" / "own_package"
 def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
     # FSDP2 x tensor parallel on the attempt's mesh: the hardest layout. The same Llama on one data
     # parallel axis runs every fault class below (its own DDP) and in `nvrx-eks demo -f` runs.
-    values = HF_TP_VALUES
     # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
     cache = ("--cache", str(references))
-    result = nvrx_eks("demo", "-f", str(values), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560)
+    result = nvrx_eks(
+        "demo", "-f", str(HF_TP_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -39,16 +40,16 @@ def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_pat
         assert fault["layer"] == fault["expected_layer"], fault
         if fault["layer"] == "inprocess":
             assert fault["steps_lost"] == 0, fault
-    if values == HF_TP_VALUES:  # the script's own (dp, tp) mesh, rebuilt at every attempt
-        events_dir = next(tmp_path.glob("demo-*/chaos/volumes/*/runs/*/events"))
-        meshes = [
-            json.loads(line)["mesh"]
-            for path in events_dir.glob("rank-*.jsonl")
-            for line in path.read_text().splitlines()
-            if '"device_mesh"' in line
-        ]
-        assert meshes
-        assert all(mesh == {"dp": 2, "tp": 2} for mesh in meshes), meshes
+    # The script's own (dp, tp) mesh, rebuilt at every attempt.
+    events_dir = next(tmp_path.glob("demo-*/chaos/volumes/*/runs/*/events"))
+    meshes = [
+        json.loads(line)["mesh"]
+        for path in events_dir.glob("rank-*.jsonl")
+        for line in path.read_text().splitlines()
+        if '"device_mesh"' in line
+    ]
+    assert meshes
+    assert all(mesh == {"dp": 2, "tp": 2} for mesh in meshes), meshes
 
 
 @pytest.mark.slow
