@@ -63,7 +63,7 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
-from nvrx_eks.training.resilience.config import RUN_ID_ENV
+from nvrx_eks.training.resilience.config import RUN_ID_ENV, SHRINK_ENV
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
 
 if TYPE_CHECKING:
@@ -366,6 +366,13 @@ def store_container(values: JobValues, *, image: str, pull: str, port: int) -> k
         env=[
             k8s.EnvVar(name="HOME", value=STORE_TMP),
             k8s.EnvVar(name="TMPDIR", value=STORE_TMP),
+            # The store closes each restart round: with `shrink`, below the full size when a lost node's
+            # replacement stays away (training/resilience/control.py).
+            *(
+                [k8s.EnvVar(name=SHRINK_ENV, value=values.trainer.shrink.model_dump_json())]
+                if values.trainer.shrink.enabled
+                else []
+            ),
         ],
         volume_mounts=[k8s.VolumeMount(name="tmp", mount_path=STORE_TMP)],
     )

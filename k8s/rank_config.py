@@ -18,14 +18,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from nvrx_eks.kitcore.configio import merge
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
-from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_env_value
+from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, ShrinkConfig, config_env_value
 from nvrx_eks.training.resilience.modes import layers
 from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from nvrx_eks.k8s.sections import Budgets, Entrypoint, Storage
+    from nvrx_eks.k8s.sections import Budgets, Entrypoint, Shrink, Storage
     from nvrx_eks.kitcore.profiles import InstanceProfile
     from nvrx_eks.training.resilience.modes import Mode
 
@@ -37,6 +37,7 @@ CHART_OWNED_FIELDS = {
     ("checkpoint", "durable_dir"): "storage.fsx_export_dir",
     ("checkpoint", "peer_replicas"): "storage.peer_replicas",
     ("inprocess", "max_iterations"): "budgets.inprocess_max_iterations",
+    ("shrink",): "shrink and num_nodes",
 }
 """Trainer fields the chart sets, and the value each is set from."""
 
@@ -71,6 +72,8 @@ def rank_config(
     storage: Storage,
     budgets: Budgets,
     num_nodes: int,
+    shrink: Shrink | None = None,
+    ranks_per_node: int = 1,
 ) -> ResilienceConfig:
     """The values' `trainer` section with the chart's fields set, validated once as the ranks'
     `ResilienceConfig`.
@@ -92,6 +95,12 @@ def rank_config(
         ]
     if problems:
         raise ValidationError.from_exception_data("trainer", problems)
+    if shrink is not None and shrink.min_nodes is not None:
+        # The node counts the layout runs at, from the validated mesh; JobValues refuses a min_nodes that
+        # is not among them, naming both.
+        counts = config.parallel.node_counts(num_nodes, ranks_per_node, down_to=shrink.min_nodes)
+        owned_shrink = ShrinkConfig(nodes=num_nodes, node_counts=counts, after_s=shrink.pending_limit_s)
+        config = config.model_copy(update={"shrink": owned_shrink})
     return config
 
 

@@ -193,6 +193,28 @@ class Timeouts(Section):
     default, 5 s, added up to 5 s to every deadlock's detection; a check is one clock comparison."""
 
 
+class Shrink(Section):
+    """Train on with fewer nodes when a lost node's replacement cannot be scheduled, instead of waiting
+    for it, and grow back when it comes. Off unless `min_nodes` is set.
+
+    On fixed p5 capacity (a Capacity Block, an ODCR) a lost node's replacement pod can stay Pending for
+    the hours AWS takes to replace the hardware; without this every other node waits with it. With it,
+    once the replacement has not joined the restart round for `pending_limit_s`, the round closes with
+    the nodes present (at the largest size the parallel layout runs at, at least `min_nodes`), the
+    ranks restore the newest durable step resharded to the smaller world, and training goes on; when
+    the replacement (or a spare) starts, the job restarts at its full size. Each shrink and each grow is
+    one launcher restart round."""
+
+    min_nodes: int | None = Field(None, ge=1)
+    """The fewest nodes the job trains on; unset: the job never shrinks (it waits for replacements)."""
+    pending_limit_s: float = Field(600.0, gt=0)
+    """How long a restart round waits for a lost node's replacement before the job shrinks: above the
+    time a replacement takes when capacity exists (an image pull, a node's start), below
+    `timeouts.rdzv_join_s`."""
+    alert_after_s: float = Field(3600.0, gt=0)
+    """The alert NvrxEksJobShrunk fires when the job has trained below its full size this long."""
+
+
 class Storage(Section):
     """Checkpoint locations per tier."""
 

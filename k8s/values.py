@@ -31,6 +31,7 @@ from nvrx_eks.k8s.sections import (
     Entrypoint,
     SecretRef,
     Section,
+    Shrink,
     Storage,
     Timeouts,
     check_aws_region,
@@ -87,6 +88,7 @@ class JobValues(Section):
     budgets: Budgets = Budgets()
     timeouts: Timeouts = Timeouts()
     storage: Storage = Storage()
+    shrink: Shrink = Shrink()
     entrypoint: Entrypoint = Entrypoint()
     """The training script every rank runs and its own arguments: the reference trainer (`python -m
     nvrx_eks.training`) unless it names your module or script."""
@@ -107,7 +109,7 @@ class JobValues(Section):
     @classmethod
     def _the_ranks_config(cls, section: Any, info: ValidationInfo) -> ResilienceConfig:  # noqa: ANN401
         given = info.data
-        needed = ("name", "num_nodes", "mode", "budgets", "storage")
+        needed = ("name", "num_nodes", "mode", "budgets", "storage", "shrink", "instance_profile")
         if any(field not in given for field in needed):
             # One of them is invalid and reported, so these values fail anyway: the section is checked
             # once they are right.
@@ -126,6 +128,8 @@ class JobValues(Section):
             storage=given["storage"],
             budgets=given["budgets"],
             num_nodes=given["num_nodes"],
+            shrink=given["shrink"],
+            ranks_per_node=get_profile(given["instance_profile"]).workers_per_node,
         )
 
     kueue_queue: str | None = None
@@ -273,6 +277,45 @@ class JobValues(Section):
                 f"timeouts: rdzv_last_call_s ({t.rdzv_last_call_s}) must be at least workers_stop_s "
                 f"({t.workers_stop_s:g}) with spares: a restart round waits that long for every node that "
                 "is only restarting its workers, else a spare takes its place"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shrink_can_run(self) -> JobValues:
+        shrink, minimum = self.shrink, self.shrink.min_nodes
+        if minimum is None:
+            return self
+        if minimum >= self.num_nodes:
+            raise ValueError(
+                f"shrink.min_nodes ({minimum}) must be below num_nodes ({self.num_nodes}): it is the fewest "
+                "nodes the job trains on after a loss; lower it, or unset it to wait for replacements"
+            )
+        if layers(self.mode).launcher != "ft_launcher":
+            raise ValueError(
+                f"shrink.min_nodes is set with mode {self.mode}, which has no ft_launcher to restart the "
+                "job at another size: use mode ft_launcher or both, or unset shrink.min_nodes"
+            )
+        counts = self.trainer.shrink.node_counts
+        if minimum not in counts:
+            mesh = ", ".join(f"{k}: {v}" for k, v in self.trainer.parallel.mesh.items())
+            runs_at = ", ".join(map(str, counts)) or "no smaller count"
+            raise ValueError(
+                f"shrink.min_nodes ({minimum}): trainer.parallel.mesh {{{mesh}}} cannot run on {minimum} "
+                f"node(s) of {self.profile.workers_per_node} ranks (it runs at {runs_at} between "
+                f"{minimum} and {self.num_nodes - 1}): give the mesh one size -1 (data parallelism) with "
+                "the sizes inside it dividing a node's ranks, or pick a min_nodes it runs at"
+            )
+        t, b = self.timeouts, self.budgets
+        if shrink.pending_limit_s >= t.rdzv_join_s:
+            raise ValueError(
+                f"shrink.pending_limit_s ({shrink.pending_limit_s:g}) must be below timeouts.rdzv_join_s "
+                f"({t.rdzv_join_s}): the restart round would time out before the job shrinks"
+            )
+        if b.launcher_max_restarts < 2 * b.expected_node_losses:
+            raise ValueError(
+                f"budgets: launcher_max_restarts ({b.launcher_max_restarts}) must cover two restart rounds "
+                f"per expected node loss ({b.expected_node_losses}) with shrink.min_nodes set: one to "
+                "shrink, one to grow back"
             )
         return self
 

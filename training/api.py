@@ -165,6 +165,10 @@ class Attempt:
         """0 for a process's first attempt; each in-process restart adds one."""
         self.rank: int = world.rank
         self.world_size: int = world.world_size
+        self.full_world_size: int = run.full_world_size
+        """The job's world at its full size. Below it, the job shrank after losing a node it could not
+        replace (the job values' `shrink`): keep the global batch by giving each rank a larger share of
+        it (docs/your-script.md); the job grows back to this size when the node returns."""
         self.local_rank: int = world.local_rank
         self.device: torch.device = world.device
 

@@ -183,10 +183,22 @@ class AttemptRun:
         self._checked_replicas = False
         self._started = time.time()
 
+    @property
+    def full_world_size(self) -> int:
+        """The job's world at its full size: smaller than this attempt's when the job shrank after
+        losing a node it could not replace (the job values' `shrink`)."""
+        world, shrink = self.ctx.world, self.ctx.cfg.shrink
+        return shrink.nodes * world.local_world_size if shrink.enabled else world.world_size
+
     # ----- the attempt's frame ----------------------------------------------------------------------
     def start(self) -> None:
         ctx = self.ctx
-        ctx.events.emit("attempt_start", attempt=self.number)
+        ctx.events.emit(
+            "attempt_start",
+            attempt=self.number,
+            world_size=ctx.world.world_size,
+            full_world_size=self.full_world_size,
+        )
         parallel.init_group(ctx.world, ctx.store, attempt=self.number, timeout_s=ctx.cfg.collective_timeout_s)
         # Ranks reach this point seconds apart (imports, restarts); the collective timeout is short on
         # purpose, so line up on the store first.

@@ -1,9 +1,13 @@
 """Deterministic data: every sample is a pure function of (seed, global sample index).
 
-The position in the data is therefore just a step number: step `s` on rank `r` of `w` ranks reads
-global samples `[s * w * b + r * b, s * w * b + (r + 1) * b)`. Resuming at any step, on any restart
-layer, reads exactly the samples a fault-free run reads, which is what makes "nothing lost" checkable
-bit for bit. A memory-mapped token file (e.g. on FSx) is the other source: sample `i` is the window
+The position in the data is therefore just a step number: step `s` of a job of `w` ranks at its full
+size reads the global batch `[s * w * b, (s + 1) * w * b)`, rank `r` its `r`-th run of `b` samples.
+Resuming at any step, on any restart layer, reads exactly the samples a fault-free run reads, which is
+what makes "nothing lost" checkable bit for bit. A job that shrank to fewer ranks reads the same global
+batch per step, each rank a larger contiguous share of it in micro-batches of at most `b`
+(`DataSource.share`), so no sample is skipped or repeated and the global batch is kept.
+
+A memory-mapped token file (e.g. on FSx) is the other source: sample `i` is the window
 starting at `i * seq_len` (wrapping around).
 """
 
@@ -76,8 +80,23 @@ class DataSource:
         return (step * self.world_size + rank) * self.batch_size
 
     def batch(self, step: int, rank: int, device: torch.device) -> Batch:
-        first = self.first_sample(step, rank)
-        rows = torch.stack([self.source.sample(first + i) for i in range(self.batch_size)])
+        return self._rows(self.first_sample(step, rank), self.batch_size, device)
+
+    def share(self, step: int, rank: int, ranks: int, device: torch.device) -> list[tuple[Batch, float]]:
+        """Rank `rank`'s share of step `step`'s global batch when the job runs on `ranks` ranks (its full
+        size `world_size`, or fewer after it shrank): a contiguous run of the global batch, in
+        micro-batches of at most `batch_size` samples, each with the weight of its mean loss (its samples
+        times `ranks` over the global batch), so the gradient averaged over the ranks is the global
+        batch's mean at any size. At the full size: one micro-batch, `batch(step, rank)`, weight 1."""
+        total = self.batch_size * self.world_size
+        begin, end = total * rank // ranks, total * (rank + 1) // ranks
+        first = step * total + begin
+        starts = range(0, end - begin, self.batch_size)
+        micro = [(start, min(self.batch_size, end - begin - start)) for start in starts]
+        return [(self._rows(first + start, count, device), count * ranks / total) for start, count in micro]
+
+    def _rows(self, first: int, count: int, device: torch.device) -> Batch:
+        rows = torch.stack([self.source.sample(first + i) for i in range(count)])
         rows = rows.to(device, non_blocking=True)
         return Batch(inputs=rows[:, :-1], targets=rows[:, 1:])
 

@@ -44,6 +44,7 @@ class World:
     world_size: int
     local_rank: int
     device: torch.device
+    local_world_size: int = 1
 
     @property
     def backend(self) -> str:
@@ -54,13 +55,20 @@ def detect_world(device_choice: str) -> World:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    return World(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+    return World(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=device,
+        local_world_size=local_world_size,
+    )
 
 
 def base_store(world: World, timeout_s: float) -> dist.Store:

@@ -66,13 +66,17 @@ class ReferenceTrainer:
             source = SyntheticTokens(
                 seed=cfg.seed, vocab_size=self.shape.vocab_size, seq_len=self.shape.seq_len
             )
-        data = DataSource(source=source, batch_size=cfg.data.batch_size, world_size=attempt.world_size)
+        # The data is the job's at its full size; a shrunk job's ranks each take a larger share of the
+        # same global batch (DataSource.share), so the training math does not change with the size.
+        data = DataSource(source=source, batch_size=cfg.data.batch_size, world_size=attempt.full_world_size)
         for step in attempt.steps(cfg.steps):
             started = time.perf_counter()
-            batch = data.batch(step, attempt.rank, attempt.device)
-            logits = wrapped(batch.inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten())
-            loss.backward()  # FSDP2 (CUDA) reduce-scatters gradients here
+            loss = torch.zeros((), device=attempt.device)
+            for batch, weight in data.share(step, attempt.rank, attempt.world_size, attempt.device):
+                logits = wrapped(batch.inputs)
+                micro = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten()) * weight
+                micro.backward()  # FSDP2 (CUDA) reduce-scatters gradients here
+                loss = loss + micro.detach()
             if cfg.emulated_device_step_s:
                 emulate_device_wait(cfg.emulated_device_step_s)
             with attempt.update(loss=loss, clip_grad_norm=cfg.optim.grad_clip or None):

@@ -83,7 +83,7 @@ P5 = LOCAL.with_name("p5-2.yaml")
             ["trainer.model=gigantic"],
             (
                 "trainer.model: not one of the kit's fields (mode, seed, run_dir, dist, checkpoint, "
-                "inprocess, ft, faults, metrics, parallel); a script's own setting is its argument: "
+                "inprocess, ft, faults, metrics, parallel, shrink); a script's own setting is its argument: "
                 "entrypoint.args, e.g. [--model, gigantic]"
             ),
         ),

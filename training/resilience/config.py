@@ -33,6 +33,10 @@ RUN_ID_ENV = "NVRX_EKS_RUN_ID"
 """The run's identity, the same in every rank and restart of one run (training/run_scope.py): the chart
 sets the Job's UID; the kit's launcher draws one when nothing set it."""
 
+SHRINK_ENV = "NVRX_EKS_SHRINK"
+"""The job's `ShrinkConfig` as JSON, for the rendezvous store's process (the chart sets it when the job
+may shrink); the ranks and launchers read the same section in `NVRX_EKS_CONFIG`."""
+
 PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
 """One planned fault, CLASS@STEP[:RANK] (rank 0 when left out): the grammar of `faults.plan`."""
 
@@ -254,6 +258,56 @@ class ParallelConfig(_Section):
         sizes = tuple(rest if size == -1 else size for size in self.mesh.values())
         return tuple(self.mesh), sizes
 
+    def node_counts(self, nodes: int, ranks_per_node: int, *, down_to: int) -> list[int]:
+        """The node counts from `nodes - 1` down to `down_to` that this layout runs at, largest first: the
+        world size fits the mesh, and the dimensions inside the one of size -1 (the ranks left, data
+        parallelism) stay within a node, so no tensor-parallel group spans the place of a lost node."""
+        sizes = list(self.mesh.values())
+        inner = 1
+        if -1 in sizes:
+            for size in sizes[sizes.index(-1) + 1 :]:
+                inner *= size
+        if -1 not in sizes or ranks_per_node % inner:
+            return []
+        counts = []
+        for count in range(nodes - 1, down_to - 1, -1):
+            try:
+                self.shape(count * ranks_per_node)
+            except ValueError:
+                continue
+            counts.append(count)
+        return counts
+
+
+class ShrinkConfig(_Section):
+    """Whether and how far the job shrinks when a lost node's replacement cannot be scheduled. Set by the
+    chart from the job values' `shrink` section (k8s/rank_config.py), never in `trainer:`; the
+    rendezvous store's process and every launcher and rank read it."""
+
+    nodes: int = Field(
+        0, ge=0, description="The job's full size in nodes, which it grows back to; 0: it never shrinks."
+    )
+    node_counts: list[int] = Field(
+        default_factory=list,
+        description="The smaller node counts the job may train at (the parallel layout runs at each), "
+        "largest first, down to the values' shrink.min_nodes.",
+    )
+    after_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a restart round waits for a lost node's replacement before it closes with "
+        "the nodes present, at the largest of node_counts they fill.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.nodes > 0 and bool(self.node_counts)
+
+    def size_for(self, present: int) -> int | None:
+        """The node count a round with `present` nodes closes at once the wait is over: the largest of
+        `node_counts` they fill, or None when they fill none (the round waits on)."""
+        return next((count for count in self.node_counts if count <= present), None)
+
 
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(
@@ -284,6 +338,7 @@ class ResilienceConfig(_Section):
     faults: FaultsConfig = FaultsConfig()
     metrics: MetricsConfig = MetricsConfig()
     parallel: ParallelConfig = ParallelConfig()
+    shrink: ShrinkConfig = ShrinkConfig()
 
     @model_validator(mode="after")
     def _layers_agree(self) -> ResilienceConfig:

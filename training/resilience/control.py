@@ -7,20 +7,75 @@ a restart round ranks the previous round's active nodes first, so a hot spare ta
 a node that did not come back (training/resilience/nvrx_compat.py `keep_previous_actives_first`), the
 round waits for a missing previous active node only while its launcher still beats
 (`wait_only_for_live_previous_actives`, the beat: training/resilience/launcher_liveness.py), and the
-round closes at a 0.1 s poll instead of NVRx's 1 s floor (`poll_rendezvous_faster`).
+round closes at a 0.1 s poll instead of NVRx's 1 s floor (`poll_rendezvous_faster`). With the job's
+`shrink` section (`SHRINK_ENV`, set by the chart), a restart round whose lost node's replacement stays
+away closes below the job's full size (`shrink_when_replacements_stay_away`), and a watch over the
+launchers' beats opens the next round once the job can grow back (launcher_liveness.py `GrowBack`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 
-from nvrx_eks.training.resilience.launcher_liveness import gone_launcher_age
+from nvrx_eks.training.resilience.config import SHRINK_ENV, ShrinkConfig
+from nvrx_eks.training.resilience.launcher_liveness import GrowBack, gone_launcher_age, live_launchers
 from nvrx_eks.training.resilience.nvrx_compat import (
     check_supported_nvrx,
     keep_previous_actives_first,
     poll_rendezvous_faster,
+    shrink_when_replacements_stay_away,
     wait_only_for_live_previous_actives,
 )
+
+GROW_CHECK_S = 0.5
+"""How often the control process looks whether a shrunk job can grow back."""
+STORE_CONNECT_S = 60.0
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """`--name=VALUE` or `--name VALUE` from nvrx-control's command line."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def watch_for_growth(argv: list[str], policy: ShrinkConfig) -> None:
+    """A daemon thread over this process's own store: `GrowBack` every `GROW_CHECK_S`."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    endpoint, run_id = _flag(argv, "--rdzv-endpoint"), _flag(argv, "--rdzv-id")
+    nnodes = _flag(argv, "--nnodes")
+    if not (endpoint and run_id and nnodes):
+        return
+    port = int(endpoint.rpartition(":")[2])
+    max_nodes = int(nnodes.rpartition(":")[2])
+
+    def run() -> None:
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
+        grow = GrowBack(store, run_id=run_id, policy=policy, max_nodes=max_nodes)
+        while True:
+            time.sleep(GROW_CHECK_S)
+            try:
+                grown = grow.check()
+            except Exception as exc:  # noqa: BLE001 - a store read between rounds; the next check retries
+                print(f"grow-back check skipped: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            if grown is not None:
+                opened, size, target = grown
+                print(
+                    f"the job can grow back from {size} to {target} nodes: opened restart round {opened}",
+                    flush=True,
+                )
+
+    threading.Thread(target=run, name="grow-back", daemon=True).start()
 
 
 def main() -> None:
@@ -28,6 +83,11 @@ def main() -> None:
     keep_previous_actives_first()
     wait_only_for_live_previous_actives(gone_launcher_age)
     poll_rendezvous_faster()
+    shrink = os.environ.get(SHRINK_ENV)
+    if shrink:
+        policy = ShrinkConfig.model_validate_json(shrink)
+        shrink_when_replacements_stay_away(policy, live_launchers)
+        watch_for_growth(sys.argv[1:], policy)
     from nvidia_resiliency_ext.fault_tolerance.control_plane import main as nvrx_control  # noqa: PLC0415
 
     nvrx_control(sys.argv[1:])

@@ -60,6 +60,7 @@ from nvrx_eks.training.resilience.nvrx_compat import (
     rank_reason,
     report_every_failed_worker,
     stop_on_user_error,
+    train_at_the_rounds_size,
 )
 from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV, write_warm_module
 
@@ -341,6 +342,7 @@ def main() -> None:
     alive = beat(ft_argv)
     report_every_failed_worker()
     stop_on_user_error(USER_ERROR_EXIT_CODE)
+    train_at_the_rounds_size()
     format_tracebacks_without_dynamo()
     poll_rendezvous_faster()
     failures = capture_worker_failures()

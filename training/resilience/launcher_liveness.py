@@ -37,14 +37,18 @@ import atexit
 import contextlib
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.training.resilience.nvrx_compat import (
     active_in_round,
     barrier_state,
     open_round_after,
+    round_size,
     training_round,
 )
+
+if TYPE_CHECKING:
+    from nvrx_eks.training.resilience.config import ShrinkConfig
 
 LAUNCHER_BEAT_S = 0.5
 """How often each launcher writes its beat (the wall-clock time) to the rendezvous store."""
@@ -83,6 +87,43 @@ def gone_launcher_age(
     None while it beats, when it never beat, or when its node's training ended."""
     age = launcher_beat_age(store, prefix, infra_rank)
     return age if age is not None and age > gone_s else None
+
+
+def live_launchers(store: Any, prefix: str, max_nodes: int, gone_s: float = LAUNCHER_GONE_S) -> set[int]:  # noqa: ANN401
+    """The infra ranks below `max_nodes` whose launcher beats now (its last beat younger than `gone_s`):
+    nodes that are in the job or can join its next round."""
+    live = set()
+    for infra_rank in range(max_nodes):
+        age = launcher_beat_age(store, prefix, infra_rank)
+        if age is not None and age <= gone_s:
+            live.add(infra_rank)
+    return live
+
+
+class GrowBack:
+    """While the job trains shrunk, opens the next restart round once enough launchers beat for a larger
+    size: the lost node's replacement (or a new spare) has started and waits for a round to join. The
+    control process runs it (training/resilience/control.py); the round then closes at the job's full
+    size, or at the largest size the nodes present fill."""
+
+    def __init__(self, store: Any, *, run_id: str, policy: ShrinkConfig, max_nodes: int) -> None:  # noqa: ANN401
+        self.state = barrier_state(store, run_id=run_id)
+        self.policy, self.max_nodes = policy, max_nodes
+
+    def check(self) -> tuple[int, int, int] | None:
+        """Open the next round if the job trains shrunk and the live launchers fill a larger size;
+        returns (round opened, size trained at, size the live launchers fill), or None."""
+        training = training_round(self.state)
+        if training is None:
+            return None
+        size = round_size(self.state, training)
+        if size is None:
+            return None
+        live = len(live_launchers(self.state.store, self.state.prefix, self.max_nodes))
+        target = self.policy.nodes if live >= self.policy.nodes else self.policy.size_for(live)
+        if target is None or target <= size:
+            return None
+        return open_round_after(self.state, training), size, target
 
 
 class SteadyBeats:

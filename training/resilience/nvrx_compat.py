@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
+    from nvrx_eks.training.resilience.config import ShrinkConfig
+
 NVRX_VERSION = version("nvidia-resiliency-ext")
 
 
@@ -84,6 +86,10 @@ def check_internals() -> None:
     require_internal(state, *LAST_CALL_GATE)
     require_internal(state, *STALE_CHECK)
     require_internal(state, *STEP2_POLL)
+    require_internal(state, *ROUND_CLOSE)
+    require_internal(state, *PARTICIPANTS)
+    require_internal(state, *ROUND_DONE)
+    require_internal(_handler_type(), *HANDLER_RENDEZVOUS)
     if not _step0_source_matches():
         raise RuntimeError(f"NVRx {NVRX_VERSION}: _wait_for_rendezvous_open's 1 s polls changed")
     require_internal(launcher, *ORPHAN_CLEANUP)
@@ -117,6 +123,14 @@ def _barrier_state() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
     return _RendezvousBarrierState
 
 
+def _handler_type() -> Any:  # noqa: ANN401 - NVRx's class
+    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
+        FtRendezvousBarrierHandler,
+    )
+
+    return FtRendezvousBarrierHandler
+
+
 def barrier_state(store: Any, *, run_id: str) -> Any:  # noqa: ANN401 - a torch Store; NVRx's state
     """NVRx's barrier rendezvous state of `run_id` over `store`; its `prefix` starts every key of the run."""
     return _barrier_state()(store=store, run_id=run_id)
@@ -133,8 +147,23 @@ def training_round(state: Any) -> int | None:  # noqa: ANN401 - NVRx's barrier s
     return closed
 
 
+def round_size_key(prefix: str, round_id: int) -> str:
+    """The store key where the control process records the node count a round closed at, when it closed
+    below the job's full size (`shrink_when_replacements_stay_away`)."""
+    return f"{prefix}:nvrx_eks_round_size_{round_id}"
+
+
+def round_size(state: Any, round_id: int) -> int | None:  # noqa: ANN401 - NVRx's barrier state
+    """The node count round `round_id` trains at when the job shrank for it, else None (its full size,
+    NVRx's `min_nodes`)."""
+    key = round_size_key(state.prefix, round_id)
+    return int(state.store.get(key).decode()) if state.store.check([key]) else None
+
+
 def active_in_round(state: Any, round_id: int, active_nodes: int) -> dict[int, int]:  # noqa: ANN401
-    """{node rank: infra rank} of the nodes active in `round_id`, read from the round's slots."""
+    """{node rank: infra rank} of the nodes active in `round_id`, read from the round's slots; fewer than
+    `active_nodes` when the job shrank for the round."""
+    active_nodes = round_size(state, round_id) or active_nodes
     state_type, store, prefix = type(state), state.store, state.prefix
     active: dict[int, int] = {}
     slot = 1
@@ -250,6 +279,96 @@ def wait_only_for_live_previous_actives(gone_age: Callable[[Any, str, int], floa
     state._make_previous_active_last_call_gate = _make_previous_active_last_call_gate  # noqa: SLF001
 
 
+ROUND_CLOSE = (
+    "_host_close_round",
+    ("self", "node_desc", "min_nodes", "max_nodes", "segment_check_interval", "stop_event"),
+)
+"""The control process's Step 2: poll a round's participants until it can close, rank them, close it."""
+PARTICIPANTS = ("get_all_participants", ("self", "total_participants", "start_index", "expected_round_id"))
+"""A round's participants by slot: (node, infra rank, domain, replacement group), None where missing."""
+
+
+def _present_infra_ranks(state: Any) -> set[int]:  # noqa: ANN401 - NVRx's barrier state
+    """The infra ranks of the nodes that joined the state's current round."""
+    if not state.store.check([state.join_count_key]):
+        return set()
+    joined = int(state.store.get(state.join_count_key).decode())
+    participants = state.get_all_participants(joined, 1, state._round)  # noqa: SLF001
+    return {participant[1] for participant in participants if participant is not None}
+
+
+def shrink_when_replacements_stay_away(
+    policy: ShrinkConfig,
+    live_launchers: Callable[[Any, str, int], set[int]],
+    *,
+    poll_s: float = 0.1,
+) -> None:
+    """A restart round closes below the job's full size when a lost node's replacement stays away.
+    `live_launchers(store, prefix, max_nodes)` is the infra ranks whose launcher beats now
+    (launcher_liveness.py `live_launchers`).
+
+    NVRx closes a round only once `min_nodes` (the job's full size) have joined: after a node loss with
+    no spare, every survivor waits for the replacement pod, for as long as it stays Pending, up to the
+    join timeout. The patch wraps the control process's close of every restart round (the first round
+    is NVRx's own). Each poll it looks at the nodes present: the full size present closes the round as
+    NVRx does; a node of the previous round missing (lost), or a live launcher not yet joined (a
+    replacement on its way in), is waited for up to `policy.after_s` from the round's start; after
+    that, or at once when nobody is missing, the round closes at the largest of `policy.node_counts`
+    the nodes present fill, recorded under `round_size_key` before the round closes so every launcher
+    reads it with its rank (`train_at_the_rounds_size`). A round the nodes present fill no size of waits
+    on, as NVRx does."""
+    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (  # noqa: PLC0415
+        RendezvousGracefulExitError,
+    )
+
+    state = _barrier_state()
+    close = require_internal(state, *ROUND_CLOSE)
+    require_internal(state, *PARTICIPANTS)
+    if getattr(close, "nvrx_eks_shrink", False):
+        return
+
+    def size_to_close_at(self: Any, full: int, max_nodes: int) -> int | None:  # noqa: ANN401
+        present = _present_infra_ranks(self)
+        if len(present) >= full:
+            return full
+        missing = set(getattr(self, PREVIOUS_ACTIVES, None) or {}) - present
+        coming = live_launchers(self.store, self.prefix, max_nodes) - present
+        waited = time.monotonic() - self._rendezvous_start_time
+        if (missing or coming) and waited < policy.after_s:
+            return None
+        return policy.size_for(len(present))
+
+    @functools.wraps(close)  # keeps the signature `require_internal` checks
+    def _host_close_round(
+        self: Any,  # noqa: ANN401
+        node_desc: Any,  # noqa: ANN401
+        min_nodes: int,
+        max_nodes: int,
+        segment_check_interval: float,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        if self._round == 0:
+            close(self, node_desc, min_nodes, max_nodes, segment_check_interval, stop_event)
+            return
+        while (size := size_to_close_at(self, min_nodes, max_nodes)) is None:
+            if stop_event is not None and stop_event.is_set():
+                raise RendezvousGracefulExitError("Control rendezvous stop requested")
+            self._check_timeout_and_closure(node_desc)
+            time.sleep(poll_s)
+        if size < min_nodes:
+            self.store.set(round_size_key(self.prefix, self._round), str(size))
+            print(
+                f"restart round {self._round}: closing with {size} of {min_nodes} nodes "
+                f"(present: {sorted(_present_infra_ranks(self))}); the job trains shrunk until its "
+                "nodes come back",
+                flush=True,
+            )
+        close(self, node_desc, size, max_nodes, segment_check_interval, stop_event)
+
+    _host_close_round.nvrx_eks_shrink = True  # type: ignore[attr-defined]
+    state._host_close_round = _host_close_round  # noqa: SLF001
+
+
 RENDEZVOUS_POLL_S = 0.1
 """The barrier rendezvous's poll while a node waits for a round to open and while a round closes."""
 STEP0_SLEEPS = 2
@@ -318,6 +437,51 @@ def poll_rendezvous_faster(poll_s: float = RENDEZVOUS_POLL_S) -> None:
 
 
 # ----- launcher (training/resilience/launch.py) --------------------------------------------------------
+
+
+ROUND_DONE = ("_wait_for_round_done", ("self", "node_desc", "rank_key"))
+"""A participant's Step 3: wait for the round to close, read its rank (and the participant count)."""
+HANDLER_RENDEZVOUS = ("_perform_rendezvous", ("self",))
+"""The launcher's rendezvous handler's round: sets its group rank and its world size (NVRx: min_nodes)."""
+_STANDBY_OFFSET = 10**9
+"""Added to the rank of a node beyond a shrunk round's size: NVRx keeps it standing by (rank >= min_nodes)."""
+
+
+def train_at_the_rounds_size() -> None:
+    """A launcher trains at the node count its round closed at: the job's full size (NVRx's
+    `min_nodes`), or the smaller one the control process recorded when the job shrank for the round
+    (`shrink_when_replacements_stay_away`).
+
+    NVRx makes every round's world `min_nodes` nodes and takes every rank below `min_nodes` as active.
+    The patch reads the round's size with the rank (`_wait_for_round_done`: the control process
+    recorded it before it closed the round): a node ranked beyond it stands by as a spare does, and the
+    handler's world size is the round's (`_perform_rendezvous`), so each worker's WORLD_SIZE is the
+    round's nodes times the ranks per node."""
+    state = _barrier_state()
+    wait = require_internal(state, *ROUND_DONE)
+    perform = require_internal(_handler_type(), *HANDLER_RENDEZVOUS)
+    if getattr(wait, "nvrx_eks_round_size", False):
+        return
+
+    @functools.wraps(wait)  # keeps the signature `require_internal` checks
+    def _wait_for_round_done(self: Any, node_desc: Any, rank_key: str) -> tuple[int, int]:  # noqa: ANN401
+        rank, participants = wait(self, node_desc, rank_key)
+        size = round_size(self, self._round)
+        self.nvrx_eks_round_size = size
+        if size is not None and rank >= size:
+            return rank + _STANDBY_OFFSET, participants
+        return rank, participants
+
+    @functools.wraps(perform)  # keeps the signature `require_internal` checks
+    def _perform_rendezvous(self: Any) -> None:  # noqa: ANN401
+        perform(self)
+        size = getattr(self._barrier_state, "nvrx_eks_round_size", None)
+        if size is not None:
+            self._world_size = size
+
+    _wait_for_round_done.nvrx_eks_round_size = True  # type: ignore[attr-defined]
+    state._wait_for_round_done = _wait_for_round_done  # noqa: SLF001
+    _handler_type()._perform_rendezvous = _perform_rendezvous  # noqa: SLF001
 
 
 ORPHAN_CLEANUP = ("terminate_mp_processes", ("allowed_pgids",))
