@@ -113,7 +113,7 @@ class Job:
         before anything starts. `tokens_per_step` feeds the throughput metric. `meta`: small facts a
         checkpoint must match to resume (e.g. a model preset), compared key by key."""
         with exit_on_user_error():
-            self.config = config if config is not None else load_config()
+            self.config = (config if config is not None else load_config()).for_this_world()
         self.input_checks = tuple(input_checks)
         self.tokens_per_step = tokens_per_step
         self.meta = dict(meta or {})

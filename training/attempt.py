@@ -497,8 +497,10 @@ class AttemptRun:
     def _injector(self, num_steps: int) -> FaultInjector:
         ctx, record = self.ctx, self.record
         if record.injector is None:
+            # The job's ranks at its full size: a shrunk job keeps its plan (a fault of a rank it no
+            # longer has does not fire).
             schedule = build_schedule(
-                ctx.cfg.faults, steps=num_steps, world_size=ctx.world.world_size, seed=ctx.cfg.seed
+                ctx.cfg.faults, steps=num_steps, world_size=self.full_world_size, seed=ctx.cfg.seed
             )
             record.injector = FaultInjector(
                 schedule=schedule,

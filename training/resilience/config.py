@@ -384,6 +384,21 @@ class ResilienceConfig(_Section):
         # gloo collectives cannot be aborted, so an in-process restart waits for the timeout: keep it short.
         return 1.5 if layers(self.mode).inprocess else 60.0
 
+    def for_this_world(self, env: Mapping[str, str] | None = None) -> ResilienceConfig:
+        """The configuration a rank runs with in this process's world (the launcher's WORLD_SIZE over
+        LOCAL_WORLD_SIZE nodes): as given, except in a job that shrank below its full size, where the
+        peer replicas are capped at the partner nodes left (none on one node) until it grows back."""
+        env = os.environ if env is None else env
+        replicas = self.checkpoint.peer_replicas
+        try:
+            nodes = int(env.get("WORLD_SIZE", "1")) // max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            return self  # the runtime input check names the variable
+        if not self.shrink.enabled or nodes >= self.shrink.nodes or replicas < nodes:
+            return self
+        checkpoint = self.checkpoint.model_copy(update={"peer_replicas": max(0, nodes - 1)})
+        return self.model_copy(update={"checkpoint": checkpoint})
+
     def effective_checkpoint(self) -> CheckpointConfig:
         """The checkpoint section with run-scoped defaults: durable tier under the run dir unless set,
         and the memory tier in a folder of this run (so two runs on one host never share snapshots)."""
