@@ -1,6 +1,6 @@
-"""Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `report` and
-`local run`, each a plain function attached by `register`. `LocalValues` and `RunsRoot` are the options
-the benchmarks share (bench/commands.py)."""
+"""Subcommands the local run adds to `nvrx-eks` (assembled in nvrx_eks/cli.py): `demo`, `report`, `local
+run` and `local shrink`, each a plain function attached by `register`. `LocalValues` and `RunsRoot` are
+the options the benchmarks share (bench/commands.py)."""
 
 from __future__ import annotations
 
@@ -156,8 +156,41 @@ def report_cmd(
     print(report_run(run_dir))
 
 
+def shrink_cmd(
+    values_file: LocalValues = DEFAULT_VALUES,
+    overrides: Overrides = None,
+    run_dir: LocalRunDir = Path("runs/shrink"),
+    hold_s: Annotated[
+        float,
+        typer.Option(
+            "--hold",
+            min=0.0,
+            help="Seconds the lost node's replacement stays Pending (no capacity) before it is scheduled.",
+        ),
+    ] = 15.0,
+) -> None:
+    """Lose a node with no spare and no capacity: the job shrinks, trains on, grows back when the
+    replacement is scheduled, and finishes; then the verdict against a reference that follows the same
+    size changes (exit 0 when it holds, 1 when not, 2 for bad input)."""
+    from nvrx_eks.localrun.chaos import RunFailed  # noqa: PLC0415
+    from nvrx_eks.localrun.shrink import run_shrink_scenario  # noqa: PLC0415
+
+    try:
+        report = run_shrink_scenario(
+            values_file, run_dir=run_dir, overrides=tuple(overrides or ()), hold_s=hold_s
+        )
+    except RunFailed as failed:
+        print(f"the job did not complete: {failed.reason} (logs: {failed.logs})")
+        raise typer.Exit(USER_ERROR_EXIT_CODE if failed.user_error else 1) from None
+    for line in report.lines():
+        print(line)
+    print(f"shrink scenario {'passed' if report.passed else 'FAILED'} (run folder: {run_dir})")
+    raise typer.Exit(0 if report.passed else 1)
+
+
 def register(*, app: typer.Typer, local: typer.Typer, **_: typer.Typer) -> None:
     """Attach this part's commands to the groups it uses."""
     app.command("demo")(demo_cmd)
     local.command("run")(run_cmd)
+    local.command("shrink")(shrink_cmd)
     app.command("report")(report_cmd)

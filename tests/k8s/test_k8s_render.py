@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from nvrx_eks.k8s.launcher import FT_LAUNCHER
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.training.config import parse_args
 from nvrx_eks.training.node import selfcheck
-from nvrx_eks.training.resilience.config import ResilienceConfig, config_from_env
+from nvrx_eks.training.resilience.config import CONFIG_ENV, SHRINK_ENV, ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, entry_script, launcher_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -253,6 +254,30 @@ def test_hot_spares_are_pods_of_the_job_counted_in_max_nodes(tmp_path, values_na
     assert "--nnodes=2:3" in command
     (deploy,) = _by_kind(docs, "Deployment")
     assert "--nnodes=2:3" in deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_the_p5_16_job_with_shrink_renders_valid_and_tells_the_store_and_every_rank(tmp_path):
+    """The p5-16 example's commented `shrink` block, turned on: schema-valid manifests; the store's control
+    process and every rank get the node counts the layout runs at, from 15 down to the minimum."""
+    docs = _render(
+        ROOT / "k8s" / "values" / "p5-16.yaml", tmp_path, "shrink.min_nodes=12", "shrink.pending_limit_s=900"
+    )
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (deploy,) = _by_kind(docs, "Deployment")
+    store_env = {
+        e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    expected = {"nodes": 16, "node_counts": [15, 14, 13, 12], "after_s": 900.0}
+    assert json.loads(store_env[SHRINK_ENV]) == expected
+    (job,) = _by_kind(docs, "Job")
+    trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    rank_env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert config_from_env({CONFIG_ENV: rank_env[CONFIG_ENV]}).shrink.model_dump() == expected
+    # Off by default: nothing of it reaches the store.
+    plain = _render(ROOT / "k8s" / "values" / "p5-16.yaml", tmp_path / "plain")
+    (deploy,) = _by_kind(plain, "Deployment")
+    assert SHRINK_ENV not in {e["name"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
 
 
 def _launcher_shape(docs: list[dict]) -> dict[str, list[str]]:

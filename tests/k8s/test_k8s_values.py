@@ -113,6 +113,35 @@ P5 = LOCAL.with_name("p5-2.yaml")
         (LOCAL, ["storage.s3_bucket=ckpt-bucket"], "aws_region is missing"),
         (P5, ["env.AWS_REGION=eu-west-1"], "AWS_REGION is set by the chart from aws_region"),
         (LOCAL, ["env.AWS_DEFAULT_REGION=eu-west-1"], "move it there: aws_region: eu-west-1"),
+        # Shrink: a minimum the job cannot go down to, a layout that cannot run there, a setting that
+        # cannot shrink, a wait the rendezvous would not last, a restart budget it would spend.
+        (LOCAL, ["shrink.min_nodes=2"], "shrink.min_nodes (2) must be below num_nodes (2)"),
+        (LOCAL, ["shrink.min_nodes=0"], "shrink.min_nodes: Input should be greater than or equal to 1"),
+        (
+            LOCAL,
+            ["shrink.min_nodes=1", "mode=baseline"],
+            "shrink.min_nodes is set with mode baseline, which has no ft_launcher",
+        ),
+        (
+            P5,
+            ["shrink.min_nodes=1", "trainer.parallel.mesh={dp: -1, tp: 16}"],
+            "trainer.parallel.mesh {dp: -1, tp: 16} cannot run on 1 node(s) of 8 ranks",
+        ),
+        (
+            P5,
+            ["shrink.min_nodes=1", "trainer.parallel.mesh={dp: 2, tp: 8}"],
+            "give the mesh one size -1 (data parallelism)",
+        ),
+        (
+            LOCAL,
+            ["shrink.min_nodes=1"],
+            "shrink.pending_limit_s (600) must be below timeouts.rdzv_join_s (300)",
+        ),
+        (
+            LOCAL,
+            ["shrink.min_nodes=1", "shrink.pending_limit_s=5", "budgets.launcher_max_restarts=3"],
+            "must cover two restart rounds per expected node loss (2)",
+        ),
         (LOCAL, ["service_account=Trainer_SA"], "service_account: 'Trainer_SA' is not a Kubernetes name"),
         (LOCAL, ["storage.fsx_pvc=FSx"], "storage.fsx_pvc: 'FSx' is not a Kubernetes name"),
         (LOCAL, ["priority_class=-x"], "priority_class: '-x' is not a Kubernetes name"),

@@ -22,7 +22,12 @@ from nvrx_eks.training.data import DataSource, SyntheticTokens
 from nvrx_eks.training.faults import build_schedule
 from nvrx_eks.training.model import build_model
 from nvrx_eks.training.parallel import wait as parallel_wait
-from nvrx_eks.training.resilience.config import ResilienceConfig, resilience_config
+from nvrx_eks.training.resilience.config import (
+    ParallelConfig,
+    ResilienceConfig,
+    ShrinkConfig,
+    resilience_config,
+)
 from nvrx_eks.training.resilience.modes import recovering_layer
 from nvrx_eks.training.trainer import emulate_device_wait
 
@@ -139,6 +144,41 @@ def test_data_is_keyed_by_sample_index():
     assert torch.equal(batch.inputs[1], source.sample(data.first_sample(5, 2) + 1)[:-1])
     assert torch.equal(data.batch(5, 2, torch.device("cpu")).inputs, batch.inputs)
     assert not torch.equal(data.batch(5, 3, torch.device("cpu")).inputs, batch.inputs)
+
+
+@pytest.mark.parametrize("ranks", [4, 3, 2, 1])
+def test_a_shrunk_jobs_ranks_share_the_full_global_batch_exactly_once_with_weights_that_keep_its_mean(ranks):
+    """16 nodes' worth of samples per step on fewer ranks: every sample of the step's global batch read
+    by exactly one rank, in micro-batches of at most the full size's, and the weights (each micro-batch's
+    samples x ranks / global batch) average to the global batch's mean over the ranks."""
+    source = SyntheticTokens(seed=3, vocab_size=256, seq_len=4)
+    data = DataSource(source=source, batch_size=3, world_size=4)
+    seen, weights = [], []
+    for rank in range(ranks):
+        for batch, weight in data.share(7, rank, ranks, torch.device("cpu")):
+            assert len(batch.inputs) <= 3
+            seen += [row.tolist() for row in batch.inputs]
+            weights.append((weight, len(batch.inputs)))
+    expected = [source.sample(7 * 12 + i)[:-1].tolist() for i in range(12)]
+    assert seen == expected
+    # Each sample's weight in the averaged gradient: weight / samples-in-its-micro-batch / ranks = 1/12.
+    assert all(abs(w / n / ranks - 1 / 12) < 1e-12 for w, n in weights)
+    if ranks == 4:  # the full size: one micro-batch each, weight 1, the samples `batch` reads
+        assert [w for w, _ in weights] == [1.0] * 4
+        assert data.share(7, 2, 4, torch.device("cpu"))[0][0].inputs.equal(
+            data.batch(7, 2, torch.device("cpu")).inputs
+        )
+
+
+def test_a_shrink_closes_at_the_largest_size_the_nodes_present_fill_and_the_layout_runs_at():
+    parallel = ParallelConfig(mesh={"dp": -1, "tp": 4})
+    # 8 ranks a node, tp 4 inside a node: every node count runs; down to 12.
+    assert parallel.node_counts(16, 8, down_to=12) == [15, 14, 13, 12]
+    # A pipeline dimension outside data parallelism: the world must be a multiple of 3 x 8 ranks.
+    assert ParallelConfig(mesh={"pp": 3, "dp": -1, "tp": 8}).node_counts(16, 8, down_to=10) == [15, 12]
+    shrink = ShrinkConfig(nodes=16, node_counts=[15, 12], after_s=60)
+    assert [shrink.size_for(n) for n in (16, 15, 14, 12, 11)] == [15, 15, 12, 12, None]
+    assert ShrinkConfig().enabled is False
 
 
 def test_tiny_model_is_deterministic_and_learns_shape():

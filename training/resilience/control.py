@@ -71,7 +71,8 @@ def watch_for_growth(argv: list[str], policy: ShrinkConfig) -> None:
             if grown is not None:
                 opened, size, target = grown
                 print(
-                    f"the job can grow back from {size} to {target} nodes: opened restart round {opened}",
+                    f"the job can grow back from {size} to {target} nodes: opened restart round {opened} "
+                    f"at {time.time():.3f}",
                     flush=True,
                 )
 

@@ -359,8 +359,8 @@ def shrink_when_replacements_stay_away(
             self.store.set(round_size_key(self.prefix, self._round), str(size))
             print(
                 f"restart round {self._round}: closing with {size} of {min_nodes} nodes "
-                f"(present: {sorted(_present_infra_ranks(self))}); the job trains shrunk until its "
-                "nodes come back",
+                f"(present: {sorted(_present_infra_ranks(self))}) at {time.time():.3f}; the job trains "
+                "shrunk until its nodes come back",
                 flush=True,
             )
         close(self, node_desc, size, max_nodes, segment_check_interval, stop_event)
