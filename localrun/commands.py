@@ -13,6 +13,7 @@ from nvrx_eks.k8s import DEFAULT_VALUES
 from nvrx_eks.kitcore import paths
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE
 from nvrx_eks.kitcore.options import Overrides, path_option
+from nvrx_eks.localrun.shrink import HOLD_S
 
 if TYPE_CHECKING:
     from nvrx_eks.localrun.runtimes import Runtime
@@ -167,7 +168,7 @@ def shrink_cmd(
             min=0.0,
             help="Seconds the lost node's replacement stays Pending (no capacity) before it is scheduled.",
         ),
-    ] = 15.0,
+    ] = HOLD_S,
 ) -> None:
     """Lose a node with no spare and no capacity: the job shrinks, trains on, grows back when the
     replacement is scheduled, and finishes; then the verdict against a reference that follows the same

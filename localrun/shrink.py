@@ -2,7 +2,7 @@
 back when the replacement is scheduled, and finishes; then the verdict.
 
 1. The local values with the job values' `shrink` on (`SHRINK_OVERRIDES`: down to 1 node once a lost
-   node's replacement has stayed away 5 s) and a node loss planned on node 1.
+   node's replacement has stayed away 3 s) and a node loss planned on node 1.
 2. The local executor holds the lost node's replacement pod Pending for `hold_s` ("no capacity"), then
    schedules it.
 3. The run's events give its generations: the processes of one world, the step they restored and the
@@ -35,13 +35,13 @@ if TYPE_CHECKING:
 
 SHRINK_OVERRIDES = (
     "shrink.min_nodes=1",
-    "shrink.pending_limit_s=5",
+    "shrink.pending_limit_s=3",
     # Long enough for the shrunk job to train well past its restored step before the replacement comes.
-    'entrypoint.args=["--model","tiny","--steps","300","--emulated-device-step-s","0.1"]',
+    'entrypoint.args=["--model","tiny","--steps","200","--emulated-device-step-s","0.1"]',
     # Rank 2 lives on node 1: the node that does not host rank 0 is the one lost.
-    'trainer.faults.plan=["node_loss@60:2"]',
+    'trainer.faults.plan=["node_loss@40:2"]',
 )
-HOLD_S = 15.0
+HOLD_S = 10.0
 """How long the lost node's replacement stays Pending (no capacity) before it is scheduled."""
 _CONTROL_LINE = re.compile(r"(closing with (?P<size>\d+) of \d+ nodes|can grow back).* at (?P<t>\d+\.\d+)")
 
