@@ -199,6 +199,12 @@ class AttemptRun:
             world_size=ctx.world.world_size,
             full_world_size=self.full_world_size,
         )
+        if ctx.world.rank == 0 and ctx.world.world_size < self.full_world_size:
+            print(
+                f"the job runs shrunk: {ctx.world.world_size} of its {self.full_world_size} ranks, until its "
+                "lost node's replacement is scheduled (attempt.full_world_size: keep the global batch)",
+                flush=True,
+            )
         parallel.init_group(ctx.world, ctx.store, attempt=self.number, timeout_s=ctx.cfg.collective_timeout_s)
         # Ranks reach this point seconds apart (imports, restarts); the collective timeout is short on
         # purpose, so line up on the store first.
