@@ -99,7 +99,12 @@ def rank_config(
         # The node counts the layout runs at, from the validated mesh; JobValues refuses a min_nodes that
         # is not among them, naming both.
         counts = config.parallel.node_counts(num_nodes, ranks_per_node, down_to=shrink.min_nodes)
-        owned_shrink = ShrinkConfig(nodes=num_nodes, node_counts=counts, after_s=shrink.pending_limit_s)
+        owned_shrink = ShrinkConfig(
+            nodes=num_nodes,
+            node_counts=counts,
+            after_s=shrink.pending_limit_s,
+            grow_wait_s=shrink.grow_wait_s,
+        )
         config = config.model_copy(update={"shrink": owned_shrink})
     return config
 

@@ -211,6 +211,11 @@ class Shrink(Section):
     """How long a restart round waits for a lost node's replacement before the job shrinks: above the
     time a replacement takes when capacity exists (an image pull, a node's start), below
     `timeouts.rdzv_join_s`."""
+    grow_wait_s: float = Field(1800.0, gt=0)
+    """Once the replacement has started, how long the shrunk job keeps training for its next durable
+    checkpoint before it grows back: the grown job restores that step, so growing loses only the steps
+    since it (a few). Above `trainer.checkpoint.durable_every` steps' time; past it the job grows at
+    once and retrains the steps since the newest durable step."""
     alert_after_s: float = Field(3600.0, gt=0)
     """The alert NvrxEksJobShrunk fires when the job has trained below its full size this long."""
 

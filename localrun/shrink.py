@@ -18,6 +18,7 @@ back when the replacement is scheduled, and finishes; then the verdict.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -240,6 +241,17 @@ class ShrinkReport:
         )
         return shrunk and grew and not self.problems and self.bit_identical
 
+    def retrained(self) -> dict[str, int]:
+        """Steps a generation trained past the step the next one restored, per size change: what each
+        shrink (the newest durable step before the loss) and each grow (a durable step committed after
+        the replacement came) cost in steps."""
+        out: dict[str, int] = {}
+        for gen, after in itertools.pairwise(self.generations):
+            seq = next(iter(gen.steps.values()), [])
+            name = "shrink" if after.world_size < gen.world_size else "grow"
+            out[f"{name} to {after.world_size} ranks"] = (seq[-1] if seq else after.restored) - after.restored
+        return out
+
     def lines(self) -> list[str]:
         out = [
             f"generation {i}: {g.world_size} of {g.full_world_size} ranks, restored step {g.restored}, "
@@ -247,6 +259,7 @@ class ShrinkReport:
             for i, g in enumerate(self.generations)
         ]
         out += [f"{name}: {seconds:.1f} s" for name, seconds in self.phases.items()]
+        out += [f"steps trained again at the {name}: {count}" for name, count in self.retrained().items()]
         out.append(
             "every step trained exactly once after each restored step"
             if not self.problems

@@ -23,6 +23,8 @@ from nvrx_eks.training.attempt import AttemptRun, Context, Record
 from nvrx_eks.training.events import EventLog, process_created_at
 from nvrx_eks.training.faults import InjectedFaultError
 from nvrx_eks.training.metrics import Metrics, checkpoint_intervals
+from nvrx_eks.training.resilience.config import RENDEZVOUS_ENV
+from nvrx_eks.training.resilience.launcher_liveness import DurableReport
 from nvrx_eks.training.resilience.layers import for_mode, install_termination_handler
 from nvrx_eks.training.run_scope import RunScope
 
@@ -85,6 +87,9 @@ def run_process(
             checkpoint_intervals=checkpoint_intervals(cfg.effective_checkpoint()),
         )
         events.subscribe(metrics.observe)
+        report = durable_report(cfg, world)
+        if report is not None:
+            events.subscribe(report)
         checkpointer = _make_checkpointer(scope.checkpoint, world, events)
         ctx = Context(
             cfg=cfg,
@@ -122,6 +127,17 @@ def run_process(
     events.emit("process_end", wall_s=time.time() - started)
     events.close()
     return digest
+
+
+def durable_report(cfg: ResilienceConfig, world: World) -> DurableReport | None:
+    """The listener that tells the control process this rank's durable steps, in a job that runs shrunk
+    and whose launcher handed over the store (launcher_liveness.py `DurableReport`); else None."""
+    handed = os.environ.get(RENDEZVOUS_ENV, "")
+    endpoint, _, run_id = handed.partition("/")
+    full = cfg.shrink.nodes * world.local_world_size
+    if not (cfg.shrink.enabled and endpoint and run_id and world.world_size < full):
+        return None
+    return DurableReport(endpoint, run_id=run_id, rank=world.rank, world_size=world.world_size)
 
 
 def _make_checkpointer(checkpoint: CheckpointConfig, world: World, events: EventLog) -> Checkpointer:

@@ -268,7 +268,7 @@ def test_the_p5_16_job_with_shrink_renders_valid_and_tells_the_store_and_every_r
     store_env = {
         e["name"]: e.get("value") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    expected = {"nodes": 16, "node_counts": [15, 14, 13, 12], "after_s": 900.0}
+    expected = {"nodes": 16, "node_counts": [15, 14, 13, 12], "after_s": 900.0, "grow_wait_s": 1800.0}
     assert json.loads(store_env[SHRINK_ENV]) == expected
     (job,) = _by_kind(docs, "Job")
     trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")

@@ -37,6 +37,11 @@ SHRINK_ENV = "NVRX_EKS_SHRINK"
 """The job's `ShrinkConfig` as JSON, for the rendezvous store's process (the chart sets it when the job
 may shrink); the ranks and launchers read the same section in `NVRX_EKS_CONFIG`."""
 
+RENDEZVOUS_ENV = "NVRX_EKS_RENDEZVOUS"
+"""`HOST:PORT/RUN_ID`: the job's rendezvous store and run, which the kit's launcher hands its workers so
+that a shrunk job's ranks can report their durable checkpoints to the control process
+(training/resilience/launcher_liveness.py `DurableReport`)."""
+
 PLAN_ITEM = re.compile(r"^(?P<cls>[a-z_]+)@(?P<step>\d+)(?::(?P<rank>\d+))?$")
 """One planned fault, CLASS@STEP[:RANK] (rank 0 when left out): the grammar of `faults.plan`."""
 
@@ -297,6 +302,14 @@ class ShrinkConfig(_Section):
         gt=0,
         description="How long a restart round waits for a lost node's replacement before it closes with "
         "the nodes present, at the largest of node_counts they fill.",
+    )
+
+    grow_wait_s: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a shrunk job that can grow back keeps training for its next durable "
+        "checkpoint, which the grown job restores; past it, the job grows back at once and retrains the "
+        "steps since the newest one.",
     )
 
     @property

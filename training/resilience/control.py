@@ -69,10 +69,10 @@ def watch_for_growth(argv: list[str], policy: ShrinkConfig) -> None:
                 print(f"grow-back check skipped: {type(exc).__name__}: {exc}", flush=True)
                 continue
             if grown is not None:
-                opened, size, target = grown
+                opened, size, target, why = grown
                 print(
                     f"the job can grow back from {size} to {target} nodes: opened restart round {opened} "
-                    f"at {time.time():.3f}",
+                    f"{why}, at {time.time():.3f}",
                     flush=True,
                 )
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
 from nvrx_eks.training.entry import entry_problem, entry_source
-from nvrx_eks.training.resilience.config import RUN_ID_ENV, ResilienceConfig, config_from_env
+from nvrx_eks.training.resilience.config import RENDEZVOUS_ENV, RUN_ID_ENV, ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
 from nvrx_eks.training.resilience.nvrx_compat import (
     capture_worker_failures,
@@ -335,6 +335,9 @@ def main() -> None:
     # One run's identity for every rank this launcher starts, at every restart (training/run_scope.py):
     # the chart's (the Job's UID), else this launch's own. Set before the forkserver copies the environment.
     os.environ.setdefault(RUN_ID_ENV, uuid.uuid4().hex[:12])
+    pod = _pod_in_rendezvous(ft_argv)
+    if pod is not None and config.shrink.enabled:  # a shrunk job's ranks report durable steps to it
+        os.environ[RENDEZVOUS_ENV] = f"{pod[0]}/{pod[1]}"
     if start_method(ft_argv) == "forkserver":
         start_forkserver(ft_argv, config)
         keep_launcher_process_group()

@@ -100,30 +100,99 @@ def live_launchers(store: Any, prefix: str, max_nodes: int, gone_s: float = LAUN
     return live
 
 
+def durable_key(prefix: str, rank: int) -> str:
+    """The store key where a shrunk job's rank `rank` reports its newest committed durable step."""
+    return f"{prefix}:nvrx_eks_durable_{rank}"
+
+
+def durable_everywhere(store: Any, prefix: str) -> int | None:  # noqa: ANN401 - a torch Store
+    """The newest durable step every rank of the shrunk world has reported committed, or None when a
+    rank of it has not reported one (each value is `WORLD_SIZE:STEP`; rank 0's gives the world)."""
+    first = durable_key(prefix, 0)
+    if not store.check([first]):
+        return None
+    world = int(store.get(first).decode().partition(":")[0])
+    steps = []
+    for rank in range(world):
+        key = durable_key(prefix, rank)
+        reported = store.get(key).decode().partition(":") if store.check([key]) else ("", "", "")
+        if reported[0] != str(world):
+            return None
+        steps.append(int(reported[2]))
+    return min(steps)
+
+
+class DurableReport:
+    """A shrunk job's rank, telling the control process each durable step it committed: an event
+    listener (`EventLog.subscribe`) of ranks whose launcher handed them the store
+    (`RENDEZVOUS_ENV`). The grown job restores the newest durable step; `GrowBack` waits for a new one
+    so that growing loses only the steps since it. One short store connection per durable commit;
+    a store that cannot be reached costs only the wait (`ShrinkConfig.grow_wait_s`)."""
+
+    def __init__(self, endpoint: str, *, run_id: str, rank: int, world_size: int) -> None:
+        self.endpoint, self.run_id, self.rank, self.world_size = endpoint, run_id, rank, world_size
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "checkpoint_committed" or event.get("tier") != "durable":
+            return
+        from datetime import timedelta  # noqa: PLC0415
+
+        from torch.distributed import TCPStore  # noqa: PLC0415
+
+        host, _, port = self.endpoint.rpartition(":")
+        try:
+            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=BEAT_CONNECT_S))
+            prefix = barrier_state(store, run_id=self.run_id).prefix
+            store.set(durable_key(prefix, self.rank), f"{self.world_size}:{int(event['step'])}")
+            del store  # no client outlives the report (one held at interpreter exit aborts it)
+        except Exception as exc:  # noqa: BLE001 - the grow-back then waits its limit instead
+            print(
+                f"durable step not reported to the rendezvous store: {type(exc).__name__}: {exc}", flush=True
+            )
+
+
 class GrowBack:
-    """While the job trains shrunk, opens the next restart round once enough launchers beat for a larger
-    size: the lost node's replacement (or a new spare) has started and waits for a round to join. The
-    control process runs it (training/resilience/control.py); the round then closes at the job's full
-    size, or at the largest size the nodes present fill."""
+    """While the job trains shrunk, grows it back once enough launchers beat for a larger size: the lost
+    node's replacement (or a new spare) has started and waits for a round to join. It then lets the
+    shrunk job train on until its next durable step is committed on every rank (`DurableReport`), at
+    most `policy.grow_wait_s`, and opens the next restart round: the round closes at the job's full
+    size (or the largest size the nodes present fill) and the ranks restore that step, resharded, so
+    growing loses only the steps since it. The control process runs it
+    (training/resilience/control.py)."""
 
     def __init__(self, store: Any, *, run_id: str, policy: ShrinkConfig, max_nodes: int) -> None:  # noqa: ANN401
         self.state = barrier_state(store, run_id=run_id)
         self.policy, self.max_nodes = policy, max_nodes
+        self._waiting: tuple[int, float, int | None] | None = None
+        """(round, since, newest durable step then) while a possible growth waits for a durable step."""
 
-    def check(self) -> tuple[int, int, int] | None:
-        """Open the next round if the job trains shrunk and the live launchers fill a larger size;
-        returns (round opened, size trained at, size the live launchers fill), or None."""
+    def check(self, now: float | None = None) -> tuple[int, int, int, str] | None:
+        """Open the next round when the job trains shrunk, the live launchers fill a larger size and
+        its next durable step is committed (or the wait is over); returns (round opened, size trained
+        at, size to grow to, why now), or None."""
+        now = time.monotonic() if now is None else now
         training = training_round(self.state)
-        if training is None:
-            return None
-        size = round_size(self.state, training)
-        if size is None:
+        size = round_size(self.state, training) if training is not None else None
+        if training is None or size is None:
+            self._waiting = None
             return None
         live = len(live_launchers(self.state.store, self.state.prefix, self.max_nodes))
         target = self.policy.nodes if live >= self.policy.nodes else self.policy.size_for(live)
         if target is None or target <= size:
+            self._waiting = None
             return None
-        return open_round_after(self.state, training), size, target
+        newest = durable_everywhere(self.state.store, self.state.prefix)
+        if self._waiting is None or self._waiting[0] != training:
+            self._waiting = (training, now, newest)
+        _, since, before = self._waiting
+        if newest is not None and (before is None or newest > before):
+            why = f"after durable step {newest}"
+        elif now - since >= self.policy.grow_wait_s:
+            why = f"no new durable step within {self.policy.grow_wait_s:g} s"
+        else:
+            return None
+        self._waiting = None
+        return open_round_after(self.state, training), size, target, why
 
 
 class SteadyBeats:
