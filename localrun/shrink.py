@@ -10,7 +10,7 @@ back when the replacement is scheduled, and finishes; then the verdict.
 4. The verdict: every step trained exactly once after each restored step (`lineage_problems`), and the
    final parameters equal those of a reference that follows the same size changes at the same steps:
    the same script under plain torchrun, fault-free, one segment per generation at the generation's
-   nodes x ranks, each resumed from the checkpoint the segment before left at the step the chaos run
+   ranks, each resumed from the checkpoint the segment before left at the step the chaos run
    restored (`reference_sha256`). Bit-identical where the layout allows it, else the measured difference.
 5. The phases: node lost -> shrink decision (the control process's line) -> first step on fewer nodes;
    replacement scheduled -> grow decision -> first step at the full size.
@@ -130,51 +130,27 @@ def control_decisions(store_log: Path) -> tuple[list[float], list[float]]:
     return shrinks, grows
 
 
-def _free_port() -> int:
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
-
-    return free_port()
-
-
-def _torchrun_segment(
-    *, nodes: int, per_node: int, argv: list[str], config: dict[str, Any], timeout_s: float
-) -> None:
-    """One reference segment: `nodes` torchrun agents of `per_node` ranks on this machine, as the job's
-    nodes would be, fault-free (mode baseline), over one c10d rendezvous."""
-    port = _free_port()
-    env = {**os.environ, "NVRX_EKS_CONFIG": json.dumps(config), "OMP_NUM_THREADS": "1"}
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nnodes={nodes}",
-                f"--nproc-per-node={per_node}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
-                "--rdzv-id=shrink-reference",
-                *argv,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+def _torchrun_segment(*, ranks: int, argv: list[str], config: dict[str, Any], timeout_s: float) -> None:
+    """One reference segment: `ranks` ranks under one plain torchrun agent (`--standalone`), fault-free.
+    Its `shrink.nodes` makes `attempt.full_world_size` the job's at its full size whatever the agent's
+    ranks, so each rank reads the same share of each global batch as in the job."""
+    full = int(config["shrink"]["nodes"]) * int(config["ranks_per_node"])
+    segment = {k: v for k, v in config.items() if k != "ranks_per_node"}
+    segment["shrink"] = {**config["shrink"], "nodes": full // ranks, "node_counts": [1]}
+    env = {**os.environ, "NVRX_EKS_CONFIG": json.dumps(segment), "OMP_NUM_THREADS": "1"}
+    env.pop("NVRX_EKS_RENDEZVOUS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the reference segment on {ranks} ranks failed:\n{(done.stdout + done.stderr)[-3000:]}"
         )
-        for _ in range(nodes)
-    ]
-    outputs: list[str] = []
-    try:
-        outputs.extend(agent.communicate(timeout=timeout_s)[0] for agent in agents)
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    failed = [out for agent, out in zip(agents, outputs, strict=False) if agent.returncode != 0]
-    if failed or len(outputs) != nodes:
-        tail = (failed[0] if failed else "timed out")[-3000:]
-        raise RuntimeError(f"the reference segment on {nodes} node(s) failed:\n{tail}")
 
 
 def reference_sha256(
@@ -206,10 +182,9 @@ def reference_sha256(
         segment_args = [*args]
         segment_args[segment_args.index("--steps") + 1] = str(end + 1)
         _torchrun_segment(
-            nodes=gen.world_size // per_node,
-            per_node=per_node,
+            ranks=gen.world_size,
             argv=[*script, *segment_args],
-            config=config,
+            config={**config, "ranks_per_node": per_node},
             timeout_s=timeout_s,
         )
     final = json.loads((run_dir / "final.json").read_text())
