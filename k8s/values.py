@@ -305,6 +305,12 @@ class JobValues(Section):
                 f"{minimum} and {self.num_nodes - 1}): give the mesh one size -1 (data parallelism) with "
                 "the sizes inside it dividing a node's ranks, or pick a min_nodes it runs at"
             )
+        if not self.trainer.checkpoint.durable_every:
+            raise ValueError(
+                "shrink.min_nodes is set with trainer.checkpoint.durable_every 0: a job that shrinks or "
+                "grows restores the durable tier resharded (the RAM and node-local copies serve only the "
+                "layout they were written at), so without it the job would start over; set durable_every"
+            )
         t, b = self.timeouts, self.budgets
         if shrink.pending_limit_s >= t.rdzv_join_s:
             raise ValueError(
