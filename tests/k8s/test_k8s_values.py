@@ -136,11 +136,11 @@ P5 = LOCAL.with_name("p5-2.yaml")
             LOCAL,
             ["shrink.min_nodes=1"],
             "shrink.pending_limit_s (600) must be below timeouts.rdzv_join_s (300)",
-            (
-                LOCAL,
-                ["shrink.min_nodes=1", "shrink.pending_limit_s=5", "trainer.checkpoint.durable_every=0"],
-                "without it the job would start over; set durable_every",
-            ),
+        ),
+        (
+            LOCAL,
+            ["shrink.min_nodes=1", "shrink.pending_limit_s=5", "trainer.checkpoint.durable_every=0"],
+            "without it the job would start over; set durable_every",
         ),
         (
             LOCAL,
