@@ -58,7 +58,7 @@ COPY nvrx_eks/__init__.py nvrx_eks/layout.py nvrx_eks/
 COPY kitcore/__init__.py kitcore/pins.py kitcore/
 COPY training/__init__.py training/forks.py training/
 COPY training/resilience/__init__.py training/resilience/control.py training/resilience/
-COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py training/resilience/
+COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py training/resilience/shrink.py training/resilience/
 
 ENV PYTHONPATH=/app \
     PYTHONUNBUFFERED=1 \

@@ -63,8 +63,9 @@ from nvrx_eks.training.node.kubeapi import SA_DIR
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 from nvrx_eks.training.node.selfcheck import NODE_PROBLEM_EXIT_CODE
 from nvrx_eks.training.node.topology import NODE_NAME_ENV
-from nvrx_eks.training.resilience.config import RUN_ID_ENV, SHRINK_ENV
+from nvrx_eks.training.resilience.config import RUN_ID_ENV
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, NO_RESTART_EXIT_CODE
+from nvrx_eks.training.resilience.shrink import SHRINK_ENV
 
 if TYPE_CHECKING:
     from nvrx_eks.k8s.values import JobValues

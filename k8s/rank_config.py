@@ -18,8 +18,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from nvrx_eks.kitcore.configio import merge
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
-from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, ShrinkConfig, config_env_value
+from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_env_value
 from nvrx_eks.training.resilience.modes import layers
+from nvrx_eks.training.resilience.shrink import ShrinkConfig
 from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV
 
 if TYPE_CHECKING:

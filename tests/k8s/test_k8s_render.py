@@ -17,8 +17,9 @@ from nvrx_eks.k8s.launcher import FT_LAUNCHER
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.training.config import parse_args
 from nvrx_eks.training.node import selfcheck
-from nvrx_eks.training.resilience.config import CONFIG_ENV, SHRINK_ENV, ResilienceConfig, config_from_env
+from nvrx_eks.training.resilience.config import CONFIG_ENV, ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launch import COLLATERAL_EXIT_CODE, entry_script, launcher_argv
+from nvrx_eks.training.resilience.shrink import SHRINK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 VALUES = sorted((ROOT / "k8s" / "values").glob("*.yaml"))

@@ -10,7 +10,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from nvrx_eks.training.resilience import launcher_liveness as liveness
-from nvrx_eks.training.resilience.config import ShrinkConfig
+from nvrx_eks.training.resilience.shrink import ShrinkConfig
 
 POLICY = ShrinkConfig(nodes=4, node_counts=[3, 2], after_s=5, grow_wait_s=30)
 

@@ -25,10 +25,10 @@ from nvrx_eks.training.parallel import wait as parallel_wait
 from nvrx_eks.training.resilience.config import (
     ParallelConfig,
     ResilienceConfig,
-    ShrinkConfig,
     resilience_config,
 )
 from nvrx_eks.training.resilience.modes import recovering_layer
+from nvrx_eks.training.resilience.shrink import ShrinkConfig
 from nvrx_eks.training.trainer import emulate_device_wait
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nvrx_eks.kitcore.configio import UserError, load_model
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.resilience.modes import FAULT_CLASSES, HARNESS_ONLY, FaultClass, Mode, layers
+from nvrx_eks.training.resilience.shrink import ShrinkConfig
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -32,10 +33,6 @@ CONFIG_ENV = "NVRX_EKS_CONFIG"
 RUN_ID_ENV = "NVRX_EKS_RUN_ID"
 """The run's identity, the same in every rank and restart of one run (training/run_scope.py): the chart
 sets the Job's UID; the kit's launcher draws one when nothing set it."""
-
-SHRINK_ENV = "NVRX_EKS_SHRINK"
-"""The job's `ShrinkConfig` as JSON, for the rendezvous store's process (the chart sets it when the job
-may shrink); the ranks and launchers read the same section in `NVRX_EKS_CONFIG`."""
 
 RENDEZVOUS_ENV = "NVRX_EKS_RENDEZVOUS"
 """`HOST:PORT/RUN_ID`: the job's rendezvous store and run, which the kit's launcher hands its workers so
@@ -282,44 +279,6 @@ class ParallelConfig(_Section):
                 continue
             counts.append(count)
         return counts
-
-
-class ShrinkConfig(_Section):
-    """Whether and how far the job shrinks when a lost node's replacement cannot be scheduled. Set by the
-    chart from the job values' `shrink` section (k8s/rank_config.py), never in `trainer:`; the
-    rendezvous store's process and every launcher and rank read it."""
-
-    nodes: int = Field(
-        0, ge=0, description="The job's full size in nodes, which it grows back to; 0: it never shrinks."
-    )
-    node_counts: list[int] = Field(
-        default_factory=list,
-        description="The smaller node counts the job may train at (the parallel layout runs at each), "
-        "largest first, down to the values' shrink.min_nodes.",
-    )
-    after_s: float = Field(
-        600.0,
-        gt=0,
-        description="How long a restart round waits for a lost node's replacement before it closes with "
-        "the nodes present, at the largest of node_counts they fill.",
-    )
-
-    grow_wait_s: float = Field(
-        1800.0,
-        gt=0,
-        description="How long a shrunk job that can grow back keeps training for its next durable "
-        "checkpoint, which the grown job restores; past it, the job grows back at once and retrains the "
-        "steps since the newest one.",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.nodes > 0 and bool(self.node_counts)
-
-    def size_for(self, present: int) -> int | None:
-        """The node count a round with `present` nodes closes at once the wait is over: the largest of
-        `node_counts` they fill, or None when they fill none (the round waits on)."""
-        return next((count for count in self.node_counts if count <= present), None)
 
 
 class MetricsConfig(_Section):

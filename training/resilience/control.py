@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 
-from nvrx_eks.training.resilience.config import SHRINK_ENV, ShrinkConfig
 from nvrx_eks.training.resilience.launcher_liveness import GrowBack, gone_launcher_age, live_launchers
 from nvrx_eks.training.resilience.nvrx_compat import (
     check_supported_nvrx,
@@ -29,6 +28,7 @@ from nvrx_eks.training.resilience.nvrx_compat import (
     shrink_when_replacements_stay_away,
     wait_only_for_live_previous_actives,
 )
+from nvrx_eks.training.resilience.shrink import SHRINK_ENV, ShrinkConfig
 
 GROW_CHECK_S = 0.5
 """How often the control process looks whether a shrunk job can grow back."""

@@ -48,7 +48,7 @@ from nvrx_eks.training.resilience.nvrx_compat import (
 )
 
 if TYPE_CHECKING:
-    from nvrx_eks.training.resilience.config import ShrinkConfig
+    from nvrx_eks.training.resilience.shrink import ShrinkConfig
 
 LAUNCHER_BEAT_S = 0.5
 """How often each launcher writes its beat (the wall-clock time) to the rendezvous store."""

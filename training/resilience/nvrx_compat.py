@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 
-    from nvrx_eks.training.resilience.config import ShrinkConfig
+    from nvrx_eks.training.resilience.shrink import ShrinkConfig
 
 NVRX_VERSION = version("nvidia-resiliency-ext")
 
