@@ -10,6 +10,8 @@ local executor's podman runtime, localrun/runtimes.py): every fault must be reco
 the final parameters must be bit-identical to the same job run fault-free as processes. Last, a training
 project whose own package is named `training` (examples/own_package) is built on the training image as
 `nvrx-eks image build --project` builds it, and runs as the job's entrypoint in containers of that image.
+After the build, `--only containers` runs the one-container checks alone (they start no job, so they can
+share the machine) and `--only jobs` the two jobs alone (their timeouts assume the machine's cores).
 
 What differs from the shipped images, and why:
 - No container registry is reachable from the machines this runs on, so the bases are made here: a
@@ -525,12 +527,46 @@ def project_in_containers(*, project: Built, store: Built, work: Path, timeout_s
 
 
 def check_images(
-    *, trainer: Built, store: Built, work: Path, job_timeout_s: float = 600, project: Built | None = None
+    *,
+    trainer: Built,
+    store: Built,
+    work: Path,
+    job_timeout_s: float = 600,
+    project: Built | None = None,
+    containers: bool = True,
+    jobs: bool = True,
 ) -> tuple[list[Check], dict[str, Any]]:
+    """`containers`: each image's probes, pip check, the store's command and the self-check, one
+    container at a time; `jobs`: the demo's job and the project's in containers."""
     templates = render(trainer=trainer, store=store, out=work)
-    local_torch = _local_torch()
     checks: list[Check] = []
     probes: dict[str, Any] = {}
+    if containers:
+        checks += _container_checks(
+            trainer=trainer, store=store, work=work, templates=templates, probes=probes
+        )
+    if not jobs:
+        return checks, probes
+    # The demo's job under its fault plan, every pod a container (the executor's podman runtime),
+    # against the same job fault-free as processes: one torch, one trainer, so every fault recovered
+    # by its layer and the final parameters bit-identical.
+    checks.append(
+        chaos_in_containers(trainer=trainer, store=store, work=work / "chaos", timeout_s=job_timeout_s)
+    )
+    if project is not None:
+        checks.append(
+            project_in_containers(
+                project=project, store=store, work=work / "project", timeout_s=job_timeout_s
+            )
+        )
+    return checks, probes
+
+
+def _container_checks(
+    *, trainer: Built, store: Built, work: Path, templates: dict[str, dict[str, Any]], probes: dict[str, Any]
+) -> list[Check]:
+    local_torch = _local_torch()
+    checks: list[Check] = []
 
     def probe_ok(kind: str, uid: int) -> Callable[[str], bool]:
         def ok(stdout: str) -> bool:
@@ -579,19 +615,7 @@ def check_images(
             run_argv(trainer.name, templates["trainer"], "selfcheck", volumes=tv),
         )
     )
-    # The demo's job under its fault plan, every pod a container (the executor's podman runtime),
-    # against the same job fault-free as processes: one torch, one trainer, so every fault recovered
-    # by its layer and the final parameters bit-identical.
-    checks.append(
-        chaos_in_containers(trainer=trainer, store=store, work=work / "chaos", timeout_s=job_timeout_s)
-    )
-    if project is not None:
-        checks.append(
-            project_in_containers(
-                project=project, store=store, work=work / "project", timeout_s=job_timeout_s
-            )
-        )
-    return checks, probes
+    return checks
 
 
 def _serves(argv: list[str], *, settle_s: float = 8) -> Check:
@@ -627,6 +651,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=BUILD_DIR / "check", help="Run folder (rendered job, volumes, result)."
     )
+    parser.add_argument(
+        "--only",
+        choices=("containers", "jobs"),
+        help="Build the images, then run only the one-container checks (no job: they may share the "
+        "machine) or only the jobs in containers (whose timeouts assume the machine's cores).",
+    )
     options = parser.parse_args(argv)
     missing = [tool for tool in ("podman", "mmdebstrap") if not shutil.which(tool)] + (
         [] if Path(RUNC).exists() else [RUNC]
@@ -637,15 +667,22 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return _check_all(options.out, time.monotonic())
+    return _check_all(options.out, time.monotonic(), only=options.only)
 
 
-def _check_all(out: Path, started: float) -> int:
+def _check_all(out: Path, started: float, *, only: str | None = None) -> int:
     store, trainer, bases_seconds = build_all()
     project = build_project(trainer=trainer)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    checks, probes = check_images(trainer=trainer, store=store, work=out, project=project)
+    checks, probes = check_images(
+        trainer=trainer,
+        store=store,
+        work=out,
+        project=project,
+        containers=only != "jobs",
+        jobs=only != "containers",
+    )
     total = time.monotonic() - started
     print()
     print(f"{'image':44} {'size':>10} {'build':>9}")

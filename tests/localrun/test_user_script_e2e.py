@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
 HF_TP_VALUES = ROOT / "k8s" / "values" / "local-hf-llama-tp.yaml"
 OWN_PACKAGE = ROOT / "examples" / "own_package"
+DEMO_STEPS = max(int(item.split("@")[1].split(":")[0]) for item in DEMO_FAULTS) + 4
+"""The Llama chaos runs' steps: up to the demo's last fault and a few restored and trained after it. The
+values files' 80 leave the fault-free run and the chaos run their last steps with no fault in them."""
 
 
 @pytest.mark.slow
@@ -29,8 +32,9 @@ def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_pat
     # The fault-free reference from the checkout's shared cache (tests/conftest.py REFERENCES).
     cache = ("--cache", str(references))
     result = nvrx_eks(
-        "demo", "-f", str(HF_TP_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, timeout=560
-    )
+        "demo", "-f", str(HF_TP_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache,
+        "--set", f"entrypoint.args=[--steps, '{DEMO_STEPS}']", timeout=560,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())
@@ -215,14 +219,18 @@ def test_a_local_run_of_a_job_whose_module_is_not_there_is_one_line_and_exit_2(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_scripts_own_ddp_is_recovered_and_its_difference_measured_and_explained(tmp_path, nvrx_eks):
+def test_the_scripts_own_ddp_is_recovered_and_its_difference_measured_and_explained(
+    tmp_path, nvrx_eks, references
+):
     """The same Llama with its own DistributedDataParallel: every fault recovered by its layer; its
     restarts reorder DDP's reduction, so the verdict is not bit-identity but the measured difference and
     the reason, and the demo passes on that explanation (never silently either way)."""
-    args = "entrypoint.args=[--steps, '80', --parallel, ddp]"
+    args = f"entrypoint.args=[--steps, '{DEMO_STEPS}', --parallel, ddp]"
+    cache = ("--cache", str(references))
     result = nvrx_eks(
-        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), "--set", args, timeout=560
-    )
+        "demo", "-f", str(HF_VALUES), "--skip-synth", "--runs", str(tmp_path), *cache, "--set", args,
+        timeout=560,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     (summary_path,) = tmp_path.glob("demo-*/summary.json")
     summary = json.loads(summary_path.read_text())

@@ -110,7 +110,9 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
     _, events = local_job.run(
         tmp_path,
         [
-            *reference_trainer(steps=8, emulated_device_step_s=2),
+            # The hang at step 3, its restarted step and two more: a launcher's kill in the silence
+            # would come seconds before the job could end.
+            *reference_trainer(steps=6, emulated_device_step_s=2),
             *local_job.sync_durable_every_2,
             "trainer.inprocess.soft_timeout_s=3.5",
             "trainer.ft.heartbeat_timeout_floor_s=5",
