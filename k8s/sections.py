@@ -216,8 +216,6 @@ class Shrink(Section):
     checkpoint before it grows back: the grown job restores that step, so growing loses only the steps
     since it (a few). Above `trainer.checkpoint.durable_every` steps' time; past it the job grows at
     once and retrains the steps since the newest durable step."""
-    alert_after_s: float = Field(3600.0, gt=0)
-    """The alert NvrxEksJobShrunk fires when the job has trained below its full size this long."""
 
 
 class Storage(Section):

@@ -251,6 +251,8 @@ class Metrics:
         self.faults = counter(
             "faults_injected_total", "Faults the chaos schedule injected on this rank", "class"
         )
+        self.world_size = gauge("world_size", "Ranks the job trains on now (fewer after it shrank)")
+        self.full_world_size = gauge("full_world_size", "Ranks the job trains on at its full size")
 
     def _declare_checkpoint_series(self, series: _Catalogue) -> None:
         """Per checkpoint tier: the newest checkpoint, its persists, skips, failures and lag."""
@@ -327,17 +329,25 @@ class Metrics:
             self._process_start_s = float(event.get("setup_s", 0.0))
         elif kind == "detected":
             self._detected_t = event["t"]
-        elif kind == "attempt_start" and event.get("attempt", 0) > 0:
-            self._layer = "inprocess"
-            if self._detected_t is not None:
-                self._phase("teardown", event["t"] - self._detected_t)
-            self._detected_t = None
+        elif kind == "attempt_start":
+            self._attempt_start(event)
         elif kind == "startup_done":
             self._startup_done(event)
         elif kind == "fault_injected":
             self.faults.labels(rank, event.get("class", "?")).inc()
         elif kind.startswith("checkpoint_"):
             self._checkpoint(kind, event)
+
+    def _attempt_start(self, event: dict[str, Any]) -> None:
+        rank = self._rank
+        if "world_size" in event:  # below the full size: the job shrank (the job values' `shrink`)
+            self.world_size.labels(rank).set(event["world_size"])
+            self.full_world_size.labels(rank).set(event.get("full_world_size", event["world_size"]))
+        if event.get("attempt", 0) > 0:
+            self._layer = "inprocess"
+            if self._detected_t is not None:
+                self._phase("teardown", event["t"] - self._detected_t)
+            self._detected_t = None
 
     def _checkpoint(self, kind: str, event: dict[str, Any]) -> None:
         rank, tier = self._rank, str(event.get("tier", "memory"))

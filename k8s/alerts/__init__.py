@@ -11,7 +11,10 @@ What a platform team is paged for, each rule on the series that says it first:
 - a job waiting for capacity: unschedulable pods in the training namespace (kube-state-metrics) or
   workloads pending in a Kueue ClusterQueue;
 - the rendezvous store unreachable: its Deployment has no ready replica (its readiness probe is the
-  store's TCP port, so ready is reachable), from kube-state-metrics.
+  store's TCP port, so ready is reachable), from kube-state-metrics;
+- a job that has trained below its full size for JOB_SHRUNK_FOR (the job values' `shrink`: a lost
+  node's replacement still not scheduled): the ranks' `trainer_world_size` against
+  `trainer_full_world_size`.
 
 Every rule has a `promtool test rules` unit test in rules_test.yaml, on series shaped like the ones the
 trainer and the PodMonitor produce (tests/k8s/test_k8s_alerts.py checks the shapes; `make
@@ -49,6 +52,9 @@ RECOVERY_WINDOW = "30m"
 CHECKPOINT_STALE_INTERVALS = 2
 CAPACITY_WAIT_FOR = "10m"
 STORE_DOWN_FOR = "1m"
+JOB_SHRUNK_FOR = "1h"
+"""A job shrunk this long: its lost node's capacity has not come back (a Capacity Block's or ODCR's
+hardware replacement takes hours); someone should look at the reservation."""
 
 # Series the rules read that kube-state-metrics and Kueue export (the trainer's own names are checked
 # against its registry by the tests).
@@ -140,6 +146,17 @@ def alert_rules(namespace: str) -> list[AlertRule]:
             "critical",
             "{{ $labels.namespace }}/{{ $labels.deployment }}: no ready rendezvous store; "
             "no restart can rendezvous",
+        ),
+        AlertRule(
+            "TrainingJobShrunk",
+            # Over 5 minutes: a restart while shrunk leaves the ranks' series out for a scrape or two,
+            # which would otherwise reset the alert's pending time.
+            "max by (namespace, training_job) "
+            "(max_over_time((trainer_full_world_size - trainer_world_size)[5m:1m])) > 0",
+            JOB_SHRUNK_FOR,
+            "warning",
+            f"{job}: training below its full size for {JOB_SHRUNK_FOR}: a lost node's replacement is "
+            "still not scheduled",
         ),
     ]
 

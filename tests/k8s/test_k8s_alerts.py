@@ -68,6 +68,7 @@ def test_the_cluster_chart_ships_the_rules_with_the_pod_monitors(cluster_objects
         "NodeUnverified",
         "TrainingWaitingForCapacity",
         "RendezvousStoreUnavailable",
+        "TrainingJobShrunk",
     }
     assert "PrometheusRule" not in {d["kind"] for d in cluster_objects(pod_monitors=False)}
 
