@@ -433,6 +433,7 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
         f"{status.failed} failed of {status.parallelism} nodes"
         + (f"; {'; '.join(status.conditions)}" if status.conditions else "")
     )
+    console.print(f"size: {status.size}")
     table = Table(show_lines=False)
     for column in ("pod", "index", "component", "phase", "ready", "restarts", "node", "last exit / waiting"):
         table.add_column(column, overflow="fold")

@@ -29,6 +29,7 @@ from nvrx_eks.infra.ops.kube import (
     server_side_apply,
 )
 from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.resilience.config import CONFIG_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -239,6 +240,20 @@ class JobStatus:
     conditions: list[str]
     pods: list[PodView]
     checkpoint: CheckpointInfo | None
+    shrink: tuple[int, int] | None = None
+    """(full nodes, fewest nodes) of a job that may shrink (the job values' `shrink`), else None."""
+
+    @property
+    def size(self) -> str:
+        """How many nodes the job can train on now: its training pods Running, against its full size. A
+        job that may shrink trains on those while a lost node's replacement is Pending."""
+        running = sum(1 for p in self.pods if p.component != "store" and p.phase == "Running")
+        pending = sum(1 for p in self.pods if p.component != "store" and p.phase == "Pending")
+        if self.shrink is None:
+            return f"{running} training pods running, {pending} pending"
+        full, fewest = self.shrink
+        state = "at its full size" if running >= full else f"shrunk (down to {fewest} allowed)"
+        return f"{min(running, full)} of {full} nodes running: {state}; {pending} pending"
 
 
 def durable_s3_url(job: dict[str, Any]) -> str | None:
@@ -338,7 +353,23 @@ def job_status(
         ],
         pods=pods,
         checkpoint=checkpoint,
+        shrink=_shrink_of(job),
     )
+
+
+def _shrink_of(job: dict[str, Any]) -> tuple[int, int] | None:
+    """(full nodes, fewest nodes) from the trainer's `NVRX_EKS_CONFIG` (its chart-owned `shrink`)."""
+    for container in job.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+        for env in container.get("env", []):
+            if env.get("name") != CONFIG_ENV or not env.get("value"):
+                continue
+            try:
+                shrink = json.loads(env["value"]).get("shrink") or {}
+            except (ValueError, AttributeError):
+                return None
+            counts = shrink.get("node_counts") or []
+            return (int(shrink["nodes"]), int(min(counts))) if shrink.get("nodes") and counts else None
+    return None
 
 
 def render(values: JobValues) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ manifests the job chart renders."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import urllib.parse
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from nvrx_eks.infra.ops.kube import (
 )
 from nvrx_eks.k8s.values import JobValues
 from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.training.resilience.config import CONFIG_ENV
 
 IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1@sha256:{'ab' * 32}"
 STORE_IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/nvrx-eks/trainer:v1-store@sha256:{'cd' * 32}"
@@ -515,3 +517,26 @@ def test_status_names_a_failed_selfchecks_verdict(manifests):
     status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
     view = next(p for p in status.pods if p.name == "demo-1")
     assert view.last_termination == f"Error (exit 2): self-check {verdict.removeprefix('cannot train ')}"
+
+
+def test_status_says_a_job_that_may_shrink_runs_shrunk_while_a_replacement_is_pending(manifests):
+    """The job's full and fewest nodes from its trainer's configuration; its size from its pods."""
+    job = copy.deepcopy(next(m for m in manifests if m["kind"] == "Job"))
+    trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    config = next(e for e in trainer["env"] if e["name"] == CONFIG_ENV)
+    config["value"] = json.dumps(
+        {**json.loads(config["value"]), "shrink": {"nodes": 2, "node_counts": [1], "after_s": 600}}
+    )
+    shrunk = _pods(_pod("demo-0"), _pod("demo-1", phase="Pending"))
+    client, _ = _client({("GET", JOB_PATH): [(200, job)], ("GET", PODS_PATH): [shrunk]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    assert status.size == "1 of 2 nodes running: shrunk (down to 1 allowed); 1 pending"
+    full = _pods(_pod("demo-0"), _pod("demo-1"))
+    client, _ = _client({("GET", JOB_PATH): [(200, job)], ("GET", PODS_PATH): [full]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    assert status.size == "2 of 2 nodes running: at its full size; 0 pending"
+    # A job that never shrinks says only what runs.
+    plain = next(m for m in manifests if m["kind"] == "Job")
+    client, _ = _client({("GET", JOB_PATH): [(200, plain)], ("GET", PODS_PATH): [shrunk]})
+    status = jobs.job_status(client, namespace="training", name="demo", checkpoints_at=None)
+    assert status.size == "1 training pods running, 1 pending"
