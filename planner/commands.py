@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -192,18 +191,6 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     runs: Annotated[int | None, typer.Option(min=1, help="Simulated runs per mode (default 200/20).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the simulation.")] = 0,
     write: WriteValues = None,
-    shrink_min_nodes: Annotated[
-        int | None,
-        typer.Option(
-            "--shrink-min-nodes",
-            help="Also compare, per replacement delay (10 min, 1 h, 4 h), a node loss with no spare when "
-            "the job shrinks to at least this many nodes against waiting (the job values' shrink).",
-        ),
-    ] = None,
-    pending_limit_s: Annotated[
-        float,
-        typer.Option("--pending-limit", help="With --shrink-min-nodes: the values' shrink.pending_limit_s."),
-    ] = 600.0,
 ) -> None:
     """Checkpoint interval per tier, expected goodput per mode, spares, GPU-hours lost per day."""
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
@@ -211,11 +198,6 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     from nvrx_eks.planner.model import project_all  # noqa: PLC0415
 
     plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
-    shrunk = None
-    if shrink_min_nodes is not None:
-        from nvrx_eks.planner.shrink import shrink_plan  # noqa: PLC0415
-
-        shrunk = shrink_plan(plan, min_nodes=shrink_min_nodes, pending_limit_s=pending_limit_s)
     projection = project_all(plan)
     sims = _simulations(plan, projection, runs=runs, seed=seed) if simulate else {}
     labels = cal.labels if cal else {}
@@ -228,8 +210,6 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         doc = report.document(projection, sims=sims, measured=measured, inputs=inputs, plots=written)
         if write is not None:
             doc["written"] = {"values": str(write), "fields": changed}
-        if shrunk is not None:
-            doc["shrink"] = dataclasses.asdict(shrunk)
         print(json.dumps(doc, indent=2, default=str))
         return
     console = make_console()
@@ -238,10 +218,6 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
         console.print(f"plot: {path}")
     if write is not None:
         console.print(f"wrote {write}: {', '.join(changed)}")
-    if shrunk is not None:
-        from nvrx_eks.planner.shrink import table_lines  # noqa: PLC0415
-
-        print("\n".join(table_lines(shrunk)))  # Markdown rows: unwrapped, to paste as they are
 
 
 def _simulations(plan: Plan, projection: Projection, *, runs: int | None, seed: int) -> dict[Mode, SimResult]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import statistics
 from pathlib import Path
@@ -841,52 +840,3 @@ def test_the_report_prints_what_each_fault_kind_costs():
     assert "local" in row
     assert "faults.store_loss_per_day" in text
     assert "recovery.store_loss_s" in text
-
-
-# ----- shrink instead of waiting -------------------------------------------------------------------------
-
-P5_16 = EXAMPLES / "p5-16.yaml"
-
-
-def test_the_p5_16_plan_shrinks_when_the_replacement_takes_an_hour_or_four_and_not_before_the_limit():
-    from nvrx_eks.planner.shrink import shrink_plan, table_lines  # noqa: PLC0415
-
-    result = shrink_plan(_plan(P5_16), min_nodes=12, pending_limit_s=900)
-    ten_min, hour, four_hours = result.rows
-    # Within the pending limit the job never shrinks: the same cost both ways.
-    assert ten_min.shrink_s == ten_min.wait_s
-    assert hour.shrink_s < hour.wait_s
-    assert four_hours.shrink_s < four_hours.wait_s
-    # Waiting costs the whole delay; a shrunk job loses only 1/16 of its speed meanwhile.
-    assert four_hours.wait_s - hour.wait_s == pytest.approx(3 * 3600)
-    assert four_hours.shrink_s - hour.shrink_s == pytest.approx(3 * 3600 / 16)
-    assert hour.shrink_goodput > hour.wait_goodput
-    assert result.break_even_s is not None
-    assert 900 < result.break_even_s < 3600
-    text = "\n".join(table_lines(result))
-    assert "| 4 h | 14,500 |" in text
-    assert "Shrinking costs less from a replacement delay of" in text
-
-
-def test_shrinking_costs_more_than_waiting_just_past_the_pending_limit():
-    """Past the limit the shrink pays two restarts, a durable restore each and the steps since the
-    newest durable step: more than waiting a few seconds longer would."""
-    from nvrx_eks.planner.shrink import loss_costs  # noqa: PLC0415
-
-    wait, shrink = loss_costs(_plan(P5_16), delay_s=960, min_nodes=12, pending_limit_s=900)
-    assert shrink > wait
-
-
-@pytest.mark.parametrize(
-    ("overrides", "min_nodes", "message"),
-    [
-        ((), 16, "--shrink-min-nodes 16: between 1 and fleet.nodes - 1 (15)"),
-        (("faults.per_node_day=null", "faults.count=3"), 12, "needs a fault rate"),
-    ],
-)
-def test_a_shrink_comparison_the_plan_cannot_make_is_refused_naming_the_fix(overrides, min_nodes, message):
-    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
-    from nvrx_eks.planner.shrink import shrink_plan  # noqa: PLC0415
-
-    with pytest.raises(UserError, match=re.escape(message)):
-        shrink_plan(_plan(P5_16, *overrides), min_nodes=min_nodes, pending_limit_s=900)
