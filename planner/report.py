@@ -377,7 +377,7 @@ def print_shrink(console: Console, plan: Plan, comparisons: list[ShrinkCompariso
     )
     console.print(
         "goodput: expected training goodput with every node loss that finds no spare handled that way; "
-        "per loss: seconds of the whole job one such loss costs (idle, restart rounds, restores, lost "
+        "per loss: the whole job's time one such loss costs (idle, restart rounds, restores, lost "
         "work, training below full size)"
     )
     for comparison in comparisons:
