@@ -196,9 +196,11 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.planner import report  # noqa: PLC0415
     from nvrx_eks.planner.model import project_all  # noqa: PLC0415
+    from nvrx_eks.planner.shrink import compare_all  # noqa: PLC0415
 
     plan, given, cal = load_plan(plan_file, overrides or [], run_dir)
     projection = project_all(plan)
+    shrink = compare_all(plan)
     sims = _simulations(plan, projection, runs=runs, seed=seed) if simulate else {}
     labels = cal.labels if cal else {}
     measured = cal.measured_goodput if cal else {}
@@ -207,13 +209,15 @@ def plan_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     written = _plots(plan, projection, folder, cal) if plots else []
     changed = write_values(write, plan, projection) if write is not None else []
     if as_json:
-        doc = report.document(projection, sims=sims, measured=measured, inputs=inputs, plots=written)
+        doc = report.document(
+            projection, sims=sims, measured=measured, inputs=inputs, plots=written, shrink=shrink
+        )
         if write is not None:
             doc["written"] = {"values": str(write), "fields": changed}
         print(json.dumps(doc, indent=2, default=str))
         return
     console = make_console()
-    report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs)
+    report.print_report(console, projection, sims=sims, measured=measured, inputs=inputs, shrink=shrink)
     for path in written:
         console.print(f"plot: {path}")
     if write is not None:

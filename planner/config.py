@@ -9,16 +9,17 @@ from __future__ import annotations
 import math
 import warnings
 from functools import cached_property
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy.stats import poisson
 
+from nvrx_eks.k8s.sections import Shrink
 from nvrx_eks.kitcore.configio import StaleInput, UserError
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
-from nvrx_eks.training.resilience.config import parse_plan_item
-from nvrx_eks.training.resilience.modes import FAULT_CLASSES, MODES, SOFT_FAULTS, Mode
+from nvrx_eks.training.resilience.config import ParallelConfig, parse_plan_item
+from nvrx_eks.training.resilience.modes import FAULT_CLASSES, MODES, SOFT_FAULTS, Mode, layers
 from nvrx_eks.training.shapes import PRESETS, ModelShape
 
 TierName = CadenceTier
@@ -369,6 +370,34 @@ class Faults(_Section):
         return shares
 
 
+# Replacement delays the shrink table weighs by default: a replacement that took a little longer than its
+# pending limit, a slow one, and hardware AWS replaces within hours on fixed capacity.
+SHRINK_DELAYS_S = (600.0, 3600.0, 14400.0)
+
+
+class ShrinkSetup(_Section):
+    """The job values' `shrink:` (k8s/sections.py Shrink) as the plan weighs it against waiting: a lost
+    node that finds no spare, its replacement available only after a delay."""
+
+    min_nodes: int | None = Field(None, ge=1)
+    """The fewest nodes the job trains on (the values' shrink.min_nodes); None: no shrink table."""
+    pending_limit_s: float = Field(Shrink.model_fields["pending_limit_s"].default, gt=0)
+    """How long the restart round waits for the replacement before the job shrinks (the values')."""
+    parallel: ParallelConfig = ParallelConfig()
+    """The job's parallel layout (the values' trainer.parallel): the node counts it can shrink to."""
+    delays_s: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: list(SHRINK_DELAYS_S), min_length=1
+    )
+    """Replacement delays to tabulate: seconds from a node's loss until its replacement can join."""
+
+    def node_counts(self, nodes: int, ranks_per_node: int) -> list[int]:
+        """The smaller sizes the layout runs at, largest first, down to min_nodes (as the chart derives
+        the ranks' shrink.node_counts, k8s/rank_config.py)."""
+        if self.min_nodes is None:
+            return []
+        return self.parallel.node_counts(nodes, ranks_per_node, down_to=self.min_nodes)
+
+
 # The plan's name is the folder of its plots, runs/plan-<name>: one file system name (at most 255
 # bytes, the Linux NAME_MAX) with room for the prefix, and no path separator.
 PLAN_NAME_MAX = 200
@@ -387,6 +416,8 @@ class Plan(_Section):
     max_interval_s: float = Field(3600.0, gt=0)
     """The longest interval recommended for a tier no fault restores from (the checkpoint an operator's
     restart or a fault storm falls back to)."""
+    shrink: ShrinkSetup = ShrinkSetup()
+    """Shrink instead of waiting for a lost node's replacement: set min_nodes for the table that weighs it."""
 
     @field_validator("name")
     @classmethod
@@ -446,6 +477,34 @@ class Plan(_Section):
             tier = self.checkpoint.tier(name)
             if tier is not None and tier.write_s is None and tier.bandwidth_gbps is None:
                 raise ValueError(f"checkpoint.{name}: give write_s or bandwidth_gbps")
+        return self
+
+    @model_validator(mode="after")
+    def _shrink_can_run(self) -> Self:
+        minimum = self.shrink.min_nodes
+        if minimum is None:
+            return self
+        nodes = self.fleet.nodes
+        if minimum >= nodes:
+            raise ValueError(
+                f"shrink.min_nodes ({minimum}) must be below fleet.nodes ({nodes}): it is the fewest nodes "
+                "the job trains on after a loss; lower it, or unset it"
+            )
+        # The job restarts at another size through ft_launcher's rendezvous (k8s/values.py says the same).
+        if not any(layers(mode).launcher == "ft_launcher" for mode in self.modes):
+            raise ValueError(
+                f"shrink.min_nodes is set but none of the plan's modes ({', '.join(self.modes)}) runs "
+                "ft_launcher, which restarts the job at another size: add ft_launcher or both, or unset it"
+            )
+        counts = self.shrink.node_counts(nodes, self.fleet.profile.workers_per_node)
+        if minimum not in counts:
+            mesh = ", ".join(f"{k}: {v}" for k, v in self.shrink.parallel.mesh.items())
+            runs_at = ", ".join(map(str, counts)) or "no smaller count"
+            raise ValueError(
+                f"shrink.min_nodes ({minimum}): shrink.parallel.mesh {{{mesh}}} cannot run on {minimum} "
+                f"node(s) of {self.fleet.profile.workers_per_node} ranks (it runs at {runs_at} between "
+                f"{minimum} and {nodes - 1}); pick a min_nodes it runs at"
+            )
         return self
 
     # ---- derived figures ----------------------------------------------------------------------------

@@ -29,7 +29,8 @@ fault rate lambda_k per kind with cost c_k:
 - a fixed count n_k of faults per run: W = U (1 + sigma) + S0 + sum n_k c_k
 - a rate: W = (U (1 + sigma) + S0) / (1 - sum lambda_k c_k) (faults also strike during recoveries)
 and training goodput = U / W (docs/measurements.md, how we measure), the rest split into checkpoint
-stall, lost work, recovery (with capacity waits) and startup.
+stall, lost work, recovery, capacity wait, training shrunk (planner/shrink.py: a node loss that trains on
+at a smaller size instead of waiting for capacity) and startup.
 
 Interval (Young, CACM 1974; Daly, FGCS 2006): for a tier whose restores happen at rate 1/M and whose
 checkpoint blocks the loop for C, tau = sqrt(2 M C) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C (tau = M
@@ -67,7 +68,9 @@ from nvrx_eks.planner.config import (
 from nvrx_eks.training.resilience.modes import MODES, Mode, layers
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+
+    NodeLossPolicy = Callable[["FaultCost", "Spares"], "FaultCost"]
 
 KINDS: tuple[FaultKind, ...] = ("soft", "process", "node", "store")
 MAX_SPARES = 100_000
@@ -173,10 +176,13 @@ class FaultCost:
     restore_s: float
     lost_s: float
     wait_s: float
+    shrunk_s: float = 0.0
+    """Training below full size while a lost node's replacement is away (shrink): the progress the
+    missing nodes would have made, in seconds of the whole job."""
 
     @property
     def total_s(self) -> float:
-        return self.recovery_s + self.restore_s + self.lost_s + self.wait_s
+        return self.recovery_s + self.restore_s + self.lost_s + self.wait_s + self.shrunk_s
 
 
 @dataclass(frozen=True)
@@ -426,8 +432,11 @@ def evaluate(
     cadences: Mapping[TierName, int],
     *,
     intervals: dict[TierName, Interval] | None = None,
+    node_loss: NodeLossPolicy | None = None,
 ) -> ModeResult:
-    """Expected goodput of `mode` writing each tier every `cadences[tier]` steps."""
+    """Expected goodput of `mode` writing each tier every `cadences[tier]` steps. `node_loss` rewrites
+    what a node loss costs once the spares are known (planner/shrink.py: shrink instead of waiting);
+    without it a loss that finds no spare waits for one."""
     plan = plan.for_mode(mode)
     costs = tier_costs(plan, mode, cadences)
     rates = _rates(plan)
@@ -435,8 +444,12 @@ def evaluate(
     sigma = sum(c.stall_s / c.interval_s for c in costs.values())
     startup = plan.workload.startup_s
 
-    def per_fault(wait_per_node_loss: float) -> dict[FaultKind, FaultCost]:
-        return fault_costs(plan, mode, costs, wait_per_node_loss=wait_per_node_loss)
+    def per_fault(spares: Spares | None) -> dict[FaultKind, FaultCost]:
+        wait = spares.wait_per_loss_s if spares is not None else 0.0
+        out = fault_costs(plan, mode, costs, wait_per_node_loss=wait)
+        if node_loss is not None and spares is not None:
+            out["node"] = node_loss(out["node"], spares)
+        return out
 
     def wall_for(fcosts: dict[FaultKind, FaultCost]) -> tuple[float, float, dict[FaultKind, float]]:
         """(wall, useful, expected faults per kind)."""
@@ -454,11 +467,11 @@ def evaluate(
         wall = useful * (1 + sigma) + startup + sum(counts[k] * fcosts[k].total_s for k in KINDS)
         return wall, useful, counts
 
-    fcosts = per_fault(0.0)
+    fcosts = per_fault(None)
     wall, used, counts = wall_for(fcosts)
     spares = _spares(plan, counts, wall)
     for _ in range(3):  # the capacity wait lengthens the run, which changes the node losses a little
-        fcosts = per_fault(spares.wait_per_loss_s)
+        fcosts = per_fault(spares)
         wall, used, counts = wall_for(fcosts)
         spares = _spares(plan, counts, wall)
     feasible = math.isfinite(wall) and used > 0
@@ -481,6 +494,7 @@ def evaluate(
         "lost_work": sum(counts[k] * fcosts[k].lost_s for k in KINDS) / wall,
         "recovery": sum(counts[k] * (fcosts[k].recovery_s + fcosts[k].restore_s) for k in KINDS) / wall,
         "capacity_wait": sum(counts[k] * fcosts[k].wait_s for k in KINDS) / wall,
+        "shrunk": sum(counts[k] * fcosts[k].shrunk_s for k in KINDS) / wall,
         "startup": startup / wall,
     }
     goodput = used / wall

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from nvrx_eks.planner.calibrate import ScaleFit
+    from nvrx_eks.planner.shrink import ShrinkComparison
     from nvrx_eks.planner.simulate import SimResult
 
 # Where a default comes from when neither the plan file nor a measurement set the field.
@@ -32,6 +33,7 @@ DEFAULT_SOURCES = {
     "faults.mix": "default: Llama 3 Table 5, mapped onto the kit's classes (planner/config.py)",
     "fleet.repair_hours": "default: assumed (a day to repair or replace a GPU host)",
     "workload.startup_s": "default: not counted",
+    "shrink.pending_limit_s": "default: the job values' shrink.pending_limit_s (k8s/sections.py Shrink)",
 }
 # The inputs the report lists with their source.
 REPORTED_INPUTS = (
@@ -56,6 +58,8 @@ REPORTED_INPUTS = (
     "checkpoint.durable.write_s",
     "checkpoint.durable.restore_s",
     "fleet.repair_hours",
+    "shrink.min_nodes",
+    "shrink.pending_limit_s",
 )
 MINUTE_S, HOUR_S = 60.0, 3600.0
 SWEEP_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -131,8 +135,12 @@ def document(
     measured: dict[str, float],
     inputs: dict[str, dict[str, Any]],
     plots: list[str],
+    shrink: list[ShrinkComparison] | None = None,
 ) -> dict[str, Any]:
-    """The `--json` document: top-level `modes: {MODE: {training_goodput, ...}}` plus the intervals."""
+    """The `--json` document: top-level `modes: {MODE: {training_goodput, ...}}` plus the intervals, and
+    `shrink` (a list per mode that can shrink) when the plan sets shrink.min_nodes."""
+    from nvrx_eks.planner.shrink import rows_doc  # noqa: PLC0415
+
     plan = projection.plan
     modes: dict[str, Any] = {}
     for mode, result in projection.modes.items():
@@ -156,6 +164,7 @@ def document(
         "intervals": {t: asdict(i) for t, i in projection.modes[headline].intervals.items()},
         "spares": asdict(projection.modes[headline].spares),
         "modes": modes,
+        "shrink": [rows_doc(c) for c in shrink or []],
         "inputs": inputs,
         "plots": plots,
     }
@@ -186,6 +195,7 @@ def print_report(
     sims: dict[Mode, SimResult],
     measured: dict[str, float],
     inputs: dict[str, dict[str, Any]],
+    shrink: list[ShrinkComparison] | None = None,
 ) -> None:
     plan = projection.plan
     length = (
@@ -210,6 +220,8 @@ def print_report(
     _print_goodput(console, projection, sims=sims, measured=measured)
     _print_fault_costs(console, projection)
     _print_spares(console, projection)
+    if shrink:
+        print_shrink(console, plan, shrink)
     _print_inputs(console, inputs)
 
 
@@ -335,6 +347,50 @@ def _print_spares(console: Console, projection: Projection) -> None:
         f"{spares.node_losses:.1f} node losses per run, P(no spare at a loss) {spares.p_no_spare:.1e}, "
         f"P(never waiting) {spares.p_never_wait:.1%}{warn}"
     )
+
+
+def print_shrink(console: Console, plan: Plan, comparisons: list[ShrinkComparison]) -> None:
+    """Goodput waiting for a lost node's replacement against shrinking, per replacement delay."""
+    from rich.table import Table  # noqa: PLC0415
+
+    first = comparisons[0]
+    table = Table(title="Shrink instead of waiting for a lost node's replacement", title_justify="left")
+    table.add_column("mode", no_wrap=True, min_width=len("ft_launcher"))
+    for column in ("replacement in", "wait", "shrink", "per loss, waiting", "per loss, shrinking", "better"):
+        table.add_column(column, justify="right")
+    for comparison in comparisons:
+        for row in comparison.rows:
+            table.add_row(
+                comparison.mode,
+                _seconds(row.delay_s),
+                # Two decimals: a node loss is rare beside a run's steps, so the strategies differ there.
+                f"{row.wait.training_goodput:.2%}" if row.wait.feasible else "-",
+                f"{row.shrink.training_goodput:.2%}" if row.shrink.feasible else "-",
+                _seconds(row.wait_per_loss_s),
+                _seconds(row.shrink_per_loss_s),
+                row.better,
+            )
+    console.print(table)
+    console.print(
+        f"a node lost with no spare free: {first.nodes} -> {first.shrunk_nodes} nodes "
+        f"(shrink.min_nodes {plan.shrink.min_nodes}) after {_seconds(first.pending_limit_s)} pending"
+    )
+    console.print(
+        "goodput: expected training goodput with every node loss that finds no spare handled that way; "
+        "per loss: the whole job's time one such loss costs (idle, restart rounds, restores, lost "
+        "work, training below full size)"
+    )
+    for comparison in comparisons:
+        even = comparison.break_even_s
+        where = (
+            f"shrinking wins once a replacement takes longer than {_seconds(even)}"
+            if even is not None
+            else "waiting wins at every delay up to a month"
+        )
+        console.print(
+            f"{comparison.mode}: {where} (break-even); {comparison.node_losses:.3g} node losses per run, "
+            f"{comparison.spares} spare(s)"
+        )
 
 
 def _print_inputs(console: Console, inputs: dict[str, dict[str, Any]]) -> None:
