@@ -134,16 +134,6 @@ def _api_client(
     return kube.kubeconfig_api_client(config_file=kubeconfig, context=context)
 
 
-def _reach(
-    *, stack: str | None, cluster: str | None, region: str | None, profile: str | None, tunnel: int | None
-) -> str:
-    """The options a command reached the cluster with, for the next command it suggests."""
-    options: dict[str, str | int | None] = {"--stack": stack, "--cluster": None if stack else cluster}
-    if stack or cluster:
-        options |= {"--region": region, "--profile": profile, "--tunnel": tunnel}
-    return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
-
-
 @dataclass(frozen=True)
 class ClusterAccess:
     """How a command reaches the cluster: the options every command that talks to it takes alike."""
@@ -160,13 +150,14 @@ class ClusterAccess:
         return _api_client(**asdict(self), check_node_image=check_node_image)
 
     def reach(self) -> str:
-        return _reach(
-            stack=self.stack,
-            cluster=self.cluster,
-            region=self.region,
-            profile=self.profile,
-            tunnel=self.tunnel,
-        )
+        """The options a command reached the cluster with, for the next command it suggests."""
+        options: dict[str, str | int | None] = {
+            "--stack": self.stack,
+            "--cluster": None if self.stack else self.cluster,
+        }
+        if self.stack or self.cluster:
+            options |= {"--region": self.region, "--profile": self.profile, "--tunnel": self.tunnel}
+        return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
 
 
 # Each field's option, in the order `--help` lists them.
