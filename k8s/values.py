@@ -295,16 +295,14 @@ class JobValues(Section):
                 f"shrink.min_nodes is set with mode {self.mode}, which has no ft_launcher to restart the "
                 "job at another size: use mode ft_launcher or both, or unset shrink.min_nodes"
             )
-        counts = self.trainer.shrink.node_counts
-        if minimum not in counts:
-            mesh = ", ".join(f"{k}: {v}" for k, v in self.trainer.parallel.mesh.items())
-            runs_at = ", ".join(map(str, counts)) or "no smaller count"
-            raise ValueError(
-                f"shrink.min_nodes ({minimum}): trainer.parallel.mesh {{{mesh}}} cannot run on {minimum} "
-                f"node(s) of {self.profile.workers_per_node} ranks (it runs at {runs_at} between "
-                f"{minimum} and {self.num_nodes - 1}): give the mesh one size -1 (data parallelism) with "
-                "the sizes inside it dividing a node's ranks, or pick a min_nodes it runs at"
-            )
+        problem = self.trainer.parallel.shrink_problem(
+            "trainer.parallel.mesh",
+            min_nodes=minimum,
+            nodes=self.num_nodes,
+            ranks_per_node=self.profile.workers_per_node,
+        )
+        if problem is not None:
+            raise ValueError(problem)
         if not self.trainer.checkpoint.durable_every:
             raise ValueError(
                 "shrink.min_nodes is set with trainer.checkpoint.durable_every 0: a job that shrinks or "

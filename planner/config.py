@@ -496,15 +496,14 @@ class Plan(_Section):
                 f"shrink.min_nodes is set but none of the plan's modes ({', '.join(self.modes)}) runs "
                 "ft_launcher, which restarts the job at another size: add ft_launcher or both, or unset it"
             )
-        counts = self.shrink.node_counts(nodes, self.fleet.profile.workers_per_node)
-        if minimum not in counts:
-            mesh = ", ".join(f"{k}: {v}" for k, v in self.shrink.parallel.mesh.items())
-            runs_at = ", ".join(map(str, counts)) or "no smaller count"
-            raise ValueError(
-                f"shrink.min_nodes ({minimum}): shrink.parallel.mesh {{{mesh}}} cannot run on {minimum} "
-                f"node(s) of {self.fleet.profile.workers_per_node} ranks (it runs at {runs_at} between "
-                f"{minimum} and {nodes - 1}); pick a min_nodes it runs at"
-            )
+        problem = self.shrink.parallel.shrink_problem(
+            "shrink.parallel.mesh",
+            min_nodes=minimum,
+            nodes=nodes,
+            ranks_per_node=self.fleet.profile.workers_per_node,
+        )
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     # ---- derived figures ----------------------------------------------------------------------------

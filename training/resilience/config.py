@@ -280,6 +280,21 @@ class ParallelConfig(_Section):
             counts.append(count)
         return counts
 
+    def shrink_problem(self, field: str, *, min_nodes: int, nodes: int, ranks_per_node: int) -> str | None:
+        """Why a job of `nodes` nodes cannot shrink to `min_nodes` with this layout (`field` names the mesh
+        in the caller's file), or None. The job values and the planner say it alike."""
+        counts = self.node_counts(nodes, ranks_per_node, down_to=min_nodes)
+        if min_nodes in counts:
+            return None
+        mesh = ", ".join(f"{k}: {v}" for k, v in self.mesh.items())
+        runs_at = ", ".join(map(str, counts)) or "no smaller count"
+        return (
+            f"shrink.min_nodes ({min_nodes}): {field} {{{mesh}}} cannot run on {min_nodes} node(s) of "
+            f"{ranks_per_node} ranks (it runs at {runs_at} between {min_nodes} and {nodes - 1}): give the "
+            "mesh one size -1 (data parallelism) with the sizes inside it dividing a node's ranks, or pick "
+            "a min_nodes it runs at"
+        )
+
 
 class MetricsConfig(_Section):
     prometheus_port: int | None = Field(
