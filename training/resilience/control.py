@@ -35,28 +35,16 @@ GROW_CHECK_S = 0.5
 STORE_CONNECT_S = 60.0
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    """`--name=VALUE` or `--name VALUE` from nvrx-control's command line."""
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"{name}="):
-            return arg.split("=", 1)[1]
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
-
-
 def watch_for_growth(argv: list[str], policy: ShrinkConfig) -> None:
     """A daemon thread over this process's own store: `GrowBack` every `GROW_CHECK_S`."""
     from datetime import timedelta  # noqa: PLC0415
 
+    from nvidia_resiliency_ext.fault_tolerance.control_plane import parse_args  # noqa: PLC0415
     from torch.distributed import TCPStore  # noqa: PLC0415
 
-    endpoint, run_id = _flag(argv, "--rdzv-endpoint"), _flag(argv, "--rdzv-id")
-    nnodes = _flag(argv, "--nnodes")
-    if not (endpoint and run_id and nnodes):
-        return
-    port = int(endpoint.rpartition(":")[2])
-    max_nodes = int(nnodes.rpartition(":")[2])
+    args = parse_args(argv)  # nvrx-control's own parser: the flags as NVRx will read them
+    run_id, port = args.rdzv_id, int(args.rdzv_endpoint.rpartition(":")[2])
+    max_nodes = int(str(args.nnodes).rpartition(":")[2])
 
     def run() -> None:
         store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
