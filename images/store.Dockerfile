@@ -55,7 +55,7 @@ RUN python -m pip install --no-cache-dir --require-hashes --no-deps -r /tmp/requ
 WORKDIR /app
 COPY pyproject.toml ./
 COPY nvrx_eks/__init__.py nvrx_eks/layout.py nvrx_eks/
-COPY kitcore/__init__.py kitcore/pins.py kitcore/
+COPY kitcore/__init__.py kitcore/lines.py kitcore/pins.py kitcore/
 COPY training/__init__.py training/forks.py training/
 COPY training/resilience/__init__.py training/resilience/control.py training/resilience/
 COPY training/resilience/nvrx_compat.py training/resilience/launcher_liveness.py training/resilience/shrink.py training/resilience/

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from nvrx_eks.kitcore import supervisor
+from nvrx_eks.kitcore.lines import say
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
@@ -45,7 +46,7 @@ def stale_input_said() -> Iterator[None]:
         if issubclass(item.category, StaleInput):
             if str(item.message) not in said:
                 said.add(str(item.message))
-                print(f"warning: {item.message}", file=sys.stderr)
+                say(f"warning: {item.message}", stream=sys.stderr)
         else:
             warnings.warn_explicit(
                 item.message, item.category, item.filename, item.lineno, source=item.source
@@ -251,8 +252,8 @@ def _exit_with_message(message: str, *, details: str = "") -> NoReturn:
     """The message on stderr (after `details`, a traceback, when there is one) and, folded into one
     line, to the launcher that runs this process, if any (kitcore/supervisor.py); exit 2."""
     if details:
-        print(details.rstrip(), file=sys.stderr)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+        say(details.rstrip(), stream=sys.stderr)
+    say(f"error: {message}", stream=sys.stderr)
     supervisor.tell(message, details=details)
     raise SystemExit(USER_ERROR_EXIT_CODE) from None
 

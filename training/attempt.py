@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.training import parallel
 from nvrx_eks.training.checkpoint.dcp_format import (
     KIT_SECTION,
@@ -200,10 +201,9 @@ class AttemptRun:
             full_world_size=self.full_world_size,
         )
         if ctx.world.rank == 0 and ctx.world.world_size < self.full_world_size:
-            print(
+            say(
                 f"the job runs shrunk: {ctx.world.world_size} of its {self.full_world_size} ranks, until its "
-                "lost node's replacement is scheduled (attempt.full_world_size: keep the global batch)",
-                flush=True,
+                "lost node's replacement is scheduled (attempt.full_world_size: keep the global batch)"
             )
         parallel.init_group(ctx.world, ctx.store, attempt=self.number, timeout_s=ctx.cfg.collective_timeout_s)
         # Ranks reach this point seconds apart (imports, restarts); the collective timeout is short on
@@ -361,7 +361,7 @@ class AttemptRun:
             where=scope.location(tier),
             written_by=written_by if written_by != scope.run_id else None,
         )
-        print(line, flush=True)
+        say(line)
 
     def _check_meta(self, kit: dict[str, Any]) -> None:
         """Before a tensor is loaded: the step was written with the job's facts (`Job(meta=...)`)."""

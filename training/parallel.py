@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from nvrx_eks.kitcore.lines import say
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -96,7 +98,7 @@ def base_store(world: World, timeout_s: float) -> dist.Store:
     )
     if pick:
         os.environ["MASTER_PORT"] = str(store.port)
-        print(f"process group store on {os.environ['MASTER_ADDR']}:{store.port} (a free port)", flush=True)
+        say(f"process group store on {os.environ['MASTER_ADDR']}:{store.port} (a free port)")
     if agent_store:
         # The agent's store outlives a restart of the workers: scope keys to this round, as torch's
         # own env:// rendezvous does.

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError, exit_with
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
 from nvrx_eks.training.checkpoint.probe import free_space, probe_folder
 from nvrx_eks.training.node import selfcheck
@@ -574,7 +575,7 @@ def main(argv: Sequence[str] | None = None, *, api: NodeApi | None = None, host:
     if args.once:
         result = verify_once(api, host, node_name=args.node, namespace=args.namespace)
         for c in result.checks:
-            print(f"{c.name:16} {c.status.value:14} {c.detail}")
+            say(f"{c.name:16} {c.status.value:14} {c.detail}")
         return 0 if result.passed else selfcheck.NODE_PROBLEM_EXIT_CODE
     loop(api, host, node_name=args.node, namespace=args.namespace, interval_s=args.interval_s)
     return 0

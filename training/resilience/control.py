@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.training.resilience.launcher_liveness import GrowBack, gone_launcher_age, live_launchers
 from nvrx_eks.training.resilience.nvrx_compat import (
     check_supported_nvrx,
@@ -54,14 +55,13 @@ def watch_for_growth(argv: list[str], policy: ShrinkConfig) -> None:
             try:
                 grown = grow.check()
             except Exception as exc:  # noqa: BLE001 - a store read between rounds; the next check retries
-                print(f"grow-back check skipped: {type(exc).__name__}: {exc}", flush=True)
+                say(f"grow-back check skipped: {type(exc).__name__}: {exc}")
                 continue
             if grown is not None:
                 opened, size, target, why = grown
-                print(
+                say(
                     f"the job can grow back from {size} to {target} nodes: opened restart round {opened} "
-                    f"{why}, at {time.time():.3f}",
-                    flush=True,
+                    f"{why}, at {time.time():.3f}"
                 )
 
     threading.Thread(target=run, name="grow-back", daemon=True).start()

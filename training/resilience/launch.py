@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.training.entry import entry_problem, entry_source
 from nvrx_eks.training.resilience.config import RENDEZVOUS_ENV, RUN_ID_ENV, ResilienceConfig, config_from_env
 from nvrx_eks.training.resilience.launcher_liveness import LauncherBeat
@@ -275,10 +276,10 @@ def hand_over(ft_argv: list[str]) -> None:
             store, run_id=run_id, infra_rank=infra_rank, active_nodes=int(nnodes.partition(":")[0])
         )
     except Exception as exc:  # noqa: BLE001 - the hand-over is an optimisation of NVRx's own path
-        print(f"rendezvous hand-over skipped: {type(exc).__name__}: {exc}", flush=True)
+        say(f"rendezvous hand-over skipped: {type(exc).__name__}: {exc}")
         return
     if opened is not None:
-        print(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one", flush=True)
+        say(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one")
 
 
 def beat(ft_argv: list[str]) -> LauncherBeat | None:
@@ -359,7 +360,7 @@ def main() -> None:
         raise SystemExit(exit_status(exc.code, failures)) from None
     finally:
         if failures:  # last, short: what the pod's termination message keeps (k8s/termination.py)
-            print(f"worker failures: {failure_summary(failures)}", flush=True)
+            say(f"worker failures: {failure_summary(failures)}")
 
 
 def failure_summary(failures: dict[int, Any]) -> str:

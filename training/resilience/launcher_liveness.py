@@ -39,6 +39,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.training.resilience.nvrx_compat import (
     active_in_round,
     barrier_state,
@@ -146,9 +147,7 @@ class DurableReport:
             store.set(durable_key(prefix, self.rank), f"{self.world_size}:{int(event['step'])}")
             del store  # no client outlives the report (one held at interpreter exit aborts it)
         except Exception as exc:  # noqa: BLE001 - the grow-back then waits its limit instead
-            print(
-                f"durable step not reported to the rendezvous store: {type(exc).__name__}: {exc}", flush=True
-            )
+            say(f"durable step not reported to the rendezvous store: {type(exc).__name__}: {exc}")
 
 
 class GrowBack:
@@ -316,10 +315,9 @@ class LauncherBeat:
                 lost = watch.check() if watch is not None and steady.wrote(now) else None
                 if lost is not None:
                     opened, infra_rank, age = lost
-                    print(
+                    say(
                         f"node with infra rank {infra_rank} lost: its launcher's last beat was {age:.1f} s "
-                        f"ago; opened restart round {opened}",
-                        flush=True,
+                        f"ago; opened restart round {opened}"
                     )
             except Exception:  # noqa: BLE001 - the store may be starting, moving or gone
                 store = watch = None

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
+from nvrx_eks.kitcore.lines import say
 from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
 from nvrx_eks.training.forks import close_in_forks
 
@@ -265,10 +266,9 @@ def wait_only_for_live_previous_actives(gone_age: Callable[[Any, str, int], floa
                 age = gone_age(self.store, self.prefix, infra_rank)
                 if age is not None:
                     del previous[infra_rank]
-                    print(
+                    say(
                         f"restart round: not waiting for infra rank {infra_rank}: its launcher's last beat "
-                        f"was {age:.1f} s ago",
-                        flush=True,
+                        f"was {age:.1f} s ago"
                     )
             return evaluate(participants, now, *args, **kwargs)
 
@@ -357,11 +357,10 @@ def shrink_when_replacements_stay_away(
             time.sleep(poll_s)
         if size < min_nodes:
             self.store.set(round_size_key(self.prefix, self._round), str(size))
-            print(
+            say(
                 f"restart round {self._round}: closing with {size} of {min_nodes} nodes "
                 f"(present: {sorted(_present_infra_ranks(self))}) at {time.time():.3f}; the job trains "
-                "shrunk until its nodes come back",
-                flush=True,
+                "shrunk until its nodes come back"
             )
         close(self, node_desc, size, max_nodes, segment_check_interval, stop_event)
 
