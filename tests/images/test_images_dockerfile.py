@@ -185,27 +185,33 @@ def test_the_base_check_in_the_dockerfile_refuses_a_base_nvrx_cannot_install_on(
 
 
 FETCH = DOCKERFILE.parent / "fetch-verified.sh"
+INSTALL_EFA = DOCKERFILE.parent / "install-efa.sh"
 
 
 def test_every_download_goes_through_the_checksum_script():
     # No unverified fetch left: nothing calls curl directly or pipes a download into tar.
     assert not re.search(r"(RUN|&&)\s+curl\s", TEXT)
     assert "| tar" not in TEXT
-    for stage in ("ofi", "efa_cuda"):
+    for stage in ("ofi", "efa_cuda"):  # both install EFA through the one script, which fetches verified
         body = _stages()[stage]
         assert "source=images/fetch-verified.sh,target=/usr/local/bin/fetch-verified" in body
-        assert '"${EFA_INSTALLER_SHA256}" /tmp/efa.tar.gz' in body
+        assert "source=images/install-efa.sh,target=/usr/local/bin/install-efa" in body
+        assert 'install-efa "${EFA_INSTALLER_VERSION}" "${EFA_INSTALLER_SHA256}"' in body
+    efa = INSTALL_EFA.read_text(encoding="utf-8")
+    assert not re.search(r"^\s*curl\s", efa, re.MULTILINE)
+    assert (
+        f'fetch-verified "{IMAGE.efa_installer_url.replace(IMAGE.efa_installer, "$1")}" "$2" /tmp/efa.tar.gz'
+        in efa
+    )
+    assert "--skip-kmod" in efa  # the kernel module is the node's
     assert '"${AWS_OFI_NCCL_SHA256}" /tmp/ofi.tar.gz' in _stages()["ofi"]
     # The base is pinned by tag and digest in the pins and in the Dockerfile's default.
     assert IMAGE.base_image == f"{IMAGE.base_repository}:{IMAGE.base_tag}@{IMAGE.base_digest}"
     assert re.fullmatch(r"[^@]+:[^@/]+@sha256:[0-9a-f]{64}", IMAGE.base_image)
     assert _arg_defaults(TEXT)["BASE_IMAGE"] == IMAGE.base_image
     # Each tarball from the URL the pins name (what `nvrx-eks image pin` hashes).
-    for url in (IMAGE.efa_installer_url, IMAGE.aws_ofi_nccl_url):
-        templated = url.replace(IMAGE.efa_installer, "${EFA_INSTALLER_VERSION}").replace(
-            IMAGE.aws_ofi_nccl, "${AWS_OFI_NCCL_VERSION}"
-        )
-        assert f'"{templated}"' in TEXT
+    templated = IMAGE.aws_ofi_nccl_url.replace(IMAGE.aws_ofi_nccl, "${AWS_OFI_NCCL_VERSION}")
+    assert f'"{templated}"' in TEXT
 
 
 def _fetch(tmp_path: Path, sha256: str) -> subprocess.CompletedProcess[str]:
