@@ -360,6 +360,7 @@ def _restore_times(config: CheckpointConfig, state: dict[str, Any]) -> dict[str,
     """Seconds to restore step 1 into a live state of the same layout from each tier, as a restarted
     rank does (training/checkpoint/restore.py): from RAM each tensor copied straight from the mapped
     snapshot into the live one, from a disk tier verified (CRC32) and read by DCP into it."""
+    from nvrx_eks.training.checkpoint.base import Placement  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.dcp_format import Stager  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.restore import restore  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.stats import make_emitter  # noqa: PLC0415
@@ -376,10 +377,9 @@ def _restore_times(config: CheckpointConfig, state: dict[str, Any]) -> dict[str,
             memory_dir=memory_dir,
             stores=tier_stores,
             stager=Stager(rank=0, world_size=1),
-            rank=0,
-            world_size=1,
-            device=torch.device("cpu"),
-            emit=make_emitter(None),
+            placement=Placement(
+                rank=0, world_size=1, node_index=0, device=torch.device("cpu"), emit=make_emitter(None)
+            ),
             target=lambda: with_carried(live, ""),  # the tiered checkpointer's own section too
         )
 

@@ -98,6 +98,7 @@ def event_counts(root: Path) -> dict[str, int]:
 
 def child(root: Path, delay_s: float, report_path: Path) -> None:
     os.setsid()  # its own process group: the parent's killpg takes the whole child
+    from nvrx_eks.training.checkpoint.base import Placement  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.stats import make_emitter  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
@@ -105,11 +106,9 @@ def child(root: Path, delay_s: float, report_path: Path) -> None:
     config = _config(root)
     ckpt = TieredCheckpointer(
         config=config,
-        rank=0,
-        world_size=1,
-        node_index=0,
-        device=torch.device("cpu"),
-        emit=make_emitter(None),
+        placement=Placement(
+            rank=0, world_size=1, node_index=0, device=torch.device("cpu"), emit=make_emitter(None)
+        ),
         persist_delay_s=delay_s,
     )
     restored = ckpt.load_latest()  # while the writers start

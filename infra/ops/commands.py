@@ -8,10 +8,13 @@ Heavy libraries (boto3, kubernetes, cdk8s) are imported inside the commands.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path  # noqa: TC003 - typer reads the annotations at runtime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,7 +22,7 @@ from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import paths
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from kubernetes.client import ApiClient
 
@@ -131,14 +134,67 @@ def _api_client(
     return kube.kubeconfig_api_client(config_file=kubeconfig, context=context)
 
 
-def _reach(
-    *, stack: str | None, cluster: str | None, region: str | None, profile: str | None, tunnel: int | None
-) -> str:
-    """The options a command reached the cluster with, for the next command it suggests."""
-    options: dict[str, str | int | None] = {"--stack": stack, "--cluster": None if stack else cluster}
-    if stack or cluster:
-        options |= {"--region": region, "--profile": profile, "--tunnel": tunnel}
-    return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
+@dataclass(frozen=True)
+class ClusterAccess:
+    """How a command reaches the cluster: the options every command that talks to it takes alike."""
+
+    stack: str | None = None
+    cluster: str | None = None
+    tunnel: int | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    profile: str | None = None
+    region: str | None = None
+
+    def api_client(self, *, check_node_image: bool = False) -> ApiClient:
+        return _api_client(**asdict(self), check_node_image=check_node_image)
+
+    def reach(self) -> str:
+        """The options a command reached the cluster with, for the next command it suggests."""
+        options: dict[str, str | int | None] = {
+            "--stack": self.stack,
+            "--cluster": None if self.stack else self.cluster,
+        }
+        if self.stack or self.cluster:
+            options |= {"--region": self.region, "--profile": self.profile, "--tunnel": self.tunnel}
+        return "".join(f" {option} {value}" for option, value in options.items() if value is not None)
+
+
+# Each field's option, in the order `--help` lists them.
+_ACCESS_OPTIONS = {
+    "stack": Stack,
+    "cluster": Cluster,
+    "tunnel": Tunnel,
+    "kubeconfig": Kubeconfig,
+    "context": Context,
+    "profile": Profile,
+    "region": Region,
+}
+
+
+def _with_cluster_access(command: Callable[..., None]) -> Callable[..., None]:
+    """`command`, whose `access: ClusterAccess` parameter typer shows as the options of
+    `_ACCESS_OPTIONS` in its place: typer has no option groups, and one definition keeps every
+    cluster command's options and their help the same."""
+    signature = inspect.signature(command, eval_str=True)
+    params = []
+    for param in signature.parameters.values():
+        if param.name != "access":
+            params.append(param)
+            continue
+        params += [
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=option)
+            for name, option in _ACCESS_OPTIONS.items()
+        ]
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - typer passes what the signature declares
+        access = ClusterAccess(**{name: kwargs.pop(name) for name in _ACCESS_OPTIONS})
+        command(*args, access=access, **kwargs)
+
+    run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    run.__annotations__ = {param.name: param.annotation for param in params}
+    return run
 
 
 def preflight(
@@ -276,16 +332,12 @@ def values(
         print(f"{output}: still to fill in before `nvrx-eks job submit`: {', '.join(missing)}")
 
 
-def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
+@_with_cluster_access
+def job_submit(
     values_file: Annotated[Path, typer.Option("-f", "--values", parser=_JOB_VALUES, help="Job values YAML.")],
     overrides: Annotated[list[str] | None, typer.Argument(help="key=value overrides of the values.")] = None,
-    stack: Stack = None,
-    cluster: Cluster = None,
-    tunnel: Tunnel = None,
-    kubeconfig: Kubeconfig = None,
-    context: Context = None,
-    profile: Profile = None,
-    region: Region = None,
+    *,
+    access: ClusterAccess,
     replace: Annotated[
         bool, typer.Option("--replace", help="Delete an existing Job of this name first.")
     ] = False,
@@ -316,18 +368,9 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
                 "ECR image: run `nvrx-eks values --stack NAME -o VALUES` (`nvrx-eks local run` runs here)"
             )
         manifests = jobs.render(job_values)
-        api_client = _api_client(
-            stack=stack,
-            cluster=cluster,
-            kubeconfig=kubeconfig,
-            context=context,
-            profile=profile,
-            region=region,
-            tunnel=tunnel,
-            check_node_image=True,
-        )
+        api_client = access.api_client(check_node_image=True)
         expected = jobs.expected_pods(manifests)
-        reach = _reach(stack=stack, cluster=cluster, region=region, profile=profile, tunnel=tunnel)
+        reach = access.reach()
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -358,7 +401,8 @@ def job_submit(  # noqa: PLR0917 - typer maps each parameter to an option
     )
 
 
-def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
+@_with_cluster_access
+def job_status(
     name: Annotated[
         str | None, typer.Argument(help="Job name (default: the `name` of the -f values file).")
     ] = None,
@@ -366,13 +410,8 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
         str | None,
         typer.Option("-n", "--namespace", help="Namespace of the job (default: the values', else training)."),
     ] = None,
-    stack: Stack = None,
-    cluster: Cluster = None,
-    tunnel: Tunnel = None,
-    kubeconfig: Kubeconfig = None,
-    context: Context = None,
-    profile: Profile = None,
-    region: Region = None,
+    *,
+    access: ClusterAccess,
     values_file: Annotated[
         Path | None,
         typer.Option(
@@ -410,16 +449,8 @@ def job_status(  # noqa: PLR0917 - typer maps each parameter to an option
             name = name or job_values.name
         if name is None:
             raise UserError("name the job: `nvrx-eks job status NAME`, or `-f VALUES` (its `name`)")
-        api_client = _api_client(
-            stack=stack,
-            cluster=cluster,
-            kubeconfig=kubeconfig,
-            context=context,
-            profile=profile,
-            region=region,
-            tunnel=tunnel,
-        )
-        session = _session(profile, region) if checkpoints else None
+        api_client = access.api_client()
+        session = _session(access.profile, access.region) if checkpoints else None
         status = jobs.job_status(
             api_client,
             namespace=namespace or names.TRAINING_NAMESPACE,

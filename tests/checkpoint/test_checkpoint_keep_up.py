@@ -32,6 +32,7 @@ import torch
 import yaml
 
 from nvrx_eks.training.checkpoint.agreement import Agreement, Flags
+from nvrx_eks.training.checkpoint.base import Placement
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.storage import FileStore
@@ -149,7 +150,9 @@ def test_a_tier_whose_writes_outlast_the_cadence_is_reported_behind(tmp_path):
         metrics.observe(event)
 
     ckpt = TieredCheckpointer(
-        config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit, persist_delay_s=1.5
+        config=config,
+        placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=emit),
+        persist_delay_s=1.5,
     )
     try:
         weights = torch.zeros(16)
@@ -248,13 +251,17 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
             _settle(ckpt, loop, lag)
             time.sleep(0.05)
 
-    first = TieredCheckpointer(config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    first = TieredCheckpointer(
+        config=config, placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    )
     try:
         train(first, range(12), torch.zeros(16))  # writes 0, 4, 8: each read 3 steps after its launch
     finally:
         first.close()
     loop[0] = -1
-    second = TieredCheckpointer(config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    second = TieredCheckpointer(
+        config=config, placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=emit)
+    )
     try:
         restored = second.load_latest()
         assert restored is not None
@@ -277,15 +284,16 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
 
 
 # --- real ranks ---------------------------------------------------------------------------------------
-def _checkpointer(config: CheckpointConfig, rank: int, world_size: int, events: list) -> TieredCheckpointer:
-    return TieredCheckpointer(
-        config=config,
-        rank=rank,
-        world_size=world_size,
-        node_index=rank,
-        device=CPU,
-        emit=lambda kind, fields: events.append({"kind": kind, **fields}),
-    )
+def _checkpointer(
+    config: CheckpointConfig, rank: int, world_size: int, emit: Callable[[str, dict[str, Any]], None]
+) -> TieredCheckpointer:
+    """A gloo rank's checkpointer, one rank a node."""
+    placement = Placement(rank=rank, world_size=world_size, node_index=rank, device=CPU, emit=emit)
+    return TieredCheckpointer(config=config, placement=placement)
+
+
+def _appending(events: list[dict[str, Any]]) -> Callable[[str, dict[str, Any]], None]:
+    return lambda kind, fields: events.append({"kind": kind, **fields})
 
 
 def _init(rank: int, world_size: int, root: Path, phase: str) -> None:
@@ -343,7 +351,7 @@ def _keep_up_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, A
         fsync=False,
     )
     events: list[dict[str, Any]] = []
-    ckpt = _checkpointer(config, rank, world_size, events)
+    ckpt = _checkpointer(config, rank, world_size, _appending(events))
     _train(ckpt, range(24), step_s=0.08, weights=torch.zeros(256))
     ckpt.wait()
     report = {
@@ -392,7 +400,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
         fsync=False,
     )
     events: list[dict[str, Any]] = []
-    ckpt = _checkpointer(config, rank, world_size, events)
+    ckpt = _checkpointer(config, rank, world_size, _appending(events))
     weights = torch.zeros(256)
     if phase == "first":
         _train(ckpt, range(6), step_s=0.05, weights=weights)
@@ -438,7 +446,7 @@ def _loss_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, 
         fsync=False,
     )
     events: list[dict[str, Any]] = []
-    ckpt = _checkpointer(config, rank, world_size, events)
+    ckpt = _checkpointer(config, rank, world_size, _appending(events))
     report: dict[str, Any] = {}
     if phase == "first":
         _train(ckpt, range(10), step_s=0.05, weights=torch.zeros(64))
@@ -479,7 +487,7 @@ def _fail_main(rank: int, world_size: int, root: Path, _: str) -> dict[str, Any]
         fsync=False,
     )
     events: list[dict[str, Any]] = []
-    ckpt = _checkpointer(config, rank, world_size, events)
+    ckpt = _checkpointer(config, rank, world_size, _appending(events))
     _train(ckpt, range(14), step_s=0.1, weights=torch.zeros(64))
     ckpt.wait()
     report = {"durable": sorted(ckpt.stores[0][0].manifests(rank))}
@@ -514,14 +522,7 @@ def _restart_main(rank: int, world_size: int, root: Path, phase: str) -> dict[st
         fsync=False,
     )
     log = EventLog(run_dir=root / "run", rank=rank)
-    ckpt = TieredCheckpointer(
-        config=config,
-        rank=rank,
-        world_size=world_size,
-        node_index=rank,
-        device=CPU,
-        emit=lambda kind, fields: log.emit(kind, **fields),
-    )
+    ckpt = _checkpointer(config, rank, world_size, lambda kind, fields: log.emit(kind, **fields))
 
     def saved(step: int) -> None:
         loop[0] = step

@@ -11,14 +11,18 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
+from nvrx_eks.training.checkpoint.base import Placement
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.stats import make_emitter
 from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 CPU = torch.device("cpu")
 
@@ -27,11 +31,7 @@ def memory_only(tmp_path: Path, **extra: object) -> TieredCheckpointer:
     config = CheckpointConfig(memory_dir=tmp_path / "shm", memory_every=1, **extra)
     return TieredCheckpointer(
         config=config,
-        rank=0,
-        world_size=1,
-        node_index=0,
-        device=CPU,
-        emit=make_emitter(None),
+        placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=make_emitter(None)),
     )
 
 
@@ -85,17 +85,18 @@ def test_save_returns_before_the_copy_and_fence_waits_for_it(tmp_path, monkeypat
 
 
 def _rank_checkpointer(
-    config: CheckpointConfig, rank: int, world_size: int, **extra: Any
+    config: CheckpointConfig,
+    rank: int,
+    world_size: int,
+    *,
+    emit: Callable[[str, dict[str, Any]], None] | None = None,
+    persist_delay_s: float = 0.0,
 ) -> TieredCheckpointer:
     """A gloo rank's checkpointer, one rank a node."""
-    return TieredCheckpointer(
-        config=config,
-        rank=rank,
-        world_size=world_size,
-        node_index=rank,
-        device=CPU,
-        **{"emit": make_emitter(None), **extra},
+    placement = Placement(
+        rank=rank, world_size=world_size, node_index=rank, device=CPU, emit=emit or make_emitter(None)
     )
+    return TieredCheckpointer(config=config, placement=placement, persist_delay_s=persist_delay_s)
 
 
 def _train(ckpt: TieredCheckpointer, *, steps: int, step_s: float) -> None:

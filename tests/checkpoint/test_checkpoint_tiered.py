@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from nvrx_eks.bench.checkpoint.torture import run_trials
+from nvrx_eks.training.checkpoint.base import Placement
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.memory import MemoryTier
@@ -57,11 +58,13 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
     events = []
     ckpt = TieredCheckpointer(
         config=config,
-        rank=0,
-        world_size=1,
-        node_index=0,
-        device=CPU,
-        emit=make_emitter(lambda kind, fields: events.append((kind, fields))),
+        placement=Placement(
+            rank=0,
+            world_size=1,
+            node_index=0,
+            device=CPU,
+            emit=make_emitter(lambda kind, fields: events.append((kind, fields))),
+        ),
     )
     try:
         steps = [0]
@@ -94,10 +97,7 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
             memory_dir=None,
             stores=[store for store, _, _ in stores],
             stager=Stager(rank=0, world_size=1),
-            rank=0,
-            world_size=1,
-            device=CPU,
-            emit=make_emitter(None),
+            placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=make_emitter(None)),
             target=None,
         )
         held = {store.tier: set(store.manifests(0)) for store, _, _ in stores}
@@ -147,7 +147,8 @@ def test_persists_run_in_threads_no_writer_process(tmp_path):
     )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     ckpt = TieredCheckpointer(
-        config=config, rank=0, world_size=1, node_index=0, device=CPU, emit=make_emitter(None)
+        config=config,
+        placement=Placement(rank=0, world_size=1, node_index=0, device=CPU, emit=make_emitter(None)),
     )
     try:
         steps = [0]

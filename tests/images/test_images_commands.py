@@ -15,26 +15,16 @@ from pathlib import Path
 
 import boto3
 import pytest
-import typer
 from moto import mock_aws
 from typer.testing import CliRunner
 
 from nvrx_eks.images import build
-from nvrx_eks.images.commands import register
 from nvrx_eks.infra.revision import image_revision, source_revision
 from nvrx_eks.kitcore import pins
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE
 
 URI = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nvrx-eks-training"
-
-
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    image = typer.Typer()
-    app.add_typer(image, name="image")
-    register(image=image)
-    return app
 
 
 @pytest.fixture
@@ -69,11 +59,11 @@ UNPINNED = dataclasses.replace(
 )
 
 
-def test_build_refuses_unverified_downloads_before_running_the_engine(fake_engine, monkeypatch):
+def test_build_refuses_unverified_downloads_before_running_the_engine(image_app, fake_engine, monkeypatch):
     # Until `nvrx-eks image pin` has run, the pins hold placeholders.
     monkeypatch.setattr(pins, "IMAGE", UNPINNED)
     monkeypatch.setattr(pins, "STORE_IMAGE", STORE_IMAGE)
-    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t0"])
+    result = CliRunner().invoke(image_app, ["image", "build", "--tag", "t0"])
     assert isinstance(result.exception, UserError)
     message = str(result.exception)
     assert "efa_installer_sha256 is 'unpublished', not a sha256" in message
@@ -103,10 +93,10 @@ def test_a_tag_only_base_or_a_malformed_checksum_is_refused(change, problem):
         build.check_verifiable(VERIFIED, dataclasses.replace(STORE_VERIFIED, base_digest="3.12-slim-trixie"))
 
 
-def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkeypatch):
+def test_build_runs_the_engine_with_every_pin_as_a_build_arg(image_app, fake_engine, monkeypatch):
     monkeypatch.setattr(pins, "IMAGE", VERIFIED)
     monkeypatch.setattr(pins, "STORE_IMAGE", STORE_VERIFIED)
-    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t1"])
+    result = CliRunner().invoke(image_app, ["image", "build", "--tag", "t1"])
     assert result.exit_code == 0, result.output
     call, store = fake_engine()
     argv = call["argv"]
@@ -131,8 +121,8 @@ def test_build_runs_the_engine_with_every_pin_as_a_build_arg(fake_engine, monkey
     assert result.stdout.split() == ["nvrx-eks-training:t1", "nvrx-eks-training:t1-store"]
 
 
-def test_the_default_tag_is_the_images_content_tag(fake_engine):
-    result = CliRunner().invoke(_app(), ["image", "build", "--dry-run"])
+def test_the_default_tag_is_the_images_content_tag(image_app, fake_engine):
+    result = CliRunner().invoke(image_app, ["image", "build", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert result.stdout.split() == [
         f"nvrx-eks-training:{image_revision()}",
@@ -140,8 +130,10 @@ def test_the_default_tag_is_the_images_content_tag(fake_engine):
     ]
 
 
-def test_dry_run_prints_the_command_and_runs_nothing(fake_engine):
-    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t2", "--dry-run", "--engine", "finch"])
+def test_dry_run_prints_the_command_and_runs_nothing(image_app, fake_engine):
+    result = CliRunner().invoke(
+        image_app, ["image", "build", "--tag", "t2", "--dry-run", "--engine", "finch"]
+    )
     assert result.exit_code == 0, result.output
     assert fake_engine() == []
     printed = next(line for line in result.stderr.splitlines() if line.startswith("$ "))
@@ -169,7 +161,7 @@ def test_the_tag_defaults_to_the_git_revision(tmp_path):
         build.git_revision(tmp_path / "nowhere")
 
 
-def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engine, monkeypatch):
+def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(image_app, fake_engine, monkeypatch):
     from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
 
     # The registry holds the tags only after the (fake) push: before it, neither is there.
@@ -194,7 +186,7 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
             )["image"]["imageId"]["imageDigest"]
             for tag in ("t3", "t3-store")
         )
-        result = CliRunner().invoke(_app(), ["image", "push", "--repository", URI, "--tag", "t3"])
+        result = CliRunner().invoke(image_app, ["image", "push", "--repository", URI, "--tag", "t3"])
         token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
     assert result.exit_code == 0, result.output
     login, tag, push, tag_store, push_store = fake_engine()
@@ -212,7 +204,7 @@ def test_push_logs_in_with_the_password_on_stdin_then_tags_and_pushes(fake_engin
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", pushed)
 
 
-def test_push_keeps_a_tag_the_repository_holds_and_prints_its_digest(fake_engine, monkeypatch):
+def test_push_keeps_a_tag_the_repository_holds_and_prints_its_digest(image_app, fake_engine, monkeypatch):
     """The repository's tags are immutable and the default tag names the images' inputs: a tag it holds
     names an image built from the same inputs, so the push keeps it instead of failing."""
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
@@ -230,7 +222,7 @@ def test_push_keeps_a_tag_the_repository_holds_and_prints_its_digest(fake_engine
             repositoryName=URI.split("/", 1)[1], imageManifest=json.dumps(manifest), imageTag="t6"
         )["image"]["imageId"]["imageDigest"]
         result = CliRunner().invoke(
-            _app(), ["image", "push", "--repository", URI, "--tag", "t6", "--no-store"]
+            image_app, ["image", "push", "--repository", URI, "--tag", "t6", "--no-store"]
         )
     assert result.exit_code == 0, result.output
     assert [call["argv"][0] for call in fake_engine()] == ["login"]
@@ -238,7 +230,7 @@ def test_push_keeps_a_tag_the_repository_holds_and_prints_its_digest(fake_engine
     assert result.stdout.split() == [f"{URI}:t6@{held}"]
 
 
-def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypatch):
+def test_push_reads_the_repository_from_the_stack_outputs(image_app, fake_engine, monkeypatch):
     from nvrx_eks.infra.ops import stack_values  # noqa: PLC0415
 
     seen = {}
@@ -250,7 +242,9 @@ def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypat
         )
 
     monkeypatch.setattr(stack_values, "read_stack", read_stack)
-    result = CliRunner().invoke(_app(), ["image", "push", "--stack", "nvrx-eks", "--tag", "t4", "--dry-run"])
+    result = CliRunner().invoke(
+        image_app, ["image", "push", "--stack", "nvrx-eks", "--tag", "t4", "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     assert seen["stack"] == "nvrx-eks"
     assert f"$ docker push {URI}:t4" in result.stderr
@@ -264,8 +258,8 @@ def test_push_reads_the_repository_from_the_stack_outputs(fake_engine, monkeypat
         (["--repository", URI, "--tag", "bad tag", "--dry-run"], "not a valid image tag"),
     ],
 )
-def test_push_refuses_bad_input_with_one_message(args, message):
-    result = CliRunner().invoke(_app(), ["image", "push", *args])
+def test_push_refuses_bad_input_with_one_message(image_app, args, message):
+    result = CliRunner().invoke(image_app, ["image", "push", *args])
     assert isinstance(result.exception, UserError)
     assert message in str(result.exception)
 
@@ -278,7 +272,7 @@ def test_no_engine_on_path_is_a_clear_error(monkeypatch, tmp_path):
         build.find_engine("nerdctl")
 
 
-def test_build_takes_podman_where_docker_is_absent_and_says_so(tmp_path, monkeypatch):
+def test_build_takes_podman_where_docker_is_absent_and_says_so(image_app, tmp_path, monkeypatch):
     log = tmp_path / "calls.jsonl"
     script = tmp_path / "bin" / "podman"
     script.parent.mkdir()
@@ -288,7 +282,7 @@ def test_build_takes_podman_where_docker_is_absent_and_says_so(tmp_path, monkeyp
     monkeypatch.setenv("PATH", str(script.parent))  # no docker, no finch
     monkeypatch.setattr(pins, "IMAGE", VERIFIED)
     monkeypatch.setattr(pins, "STORE_IMAGE", STORE_VERIFIED)
-    result = CliRunner().invoke(_app(), ["image", "build", "--tag", "t3"])
+    result = CliRunner().invoke(image_app, ["image", "build", "--tag", "t3"])
     assert result.exit_code == 0, result.output
     assert "engine: podman (the first of docker, finch, podman on PATH)" in result.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -363,9 +357,9 @@ def _project(tmp_path: Path, *, requirements: bool = True) -> tuple[Path, str]:
 KIT_IMAGE = f"{URI}:t1@sha256:{'d' * 64}"
 
 
-def test_a_project_builds_on_the_kits_image_with_its_folder_as_the_context(fake_engine, tmp_path):
+def test_a_project_builds_on_the_kits_image_with_its_folder_as_the_context(image_app, fake_engine, tmp_path):
     project, commit = _project(tmp_path)
-    result = CliRunner().invoke(_app(), ["image", "build", "--project", str(project), "--base", KIT_IMAGE])
+    result = CliRunner().invoke(image_app, ["image", "build", "--project", str(project), "--base", KIT_IMAGE])
     assert result.exit_code == 0, result.output
     (call,) = fake_engine()
     argv = call["argv"]
@@ -407,13 +401,13 @@ def test_the_project_recipe_keeps_the_kits_versions_user_and_package():
         (["--project", "{shadowing}", "--base", KIT_IMAGE], "would shadow the kit's own package (nvrx_eks)"),
     ],
 )
-def test_a_bad_project_build_is_one_message_and_runs_nothing(fake_engine, tmp_path, args, message):
+def test_a_bad_project_build_is_one_message_and_runs_nothing(image_app, fake_engine, tmp_path, args, message):
     project, _ = _project(tmp_path / "ok")
     bare, _ = _project(tmp_path / "bare", requirements=False)
     shadowing, _ = _project(tmp_path / "shadowing")
     (shadowing / "nvrx_eks").mkdir()
     folders = {"project": project, "bare": bare, "shadowing": shadowing}
-    result = CliRunner().invoke(_app(), ["image", "build", *(a.format(**folders) for a in args)])
+    result = CliRunner().invoke(image_app, ["image", "build", *(a.format(**folders) for a in args)])
     # A UserError is the CLI's one-line message and exit 2 (nvrx_eks.cli); a bad path is click's.
     refused = str(result.exception) if isinstance(result.exception, UserError) else result.output
     assert isinstance(result.exception, UserError) or result.exit_code == 2, result.output
@@ -421,9 +415,9 @@ def test_a_bad_project_build_is_one_message_and_runs_nothing(fake_engine, tmp_pa
     assert fake_engine() == []
 
 
-def test_push_without_the_store_pushes_a_projects_one_image(fake_engine):
+def test_push_without_the_store_pushes_a_projects_one_image(image_app, fake_engine):
     result = CliRunner().invoke(
-        _app(),
+        image_app,
         [
             "image",
             "push",

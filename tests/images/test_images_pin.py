@@ -22,12 +22,10 @@ from typing import TYPE_CHECKING
 from urllib.error import URLError
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from nvrx_eks.images import build
 from nvrx_eks.images import pin as pinning
-from nvrx_eks.images.commands import register
 from nvrx_eks.infra.cluster_pins import HELM_CHARTS, ChartImage
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.kitcore.pins import IMAGE, STORE_IMAGE, UNPUBLISHED_SHA256
@@ -276,14 +274,6 @@ def copies(tmp_path, monkeypatch) -> Iterator[tuple[Path, Path]]:
     assert [path.read_text() for path in REAL_FILES] == real, "the test wrote the real files"
 
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    image = typer.Typer()
-    app.add_typer(image, name="image")
-    register(image=image)
-    return app
-
-
 def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
     old, new = before.splitlines(), after.splitlines()
     assert len(old) == len(new)
@@ -291,7 +281,7 @@ def _changed_lines(before: str, after: str) -> list[tuple[str, str]]:
 
 
 def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing_else(
-    served, copies, monkeypatch
+    image_app, served, copies, monkeypatch
 ):
     opener, _ = served
     pins_file, dockerfile = copies
@@ -300,7 +290,7 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
     cluster_before = cluster_file.read_text()
     monkeypatch.setattr(pinning, "_open", opener)
     monkeypatch.setattr(pinning, "ecr_token", _ecr([]))
-    result = CliRunner().invoke(_app(), ["image", "pin"])
+    result = CliRunner().invoke(image_app, ["image", "pin"])
     assert result.exit_code == 0, result.output
     efa = hashlib.sha256(EFA_BYTES).hexdigest()
     assert f"efa_installer_sha256: {efa}" in result.stdout
@@ -357,13 +347,13 @@ def test_pin_records_the_three_values_in_the_pins_and_the_dockerfile_and_nothing
     assert "nvrx-eks image lock" in result.stderr
 
 
-def test_pin_dry_run_prints_and_writes_nothing(served, copies, monkeypatch):
+def test_pin_dry_run_prints_and_writes_nothing(image_app, served, copies, monkeypatch):
     opener, _ = served
     pins_file, dockerfile = copies
     before = pins_file.read_text(), dockerfile.read_text()
     monkeypatch.setattr(pinning, "_open", opener)
     monkeypatch.setattr(pinning, "ecr_token", _ecr([]))
-    result = CliRunner().invoke(_app(), ["image", "pin", "--dry-run"])
+    result = CliRunner().invoke(image_app, ["image", "pin", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert f"base_digest: {MANIFEST_DIGEST}" in result.stdout
     for (name, key), image in CHART_IMAGES.items():
@@ -386,14 +376,14 @@ def test_a_chart_image_pins_py_does_not_list_is_refused_by_name():
         )
 
 
-def test_without_internet_pin_is_one_message(copies, monkeypatch):
+def test_without_internet_pin_is_one_message(image_app, copies, monkeypatch):
     def offline(request: urllib.request.Request, *, timeout: float) -> pinning.Response:
         raise URLError("[Errno -3] Temporary failure in name resolution")
 
     pins_file, _ = copies
     before = pins_file.read_text()
     monkeypatch.setattr(pinning, "_open", offline)
-    result = CliRunner().invoke(_app(), ["image", "pin"])
+    result = CliRunner().invoke(image_app, ["image", "pin"])
     assert isinstance(result.exception, UserError)
     assert "needs internet" in str(result.exception)
     assert "cannot reach https://" in str(result.exception)

@@ -607,6 +607,27 @@ def test_a_stack_for_each_offered_version_carries_that_versions_addons(tmp_path,
     assert sorted(addons) == sorted(cluster_pins.EKS_ADDONS)
 
 
+def _npx_cdk(
+    *args: str, config: Path, output: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`npx cdk ARGS -c config=CONFIG --output OUTPUT` as a user runs it, with `env` over this
+    environment and JSII's warnings about the Node version silenced."""
+    return subprocess.run(
+        ["npx", "--no-install", "cdk", *args, "-c", f"config={config}", "--output", str(output)],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.shareable
 def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
@@ -617,30 +638,7 @@ def test_npx_cdk_synth_on_a_bad_config_exits_2_with_the_one_message(tmp_path):
         .read_text()
         .replace("\naddons:", "\necr:\n  repository_name: Bad//Repo\naddons:")
     )
-    env = {
-        **os.environ,
-        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    result = subprocess.run(
-        [
-            "npx",
-            "--no-install",
-            "cdk",
-            "synth",
-            "--quiet",
-            "-c",
-            f"config={bad}",
-            "--output",
-            str(tmp_path / "out"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = _npx_cdk("synth", "--quiet", config=bad, output=tmp_path / "out")
     assert result.returncode == 2, result.stderr
     assert "ecr.repository_name: 'Bad//Repo' is not an ECR repository name" in result.stderr
     assert "Traceback" not in result.stderr
@@ -869,27 +867,16 @@ def test_a_recent_pass_of_the_same_config_and_account_lets_the_deploy_start(tmp_
 @pytest.mark.shareable
 def test_npx_cdk_deploy_without_a_preflight_pass_exits_2_before_any_aws_call(tmp_path):
     """As a user runs it: infra/cdk-cli.js tells the app it deploys; refused without credentials."""
-    env = {
-        **os.environ,
+    no_credentials = {
         "NVRX_EKS_STATE_DIR": str(tmp_path / "state"),
         "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_ACCESS_KEY_ID": "",
         "AWS_SECRET_ACCESS_KEY": "",
         "AWS_CONFIG_FILE": str(tmp_path / "none"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-        "JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION": "1",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
     }
     config = CONFIGS / "p5-capacity-block.yaml"
-    result = subprocess.run(
-        ["npx", "--no-install", "cdk", "deploy", "-c", f"config={config}", "--output", str(tmp_path / "out")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = _npx_cdk("deploy", config=config, output=tmp_path / "out", env=no_credentials)
     assert result.returncode == 2, result.stderr
     assert "cdk deploy refused: no passing preflight is recorded for nvrx-eks-p5" in result.stderr
     assert "Traceback" not in result.stderr

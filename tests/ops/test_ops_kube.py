@@ -443,9 +443,9 @@ def test_a_tunnel_without_an_eks_cluster_to_name_is_refused():
 def test_the_next_command_reaches_the_cluster_as_this_one_did():
     from nvrx_eks.infra.ops import commands  # noqa: PLC0415
 
-    reach = commands._reach(stack="s", cluster=None, region="us-east-2", profile=None, tunnel=8443)
+    reach = commands.ClusterAccess(stack="s", cluster="c", region="us-east-2", tunnel=8443).reach()
     assert reach == " --stack s --region us-east-2 --tunnel 8443"
-    assert commands._reach(stack=None, cluster=None, region="r", profile=None, tunnel=None) == ""
+    assert commands.ClusterAccess(kubeconfig="k", context="x", region="r").reach() == ""
 
 
 def test_missing_eks_cluster_is_a_user_error(plain_session):

@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a checkpointer runs: one value, because every implementation takes all of it alike."""
+
+    rank: int
+    world_size: int
+    node_index: int
+    """This rank's node, 0-based (the peer replica picks partners on other nodes)."""
+    device: torch.device
+    emit: Callable[[str, dict[str, Any]], None]
+    """Where checkpoint events go (`stats.make_emitter`)."""
+
+
 State = dict[str, Any] | Callable[[], dict[str, Any]]
 """A state, or a call that reads it when a snapshot is due (`resolve`)."""
 
@@ -54,16 +67,7 @@ class Checkpointer(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(
-        cls,
-        config: CheckpointConfig,
-        *,
-        rank: int,
-        world_size: int,
-        node_index: int,
-        device: torch.device,
-        emit: Callable[[str, dict[str, Any]], None],
-    ) -> Self:
+    def from_config(cls, config: CheckpointConfig, placement: Placement) -> Self:
         """This rank's checkpointer for `config` (factory.py `build_checkpointer` calls it)."""
 
     def save(self, step: int, state: State) -> None:

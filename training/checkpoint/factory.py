@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.training.checkpoint.base import Placement
 from nvrx_eks.training.checkpoint.probe import TierProbe, failed, free_space, probe_folder, unimportable
 from nvrx_eks.training.checkpoint.stats import make_emitter
 from nvrx_eks.training.checkpoint.storage import disk_stores
@@ -44,14 +45,10 @@ def build_checkpointer(
     `on_event(kind, fields)` receives checkpoint events (committed, skipped, failed, timeout,
     rejected, fallback, restored) for the trainer's event stream; they are logged either way.
     """
-    return checkpointer_class(config).from_config(
-        config,
-        rank=rank,
-        world_size=world_size,
-        node_index=node_index,
-        device=device,
-        emit=make_emitter(on_event),
+    placement = Placement(
+        rank=rank, world_size=world_size, node_index=node_index, device=device, emit=make_emitter(on_event)
     )
+    return checkpointer_class(config).from_config(config, placement)
 
 
 def probe_checkpointer(config: CheckpointConfig) -> list[TierProbe]:

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from nvrx_eks.training.checkpoint.base import Restored
+from nvrx_eks.training.checkpoint.base import Placement, Restored
 from nvrx_eks.training.checkpoint.config import TIER_ORDER
 from nvrx_eks.training.checkpoint.dcp_format import (
     KIT_SECTION,
@@ -191,10 +191,7 @@ def restore(
     memory_dir: Path | None,
     stores: Sequence[ShardStore],
     stager: Stager,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    emit: Callable[[str, dict[str, Any]], None],
+    placement: Placement,
     target: Callable[[], dict[str, Any]] | None,
     validate: Callable[[dict[str, Any]], None] | None = None,
 ) -> Restored | None:
@@ -203,6 +200,7 @@ def restore(
     set in it); None: the state comes back as saved, with CPU tensors (tests, tools). `validate` is
     shown the chosen step's kit section (`KIT_SECTION`) before any tensor is loaded: it raises what
     makes the step unusable for this run (a changed model), which ends the restore."""
+    rank, world_size, device, emit = placement.rank, placement.world_size, placement.device, placement.emit
     memory = node_memory(memory_dir) if memory_dir is not None and memory_dir.is_dir() else {}
     own: dict[str, dict[int, tuple[int, str]]] = {
         "memory": {

@@ -106,7 +106,6 @@ class ShardStore(ABC):
     def __init__(self, *, tier: str) -> None:
         self.tier = tier
 
-    @abstractmethod
     def commit(
         self,
         *,
@@ -117,6 +116,28 @@ class ShardStore(ABC):
         cancelled: threading_types.Event | None = None,
     ) -> Manifest:
         """Write this rank's DCP files of `step` and commit them (see the module docstring)."""
+        sums = self._write_part(step, rank, staged, cancelled)
+        manifest = Manifest(
+            step=step,
+            rank=rank,
+            world_size=world_size,
+            layout=staged.key,
+            files={name: [size, crc] for name, (size, crc) in sums.items()},
+            committed_at=time.time(),
+        )
+        self._write_manifest(step, rank, json.dumps(asdict(manifest)).encode())
+        return manifest
+
+    @abstractmethod
+    def _write_part(
+        self, step: int, rank: int, staged: Staged, cancelled: threading_types.Event | None
+    ) -> dict[str, tuple[int, int]]:
+        """This rank's DCP files of `step` in place, after removing the step's old manifest of this rank
+        and its global metadata; each file's (size, CRC32) by name."""
+
+    def _write_manifest(self, step: int, rank: int, blob: bytes) -> None:
+        """The commit point: written last, so it only ever vouches for files already in place."""
+        self.write_file(step, manifest_name(rank), blob)
 
     @abstractmethod
     def manifests(self, rank: int | None = None) -> dict[int, dict[int, Manifest]]:
@@ -259,15 +280,9 @@ class FileStore(ShardStore):
     def probe(self) -> str:
         return free_space(probe_folder(self.root, fsync=self.fsync))
 
-    def commit(
-        self,
-        *,
-        step: int,
-        rank: int,
-        world_size: int,
-        staged: Staged,
-        cancelled: threading_types.Event | None = None,
-    ) -> Manifest:
+    def _write_part(
+        self, step: int, rank: int, staged: Staged, cancelled: threading_types.Event | None
+    ) -> dict[str, tuple[int, int]]:
         from nvrx_eks.training.checkpoint.dcp_format import GLOBAL_METADATA, write_rank_files  # noqa: PLC0415
 
         folder = self.root / step_name(step)
@@ -287,20 +302,12 @@ class FileStore(ShardStore):
                 (private / name).replace(folder / name)
         finally:
             shutil.rmtree(private, ignore_errors=True)
-        manifest = Manifest(
-            step=step,
-            rank=rank,
-            world_size=world_size,
-            layout=staged.key,
-            files={name: [size, crc] for name, (size, crc) in sums.items()},
-            committed_at=time.time(),
-        )
-        _write_atomically(
-            folder / manifest_name(rank), json.dumps(asdict(manifest)).encode(), fsync=self.fsync
-        )
+        return sums
+
+    def _write_manifest(self, step: int, rank: int, blob: bytes) -> None:
+        super()._write_manifest(step, rank, blob)
         if self.fsync:
-            _fsync_dir(folder)
-        return manifest
+            _fsync_dir(self.root / step_name(step))
 
     def manifests(self, rank: int | None = None) -> dict[int, dict[int, Manifest]]:
         out: dict[int, dict[int, Manifest]] = {}
@@ -437,15 +444,9 @@ class S3Store(ShardStore):
         self.client.delete_object(Bucket=self.bucket, Key=key)
         return f"listed, written and deleted (region {self.client.meta.region_name})"
 
-    def commit(
-        self,
-        *,
-        step: int,
-        rank: int,
-        world_size: int,
-        staged: Staged,
-        cancelled: threading_types.Event | None = None,
-    ) -> Manifest:
+    def _write_part(
+        self, step: int, rank: int, staged: Staged, cancelled: threading_types.Event | None
+    ) -> dict[str, tuple[int, int]]:
         from nvrx_eks.training.checkpoint.dcp_format import GLOBAL_METADATA, write_rank_files  # noqa: PLC0415
 
         with tempfile.TemporaryDirectory(prefix=f"nvrx-eks-s3-rank{rank}-") as private:
@@ -462,20 +463,7 @@ class S3Store(ShardStore):
             for name in sums:
                 with (Path(private) / name).open("rb") as source:
                     self.client.upload_fileobj(_CrcReader(source), self.bucket, self._key(step, name))
-        manifest = Manifest(
-            step=step,
-            rank=rank,
-            world_size=world_size,
-            layout=staged.key,
-            files={name: [size, crc] for name, (size, crc) in sums.items()},
-            committed_at=time.time(),
-        )
-        self.client.put_object(
-            Bucket=self.bucket,
-            Key=self._key(step, manifest_name(rank)),
-            Body=json.dumps(asdict(manifest)).encode(),
-        )
-        return manifest
+        return sums
 
     def manifests(self, rank: int | None = None) -> dict[int, dict[int, Manifest]]:
         out: dict[int, dict[int, Manifest]] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Self
 
-from nvrx_eks.training.checkpoint.base import Checkpointer, Restored, State, resolve
+from nvrx_eks.training.checkpoint.base import Checkpointer, Placement, Restored, State, resolve
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.restore import restore
 from nvrx_eks.training.checkpoint.stats import CheckpointStats
@@ -19,52 +19,28 @@ from nvrx_eks.training.checkpoint.storage import disk_stores, finalize_newest
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import torch
-
     from nvrx_eks.training.checkpoint.config import CheckpointConfig
     from nvrx_eks.training.checkpoint.storage import ShardStore
 
 
 class SyncCheckpointer(Checkpointer):
     @classmethod
-    def from_config(
-        cls,
-        config: CheckpointConfig,
-        *,
-        rank: int,
-        world_size: int,
-        node_index: int,  # noqa: ARG003 - every rank writes its own shard alike
-        device: torch.device,
-        emit: Callable[[str, dict[str, Any]], None],
-    ) -> Self:
-        return cls(
-            stores=disk_stores(config),
-            keep=config.keep,
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            emit=emit,
-        )
+    def from_config(cls, config: CheckpointConfig, placement: Placement) -> Self:
+        return cls(stores=disk_stores(config), keep=config.keep, placement=placement)
 
     def __init__(
-        self,
-        *,
-        stores: list[tuple[ShardStore, int, bool]],
-        keep: int,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        emit: Callable[[str, dict[str, Any]], None],
+        self, *, stores: list[tuple[ShardStore, int, bool]], keep: int, placement: Placement
     ) -> None:
-        """`stores`: (store, every N steps, shared between nodes) fastest first."""
+        """`stores`: (store, every N steps, shared between nodes) fastest first. Every rank writes its
+        own shard alike: the node index goes unused."""
         self.stores = stores
         self.keep = keep
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
-        self.emit = emit
+        self.placement = placement
+        self.rank = placement.rank
+        self.world_size = placement.world_size
+        self.emit = placement.emit
         self.stats = CheckpointStats()
-        self.stager = Stager(rank=rank, world_size=world_size)
+        self.stager = Stager(rank=self.rank, world_size=self.world_size)
 
     def _save(self, step: int, state: State) -> None:
         started = time.perf_counter()
@@ -94,10 +70,7 @@ class SyncCheckpointer(Checkpointer):
             memory_dir=None,
             stores=[store for store, _, _ in self.stores],
             stager=self.stager,
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            emit=self.emit,
+            placement=self.placement,
             target=target,
             validate=validate,
         )

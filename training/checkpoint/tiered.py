@@ -23,11 +23,10 @@ from collections import deque
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Self
 
-import torch
 import torch.distributed as dist
 
 from nvrx_eks.training.checkpoint.agreement import CATCH_UP_TIERS, Agreement, Flags
-from nvrx_eks.training.checkpoint.base import Checkpointer, Restored, State, resolve
+from nvrx_eks.training.checkpoint.base import Checkpointer, Placement, Restored, State, resolve
 from nvrx_eks.training.checkpoint.dcp_format import RANK_SECTION, Stager
 from nvrx_eks.training.checkpoint.domains import node_domain
 from nvrx_eks.training.checkpoint.memory import MemoryTier, Slot
@@ -62,39 +61,21 @@ predecessor reads as a tier behind (docs/measurements.md)."""
 
 class TieredCheckpointer(Checkpointer):
     @classmethod
-    def from_config(
-        cls,
-        config: CheckpointConfig,
-        *,
-        rank: int,
-        world_size: int,
-        node_index: int,
-        device: torch.device,
-        emit: Callable[[str, dict[str, Any]], None],
-    ) -> Self:
-        return cls(
-            config=config, rank=rank, world_size=world_size, node_index=node_index, device=device, emit=emit
-        )
+    def from_config(cls, config: CheckpointConfig, placement: Placement) -> Self:
+        return cls(config=config, placement=placement)
 
     def __init__(  # noqa: PLR0915 - one statement per part it starts, read top to bottom
-        self,
-        *,
-        config: CheckpointConfig,
-        rank: int,
-        world_size: int,
-        node_index: int,
-        device: torch.device,
-        emit: Callable[[str, dict[str, Any]], None],
-        persist_delay_s: float = 0.0,
+        self, *, config: CheckpointConfig, placement: Placement, persist_delay_s: float = 0.0
     ) -> None:
         self.config = config
         # The disk tiers follow from the config: one derivation, so they can never disagree with it.
         self.stores = stores = disk_stores(config)
-        self.rank = rank
-        self.world_size = world_size
-        self.node_index = node_index
-        self.device = device
-        self.emit = emit
+        self.placement = placement
+        self.rank = rank = placement.rank
+        self.world_size = world_size = placement.world_size
+        self.node_index = placement.node_index
+        self.device = device = placement.device
+        self.emit = placement.emit
         self.stats = CheckpointStats()
         self.stager = Stager(rank=rank, world_size=world_size)
         self.memory = MemoryTier(
@@ -559,10 +540,7 @@ class TieredCheckpointer(Checkpointer):
             memory_dir=self.config.memory_dir,
             stores=[store for store, _, _ in self.stores],
             stager=self.stager,
-            rank=self.rank,
-            world_size=self.world_size,
-            device=self.device,
-            emit=self.emit,
+            placement=self.placement,
             target=None if target is None else lambda: with_carried(target(), ""),
             validate=validate,
         )
