@@ -524,6 +524,31 @@ class _Pod:
         self.done.wait(timeout=30)
 
 
+POD_TMP_PREFIX = "nvrx-"
+POD_TMP_NAME_LENGTH = len(POD_TMP_PREFIX) + 10 + 1 + 8
+"""A pod's temporary folder: the prefix, the run key's last 10 characters, `-`, mkdtemp's 8."""
+SOCKET_NAME_ROOM = 40
+"""What the pods' processes put after their TMPDIR for a unix socket: ft_launcher's
+`/_ft_launcher<pid>_rmon<local rank>.socket` (NVRx), multiprocessing's forkserver
+`/pymp-<8>/listener-<8>`, with room for a 7-digit pid and a 3-digit local rank."""
+UNIX_PATH_MAX = 107
+"""The longest path a unix socket binds to on Linux (sun_path holds 108 bytes, its NUL included)."""
+
+
+def check_socket_room(temp_folder: Path) -> None:
+    """Refuse, before any pod starts, a machine temp folder too long for the pods' unix sockets: each
+    pod's TMPDIR is a folder in it, and a socket path past the limit fails only inside a launcher
+    ("AF_UNIX path too long"), where every restart fails the same way until the job's backoff limit."""
+    longest = len(str(temp_folder)) + 1 + POD_TMP_NAME_LENGTH + SOCKET_NAME_ROOM
+    if longest > UNIX_PATH_MAX:
+        room = UNIX_PATH_MAX - 1 - POD_TMP_NAME_LENGTH - SOCKET_NAME_ROOM
+        raise UserError(
+            f"TMPDIR: the temp folder {temp_folder} is {len(str(temp_folder))} characters long; the local "
+            f"pods put their unix sockets below it, which allows at most {room}: set TMPDIR to a shorter "
+            "folder (TMPDIR=/tmp)"
+        )
+
+
 class LocalJob:
     """A rendered job running on this machine. Use `run()` or `start()` + `wait()`; `delete_node(i)`."""
 
@@ -546,6 +571,7 @@ class LocalJob:
         `node_provision_s`: how long the replacement of a deleted node's pod stays Pending; `runtime`:
         how a container runs (localrun/runtimes.py: processes, the default, or podman)."""
         self.runtime: Runtime = runtime or Processes()
+        check_socket_room(Path(tempfile.gettempdir()))
         self.rendered = load_rendered(dist_dir)
         self.run_dir = Path(run_dir).resolve()
         self.chaos_dir = (chaos_dir or self.run_dir / "chaos").resolve()
@@ -880,8 +906,8 @@ class LocalJob:
             labels = local_node_labels(index, self.completions) if index is not None else {}
             self.api.nodes[self._node_name(index)] = labels
         marker = f"{self.run_key}/{name}"
-        # The pod's /tmp. Short on purpose: ft_launcher puts unix sockets in it (108-byte path limit).
-        tmp = Path(tempfile.mkdtemp(prefix=f"nvrx-{self.run_key[-10:]}-"))
+        # The pod's /tmp, short on purpose (`check_socket_room`).
+        tmp = Path(tempfile.mkdtemp(prefix=f"{POD_TMP_PREFIX}{self.run_key[-10:]}-"))
         ram_dirs.append(tmp)
         containers = [
             self._container(

@@ -47,12 +47,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
     """`nvrx-eks ARGS...` as a user types it, in a child process from the repository root (or `cwd`);
-    output captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80)."""
+    output captured, 200 columns wide; `piped=True`: as into a pipe or a file, no width given (Rich's 80);
+    `env`: variables the user has set beside this machine's."""
 
     def run(
-        *args: str, timeout: float, piped: bool = False, cwd: Path = REPO
+        *args: str, timeout: float, piped: bool = False, cwd: Path = REPO, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"}
+        env = (
+            {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"} | (env or {})
+        )
         return subprocess.run(
             [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
             cwd=cwd,

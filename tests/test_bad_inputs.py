@@ -176,6 +176,30 @@ def test_bad_input_exits_2_with_one_message(nvrx_eks, tmp_path, case):
     assert {p: p.read_bytes() for p in before} == before
 
 
+def test_local_run_refuses_a_temp_folder_too_long_for_the_pods_sockets(nvrx_eks, tmp_path):
+    """Each local pod's TMPDIR is a folder in the machine's temp folder, where ft_launcher and the
+    forkserver bind unix sockets (107 characters at most): a longer one is refused before any pod
+    starts, instead of failing inside every launcher restart."""
+    deep = tmp_path / ("t" * 60)
+    deep.mkdir()
+    run_dir = tmp_path / "run"
+    result = nvrx_eks(
+        "local",
+        "run",
+        str(_dist(tmp_path, "kind: Job\n")),
+        "--run-dir",
+        str(run_dir),
+        timeout=CLI_S,
+        env={"TMPDIR": str(deep)},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    message = _one_message(result.stderr)
+    assert f"TMPDIR: the temp folder {deep} is {len(str(deep))} characters long" in message, message
+    assert "TMPDIR=/tmp" in message
+    assert not (run_dir / "pods").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.shareable
 def test_local_run_refuses_a_p5_rendering(nvrx_eks, tmp_path):

@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -28,6 +28,9 @@ import pytest
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import reference_trainer
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes
 
 pytestmark = pytest.mark.slow
@@ -82,31 +85,35 @@ def _listeners(port: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def faulty_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The local job (default tiered checkpointer: NVRx writer processes) with a SIGKILL and a node loss."""
     root = tmp_path_factory.mktemp("cleanup")
     _render(root / "dist", *reference_trainer(steps=10), f"trainer.faults.plan={FAULTS}")
     prefix = _private_shm()
-    tmp = root / "tmp"  # the machine's temp folder as the executor and its pods see it: theirs alone
-    tmp.mkdir()
-    proc = subprocess.Popen(
-        [*prefix, sys.executable, "-c", _JOB, str(root / "dist"), str(root / "run"), "480"],
-        cwd=REPO,
-        env=os.environ | {"PYTHONPATH": str(REPO), "TMPDIR": str(tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # The machine's temp folder as the executor and its pods see it: theirs alone, and short (the pods
+    # bind unix sockets below it; a worker's pytest folder can be too long for them).
+    tmp = Path(tempfile.mkdtemp(prefix="nvrx-cleanup-"))
     try:
-        stdout, stderr = proc.communicate(timeout=540)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the executor's SIGTERM path: it stops its pods before it exits
-        stdout, stderr = proc.communicate(timeout=60)
-    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["succeeded"], f"{report['reason']}; pod logs in {root / 'run' / 'pods'}"
-    return report | {"private_shm": bool(prefix), "root": root}
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-c", _JOB, str(root / "dist"), str(root / "run"), "480"],
+            cwd=REPO,
+            env=os.environ | {"PYTHONPATH": str(REPO), "TMPDIR": str(tmp)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=540)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the executor's SIGTERM path: it stops its pods before it exits
+            stdout, stderr = proc.communicate(timeout=60)
+        out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        assert out.returncode == 0, out.stderr[-3000:]
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        assert report["succeeded"], f"{report['reason']}; pod logs in {root / 'run' / 'pods'}"
+        yield report | {"private_shm": bool(prefix), "root": root}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.timeout(660)
