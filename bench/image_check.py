@@ -292,6 +292,18 @@ def build_image(*, name: str, dockerfile: Path, args: dict[str, str], context: P
     return Built(name=name, seconds=seconds, size_bytes=int(info["Size"]), digest=f"sha256:{info['Id']}")
 
 
+def _on_local_base(args: dict[str, str], *, base: str, lock: Path) -> dict[str, str]:
+    """An image's build args with its base and requirements lock the locally built ones. The local
+    Debian 12 base: cp311 and glibc 2.36 stand in for the images' cp312 / glibc 2.39 (the runtime
+    stage's check reads them)."""
+    return {
+        **args,
+        "BASE_IMAGE": base,
+        "REQUIREMENTS_LOCK": str(lock.relative_to(REPO_ROOT)),
+        "PYTHON_ABI": "cp311",
+    }
+
+
 def build_all() -> tuple[Built, Built, float]:
     """The store and training images, and the seconds their local bases took (cached: ~0 on a rerun)."""
     bases_started = time.monotonic()
@@ -303,31 +315,23 @@ def build_all() -> tuple[Built, Built, float]:
     _, torch_deps = local_lock("torch", TORCH_LOCK_FILE)
     trainer_base = python_base("trainer", debian, [*torch_deps.values()])
     bases_seconds = time.monotonic() - bases_started
-    # The local Debian 12 base: cp311 and glibc 2.36 stand in for the images' cp312 / glibc 2.39 (the
-    # runtime stage's check reads them).
-    local_abi = {"PYTHON_ABI": "cp311"}
     store = build_image(
         name=f"{LOCAL_PREFIX}/store:check",
         dockerfile=STORE_DOCKERFILE,
-        args={
-            **store_build_args(git_revision="image-check", pins=STORE_IMAGE),
-            "BASE_IMAGE": store_base,
-            "TORCH_SOURCE": "base",
-            "REQUIREMENTS_LOCK": str(store_lock.relative_to(REPO_ROOT)),
-            **local_abi,
-        },
+        args=_on_local_base(
+            {**store_build_args(git_revision="image-check", pins=STORE_IMAGE), "TORCH_SOURCE": "base"},
+            base=store_base,
+            lock=store_lock,
+        ),
     )
     trainer = build_image(
         name=f"{LOCAL_PREFIX}/training:check",
         dockerfile=DOCKERFILE,
-        args={
-            **build_args(git_revision="image-check", pins=IMAGE),
-            "BASE_IMAGE": trainer_base,
-            "ACCELERATOR": "cpu",
-            "MIN_GLIBC": "2.36",
-            "REQUIREMENTS_LOCK": str(trainer_lock.relative_to(REPO_ROOT)),
-            **local_abi,
-        },
+        args=_on_local_base(
+            {**build_args(git_revision="image-check", pins=IMAGE), "ACCELERATOR": "cpu", "MIN_GLIBC": "2.36"},
+            base=trainer_base,
+            lock=trainer_lock,
+        ),
     )
     return store, trainer, bases_seconds
 

@@ -227,103 +227,102 @@ def build(
     _build_project(project=project, base=base, engine=engine, name=name, tag=tag, dry_run=dry_run)
 
 
+def push(  # noqa: PLR0917 - typer passes options by keyword; a command has one parameter per option
+    stack: Annotated[
+        str | None, typer.Option("--stack", help="Cluster stack whose ImageRepositoryUri to push to.")
+    ] = None,
+    repository: Annotated[
+        str | None, typer.Option("--repository", help="ECR repository URI (instead of --stack).")
+    ] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="AWS profile.")] = None,
+    region: Annotated[str | None, typer.Option("--region", help="AWS region.")] = None,
+    engine: Engine = None,
+    name: Name = "nvrx-eks-training",
+    tag: Tag = None,
+    store: Annotated[
+        bool,
+        typer.Option(
+            "--store/--no-store",
+            help="Push the store's image (TAG-store) too, as `image build` makes it; --no-store for a "
+            "project's image (`image build --project`).",
+        ),
+    ] = True,
+    dry_run: DryRun = False,
+) -> None:
+    """Push the built images to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST for the
+    trainer (job values `image`) and REPOSITORY:TAG-store@DIGEST for the store (`store_image`)."""
+    from nvrx_eks.images.build import (  # noqa: PLC0415
+        STORE_TAG_SUFFIX,
+        ecr_password,
+        login_argv,
+        parse_repository_uri,
+        push_argvs,
+        pushed_digest,
+    )
+    from nvrx_eks.infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
+    from nvrx_eks.infra.ops.stack_values import read_stack, with_digest  # noqa: PLC0415
+    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
+
+    if bool(stack) == bool(repository):
+        raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
+    tag = _tag(tag)
+    engine = _engine(engine, dry_run=dry_run)
+    session = AwsSession(profile=profile, region=region)
+    uri = repository or read_stack(session, stack or "").outputs["ImageRepositoryUri"]
+    registry, _ = parse_repository_uri(uri)
+    password = ""
+    if not dry_run:
+        with aws_errors("ecr:GetAuthorizationToken"):
+            password = ecr_password(session.client("ecr"), registry)
+    _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
+    tags = (tag, f"{tag}{STORE_TAG_SUFFIX}") if store else (tag,)
+    for each in tags:
+        # The repository's tags are immutable and a default tag names the image inputs: a tag it
+        # holds already names an image built from the same inputs, which every deployed object may
+        # name. Pushing again would fail; it is kept, and its digest printed below.
+        if not dry_run and with_digest(session, f"{uri}:{each}") is not None:
+            print(f"{uri}:{each} is in the repository already: kept, not pushed again", file=sys.stderr)
+            continue
+        for argv in push_argvs(engine=engine, local_image=f"{name}:{each}", repository_uri=uri, tag=each):
+            _run(argv, dry_run=dry_run)
+    # Jobs take images by digest (k8s/values.py): the registry says which one each tag now names.
+    with aws_errors("ecr:DescribeImages"):
+        ecr = None if dry_run else session.client("ecr")
+        print(
+            "\n".join(f"{uri}:{each}" + (f"@{pushed_digest(ecr, uri, each)}" if ecr else "") for each in tags)
+        )
+
+
+def lock(dry_run: DryRun = False) -> None:
+    """Regenerate images/torch-requirements.lock and images/requirements.lock: pip's resolver for the
+    image's Python and platform (no container engine needed)."""
+    from nvrx_eks.images.build import (  # noqa: PLC0415
+        LOCK_FILE,
+        NOT_TORCH,
+        TORCH_LOCK_FILE,
+        TORCH_PROVIDED,
+        image_requirements,
+        lock_argv,
+        lock_header,
+        parse_report,
+        render_lock,
+        torch_lock_header,
+    )
+
+    argv = lock_argv(python=sys.executable, requirements=image_requirements())
+    stdout = _run(argv, dry_run=dry_run, capture=True)
+    if dry_run:
+        return
+    report = parse_report(stdout)
+    TORCH_LOCK_FILE.write_text(render_lock(report, header=torch_lock_header(), provided=NOT_TORCH))
+    LOCK_FILE.write_text(render_lock(report, header=lock_header(), provided=TORCH_PROVIDED))
+    print(TORCH_LOCK_FILE)
+    print(LOCK_FILE)
+
+
 def register(*, image: typer.Typer, **_: typer.Typer) -> None:
     """Attach `image build`, `image push`, `image lock` and `image pin`."""
     image.command("pin")(pin)
-
     image.command("build")(build)
-
-    @image.command("push")
-    def push(  # noqa: PLR0917 - typer passes options by keyword; a command has one parameter per option
-        stack: Annotated[
-            str | None, typer.Option("--stack", help="Cluster stack whose ImageRepositoryUri to push to.")
-        ] = None,
-        repository: Annotated[
-            str | None, typer.Option("--repository", help="ECR repository URI (instead of --stack).")
-        ] = None,
-        profile: Annotated[str | None, typer.Option("--profile", help="AWS profile.")] = None,
-        region: Annotated[str | None, typer.Option("--region", help="AWS region.")] = None,
-        engine: Engine = None,
-        name: Name = "nvrx-eks-training",
-        tag: Tag = None,
-        store: Annotated[
-            bool,
-            typer.Option(
-                "--store/--no-store",
-                help="Push the store's image (TAG-store) too, as `image build` makes it; --no-store for a "
-                "project's image (`image build --project`).",
-            ),
-        ] = True,
-        dry_run: DryRun = False,
-    ) -> None:
-        """Push the built images to the cluster's ECR repository; prints REPOSITORY:TAG@DIGEST for the
-        trainer (job values `image`) and REPOSITORY:TAG-store@DIGEST for the store (`store_image`)."""
-        from nvrx_eks.images.build import (  # noqa: PLC0415
-            STORE_TAG_SUFFIX,
-            ecr_password,
-            login_argv,
-            parse_repository_uri,
-            push_argvs,
-            pushed_digest,
-        )
-        from nvrx_eks.infra.ops.aws import AwsSession, aws_errors  # noqa: PLC0415
-        from nvrx_eks.infra.ops.stack_values import read_stack, with_digest  # noqa: PLC0415
-        from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
-
-        if bool(stack) == bool(repository):
-            raise UserError("pass exactly one of --stack (read ImageRepositoryUri) or --repository URI")
-        tag = _tag(tag)
-        engine = _engine(engine, dry_run=dry_run)
-        session = AwsSession(profile=profile, region=region)
-        uri = repository or read_stack(session, stack or "").outputs["ImageRepositoryUri"]
-        registry, _ = parse_repository_uri(uri)
-        password = ""
-        if not dry_run:
-            with aws_errors("ecr:GetAuthorizationToken"):
-                password = ecr_password(session.client("ecr"), registry)
-        _run(login_argv(engine=engine, registry=registry), dry_run=dry_run, stdin=password)
-        tags = (tag, f"{tag}{STORE_TAG_SUFFIX}") if store else (tag,)
-        for each in tags:
-            # The repository's tags are immutable and a default tag names the image inputs: a tag it
-            # holds already names an image built from the same inputs, which every deployed object may
-            # name. Pushing again would fail; it is kept, and its digest printed below.
-            if not dry_run and with_digest(session, f"{uri}:{each}") is not None:
-                print(f"{uri}:{each} is in the repository already: kept, not pushed again", file=sys.stderr)
-                continue
-            for argv in push_argvs(engine=engine, local_image=f"{name}:{each}", repository_uri=uri, tag=each):
-                _run(argv, dry_run=dry_run)
-        # Jobs take images by digest (k8s/values.py): the registry says which one each tag now names.
-        with aws_errors("ecr:DescribeImages"):
-            ecr = None if dry_run else session.client("ecr")
-            print(
-                "\n".join(
-                    f"{uri}:{each}" + (f"@{pushed_digest(ecr, uri, each)}" if ecr else "") for each in tags
-                )
-            )
-
-    @image.command("lock")
-    def lock(dry_run: DryRun = False) -> None:
-        """Regenerate images/torch-requirements.lock and images/requirements.lock: pip's resolver for the
-        image's Python and platform (no container engine needed)."""
-        from nvrx_eks.images.build import (  # noqa: PLC0415
-            LOCK_FILE,
-            NOT_TORCH,
-            TORCH_LOCK_FILE,
-            TORCH_PROVIDED,
-            image_requirements,
-            lock_argv,
-            lock_header,
-            parse_report,
-            render_lock,
-            torch_lock_header,
-        )
-
-        argv = lock_argv(python=sys.executable, requirements=image_requirements())
-        stdout = _run(argv, dry_run=dry_run, capture=True)
-        if dry_run:
-            return
-        report = parse_report(stdout)
-        TORCH_LOCK_FILE.write_text(render_lock(report, header=torch_lock_header(), provided=NOT_TORCH))
-        LOCK_FILE.write_text(render_lock(report, header=lock_header(), provided=TORCH_PROVIDED))
-        print(TORCH_LOCK_FILE)
-        print(LOCK_FILE)
+    image.command("push")(push)
+    image.command("lock")(lock)

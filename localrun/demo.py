@@ -64,8 +64,6 @@ def demo(
 ) -> int:
     """Run the demo; returns the process exit code (0: every fault recovered, bit-identical result).
     `cache_dir`: where fault-free references are kept (default: RUNS/.cache)."""
-    from rich.markup import escape  # noqa: PLC0415
-
     from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import (  # noqa: PLC0415
         RunFailed,
@@ -88,13 +86,7 @@ def demo(
     run_dir = (runs_root / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    console.rule("1. Cluster (CDK synth, offline)")
-    if skip_synth:
-        console.print("skipped (--skip-synth)")
-    else:
-        from nvrx_eks.infra.app import synth_summary  # noqa: PLC0415
-
-        console.print(synth_summary(cluster_config, ()))
+    _show_cluster(console, cluster_config, skip_synth=skip_synth)
 
     console.rule("2. Job (cdk8s render)")
     ran, runs = _what_runs(values)
@@ -117,10 +109,7 @@ def demo(
 
     console.rule("4. Chaos run (local executor plays the Job controller)")
     outcome = run_job(values, run_dir=run_dir / "chaos", console=console, label="chaos", timeout_s=timeout_s)
-    for pod in outcome.job.pods:
-        console.print(f"  pod {pod.pod:28} {pod.reason:12} exit={pod.exit_code}")
-    verdict = "succeeded" if outcome.job.succeeded else "[red]FAILED[/red]"
-    console.print(f"job {verdict}: {escape(outcome.job.reason)}", highlight=False, soft_wrap=True)
+    _show_job(console, outcome)
     if not outcome.job.succeeded and (outcome.job.user_error or not trained(outcome.trainer_run_dir)):
         chaos = RunFailed(
             outcome.job.reason, user_error=outcome.job.user_error, logs=run_dir / "chaos" / "pods"
@@ -137,14 +126,41 @@ def demo(
         reference_state=fault_free_state(values, cache_dir=cache_dir or runs_root / ".cache"),
     )
     console.print(f"demo took {time.monotonic() - started:.0f} s")
+    ok = _met_claims(document) and outcome.job.succeeded
+    if not ok:
+        console.print("[red]the demo did not meet its claims; see the table and the pod logs[/red]")
+    return 0 if ok else 1
+
+
+def _show_cluster(console: Console, cluster_config: Path, *, skip_synth: bool) -> None:
+    """Step 1: the stacks and GPU node groups the cluster config synthesizes to (offline)."""
+    console.rule("1. Cluster (CDK synth, offline)")
+    if skip_synth:
+        console.print("skipped (--skip-synth)")
+        return
+    from nvrx_eks.infra.app import synth_summary  # noqa: PLC0415
+
+    console.print(synth_summary(cluster_config, ()))
+
+
+def _show_job(console: Console, outcome: ChaosResult) -> None:
+    """The chaos run's pods, how each ended, and the Job's verdict."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    for pod in outcome.job.pods:
+        console.print(f"  pod {pod.pod:28} {pod.reason:12} exit={pod.exit_code}")
+    verdict = "succeeded" if outcome.job.succeeded else "[red]FAILED[/red]"
+    console.print(f"job {verdict}: {escape(outcome.job.reason)}", highlight=False, soft_wrap=True)
+
+
+def _met_claims(document: dict[str, Any]) -> bool:
+    """Whether the report shows the demo's claims: every fault recovered at the layer expected, every
+    class of DEMO_FAULTS injected, the result bit-identical or its difference explained."""
     recovered = all(f["layer"] == f.get("expected_layer") for f in document["faults"])
     classes = {f["class"] for f in document["faults"]}
     expected = {item.split("@")[0] for item in DEMO_FAULTS}
     exact = document["bit_identical"] or bool(document["numerics"]["explained"])
-    ok = outcome.job.succeeded and recovered and exact and classes >= expected
-    if not ok:
-        console.print("[red]the demo did not meet its claims; see the table and the pod logs[/red]")
-    return 0 if ok else 1
+    return recovered and exact and classes >= expected
 
 
 def _report(

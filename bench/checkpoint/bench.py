@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from nvrx_eks.bench.checkpoint.benchstate import forward_backward, make_state
+from nvrx_eks.bench.checkpoint.benchstate import every_tier, forward_backward, make_state
 from nvrx_eks.bench.checkpoint.nvrx_bench import CPU_ONLY_REASONS, NvrxRow, run_async_dcp_row
 from nvrx_eks.kitcore.runtime import runtime_versions
 from nvrx_eks.training.checkpoint.floor import copy_bandwidth, state_bytes
@@ -96,17 +96,13 @@ def run_loop(
     snapshot agreement's collectives, and a blocking one takes the whole drift into the checkpoint's
     stall (docs/measurements.md), where a training loop pays it in the gradient collective, every
     step."""
-    import torch.distributed as dist  # noqa: PLC0415
-
-    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
     from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
-    config = CheckpointConfig(
-        memory_dir=root / "shm",
+    config = every_tier(
+        root / "shm",
+        disk,
         memory_every=every,
-        local_dir=disk / "local",
         local_every=every,
-        durable_dir=str(disk / "durable"),
         durable_every=durable_every,
         keep=2,
         persist_timeout_s=600,
@@ -128,41 +124,12 @@ def run_loop(
             config, rank=rank, world_size=world_size, device=torch.device("cpu"), on_event=on_event
         ),
     )
-    work = torch.randn(256, 256)
-    gradient = torch.zeros(1024) if world_size > 1 else None
-    update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
-    # Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the
-    # writer threads start.
-    started = time.perf_counter()
-    ckpt.save(0, state)
-    ckpt.fence()
-    first_save_s = time.perf_counter() - started
-    ckpt.wait()
-    deadline = time.monotonic() + 120
-    while not all(worker.warm() for worker in ckpt.workers.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    ckpt.stats.__init__()  # type: ignore[misc]  # the counters reset in place, where the tiers hold them
+    first_save_s = _first_save(ckpt, state)
     durable_s.clear()
     peer.clear()
-    stalls: list[float] = []
-    pending = 0.0
-    started = time.perf_counter()
-    for step in range(1, every * checkpoints + 1):
-        forward_backward(kind, step_s, work)
-        if gradient is not None:
-            dist.all_reduce(gradient)
-        before = time.perf_counter()
-        ckpt.fence()
-        if pending:
-            stalls.append(pending + time.perf_counter() - before)
-            pending = 0.0
-        update.add_(1.0)
-        state["data"]["step"] = step
-        before = time.perf_counter()
-        ckpt.save(step, state)
-        if step % every == 0:
-            pending = time.perf_counter() - before
-    wall = time.perf_counter() - started
+    stalls, wall = _checkpointed_steps(
+        ckpt, state, kind=kind, step_s=step_s, every=every, checkpoints=checkpoints, world_size=world_size
+    )
     stats = ckpt.stats
     ckpt.close()
     for tier in ("local", "durable"):
@@ -184,6 +151,62 @@ def run_loop(
         peer_bytes=peer[-1][1] if peer else None,
         first_save_s=first_save_s,
     )
+
+
+def _first_save(ckpt: TieredCheckpointer, state: dict[str, Any]) -> float:
+    """The first snapshot's stall (save plus fence), then the steady state set up for the loop: the
+    snapshot written, every writer warm and the stats counters reset.
+
+    Setup, not steady state: the first snapshot allocates and pre-faults the slots, and the writer
+    threads start."""
+    started = time.perf_counter()
+    ckpt.save(0, state)
+    ckpt.fence()
+    first_save_s = time.perf_counter() - started
+    ckpt.wait()
+    deadline = time.monotonic() + 120
+    while not all(worker.warm() for worker in ckpt.workers.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ckpt.stats.__init__()  # type: ignore[misc]  # the counters reset in place, where the tiers hold them
+    return first_save_s
+
+
+def _checkpointed_steps(
+    ckpt: TieredCheckpointer,
+    state: dict[str, Any],
+    *,
+    kind: str,
+    step_s: float,
+    every: int,
+    checkpoints: int,
+    world_size: int,
+) -> tuple[list[float], float]:
+    """The timed loop: (each checkpoint's stall, its `save` plus the next update's `fence`; the loop's
+    wall seconds)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    work = torch.randn(256, 256)
+    gradient = torch.zeros(1024) if world_size > 1 else None
+    update = state["model"]["layer0.weight"][:4096]  # the emulated optimizer update mutates this
+    stalls: list[float] = []
+    pending = 0.0
+    started = time.perf_counter()
+    for step in range(1, every * checkpoints + 1):
+        forward_backward(kind, step_s, work)
+        if gradient is not None:
+            dist.all_reduce(gradient)
+        before = time.perf_counter()
+        ckpt.fence()
+        if pending:
+            stalls.append(pending + time.perf_counter() - before)
+            pending = 0.0
+        update.add_(1.0)
+        state["data"]["step"] = step
+        before = time.perf_counter()
+        ckpt.save(step, state)
+        if step % every == 0:
+            pending = time.perf_counter() - before
+    return stalls, time.perf_counter() - started
 
 
 def _replicated_rank(rank: int, kwargs: dict[str, Any], store_path: str, out: str) -> None:
@@ -352,6 +375,10 @@ def _print_side_by_side(
         print(f"{name:26} not measurable on CPU: {reason}")
 
 
+GOAL_EFFICIENCY = 0.995
+"""The share of the loop's wall time left to training that every device row must reach."""
+
+
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -399,8 +426,6 @@ def bench(
     nvrx: bool = True,
 ) -> None:
     from nvrx_eks.bench.checkpoint.torture import run_trials  # noqa: PLC0415
-    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-    from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
 
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)  # the option checked it can be; it is made here
@@ -415,117 +440,25 @@ def bench(
             f"state {nbytes / 1e9:.2f} GB; memcpy {bandwidth / 1e9:.2f} GB/s; floor {floor * 1e3:.0f} ms; "
             f"emulated step {step_s:.2f} s (the copy needs {floor / step_s:.0%} of one step)"
         )
+        sync_s = _sync_baselines(state, base, floor=floor)
 
-        # Synchronous baselines, same state, same run (each fsynced like our durable persists).
-        t_save = timed(lambda: _torch_save_fsync(state, base / "torch.pt"))
-        (base / "torch.pt").unlink()
-        t_dcp = _timed_dcp_save(state, base / "dcp")
-        shutil.rmtree(base / "dcp")
-        print(
-            f"sync torch.save {t_save:.2f} s ({t_save / floor:.1f}x floor); "
-            f"sync DCP {t_dcp:.2f} s ({t_dcp / floor:.1f}x floor)"
+        loop = _Loop(
+            step_s=step_s, intervals=intervals, durable_factor=durable_factor, checkpoints=checkpoints
         )
-
-        rows = [
-            run_loop(
-                root=shm / f"{kind}-{every}",
-                disk=base,
-                state=state,
-                kind=kind,
-                step_s=step_s,
-                every=every,
-                durable_every=every * durable_factor,
-                checkpoints=checkpoints,
-            )
-            for kind in ("device", "cpu")
-            for every in intervals
-        ]
-        # The same device-bound loop on two "nodes" with the peer replica on (one row per interval),
-        # the state sharded over them as FSDP would: each holds half, its four staging slots and the
-        # partner's two copies (a whole state per rank took 12 GB of RAM here and was OOM-killed).
-        replicated = [
-            run_replicated_loop(
-                root=shm / f"replicated-{every}",
-                disk=base / f"replicated-{every}",
-                state_bytes=int(state_gb * (1 << 30)) // 2,
-                kind="device",
-                step_s=step_s,
-                every=every,
-                durable_every=every * durable_factor,
-                checkpoints=checkpoints,
-            )
-            for every in intervals
-        ]
+        rows = _kit_rows(shm=shm, disk=base, state=state, loop=loop)
+        replicated = _replicated_rows(
+            shm=shm, disk=base, state_bytes=int(state_gb * (1 << 30)) // 2, loop=loop
+        )
         durable = [row.durable_s for row in rows if row.durable_s is not None]
         durable_s = statistics.median(durable) if durable else float("nan")
         print(f"durable persist (writer clock, median): {durable_s:.2f} s")
-        print(
-            "\nstep    interval  durable  stall    stall/  stall    tiered    torch.save  DCP      "
-            "persisted (local/durable)  skipped (coalesced)"
-        )
-        print(
-            "model   (memory)  every    ms       floor   goal     eff       eff         eff      "
-            "                           mem/local/durable"
-        )
-        goal_eff = 0.995
-        for row in rows:
-            eff_save, eff_dcp = (1 - t / (row.interval_s + t) for t in (t_save, t_dcp))
-            stall_ok = row.stall_s <= 1.25 * floor + 0.050
-            eff_ok = row.efficiency >= goal_eff
-            shorter = " <durable" if row.interval_s < durable_s else ""
-            print(
-                f"{row.kind:7} {row.interval_s:5.1f} s{shorter:9} {row.durable_every * step_s:5.1f} s "
-                f"{row.stall_s * 1e3:6.1f}  {row.stall_s / floor:6.3f}  {_verdict(stall_ok):6} "
-                f"{row.efficiency:7.2%} {_verdict(eff_ok):4} {eff_save:7.2%}     {eff_dcp:7.2%}  "
-                f"{row.persisted.get('local', 0):3}/{row.persisted.get('durable', 0):<3}"
-                f"                    {row.skipped.get('memory', 0)}/{row.skipped.get('local', 0)}"
-                f"/{row.skipped.get('durable', 0)}"
-            )
-        _print_replicated(replicated, floor=floor, goal_eff=goal_eff)
-        print(
-            "goals: stall <= 1.25 x floor + 50 ms; efficiency >= 99.5% at every interval -- judged on "
-            "the device model, the cpu model shown beside.\n"
-            "stall = save + the next update's fence, median per checkpoint; efficiency = 1 - (time in "
-            "save and fence) / wall. Sync efficiencies: 1 - t / (interval + t), t measured above (a "
-            "synchronous save adds t to every interval). A persist due while the tier's previous one "
-            "runs is skipped (coalesced): the next snapshot that finds it free writes the newest state."
-        )
+        _print_kit_tables(rows, replicated, floor=floor, step_s=step_s, durable_s=durable_s, sync_s=sync_s)
 
-        # Restore time per tier: memory slots, local folder, durable folder (FSx emulated by a folder).
-        config = CheckpointConfig(
-            memory_dir=shm / "restore" / "shm",
-            memory_every=1,
-            local_dir=base / "restore-local",
-            local_every=1,
-            durable_dir=str(base / "restore-durable"),
-            durable_every=1,
-            keep=1,
-        )
-        ckpt = build_checkpointer(config, rank=0, world_size=1, device=torch.device("cpu"))
-        ckpt.save(1, state)
-        ckpt.wait()
-        ckpt.close()
-        times = _restore_times(config, state)
-        print(
-            "\nrestore into a live state (page cache warm for the disk tiers) "
-            + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
-        )
+        times = _measured_restores(shm / "restore", base / "restore", state, floor=floor)
 
-        # NVRx's async queue with DCP on the same device-bound loop, the same state size and
-        # intervals, one row per interval; its GPU-only paths printed with NVRx's reason.
-        nvrx_rows = [
-            run_async_dcp_row(
-                root=base / f"nvrx-{every}",
-                state_bytes=int(state_gb * (1 << 30)),
-                kind="device",
-                step_s=step_s,
-                every=every,
-                checkpoints=checkpoints,
-            )
-            for every in intervals
-            if nvrx
-        ]
+        nvrx_rows: list[NvrxRow] = []
         if nvrx:
+            nvrx_rows = _nvrx_rows(base, state_bytes=int(state_gb * (1 << 30)), loop=loop)
             _print_side_by_side(
                 [row for row in rows if row.kind == "device"], nvrx_rows, floor=floor, restore=times
             )
@@ -547,6 +480,148 @@ def bench(
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def _sync_baselines(state: dict[str, Any], base: Path, *, floor: float) -> tuple[float, float]:
+    """Seconds of a synchronous torch.save and of a synchronous DCP save of the same state in the
+    same run (each fsynced like our durable persists), printed against the floor."""
+    t_save = timed(lambda: _torch_save_fsync(state, base / "torch.pt"))
+    (base / "torch.pt").unlink()
+    t_dcp = _timed_dcp_save(state, base / "dcp")
+    shutil.rmtree(base / "dcp")
+    print(
+        f"sync torch.save {t_save:.2f} s ({t_save / floor:.1f}x floor); "
+        f"sync DCP {t_dcp:.2f} s ({t_dcp / floor:.1f}x floor)"
+    )
+    return t_save, t_dcp
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """What every row's loop shares: the emulated step, the memory snapshot intervals (one row each),
+    the durable cadence as a multiple of the interval and the checkpoints a row times."""
+
+    step_s: float
+    intervals: list[int]
+    durable_factor: int
+    checkpoints: int
+
+
+def _kit_rows(*, shm: Path, disk: Path, state: dict[str, Any], loop: _Loop) -> list[Row]:
+    """The kit's rows in this process: both step models, one row per interval."""
+    return [
+        run_loop(
+            root=shm / f"{kind}-{every}",
+            disk=disk,
+            state=state,
+            kind=kind,
+            step_s=loop.step_s,
+            every=every,
+            durable_every=every * loop.durable_factor,
+            checkpoints=loop.checkpoints,
+        )
+        for kind in ("device", "cpu")
+        for every in loop.intervals
+    ]
+
+
+def _replicated_rows(*, shm: Path, disk: Path, state_bytes: int, loop: _Loop) -> list[Row]:
+    """The same device-bound loop on two "nodes" with the peer replica on (one row per interval), the
+    state sharded over them as FSDP would: each holds `state_bytes`, half of it, its four staging
+    slots and the partner's two copies (a whole state per rank took 12 GB of RAM here and was
+    OOM-killed)."""
+    return [
+        run_replicated_loop(
+            root=shm / f"replicated-{every}",
+            disk=disk / f"replicated-{every}",
+            state_bytes=state_bytes,
+            kind="device",
+            step_s=loop.step_s,
+            every=every,
+            durable_every=every * loop.durable_factor,
+            checkpoints=loop.checkpoints,
+        )
+        for every in loop.intervals
+    ]
+
+
+def _print_kit_tables(
+    rows: list[Row],
+    replicated: list[Row],
+    *,
+    floor: float,
+    step_s: float,
+    durable_s: float,
+    sync_s: tuple[float, float],
+) -> None:
+    """The kit's rows beside the synchronous saves' efficiencies, its replicated rows, and the goals
+    they are judged by."""
+    print(
+        "\nstep    interval  durable  stall    stall/  stall    tiered    torch.save  DCP      "
+        "persisted (local/durable)  skipped (coalesced)"
+    )
+    print(
+        "model   (memory)  every    ms       floor   goal     eff       eff         eff      "
+        "                           mem/local/durable"
+    )
+    for row in rows:
+        eff_save, eff_dcp = (1 - t / (row.interval_s + t) for t in sync_s)
+        stall_ok = row.stall_s <= 1.25 * floor + 0.050
+        eff_ok = row.efficiency >= GOAL_EFFICIENCY
+        shorter = " <durable" if row.interval_s < durable_s else ""
+        print(
+            f"{row.kind:7} {row.interval_s:5.1f} s{shorter:9} {row.durable_every * step_s:5.1f} s "
+            f"{row.stall_s * 1e3:6.1f}  {row.stall_s / floor:6.3f}  {_verdict(stall_ok):6} "
+            f"{row.efficiency:7.2%} {_verdict(eff_ok):4} {eff_save:7.2%}     {eff_dcp:7.2%}  "
+            f"{row.persisted.get('local', 0):3}/{row.persisted.get('durable', 0):<3}"
+            f"                    {row.skipped.get('memory', 0)}/{row.skipped.get('local', 0)}"
+            f"/{row.skipped.get('durable', 0)}"
+        )
+    _print_replicated(replicated, floor=floor, goal_eff=GOAL_EFFICIENCY)
+    print(
+        "goals: stall <= 1.25 x floor + 50 ms; efficiency >= 99.5% at every interval -- judged on "
+        "the device model, the cpu model shown beside.\n"
+        "stall = save + the next update's fence, median per checkpoint; efficiency = 1 - (time in "
+        "save and fence) / wall. Sync efficiencies: 1 - t / (interval + t), t measured above (a "
+        "synchronous save adds t to every interval). A persist due while the tier's previous one "
+        "runs is skipped (coalesced): the next snapshot that finds it free writes the newest state."
+    )
+
+
+def _measured_restores(
+    memory_dir: Path, disk: Path, state: dict[str, Any], *, floor: float
+) -> dict[str, float]:
+    """Restore time per tier: memory slots, local folder, durable folder (FSx emulated by a folder),
+    each printed against the floor."""
+    from nvrx_eks.training.checkpoint.factory import build_checkpointer  # noqa: PLC0415
+
+    config = every_tier(memory_dir, disk, memory_every=1, local_every=1, durable_every=1, keep=1)
+    ckpt = build_checkpointer(config, rank=0, world_size=1, device=torch.device("cpu"))
+    ckpt.save(1, state)
+    ckpt.wait()
+    ckpt.close()
+    times = _restore_times(config, state)
+    print(
+        "\nrestore into a live state (page cache warm for the disk tiers) "
+        + ", ".join(f"{tier} {t:.2f} s ({t / floor:.1f}x floor)" for tier, t in times.items())
+    )
+    return times
+
+
+def _nvrx_rows(disk: Path, *, state_bytes: int, loop: _Loop) -> list[NvrxRow]:
+    """NVRx's async queue with DCP on the same device-bound loop, the same state size and intervals,
+    one row per interval; its GPU-only paths are printed with NVRx's reason."""
+    return [
+        run_async_dcp_row(
+            root=disk / f"nvrx-{every}",
+            state_bytes=state_bytes,
+            kind="device",
+            step_s=loop.step_s,
+            every=every,
+            checkpoints=loop.checkpoints,
+        )
+        for every in loop.intervals
+    ]
 
 
 def _print_torture(result: dict[str, Any]) -> None:

@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nvrx_eks.bench.checkpoint.benchstate import every_tier
 from nvrx_eks.training.checkpoint.slot import committed
 from nvrx_eks.training.checkpoint.stats import logger as checkpoint_logger
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from nvrx_eks.training.checkpoint.config import CheckpointConfig
 
 STATE_ELEMENTS = 1 << 18  # 1 MiB of float32 per tensor: big enough that writes take a while
 
@@ -43,21 +42,6 @@ def expected_state(step: int) -> dict[str, Any]:
         "model": {"w": torch.randn(STATE_ELEMENTS, generator=generator), "b": torch.full((7,), float(step))},
         "data": {"step": step},
     }
-
-
-def _config(root: Path) -> CheckpointConfig:
-    from nvrx_eks.training.checkpoint.config import CheckpointConfig  # noqa: PLC0415
-
-    return CheckpointConfig(
-        memory_dir=root / "shm",
-        memory_every=1,
-        local_dir=root / "local",
-        local_every=1,
-        durable_dir=str(root / "durable"),
-        durable_every=2,
-        keep=2,
-        persist_timeout_s=60,
-    )
 
 
 def newest_committed(root: Path) -> int | None:
@@ -103,7 +87,9 @@ def child(root: Path, delay_s: float, report_path: Path) -> None:
     from nvrx_eks.training.checkpoint.tiered import TieredCheckpointer  # noqa: PLC0415
 
     _log_events_to(root / EVENTS_LOG)
-    config = _config(root)
+    config = every_tier(
+        root / "shm", root, memory_every=1, local_every=1, durable_every=2, keep=2, persist_timeout_s=60
+    )
     ckpt = TieredCheckpointer(
         config=config,
         placement=Placement(

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from nvrx_eks.infra.ops.aws import AwsSession
+    from nvrx_eks.infra.ops.jobs import JobStatus
     from nvrx_eks.infra.ops.kube import PodCounts
 
 _EXIT_CODES = (
@@ -431,11 +432,8 @@ def job_status(
     -f VALUES; read with your AWS credentials). Exit codes: 0 ok; 2 no such job / credentials /
     forbidden; 4 cluster unreachable.
     """
-    from rich.table import Table  # noqa: PLC0415
-
     from nvrx_eks.infra.ops import jobs  # noqa: PLC0415
     from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
-    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
 
     with _exit_codes():
         located = None
@@ -458,6 +456,16 @@ def job_status(
             session=session,
             checkpoints_at=located,
         )
+    _print_job_status(status)
+
+
+def _print_job_status(status: JobStatus) -> None:
+    """The Job's counters and conditions, its pods one row each, their restarts and the latest
+    checkpoint step."""
+    from rich.table import Table  # noqa: PLC0415
+
+    from nvrx_eks.kitcore.console import make_console  # noqa: PLC0415
+
     console = make_console()
     console.print(
         f"[bold]{status.namespace}/{status.name}[/]: {status.active} active, {status.succeeded} succeeded, "

@@ -12,6 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from nvrx_eks.bench.checkpoint.benchstate import every_tier
 from nvrx_eks.training.checkpoint import CheckpointConfig, build_checkpointer
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.factory import probe_checkpointer
@@ -154,14 +155,7 @@ def test_unwritable_durable_is_reported_training_continues_and_later_retries(tmp
 
 
 def test_the_probe_proves_each_tier_and_leaves_nothing_a_restore_reads(tmp_path):
-    config = CheckpointConfig(
-        memory_dir=tmp_path / "memory",
-        memory_every=2,
-        local_dir=tmp_path / "local",
-        local_every=2,
-        durable_dir=str(tmp_path / "durable"),
-        durable_every=4,
-    )
+    config = every_tier(tmp_path / "memory", tmp_path, memory_every=2, local_every=2, durable_every=4)
     probes = probe_checkpointer(config)
     # Only the node's own disk is node-local: a failure there is the node's, anywhere else every pod's.
     assert [(p.tier, p.ok, p.node_local) for p in probes] == [

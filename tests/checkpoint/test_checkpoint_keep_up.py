@@ -31,6 +31,7 @@ import pytest
 import torch
 import yaml
 
+from nvrx_eks.bench.checkpoint.benchstate import every_tier
 from nvrx_eks.training.checkpoint.agreement import Agreement, Flags
 from nvrx_eks.training.checkpoint.base import Placement
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
@@ -228,14 +229,8 @@ def test_a_restarted_process_judges_its_first_write_by_the_write_steps_its_snaps
 
     loop = [-1]
     monkeypatch.setattr(persist, "persist_slot", _gated_persist(loop, lag))
-    config = CheckpointConfig(
-        memory_dir=tmp_path / "shm",
-        memory_every=2,
-        local_dir=tmp_path / "nvme",
-        local_every=4,
-        durable_dir=str(tmp_path / "durable"),
-        durable_every=4,
-        fsync=False,
+    config = every_tier(
+        tmp_path / "shm", tmp_path, memory_every=2, local_every=4, durable_every=4, fsync=False
     )
     events: list[dict[str, Any]] = []
 
@@ -389,15 +384,8 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
         persist.persist_slot = tracking
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     _init(rank, world_size, root, phase)
-    config = CheckpointConfig(
-        memory_dir=root / "shm",
-        memory_every=2,
-        local_dir=root / "nvme",
-        local_every=4,
-        durable_dir=str(root / "durable"),
-        durable_every=4,
-        keep=2,
-        fsync=False,
+    config = every_tier(
+        root / "shm", root, memory_every=2, local_every=4, durable_every=4, keep=2, fsync=False
     )
     events: list[dict[str, Any]] = []
     ckpt = _checkpointer(config, rank, world_size, _appending(events))
@@ -407,7 +395,7 @@ def _cut_main(rank: int, world_size: int, root: Path, phase: str) -> dict[str, A
         import torch.distributed as dist  # noqa: PLC0415
 
         if rank == 1:
-            tmp = root / "nvme" / "step-000000004"
+            tmp = root / "local" / "step-000000004"
             deadline = time.monotonic() + 60
             while not list(tmp.glob(".rank-00001.tmp-*")) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -623,14 +611,14 @@ def test_a_persist_cut_by_a_kill_is_redone_at_once_and_its_temporary_file_remove
     every rank at the first step (5), not at the next due step (8); no temporary file is left."""
     first = _run_ranks(tmp_path, "cut", "first")
     assert first[1] == {"killed": True}, first
-    assert list((tmp_path / "nvme").glob("step-*/.rank-00001.tmp-*")), "no write was cut"
+    assert list((tmp_path / "local").glob("step-*/.rank-00001.tmp-*")), "no write was cut"
     second = _run_ranks(tmp_path, "cut", "second")
     for report in second:
         assert report["restored"] == [4, "memory"], report
         assert report["local"][-1] == report["durable"][-1] == 5, report
         assert report["owed"] == [["durable", "local"]], report
     assert second[1]["cleaned"], second[1]
-    left = [p for tier in ("nvme", "durable") for p in (tmp_path / tier).rglob(".*tmp-*")]
+    left = [p for tier in ("local", "durable") for p in (tmp_path / tier).rglob(".*tmp-*")]
     assert left == [], left
 
 

@@ -9,9 +9,9 @@ import psutil
 import pytest
 import torch
 
+from nvrx_eks.bench.checkpoint.benchstate import every_tier
 from nvrx_eks.bench.checkpoint.torture import run_trials
 from nvrx_eks.training.checkpoint.base import Placement
-from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.checkpoint.dcp_format import Stager
 from nvrx_eks.training.checkpoint.memory import MemoryTier
 from nvrx_eks.training.checkpoint.persist import persist_slot
@@ -42,14 +42,13 @@ def save_until(ckpt, steps, predicate, timeout_s=90.0):
 
 @pytest.mark.slow
 def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
-    blocker = tmp_path / "durable"
+    blocker = tmp_path / "durable"  # the durable tier's folder
     blocker.write_text("not a folder: every durable write fails")
-    config = CheckpointConfig(
-        memory_dir=tmp_path / "shm",
+    config = every_tier(
+        tmp_path / "shm",
+        tmp_path,
         memory_every=1,
-        local_dir=tmp_path / "local",
         local_every=2,
-        durable_dir=str(blocker),
         durable_every=4,
         keep=2,
         fsync=False,
@@ -135,15 +134,8 @@ def test_kill_9_during_persist_always_resumes_from_newest_committed(tmp_path):
 def test_persists_run_in_threads_no_writer_process(tmp_path):
     """A restarted rank must not spawn (and re-import torch in) a process per disk tier: that would add
     seconds of imports to every recovery."""
-    config = CheckpointConfig(
-        memory_dir=tmp_path / "shm",
-        memory_every=1,
-        local_dir=tmp_path / "local",
-        local_every=1,
-        durable_dir=str(tmp_path / "durable"),
-        durable_every=1,
-        keep=2,
-        fsync=False,
+    config = every_tier(
+        tmp_path / "shm", tmp_path, memory_every=1, local_every=1, durable_every=1, keep=2, fsync=False
     )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     ckpt = TieredCheckpointer(
