@@ -42,11 +42,12 @@ from constructs import Construct
 
 from nvrx_eks.k8s import names
 from nvrx_eks.k8s.job_chart import (
-    DNS_PORT,
     HTTPS_PORT,
     RUNTIME_DEFAULT_SECCOMP,
-    kube_dns_peer,
+    dns_egress,
+    network_policy,
     owner_setup_container,
+    policy_port,
     trainer_security,
 )
 from nvrx_eks.k8s.rbac import grant
@@ -216,25 +217,16 @@ class NodeVerification(Construct):
         DCGM host engine (its address is a setting, so by port)."""
         _, colon, port = (spec.dcgm_host or "").rpartition(":")
         dcgm_port = int(port) if colon and port.isdigit() else DCGM_PORT
-
-        def tcp(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
-            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
-
-        k8s.KubeNetworkPolicy(
+        network_policy(
             self,
             "network-policy",
             metadata=k8s.ObjectMeta(name=NODE_CHECK, namespace=namespace, labels=labels),
-            spec=k8s.NetworkPolicySpec(
-                pod_selector=k8s.LabelSelector(match_labels=labels),
-                policy_types=["Ingress", "Egress"],
-                ingress=[],
-                egress=[
-                    k8s.NetworkPolicyEgressRule(
-                        to=[kube_dns_peer()], ports=[tcp(DNS_PORT, "UDP"), tcp(DNS_PORT)]
-                    ),
-                    k8s.NetworkPolicyEgressRule(ports=[tcp(HTTPS_PORT), tcp(dcgm_port)]),
-                ],
-            ),
+            pod_selector=k8s.LabelSelector(match_labels=labels),
+            ingress=[],
+            egress=[
+                dns_egress(),
+                k8s.NetworkPolicyEgressRule(ports=[policy_port(HTTPS_PORT), policy_port(dcgm_port)]),
+            ],
         )
 
     def _daemon_set(self, *, namespace: str, labels: dict[str, str], spec: NodeCheckSpec) -> None:
