@@ -66,6 +66,26 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run
 
 
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials from the standard chain (env vars), and no user config files or other source
+    of credentials (a profile, a container's endpoint, a web identity) for the chain to find first."""
+    for var in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
 class LocalJobRunner:
     """The rendered local job (k8s/values/local-cpu.yaml plus overrides) run by the local executor, as
     `nvrx-eks local run` runs it: the fault tests of tests/training and tests/localrun share it."""
