@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from children import run_python
 
 from nvrx_eks.node import use_pinned_node
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable
 
     from nvrx_eks.localrun.executor import JobResult
@@ -53,14 +53,13 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
         *args: str, timeout: float, piped: bool = False, cwd: Path = REPO
     ) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"}
-        return subprocess.run(
-            [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
+        return run_python(
+            "-c",
+            "from nvrx_eks.cli import main; main()",
+            *args,
+            timeout=timeout,
             cwd=cwd,
             env=env if piped else env | {"COLUMNS": "200"},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
         )
 
     return run

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import lint
+from children import run_python
 from kube_objects import container_images
 
 from nvrx_eks.infra import app as infra_app
@@ -294,15 +294,7 @@ def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
         "CDK_CONTEXT_JSON": json.dumps({"config": str(bad)}),
         "CDK_OUTDIR": str(tmp_path / "out"),
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.infra.app"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python("-m", "nvrx_eks.infra.app", timeout=120, cwd=ROOT, env=env)
     assert result.returncode == 2
     assert "gpu_node_groups.0.instance_type: unknown instance type 'p9.huge'" in result.stderr
     assert "Traceback" not in result.stderr
