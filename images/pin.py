@@ -181,12 +181,8 @@ def resolve(
     pins: ImagePins = IMAGE, *, opener: Opener | None = None, scheme: str = "https"
 ) -> dict[str, str]:
     """The values `pin` records for these pins' versions: field -> value."""
-    opener = opener or _open
-    return {
-        "base_digest": registry_digest(pins.base_repository, pins.base_tag, opener=opener, scheme=scheme),
-        "efa_installer_sha256": sha256_of(pins.efa_installer_url, opener=opener),
-        "aws_ofi_nccl_sha256": sha256_of(pins.aws_ofi_nccl_url, opener=opener),
-    }
+    downloads = {"efa_installer_sha256": pins.efa_installer_url, "aws_ofi_nccl_sha256": pins.aws_ofi_nccl_url}
+    return _base_digest_and_checksums(pins, downloads, opener=opener, scheme=scheme)
 
 
 def _offset(lines: list[str], line: int, col: int) -> int:
@@ -198,10 +194,18 @@ def resolve_store(
     pins: StoreImagePins = STORE_IMAGE, *, opener: Opener | None = None, scheme: str = "https"
 ) -> dict[str, str]:
     """The values `pin` records for the store image's versions: field -> value."""
+    downloads = {"torch_sha256": pins.torch_wheel_url}
+    return _base_digest_and_checksums(pins, downloads, opener=opener, scheme=scheme)
+
+
+def _base_digest_and_checksums(
+    pins: ImagePins | StoreImagePins, downloads: Mapping[str, str], *, opener: Opener | None, scheme: str
+) -> dict[str, str]:
+    """`base_digest` of the pins' base image tag, and the sha256 of each download (field -> URL)."""
     opener = opener or _open
-    return {
-        "base_digest": registry_digest(pins.base_repository, pins.base_tag, opener=opener, scheme=scheme),
-        "torch_sha256": sha256_of(pins.torch_wheel_url, opener=opener),
+    digest = registry_digest(pins.base_repository, pins.base_tag, opener=opener, scheme=scheme)
+    return {"base_digest": digest} | {
+        field: sha256_of(url, opener=opener) for field, url in downloads.items()
     }
 
 

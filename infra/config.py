@@ -18,8 +18,7 @@ from nvrx_eks.infra import cluster_pins
 from nvrx_eks.infra import service_rules as rules
 from nvrx_eks.k8s import names
 from nvrx_eks.kitcore import naming
-from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile, profile_for_field
 
 # FSx for Lustre PERSISTENT_2 (SSD): 1.2 TiB, 2.4 TiB, then steps of 2.4 TiB; throughput tiers in
 # MB/s per TiB. https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-storage-capacity.html
@@ -176,10 +175,7 @@ class GpuNodeGroupConfig(_Model):
     @field_validator("instance_type")
     @classmethod
     def _instance_type(cls, value: str) -> str:
-        try:
-            profile = get_profile(value, ec2_only=True)
-        except UserError as exc:
-            raise ValueError(str(exc)) from None
+        profile = profile_for_field(value, ec2_only=True)
         if profile.gpus == 0:
             raise ValueError(f"{value} has no GPU; use a GPU type from kitcore/profiles.py")
         return value

@@ -33,6 +33,7 @@ from cdk8s_plus_33 import k8s
 from nvrx_eks.k8s import names
 from nvrx_eks.k8s.node_verification import NodeCheckSpec, NodeVerification
 from nvrx_eks.k8s.observability import Monitoring
+from nvrx_eks.k8s.rbac import grant
 from nvrx_eks.training.node.nodecheck import VERIFIED_LABEL
 
 if TYPE_CHECKING:
@@ -158,12 +159,11 @@ class ClusterObjectsChart(cdk8s.Chart):
         no right to create RBAC. A job run as another service account gets no grant, and its pods fall
         back to the zone (saying so).
         """
-        name = f"{namespace}-{service_account}-node-reader"
-        meta = k8s.ObjectMeta(name=name, labels={names.COMPONENT_LABEL: "trainer"})
-        k8s.KubeClusterRole(
+        grant(
             self,
             "node-reader",
-            metadata=meta,
+            name=f"{namespace}-{service_account}-node-reader",
+            labels={names.COMPONENT_LABEL: "trainer"},
             rules=[
                 # get: one Node by name, the pod's own (spec.nodeName). No list or watch: the token
                 # cannot enumerate the cluster's nodes. RBAC cannot narrow `get` to the pod's own node
@@ -171,13 +171,9 @@ class ClusterObjectsChart(cdk8s.Chart):
                 # node it can name (labels, capacity, addresses, conditions) grants nothing. No write.
                 k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get"]),
             ],
-        )
-        k8s.KubeClusterRoleBinding(
-            self,
-            "node-reader-binding",
-            metadata=meta,
-            role_ref=k8s.RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=name),
-            subjects=[k8s.Subject(kind="ServiceAccount", name=service_account, namespace=namespace)],
+            service_account=service_account,
+            namespace=namespace,
+            cluster_wide=True,
         )
 
     def _fsx_volume(

@@ -179,18 +179,24 @@ SCRATCH_PATH = "/tmp"  # noqa: S108 - the pod's own emptyDir, mounted there
 SCRATCH_LIMIT = "16Gi"
 
 
+def _locked_down(uid: int, *, keep: list[str] | None = None) -> k8s.SecurityContext:
+    """A container as `uid` (user and group) that cannot gain privileges: every capability dropped but
+    `keep`, no privilege escalation, a read-only root filesystem, the runtime's default seccomp filter."""
+    return k8s.SecurityContext(
+        run_as_non_root=uid != 0,
+        run_as_user=uid,
+        run_as_group=uid,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
+        capabilities=k8s.Capabilities(drop=["ALL"], add=keep),
+        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
+    )
+
+
 def nonroot_security() -> k8s.SecurityContext:
     """Pod Security `restricted` for a container that writes nothing: non-root, no capabilities,
     no privilege escalation, a read-only root filesystem, the runtime's default seccomp filter."""
-    return k8s.SecurityContext(
-        run_as_non_root=True,
-        run_as_user=NONROOT_UID,
-        run_as_group=NONROOT_UID,
-        allow_privilege_escalation=False,
-        read_only_root_filesystem=True,
-        capabilities=k8s.Capabilities(drop=["ALL"]),
-        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
-    )
+    return _locked_down(NONROOT_UID)
 
 
 def trainer_security() -> k8s.SecurityContext:
@@ -206,15 +212,7 @@ def trainer_security() -> k8s.SecurityContext:
     The root filesystem is read-only: the trainer writes only to its mounts (the scratch /tmp, which
     is also $HOME, /dev/shm, the checkpoint tiers, the run folder).
     """
-    return k8s.SecurityContext(
-        run_as_non_root=True,
-        run_as_user=TRAINER_UID,
-        run_as_group=TRAINER_UID,
-        allow_privilege_escalation=False,
-        read_only_root_filesystem=True,
-        capabilities=k8s.Capabilities(drop=["ALL"]),
-        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
-    )
+    return _locked_down(TRAINER_UID)
 
 
 def owner_setup_security() -> k8s.SecurityContext:
@@ -226,15 +224,7 @@ def owner_setup_security() -> k8s.SecurityContext:
     their parents). Without DAC_OVERRIDE or FOWNER it cannot read, write or change the mode of anything
     it does not own. No privilege escalation, a read-only root filesystem, the default seccomp filter.
     """
-    return k8s.SecurityContext(
-        run_as_non_root=False,
-        run_as_user=0,
-        run_as_group=0,
-        allow_privilege_escalation=False,
-        read_only_root_filesystem=True,
-        capabilities=k8s.Capabilities(drop=["ALL"], add=["CHOWN"]),
-        seccomp_profile=RUNTIME_DEFAULT_SECCOMP,
-    )
+    return _locked_down(0, keep=["CHOWN"])
 
 
 def owner_setup_container(
@@ -388,22 +378,21 @@ class RendezvousStore(Construct):
         labels = names.job_labels(values.name, "rendezvous-store")
         image, pull = _store_image(values)
         port = names.STORE_PORT
+        # The service account, the Deployment and the Service share one name: the store's host name.
+        name = store_service_name(values)
+        meta = k8s.ObjectMeta(name=name, namespace=values.namespace, labels=labels)
         # Its own account: the training service account carries the checkpoint role (Pod Identity)
         # and `get nodes`; the store calls neither AWS nor the Kubernetes API.
         k8s.KubeServiceAccount(
             self,
             "account",
-            metadata=k8s.ObjectMeta(
-                name=store_service_name(values), namespace=values.namespace, labels=labels
-            ),
+            metadata=meta,
             automount_service_account_token=False,
         )
         k8s.KubeDeployment(
             self,
             "deployment",
-            metadata=k8s.ObjectMeta(
-                name=store_service_name(values), namespace=values.namespace, labels=labels
-            ),
+            metadata=meta,
             spec=k8s.DeploymentSpec(
                 replicas=1,
                 # The store is in memory: never run two (agents would split between them).
@@ -414,7 +403,7 @@ class RendezvousStore(Construct):
                     spec=k8s.PodSpec(
                         priority_class_name=values.store_priority_class,
                         node_selector=values.system_node_selector or None,
-                        service_account_name=store_service_name(values),
+                        service_account_name=name,
                         automount_service_account_token=False,
                         containers=[store_container(values, image=image, pull=pull, port=port)],
                         security_context=k8s.PodSecurityContext(
@@ -444,9 +433,7 @@ class RendezvousStore(Construct):
         k8s.KubeService(
             self,
             "service",
-            metadata=k8s.ObjectMeta(
-                name=store_service_name(values), namespace=values.namespace, labels=labels
-            ),
+            metadata=meta,
             spec=k8s.ServiceSpec(
                 cluster_ip="None",
                 selector=labels,
@@ -496,11 +483,45 @@ HTTPS_ANYWHERE_WHY = (
 )
 
 
-def kube_dns_peer() -> k8s.NetworkPolicyPeer:
-    """The cluster's DNS pods (CoreDNS in kube-system, labelled k8s-app=kube-dns on EKS)."""
-    return k8s.NetworkPolicyPeer(
+def policy_port(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
+    return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
+
+
+def dns_egress() -> k8s.NetworkPolicyEgressRule:
+    """Out to the cluster's DNS pods (CoreDNS in kube-system, labelled k8s-app=kube-dns on EKS), over
+    UDP and TCP (a large answer is retried over TCP)."""
+    kube_dns = k8s.NetworkPolicyPeer(
         namespace_selector=k8s.LabelSelector(match_labels={"kubernetes.io/metadata.name": "kube-system"}),
         pod_selector=k8s.LabelSelector(match_labels={"k8s-app": "kube-dns"}),
+    )
+    return k8s.NetworkPolicyEgressRule(
+        to=[kube_dns], ports=[policy_port(DNS_PORT, "UDP"), policy_port(DNS_PORT)]
+    )
+
+
+def network_policy(
+    scope: Construct,
+    id: str,  # noqa: A002
+    *,
+    metadata: k8s.ObjectMeta,
+    pod_selector: k8s.LabelSelector,
+    ingress: list[k8s.NetworkPolicyIngressRule] | None = None,
+    egress: list[k8s.NetworkPolicyEgressRule] | None = None,
+) -> None:
+    """A NetworkPolicy that governs each direction given rules (an empty list: nothing in that direction)
+    and leaves a direction given None to the other policies that select the pods."""
+    k8s.KubeNetworkPolicy(
+        scope,
+        id,
+        metadata=metadata,
+        spec=k8s.NetworkPolicySpec(
+            pod_selector=pod_selector,
+            policy_types=[
+                kind for kind, rules in (("Ingress", ingress), ("Egress", egress)) if rules is not None
+            ],
+            ingress=ingress,
+            egress=egress,
+        ),
     )
 
 
@@ -526,61 +547,42 @@ class JobNetworkPolicies(Construct):
         job_pods = k8s.LabelSelector(match_labels={names.JOB_LABEL: values.name})
         from_job = k8s.NetworkPolicyPeer(pod_selector=job_pods)
         labels = names.job_labels(values.name, "network-policy")
-        k8s.KubeNetworkPolicy(
+
+        def meta(kind: str, **annotations: str) -> k8s.ObjectMeta:
+            name = f"{values.name}-{kind}"
+            return k8s.ObjectMeta(
+                name=name, namespace=values.namespace, labels=labels, annotations=annotations or None
+            )
+
+        network_policy(
             self,
             "ingress",
-            metadata=k8s.ObjectMeta(name=f"{values.name}-ingress", namespace=values.namespace, labels=labels),
-            spec=k8s.NetworkPolicySpec(
-                pod_selector=job_pods,
-                policy_types=["Ingress"],
-                ingress=[k8s.NetworkPolicyIngressRule(from_=[from_job]), *self._metrics_rule(values)],
-            ),
+            metadata=meta("ingress"),
+            pod_selector=job_pods,
+            ingress=[k8s.NetworkPolicyIngressRule(from_=[from_job]), *self._metrics_rule(values)],
         )
-
-        def port(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
-            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
-
-        k8s.KubeNetworkPolicy(
+        network_policy(
             self,
             "egress",
-            metadata=k8s.ObjectMeta(name=f"{values.name}-egress", namespace=values.namespace, labels=labels),
-            spec=k8s.NetworkPolicySpec(
-                pod_selector=job_pods,
-                policy_types=["Egress"],
-                egress=[
-                    k8s.NetworkPolicyEgressRule(to=[from_job]),
-                    k8s.NetworkPolicyEgressRule(
-                        to=[kube_dns_peer()], ports=[port(DNS_PORT, "UDP"), port(DNS_PORT)]
-                    ),
-                ],
-            ),
+            metadata=meta("egress"),
+            pod_selector=job_pods,
+            egress=[k8s.NetworkPolicyEgressRule(to=[from_job]), dns_egress()],
         )
         trainers = k8s.LabelSelector(
             match_labels={names.JOB_LABEL: values.name, names.COMPONENT_LABEL: "trainer"}
         )
-        k8s.KubeNetworkPolicy(
+        pod_identity_agent = [
+            k8s.NetworkPolicyPeer(ip_block=k8s.IpBlock(cidr=c)) for c in POD_IDENTITY_AGENT_CIDRS
+        ]
+        network_policy(
             self,
             "https",
-            metadata=k8s.ObjectMeta(
-                name=f"{values.name}-https",
-                namespace=values.namespace,
-                labels=labels,
-                annotations={HTTPS_ANYWHERE_ANNOTATION: HTTPS_ANYWHERE_WHY},
-            ),
-            spec=k8s.NetworkPolicySpec(
-                pod_selector=trainers,
-                policy_types=["Egress"],
-                egress=[
-                    k8s.NetworkPolicyEgressRule(
-                        to=[
-                            k8s.NetworkPolicyPeer(ip_block=k8s.IpBlock(cidr=cidr))
-                            for cidr in POD_IDENTITY_AGENT_CIDRS
-                        ],
-                        ports=[port(80)],
-                    ),
-                    k8s.NetworkPolicyEgressRule(ports=[port(HTTPS_PORT)]),
-                ],
-            ),
+            metadata=meta("https", **{HTTPS_ANYWHERE_ANNOTATION: HTTPS_ANYWHERE_WHY}),
+            pod_selector=trainers,
+            egress=[
+                k8s.NetworkPolicyEgressRule(to=pod_identity_agent, ports=[policy_port(80)]),
+                k8s.NetworkPolicyEgressRule(ports=[policy_port(HTTPS_PORT)]),
+            ],
         )
 
     @staticmethod

@@ -35,19 +35,22 @@ Least privilege, and how "its own node only" is enforced:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from cdk8s_plus_33 import k8s
 from constructs import Construct
 
 from nvrx_eks.k8s import names
 from nvrx_eks.k8s.job_chart import (
-    DNS_PORT,
     HTTPS_PORT,
     RUNTIME_DEFAULT_SECCOMP,
-    kube_dns_peer,
+    dns_egress,
+    network_policy,
     owner_setup_container,
+    policy_port,
     trainer_security,
 )
+from nvrx_eks.k8s.rbac import grant
 from nvrx_eks.kitcore.pins import TRAINER_UID
 from nvrx_eks.training.node import nodecheck
 
@@ -155,39 +158,22 @@ class NodeVerification(Construct):
         meta = k8s.ObjectMeta(name=NODE_CHECK, namespace=namespace, labels=labels)
         cluster_meta = k8s.ObjectMeta(name=NODE_CHECK, labels=labels)
         k8s.KubeServiceAccount(self, "service-account", metadata=meta, automount_service_account_token=True)
-        subject = k8s.Subject(kind="ServiceAccount", name=NODE_CHECK, namespace=namespace)
-        k8s.KubeClusterRole(
-            self,
+        grant_own = partial(
+            grant, self, name=NODE_CHECK, labels=labels, service_account=NODE_CHECK, namespace=namespace
+        )
+        grant_own(
             "cluster-role",
-            metadata=cluster_meta,
             rules=[
                 # get: its node's instance type and the node monitoring agent's conditions; patch: the
                 # verdict. Which node, and which fields, the admission policy below decides.
                 k8s.PolicyRule(api_groups=[""], resources=["nodes"], verbs=["get", "patch"]),
                 k8s.PolicyRule(api_groups=[""], resources=["nodes/status"], verbs=["patch"]),
             ],
+            cluster_wide=True,
         )
-        k8s.KubeClusterRoleBinding(
-            self,
-            "cluster-role-binding",
-            metadata=cluster_meta,
-            role_ref=k8s.RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=NODE_CHECK),
-            subjects=[subject],
-        )
-        k8s.KubeRole(
-            self,
-            "events-role",
-            metadata=meta,
-            # The verdict as an Event on the Node (kubectl describe node lists it).
-            rules=[k8s.PolicyRule(api_groups=[""], resources=["events"], verbs=["create"])],
-        )
-        k8s.KubeRoleBinding(
-            self,
-            "events-role-binding",
-            metadata=meta,
-            role_ref=k8s.RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=NODE_CHECK),
-            subjects=[subject],
-        )
+        # The verdict as an Event on the Node (kubectl describe node lists it).
+        events = [k8s.PolicyRule(api_groups=[""], resources=["events"], verbs=["create"])]
+        grant_own("events-role", rules=events, cluster_wide=False)
         user = _SA_USER.format(namespace=namespace, name=NODE_CHECK)
         k8s.KubeValidatingAdmissionPolicy(
             self,
@@ -231,25 +217,16 @@ class NodeVerification(Construct):
         DCGM host engine (its address is a setting, so by port)."""
         _, colon, port = (spec.dcgm_host or "").rpartition(":")
         dcgm_port = int(port) if colon and port.isdigit() else DCGM_PORT
-
-        def tcp(number: int, protocol: str = "TCP") -> k8s.NetworkPolicyPort:
-            return k8s.NetworkPolicyPort(port=k8s.IntOrString.from_number(number), protocol=protocol)
-
-        k8s.KubeNetworkPolicy(
+        network_policy(
             self,
             "network-policy",
             metadata=k8s.ObjectMeta(name=NODE_CHECK, namespace=namespace, labels=labels),
-            spec=k8s.NetworkPolicySpec(
-                pod_selector=k8s.LabelSelector(match_labels=labels),
-                policy_types=["Ingress", "Egress"],
-                ingress=[],
-                egress=[
-                    k8s.NetworkPolicyEgressRule(
-                        to=[kube_dns_peer()], ports=[tcp(DNS_PORT, "UDP"), tcp(DNS_PORT)]
-                    ),
-                    k8s.NetworkPolicyEgressRule(ports=[tcp(HTTPS_PORT), tcp(dcgm_port)]),
-                ],
-            ),
+            pod_selector=k8s.LabelSelector(match_labels=labels),
+            ingress=[],
+            egress=[
+                dns_egress(),
+                k8s.NetworkPolicyEgressRule(ports=[policy_port(HTTPS_PORT), policy_port(dcgm_port)]),
+            ],
         )
 
     def _daemon_set(self, *, namespace: str, labels: dict[str, str], spec: NodeCheckSpec) -> None:

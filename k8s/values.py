@@ -44,7 +44,7 @@ from nvrx_eks.k8s.sections import (
 )
 from nvrx_eks.kitcore import naming
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile, profile_for_field
 from nvrx_eks.training.resilience.config import ResilienceConfig
 from nvrx_eks.training.resilience.modes import Mode, layers
 
@@ -236,10 +236,7 @@ class JobValues(Section):
     @field_validator("instance_profile")
     @classmethod
     def _known_profile(cls, value: str) -> str:
-        try:
-            get_profile(value)
-        except UserError as exc:
-            raise ValueError(str(exc)) from None
+        profile_for_field(value)
         return value
 
     @field_validator("aws_region")

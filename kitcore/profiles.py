@@ -187,3 +187,12 @@ def get_profile(name: str, *, ec2_only: bool = False) -> InstanceProfile:
         known = ", ".join(n for n, p in PROFILES.items() if p.is_ec2 or not ec2_only)
         raise UserError(f"unknown instance type {name!r}; use one of: {known}")
     return profile
+
+
+def profile_for_field(name: str, *, ec2_only: bool = False) -> InstanceProfile:
+    """`get_profile` for a pydantic field validator: the same refusal as a ValueError, the one error
+    pydantic reports as the field's own message."""
+    try:
+        return get_profile(name, ec2_only=ec2_only)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from scipy.stats import poisson
 
 from nvrx_eks.k8s.sections import Shrink
-from nvrx_eks.kitcore.configio import StaleInput, UserError
-from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile
+from nvrx_eks.kitcore.configio import StaleInput
+from nvrx_eks.kitcore.profiles import InstanceProfile, get_profile, profile_for_field
 from nvrx_eks.training.checkpoint.config import CADENCE_TIERS, CadenceTier
 from nvrx_eks.training.resilience.config import ParallelConfig, parse_plan_item
 from nvrx_eks.training.resilience.modes import FAULT_CLASSES, MODES, SOFT_FAULTS, Mode, layers
@@ -127,10 +127,7 @@ class Fleet(_Section):
     @field_validator("instance_profile")
     @classmethod
     def _known(cls, value: str) -> str:
-        try:
-            get_profile(value)
-        except UserError as exc:
-            raise ValueError(str(exc)) from None
+        profile_for_field(value)
         return value
 
     @cached_property

@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from children import run_python
 
 from nvrx_eks.node import use_pinned_node
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable
 
     from nvrx_eks.localrun.executor import JobResult
@@ -56,17 +56,36 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
         env = (
             {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"} | (env or {})
         )
-        return subprocess.run(
-            [sys.executable, "-c", "from nvrx_eks.cli import main; main()", *args],
+        return run_python(
+            "-c",
+            "from nvrx_eks.cli import main; main()",
+            *args,
+            timeout=timeout,
             cwd=cwd,
             env=env if piped else env | {"COLUMNS": "200"},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
         )
 
     return run
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials from the standard chain (env vars), and no user config files or other source
+    of credentials (a profile, a container's endpoint, a web identity) for the chain to find first."""
+    for var in (
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 class LocalJobRunner:

@@ -8,27 +8,29 @@ the tree with one upward import and one cycle added.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.layout import parts
+
+if TYPE_CHECKING:
+    import subprocess
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = parts(REPO)  # the kit's folders, as pyproject.toml's package-dir declares them
 
 
 def _lint(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "tools" / "lint_imports.py"), str(root)],
+    return run_python(
+        str(REPO / "tools" / "lint_imports.py"),
+        str(root),
+        timeout=120,
         cwd=root,
         env={"PATH": str(Path(sys.executable).parent)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
 
 

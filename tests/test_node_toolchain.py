@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.node import NODE_BIN, REPO, pinned_node_version
 
@@ -48,15 +48,7 @@ def test_node_as_the_kit_resolves_it_is_the_pinned_major() -> None:
         "print(subprocess.run([shutil.which('node'), '--version'], capture_output=True, text=True,"
         " check=True).stdout.strip())"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        env=_user_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout.strip()
+    out = run_python("-c", probe, timeout=30, cwd=REPO, env=_user_env(), check=True).stdout.strip()
     pinned = pinned_node_version()
     assert pinned is not None
     assert out == f"v{pinned}", (out, pinned)
@@ -66,24 +58,18 @@ def test_node_as_the_kit_resolves_it_is_the_pinned_major() -> None:
 @pytest.mark.shareable
 def test_job_render_prints_no_node_banner(tmp_path: Path) -> None:
     """`nvrx-eks job render` as a user runs it from the activated venv (no JSII_SILENCE_* set)."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from nvrx_eks.cli import main; main()",
-            "job",
-            "render",
-            "-f",
-            "k8s/values/local-cpu.yaml",
-            "-o",
-            str(tmp_path),
-        ],
+    result = run_python(
+        "-c",
+        "from nvrx_eks.cli import main; main()",
+        "job",
+        "render",
+        "-f",
+        "k8s/values/local-cpu.yaml",
+        "-o",
+        str(tmp_path),
+        timeout=120,
         cwd=REPO,
         env=_user_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert not BANNER.search(result.stdout + result.stderr), result.stdout + result.stderr

@@ -9,33 +9,31 @@ reads torch's annotations for about a minute, so it is slow (`make check` runs t
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.layout import parts
+
+if TYPE_CHECKING:
+    import subprocess
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = parts(REPO)  # the kit's folders, as pyproject.toml's package-dir declares them
 
 
 def _typecheck(root: Path, cache: Path, *mypy_options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "typecheck.py"),
-            str(root),
-            f"--cache-dir={cache}",
-            *mypy_options,
-        ],
+    return run_python(
+        str(REPO / "tools" / "typecheck.py"),
+        str(root),
+        f"--cache-dir={cache}",
+        *mypy_options,
+        timeout=280,
         cwd=root,
         env={"PATH": str(Path(sys.executable).parent)},
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
     )
 
 

@@ -9,13 +9,12 @@ from aws_cdk import Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v36 import KubectlV36Layer
 from constructs import Construct
 
 from nvrx_eks.infra import nag
 from nvrx_eks.infra.constructs import launch_template as lt
-from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.infra.constructs.retention import kept_key
 from nvrx_eks.k8s import names
 
 if TYPE_CHECKING:
@@ -68,12 +67,8 @@ class TrainingCluster(Construct):
         system_root_volume_gib: int,
     ) -> None:
         super().__init__(scope, id)
-        self.secrets_key = kms.Key(
-            self,
-            "SecretsKey",
-            enable_key_rotation=True,
-            description=f"{cluster_name}: envelope encryption of Kubernetes secrets",
-            removal_policy=KEEP_UNLESS_CREATE_FAILS,
+        self.secrets_key = kept_key(
+            self, "SecretsKey", description=f"{cluster_name}: envelope encryption of Kubernetes secrets"
         )
         endpoint = _ENDPOINTS[endpoint_access]
         if endpoint_access != "private":

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.infra.constructs.retention import kept_key
 
 CONTROL_PLANE_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 
@@ -29,12 +28,8 @@ class LogEncryption(Construct):
     def __init__(self, scope: Construct, id: str, *, cluster_name: str) -> None:  # noqa: A002
         super().__init__(scope, id)
         stack = Stack.of(self)
-        self.key = kms.Key(
-            self,
-            "Key",
-            enable_key_rotation=True,
-            description=f"{cluster_name}: CloudWatch Logs (VPC flow logs, EKS control plane)",
-            removal_policy=KEEP_UNLESS_CREATE_FAILS,
+        self.key = kept_key(
+            self, "Key", description=f"{cluster_name}: CloudWatch Logs (VPC flow logs, EKS control plane)"
         )
         # CloudWatch Logs encrypts with the key as its service principal; the encryption context
         # names the log group, so the grant covers this account's groups in this region only.

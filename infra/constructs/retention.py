@@ -13,7 +13,24 @@ tests/infra check the template over every retained resource and every point a cr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aws_cdk import RemovalPolicy
+from aws_cdk import aws_kms as kms
+
+if TYPE_CHECKING:
+    from constructs import Construct
 
 # DeletionPolicy RetainExceptOnCreate, UpdateReplacePolicy Retain.
 KEEP_UNLESS_CREATE_FAILS = RemovalPolicy.RETAIN_ON_UPDATE_OR_DELETE
+
+
+def kept_key(scope: Construct, id: str, *, description: str) -> kms.Key:  # noqa: A002
+    """A customer-managed KMS key with yearly rotation, kept as long as the data it decrypts."""
+    return kms.Key(
+        scope,
+        id,
+        enable_key_rotation=True,
+        description=description,
+        removal_policy=KEEP_UNLESS_CREATE_FAILS,
+    )

@@ -12,11 +12,10 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_fsx as fsx
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct, IConstruct
 
-from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS
+from nvrx_eks.infra.constructs.retention import KEEP_UNLESS_CREATE_FAILS, kept_key
 
 # Lustre client traffic: 988 and 1018-1023 (TCP), from clients and between file servers.
 # https://docs.aws.amazon.com/fsx/latest/LustreGuide/limit-access-security-groups.html
@@ -71,12 +70,8 @@ class DurableStorage(Construct):
     ) -> None:
         super().__init__(scope, id)
         stack = Stack.of(self)
-        self.key = kms.Key(
-            self,
-            "DataKey",
-            enable_key_rotation=True,
-            description="nvrx-eks: checkpoints (S3, FSx) and training images (ECR)",
-            removal_policy=KEEP_UNLESS_CREATE_FAILS,
+        self.key = kept_key(
+            self, "DataKey", description="nvrx-eks: checkpoints (S3, FSx) and training images (ECR)"
         )
         self._allow_fsx_s3_role(stack)
         self.bucket, self.access_logs = self._buckets(

@@ -136,25 +136,6 @@ class _Registry(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def aws_credentials(monkeypatch, tmp_path):
-    """Fake credentials from the standard chain (env vars) and no user config files."""
-    for var in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-@pytest.fixture
 def served() -> Iterator[tuple[pinning.Opener, list[tuple[str, str, str | None]]]]:
     seen: list[tuple[str, str, str | None]] = []
     handler = type("Handler", (_Registry,), {"seen": seen})

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from aws_cdk import App, Environment, Stack
 from aws_cdk import aws_s3 as s3
 from aws_cdk.assertions import Annotations, Match, Template
 from cfnlint.api import lint
+from children import run_python
 from kube_objects import container_images
 
 from nvrx_eks.infra import app as infra_app
@@ -190,8 +190,7 @@ def test_training_pod_identity_is_scoped_to_the_prefix(synthesized):
 
 def test_cluster_objects_chart_is_deployed_with_the_fsx_volume(synthesized):
     template = Template.from_json(synthesized["p5-capacity-block"])
-    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
-    text = json.dumps(manifest["Properties"]["Manifest"])
+    _, text = _cluster_manifest(template)
     for fragment in (
         '\\"kind\\":\\"Namespace\\"',
         '\\"kind\\":\\"PersistentVolumeClaim\\"',
@@ -294,15 +293,7 @@ def test_cdk_app_process_exits_nonzero_without_traceback(tmp_path):
         "CDK_CONTEXT_JSON": json.dumps({"config": str(bad)}),
         "CDK_OUTDIR": str(tmp_path / "out"),
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "nvrx_eks.infra.app"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python("-m", "nvrx_eks.infra.app", timeout=120, cwd=ROOT, env=env)
     assert result.returncode == 2
     assert "gpu_node_groups.0.instance_type: unknown instance type 'p9.huge'" in result.stderr
     assert "Traceback" not in result.stderr
@@ -321,8 +312,7 @@ def test_node_check_is_deployed_with_the_pushed_image_and_pins_kueue_to_verified
     app = App(outdir=str(tmp_path))
     stack = infra_app.build(app, config, account="111111111111")
     template = Template.from_json(app.synth().get_stack_by_name(stack.stack_name).template)
-    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
-    text = json.dumps(manifest["Properties"]["Manifest"])
+    manifest, text = _cluster_manifest(template)
     for fragment in (
         '\\"kind\\":\\"DaemonSet\\"',
         '\\"kind\\":\\"ValidatingAdmissionPolicy\\"',
@@ -653,8 +643,7 @@ def test_the_node_check_runs_from_the_first_deploy(synthesized):
     so the first deploy already has it (it starts once the image is pushed; no second deploy), and
     Kueue admits to verified nodes only."""
     template = Template.from_json(synthesized["p5-capacity-block"])
-    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
-    text = json.dumps(manifest["Properties"]["Manifest"])
+    _, text = _cluster_manifest(template)
     assert '\\"kind\\":\\"DaemonSet\\"' in text
     assert f":{image_revision()}" in text
     assert '\\"nodeLabels\\":{\\"nvrx-eks/verified\\":\\"true\\"}' in text
@@ -771,6 +760,13 @@ def test_the_default_job_finds_what_the_default_stack_made(synthesized, tmp_path
     (local_tier,) = [Path(v["hostPath"]["path"]) for v in pod["volumes"] if v["name"] == "local-nvme"]
     assert local_tier.is_relative_to(checked)
     assert local_tier != checked
+
+
+def _cluster_manifest(template: Template) -> tuple[dict, str]:
+    """The stack's one cdk8s manifest (the cluster objects chart) and its JSON text, which holds each
+    object's JSON escaped once more."""
+    (manifest,) = template.find_resources("Custom::AWSCDK-EKS-KubernetesResource").values()
+    return manifest, json.dumps(manifest["Properties"]["Manifest"])
 
 
 def _manifest_objects(manifest: dict) -> list[dict]:

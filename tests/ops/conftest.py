@@ -22,23 +22,12 @@ def new_session(region: str = REGION) -> AwsSession:
 
 
 @pytest.fixture
-def aws_env(monkeypatch, tmp_path):
-    """Fake credentials from the standard chain (env vars) and no user config files."""
-    for var in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_RETRY_MODE",
-        "AWS_MAX_ATTEMPTS",
-        "AWS_SESSION_TOKEN",
-    ):
+def aws_env(aws_credentials, monkeypatch):
+    """The fake credentials in REGION, with botocore's default retry settings."""
+    for var in ("AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
     monkeypatch.setenv("AWS_REGION", REGION)
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.fixture

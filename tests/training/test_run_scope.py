@@ -7,18 +7,21 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch.distributed as dist
+from children import run_python
 
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
 from nvrx_eks.training.resilience.config import CONFIG_ENV, RUN_ID_ENV, ResilienceConfig
 from nvrx_eks.training.run_scope import RunScope, resumed_line, run_id
+
+if TYPE_CHECKING:
+    import subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,22 +122,16 @@ kit.Job().run(train)
 def _torchrun(tmp_path: Path, script: Path, *args: str, config: dict) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {RUN_ID_ENV, "RANK", "WORLD_SIZE", "MASTER_PORT"}}
     env |= {"PYTHONPATH": str(REPO), CONFIG_ENV: json.dumps(config)}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(script),
-            *args,
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    return run_python(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+        *args,
         timeout=240,
-        check=False,
+        cwd=tmp_path,
+        env=env,
     )
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from children import run_python
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.training.entry import entry_source
@@ -187,14 +188,7 @@ PER_WORKER = {
 
 def _probe(script: str, modules: tuple[str, ...], cwd: Path) -> list[str]:
     """What `script` (a probe above) saw while a fresh interpreter imported `modules`: its last line."""
-    done = subprocess.run(
-        [sys.executable, "-c", script, ",".join(modules)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=cwd,
-    )
+    done = run_python("-c", script, ",".join(modules), timeout=120, cwd=cwd, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -351,14 +345,7 @@ if __name__ == "__main__":
 
 
 def test_a_forked_process_names_the_modules_it_imported_itself_and_a_fresh_one_says_it_was_not_forked():
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_IMPORTS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=REPO,
-    )
+    done = run_python("-c", _FORKED_IMPORTS, timeout=120, cwd=REPO, check=True)
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert "xmlrpc" in seen["forked"]
     assert "xmlrpc.client" not in seen["forked"]  # each package once, by its outermost new module
@@ -383,14 +370,7 @@ def test_the_forkserver_imports_start_no_thread():
     # whatever lock it held, in every worker.
     script = "import sys, threading\nfor n in sys.argv[1].split(','): __import__(n)\n"
     script += "print(threading.active_count())"
-    done = subprocess.run(
-        [sys.executable, "-c", script, ",".join((*WARM_MODULES, *S3_MODULES))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=REPO,
-    )
+    done = run_python("-c", script, ",".join((*WARM_MODULES, *S3_MODULES)), timeout=120, cwd=REPO, check=True)
     assert done.stdout.strip().splitlines()[-1] == "1"
 
 
@@ -400,9 +380,7 @@ LAUNCH = (sys.executable, "-m", "nvrx_eks.training.resilience.launch")
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
+    return run_python("-c", code, timeout=120, check=True)
 
 
 def test_the_launcher_refuses_an_entry_point_that_is_not_there(tmp_path, monkeypatch):
@@ -493,9 +471,7 @@ def test_the_warm_module_makes_the_entry_points_top_level_imports_only(tmp_path)
         " 'not_at_the_top' in sys.modules, 'inside_a_function' in sys.modules,"
         f" {str(project)!r} in sys.path]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = run_python("-c", probe, timeout=60, check=True)
     helper_mark, ordered, nested, inside, folder_left = json.loads(done.stdout.splitlines()[-1])
     assert helper_mark == "beside the script"
     assert (ordered, nested, inside, folder_left) == (True, False, False, False)
@@ -509,9 +485,7 @@ def test_the_warm_module_imports_a_name_a_package_loads_lazily(tmp_path):
     folder, name = write_warm_module(script, script_folder=tmp_path)
     probe = f"import sys\nsys.path.append({str(folder)!r})\n__import__({name!r})\n"
     probe += "print('transformers.models.llama.modeling_llama' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
+    done = run_python("-c", probe, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "True"
 
 
@@ -554,12 +528,11 @@ def test_a_worker_forked_from_the_forkserver_has_the_scripts_imports_made(tmp_pa
         "import sys\n\n\ndef report(queue):\n"
         "    queue.put([name in sys.modules for name in ('colorsys', 'helper')])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKSERVER_PROBE, str(project / "train.py")],
-        capture_output=True,
-        text=True,
+    done = run_python(
+        "-c",
+        _FORKSERVER_PROBE,
+        str(project / "train.py"),
         timeout=120,
-        check=False,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
     )

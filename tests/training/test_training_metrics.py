@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from children import run_python
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvrx_eks.training.events import EventLog
@@ -199,8 +200,6 @@ def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked
     import os  # noqa: PLC0415
     import signal  # noqa: PLC0415
     import socket  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
@@ -222,12 +221,10 @@ def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked
         "print(child, flush=True)\n"
         "os._exit(0)\n"  # the rank ends at once, as a stopped worker does; its fork lives on
     )
-    done = subprocess.run(
-        [sys.executable, "-c", rank],
-        capture_output=True,
-        text=True,
+    done = run_python(
+        "-c",
+        rank,
         timeout=60,
-        check=False,
         env={**os.environ, METRICS_HOST_ENV: "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.kitcore.configio import merge
+
+if TYPE_CHECKING:
+    import subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT_S = 90
@@ -111,14 +114,8 @@ def test_runtime_input_is_refused_before_the_first_step(case, tmp_path):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a CUDA device")
-    proc = subprocess.run(
-        [sys.executable, *BASE],
-        cwd=tmp_path,
-        env=_env(tmp_path) | _kit(tmp_path / "run", build(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=PROMPT_S,
-        check=False,
+    proc = run_python(
+        *BASE, timeout=PROMPT_S, cwd=tmp_path, env=_env(tmp_path) | _kit(tmp_path / "run", build(tmp_path))
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]
@@ -160,15 +157,7 @@ def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpo
     env |= _kit(tmp_path / "run", kit, SLOW_STEPS if mode == "inprocess" else {})
 
     def train(model: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, *BASE, "--model", model],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
+        return run_python(*BASE, "--model", model, timeout=240, cwd=tmp_path, env=env)
 
     first = train("tiny")
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
