@@ -38,8 +38,8 @@ SHRINK_OVERRIDES = (
     "shrink.min_nodes=1",
     "shrink.pending_limit_s=3",
     # Long enough that the shrunk job still trains when the replacement joins, on a loaded machine too:
-    # it is scheduled HOLD_S after the loss, and its pod's start and its launcher's first beats can
-    # take 20 s at a load of 8 on 2 cores; the shrunk job trains a step in two emulated device steps.
+    # it is scheduled HOLD_S after the loss, and its pod's start and its launcher's first beats slow
+    # down with the machine's load; the shrunk job trains a step in two emulated device steps.
     'entrypoint.args=["--model","tiny","--steps","300","--emulated-device-step-s","0.1"]',
     # Rank 2 lives on node 1: the node that does not host rank 0 is the one lost.
     'trainer.faults.plan=["node_loss@40:2"]',
