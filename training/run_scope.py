@@ -103,8 +103,11 @@ class RunScope:
         ranks = self.memory_dir / _RANKS
         with contextlib.suppress(FileNotFoundError):
             (ranks / str(self.rank)).unlink()
-        if ranks.is_dir() and any(ranks.iterdir()):
-            return
+        try:
+            if any(ranks.iterdir()):
+                return
+        except FileNotFoundError:
+            pass  # the host's other ranks ended at the same time, and one of them removed the folder
         shutil.rmtree(self.memory_dir, ignore_errors=True)
         if self.in_default_folder:  # the run folder's, and the kit's, when nothing else is left there
             for folder in (self.memory_dir.parent, self.memory_dir.parent.parent):

@@ -22,6 +22,7 @@ from nvrx_eks.training.run_scope import RunScope, resumed_line, run_id
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,6 +71,29 @@ def test_a_run_uses_its_own_memory_folder_and_removes_what_earlier_runs_of_its_f
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(neighbour.parent, ignore_errors=True)
+
+
+def test_a_rank_ending_as_the_hosts_last_other_rank_removes_the_folder_ends_without_an_error(
+    tmp_path, store, monkeypatch
+):
+    """The ranks of a host often end at the same moment: one can find the ranks folder there and, as it
+    lists it, gone, removed by the other rank that found itself last. Neither fails on it."""
+    monkeypatch.setenv(RUN_ID_ENV, "together")
+    cfg = ResilienceConfig(run_dir=tmp_path / "run", checkpoint=CheckpointConfig(memory_dir=tmp_path / "m"))
+    rank_0 = RunScope.start(cfg, store=store, rank=0)
+    rank_1 = RunScope.start(cfg, store=store, rank=1)
+    listing = Path.iterdir
+    ended: list[int] = []
+
+    def rank_1_releases_first(folder: Path) -> Iterator[Path]:
+        if folder.name == ".ranks" and not ended:
+            ended.append(1)
+            rank_1.release()  # in the moment between rank 0's unlink and its listing
+        return listing(folder)
+
+    monkeypatch.setattr(Path, "iterdir", rank_1_releases_first)
+    rank_0.release()
+    assert not rank_0.memory_dir.exists()
 
 
 def test_a_memory_folder_the_job_gives_keeps_whatever_else_is_in_it(tmp_path, store, monkeypatch):
