@@ -36,10 +36,6 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The files marked runs_long first (a stable sort keeps each file's tests together, in order):
-    # xdist's loadfile hands files to its workers in collection order, and a long file handed out last
-    # runs alone while the other worker idles.
-    items.sort(key=lambda item: "runs_long" not in item.keywords)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -17,8 +17,6 @@ import pytest
 
 from nvrx_eks.localrun.shrink import Generation, generations, lineage_problems, run_shrink_scenario
 
-pytestmark = pytest.mark.runs_long
-
 if TYPE_CHECKING:
     from pathlib import Path
 

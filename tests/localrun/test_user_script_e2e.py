@@ -15,8 +15,6 @@ import pytest
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.localrun.demo import DEMO_FAULTS
 
-pytestmark = pytest.mark.runs_long
-
 ROOT = Path(__file__).resolve().parents[2]
 HF_VALUES = ROOT / "k8s" / "values" / "local-hf-llama.yaml"
 HF_TP_VALUES = ROOT / "k8s" / "values" / "local-hf-llama-tp.yaml"
@@ -89,6 +87,7 @@ def _buggy_script(*, steps: int, bug_when: str) -> str:
 import torch
 
 from nvrx_eks.training import api as kit
+
 
 def train(attempt):
     model = torch.nn.Linear(4, 4)

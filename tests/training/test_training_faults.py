@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from nvrx_eks.localrun.executor import JobResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.runs_long]
+pytestmark = pytest.mark.slow
 
 STEPS = 20
 SOFT_PLAN = "exception@3:1,hang@6:0,skip_collective@9:3,oom@12:2"

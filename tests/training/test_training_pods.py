@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from nvrx_eks.localrun.executor import JobResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.runs_long]
+pytestmark = pytest.mark.slow
 
 STEPS = 20
 BUDGETS = [
