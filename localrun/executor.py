@@ -524,9 +524,12 @@ class _Pod:
         self.done.wait(timeout=30)
 
 
-POD_TMP_PREFIX = "nvrx-"
-POD_TMP_NAME_LENGTH = len(POD_TMP_PREFIX) + 10 + 1 + 8
-"""A pod's temporary folder: the prefix, the run key's last 10 characters, `-`, mkdtemp's 8."""
+def pod_tmp_prefix(run_key: str) -> str:
+    """How the names of a run's pod temporary folders begin; mkdtemp adds 8 random characters."""
+    return f"nvrx-{run_key[-10:]}-"
+
+
+POD_TMP_NAME_LENGTH = len(pod_tmp_prefix("0" * 10)) + 8
 SOCKET_NAME_ROOM = 40
 """What the pods' processes put after their TMPDIR for a unix socket: ft_launcher's
 `/_ft_launcher<pid>_rmon<local rank>.socket` (NVRx), multiprocessing's forkserver
@@ -907,7 +910,7 @@ class LocalJob:
             self.api.nodes[self._node_name(index)] = labels
         marker = f"{self.run_key}/{name}"
         # The pod's /tmp, short on purpose (`check_socket_room`).
-        tmp = Path(tempfile.mkdtemp(prefix=f"{POD_TMP_PREFIX}{self.run_key[-10:]}-"))
+        tmp = Path(tempfile.mkdtemp(prefix=pod_tmp_prefix(self.run_key)))
         ram_dirs.append(tmp)
         containers = [
             self._container(

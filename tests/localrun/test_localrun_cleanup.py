@@ -28,6 +28,7 @@ import pytest
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import reference_trainer
+from nvrx_eks.localrun.executor import pod_tmp_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -75,7 +76,7 @@ def _render(dist: Path, *overrides: str) -> None:
 
 
 def _pod_tmp_dirs(run_key: str) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"nvrx-{run_key[-10:]}-*"))
+    return list(Path(tempfile.gettempdir()).glob(f"{pod_tmp_prefix(run_key)}*"))
 
 
 def _listeners(port: int) -> list[int]:
