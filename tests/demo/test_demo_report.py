@@ -349,3 +349,27 @@ def test_the_fault_free_key_counts_a_scripts_own_code_not_what_is_vendored_besid
     assert fault_free_key(script) == key
     (tmp_path / "lib" / "data.py").write_text("DATA = 2\n")
     assert fault_free_key(script) != key
+
+
+def test_the_demo_names_each_claim_its_run_did_not_meet():
+    """The console says which claim failed (a fault recovered by the next layer up, a class never
+    injected, an unexplained difference), not only that one did."""
+    from nvrx_eks.localrun.demo import DEMO_FAULTS, unmet_claims  # noqa: PLC0415
+
+    classes = [item.split("@")[0] for item in DEMO_FAULTS]
+    faults = [
+        {"class": c, "step": 10 + i, "layer": "inprocess", "expected_layer": "inprocess"}
+        for i, c in enumerate(classes)
+    ]
+    met = {"faults": faults, "bit_identical": True, "numerics": {"explained": None}}
+    assert unmet_claims(met, job_succeeded=True) == []
+    faults[1] = faults[1] | {"layer": "ft_launcher"}
+    unmet = unmet_claims(
+        {"faults": faults[:-1], "bit_identical": False, "numerics": {"explained": None}}, job_succeeded=False
+    )
+    assert unmet == [
+        "the chaos Job did not succeed",
+        f"{classes[1]} at step 11 was recovered by ft_launcher, not inprocess",
+        f"no {classes[-1]} fault was injected",
+        "the final parameters differ from the fault-free run's, with no reason found",
+    ]
