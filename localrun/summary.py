@@ -308,8 +308,10 @@ def summarize(run_dir: Path) -> RunSummary:
     for event in step_events:
         by_rank.setdefault(event["rank"], []).append(event)
     rank0 = by_rank.get(0, [])
-    unique = {e["step"] for e in rank0}
-    replayed = len(rank0) - len(unique)
+    trained = {e["step"] for e in rank0}
+    replayed = len(rank0) - len(trained)
+    # A step rank 0 took from a rank a step ahead at an in-process restart is the job's all the same.
+    unique = trained | {int(e["to_step"]) for e in events if e["kind"] == "caught_up" and e["rank"] == 0}
     mean_step = statistics.fmean(e["step_s"] for e in rank0) if rank0 else 0.0
 
     mode = starts[0].get("mode", "?")

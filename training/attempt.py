@@ -70,10 +70,11 @@ class Context:
 @dataclass
 class Kept:
     """What an attempt leaves for the next one in this process: its tracked objects (their boundary
-    captures included) and its newest finished step."""
+    captures included), its newest finished step and that step's time to its update."""
 
     tracked: Tracked
     last_done: int
+    step_s: float = 0.0
 
 
 @dataclass
@@ -81,6 +82,8 @@ class Record:
     """What a process keeps across its attempts."""
 
     kept: Kept | None = None
+    recorded: int = -1
+    """The newest step whose `step` event this process wrote."""
     injector: FaultInjector | None = None
     attempts: int = 0
     scope: RunScope | None = None
@@ -282,6 +285,7 @@ class AttemptRun:
         source = self._in_memory_source(kept, tracked) if self.number > 0 and kept is not None else None
         restored_step, tier, resharded, from_world, written_by = -1, "none", False, 0, None
         if source is not None and kept is not None:
+            self._record_cut_step(kept)
             self._take_from_memory(kept, tracked, source)
             restored_step, tier = self.last_done, "inprocess"
         else:
@@ -305,6 +309,8 @@ class AttemptRun:
         self._say_resumed(tier, restored_step, written_by)
         tracked.capture()
         self.record.kept = Kept(tracked=tracked, last_done=self.last_done)
+        # What this attempt resumed (restored, kept or caught up) was counted where it was trained.
+        self.record.recorded = max(self.record.recorded, self.last_done)
         load_s = time.perf_counter() - load_started
         nbytes = tracked.nbytes()
         ctx.events.emit(
@@ -444,6 +450,19 @@ class AttemptRun:
             return f"the previous attempt's state could not be read: {type(exc).__name__}: {exc}"[:300]
         return "" if keys[0] == keys[1] else "the parallel layout changed"
 
+    def _record_cut_step(self, kept: Kept) -> None:
+        """The restart stopped this rank after its update landed and before the step's end (its
+        snapshot, its loss, its event): the step is trained, this attempt goes on after it, so it is
+        counted now, once, as every step is (`cut`: its checkpoint stall and loss went unmeasured)."""
+        step = kept.last_done
+        if step <= self.record.recorded:
+            return
+        ctx = self.ctx
+        nan = float("nan")
+        ctx.events.emit("step", step=step, step_s=kept.step_s, ckpt_s=0.0, loss=nan, loss_step=-1, cut=True)
+        ctx.metrics.step(step=step, step_s=kept.step_s, ckpt_s=0.0, loss=nan)
+        self.record.recorded = step
+
     def _take_from_memory(self, kept: Kept, tracked: Tracked, source: int) -> None:
         """The new attempt's objects take the state of the last step boundary from the previous
         attempt's (same layout, tensors copied in place), or from `source`, a rank a step ahead."""
@@ -568,6 +587,7 @@ class AttemptRun:
             kept = self.record.kept
             if kept is not None and kept.tracked is self.tracked:
                 kept.last_done = step
+                kept.step_s = time.perf_counter() - self._step_started - self._fence_s
         self.loss.put(step, loss)
         if not self._checked_replicas:
             self._checked_replicas = True
@@ -620,6 +640,7 @@ class AttemptRun:
         loss = self.loss.value if self.loss.step >= 0 else float("nan")
         ctx.events.emit("step", step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss, loss_step=self.loss.step)
         ctx.metrics.step(step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
+        self.record.recorded = step
         ctx.resilience.step_done(step)
 
 

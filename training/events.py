@@ -17,7 +17,9 @@ Kinds and their extra fields (training/metrics.py and localrun/summary.py read t
   startup_s (attempt start -> ready), load_s, state_bytes, num_parameters (the tracked modules'),
   memcpy_gbps, imported_since_fork (the
   modules a forked worker imported itself before this attempt's first step; None when not forked)
-- `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss
+- `step`: step, step_s (forward/backward/update), ckpt_s (time in save() plus the update's fence()), loss;
+  once per step whose update landed: `cut` when an in-process restart stopped the rank between its
+  update and the step's end (written as the next attempt resumes after it; ckpt_s 0, loss NaN)
 - `checkpoint_<what>`: forwarded from the checkpointer (committed, skipped, failed, restored, ...)
 - `checkpoint_peer_domain`: domain, source ("node labels", "zone label", "none"), node, error -- the
   failure domain the peer replica's partners are chosen by (training/checkpoint/domains.py), and why the

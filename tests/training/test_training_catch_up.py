@@ -1,10 +1,14 @@
-"""Ranks caught a step apart by an in-process restart: the one behind takes the state of a rank ahead.
+"""An in-process restart that stops ranks inside a step: what landed is kept and counted once.
 
-Two real gloo ranks run the reference trainer through the public API's attempts. Rank 1 applies step 3's
-update; rank 0's all-reduce for step 3 completes but its update does not happen (as when the restart
-stops it between the two), so the ranks are one step apart when the next attempt starts. Nothing may be lost:
-both ranks must resume from memory at step 3 (before: every rank rolled back to the newest snapshot),
-and the final parameters must equal an uninterrupted run's.
+Two real gloo ranks run the reference trainer through the public API's attempts.
+
+- Caught a step apart: rank 1 applies step 3's update; rank 0's all-reduce for step 3 completes but its
+  update does not happen (as when the restart stops it between the two), so the ranks are one step apart
+  when the next attempt starts. Nothing may be lost: both ranks must resume from memory at step 3, and
+  the final parameters must equal an uninterrupted run's.
+- Cut after the update: both ranks apply step 3's update and are stopped before the step's end (its
+  snapshot, as when a peer's fault aborts the snapshot's collective). The step is trained, the next
+  attempt goes on after it: each rank must count it once, or the run looks a step short.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class _Stopped(Exception):  # noqa: N818 - stands in for the in-process restart'
     pass
 
 
-def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
+def _rank(rank: int, run_dir: str, *, lag: bool, cut: bool = False) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
@@ -64,6 +68,23 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
 
         with contextlib.suppress(_Stopped):
             attempt(context, record, lagging)
+    if cut:
+
+        def cut_after_update(attempt: api.Attempt) -> None:
+            update = attempt.update
+
+            @contextlib.contextmanager
+            def update_then_stop(**kwargs: object):
+                with update(**kwargs):  # type: ignore[arg-type]
+                    yield
+                if attempt._run.step == LAG_STEP:  # the update landed; the step's end is not reached
+                    raise _Stopped
+
+            attempt.update = update_then_stop  # type: ignore[method-assign]
+            trainer(attempt)
+
+        with contextlib.suppress(_Stopped):
+            attempt(context, record, cut_after_update)
     digest = attempt(
         context, record, trainer
     )  # the next attempt (or the only one), then the rest of the steps
@@ -72,11 +93,12 @@ def _rank(rank: int, run_dir: str, *, lag: bool) -> None:
     dist.destroy_process_group()
 
 
-def _run(run_dir: Path, *, lag: bool) -> list[dict]:
+def _run(run_dir: Path, *, lag: bool, cut: bool = False) -> list[dict]:
     run_dir.mkdir(parents=True)
     ctx = multiprocessing.get_context("spawn")
     procs = [
-        ctx.Process(target=_rank, args=(r, str(run_dir)), kwargs={"lag": lag}) for r in range(WORLD_SIZE)
+        ctx.Process(target=_rank, args=(r, str(run_dir)), kwargs={"lag": lag, "cut": cut})
+        for r in range(WORLD_SIZE)
     ]
     for proc in procs:
         proc.start()
@@ -123,3 +145,17 @@ def test_a_rank_one_step_behind_catches_up_from_a_rank_ahead(tmp_path):
     _run(tmp_path / "reference", lag=False)
     assert _digests(tmp_path / "lagged") == _digests(tmp_path / "reference")
     assert len(_digests(tmp_path / "reference")) == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_step_cut_after_its_update_is_kept_and_counted_once(tmp_path):
+    events = _run(tmp_path / "cut", lag=False, cut=True)
+    restarts = [e for e in events if e["kind"] == "startup_done" and e["attempt"] == 1]
+    assert sorted((e["rank"], e["tier"], e["restored_step"]) for e in restarts) == [
+        (0, "inprocess", LAG_STEP),
+        (1, "inprocess", LAG_STEP),
+    ]
+    for rank in range(WORLD_SIZE):
+        steps = [e for e in events if e["kind"] == "step" and e["rank"] == rank]
+        assert [e["step"] for e in steps] == list(range(STEPS)), rank
+        assert [e["step"] for e in steps if e.get("cut")] == [LAG_STEP], rank

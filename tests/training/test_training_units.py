@@ -262,6 +262,27 @@ def test_summarize_applies_the_formulas(tmp_path):
     assert summary.to_dict()["faults"][0]["class"] == "sigkill"
 
 
+def test_a_step_rank_0_caught_up_from_a_rank_ahead_completes_the_run(tmp_path):
+    # Rank 0 was a step behind at an in-process restart and took step 2 from rank 1: it never trained
+    # step 2 itself, but the run did.
+    def events(rank: int) -> list[dict]:
+        ev: list[dict] = [
+            {"t": 0.0, "kind": "process_start", "pid": 1 + rank, "mode": "both"},
+            {"t": 0.1, "kind": "loop_start", "pid": 1 + rank, "steps": 4},
+        ]
+        steps = [0, 1, 3] if rank == 0 else [0, 1, 2, 3]
+        ev += [{"t": 1.0 + s, "kind": "step", "pid": 1 + rank, "step": s, "step_s": 1.0} for s in steps]
+        if rank == 0:
+            ev.append({"t": 3.5, "kind": "caught_up", "pid": 1, "source": 1, "from_step": 1, "to_step": 2})
+        return [*ev, {"t": 5.0, "kind": "end", "pid": 1 + rank, "steps": 4, "final_params_sha256": "abc"}]
+
+    for rank in (0, 1):
+        _write(tmp_path, rank, events(rank))
+    summary = summarize(tmp_path)
+    assert summary.completed
+    assert (summary.productive_steps, summary.replayed_steps) == (4, 0)
+
+
 def test_the_wall_breakdown_names_every_second_once(tmp_path):
     """One rank: 3 steps, a SIGKILL in the 4th, a restore of step 1 (step 2 replayed), 3 more steps.
     Each step 1.0 s plus 0.1 s in checkpoint calls plus 0.05 s of loop between steps."""
