@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -168,9 +169,15 @@ def reference_sha256(
     script = ["-m", entry.module] if entry.module else [str(entry.script)]
     args = list(entry.args)
     steps = int(args[args.index("--steps") + 1])
+    ends = [gen.restored for gen in gens[1:]] + [steps - 1]
     config = values.trainer.model_dump(mode="json")
     config |= {"mode": "baseline", "run_dir": str(run_dir), "faults": {}}
     config["checkpoint"] |= {
+        # Each segment's last step on disk when its process ends, whatever the machine's load: the
+        # synchronous checkpointer, at a cadence every segment's end falls on. (The tiered one skips a
+        # due step while its writer is still busy, and the next segment would resume from an older one.)
+        "implementation": "sync",
+        "durable_every": math.gcd(*(end for end in ends[:-1] if end > 0)) or steps,
         "memory_dir": str(run_dir / "shm"),
         "local_dir": None,
         "durable_dir": str(run_dir / "checkpoints"),
@@ -179,7 +186,6 @@ def reference_sha256(
     }
     if "--emulated-device-step-s" in args:  # only a wait: the reference computes the same without it
         args[args.index("--emulated-device-step-s") + 1] = "0"
-    ends = [gen.restored for gen in gens[1:]] + [steps - 1]
     for gen, end in zip(gens, ends, strict=True):
         segment_args = [*args]
         segment_args[segment_args.index("--steps") + 1] = str(end + 1)
@@ -188,6 +194,15 @@ def reference_sha256(
             argv=[*script, *segment_args],
             config={**config, "ranks_per_node": per_node},
             timeout_s=timeout_s,
+        )
+    resumed = [
+        int(e["restored_step"])
+        for e in read_events(run_dir)
+        if e["kind"] == "startup_done" and e["rank"] == 0
+    ]
+    if resumed != [-1, *ends[:-1]]:
+        raise RuntimeError(
+            f"the reference's segments resumed from steps {resumed}, not the chaos run's {[-1, *ends[:-1]]}"
         )
     final = json.loads((run_dir / "final.json").read_text())
     return str(final["final_params_sha256"]), run_dir / FINAL_STATE

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nvrx_eks.localrun.shrink import Generation, generations, lineage_problems, run_shrink_scenario
+from nvrx_eks.localrun.shrink import (
+    SHRINK_OVERRIDES,
+    Generation,
+    generations,
+    lineage_problems,
+    reference_sha256,
+    run_shrink_scenario,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,6 +49,29 @@ def test_a_node_lost_without_capacity_shrinks_the_job_which_grows_back_and_ends_
     # `nvrx-eks local shrink`, not asserted here.
     assert report.generations[2].restored > report.generations[1].restored, report.lines()
     assert report.passed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_each_reference_segment_resumes_at_the_step_the_chaos_runs_next_generation_restored(
+    tmp_path: Path,
+) -> None:
+    # A shrink that restored step 6 (a memory snapshot, off the durable cadence of 10): the reference's
+    # first segment must leave step 6 on disk and the second resume there, on any machine's load.
+    from pathlib import Path  # noqa: PLC0415
+
+    from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
+    from nvrx_eks.training.events import read_events  # noqa: PLC0415
+
+    values = load_values(
+        Path(LOCAL_VALUES), (*SHRINK_OVERRIDES, 'entrypoint.args=["--model","tiny","--steps","12"]')
+    )
+    gens = [Generation(world_size=4, full_world_size=4, restored=-1), Generation(2, 4, restored=6)]
+    reference_sha256(values, gens, run_dir=tmp_path / "reference")
+    resumed = [
+        e for e in read_events(tmp_path / "reference") if e["kind"] == "startup_done" and e["rank"] == 0
+    ]
+    assert [(e["restored_step"], e["tier"]) for e in resumed] == [(-1, "none"), (6, "durable")]
 
 
 def _events(*spec: tuple[int, int, int, list[int]]) -> list[dict]:
