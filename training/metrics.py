@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -307,7 +308,8 @@ class Metrics:
             self.replayed_steps.labels(rank).inc()
         self.step_seconds.labels(rank).observe(step_s)
         self.stall_seconds.labels(rank).inc(ckpt_s)
-        self.loss.labels(rank).set(loss)
+        if not math.isnan(loss):  # a loss not read yet, or a step cut by a restart: keep the last one
+            self.loss.labels(rank).set(loss)
         self.last_step.labels(rank).set(step)
         for tier, newest in self._ckpt_steps.items():
             self.ckpt_age.labels(rank, tier).set(step - newest)

@@ -105,6 +105,15 @@ def test_in_process_recovery_counts_its_layer_and_phases(tmp_path):
     assert _value(samples, "trainer_faults_injected_total", **{"class": "exception"}) == 1
 
 
+def test_a_step_without_its_loss_keeps_the_last_loss(tmp_path):
+    metrics, events = _new(tmp_path)
+    _steps(metrics, events, range(3))
+    metrics.step(step=3, step_s=0.5, ckpt_s=0.0, loss=float("nan"))  # cut by a restart, or not read yet
+    samples = _samples(metrics)
+    assert _value(samples, "trainer_loss") == 1.0
+    assert _value(samples, "trainer_productive_steps_total") == 4
+
+
 def test_a_launcher_restart_replays_steps_and_counts_as_ft_launcher(tmp_path):
     metrics, events = _new(tmp_path)
     _steps(metrics, events, range(6))  # the first process reached step 5, then died
