@@ -454,13 +454,20 @@ class AttemptRun:
         """The restart stopped this rank after its update landed and before the step's end (its
         snapshot, its loss, its event): the step is trained, this attempt goes on after it, so it is
         counted now, once, as every step is (`cut`: its checkpoint stall and loss went unmeasured)."""
-        step = kept.last_done
-        if step <= self.record.recorded:
-            return
-        ctx = self.ctx
-        nan = float("nan")
-        ctx.events.emit("step", step=step, step_s=kept.step_s, ckpt_s=0.0, loss=nan, loss_step=-1, cut=True)
-        ctx.metrics.step(step=step, step_s=kept.step_s, ckpt_s=0.0, loss=nan)
+        if kept.last_done > self.record.recorded:
+            self._count_step(
+                kept.last_done, step_s=kept.step_s, ckpt_s=0.0, loss=float("nan"), loss_step=-1, cut=True
+            )
+
+    def _count_step(
+        self, step: int, *, step_s: float, ckpt_s: float, loss: float, loss_step: int, cut: bool = False
+    ) -> None:
+        """The one place a finished step is counted: its event, its metrics, this process's record."""
+        fields = {"cut": True} if cut else {}
+        self.ctx.events.emit(
+            "step", step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss, loss_step=loss_step, **fields
+        )
+        self.ctx.metrics.step(step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
         self.record.recorded = step
 
     def _take_from_memory(self, kept: Kept, tracked: Tracked, source: int) -> None:
@@ -638,9 +645,7 @@ class AttemptRun:
         ckpt_s = time.perf_counter() - started + self._fence_s
         self.loss.poll()
         loss = self.loss.value if self.loss.step >= 0 else float("nan")
-        ctx.events.emit("step", step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss, loss_step=self.loss.step)
-        ctx.metrics.step(step=step, step_s=step_s, ckpt_s=ckpt_s, loss=loss)
-        self.record.recorded = step
+        self._count_step(step, step_s=step_s, ckpt_s=ckpt_s, loss=loss, loss_step=self.loss.step)
         ctx.resilience.step_done(step)
 
 

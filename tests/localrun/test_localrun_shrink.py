@@ -66,7 +66,10 @@ def test_each_reference_segment_resumes_at_the_step_the_chaos_runs_next_generati
     values = load_values(
         Path(LOCAL_VALUES), (*SHRINK_OVERRIDES, 'entrypoint.args=["--model","tiny","--steps","12"]')
     )
-    gens = [Generation(world_size=4, full_world_size=4, restored=-1), Generation(2, 4, restored=6)]
+    gens = [
+        Generation(world_size=4, full_world_size=4, restored=-1),
+        Generation(world_size=2, full_world_size=4, restored=6),
+    ]
     reference_sha256(values, gens, run_dir=tmp_path / "reference")
     resumed = [
         e for e in read_events(tmp_path / "reference") if e["kind"] == "startup_done" and e["rank"] == 0
