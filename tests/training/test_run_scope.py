@@ -17,6 +17,7 @@ import torch.distributed as dist
 from children import run_python
 
 from nvrx_eks.training.checkpoint.config import CheckpointConfig
+from nvrx_eks.training.checkpoint.storage import FileStore, complete_steps
 from nvrx_eks.training.resilience.config import CONFIG_ENV, RUN_ID_ENV, ResilienceConfig
 from nvrx_eks.training.run_scope import RunScope, resumed_line, run_id
 
@@ -121,11 +122,17 @@ def test_a_resume_names_its_step_and_tier_and_a_checkpoint_of_an_earlier_run():
 
 
 _SCRIPT = """
-import os, signal, sys
+import os, signal, sys, time
+from pathlib import Path
 import torch
 from nvrx_eks.training import api as kit
+from nvrx_eks.training.checkpoint.storage import FileStore, complete_steps
 
 STEPS, KILL_AT = int(sys.argv[1]), int(sys.argv[2])
+
+def durable_steps():
+    root = Path(kit.load_config().effective_checkpoint().durable_dir)
+    return complete_steps(FileStore(tier="durable", root=root).manifests())
 
 def train(attempt):
     model = torch.nn.Linear(4, 4)
@@ -134,6 +141,11 @@ def train(attempt):
     attempt.resume(model=model, optimizer=optimizer)
     for step in attempt.steps(STEPS):
         if step == KILL_AT:
+            # The durable writes run behind the loop: on a loaded host none may have committed yet, and
+            # the second run would have no earlier run's step to announce. The kill waits for one.
+            deadline = time.monotonic() + 120
+            while not durable_steps() and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         wrapped(torch.ones(2, 4)).sum().backward()
         with attempt.update():
@@ -175,6 +187,8 @@ def test_a_second_torchrun_of_a_script_never_resumes_the_first_ones_snapshot_una
     try:
         first = _torchrun(tmp_path, script, "10", "6", config=config)
         assert first.returncode != 0, first.stdout[-2000:] + first.stderr[-2000:]
+        durable = FileStore(tier="durable", root=run_dir / "checkpoints")
+        assert complete_steps(durable.manifests()), "the killed run committed no durable step"
         assert any(base.glob("run-*/rank-*")), "the killed run left no RAM snapshot: nothing to test"
         second = _torchrun(tmp_path, script, "12", "-1", config=config)
         out = second.stdout + second.stderr
