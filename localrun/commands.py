@@ -61,11 +61,13 @@ LocalRunDir = Annotated[
     Path, path_option("--run-dir", path=_RUN_DIR, help="Folder for logs, volumes, results.")
 ]
 RuntimeName = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--runtime",
-        help="processes (this virtualenv, fast) or podman (each container in the images below, "
-        "as its pod runs it: `make image-check` builds them).",
+        help="processes (this virtualenv, fast), warm (processes whose `python -m` containers fork "
+        "from one interpreter that imported torch: faster still, but pod starts are not a cluster's) "
+        "or podman (each container in the images below, as its pod runs it: `make image-check` builds "
+        "them). Default: NVRX_EKS_LOCAL_RUNTIME, else processes.",
     ),
 ]
 
@@ -94,7 +96,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
             help="Seconds a deleted node's replacement pod stays Pending (its new node coming).",
         ),
     ] = 0.0,
-    runtime_name: RuntimeName = "processes",
+    runtime_name: RuntimeName = None,
     image: Annotated[
         str, typer.Option("--image", help="With --runtime podman: the training image.")
     ] = "localhost/nvrx-eks-local/training:check",
@@ -127,18 +129,11 @@ def run_cmd(  # noqa: PLR0917 - typer maps each option to a parameter
     raise typer.Exit(0 if result.succeeded else USER_ERROR_EXIT_CODE if result.user_error else 1)
 
 
-def _runtime(name: str, *, image: str, store_image: str) -> Runtime:
-    """The `--runtime` by name; an unknown name is a UserError naming the choices."""
-    from nvrx_eks.kitcore.configio import UserError  # noqa: PLC0415
-    from nvrx_eks.localrun.runtimes import Podman, Processes  # noqa: PLC0415
+def _runtime(name: str | None, *, image: str, store_image: str) -> Runtime:
+    """The `--runtime` by name (None: `NVRX_EKS_LOCAL_RUNTIME`'s, else processes)."""
+    from nvrx_eks.localrun.runtimes import runtime_named  # noqa: PLC0415
 
-    runtimes: dict[str, Runtime] = {
-        "processes": Processes(),
-        "podman": Podman(trainer_image=image, store_image=store_image),
-    }
-    if name not in runtimes:
-        raise UserError(f"--runtime {name!r}: one of {', '.join(runtimes)}")
-    return runtimes[name]
+    return runtime_named(name, image=image, store_image=store_image)
 
 
 def report_cmd(

@@ -67,6 +67,7 @@ deletions): `<run>/executor.jsonl`; outcome: `<run>/job.json`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -91,18 +92,17 @@ from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
-from nvrx_eks.localrun.runtimes import ContainerSpec, Processes
+from nvrx_eks.localrun.runtimes import POD_ENV, ContainerSpec, runtime_named
+from nvrx_eks.localrun.warm import live_roots
 from nvrx_eks.training.checkpoint.domains import NETWORK_NODE_LABELS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nvrx_eks.localrun.runtimes import Runtime
+    from nvrx_eks.localrun.runtimes import Running, Runtime
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CHAOS_ENV = "NVRX_EKS_CHAOS_DIR"
-POD_ENV = "NVRX_EKS_LOCAL_POD"
-"""Environment marker of every process a local pod starts: `<run-key>/<pod>`."""
 LOCAL_SHM_ROOT = Path("/dev/shm/nvrx-eks-local")  # noqa: S108 - tmpfs for Memory emptyDirs, by design
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _DNS_TAIL = r"(?:\.{ns}(?:\.svc(?:\.cluster\.local)?)?)?"
@@ -358,7 +358,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 def marked_processes(marker: str) -> list[psutil.Process]:
     """Processes whose pod marker is `marker` or lies below it (`<run-key>` matches the whole run)."""
-    found = []
+    found = live_roots(marker)  # a warm runtime's forks: their /proc environ is not the pod's
     for proc in psutil.process_iter():
         value = _environ(proc).get(POD_ENV)
         if value is not None and (value == marker or value.startswith(f"{marker}/")):
@@ -441,16 +441,19 @@ class _Pod:
         cwd: Path,
         ram_dirs: list[Path],
         on_event: Callable[..., None],
+        start: Callable[..., Running],
     ) -> None:
+        """`start(argv, env, cwd=, log=)`: the runtime's, for this run."""
         self.name, self.index, self.marker = name, index, marker
         self._ram_dirs = ram_dirs
+        self._start = start
         self._on_event = on_event
         self.outcome = PodOutcome(pod=name, index=index, started=time.time(), log=str(log))
         self._containers = containers
         self._log_path = log
         self._cwd = cwd
         self._lock = threading.Lock()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Running | None = None
         self.deleted = False
         self.stopped = False
         self.done = threading.Event()
@@ -469,14 +472,7 @@ class _Pod:
                     log.flush()
                     self._on_event("container_start", pod=self.name, container=container.name)
                     try:
-                        self.proc = subprocess.Popen(
-                            container.argv,
-                            env=container.env,
-                            cwd=self._cwd,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                        )
+                        self.proc = self._start(container.argv, container.env, cwd=self._cwd, log=log)
                     except OSError as exc:  # kubelet's StartError: the container fails with 128
                         log.write(f"cannot start {container.argv[0]}: {exc}\n".encode())
                         log.flush()
@@ -573,7 +569,7 @@ class LocalJob:
         each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet);
         `node_provision_s`: how long the replacement of a deleted node's pod stays Pending; `runtime`:
         how a container runs (localrun/runtimes.py: processes, the default, or podman)."""
-        self.runtime: Runtime = runtime or Processes()
+        self.runtime: Runtime = runtime or runtime_named(None)
         check_socket_room(Path(tempfile.gettempdir()))
         self.rendered = load_rendered(dist_dir)
         self.run_dir = Path(run_dir).resolve()
@@ -934,6 +930,7 @@ class LocalJob:
             cwd=self.run_dir,
             ram_dirs=ram_dirs,
             on_event=self._emit,
+            start=functools.partial(self.runtime.start, run_key=self.run_key),
         )
 
     def _volume_folders(

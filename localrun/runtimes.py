@@ -1,9 +1,16 @@
-"""How the local executor runs a pod's container: as a process (the default: fast) or in podman.
+"""How the local executor runs a pod's container: as a process (the default), as a fork of a warm
+interpreter (`warm`: the test suite's), or in podman.
 
-One interface, `Runtime.command`: given the container's command line and environment as the executor
-prepared them (names on loopback, volumes as local folders, `$(VAR)` expanded), it returns what to
-start. Everything else (the Job controller, node deletion, the store's restarts, the chaos contract)
-is the executor's and the same for both.
+One interface: `Runtime.command`, given the container's command line and environment as the executor
+prepared them (names on loopback, volumes as local folders, `$(VAR)` expanded), returns what to
+start, and `Runtime.start` starts it. Everything else (the Job controller, node deletion, the store's
+restarts, the chaos contract) is the executor's and the same for all three.
+
+`WarmProcesses` is `Processes` whose `python -m` containers fork from one interpreter per run that
+imported torch and the kit (localrun/warm.py says what that keeps and what it changes): a pod starts
+in a fraction of the CPU time. The test suite runs its local jobs so (`RUNTIME_ENV`); a pod's start-up
+time is then not a cluster's, so `nvrx-eks local run` and the demo start fresh interpreters unless
+asked.
 
 `Podman` runs the same command line in a container of the rendered image, as the pod would: the
 container's uid, a read-only root filesystem (without podman's own tmpfs at /tmp), no capabilities, no
@@ -23,9 +30,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
+
+from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.localrun.warm import WarmStarter, warm_module
 
 RUNC = "/usr/sbin/runc"
 # Podman's default runtime (crun) and its default container rlimits both fail on Debian 12 machines of
@@ -34,8 +45,27 @@ ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 RUN_LABEL = "io.nvrx-eks.local-run"
 
 
+POD_ENV = "NVRX_EKS_LOCAL_POD"
+"""The environment variable every process of a local pod carries: `<run-key>/<pod>`."""
+
+RUNTIME_ENV = "NVRX_EKS_LOCAL_RUNTIME"
+"""The runtime a local run uses when none is named (`processes` or `warm`; unset: `processes`)."""
+
 Started = tuple[list[str], dict[str, str]]
 """A container's start: the command line and the environment to run it with."""
+
+
+class Running(Protocol):
+    """A started container: the part of `subprocess.Popen` the executor uses."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,9 +94,22 @@ class Runtime(Protocol):
         """The command line and environment that start `spec`'s container."""
         ...
 
+    def start(
+        self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
+    ) -> Running:
+        """Start what `command` returned, its output to `log`, in a session of its own."""
+        ...
+
     def close(self, run_key: str) -> None:
         """Remove what the run left (nothing for processes)."""
         ...
+
+
+def popen(argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes]) -> Running:
+    """A container as a new process, in its own session."""
+    return subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 @dataclass(frozen=True)
@@ -85,8 +128,43 @@ class Processes:
         path = os.pathsep.join(p for p in (str(self.project_dir), env.get("PYTHONPATH")) if p)
         return argv, {**env, "PYTHONPATH": path}
 
+    def start(
+        self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
+    ) -> Running:
+        del run_key
+        return popen(argv, env, cwd=cwd, log=log)
+
     def close(self, run_key: str) -> None:
         del run_key
+
+
+@dataclass(frozen=True)
+class WarmProcesses(Processes):
+    """`Processes` whose `python -m` containers fork from one warm interpreter per run (localrun/warm.py);
+    any other command starts as a process."""
+
+    name: str = "warm"
+    starters: dict[str, WarmStarter] = field(default_factory=dict, repr=False, compare=False)
+    """Run key -> its server: runs side by side end their own."""
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """The pods of a run start from their own threads."""
+
+    def start(
+        self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
+    ) -> Running:
+        found = warm_module(argv, env)
+        if found is None:
+            return popen(argv, env, cwd=cwd, log=log)
+        with self.lock:
+            starter = self.starters.get(run_key) or self.starters.setdefault(run_key, WarmStarter())
+        module, args = found
+        return starter.start(module, args, env=env, cwd=cwd, log=log, marker=env.get(POD_ENV, ""))
+
+    def close(self, run_key: str) -> None:
+        with self.lock:
+            starter = self.starters.pop(run_key, None)
+        if starter is not None:
+            starter.close()
 
 
 @dataclass(frozen=True)
@@ -127,6 +205,12 @@ class Podman:
         image = self.store_image if spec.store else self.trainer_image
         return [*run, image, *argv], dict(os.environ)
 
+    def start(
+        self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
+    ) -> Running:
+        del run_key  # its containers carry the run's label (`command`)
+        return popen(argv, env, cwd=cwd, log=log)
+
     def close(self, run_key: str) -> None:
         listed = subprocess.run(
             ["podman", "ps", "--all", "--quiet", "--filter", f"label={RUN_LABEL}={run_key}"],
@@ -159,3 +243,20 @@ def _hand_over(folder: Path, uid: int | None) -> None:
     if uid is not None and os.geteuid() == 0:
         with contextlib.suppress(OSError):
             os.chown(folder, int(uid), int(uid))
+
+
+RUNTIME_NAMES = ("processes", "warm", "podman")
+
+
+def runtime_named(name: str | None, *, image: str = "", store_image: str = "") -> Runtime:
+    """The runtime called `name` (None: `RUNTIME_ENV`'s, else `processes`); an unknown name is a
+    UserError naming the choices. `image`, `store_image`: podman's."""
+    name = name or os.environ.get(RUNTIME_ENV) or "processes"
+    if name == "processes":
+        return Processes()
+    if name == "warm":
+        return WarmProcesses()
+    if name == "podman":
+        return Podman(trainer_image=image, store_image=store_image)
+    source = "--runtime" if name != os.environ.get(RUNTIME_ENV) else RUNTIME_ENV
+    raise UserError(f"{source} {name!r}: one of {', '.join(RUNTIME_NAMES)}")

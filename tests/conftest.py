@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from children import run_python
 
+from nvrx_eks.localrun.runtimes import RUNTIME_ENV
 from nvrx_eks.node import use_pinned_node
 
 if TYPE_CHECKING:
@@ -21,6 +22,11 @@ REFERENCES = REPO / "runs" / ".cache"
 """Fault-free references, shared by the tests, the demo and the image check of this checkout: one file
 per job values (faults removed), trainer code and torch and NVRx release (localrun/chaos.py
 `fault_free_key`), so a reference is run once, not once per test module and run of the suite."""
+
+# The suite's local jobs (and the CLI commands it starts) fork each pod's `python -m` containers from a
+# warm interpreter (localrun/warm.py): the same containers, a fraction of the start-up CPU. A run that
+# sets the variable keeps its choice; tests/localrun/test_localrun_warm.py runs both runtimes.
+os.environ.setdefault(RUNTIME_ENV, "warm")
 
 # jsii (aws-cdk-lib, cdk8s) starts `node` from PATH: the pinned Node LTS, as `make test` and the
 # console script do, for a bare `pytest` run and the subprocesses tests start.

@@ -97,4 +97,4 @@ def test_local_run_names_its_runtimes_and_refuses_others(tmp_path):
     register(app=app, local=local, bench=bench)
     result = CliRunner().invoke(app, ["local", "run", str(tmp_path), "--runtime", "docker"])
     assert isinstance(result.exception, UserError)
-    assert "--runtime 'docker': one of processes, podman" in str(result.exception)
+    assert "--runtime 'docker': one of processes, warm, podman" in str(result.exception)

@@ -1,0 +1,387 @@
+"""A local pod's Python containers as forks of one warm interpreter (the `warm` runtime).
+
+Each container of the kit's images that runs Python runs `python -m MODULE ARGS`: the self-check, the
+launcher, the topology reader, the store's control process. As fresh interpreters every one of them
+imports torch, and the self-check the checkpointer's implementation too: seconds of CPU per pod
+start, which a local run of many short jobs on a small machine (the test suite) spends over and over
+(docs/measurements.md). `WarmStarter` keeps one server process per run that has imported `PRELOAD` and
+forks it for each such container, as the launcher's forkserver does for the ranks.
+
+The fork becomes the container as `python -m` would have started it: its own session; stdin from
+/dev/null, stdout and stderr to the pod's log; the container's environment (C-level `getenv` sees it,
+so torch and NVRx read it as usual) and working folder; `sys.argv`; `sys.path` as a fresh interpreter
+builds it (the working folder for `-m`, then PYTHONPATH, then the interpreter's own); the stream
+buffering PYTHONUNBUFFERED asks for; TMPDIR read again; a fresh `__main__`; the module run by
+CPython's own `-m` function. Its exit, an uncaught exception's traceback and exit status 1, its
+atexit handlers are the interpreter's own. The server reports each fork's pid and exit status in
+`subprocess.Popen`'s convention (-N: killed by signal N).
+
+What differs from a fresh interpreter, and why that is safe here:
+- Modules imported before the fork. torch and the kit read no environment and open no file at import,
+  and start no Python thread: the launcher's forkserver relies on the same (training/resilience/
+  launch.py; tests/training/test_training_launch.py checks it). The server refuses to fork once a
+  preload started a Python thread.
+- The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given): the
+  executor's search by the pod marker would miss it, so `live_roots` lists the live ones and the
+  executor's search adds them. What the fork execs (the forkserver, the ranks, tools) carries the
+  pod's environment and marker as before.
+- One hash seed for all forks.
+- Start-up time: a pod starts in a fraction of a cluster container's time, so a run's figures that
+  include a pod's start (a replacement's time to its first step) are not a cluster's. `nvrx-eks local
+  run` and the demo start fresh interpreters (`processes`) unless asked for this runtime.
+
+Any other command (a script path, a binary, an interpreter other than this one) starts as a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import importlib
+import io
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+PRELOAD = (
+    "torch",
+    "torch.distributed.run",
+    "nvidia_resiliency_ext.fault_tolerance.launcher",
+    "nvrx_eks.training.resilience.nvrx_compat",
+    "nvrx_eks.training.checkpoint.factory",
+    "nvrx_eks.training.checkpoint.tiered",
+)
+"""What the server imports once: torch (every Python container), NVRx's launcher (the launcher, the
+store's control process) and the checkpointer's implementation (which the self-check probes)."""
+
+_MESSAGE_BYTES = 1 << 20
+_KILL_WAIT_S = 5.0
+
+_live_roots: dict[int, tuple[str, psutil.Process]] = {}
+"""pid -> (pod marker, process) of every live process a `WarmStarter` forked: their /proc environ is
+the server's (see the module docstring)."""
+_live_lock = threading.Lock()
+
+
+def live_roots(marker: str) -> list[psutil.Process]:
+    """The live forks whose pod marker is `marker` or lies below it (`<run-key>` matches a whole run),
+    as `psutil.Process`es that check their pid was not reused before a signal."""
+    with _live_lock:
+        found = [
+            proc for mark, proc in _live_roots.values() if mark == marker or mark.startswith(f"{marker}/")
+        ]
+    return [proc for proc in found if proc.is_running()]
+
+
+def warm_module(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
+    """(module, args) when `argv` is `python -m MODULE ARGS` with this interpreter; None otherwise."""
+    if len(argv) < 3 or argv[1] != "-m" or not Path(argv[0]).name.startswith("python"):  # noqa: PLR2004
+        return None
+    found = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
+    if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
+        return None
+    return argv[2], argv[3:]
+
+
+class WarmProcess:
+    """A started container, with the part of `subprocess.Popen`'s interface the executor uses."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid, self.args = pid, args
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def _set_exit(self, code: int) -> None:
+        self.returncode = code
+        with _live_lock:
+            _live_roots.pop(self.pid, None)
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None  # noqa: S101 - set before the event
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # never a reaped pid, which may be another process's by now
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class WarmStarter:
+    """One server process and the containers it forked; `close` ends both."""
+
+    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        self._server = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_LOCAL_POD")},
+        )
+        theirs.close()
+        ready = json.loads(ours.recv(_MESSAGE_BYTES) or b"{}")
+        if ready.get("threads") != 1:
+            self.close()
+            raise RuntimeError(f"warm runtime: the server could not start ({ready or 'it exited'})")
+        self._send_lock = threading.Lock()
+        self._started: dict[int, WarmProcess | str] = {}
+        self._started_cv = threading.Condition()
+        self._running: dict[int, WarmProcess] = {}
+        self._next = 0
+        self._reader = threading.Thread(target=self._read, name="warm-starter", daemon=True)
+        self._reader.start()
+
+    def start(
+        self, module: str, args: list[str], *, env: dict[str, str], cwd: Path, log: IO[bytes], marker: str
+    ) -> WarmProcess:
+        """`python -m module *args` in `cwd` with `env`, its output to `log`; `marker`: its pod's."""
+        with self._send_lock:
+            self._next += 1
+            request = {"id": self._next, "module": module, "args": args, "env": env, "cwd": str(cwd)}
+            request["marker"] = marker
+            socket.send_fds(self._sock, [json.dumps(request).encode()], [log.fileno()])
+            with self._started_cv:
+                self._started_cv.wait_for(
+                    lambda: request["id"] in self._started or not self._reader.is_alive()
+                )
+                started = self._started.pop(request["id"], "the warm server exited")
+        if isinstance(started, str):
+            raise OSError(started)
+        return started
+
+    def _read(self) -> None:
+        while message := self._sock.recv(_MESSAGE_BYTES):
+            event: dict[str, Any] = json.loads(message)
+            if "started" in event:
+                with self._started_cv:
+                    if "pid" in event:
+                        proc = WarmProcess(event["pid"], [event["module"]])
+                        self._running[proc.pid] = proc
+                        with _live_lock, contextlib.suppress(psutil.Error):  # gone already: nothing to find
+                            _live_roots[proc.pid] = (event["marker"], psutil.Process(proc.pid))
+                        self._started[event["started"]] = proc
+                    else:
+                        self._started[event["started"]] = event["error"]
+                    self._started_cv.notify_all()
+            elif "exited" in event:
+                with self._started_cv:
+                    ended = self._running.pop(event["exited"], None)
+                if ended is not None:
+                    ended._set_exit(event["code"])  # noqa: SLF001 - the reader owns the process objects
+        # The server is gone: what it forked is killed with it (`_serve`), so no exit status is lost
+        # unseen; one it could not report reads as killed.
+        with self._started_cv:
+            left, self._running = list(self._running.values()), {}
+            self._started_cv.notify_all()
+        for proc in left:
+            proc._set_exit(-signal.SIGKILL)  # noqa: SLF001
+
+    def close(self) -> None:
+        """Kill what the server forked, then the server."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)  # the server reads the end, kills its forks and exits
+        try:
+            self._server.wait(timeout=_KILL_WAIT_S * 2)
+        except subprocess.TimeoutExpired:
+            self._server.kill()
+            self._server.wait()
+        if hasattr(self, "_reader"):
+            self._reader.join(timeout=_KILL_WAIT_S)
+        self._sock.close()
+
+
+# ----- the server (`python -m nvrx_eks.localrun.warm FD MODULE...`) --------------------------------------
+
+
+def _serve(sock: socket.socket, preload: list[str]) -> dict[str, Any] | None:
+    """Import `preload`, then fork for each request until the client's end closes. Returns the request
+    in a fork (which then becomes its container), None in the server when it is done."""
+    for name in preload:
+        importlib.import_module(name)
+    threads = threading.active_count()
+    sock.send(json.dumps({"threads": threads}).encode())
+    if threads != 1:
+        return None
+    forks: dict[int, int] = {}  # pidfd -> pid
+    try:
+        while True:
+            readable, _, _ = select.select([sock, *forks], [], [])
+            for pidfd in [fd for fd in readable if fd in forks]:
+                pid = forks.pop(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+            if sock not in readable:
+                continue
+            message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
+            if not message:
+                return None
+            request: dict[str, Any] = json.loads(message)
+            if _fork(request, log_fd=fds[0], sock=sock, forks=forks):
+                return request
+    finally:
+        for pid in forks.values():
+            # The fork, and its process group once it leads one (a fork just made may not yet).
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        for pidfd, pid in forks.items():
+            os.waitpid(pid, 0)
+            os.close(pidfd)
+
+
+def _fork(request: dict[str, Any], *, log_fd: int, sock: socket.socket, forks: dict[int, int]) -> bool:
+    """Fork for `request`: True in the fork (now its container, the server's descriptors closed),
+    False in the server (which said the fork's pid, or why there is none)."""
+    reply = {"started": request["id"], "module": request["module"]}
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        sock.send(json.dumps({**reply, "error": f"fork: {exc}"}).encode())
+        os.close(log_fd)
+        return False
+    if pid == 0:
+        for fd in forks:
+            os.close(fd)
+        forks.clear()  # the server's, not this fork's to end
+        sock.close()
+        _become(request, log_fd=log_fd)
+        return True
+    os.close(log_fd)
+    forks[os.pidfd_open(pid)] = pid
+    sock.send(json.dumps({**reply, "pid": pid, "marker": request["marker"]}).encode())
+    return False
+
+
+def _become(request: dict[str, Any], *, log_fd: int) -> None:
+    """Turn this fork into the container `request` describes, as `python -m` would have started it."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    env: dict[str, str] = request["env"]
+    # site.py's own treatment of sys.path: absolute (abspath: no symlink followed), no repeats.
+    servers = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}  # noqa: PTH100
+    own = [p for p in sys.path[1:] if p not in servers]  # the interpreter's own: stdlib, site-packages
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    encoding = env.get("PYTHONIOENCODING", "utf-8").split(":")[0] or "utf-8"
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=encoding)
+    sys.stdout = _stream(1, encoding=encoding, unbuffered=unbuffered, line=False)
+    sys.stderr = _stream(2, encoding=encoding, unbuffered=unbuffered, line=True)
+    # As a fresh interpreter's: the working folder for `-m`, then PYTHONPATH's entries, then its own.
+    given = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # noqa: PTH100
+    sys.path[:] = list(dict.fromkeys([str(Path.cwd()), *given, *own]))
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    tempfile.tempdir = None
+    if env.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    sys.argv = ["-m", *request["args"]]  # `-m` replaces argv[0] with the module's file
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    sys.modules.pop(request["module"], None)  # run as __main__, as a fresh interpreter would
+
+
+def _stream(fd: int, *, encoding: str, unbuffered: bool, line: bool) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    binary: io.RawIOBase | io.BufferedWriter = raw if unbuffered else io.BufferedWriter(raw)
+    errors = "backslashreplace" if fd == 2 else "strict"  # noqa: PLR2004 - stderr, as CPython sets it
+    return io.TextIOWrapper(
+        binary,  # type: ignore[arg-type]
+        encoding=encoding,
+        errors=errors,
+        line_buffering=line,
+        write_through=unbuffered,
+    )
+
+
+def _run(module: str) -> None:
+    """Run `module` as `python -m` does, then end as the interpreter would, less its module teardown.
+
+    The exit steps are the interpreter's, in its order: the exit status (SystemExit's code, or 1 after
+    the traceback), non-daemon threads joined, atexit handlers, the standard streams flushed. What is
+    left out is tearing down every module, whose writes to the heap the fork shares with the server
+    would copy most of it page by page (most of a second per container); multiprocessing's forkserver
+    ends its workers the same way, with `os._exit`.
+    """
+    import atexit  # noqa: PLC0415
+    import runpy  # noqa: PLC0415
+
+    code, interrupted = 0, False
+    try:
+        # CPython's own `python -m` (Modules/main.c calls it): the module found by its spec, argv[0]
+        # set to its file, its code run in `__main__`.
+        runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]  # noqa: SLF001
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt as exc:
+        _uncaught(exc)
+        interrupted = True
+    except BaseException as exc:  # noqa: BLE001 - the interpreter's own handling of an uncaught exception
+        _uncaught(exc)
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # noqa: SLF001 - the interpreter's thread join
+    atexit._run_exitfuncs()  # noqa: SLF001 - the interpreter's atexit step
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # as CPython ends on an uncaught KeyboardInterrupt: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _uncaught(exc: BaseException) -> None:
+    """The traceback as `python -m` prints it: from runpy's frames on, without this module's."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    sys.excepthook(type(exc), exc, tb)
+
+
+def _exit_code(code: object) -> int:
+    """SystemExit's code as the interpreter turns it into an exit status."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    request = _serve(sock, sys.argv[2:])
+    if request is not None:
+        _run(request["module"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""The warm runtime (localrun/warm.py): a `python -m` container forked from a warm interpreter is the
+container a fresh interpreter would have been, as far as the container can tell."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+from nvrx_eks.localrun.executor import kill_pod_processes, marked_processes
+from nvrx_eks.localrun.runtimes import POD_ENV, RUNTIME_ENV, Processes, WarmProcesses, runtime_named
+from nvrx_eks.localrun.warm import WarmStarter
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_PROBE = """
+import atexit, os, sys, tempfile, threading, time
+
+atexit.register(lambda: print("atexit handler ran", flush=True))
+print("argv", sys.argv)
+print("path", sys.path[:2])
+print("cwd", os.getcwd())
+print("env", os.environ.get("PROBE_VALUE"), os.getenv("PROBE_VALUE"))
+print("tmp", tempfile.gettempdir())
+print("main", __name__, __spec__.name, __file__)
+print("session leader", os.getsid(0) == os.getpid())
+print("unbuffered", sys.stdout.write_through)
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined", flush=True))).start()
+what = sys.argv[1]
+if what == "raise":
+    raise ValueError("a bug in the container")
+if what == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if what == "message":
+    sys.exit("a message instead of a status")
+sys.stdout.write("no newline at the end")
+sys.exit(int(what))
+"""
+
+
+@pytest.fixture
+def container(tmp_path: Path):
+    """A folder with the probe module, and a start of it by either runtime: (exit status, output)."""
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "probe.py").write_text("import signal\n" + textwrap.dedent(_PROBE))
+    (tmp_path / "tmp").mkdir()
+    runtimes = {"processes": Processes(project_dir=tmp_path / "project"), "warm": WarmProcesses()}
+
+    def start(runtime: str, what: str, *, unbuffered: bool = False) -> tuple[int, str]:
+        env = {**os.environ, "PROBE_VALUE": "from the pod", "TMPDIR": str(tmp_path / "tmp")}
+        env[POD_ENV] = "run-key/pod-0"
+        env.pop("PYTHONUNBUFFERED", None)
+        if unbuffered:
+            env["PYTHONUNBUFFERED"] = "1"
+        argv, env = runtimes[runtime].command(["python", "-m", "probe", what], env, spec=None)  # type: ignore[arg-type]
+        env["PYTHONPATH"] = str(tmp_path / "project")
+        log = tmp_path / f"{runtime}-{what}.log"
+        with log.open("wb") as out:
+            proc = runtimes[runtime].start(argv, env, cwd=tmp_path, log=out, run_key="run-key")
+            code = proc.wait(timeout=60)
+        return code, log.read_text()
+
+    yield start
+    for runtime in runtimes.values():
+        runtime.close("run-key")
+
+
+@pytest.mark.parametrize("what", ["0", "3", "raise", "kill", "message"])
+def test_a_warm_container_is_what_a_fresh_interpreter_runs(container, what):
+    """Same argv, sys.path, working folder, environment, TMPDIR, `__main__`, session, exit status
+    (a SIGKILL's -9 too), traceback, atexit handlers, non-daemon threads joined, output flushed."""
+    cold = container("processes", what)
+    warm = container("warm", what)
+    assert warm == cold
+    if what != "kill":  # a SIGKILL loses what the stream had not written yet
+        assert "env from the pod from the pod\n" in warm[1]
+    if what in {"0", "3"}:  # the buffered line, then the thread's (its flush), then the atexit handler's
+        assert warm[1].endswith("no newline at the endthread joined\natexit handler ran\n"), warm[1]
+    if what == "raise":
+        assert warm[1].count("Traceback (most recent call last)") == 1
+        assert "ValueError: a bug in the container" in warm[1]
+    expected = {"0": 0, "3": 3, "raise": 1, "kill": -signal.SIGKILL, "message": 1}
+    assert warm[0] == expected[what]
+
+
+def test_a_warm_container_buffers_its_output_as_a_fresh_interpreter_does(container):
+    assert container("warm", "0")[1] == container("processes", "0")[1]
+    assert "unbuffered False" in container("warm", "0")[1]
+    assert container("warm", "0", unbuffered=True) == container("processes", "0", unbuffered=True)
+    assert "unbuffered True" in container("warm", "0", unbuffered=True)[1]
+
+
+def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp_path):
+    runtime = WarmProcesses()
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    env = {**os.environ, POD_ENV: "run-key/pod-1", "PYTHONPATH": str(tmp_path)}
+    try:
+        with (tmp_path / "log").open("wb") as log:
+            proc = runtime.start(
+                [sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key="run-key"
+            )
+        assert POD_ENV not in psutil.Process(proc.pid).environ()  # the server's environ, not the pod's
+        assert [p.pid for p in marked_processes("run-key/pod-1")] == [proc.pid]
+        assert [p.pid for p in marked_processes("run-key")] == [proc.pid]
+        assert marked_processes("run-key/pod-2") == []
+        kill_pod_processes("run-key/pod-1")
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert marked_processes("run-key") == []
+    finally:
+        runtime.close("run-key")
+
+
+def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
+    starter = WarmStarter(preload=())
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with (tmp_path / "log").open("wb") as log:
+        proc = starter.start("sleeper", [], env=env, cwd=tmp_path, log=log, marker="run-key/pod-0")
+    server = starter._server.pid
+    starter.close()
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(server)
+
+
+def test_a_preload_that_starts_a_thread_is_refused(tmp_path, monkeypatch):
+    """A fork copies one thread: a lock another thread held stays held in the fork forever."""
+    (tmp_path / "threaded.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="could not start"):
+        WarmStarter(preload=("threaded",))
+    assert time.monotonic() - started < 20
+
+
+def test_a_run_uses_the_runtime_its_environment_names_and_processes_by_default(monkeypatch):
+    monkeypatch.delenv(RUNTIME_ENV, raising=False)
+    assert runtime_named(None).name == "processes"
+    monkeypatch.setenv(RUNTIME_ENV, "warm")
+    assert runtime_named(None).name == "warm"
+    assert runtime_named("processes").name == "processes"
+    monkeypatch.setenv(RUNTIME_ENV, "docker")
+    with pytest.raises(Exception, match=f"{RUNTIME_ENV} 'docker': one of processes, warm, podman"):
+        runtime_named(None)
