@@ -90,7 +90,9 @@ def warm_module(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] |
     if len(argv) < 3 or argv[1] != "-m" or not Path(argv[0]).name.startswith("python"):  # noqa: PLR2004
         return None
     found = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
-    if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
+    ours = Path(sys.executable)
+    # The same binary in the same folder: this virtualenv's interpreter, not only the same binary.
+    if found is None or Path(found).absolute().parent != ours.absolute().parent or not ours.samefile(found):
         return None
     return argv[2], argv[3:]
 
@@ -160,14 +162,19 @@ class WarmStarter:
         """`python -m module *args` in `cwd` with `env`, its output to `log`; `marker`: its pod's."""
         with self._send_lock:
             self._next += 1
-            request = {"id": self._next, "module": module, "args": args, "env": env, "cwd": str(cwd)}
-            request["marker"] = marker
+            key = self._next
+            request = {
+                "id": key,
+                "module": module,
+                "args": args,
+                "env": env,
+                "cwd": str(cwd),
+                "marker": marker,
+            }
             socket.send_fds(self._sock, [json.dumps(request).encode()], [log.fileno()])
             with self._started_cv:
-                self._started_cv.wait_for(
-                    lambda: request["id"] in self._started or not self._reader.is_alive()
-                )
-                started = self._started.pop(request["id"], "the warm server exited")
+                self._started_cv.wait_for(lambda: key in self._started or not self._reader.is_alive())
+                started = self._started.pop(key, "the warm server exited")
         if isinstance(started, str):
             raise OSError(started)
         return started
@@ -362,7 +369,7 @@ def _run(module: str) -> None:
 def _uncaught(exc: BaseException) -> None:
     """The traceback as `python -m` prints it: from runpy's frames on, without this module's."""
     tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-    sys.excepthook(type(exc), exc, tb)
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
 def _exit_code(code: object) -> int:

@@ -8,17 +8,14 @@ import signal
 import sys
 import textwrap
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import psutil
 import pytest
 
 from nvrx_eks.localrun.executor import kill_pod_processes, marked_processes
 from nvrx_eks.localrun.runtimes import POD_ENV, RUNTIME_ENV, Processes, WarmProcesses, runtime_named
-from nvrx_eks.localrun.warm import WarmStarter
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from nvrx_eks.localrun.warm import WarmProcess, WarmStarter
 
 _PROBE = """
 import atexit, os, sys, tempfile, threading, time
@@ -45,16 +42,25 @@ sys.exit(int(what))
 """
 
 
+@pytest.fixture(scope="module")
+def warm_runtime():
+    """One server for the module's tests, as one run's pods share one."""
+    runtime = WarmProcesses()
+    yield runtime
+    runtime.close("run-key")
+
+
 @pytest.fixture
-def container(tmp_path: Path):
+def container(tmp_path: Path, warm_runtime: WarmProcesses):
     """A folder with the probe module, and a start of it by either runtime: (exit status, output)."""
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "probe.py").write_text("import signal\n" + textwrap.dedent(_PROBE))
     (tmp_path / "tmp").mkdir()
-    runtimes = {"processes": Processes(project_dir=tmp_path / "project"), "warm": WarmProcesses()}
+    runtimes = {"processes": Processes(project_dir=tmp_path / "project"), "warm": warm_runtime}
 
     def start(runtime: str, what: str, *, unbuffered: bool = False) -> tuple[int, str]:
         env = {**os.environ, "PROBE_VALUE": "from the pod", "TMPDIR": str(tmp_path / "tmp")}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # as the executor gives it
         env[POD_ENV] = "run-key/pod-0"
         env.pop("PYTHONUNBUFFERED", None)
         if unbuffered:
@@ -64,12 +70,11 @@ def container(tmp_path: Path):
         log = tmp_path / f"{runtime}-{what}.log"
         with log.open("wb") as out:
             proc = runtimes[runtime].start(argv, env, cwd=tmp_path, log=out, run_key="run-key")
+            assert isinstance(proc, WarmProcess) == (runtime == "warm")
             code = proc.wait(timeout=60)
         return code, log.read_text()
 
-    yield start
-    for runtime in runtimes.values():
-        runtime.close("run-key")
+    return start
 
 
 @pytest.mark.parametrize("what", ["0", "3", "raise", "kill", "message"])
@@ -97,16 +102,16 @@ def test_a_warm_container_buffers_its_output_as_a_fresh_interpreter_does(contain
     assert "unbuffered True" in container("warm", "0", unbuffered=True)[1]
 
 
-def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp_path):
-    runtime = WarmProcesses()
+def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp_path, warm_runtime):
     script = tmp_path / "sleeper.py"
     script.write_text("import time\ntime.sleep(60)\n")
     env = {**os.environ, POD_ENV: "run-key/pod-1", "PYTHONPATH": str(tmp_path)}
+    with (tmp_path / "log").open("wb") as log:
+        proc = warm_runtime.start(
+            [sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key="run-key"
+        )
     try:
-        with (tmp_path / "log").open("wb") as log:
-            proc = runtime.start(
-                [sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key="run-key"
-            )
+        assert isinstance(proc, WarmProcess)
         assert POD_ENV not in psutil.Process(proc.pid).environ()  # the server's environ, not the pod's
         assert [p.pid for p in marked_processes("run-key/pod-1")] == [proc.pid]
         assert [p.pid for p in marked_processes("run-key")] == [proc.pid]
@@ -115,7 +120,7 @@ def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert marked_processes("run-key") == []
     finally:
-        runtime.close("run-key")
+        proc.send_signal(signal.SIGKILL)
 
 
 def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
