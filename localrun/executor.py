@@ -47,7 +47,9 @@ What it does, the way Kubernetes would:
   failed, the node was deleted, the job ended) every process of the pod is SIGKILLed: the container's
   process tree and every process carrying the marker. The tree alone is not enough: ft_launcher's
   workers run in their own sessions and NVRx's in-process monitor processes daemonize out of the tree
-  (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone.
+  (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone. (A
+  container the `warm` runtime forked has the server's environment in /proc: the runtime lists those
+  with their markers, and the search here includes them.)
 - successPolicy `succeededCount` (the chart sets it with warm spares): the job is complete once that
   many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,
@@ -568,7 +570,8 @@ class LocalJob:
         """`ports`: store container port -> local port, where one must be fixed (default: a free one
         each); `echo`: where to say which local ports the job uses (the CLI prints; tests stay quiet);
         `node_provision_s`: how long the replacement of a deleted node's pod stays Pending; `runtime`:
-        how a container runs (localrun/runtimes.py: processes, the default, or podman)."""
+        how a container runs (localrun/runtimes.py: processes, warm or podman; default:
+        `NVRX_EKS_LOCAL_RUNTIME`'s, else processes)."""
         self.runtime: Runtime = runtime or runtime_named(None)
         check_socket_room(Path(tempfile.gettempdir()))
         self.rendered = load_rendered(dist_dir)

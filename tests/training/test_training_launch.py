@@ -8,11 +8,16 @@ interpreter does). Here: the rewrite, and the condition that makes a fork safe t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from children import run_python
@@ -32,6 +37,9 @@ from nvrx_eks.training.resilience.launch import (
     warm_modules,
 )
 from nvrx_eks.training.resilience.warm_entry import PRELOAD_IMPORTS_ENV, write_warm_module
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = ["--", "-m", "nvrx_eks.training"]
@@ -538,3 +546,80 @@ def test_a_worker_forked_from_the_forkserver_has_the_scripts_imports_made(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+_CLOSED_STORE = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+from nvrx_eks.training.resilience.nvrx_compat import barrier_state
+
+port, grace = int(sys.argv[1]), float(sys.argv[2])
+store = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+barrier_state(store, run_id="job").set_shutdown()  # every launcher ended: NVRx closed the rendezvous
+print("closed", flush=True)
+time.sleep(grace)  # the control process's grace before it exits
+"""
+
+
+@contextlib.contextmanager
+def closed_store(port: int, *, grace_s: float) -> Iterator[subprocess.Popen[str]]:
+    """A store whose rendezvous `job` NVRx closed for good, alive for `grace_s` more seconds."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _CLOSED_STORE, str(port), str(grace_s)], stdout=subprocess.PIPE, text=True
+    ) as old:
+        try:
+            assert old.stdout is not None
+            assert old.stdout.readline().strip() == "closed"
+            yield old
+        finally:
+            old.kill()
+
+
+def test_a_new_launcher_waits_past_a_rendezvous_closed_for_good_for_the_restarted_store(capsys):
+    """A replacement pod that reaches the store in the seconds between NVRx's permanent close and the
+    control process's exit joins the restarted store's fresh rendezvous, not the closed one."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    from nvrx_eks.training.resilience.launch import open_rendezvous_store  # noqa: PLC0415
+    from nvrx_eks.training.resilience.nvrx_compat import barrier_state  # noqa: PLC0415
+
+    port = free_port()
+    restarted: list[TCPStore] = []
+    with closed_store(port, grace_s=3) as old:
+
+        def restart() -> None:  # the Deployment's restart of the store's container, once it exited
+            old.wait(timeout=30)
+            store = TCPStore(
+                "127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+            )
+            restarted.append(store)
+
+        restarter = threading.Thread(target=restart)
+        restarter.start()
+        store = open_rendezvous_store(f"127.0.0.1:{port}", run_id="job", wait_s=60)
+        restarter.join(timeout=30)
+        assert old.returncode == 0
+    assert restarted
+    assert not barrier_state(store, run_id="job").is_shutdown()
+    assert "rendezvous job at 127.0.0.1:" in capsys.readouterr().out
+
+
+def test_a_new_launcher_gives_up_waiting_at_its_join_timeout_and_joins_as_before():
+    from nvrx_eks.training.resilience.launch import open_rendezvous_store  # noqa: PLC0415
+    from nvrx_eks.training.resilience.nvrx_compat import barrier_state  # noqa: PLC0415
+
+    port = free_port()
+    with closed_store(port, grace_s=30):
+        started = time.monotonic()
+        store = open_rendezvous_store(f"127.0.0.1:{port}", run_id="job", wait_s=1.5)
+        assert 1.5 <= time.monotonic() - started < 10
+        assert barrier_state(store, run_id="job").is_shutdown()  # NVRx's join then fails, as before

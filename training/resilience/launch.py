@@ -43,6 +43,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -253,25 +254,24 @@ def start_method(ft_argv: list[str]) -> str | None:
 
 STORE_CONNECT_S = 30.0
 """How long the hand-over waits for the store (its pod may be starting with the job)."""
+REOPEN_POLL_S = 0.5
+DEFAULT_JOIN_TIMEOUT_S = 600.0
+"""torch's c10d rendezvous default, when `--rdzv-conf` gives no join_timeout."""
 
 
 def hand_over(ft_argv: list[str]) -> None:
-    """A pod's start: open the next rendezvous round if this pod's predecessor trained in the newest one
-    (training/resilience/nvrx_compat.py `open_round_for_lost_predecessor`). Best effort: anything unexpected
-    is reported, and the agent then joins as NVRx alone would."""
+    """A pod's start: wait past a rendezvous closed for good (`open_rendezvous_store`), then open the next
+    round if this pod's predecessor trained in the newest one (training/resilience/nvrx_compat.py
+    `open_round_for_lost_predecessor`). Best effort: anything unexpected is reported, and the agent then
+    joins as NVRx alone would."""
     pod, nnodes = _pod_in_rendezvous(ft_argv), _flag(ft_argv, "--nnodes")
     if pod is None or not nnodes:
         return
     endpoint, run_id, infra_rank = pod
-    from datetime import timedelta  # noqa: PLC0415
-
-    from torch.distributed import TCPStore  # noqa: PLC0415
-
     from nvrx_eks.training.resilience.nvrx_compat import open_round_for_lost_predecessor  # noqa: PLC0415
 
-    host, _, port = endpoint.rpartition(":")
     try:
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
+        store = open_rendezvous_store(endpoint, run_id=run_id, wait_s=_join_timeout_s(ft_argv))
         opened = open_round_for_lost_predecessor(
             store, run_id=run_id, infra_rank=infra_rank, active_nodes=int(nnodes.partition(":")[0])
         )
@@ -280,6 +280,49 @@ def hand_over(ft_argv: list[str]) -> None:
         return
     if opened is not None:
         say(f"opened rendezvous round {opened}: this pod's predecessor trained in the last one")
+
+
+def open_rendezvous_store(endpoint: str, *, run_id: str, wait_s: float) -> Any:  # noqa: ANN401 - a TCPStore
+    """A client of the rendezvous store at `endpoint` whose rendezvous `run_id` is not closed for good,
+    waiting up to `wait_s` for one; after that, the store as it is (NVRx then fails the join as before).
+
+    When every launcher of a job has ended (a worker group's failure with no restart left), NVRx marks the
+    rendezvous shut down and its control process exits a few seconds later, so that the launchers read
+    the final state; the store's Deployment then restarts it empty, where the Job's replacement pods
+    form a fresh rendezvous. A replacement that starts within those seconds would join the closed one
+    and fail at once (`RendezvousClosedError`), one more failure charged to its index for no fault of
+    its own. A new launcher never belongs in a rendezvous closed before it started: it waits for the
+    store's restart (the old store's connections break, a new one answers, open)."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    from torch.distributed import TCPStore  # noqa: PLC0415
+
+    from nvrx_eks.training.resilience.nvrx_compat import barrier_state  # noqa: PLC0415
+
+    host, _, port = endpoint.rpartition(":")
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=STORE_CONNECT_S))
+        try:
+            if not barrier_state(store, run_id=run_id).is_shutdown() or time.monotonic() >= deadline:
+                return store
+        except RuntimeError:  # torch's store errors: the closed store went away as we asked
+            if time.monotonic() >= deadline:
+                raise
+        if not said:
+            say(f"rendezvous {run_id} at {endpoint} is closed for good; waiting for the store's restart")
+            said = True
+        time.sleep(REOPEN_POLL_S)
+
+
+def _join_timeout_s(ft_argv: list[str]) -> float:
+    """The rendezvous join timeout `--rdzv-conf` gives (join_timeout=S), else torch's default."""
+    for item in (_flag(ft_argv, "--rdzv-conf") or "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "join_timeout" and value.strip().replace(".", "", 1).isdigit():
+            return float(value)
+    return DEFAULT_JOIN_TIMEOUT_S
 
 
 def beat(ft_argv: list[str]) -> LauncherBeat | None:
