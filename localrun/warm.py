@@ -17,10 +17,11 @@ atexit handlers are the interpreter's own. The server reports each fork's pid an
 `subprocess.Popen`'s convention (-N: killed by signal N).
 
 What differs from a fresh interpreter, and why that is safe here:
-- Modules imported before the fork. torch and the kit read no environment and open no file at import,
-  and start no Python thread: the launcher's forkserver relies on the same (training/resilience/
-  launch.py; tests/training/test_training_launch.py checks it). The server refuses to fork once a
-  preload started a Python thread.
+- Modules imported before the fork (`PRELOAD`): a value one computes at import from the environment
+  or the process id would be the server's in every fork. What is preloaded reads nothing a pod sets
+  and keeps no process id, and starts no Python thread (the server refuses to fork once a preload
+  started one); tests/localrun/test_localrun_warm.py checks all three.
+- No module teardown at exit (`_run`).
 - The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given): the
   executor's search by the pod marker would miss it, so `live_roots` lists the live ones and the
   executor's search adds them. What the fork execs (the forkserver, the ranks, tools) carries the
@@ -58,13 +59,14 @@ import psutil
 PRELOAD = (
     "torch",
     "torch.distributed.run",
-    "nvidia_resiliency_ext.fault_tolerance.launcher",
     "nvrx_eks.training.resilience.nvrx_compat",
     "nvrx_eks.training.checkpoint.factory",
     "nvrx_eks.training.checkpoint.tiered",
 )
-"""What the server imports once: torch (every Python container), NVRx's launcher (the launcher, the
-store's control process) and the checkpointer's implementation (which the self-check probes)."""
+"""What the server imports once: torch (every Python container) and the checkpointer's implementation
+(which the self-check probes). Not NVRx's modules: its launcher names its IPC socket after the
+importing process's pid and TMPDIR at import, which every fork would then share
+(tests/localrun/test_localrun_warm.py checks PRELOAD for both kinds of import-time state)."""
 
 _MESSAGE_BYTES = 1 << 20
 _KILL_WAIT_S = 5.0

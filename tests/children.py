@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -29,3 +30,28 @@ def run_python(
         timeout=timeout,
         check=check,
     )
+
+
+# What a fresh interpreter reads from os.environ while it imports some modules.
+_ENVIRON_PROBE = r"""
+import json, os, sys
+read = set()
+class Env(dict):
+    def __getitem__(self, k):
+        read.add(k); return super().__getitem__(k)
+    def get(self, k, d=None):
+        read.add(k); return super().get(k, d)
+    def __contains__(self, k):
+        read.add(k); return super().__contains__(k)
+os.environ = Env(os.environ)
+for name in sys.argv[1].split(","):
+    __import__(name)
+print(json.dumps(sorted(read)))
+"""
+
+
+def environ_read_at_import(modules: tuple[str, ...] | list[str], *, cwd: Path) -> set[str]:
+    """The environment variables a fresh interpreter looked up (os.environ's `[]`, `get`, `in`) while it
+    imported `modules` in order, from `cwd`."""
+    done = run_python("-c", _ENVIRON_PROBE, ",".join(modules), timeout=120, cwd=cwd, check=True)
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -3,6 +3,7 @@ container a fresh interpreter would have been, as far as the container can tell.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -12,10 +13,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
+from children import environ_read_at_import, run_python
 
-from nvrx_eks.localrun.executor import kill_pod_processes, marked_processes
+from nvrx_eks.localrun.executor import CHAOS_ENV, kill_pod_processes, marked_processes
 from nvrx_eks.localrun.runtimes import POD_ENV, RUNTIME_ENV, Processes, WarmProcesses, runtime_named
-from nvrx_eks.localrun.warm import WarmProcess, WarmStarter
+from nvrx_eks.localrun.warm import PRELOAD, WarmProcess, WarmStarter
+
+REPO = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import atexit, os, sys, tempfile, threading, time
@@ -158,3 +163,59 @@ def test_a_run_uses_the_runtime_its_environment_names_and_processes_by_default(m
     monkeypatch.setenv(RUNTIME_ENV, "docker")
     with pytest.raises(Exception, match=f"{RUNTIME_ENV} 'docker': one of processes, warm, podman"):
         runtime_named(None)
+
+
+def _declared_env(manifest: Path) -> set[str]:
+    """Every environment variable a container of the rendered job declares."""
+    names: set[str] = set()
+    stack: list[object] = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            names |= {e["name"] for e in node.get("env", []) if isinstance(node.get("env"), list)}
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return names
+
+
+def test_nothing_the_warm_server_imports_reads_what_a_pod_sets():
+    """A fork keeps what its modules read at import from the server's environment: nothing the rendered
+    job's containers or the executor set for a pod may be among it."""
+    read = environ_read_at_import(PRELOAD, cwd=REPO)
+    assert read, "the probe saw no reads at all: it does not watch the environment"
+    per_pod = _declared_env(REPO / "tests" / "k8s" / "golden" / "local-cpu.yaml")
+    assert {"NVRX_EKS_CONFIG", "OMP_NUM_THREADS", "GROUP_RANK"} <= per_pod  # the parse found them
+    per_pod |= {"HOSTNAME", "TMPDIR", "JOB_COMPLETION_INDEX", POD_ENV, CHAOS_ENV}
+    per_pod |= {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "PYTHONPATH"}
+    # zoneinfo (imported by pydantic) asks sysconfig for its search path, and sysconfig works out the
+    # user's site folder from HOME on the way: only pip's --user installs use it.
+    assert not read & per_pod - {"HOME"}, sorted(read & per_pod)
+
+
+_PID_PROBE = r"""
+import json, os, re, sys
+for name in sys.argv[1].split(","):
+    __import__(name)
+pid, found = os.getpid(), []
+for module in [m for name, m in list(sys.modules.items()) if name not in {"__main__", "__mp_main__"}]:
+    for key, value in list(getattr(module, "__dict__", {}).items()):
+        if (isinstance(value, int) and not isinstance(value, bool) and value == pid) or (
+            isinstance(value, str) and re.search(rf"(?<![0-9]){pid}(?![0-9])", value)
+        ):
+            found.append(f"{module.__name__}.{key}")
+print(json.dumps(found))
+"""
+
+
+def _pid_kept_at_import(modules: tuple[str, ...], cwd: Path) -> list[str]:
+    done = run_python("-c", _PID_PROBE, ",".join(modules), timeout=120, cwd=cwd, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_pid_probe_sees_nvrxs_launcher_naming_its_socket_after_the_importing_process():
+    assert _pid_kept_at_import(("nvidia_resiliency_ext.fault_tolerance.launcher",), REPO)
+
+
+def test_nothing_the_warm_server_imports_keeps_the_servers_process_id():
+    assert _pid_kept_at_import(PRELOAD, REPO) == []

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from children import run_python
+from children import environ_read_at_import, run_python
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.training.entry import entry_source
@@ -159,21 +159,6 @@ def test_any_module_or_script_runs_through_the_entry_shim_in_a_forked_worker(ent
 
 # The variables ft_launcher sets per worker (torch.distributed.elastic's worker env and NVRx's rank
 # monitor sockets): a forked worker gets them only after the fork, so nothing may read them at import.
-_PROBE = r"""
-import json, os, sys
-read = set()
-class Env(dict):
-    def __getitem__(self, k):
-        read.add(k); return super().__getitem__(k)
-    def get(self, k, d=None):
-        read.add(k); return super().get(k, d)
-    def __contains__(self, k):
-        read.add(k); return super().__contains__(k)
-os.environ = Env(os.environ)
-for name in sys.argv[1].split(","):
-    __import__(name)
-print(json.dumps(sorted(read)))
-"""
 PER_WORKER = {
     "RANK",
     "LOCAL_RANK",
@@ -201,7 +186,7 @@ def _probe(script: str, modules: tuple[str, ...], cwd: Path) -> list[str]:
 
 
 def _read_at_import(modules: tuple[str, ...], cwd: Path) -> set[str]:
-    return set(_probe(_PROBE, modules, cwd))
+    return environ_read_at_import(modules, cwd=cwd)
 
 
 def test_the_probe_sees_a_module_that_reads_the_rank_at_import(tmp_path):
