@@ -19,8 +19,9 @@ atexit handlers are the interpreter's own. The server reports each fork's pid an
 What differs from a fresh interpreter, and why that is safe here:
 - Modules imported before the fork (`PRELOAD`): a value one computes at import from the environment
   or the process id would be the server's in every fork. What is preloaded reads nothing a pod sets
-  and keeps no process id, and starts no Python thread (the server refuses to fork once a preload
-  started one); tests/localrun/test_localrun_warm.py checks all three.
+  (but HOME, for sysconfig's user site folder, which only `pip install --user` uses), keeps no
+  process id, and starts no Python thread (the server refuses to fork once a preload started one);
+  tests/localrun/test_localrun_warm.py checks all three.
 - No module teardown at exit (`_run`).
 - The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given): the
   executor's search by the pod marker would miss it, so `live_roots` lists the live ones and the
@@ -29,7 +30,10 @@ What differs from a fresh interpreter, and why that is safe here:
 - One hash seed for all forks.
 - Start-up time: a pod starts in a fraction of a cluster container's time, so a run's figures that
   include a pod's start (a replacement's time to its first step) are not a cluster's. `nvrx-eks local
-  run` and the demo start fresh interpreters (`processes`) unless asked for this runtime.
+  run` and the demo start fresh interpreters (`processes`) unless asked for this runtime. A
+  replacement pod also reaches the store sooner after a failure than on a cluster: a race that a
+  cluster's slower start makes rare shows here every time (training/resilience/launch.py
+  `open_rendezvous_store` is one such).
 
 Any other command (a script path, a binary, an interpreter other than this one) starts as a process.
 """
