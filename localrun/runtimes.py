@@ -156,7 +156,11 @@ class WarmProcesses(Processes):
         if found is None:
             return popen(argv, env, cwd=cwd, log=log)
         with self.lock:
-            starter = self.starters.get(run_key) or self.starters.setdefault(run_key, WarmStarter())
+            if run_key not in self.starters:
+                # Not a pod's process itself: the server carries no marker (its forks are listed apart).
+                server_env = {k: v for k, v in os.environ.items() if k != POD_ENV}
+                self.starters[run_key] = WarmStarter(env=server_env)
+            starter = self.starters[run_key]
         module, args = found
         return starter.start(module, args, env=env, cwd=cwd, log=log, marker=env.get(POD_ENV, ""))
 

@@ -130,24 +130,19 @@ class WarmProcess:
         if self.returncode is None:  # never a reaped pid, which may be another process's by now
             os.kill(self.pid, sig)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 class WarmStarter:
     """One server process and the containers it forked; `close` ends both."""
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, *, env: dict[str, str] | None = None) -> None:
+        """`env`: the server's environment (default: this process's); each fork gets its own."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         self._server = subprocess.Popen(
             [sys.executable, "-m", __name__, str(theirs.fileno()), *preload],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
-            env={k: v for k, v in os.environ.items() if not k.startswith("NVRX_EKS_LOCAL_POD")},
+            env=env,
         )
         theirs.close()
         ready = json.loads(ours.recv(_MESSAGE_BYTES) or b"{}")

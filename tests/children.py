@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -50,8 +50,14 @@ print(json.dumps(sorted(read)))
 """
 
 
+def import_probe(script: str, modules: tuple[str, ...] | list[str], *, cwd: Path) -> Any:
+    """What probe `script` printed as JSON on its last line, run by a fresh interpreter from `cwd` with
+    `modules`, comma-separated, as its one argument (it imports them in order)."""
+    done = run_python("-c", script, ",".join(modules), timeout=120, cwd=cwd, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def environ_read_at_import(modules: tuple[str, ...] | list[str], *, cwd: Path) -> set[str]:
     """The environment variables a fresh interpreter looked up (os.environ's `[]`, `get`, `in`) while it
     imported `modules` in order, from `cwd`."""
-    done = run_python("-c", _ENVIRON_PROBE, ",".join(modules), timeout=120, cwd=cwd, check=True)
-    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+    return set(import_probe(_ENVIRON_PROBE, modules, cwd=cwd))

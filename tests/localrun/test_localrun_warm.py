@@ -3,7 +3,6 @@ container a fresh interpreter would have been, as far as the container can tell.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from children import environ_read_at_import, run_python
+from children import environ_read_at_import, import_probe
 
 from nvrx_eks.localrun.executor import CHAOS_ENV, kill_pod_processes, marked_processes
 from nvrx_eks.localrun.runtimes import POD_ENV, RUNTIME_ENV, Processes, WarmProcesses, runtime_named
@@ -209,8 +208,7 @@ print(json.dumps(found))
 
 
 def _pid_kept_at_import(modules: tuple[str, ...], cwd: Path) -> list[str]:
-    done = run_python("-c", _PID_PROBE, ",".join(modules), timeout=120, cwd=cwd, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return import_probe(_PID_PROBE, modules, cwd=cwd)
 
 
 def test_the_pid_probe_sees_nvrxs_launcher_naming_its_socket_after_the_importing_process():

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from children import environ_read_at_import, run_python
+from children import environ_read_at_import, import_probe, run_python
 
 from nvrx_eks.kitcore.configio import USER_ERROR_EXIT_CODE, UserError
 from nvrx_eks.training.entry import entry_source
@@ -179,12 +179,6 @@ PER_WORKER = {
 }
 
 
-def _probe(script: str, modules: tuple[str, ...], cwd: Path) -> list[str]:
-    """What `script` (a probe above) saw while a fresh interpreter imported `modules`: its last line."""
-    done = run_python("-c", script, ",".join(modules), timeout=120, cwd=cwd, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _read_at_import(modules: tuple[str, ...], cwd: Path) -> set[str]:
     return environ_read_at_import(modules, cwd=cwd)
 
@@ -222,7 +216,7 @@ print(json.dumps(calls))
 
 
 def _cuda_calls(modules: tuple[str, ...], cwd: Path) -> list[str]:
-    return _probe(_CUDA_PROBE, modules, cwd)
+    return import_probe(_CUDA_PROBE, modules, cwd=cwd)
 
 
 def test_the_cuda_probe_sees_a_module_that_counts_devices_at_import(tmp_path):
