@@ -1107,8 +1107,8 @@ class LocalJob:
             self._store.kill(deleted=False)
             self.history.insert(0, self._store.outcome)
         self.history[:0] = self._ended_stores
-        kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         self.runtime.close(self.run_key)
+        kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         if self.api is not None:
             self.api.close()
         shutil.rmtree(self.shm_dir, ignore_errors=True)

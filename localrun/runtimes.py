@@ -48,6 +48,9 @@ RUN_LABEL = "io.nvrx-eks.local-run"
 POD_ENV = "NVRX_EKS_LOCAL_POD"
 """The environment variable every process of a local pod carries: `<run-key>/<pod>`."""
 
+WARM_SERVER_POD = "_warm-server"
+"""The pod name in the warm server's marker: not a DNS-1123 name, so no pod's."""
+
 RUNTIME_ENV = "NVRX_EKS_LOCAL_RUNTIME"
 """The runtime a local run uses when none is named (`processes` or `warm`; unset: `processes`)."""
 
@@ -157,8 +160,9 @@ class WarmProcesses(Processes):
             return popen(argv, env, cwd=cwd, log=log)
         with self.lock:
             if run_key not in self.starters:
-                # Not a pod's process itself: the server carries no marker (its forks are listed apart).
-                server_env = {k: v for k, v in os.environ.items() if k != POD_ENV}
+                # The server and its forks (whose /proc environ is the server's) carry the run's marker
+                # under a name no pod can have: a search for the run finds them from any process.
+                server_env = os.environ | {POD_ENV: f"{run_key}/{WARM_SERVER_POD}"}
                 self.starters[run_key] = WarmStarter(env=server_env)
             starter = self.starters[run_key]
         module, args = found

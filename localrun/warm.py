@@ -23,10 +23,11 @@ What differs from a fresh interpreter, and why that is safe here:
   process id, and starts no Python thread (the server refuses to fork once a preload started one);
   tests/localrun/test_localrun_warm.py checks all three.
 - No module teardown at exit (`_run`).
-- The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given): the
-  executor's search by the pod marker would miss it, so `live_roots` lists the live ones and the
-  executor's search adds them. What the fork execs (the forkserver, the ranks, tools) carries the
-  pod's environment and marker as before.
+- The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given). The
+  server carries the run's marker (runtimes.py `WarmProcesses`), so a search for the whole run finds
+  the forks from any process (a leak check, a test watching a run); a search for one pod would miss
+  them, so `live_roots` lists the live ones and the executor's search adds them. What the fork execs
+  (the forkserver, the ranks, tools) carries the pod's environment and marker as before.
 - One hash seed for all forks.
 - Start-up time: a pod starts in a fraction of a cluster container's time, so a run's figures that
   include a pod's start (a replacement's time to its first step) are not a cluster's. `nvrx-eks local

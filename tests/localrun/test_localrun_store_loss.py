@@ -11,13 +11,14 @@ restart on the same node). The run ends bit-identical to a fault-free run.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.summary import summarize
+from nvrx_eks.training.events import read_events
 
 if TYPE_CHECKING:
     from conftest import LocalJobRunner
@@ -27,11 +28,28 @@ pytestmark = pytest.mark.slow
 STEPS = 40
 LOCAL_EVERY = 10
 FAULT_STEP = 25
+STEP_S = 0.1
+"""Each step waits this long as on a device: the node-local write of step 10 has the fifteen steps
+before the fault to commit even on a slow disk (writes run behind the loop, and one that outlasts the
+cadence only delays the next)."""
+
+
+def _newest_step_on_local_disk(events: list[dict[str, Any]], before_t: float) -> int:
+    """The newest step every rank had reported committed to its node-local disk by `before_t` (-1: none)."""
+    ranks = {e["rank"] for e in events if e["kind"] == "process_start"}
+    steps: dict[int, set[int]] = {rank: set() for rank in ranks}
+    for e in events:
+        if e["kind"] == "checkpoint_committed" and e["tier"] == "local" and e["t"] <= before_t:
+            steps[e["rank"]].add(e["step"])
+    return max(set.intersection(*steps.values()), default=-1)
 
 
 @pytest.mark.timeout(600)
 def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, local_job: LocalJobRunner):
-    overrides = [*reference_trainer(steps=STEPS), f"trainer.checkpoint.local_every={LOCAL_EVERY}"]
+    overrides = [
+        *reference_trainer(steps=STEPS, emulated_device_step_s=STEP_S),
+        f"trainer.checkpoint.local_every={LOCAL_EVERY}",
+    ]
     reference = local_job.fault_free_hash(tmp_path / "reference", overrides, timeout_s=240)
     plan = f"trainer.faults.plan=store_loss@{FAULT_STEP}"
     _, events_dir = local_job.run(tmp_path / "run", [*overrides, plan], timeout_s=300)
@@ -48,13 +66,21 @@ def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, lo
     (fault,) = summarize(events_dir).faults
     assert fault.cls == "store_loss"
     assert fault.layer == "job_controller"
-    # Restored from a disk tier (the RAM tier went with the processes), at most an interval back. Each
-    # rank reads the newest step from the fastest tier holding its shard: the node-local disk, or the
-    # durable tier where its local write of that step was still running at the loss (the summary
-    # names the slowest tier any rank read).
+    # Restored from a disk tier (the RAM tier went with the processes): each rank reads the newest step
+    # from the fastest tier holding its shard, the node-local disk or the durable tier (the summary
+    # names the slowest tier any rank read). Nothing the disks held at the fault is lost: the restored
+    # step is at least the newest every rank had committed locally by then (an event of a commit
+    # comes after its write, so a step can be on disk before its event; never the other way round).
+    events = read_events(events_dir)
+    (injected,) = [e for e in events if e["kind"] == "fault_injected"]
+    on_disk = _newest_step_on_local_disk(events, before_t=injected["t"])
+    assert on_disk >= 0, "no node-local commit before the fault: the test's premise did not hold"
     assert fault.tier in {"local", "durable"}
+    after = [e for e in events if e["t"] > injected["t"]]
+    restored = min(e["restored_step"] for e in after if e["kind"] == "startup_done")
+    assert restored >= on_disk, (on_disk, restored)
     assert fault.steps_lost is not None
-    assert fault.steps_lost < LOCAL_EVERY
+    assert fault.steps_lost <= FAULT_STEP - 1 - on_disk  # the last step done before the fault is 24
     assert fault.recovery_s is not None
     assert fault.recovery_s < 60
     assert local_job.final_hash(events_dir) == reference

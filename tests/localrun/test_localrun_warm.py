@@ -3,8 +3,10 @@ container a fresh interpreter would have been, as far as the container can tell.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -16,7 +18,14 @@ import yaml
 from children import environ_read_at_import, import_probe
 
 from nvrx_eks.localrun.executor import CHAOS_ENV, kill_pod_processes, marked_processes
-from nvrx_eks.localrun.runtimes import POD_ENV, RUNTIME_ENV, Processes, WarmProcesses, runtime_named
+from nvrx_eks.localrun.runtimes import (
+    POD_ENV,
+    RUNTIME_ENV,
+    WARM_SERVER_POD,
+    Processes,
+    WarmProcesses,
+    runtime_named,
+)
 from nvrx_eks.localrun.warm import PRELOAD, WarmProcess, WarmStarter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,17 +123,30 @@ def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp
         proc = warm_runtime.start(
             [sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key="run-key"
         )
+    server = warm_runtime.starters["run-key"]._server.pid
     try:
         assert isinstance(proc, WarmProcess)
-        assert POD_ENV not in psutil.Process(proc.pid).environ()  # the server's environ, not the pod's
+        # The server's environ, not the pod's: the run's marker under the server's own name.
+        assert psutil.Process(proc.pid).environ()[POD_ENV] == f"run-key/{WARM_SERVER_POD}"
         assert [p.pid for p in marked_processes("run-key/pod-1")] == [proc.pid]
-        assert [p.pid for p in marked_processes("run-key")] == [proc.pid]
+        assert {p.pid for p in marked_processes("run-key")} == {proc.pid, server}
         assert marked_processes("run-key/pod-2") == []
+        # Another process (a leak check, a test watching a `nvrx-eks local run`) finds the run's forks too.
+        assert set(_marked_seen_from_another_process("run-key")) == {proc.pid, server}
         kill_pod_processes("run-key/pod-1")
         assert proc.wait(timeout=10) == -signal.SIGKILL
-        assert marked_processes("run-key") == []
+        assert [p.pid for p in marked_processes("run-key")] == [server]
     finally:
         proc.send_signal(signal.SIGKILL)
+
+
+def _marked_seen_from_another_process(marker: str) -> list[int]:
+    code = (
+        "from nvrx_eks.localrun.executor import marked_processes;"
+        f"print([p.pid for p in marked_processes({marker!r})])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
 
 
 def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
