@@ -28,11 +28,11 @@ import pytest
 from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import reference_trainer
-from nvrx_eks.localrun.executor import pod_tmp_prefix
+from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes, pod_tmp_prefix
+from nvrx_eks.localrun.runtimes import POD_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes
 
 pytestmark = pytest.mark.slow
 
@@ -77,6 +77,27 @@ def _render(dist: Path, *overrides: str) -> None:
 
 def _pod_tmp_dirs(run_key: str) -> list[Path]:
     return list(Path(tempfile.gettempdir()).glob(f"{pod_tmp_prefix(run_key)}*"))
+
+
+def _trainer_pods(executor_events: Path) -> set[str]:
+    if not executor_events.exists():
+        return set()
+    events = [json.loads(line) for line in executor_events.read_text().splitlines() if line.endswith("}")]
+    return {e["pod"] for e in events if e["kind"] == "container_start" and e["container"] == "trainer"}
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children()
+    except psutil.Error:  # gone meanwhile
+        return []
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.Error:  # gone meanwhile
+        return {}
 
 
 def _listeners(port: int) -> list[int]:
@@ -162,15 +183,17 @@ def test_sigterm_to_local_run_releases_everything(tmp_path):
     )
     job = LocalJob(tmp_path / "dist", run_dir=run_dir)  # only for its run key: the same run folder
     try:
+        # SIGTERM once ranks run: processes the trainer containers' launchers started (their forkserver
+        # and workers), which carry their pod's marker whichever runtime started the launcher.
         deadline = time.monotonic() + 120
-        events = run_dir / "executor.jsonl"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if events.exists() and '"container": "trainer"' in events.read_text():
-                break
+        ranks: list[psutil.Process] = []
+        while time.monotonic() < deadline and proc.poll() is None and not ranks:
+            trainers = {f"{job.run_key}/{pod}" for pod in _trainer_pods(run_dir / "executor.jsonl")}
+            launchers = [p for p in marked_processes(job.run_key) if _environ(p).get(POD_ENV) in trainers]
+            ranks = [child for launcher in launchers for child in _children(launcher)]
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert marked_processes(job.run_key), "no pod process was running"
-        time.sleep(3)  # the launchers and their ranks start
+        assert ranks, "no pod process was running"
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=120)
     finally:
