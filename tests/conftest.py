@@ -154,6 +154,22 @@ class LocalJobRunner:
         return [event for event in map(json.loads, lines) if event["kind"] == kind]
 
     @staticmethod
+    def newest_step_on_disk(events: list[dict[str, Any]], tier: str, *, before_t: float) -> int:
+        """The newest step every rank had reported committed to disk tier `tier` by `before_t` (-1: none).
+
+        What a restart after a loss at `before_t` must resume from at least: a commit's event comes after
+        its write, so a step can be on disk before its event, never the other way round. Not "at most
+        one cadence back": a write still running at the loss leaves the step before it the newest."""
+        ranks = {e["rank"] for e in events if e["kind"] == "process_start"}
+        steps: dict[int, set[int]] = {rank: set() for rank in ranks}
+        for e in events:
+            if e["kind"] == "checkpoint_committed" and e["tier"] == tier and e["t"] <= before_t:
+                steps[e["rank"]].add(e["step"])
+        newest = max(set.intersection(*steps.values()), default=-1) if steps else -1
+        assert newest >= 0, f"no {tier} step on every rank's disk before the loss: the test's premise failed"
+        return newest
+
+    @staticmethod
     def final_hash(events_dir: Path) -> str:
         return json.loads((events_dir / "final.json").read_text())["final_params_sha256"]
 

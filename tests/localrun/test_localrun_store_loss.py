@@ -11,7 +11,7 @@ restart on the same node). The run ends bit-identical to a fault-free run.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -32,16 +32,6 @@ STEP_S = 0.1
 """Each step waits this long as on a device: the node-local write of step 10 has the fifteen steps
 before the fault to commit even on a slow disk (writes run behind the loop, and one that outlasts the
 cadence only delays the next)."""
-
-
-def _newest_step_on_local_disk(events: list[dict[str, Any]], before_t: float) -> int:
-    """The newest step every rank had reported committed to its node-local disk by `before_t` (-1: none)."""
-    ranks = {e["rank"] for e in events if e["kind"] == "process_start"}
-    steps: dict[int, set[int]] = {rank: set() for rank in ranks}
-    for e in events:
-        if e["kind"] == "checkpoint_committed" and e["tier"] == "local" and e["t"] <= before_t:
-            steps[e["rank"]].add(e["step"])
-    return max(set.intersection(*steps.values()), default=-1)
 
 
 @pytest.mark.timeout(600)
@@ -68,13 +58,10 @@ def test_a_lost_store_restarts_every_pod_from_the_newest_checkpoint(tmp_path, lo
     assert fault.layer == "job_controller"
     # Restored from a disk tier (the RAM tier went with the processes): each rank reads the newest step
     # from the fastest tier holding its shard, the node-local disk or the durable tier (the summary
-    # names the slowest tier any rank read). Nothing the disks held at the fault is lost: the restored
-    # step is at least the newest every rank had committed locally by then (an event of a commit
-    # comes after its write, so a step can be on disk before its event; never the other way round).
+    # names the slowest tier any rank read), and nothing the node-local disks held at the loss is lost.
     events = read_events(events_dir)
     (injected,) = [e for e in events if e["kind"] == "fault_injected"]
-    on_disk = _newest_step_on_local_disk(events, before_t=injected["t"])
-    assert on_disk >= 0, "no node-local commit before the fault: the test's premise did not hold"
+    on_disk = local_job.newest_step_on_disk(events, "local", before_t=injected["t"])
     assert fault.tier in {"local", "durable"}
     after = [e for e in events if e["t"] > injected["t"]]
     restored = min(e["restored_step"] for e in after if e["kind"] == "startup_done")
