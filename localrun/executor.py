@@ -360,12 +360,14 @@ def _alive(proc: psutil.Process) -> bool:
 
 def marked_processes(marker: str) -> list[psutil.Process]:
     """Processes whose pod marker is `marker` or lies below it (`<run-key>` matches the whole run)."""
-    found = live_roots(marker)  # a warm runtime's forks: their /proc environ is not the pod's
+    # A warm runtime's forks: their /proc environ is their server's, which a search for the whole run
+    # matches too (each process once).
+    found = {proc.pid: proc for proc in live_roots(marker)}
     for proc in psutil.process_iter():
         value = _environ(proc).get(POD_ENV)
         if value is not None and (value == marker or value.startswith(f"{marker}/")):
-            found.append(proc)
-    return found
+            found.setdefault(proc.pid, proc)
+    return list(found.values())
 
 
 def _is_resource_tracker(proc: psutil.Process) -> bool:

@@ -29,7 +29,6 @@ from nvrx_eks.k8s.job_chart import render
 from nvrx_eks.k8s.load import load_values
 from nvrx_eks.localrun.chaos import reference_trainer
 from nvrx_eks.localrun.executor import LOCAL_SHM_ROOT, LocalJob, marked_processes, pod_tmp_prefix
-from nvrx_eks.localrun.runtimes import POD_ENV
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -91,13 +90,6 @@ def _children(proc: psutil.Process) -> list[psutil.Process]:
         return proc.children()
     except psutil.Error:  # gone meanwhile
         return []
-
-
-def _environ(proc: psutil.Process) -> dict[str, str]:
-    try:
-        return proc.environ()
-    except psutil.Error:  # gone meanwhile
-        return {}
 
 
 def _listeners(port: int) -> list[int]:
@@ -188,8 +180,8 @@ def test_sigterm_to_local_run_releases_everything(tmp_path):
         deadline = time.monotonic() + 120
         ranks: list[psutil.Process] = []
         while time.monotonic() < deadline and proc.poll() is None and not ranks:
-            trainers = {f"{job.run_key}/{pod}" for pod in _trainer_pods(run_dir / "executor.jsonl")}
-            launchers = [p for p in marked_processes(job.run_key) if _environ(p).get(POD_ENV) in trainers]
+            trainers = _trainer_pods(run_dir / "executor.jsonl")
+            launchers = [p for pod in trainers for p in marked_processes(f"{job.run_key}/{pod}")]
             ranks = [child for launcher in launchers for child in _children(launcher)]
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-3000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from children import environ_read_at_import, import_probe
+from children import environ_read_at_import, import_probe, run_python
 
 from nvrx_eks.localrun.executor import CHAOS_ENV, kill_pod_processes, marked_processes
 from nvrx_eks.localrun.runtimes import (
@@ -129,10 +128,10 @@ def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp
         # The server's environ, not the pod's: the run's marker under the server's own name.
         assert psutil.Process(proc.pid).environ()[POD_ENV] == f"run-key/{WARM_SERVER_POD}"
         assert [p.pid for p in marked_processes("run-key/pod-1")] == [proc.pid]
-        assert {p.pid for p in marked_processes("run-key")} == {proc.pid, server}
+        assert sorted(p.pid for p in marked_processes("run-key")) == sorted([proc.pid, server])
         assert marked_processes("run-key/pod-2") == []
         # Another process (a leak check, a test watching a `nvrx-eks local run`) finds the run's forks too.
-        assert set(_marked_seen_from_another_process("run-key")) == {proc.pid, server}
+        assert sorted(_marked_seen_from_another_process("run-key")) == sorted([proc.pid, server])
         kill_pod_processes("run-key/pod-1")
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert [p.pid for p in marked_processes("run-key")] == [server]
@@ -145,8 +144,7 @@ def _marked_seen_from_another_process(marker: str) -> list[int]:
         "from nvrx_eks.localrun.executor import marked_processes;"
         f"print([p.pid for p in marked_processes({marker!r})])"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(out.stdout)
+    return json.loads(run_python("-c", code, timeout=60, check=True).stdout)
 
 
 def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
