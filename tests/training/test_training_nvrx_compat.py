@@ -282,6 +282,53 @@ def test_a_poll_after_a_sigkill_and_its_collateral_exit_reports_both_workers(tmp
     assert done.stdout.strip().splitlines()[-1] == reported, done.stdout
 
 
+_UNRESPONSIVE_PEER = """
+import sys
+from datetime import timedelta
+from types import SimpleNamespace
+from nvidia_resiliency_ext.inprocess.sibling_monitor import SiblingMonitor
+from nvidia_resiliency_ext.inprocess.store import FileStore, PrefixStore
+if sys.argv[1] == "ints":
+    from nvrx_eks.training.resilience.nvrx_compat import initial_ranks_as_ints
+    initial_ranks_as_ints()
+base_store = FileStore(sys.argv[2] + "-store", 2)  # the Wrapper's store of a 2-rank job
+store = PrefixStore(0, base_store)  # its first in-process iteration
+for rank in (0, 1):
+    store.set_initial_rank(rank, rank)
+# Rank 0's sibling monitor finds rank 1 silent for the heartbeat timeout (rank 1 finished and left).
+monitor = SimpleNamespace(store=store, world_size=2, initial_world_size=2)
+try:
+    SiblingMonitor.terminate_unresponsive_ranks(monitor, [1])
+except ValueError as error:
+    print(f"monitor: ValueError: {error}", flush=True)
+# Rank 0's training returns: CallWrapper.shutdown's termination barrier, as a non-critical rank.
+try:
+    base_store.termination_barrier(ranks=[0], rendezvous_count=2, timeout=timedelta(0))
+    print("shutdown: left the barrier", flush=True)
+except ValueError as error:
+    print(f"shutdown: ValueError: {error}", flush=True)
+"""
+
+
+_POISONED = "ValueError: invalid literal for int() with base 10: \"b'1'\""
+
+
+@pytest.mark.parametrize(
+    ("variant", "seen"),
+    [
+        ("nvrx", [f"monitor: {_POISONED}", f"shutdown: {_POISONED}"]),
+        ("ints", ["shutdown: left the barrier"]),
+    ],
+)
+def test_a_peer_found_unresponsive_does_not_poison_the_termination_barrier(tmp_path, variant, seen):
+    """NVRx's sibling monitor enters the termination barrier for an unresponsive peer with the peer's
+    initial ranks as torch's raw bytes: the monitor itself, and every later termination barrier, failed
+    to parse them, and a rank that had finished training exited non-zero."""
+    done = _run_script(tmp_path, _UNRESPONSIVE_PEER, variant)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines() == seen, done.stdout
+
+
 _FIRST_FAILURE_LOGGED = """
 import os, signal, sys, time
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes

@@ -110,6 +110,7 @@ class InProcessLayer(Layer):
         seconds = dt.timedelta
         c = self.cfg
         gpu = torch.cuda.is_available()
+        nvrx_compat.initial_ranks_as_ints()  # before the Wrapper forks its monitor process
         return nvrx_compat.inprocess_wrapper(
             gpu=gpu,
             store_factory=nvrx_compat.host_first_store(),

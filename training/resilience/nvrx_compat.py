@@ -98,6 +98,7 @@ def check_internals() -> None:
     require_internal(_multiprocess_context(), *WORKER_POLL)
     require_internal(RankMonitorClient, *SET_TIMEOUTS)
     require_internal(inprocess.Wrapper, *RESTART_HEALTH_CHECKS)
+    require_internal(inprocess.store.StoreMixin, *INITIAL_RANKS)
     _monitor_thread_type()
     host_first_store()
 
@@ -837,6 +838,36 @@ def host_first_store() -> type:
             super().__init__(host_name, port, world_size, timeout, **kwargs)
 
     return HostFirstTCPStore
+
+
+INITIAL_RANKS = ("get_initial_ranks", ("self", "ranks"))
+"""The in-process store's lookup of ranks' initial ranks (`inprocess.store.StoreMixin`)."""
+
+
+def initial_ranks_as_ints() -> None:
+    """The in-process store's `get_initial_ranks` returns ints, as its annotation says, not the raw
+    bytes of torch's `multi_get`.
+
+    When a rank's sibling monitor finds a peer unresponsive (its monitor process silent for the
+    in-process `heartbeat_timeout`: a loaded node, or a rank that finished and left while a peer still
+    waits at the end of training), it enters the termination barrier on the peer's behalf with those
+    initial ranks. Unpatched, the bytes are written into the barrier's `arrived` list as `b'1'`, and
+    every later termination barrier of the job -- each rank's `CallWrapper.shutdown` at the end of
+    training -- fails parsing it (`ValueError: invalid literal for int()`). The rank then exits non-zero
+    after training completed: its launcher restarts the node's workers while the other nodes have
+    finished, and the job waits for them until its rendezvous join timeout."""
+    from nvidia_resiliency_ext.inprocess.store import StoreMixin  # noqa: PLC0415
+
+    lookup = require_internal(StoreMixin, *INITIAL_RANKS)
+    if getattr(lookup, "nvrx_eks_ints", False):
+        return
+
+    @functools.wraps(lookup)  # keeps the signature `require_internal` checks
+    def get_initial_ranks(self: Any, ranks: Any) -> list[int]:  # noqa: ANN401
+        return [int(value) for value in lookup(self, ranks)]
+
+    get_initial_ranks.nvrx_eks_ints = True  # type: ignore[attr-defined]
+    StoreMixin.get_initial_ranks = get_initial_ranks
 
 
 MONITOR_THREAD_STOPPED = "stop_loop"
