@@ -395,8 +395,8 @@ class JobValues(Section):
         if layers(self.mode).inprocess and t.launcher_heartbeat_s <= silence:
             raise ValueError(
                 f"timeouts.launcher_heartbeat_s ({t.launcher_heartbeat_s:g}) must exceed the longest "
-                "silence of a rank recovering in process (trainer max(inprocess.soft_timeout_s, "
-                f"dist.timeout_s) + inprocess.interval_s = {silence:g}): the launcher must not kill a "
+                "silence of a rank recovering in process (trainer inprocess.soft_timeout_s + "
+                f"inprocess.interval_s = {silence:g}): the launcher must not kill a "
                 "rank the in-process layer is still restarting"
             )
         budget = self.memory_budget

@@ -103,8 +103,8 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
     # Steps of 2 s (an emulated device wait) and a 5 s launcher heartbeat timeout: the hang is decided
     # at the soft timeout (3.5 s) or at the peers' collective timeout (2 s after their 2 s step), and
     # the restarted step takes 2 s more, so the ranks send no step heartbeat for ~6 s. The in-process
-    # layer beats for them once the restart is decided and as the next attempt starts, so the launcher
-    # kills no rank: the hang is the in-process layer's, no step is lost, no process restarted.
+    # layer beats for them from the moment the restart is decided until their next step, so the
+    # launcher kills no rank: the hang is the in-process layer's, no step is lost, no process restarted.
     # Without those beats the launcher killed every worker in the middle of the in-process recovery
     # and started them again (8 processes).
     _, events = local_job.run(
@@ -127,5 +127,59 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
     (hang,) = summary.faults
     assert hang.layer == hang.expected_layer == "inprocess", hang
     assert hang.steps_lost == 0, hang
+    starts = local_job.events(events, "process_start")
+    assert len({e["pid"] for e in starts}) == 4, [(e["rank"], e["pid"]) for e in starts]
+
+
+_SLOW_NATIVE_CALL = """
+import time
+
+import torch
+
+from nvrx_eks.training import api as kit
+
+
+def train(attempt):
+    model = torch.nn.Linear(4, 4)
+    wrapped = attempt.data_parallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    attempt.resume(model=model, optimizer=optimizer)
+    for step in attempt.steps(12):
+        if step == 6 and attempt.number == 0 and attempt.rank == 0:
+            # A native call that outlasts the launcher's heartbeat timeout (a slow storage read): NVRx's
+            # restart exception reaches this thread only once it returns.
+            time.sleep(SLOW_S)
+        wrapped(torch.ones(2, 4)).sum().backward()
+        with attempt.update():
+            optimizer.step()
+
+
+kit.Job().run(train)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_an_in_process_recovery_that_waits_for_a_slow_rank_is_not_killed_by_the_launcher(tmp_path, local_job):
+    # Rank 1 raises at step 6 while rank 0 sits in a 5 s native call, so the in-process restart waits
+    # 5 s for rank 0 at its barrier: longer than the launcher's heartbeat timeout (3.5 s), as a restart
+    # on a loaded machine, or one that waits for a rank blocked in a gloo collective, can. The in-process
+    # layer beats for every rank from the moment the restart is decided until its next step, so the
+    # launcher kills no rank. Beating only as the restart was decided and as the next attempt started,
+    # the launcher killed the ranks in the middle of their in-process recovery: ft_launcher's restart.
+    script = tmp_path / "slow_native_call.py"
+    script.write_text(_SLOW_NATIVE_CALL.replace("SLOW_S", "5"))
+    overrides = ["entrypoint.module=null", f"entrypoint.script={script}", "entrypoint.args=[]"]
+    _, events = local_job.run(
+        tmp_path / "run",
+        [*overrides, "entrypoint.preload=[]", "trainer.faults.plan=exception@6:1"],
+        timeout_s=150,
+    )
+
+    summary = summarize(events)
+    assert summary.completed, summary
+    (exception,) = summary.faults
+    assert exception.layer == exception.expected_layer == "inprocess", exception
+    assert exception.steps_lost == 0, exception
+    assert exception.recovery_s > 3.5, exception  # the premise: the recovery outlasted the timeout
     starts = local_job.events(events, "process_start")
     assert len({e["pid"] for e in starts}) == 4, [(e["rank"], e["pid"]) for e in starts]

@@ -89,12 +89,21 @@ def test_bad_kit_settings_are_one_user_error(document, needle):
         _kit(document)
 
 
-def test_the_launcher_heartbeat_floor_covers_the_longer_of_the_two_recovery_waits_not_their_sum():
-    # soft 2.5 s, collective 2 s, monitor interval 0.5 s: a recovering rank is silent at most 3 s.
+def test_the_launcher_heartbeat_floor_covers_the_wait_for_a_restart_not_the_recovery():
+    # soft 2.5 s, monitor interval 0.5 s: a rank is silent at most 3 s until its restart is decided;
+    # from there to its next step the in-process layer beats for it.
     both = {"mode": "both", "inprocess": {"soft_timeout_s": 2.5}, "dist": {"timeout_s": 2}}
     assert _kit({**both, "ft": {"heartbeat_timeout_floor_s": 3.5}}).inprocess_recovery_silence_s == 3
     with pytest.raises(UserError, match=r"now 3 < 3 < 12"):
         _kit({**both, "ft": {"heartbeat_timeout_floor_s": 3}})
+    # A collective timeout above the soft timeout (NCCL, which the restart aborts) adds no silence.
+    gpu = {
+        "mode": "both",
+        "dist": {"device": "cuda", "timeout_s": 60},
+        "inprocess": {"soft_timeout_s": 30, "hard_timeout_s": 180, "barrier_timeout_s": 240},
+        "ft": {"heartbeat_timeout_floor_s": 35},
+    }
+    assert _kit(gpu).inprocess_recovery_silence_s == 30.5
 
 
 def test_cli_bad_input_exits_2_without_traceback():
@@ -534,6 +543,7 @@ def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after
     layer = FtLauncherLayer.__new__(FtLauncherLayer)
     layer.client = SimpleNamespace(shutdown_workload_monitoring=lambda: calls.append("monitoring ends"))
     layer.attempts, layer._sending, layer._beating = 0, threading.Lock(), True
+    layer._recovered = threading.Event()
 
     def with_teardown(run):  # an outer layer: its attempt, then its teardown
         def wrapped():

@@ -343,7 +343,7 @@ class ResilienceConfig(_Section):
             silence = self.inprocess_recovery_silence_s
             if not silence < self.ft.heartbeat_timeout_floor_s < self.inprocess.hard_timeout_s:
                 raise ValueError(
-                    "need max(inprocess.soft_timeout_s, dist.timeout_s) + inprocess.interval_s < "
+                    "need inprocess.soft_timeout_s + inprocess.interval_s < "
                     f"ft.heartbeat_timeout_floor_s < inprocess.hard_timeout_s (now {silence:g} < "
                     f"{self.ft.heartbeat_timeout_floor_s:g} < {self.inprocess.hard_timeout_s:g})"
                 )
@@ -353,16 +353,15 @@ class ResilienceConfig(_Section):
     @property
     def inprocess_recovery_silence_s(self) -> float:
         """The longest a rank recovering in process goes without an ft_launcher heartbeat (a mode with
-        both layers).
+        both layers): from its last step until its restart is decided, at most the soft timeout,
+        noticed within one monitor interval.
 
-        The in-process layer beats for the rank once a restart is decided and again as the next
-        attempt starts (training/resilience/layers.py), so the silence is the longer of two waits,
-        not their sum: from the last step until the restart is decided (at most the soft timeout,
-        noticed within one monitor interval), and from there until the next attempt (at most one
-        collective timeout, for a rank blocked in a gloo collective that cannot be aborted). The
-        launcher's heartbeat timeout must exceed it, or it kills ranks the in-process layer is
-        restarting; the lower it is, the sooner a deadlock below Python is ended."""
-        return max(self.inprocess.soft_timeout_s, self.collective_timeout_s) + self.inprocess.interval_s
+        From the moment a restart is decided until the rank's next step, the in-process layer beats for
+        the rank every monitor interval (training/resilience/layers.py), however long the recovery
+        takes (a peer blocked in a gloo collective that cannot be aborted, a loaded machine). The
+        launcher's heartbeat timeout must exceed this silence, or it kills ranks the in-process layer
+        is restarting; the lower it is, the sooner a deadlock below Python is ended."""
+        return self.inprocess.soft_timeout_s + self.inprocess.interval_s
 
     @property
     def collective_timeout_s(self) -> float:

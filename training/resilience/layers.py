@@ -19,10 +19,11 @@ restart never shrinks the job, and ft_launcher (restart policy `any-failed`, the
 restarts every node's workers as soon as one rank's process is gone (SIGKILL, a deadlock killed by the
 heartbeat monitor, node loss). Soft faults never end a process, so the launcher never sees them.
 A rank the in-process layer is restarting sends no step heartbeats, so the in-process layer beats for
-it (once the restart is decided, and as the next attempt starts) and the launcher's heartbeat timeout
-must exceed only the longer of its two silent waits (training/resilience/config.py
-`inprocess_recovery_silence_s`): a Python-visible hang stays the in-process layer's, and a deadlock below
-Python, whose rank holds the GIL and beats for nothing, is ended that much sooner.
+it from the moment the restart is decided until its next step, and the launcher's heartbeat timeout
+must exceed only a rank's silence before its restart is decided (training/resilience/config.py
+`inprocess_recovery_silence_s`), however long the recovery takes: a Python-visible hang stays the
+in-process layer's, and a deadlock below Python, whose rank holds the GIL and beats for nothing, is
+ended that much sooner.
 
 Why in-process restart stays on NVRx 0.7, which deprecates it for in-job restart: measured side by side
 (the demo per mode, README.md and docs/measurements.md), the in-process layer recovers an exception, an
@@ -43,6 +44,7 @@ import datetime as dt
 import os
 import signal
 import threading
+import time
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -255,6 +257,9 @@ class FtLauncherLayer(Layer):
 
         self.cfg = cfg.ft
         self.events = events
+        self.recovery_beat_s = cfg.inprocess.interval_s
+        # NVRx ends an in-process restart that outlasts its barrier timeout; so do the recovery beats.
+        self.recovery_beats_for_s = cfg.inprocess.barrier_timeout_s
         self.client = RankMonitorClient()
         self.client.init_workload_monitoring(num_warmup_iters=cfg.ft.calc_timeouts_after)
         # The in-process Wrapper's monitor process is forked from this rank and outlives it.
@@ -265,6 +270,8 @@ class FtLauncherLayer(Layer):
         # One heartbeat on the socket at a time: the in-process monitor thread also sends them.
         self._sending = threading.Lock()
         self._beating = False
+        self._recovered = threading.Event()
+        self._recovering: threading.Thread | None = None
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         def attempt() -> Any:  # noqa: ANN401
@@ -274,6 +281,7 @@ class FtLauncherLayer(Layer):
                 # An in-process restart's new attempt: the rank is alive and about to restore.
                 self.beat_while_recovering()
             result = run()
+            self._recovered.set()  # a run that returns before its first step
             self.training_done()
             return result
 
@@ -285,22 +293,45 @@ class FtLauncherLayer(Layer):
         termination barriers, its monitor process's shutdown, the checkpointer's last persists --
         sends none, and may outlast the heartbeat timeout: the launcher would then kill every rank and
         restart a finished job."""
+        self._recovered.set()
         with self._sending:
             self._beating = False
             self.client.shutdown_workload_monitoring()
 
     def beat_while_recovering(self) -> None:
-        """A heartbeat from an in-process recovery (the monitor thread once a restart is decided, the
-        main thread as the next attempt starts), so that the launcher's heartbeat timeout needs to
-        cover only the longest silence of a recovering rank: until its restart is decided (the soft
-        timeout), or from there to its next attempt (a collective timeout) -- not both added up.
-        Only once the rank has beaten from a step: the first heartbeat ends the launcher's initial
-        timeout, which covers start-up and the checkpoint load. Never waits: if the main thread is
-        sending one right now, that one counts."""
-        if not self._beating or not self._sending.acquire(blocking=False):
+        """Heartbeats for an in-process recovery, from the moment a restart is decided (the in-process
+        monitor thread calls this) until the rank's next step: one now, then one every in-process
+        interval from a thread of their own, so that the launcher's heartbeat timeout needs to cover
+        only a rank's silence before its restart is decided (the soft timeout), never how long the
+        recovery takes. A recovery waits for its slowest rank -- one blocked in a gloo collective that
+        cannot be aborted, or in a slow native call -- and on a loaded machine its barrier, health
+        checks and the next attempt's start take seconds more: a launcher that saw that silence would
+        kill ranks the in-process layer is restarting. Only once the rank has beaten from a step: the
+        first heartbeat ends the launcher's initial timeout, which covers start-up and the checkpoint
+        load. A rank deadlocked below Python holds the GIL, so its beating thread is silent too; the
+        beats stop after the in-process barrier timeout, by when NVRx has ended the restart."""
+        if not self._beating:
+            return
+        self._recovered.clear()
+        self._beat_once()
+        if self._recovering is None or not self._recovering.is_alive():
+            self._recovering = threading.Thread(
+                target=self._beat_until_recovered, name="ft-recovery-beats", daemon=True
+            )
+            self._recovering.start()
+
+    def _beat_until_recovered(self) -> None:
+        deadline = time.monotonic() + self.recovery_beats_for_s
+        while not self._recovered.wait(self.recovery_beat_s) and time.monotonic() < deadline:
+            self._beat_once()
+
+    def _beat_once(self) -> None:
+        """One heartbeat, never waiting: if the main thread is sending one right now, that one counts."""
+        if not self._sending.acquire(blocking=False):
             return
         try:
-            self.client.send_heartbeat()
+            if self._beating:
+                self.client.send_heartbeat()
         except Exception as exc:  # noqa: BLE001 - a lost beat costs at most a launcher restart
             self.events.emit("ft_heartbeat_failed", error=repr(exc)[:200])
         finally:
@@ -309,6 +340,7 @@ class FtLauncherLayer(Layer):
     def step_done(self, step: int) -> None:  # noqa: ARG002
         with self._sending:
             self.client.send_heartbeat()
+        self._recovered.set()
         self._beating = True
         self.steps_this_attempt += 1
         # Same step count on every rank, so the collective inside the calculation lines up.
@@ -337,7 +369,10 @@ class FtLauncherLayer(Layer):
             self.restored = True
 
     def close(self) -> None:
-        self.client.shutdown_workload_monitoring()
+        self._recovered.set()
+        with self._sending:
+            self._beating = False
+            self.client.shutdown_workload_monitoring()
 
 
 class Resilience(Layer):
