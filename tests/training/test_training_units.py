@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ from nvrx_eks.training.resilience.config import (
 from nvrx_eks.training.resilience.modes import recovering_layer
 from nvrx_eks.training.resilience.shrink import ShrinkConfig
 from nvrx_eks.training.trainer import emulate_device_wait
+
+if TYPE_CHECKING:
+    from nvrx_eks.training.resilience.layers import FtLauncherLayer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -532,18 +536,54 @@ def test_a_process_creation_time_is_when_it_was_started_not_up_to_a_second_befor
     assert before - 0.02 <= created <= after  # the kernel's tick is 10 ms
 
 
+def _ft_layer(client: object, *, beat_s: float = 0.5, beats_for_s: float = 30.0) -> FtLauncherLayer:
+    """The ft_launcher layer around `client` (a stand-in for RankMonitorClient, which needs a launcher),
+    as a rank has it once it has beaten from a step."""
+    from nvrx_eks.training.resilience.layers import FtLauncherLayer  # noqa: PLC0415
+
+    layer = FtLauncherLayer.__new__(FtLauncherLayer)
+    layer.client, layer.events = client, SimpleNamespace(emit=lambda *_, **__: None)
+    layer.attempts, layer.steps_this_attempt, layer.restored = 0, 0, True
+    layer.recovery_beat_s, layer.recovery_beats_for_s = beat_s, beats_for_s
+    layer._sending, layer._beating = threading.Lock(), True
+    layer._recovering, layer._beats_until = threading.Event(), 0.0
+    layer._beater, layer._beater_lock = None, threading.Lock()
+    return layer
+
+
+def test_a_recovering_rank_beats_every_interval_until_its_next_step_and_no_longer():
+    """From a restart's decision to the rank's next step the launcher hears from the rank every
+    in-process interval, however long the recovery; then only its steps beat, and a recovery that
+    outlasts the in-process barrier timeout stops beating (NVRx ends such a restart)."""
+    beats: list[float] = []
+    client = SimpleNamespace(send_heartbeat=lambda: beats.append(time.monotonic()))
+    layer = _ft_layer(client, beat_s=0.05, beats_for_s=0.6)
+    layer.beat_while_recovering()  # the monitor thread, as the restart is decided
+    time.sleep(0.4)
+    layer.beat_while_recovering()  # the main thread, as the next attempt starts
+    time.sleep(0.4)
+    layer.step_done(0)
+    recovering = len(beats)
+    time.sleep(0.3)
+    assert len(beats) == recovering  # the step beat last: nothing after it
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+    assert recovering >= 5, beats  # 0.8 s at 0.05 s: two beats only, at the decision and the attempt
+    assert max(gaps) < 0.5, gaps  # never silent for the length of the recovery
+    # A recovery that never reaches a step: beats until the barrier timeout, then silence.
+    beats.clear()
+    layer.beat_while_recovering()
+    time.sleep(1.0)
+    assert beats, beats
+    assert beats[-1] - beats[0] < 0.7, beats
+
+
 def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after_the_teardown():
     """The outer layers' teardown (the in-process Wrapper's barriers and monitor process) sends no
     heartbeat and once outlasted the launcher's heartbeat timeout: the launcher killed every rank of a
     finished job. Monitoring ends as the last step's run returns, before any outer teardown; a run that
     fails keeps it (the rank may be restarted)."""
-    from nvrx_eks.training.resilience.layers import FtLauncherLayer  # noqa: PLC0415
-
     calls: list[str] = []
-    layer = FtLauncherLayer.__new__(FtLauncherLayer)
-    layer.client = SimpleNamespace(shutdown_workload_monitoring=lambda: calls.append("monitoring ends"))
-    layer.attempts, layer._sending, layer._beating = 0, threading.Lock(), True
-    layer._recovered = threading.Event()
+    layer = _ft_layer(SimpleNamespace(shutdown_workload_monitoring=lambda: calls.append("monitoring ends")))
 
     def with_teardown(run):  # an outer layer: its attempt, then its teardown
         def wrapped():

@@ -270,8 +270,11 @@ class FtLauncherLayer(Layer):
         # One heartbeat on the socket at a time: the in-process monitor thread also sends them.
         self._sending = threading.Lock()
         self._beating = False
-        self._recovered = threading.Event()
-        self._recovering: threading.Thread | None = None
+        # Set from a restart's decision until the rank's next step; beats are due until `_beats_until`.
+        self._recovering = threading.Event()
+        self._beats_until = 0.0
+        self._beater: threading.Thread | None = None
+        self._beater_lock = threading.Lock()
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         def attempt() -> Any:  # noqa: ANN401
@@ -281,7 +284,7 @@ class FtLauncherLayer(Layer):
                 # An in-process restart's new attempt: the rank is alive and about to restore.
                 self.beat_while_recovering()
             result = run()
-            self._recovered.set()  # a run that returns before its first step
+            self._recovering.clear()  # a run that returns before its first step
             self.training_done()
             return result
 
@@ -293,7 +296,7 @@ class FtLauncherLayer(Layer):
         termination barriers, its monitor process's shutdown, the checkpointer's last persists --
         sends none, and may outlast the heartbeat timeout: the launcher would then kill every rank and
         restart a finished job."""
-        self._recovered.set()
+        self._recovering.clear()
         with self._sending:
             self._beating = False
             self.client.shutdown_workload_monitoring()
@@ -312,18 +315,22 @@ class FtLauncherLayer(Layer):
         beats stop after the in-process barrier timeout, by when NVRx has ended the restart."""
         if not self._beating:
             return
-        self._recovered.clear()
+        self._beats_until = time.monotonic() + self.recovery_beats_for_s
+        self._recovering.set()
         self._beat_once()
-        if self._recovering is None or not self._recovering.is_alive():
-            self._recovering = threading.Thread(
-                target=self._beat_until_recovered, name="ft-recovery-beats", daemon=True
-            )
-            self._recovering.start()
+        with self._beater_lock:  # the monitor thread and the main thread both call this
+            if self._beater is None:
+                self._beater = threading.Thread(
+                    target=self._beat_in_recoveries, name="ft-recovery-beats", daemon=True
+                )
+                self._beater.start()
 
-    def _beat_until_recovered(self) -> None:
-        deadline = time.monotonic() + self.recovery_beats_for_s
-        while not self._recovered.wait(self.recovery_beat_s) and time.monotonic() < deadline:
-            self._beat_once()
+    def _beat_in_recoveries(self) -> None:
+        """The beating thread: one heartbeat every in-process interval while a recovery is on."""
+        while self._recovering.wait():
+            time.sleep(self.recovery_beat_s)
+            if self._recovering.is_set() and time.monotonic() < self._beats_until:
+                self._beat_once()
 
     def _beat_once(self) -> None:
         """One heartbeat, never waiting: if the main thread is sending one right now, that one counts."""
@@ -340,7 +347,7 @@ class FtLauncherLayer(Layer):
     def step_done(self, step: int) -> None:  # noqa: ARG002
         with self._sending:
             self.client.send_heartbeat()
-        self._recovered.set()
+        self._recovering.clear()
         self._beating = True
         self.steps_this_attempt += 1
         # Same step count on every rank, so the collective inside the calculation lines up.
@@ -369,7 +376,7 @@ class FtLauncherLayer(Layer):
             self.restored = True
 
     def close(self) -> None:
-        self._recovered.set()
+        self._recovering.clear()
         with self._sending:
             self._beating = False
             self.client.shutdown_workload_monitoring()
