@@ -577,6 +577,55 @@ def test_a_recovering_rank_beats_every_interval_until_its_next_step_and_no_longe
     assert beats[-1] - beats[0] < 0.7, beats
 
 
+class _OneRequestAtATime:
+    """A stand-in for RankMonitorClient's socket: counts requests that overlap another one (each is a
+    request and its reply on one socket; two at once put the socket out of step)."""
+
+    CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
+
+    def __init__(self) -> None:
+        self.hb_timeouts = SimpleNamespace(initial=1.0, subsequent=1.0)
+        self.requests, self.overlaps = 0, 0
+        self._busy = threading.Lock()
+
+    def _request(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.overlaps += 1
+            return
+        self.requests += 1
+        time.sleep(0.002)
+        self._busy.release()
+
+    def send_heartbeat(self) -> None:
+        self._request()
+
+    def load_state_dict(self, state: object) -> None:
+        self._request()
+
+    def _set_calculated_timeouts(self, new_hb_timeouts: object, new_section_timeouts: object) -> None:
+        self._request()
+
+
+def test_restoring_the_launchers_timeouts_never_overlaps_a_recovery_beat():
+    """The restore of an in-process restart's next attempt sends the launcher its timeouts while the
+    recovery beats are still on; unserialized, a request met a beat on the socket ("Unexpected reply",
+    then a broken pipe), and the rank failed its restore twice: a job failed as a bug in the script."""
+    client = _OneRequestAtATime()
+    layer = _ft_layer(client, beat_s=0.001)
+    layer.cfg = SimpleNamespace(
+        initial_timeout_floor_s=1.0, heartbeat_timeout_floor_s=1.0, calc_timeouts_after=5
+    )
+    layer.beat_while_recovering()
+    checkpoint = {
+        "ft": {client.CURRENT_TIMEOUTS_STATE_KEY: {"heartbeat": {"initial": 1.0, "subsequent": 1.0}}}
+    }
+    for _ in range(100):
+        layer.load_state_dict(checkpoint)
+    layer.step_done(0)
+    assert client.requests + client.overlaps > 200  # restores and beats both ran, side by side
+    assert client.overlaps == 0, client.overlaps
+
+
 def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after_the_teardown():
     """The outer layers' teardown (the in-process Wrapper's barriers and monitor process) sends no
     heartbeat and once outlasted the launcher's heartbeat timeout: the launcher killed every rank of a

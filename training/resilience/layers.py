@@ -267,7 +267,10 @@ class FtLauncherLayer(Layer):
         self.steps_this_attempt = 0
         self.attempts = 0
         self.restored = False
-        # One heartbeat on the socket at a time: the in-process monitor thread also sends them.
+        # One request on the launcher's socket at a time (a request and its reply), or the socket falls
+        # out of step ("Unexpected reply", then a broken pipe) and every later heartbeat of the process
+        # fails: the recovery beats come from the in-process monitor thread and a thread of their own,
+        # while the main thread restores the launcher's timeouts with the checkpoint.
         self._sending = threading.Lock()
         self._beating = False
         # Set from a restart's decision until the rank's next step; beats are due until `_beats_until`.
@@ -352,11 +355,14 @@ class FtLauncherLayer(Layer):
         self.steps_this_attempt += 1
         # Same step count on every rank, so the collective inside the calculation lines up.
         if not self.restored and self.steps_this_attempt == self.cfg.calc_timeouts_after:
-            if self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
-                self._apply_floors(calculated=True)
+            with self._sending:
+                if self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+                    self._apply_floors(calculated=True)
             self.restored = True
 
     def _apply_floors(self, *, calculated: bool) -> None:
+        """The configured floors under the heartbeat timeouts; a message to the launcher: call it holding
+        `_sending`."""
         current = self.client.hb_timeouts
         initial = max(current.initial or 0.0, self.cfg.initial_timeout_floor_s)
         subsequent = max(current.subsequent or 0.0, self.cfg.heartbeat_timeout_floor_s)
@@ -371,8 +377,9 @@ class FtLauncherLayer(Layer):
         # none, and applying the floors to the launcher's defaults would leave this attempt on them
         # (a deadlock then waited for the in-process hard timeout instead of the heartbeat timeout).
         if state.get("ft", {}).get(self.client.CURRENT_TIMEOUTS_STATE_KEY, {}).get("heartbeat"):
-            self.client.load_state_dict(state["ft"])
-            self._apply_floors(calculated=False)
+            with self._sending:  # the recovery beats are still on: the restore precedes the next step
+                self.client.load_state_dict(state["ft"])
+                self._apply_floors(calculated=False)
             self.restored = True
 
     def close(self) -> None:
