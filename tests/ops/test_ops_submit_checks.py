@@ -21,7 +21,7 @@ P5_VALUES = Path(__file__).resolve().parents[2] / "k8s" / "values" / "p5-2.yaml"
             "trainer.checkpoint.no_such_field=1",
             "trainer.checkpoint.no_such_field: Extra inputs are not permitted",
         ),
-        ("timeouts.launcher_heartbeat_s=31", "timeouts.launcher_heartbeat_s (31) must exceed"),
+        ("timeouts.launcher_heartbeat_s=30", "timeouts.launcher_heartbeat_s (30) must exceed"),
     ],
 )
 def test_submit_names_a_bad_trainer_field_before_touching_kubeconfig(override, field, nvrx_eks, tmp_path):
