@@ -67,6 +67,15 @@ def place(exc: BaseException) -> str:
     return f"{_shown(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+def kit_place(exc: BaseException) -> str | None:
+    """Where `exc` was raised when that is the kit's own code (`file:line in function`), else None: the
+    script's call may be wrong, or the kit may be."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames or not _is_kit(frames[-1].filename):
+        return None
+    return f"{_shown(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
+
+
 def describe(exc: BaseException) -> str:
     """`Type: message (file:line in function)`, one line."""
     message = one_line(str(exc))[:300]
@@ -107,6 +116,13 @@ def bug_message(exc: BaseException, *, rank: int, step: int | None) -> str:
     """The job's last word on a bug in the script: what, where, and that it is not retried (`step`
     None: in the attempt's setup, before its first step)."""
     at = f"step {step}" if step is not None else "setup (before the first step)"
+    kit = kit_place(exc)
+    if kit is not None:
+        return (
+            f"the training script failed the same way twice on rank {rank} at {at}: {describe(exc)}, "
+            f"raised inside the kit at {kit}; nothing is retried: if the script's call there is right, "
+            "it is the kit's bug (the traceback is in the rank's log)"
+        )
     return (
         f"the training script failed the same way twice on rank {rank} at {at}: {describe(exc)}; a bug, "
         "not a fault: nothing is retried (the traceback is in the rank's log)"

@@ -184,6 +184,30 @@ def test_every_rank_failing_alike_in_one_attempt_is_retried_and_a_repeat_is_a_bu
     rank_0.judge(in_step, failure)
 
 
+def test_a_repeat_raised_inside_the_kit_says_so_and_where(tmp_path):
+    """A failure whose innermost frame is the kit's (a broken launcher socket under the script's
+    `attempt.resume`) was called the script's bug outright; the message names the kit's frame beside
+    the script's, so the reader can tell which of the two to look at."""
+    rank = _Rank(tmp_path, 0)
+    in_step = SimpleNamespace(step=3, last_done=2)
+    try:
+        failures.signature(None, step=3)  # type: ignore[arg-type]  # a kit function failing
+    except AttributeError as exc:
+        failure = exc
+    rank.judge(in_step, failure)
+    with pytest.raises(api.UserCodeError) as bug:
+        rank.judge(in_step, failure)
+    message = str(bug.value)
+    assert "test_user_failures.py:" in message.split("raised inside")[0]  # the script's frame, as ever
+    assert "raised inside the kit at training/failures.py:" in message, message
+    assert (
+        "in signature; nothing is retried: if the script's call there is right, it is the kit's bug"
+        in message
+    )
+    # A failure in the script's own code says nothing of the kit.
+    assert failures.kit_place(_fail(3)) is None
+
+
 def test_a_fault_the_launcher_restarts_for_is_named_with_its_place(tmp_path):
     """An exception out of `train` with no in-process layer (mode baseline): the rank exits 1 for its
     launcher to restart, which names the exception and where the user's code raised it."""
