@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from conftest import LocalJobRunner
 
     from nvrx_eks.localrun.executor import JobResult
+    from nvrx_eks.localrun.summary import FaultSummary
 
 pytestmark = pytest.mark.slow
 
@@ -122,13 +123,7 @@ def test_a_hang_with_long_steps_stays_in_process_though_its_recovery_outlasts_th
         timeout_s=150,
     )
 
-    summary = summarize(events)
-    assert summary.completed, summary
-    (hang,) = summary.faults
-    assert hang.layer == hang.expected_layer == "inprocess", hang
-    assert hang.steps_lost == 0, hang
-    starts = local_job.events(events, "process_start")
-    assert len({e["pid"] for e in starts}) == 4, [(e["rank"], e["pid"]) for e in starts]
+    _the_one_fault_stayed_in_process(local_job, events)
 
 
 _SLOW_RESTORE = """
@@ -178,11 +173,18 @@ def test_an_in_process_recovery_longer_than_the_launchers_heartbeat_timeout_is_n
         timeout_s=150,
     )
 
+    exception = _the_one_fault_stayed_in_process(local_job, events)
+    assert exception.recovery_s > 5, exception  # the premise: the recovery outlasted the timeout
+
+
+def _the_one_fault_stayed_in_process(local_job: LocalJobRunner, events: Path) -> FaultSummary:
+    """The run's one fault, checked recovered in process: the job completed, no step lost, and the four
+    ranks' processes the only ones (the launcher restarted none)."""
     summary = summarize(events)
     assert summary.completed, summary
-    (exception,) = summary.faults
-    assert exception.layer == exception.expected_layer == "inprocess", exception
-    assert exception.steps_lost == 0, exception
-    assert exception.recovery_s > 5, exception  # the premise: the recovery outlasted the timeout
+    (fault,) = summary.faults
+    assert fault.layer == fault.expected_layer == "inprocess", fault
+    assert fault.steps_lost == 0, fault
     starts = local_job.events(events, "process_start")
     assert len({e["pid"] for e in starts}) == 4, [(e["rank"], e["pid"]) for e in starts]
+    return fault
