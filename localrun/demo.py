@@ -106,6 +106,8 @@ def demo(
         )
     except RunFailed as failed:
         return _stopped(console, "the fault-free reference failed", failed)
+    # Found now, by the key the reference was kept under: the key hashes the checkout's trainer code.
+    reference_state = fault_free_state(values, cache_dir=cache_dir or runs_root / ".cache")
 
     console.rule("4. Chaos run (local executor plays the Job controller)")
     outcome = run_job(values, run_dir=run_dir / "chaos", console=console, label="chaos", timeout_s=timeout_s)
@@ -123,7 +125,7 @@ def demo(
         run_dir,
         reference=reference,
         ran={"entrypoint": ran, "values": str(values_path)},
-        reference_state=fault_free_state(values, cache_dir=cache_dir or runs_root / ".cache"),
+        reference_state=reference_state,
     )
     console.print(f"demo took {time.monotonic() - started:.0f} s")
     unmet = unmet_claims(document, job_succeeded=outcome.job.succeeded)
