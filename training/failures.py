@@ -63,17 +63,18 @@ def place(exc: BaseException) -> str:
     # The user's code may itself be installed as a library: then the innermost frame that is not the kit's.
     own = [f for f in frames if not _is_library(f.filename)]
     outside_kit = [f for f in frames if not _is_kit(f.filename)]
-    frame = (own or outside_kit or frames)[-1]
-    return f"{_shown(frame.filename)}:{frame.lineno} in {frame.name}"
+    return _where((own or outside_kit or frames)[-1])
 
 
 def kit_place(exc: BaseException) -> str | None:
     """Where `exc` was raised when that is the kit's own code (`file:line in function`), else None: the
     script's call may be wrong, or the kit may be."""
     frames = traceback.extract_tb(exc.__traceback__)
-    if not frames or not _is_kit(frames[-1].filename):
-        return None
-    return f"{_shown(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
+    return _where(frames[-1]) if frames and _is_kit(frames[-1].filename) else None
+
+
+def _where(frame: traceback.FrameSummary) -> str:
+    return f"{_shown(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
 def describe(exc: BaseException) -> str:
@@ -117,13 +118,13 @@ def bug_message(exc: BaseException, *, rank: int, step: int | None) -> str:
     None: in the attempt's setup, before its first step)."""
     at = f"step {step}" if step is not None else "setup (before the first step)"
     kit = kit_place(exc)
-    if kit is not None:
-        return (
-            f"the training script failed the same way twice on rank {rank} at {at}: {describe(exc)}, "
-            f"raised inside the kit at {kit}; nothing is retried: if the script's call there is right, "
-            "it is the kit's bug (the traceback is in the rank's log)"
-        )
+    verdict = (
+        "; a bug, not a fault: nothing is retried"
+        if kit is None
+        else f", raised inside the kit at {kit}; nothing is retried: if the script's call there is right, "
+        "it is the kit's bug"
+    )
     return (
-        f"the training script failed the same way twice on rank {rank} at {at}: {describe(exc)}; a bug, "
-        "not a fault: nothing is retried (the traceback is in the rank's log)"
+        f"the training script failed the same way twice on rank {rank} at {at}: {describe(exc)}{verdict} "
+        "(the traceback is in the rank's log)"
     )

@@ -287,8 +287,7 @@ class FtLauncherLayer(Layer):
                 # An in-process restart's new attempt: the rank is alive and about to restore.
                 self.beat_while_recovering()
             result = run()
-            self._recovering.clear()  # a run that returns before its first step
-            self.training_done()
+            self.training_done()  # also ends a recovery whose run returned before its first step
             return result
 
         return attempt
@@ -383,10 +382,7 @@ class FtLauncherLayer(Layer):
             self.restored = True
 
     def close(self) -> None:
-        self._recovering.clear()
-        with self._sending:
-            self._beating = False
-            self.client.shutdown_workload_monitoring()
+        self.training_done()
 
 
 class Resilience(Layer):
