@@ -75,9 +75,11 @@ def test_tiers_persist_in_background_survive_failure_and_hang(tmp_path):
         # The location comes back: a later due step persists (retry without intervention).
         blocker.unlink()
         save_until(ckpt, steps, lambda: ckpt.stats.persisted["durable"] >= 1)
-        # A hung writer: detected by its timeout, killed, reported; the tier works again afterwards.
+        # A hung writer: detected by its timeout, killed, reported; the tier works again afterwards. The
+        # delay is every tier's: six times the local timeout, and short enough that the durable tier's
+        # delayed writes (timeout 60 s) finish before the final wait rather than hold it.
         ckpt.workers["local"].timeout_s = 0.5
-        ckpt._persist_delay_s = 30.0
+        ckpt._persist_delay_s = 3.0
         save_until(ckpt, steps, lambda: ckpt.stats.timed_out["local"] >= 1)
         ckpt.workers["local"].timeout_s = 60
         ckpt._persist_delay_s = 0.0
