@@ -48,8 +48,9 @@ What it does, the way Kubernetes would:
   process tree and every process carrying the marker. The tree alone is not enough: ft_launcher's
   workers run in their own sessions and NVRx's in-process monitor processes daemonize out of the tree
   (on a cluster they die with the pod's cgroup). The replacement starts only once all are gone. (A
-  container the `warm` runtime forked has the server's environment in /proc: the runtime lists those
-  with their markers, and the search here includes them.)
+  container the `warm` runtime forked writes its pod's marker into the environment /proc shows, which
+  what it forks without an exec inherits; the runtime also lists its live forks with their markers, and
+  the search here includes them.)
 - successPolicy `succeededCount` (the chart sets it with warm spares): the job is complete once that
   many indexes succeeded; the remaining pods are ended (the job's shutdown), not replaced.
 - Node deletion (`LocalJob.delete_node(index)` or a file `$NVRX_EKS_CHAOS_DIR/delete-node-<index>`,

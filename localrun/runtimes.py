@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.warm import WarmStarter, warm_module
+from nvrx_eks.localrun.warm import WarmStarter, server_environment, warm_module
+from nvrx_eks.training.resilience.launch import FORKSERVER_FORK_ENV
 
 RUNC = "/usr/sbin/runc"
 # Podman's default runtime (crun) and its default container rlimits both fail on Debian 12 machines of
@@ -162,11 +163,19 @@ class WarmProcesses(Processes):
             if run_key not in self.starters:
                 # The server and its forks (whose /proc environ is the server's) carry the run's marker
                 # under a name no pod can have: a search for the run finds them from any process.
-                server_env = os.environ | {POD_ENV: f"{run_key}/{WARM_SERVER_POD}"}
+                server_env = server_environment(
+                    dict(os.environ), marker_env=POD_ENV, marker=f"{run_key}/{WARM_SERVER_POD}"
+                )
                 self.starters[run_key] = WarmStarter(env=server_env)
             starter = self.starters[run_key]
         module, args = found
-        return starter.start(module, args, env=env, cwd=cwd, log=log, marker=env.get(POD_ENV, ""))
+        # Each fork writes its pod's marker into its /proc environ, so what the launcher forks without
+        # an exec is its pod's too: the launcher may fork its forkserver (training/resilience/launch.py).
+        env = env | {FORKSERVER_FORK_ENV: "1"}
+        marker = env.get(POD_ENV, "")
+        return starter.start(
+            module, args, env=env, cwd=cwd, log=log, marker=marker, marker_env=POD_ENV if marker else None
+        )
 
     def close(self, run_key: str) -> None:
         with self.lock:

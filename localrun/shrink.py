@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import re
 import subprocess
@@ -41,7 +40,7 @@ SHRINK_OVERRIDES = (
     # Long enough that the shrunk job still trains when the replacement joins, on a loaded machine too:
     # it is scheduled HOLD_S after the loss, and its pod's start and its launcher's first beats slow
     # down with the machine's load; the shrunk job trains a step in two emulated device steps.
-    'entrypoint.args=["--model","tiny","--steps","300","--emulated-device-step-s","0.1"]',
+    'entrypoint.args=["--model","tiny","--steps","200","--emulated-device-step-s","0.1"]',
     # Rank 2 lives on node 1: the node that does not host rank 0 is the one lost.
     'trainer.faults.plan=["node_loss@40:2"]',
 )
@@ -174,10 +173,9 @@ def reference_sha256(
     config |= {"mode": "baseline", "run_dir": str(run_dir), "faults": {}}
     config["checkpoint"] |= {
         # Each segment's last step on disk when its process ends, whatever the machine's load: the
-        # synchronous checkpointer, at a cadence every segment's end falls on. (The tiered one skips a
-        # due step while its writer is still busy, and the next segment would resume from an older one.)
+        # synchronous checkpointer, due at the segment's end (below). (The tiered one skips a due step
+        # while its writer is still busy, and the next segment would resume from an older one.)
         "implementation": "sync",
-        "durable_every": math.gcd(*(end for end in ends[:-1] if end > 0)) or steps,
         "memory_dir": str(run_dir / "shm"),
         "local_dir": None,
         "durable_dir": str(run_dir / "checkpoints"),
@@ -186,13 +184,21 @@ def reference_sha256(
     }
     if "--emulated-device-step-s" in args:  # only a wait: the reference computes the same without it
         args[args.index("--emulated-device-step-s") + 1] = "0"
-    for gen, end in zip(gens, ends, strict=True):
+    for i, (gen, end) in enumerate(zip(gens, ends, strict=True)):
         segment_args = [*args]
         segment_args[segment_args.index("--steps") + 1] = str(end + 1)
+        # A step is due when the cadence divides it: the segment's end is its one due step after its
+        # first (the last segment's none: its final state is kept anyway), not every step a cadence
+        # common to all the ends would write.
+        every = end if end > 0 and i < len(ends) - 1 else steps
         _torchrun_segment(
             ranks=gen.world_size,
             argv=[*script, *segment_args],
-            config={**config, "ranks_per_node": per_node},
+            config={
+                **config,
+                "checkpoint": {**config["checkpoint"], "durable_every": every},
+                "ranks_per_node": per_node,
+            },
             timeout_s=timeout_s,
         )
     resumed = [

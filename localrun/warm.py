@@ -23,11 +23,13 @@ What differs from a fresh interpreter, and why that is safe here:
   process id, and starts no Python thread (the server refuses to fork once a preload started one);
   tests/localrun/test_localrun_warm.py checks all three.
 - No module teardown at exit (`_run`).
-- The first process's /proc/PID/environ is the server's (the kernel keeps what exec was given). The
-  server carries the run's marker (runtimes.py `WarmProcesses`), so a search for the whole run finds
-  the forks from any process (a leak check, a test watching a run); a search for one pod would miss
-  them, so `live_roots` lists the live ones and the executor's search adds them. What the fork execs
-  (the forkserver, the ranks, tools) carries the pod's environment and marker as before.
+- /proc/PID/environ: the kernel shows the environment block exec was given, which a fork shares with
+  the server. The server's block ends with the run's marker and room after it (`server_environment`),
+  and each fork writes its own pod's marker there (`_mark`), as setproctitle rewrites argv: a search
+  for one pod finds the fork and whatever it forks without an exec (the launcher's forkserver, the
+  ranks, NVRx's monitor processes), a search for the whole run finds them all. `live_roots` lists the
+  live forks too, for a search that runs before a fork has marked itself. What a fork execs carries
+  the pod's environment as before.
 - One hash seed for all forks.
 - Start-up time: a pod starts in a fraction of a cluster container's time, so a run's figures that
   include a pod's start (a replacement's time to its first step) are not a cluster's. `nvrx-eks local
@@ -73,6 +75,10 @@ PRELOAD = (
 importing process's pid and TMPDIR at import, which every fork would then share
 (tests/localrun/test_localrun_warm.py checks PRELOAD for both kinds of import-time state)."""
 
+MARKER_ROOM_ENV = "NVRX_EKS_LOCAL_MARKER_ROOM"
+"""The last variable of the server's environment: room for a fork's longer marker (`server_environment`)."""
+_MARKER_ROOM_BYTES = 512
+
 _MESSAGE_BYTES = 1 << 20
 _KILL_WAIT_S = 5.0
 
@@ -102,6 +108,35 @@ def warm_module(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] |
     if found is None or Path(found).absolute().parent != ours.absolute().parent or not ours.samefile(found):
         return None
     return argv[2], argv[3:]
+
+
+def server_environment(env: dict[str, str], *, marker_env: str, marker: str) -> dict[str, str]:
+    """`env` for the server: `marker_env=marker` last, then room for a fork to write a longer marker over
+    both (`_mark`)."""
+    rest = {k: v for k, v in env.items() if k not in (marker_env, MARKER_ROOM_ENV)}
+    return rest | {marker_env: marker, MARKER_ROOM_ENV: "." * _MARKER_ROOM_BYTES}
+
+
+def _mark(marker_env: str, marker: str) -> None:
+    """Write `marker_env=marker` over the end of this process's exec-time environment block, which
+    /proc/PID/environ shows: from `marker_env` on, where `server_environment` put it and the room after
+    it, the rest filled with NULs (a reader's parse of the block ends at the first empty entry)."""
+    import ctypes  # noqa: PLC0415 - only forks mark themselves
+
+    # /proc/PID/stat fields 50 and 51: where the block starts and ends (proc(5)); fields from the third
+    # on follow the command's name, which is in parentheses and may hold spaces.
+    fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()
+    start, end = int(fields[47]), int(fields[48])
+    block = Path("/proc/self/environ").read_bytes()
+    at = block.find(b"\0" + marker_env.encode() + b"=")
+    tail = block[at + 1 :].split(b"\0") if at >= 0 else []
+    names = [entry.partition(b"=")[0] for entry in tail if entry]
+    entry, room = f"{marker_env}={marker}".encode() + b"\0", end - start - at - 1
+    if names != [marker_env.encode(), MARKER_ROOM_ENV.encode()] or len(entry) > room:
+        raise RuntimeError(
+            f"warm runtime: cannot mark this fork {marker!r}: the server's environment ends {names}"
+        )
+    ctypes.memmove(start + at + 1, entry.ljust(room, b"\0"), room)
 
 
 class WarmProcess:
@@ -159,9 +194,19 @@ class WarmStarter:
         self._reader.start()
 
     def start(
-        self, module: str, args: list[str], *, env: dict[str, str], cwd: Path, log: IO[bytes], marker: str
+        self,
+        module: str,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        log: IO[bytes],
+        marker: str,
+        marker_env: str | None = None,
     ) -> WarmProcess:
-        """`python -m module *args` in `cwd` with `env`, its output to `log`; `marker`: its pod's."""
+        """`python -m module *args` in `cwd` with `env`, its output to `log`; `marker`: its pod's, which
+        the fork writes into its /proc environ as `marker_env` (the server's environment from
+        `server_environment`)."""
         with self._send_lock:
             self._next += 1
             key = self._next
@@ -172,6 +217,7 @@ class WarmStarter:
                 "env": env,
                 "cwd": str(cwd),
                 "marker": marker,
+                "marker_env": marker_env,
             }
             socket.send_fds(self._sock, [json.dumps(request).encode()], [log.fileno()])
             with self._started_cv:
@@ -295,6 +341,8 @@ def _become(request: dict[str, Any], *, log_fd: int) -> None:
     os.dup2(log_fd, 2)
     os.close(log_fd)
     env: dict[str, str] = request["env"]
+    if request.get("marker_env"):
+        _mark(request["marker_env"], request["marker"])
     # site.py's own treatment of sys.path: absolute (abspath: no symlink followed), no repeats.
     servers = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}  # noqa: PTH100
     own = [p for p in sys.path[1:] if p not in servers]  # the interpreter's own: stdlib, site-packages

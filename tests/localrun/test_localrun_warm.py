@@ -3,6 +3,7 @@ container a fresh interpreter would have been, as far as the container can tell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ from nvrx_eks.localrun.runtimes import (
     WarmProcesses,
     runtime_named,
 )
-from nvrx_eks.localrun.warm import PRELOAD, WarmProcess, WarmStarter
+from nvrx_eks.localrun.warm import MARKER_ROOM_ENV, PRELOAD, WarmProcess, WarmStarter
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,29 +115,60 @@ def test_a_warm_container_buffers_its_output_as_a_fresh_interpreter_does(contain
     assert "unbuffered True" in container("warm", "0", unbuffered=True)[1]
 
 
-def test_a_warm_container_is_found_by_its_pod_marker_and_killed_with_its_pod(tmp_path, warm_runtime):
-    script = tmp_path / "sleeper.py"
-    script.write_text("import time\ntime.sleep(60)\n")
+_DAEMON = """
+import os, sys, time
+# A daemon forked without an exec, out of the container's process tree (as NVRx's in-process monitor
+# process leaves its rank's): only its marker says whose it is.
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(sys.argv[1] + ".tmp", "w") as out:
+            out.write(str(os.getpid()))
+        os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_warm_container_and_what_it_forks_carry_its_pod_marker_and_die_with_its_pod(tmp_path, warm_runtime):
+    (tmp_path / "daemonizer.py").write_text(textwrap.dedent(_DAEMON))
     env = {**os.environ, POD_ENV: "run-key/pod-1", "PYTHONPATH": str(tmp_path)}
+    pid_file = tmp_path / "daemon.pid"
     with (tmp_path / "log").open("wb") as log:
         proc = warm_runtime.start(
-            [sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key="run-key"
+            [sys.executable, "-m", "daemonizer", str(pid_file)], env, cwd=tmp_path, log=log, run_key="run-key"
         )
     server = warm_runtime.starters["run-key"]._server.pid
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon = psutil.Process(int(pid_file.read_text()))
     try:
         assert isinstance(proc, WarmProcess)
-        # The server's environ, not the pod's: the run's marker under the server's own name.
-        assert psutil.Process(proc.pid).environ()[POD_ENV] == f"run-key/{WARM_SERVER_POD}"
-        assert [p.pid for p in marked_processes("run-key/pod-1")] == [proc.pid]
-        assert sorted(p.pid for p in marked_processes("run-key")) == sorted([proc.pid, server])
+        assert daemon.ppid() != proc.pid
+        # Both show their pod's marker in /proc, the rest of the environment as it was; the server
+        # keeps the run's marker under its own name.
+        for pid in (proc.pid, daemon.pid):
+            environ = psutil.Process(pid).environ()
+            assert environ[POD_ENV] == "run-key/pod-1"
+            assert environ["PATH"] == os.environ["PATH"]
+            assert MARKER_ROOM_ENV not in environ
+        assert psutil.Process(server).environ()[POD_ENV] == f"run-key/{WARM_SERVER_POD}"
+        assert sorted(p.pid for p in marked_processes("run-key/pod-1")) == sorted([proc.pid, daemon.pid])
+        assert sorted(p.pid for p in marked_processes("run-key")) == sorted([proc.pid, daemon.pid, server])
         assert marked_processes("run-key/pod-2") == []
-        # Another process (a leak check, a test watching a `nvrx-eks local run`) finds the run's forks too.
-        assert sorted(_marked_seen_from_another_process("run-key")) == sorted([proc.pid, server])
+        # Another process (a leak check, a test watching a `nvrx-eks local run`) finds them too.
+        seen = _marked_seen_from_another_process("run-key")
+        assert sorted(seen) == sorted([proc.pid, daemon.pid, server])
         kill_pod_processes("run-key/pod-1")
         assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert not daemon.is_running() or daemon.status() == psutil.STATUS_ZOMBIE
         assert [p.pid for p in marked_processes("run-key")] == [server]
     finally:
         proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            daemon.kill()
 
 
 def _marked_seen_from_another_process(marker: str) -> list[int]:

@@ -602,3 +602,43 @@ def test_a_new_launcher_gives_up_waiting_at_its_join_timeout_and_joins_as_before
         store = open_rendezvous_store(f"127.0.0.1:{port}", run_id="job", wait_s=1.5)
         assert 1.5 <= time.monotonic() - started < 10
         assert barrier_state(store, run_id="job").is_shutdown()  # NVRx's join then fails, as before
+
+
+_FORKED_FORKSERVER = r"""
+import json, multiprocessing, os, sys
+from pathlib import Path
+import torch
+from nvrx_eks.training.resilience.launch import fork_forkserver
+
+def exit_with_threads():
+    os._exit(10 + torch.get_num_threads())
+
+held = open(sys.argv[1], "w")  # a descriptor of the launcher's, which the forkserver must not keep
+os.environ["OMP_NUM_THREADS"] = "1"  # set after torch's import, as a warm runtime's fork gets the pod's
+multiprocessing.set_forkserver_preload(["json"])
+fork_forkserver(["json"])
+server = multiprocessing.forkserver._forkserver._forkserver_pid
+worker = multiprocessing.get_context("forkserver").Process(target=exit_with_threads)
+worker.start()
+worker.join(timeout=30)
+fds = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
+cmdline = Path(f"/proc/{server}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes()
+print(json.dumps({"exitcode": worker.exitcode, "fds": fds,
+                  "forked": cmdline, "children": os.waitpid(server, os.WNOHANG)[0] == 0}))
+"""
+
+
+def test_a_forkserver_forked_from_the_launcher_starts_workers_and_keeps_none_of_its_descriptors(tmp_path):
+    """`fork_forkserver` (the warm runtime's launcher, `FORKSERVER_FORK_ENV`): the forkserver is this
+    process's fork, not a fresh `python -c` importing torch again, and serves workers as multiprocessing's
+    own; it keeps only the listener, the alive pipe and the standard streams of what the launcher had."""
+    held = tmp_path / "held-by-the-launcher"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = run_python("-c", _FORKED_FORKSERVER, str(held), timeout=120, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    # torch's threads as OMP_NUM_THREADS says, though set after torch was imported (the warm server's)
+    assert report["exitcode"] == 10 + 1
+    assert report["forked"]  # the same command line: a fork of this process
+    assert report["children"]  # alive, and this process's child
+    assert str(held) not in report["fds"]

@@ -28,7 +28,11 @@ kitcore/ or training/ reads the environment or opens files at import (tests/trai
 checks both).
 
 The forkserver starts at once, so its imports run while this process imports NVRx and its agent waits
-in the rendezvous round: a pod's first start (a replacement after a node loss) overlaps the two.
+in the rendezvous round: a pod's first start (a replacement after a node loss) overlaps the two. Where
+this launcher is itself a fork of an interpreter that has imported torch (the local executor's warm
+runtime says so through `FORKSERVER_FORK_ENV`), the forkserver is a fork of this process instead
+(`fork_forkserver`), which imports only what this process has not: the suite's many short local jobs
+would otherwise import torch again in every pod they start.
 
 The exit status tells the Job controller whether the fault was here. ft_launcher exits 1 whenever its
 workers failed, also when the only failure was its own stop of them (SIGTERM) because a rank on another
@@ -39,11 +43,15 @@ failed by itself.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import socket
 import sys
+import threading
 import time
+import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -133,6 +141,12 @@ def entry_script() -> str:
     kit is installed: `--run-path` wants a path."""
     return str(Path(__file__).resolve().parents[1] / "entry.py")
 
+
+FORKSERVER_FORK_ENV = "NVRX_EKS_FORKSERVER_FORK"
+"""Set (to 1) by a runtime that starts this launcher as a fork of an interpreter that has imported torch
+and forked nothing yet, and that marks what the launcher forks as its pod's (the local executor's warm
+runtime, localrun/warm.py): the forkserver is then a fork of this process (`fork_forkserver`), not a
+fresh interpreter importing torch again. Read once and removed, so no worker inherits it."""
 
 PRELOAD_ENV = "NVRX_EKS_PRELOAD"
 """Comma-separated modules a training script imports before its first step (the job values'
@@ -350,9 +364,10 @@ def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
     return endpoint, run_id, int(infra_rank)
 
 
-def start_forkserver(ft_argv: list[str], config: ResilienceConfig) -> None:
+def start_forkserver(ft_argv: list[str], config: ResilienceConfig, *, fork: bool = False) -> None:
     """Start the forkserver now, not at the first worker (its imports overlap this process's and the
-    rendezvous), importing `warm_modules` and the entry point's own imports (`warm_entry_imports`)."""
+    rendezvous), importing `warm_modules` and the entry point's own imports (`warm_entry_imports`);
+    `fork`: as a fork of this process (`FORKSERVER_FORK_ENV`)."""
     preload = warm_modules(config)
     warm = warm_entry_imports(ft_argv)
     if warm is not None:
@@ -363,7 +378,64 @@ def start_forkserver(ft_argv: list[str], config: ResilienceConfig) -> None:
         )
         preload.append(warm[1])
     multiprocessing.set_forkserver_preload(preload)
+    if fork and threading.active_count() == 1:
+        if warm is not None:
+            sys.path.append(str(warm[0]))  # what PYTHONPATH gives a fresh interpreter
+        fork_forkserver(preload)
     multiprocessing.forkserver.ensure_running()
+
+
+def fork_forkserver(preload: list[str]) -> None:
+    """multiprocessing's `ForkServer.ensure_running` with the server forked from this process, which has
+    imported torch already, instead of started as a fresh interpreter: the same listener, "alive" pipe
+    and `forkserver.main`, which imports `preload` (what is imported already costs nothing) and then
+    forks each worker. Only while this process has one thread: a fork copies no other thread's locks.
+    The child keeps only its two descriptors and the standard streams, as `spawnv_passfds` leaves it."""
+    from multiprocessing import connection, resource_tracker, spawn, util  # noqa: PLC0415
+
+    server = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]  # noqa: SLF001
+    resource_tracker.ensure_running()
+    data = {k: v for k, v in spawn.get_preparation_data("ignore").items() if k in {"main_path", "sys_path"}}
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):  # type: ignore[attr-defined]
+            Path(address).chmod(0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # or every worker would write what they hold again
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            keep = sorted({0, 1, 2, listener.fileno(), alive_r})
+            for low, high in itertools.pairwise([-1, *keep, os.sysconf("SC_OPEN_MAX")]):
+                if high > low + 1:  # closerange(n, n) would close from n up, past every kept one
+                    os.closerange(low + 1, high)
+            _threads_as_the_environment_says()
+            code = 0
+            try:
+                multiprocessing.forkserver.main(listener.fileno(), alive_r, preload, **data)
+            except SystemExit as exc:  # the server's end once every client is gone
+                code = exc.code if isinstance(exc.code, int) else 0
+            except BaseException:  # noqa: BLE001 - reported as a fresh interpreter would, then exit 1
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        os.close(alive_r)
+    server._forkserver_address = address  # noqa: SLF001
+    server._forkserver_alive_fd = alive_w  # noqa: SLF001
+    server._forkserver_pid = pid  # noqa: SLF001
+
+
+def _threads_as_the_environment_says() -> None:
+    """torch sizes its intra-op thread pool from OMP_NUM_THREADS when it is imported; a fork keeps the
+    size its parent's environment gave (a warm interpreter's, not the pod's): size it as a fresh
+    interpreter with this environment would (two threads per rank on a core each oversubscribe)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch  # noqa: PLC0415 - imported already: this process is a warm fork
+
+        torch.set_num_threads(int(threads))
 
 
 def main() -> None:
@@ -373,6 +445,7 @@ def main() -> None:
     # (tests/training/test_training_launch.py checks that nothing asks).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     ft_argv = launcher_argv(sys.argv[1:])
+    fork = os.environ.pop(FORKSERVER_FORK_ENV, "") == "1"
     with exit_on_user_error():
         config = config_from_env()
         check_entry(ft_argv)
@@ -383,7 +456,7 @@ def main() -> None:
     if pod is not None and config.shrink.enabled:  # a shrunk job's ranks report durable steps to it
         os.environ[RENDEZVOUS_ENV] = f"{pod[0]}/{pod[1]}"
     if start_method(ft_argv) == "forkserver":
-        start_forkserver(ft_argv, config)
+        start_forkserver(ft_argv, config, fork=fork)
         keep_launcher_process_group()
     hand_over(ft_argv)
     alive = beat(ft_argv)
