@@ -21,7 +21,10 @@ What differs from a fresh interpreter, and why that is safe here:
   or the process id would be the server's in every fork. What is preloaded reads nothing a pod sets
   (but HOME, for sysconfig's user site folder, which only `pip install --user` uses), keeps no
   process id, and starts no Python thread (the server refuses to fork once a preload started one);
-  tests/localrun/test_localrun_warm.py checks all three.
+  tests/localrun/test_localrun_warm.py checks all three. Native code is another matter: torch sizes
+  its thread pool from OMP_NUM_THREADS as it loads, so a fork computes with the server's size until
+  it sets its own; the launcher's forkserver, which every rank forks from, sets the pod's
+  (training/resilience/launch.py `fork_forkserver`).
 - No module teardown at exit (`_run`).
 - /proc/PID/environ: the kernel shows the environment block exec was given, which a fork shares with
   the server. The server's block ends with the run's marker and room after it (`server_environment`),

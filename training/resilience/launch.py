@@ -393,13 +393,13 @@ def fork_forkserver(preload: list[str]) -> None:
     The child keeps only its two descriptors and the standard streams, as `spawnv_passfds` leaves it."""
     from multiprocessing import connection, resource_tracker, spawn, util  # noqa: PLC0415
 
-    server = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]  # noqa: SLF001
+    server = multiprocessing.forkserver._forkserver  # noqa: SLF001
     resource_tracker.ensure_running()
     data = {k: v for k, v in spawn.get_preparation_data("ignore").items() if k in {"main_path", "sys_path"}}
     with socket.socket(socket.AF_UNIX) as listener:
         address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
         listener.bind(address)
-        if not util.is_abstract_socket_namespace(address):  # type: ignore[attr-defined]
+        if not util.is_abstract_socket_namespace(address):
             Path(address).chmod(0o600)
         listener.listen()
         alive_r, alive_w = os.pipe()
@@ -422,9 +422,10 @@ def fork_forkserver(preload: list[str]) -> None:
                 code = 1
             os._exit(code)
         os.close(alive_r)
-    server._forkserver_address = address  # noqa: SLF001
-    server._forkserver_alive_fd = alive_w  # noqa: SLF001
-    server._forkserver_pid = pid  # noqa: SLF001
+    # What `ensure_running` records, so that it and every worker's start find this server running.
+    server._forkserver_address = address  # type: ignore[attr-defined]  # noqa: SLF001
+    server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]  # noqa: SLF001
+    server._forkserver_pid = pid  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 def _threads_as_the_environment_says() -> None:
