@@ -161,8 +161,8 @@ class WarmProcesses(Processes):
             return popen(argv, env, cwd=cwd, log=log)
         with self.lock:
             if run_key not in self.starters:
-                # The server and its forks (whose /proc environ is the server's) carry the run's marker
-                # under a name no pod can have: a search for the run finds them from any process.
+                # The server carries the run's marker under a name no pod can have: a search for the run
+                # finds it from any process. Its forks write their own pod's marker over it (warm.py).
                 server_env = server_environment(
                     dict(os.environ), marker_env=POD_ENV, marker=f"{run_key}/{WARM_SERVER_POD}"
                 )
