@@ -6,7 +6,7 @@ prepared them (names on loopback, volumes as local folders, `$(VAR)` expanded), 
 start, and `Runtime.start` starts it. Everything else (the Job controller, node deletion, the store's
 restarts, the chaos contract) is the executor's and the same for all three.
 
-`WarmProcesses` is `Processes` whose `python -m` containers fork from one interpreter per run that
+`WarmProcesses` is `Processes` whose `python -m` containers fork from one interpreter per process that
 imported torch and the kit (localrun/warm.py says what that keeps and what it changes): a pod starts
 in a fraction of the CPU time. The test suite runs its local jobs so (`RUNTIME_ENV`); a pod's start-up
 time is then not a cluster's, so `nvrx-eks local run` and the demo start fresh interpreters unless
@@ -30,13 +30,12 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.warm import WarmStarter, server_environment, warm_module
+from nvrx_eks.localrun.warm import end_process_forks, process_starter, server_environment, warm_module
 from nvrx_eks.training.resilience.launch import FORKSERVER_FORK_ENV
 
 RUNC = "/usr/sbin/runc"
@@ -50,7 +49,7 @@ POD_ENV = "NVRX_EKS_LOCAL_POD"
 """The environment variable every process of a local pod carries: `<run-key>/<pod>`."""
 
 WARM_SERVER_POD = "_warm-server"
-"""The pod name in the warm server's marker: not a DNS-1123 name, so no pod's."""
+"""The warm server's marker: no `<run-key>/<pod>`, so no run's (it serves every run of its process)."""
 
 RUNTIME_ENV = "NVRX_EKS_LOCAL_RUNTIME"
 """The runtime a local run uses when none is named (`processes` or `warm`; unset: `processes`)."""
@@ -144,14 +143,10 @@ class Processes:
 
 @dataclass(frozen=True)
 class WarmProcesses(Processes):
-    """`Processes` whose `python -m` containers fork from one warm interpreter per run (localrun/warm.py);
-    any other command starts as a process."""
+    """`Processes` whose `python -m` containers fork from this process's warm interpreter
+    (localrun/warm.py); any other command starts as a process."""
 
     name: str = "warm"
-    starters: dict[str, WarmStarter] = field(default_factory=dict, repr=False, compare=False)
-    """Run key -> its server: runs side by side end their own."""
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    """The pods of a run start from their own threads."""
 
     def start(
         self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
@@ -159,29 +154,23 @@ class WarmProcesses(Processes):
         found = warm_module(argv, env)
         if found is None:
             return popen(argv, env, cwd=cwd, log=log)
-        with self.lock:
-            if run_key not in self.starters:
-                # The server carries the run's marker under a name no pod can have: a search for the run
-                # finds it from any process. Its forks write their own pod's marker over it (warm.py).
-                server_env = server_environment(
-                    dict(os.environ), marker_env=POD_ENV, marker=f"{run_key}/{WARM_SERVER_POD}"
-                )
-                self.starters[run_key] = WarmStarter(env=server_env)
-            starter = self.starters[run_key]
+        # One server for every run of this process; it belongs to none, so its marker names no run and
+        # a run's search never finds it. Its forks write their own pod's marker over it (warm.py).
+        starter = process_starter(
+            server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD)
+        )
         module, args = found
         # Each fork writes its pod's marker into its /proc environ, so what the launcher forks without
         # an exec is its pod's too: the launcher may fork its forkserver (training/resilience/launch.py).
         env = env | {FORKSERVER_FORK_ENV: "1"}
         marker = env.get(POD_ENV, "")
+        del run_key  # the pod's marker begins with it
         return starter.start(
             module, args, env=env, cwd=cwd, log=log, marker=marker, marker_env=POD_ENV if marker else None
         )
 
     def close(self, run_key: str) -> None:
-        with self.lock:
-            starter = self.starters.pop(run_key, None)
-        if starter is not None:
-            starter.close()
+        end_process_forks(run_key)
 
 
 @dataclass(frozen=True)

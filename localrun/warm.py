@@ -4,8 +4,10 @@ Each container of the kit's images that runs Python runs `python -m MODULE ARGS`
 launcher, the topology reader, the store's control process. As fresh interpreters every one of them
 imports torch, and the self-check the checkpointer's implementation too: seconds of CPU per pod
 start, which a local run of many short jobs on a small machine (the test suite) spends over and over
-(docs/measurements.md). `WarmStarter` keeps one server process per run that has imported `PRELOAD` and
-forks it for each such container, as the launcher's forkserver does for the ranks.
+(docs/measurements.md). `WarmStarter` keeps a server process that has imported `PRELOAD` and forks
+it for each such container, as the launcher's forkserver does for the ranks; `process_starter` keeps one
+for every run of the process, so a run does not pay for the server's imports either, and
+`WarmStarter.end` ends one run's forks.
 
 The fork becomes the container as `python -m` would have started it: its own session; stdin from
 /dev/null, stdout and stderr to the pod's log; the container's environment (C-level `getenv` sees it,
@@ -27,7 +29,7 @@ What differs from a fresh interpreter, and why that is safe here:
   (training/resilience/launch.py `fork_forkserver`).
 - No module teardown at exit (`_run`).
 - /proc/PID/environ: the kernel shows the environment block exec was given, which a fork shares with
-  the server. The server's block ends with the run's marker and room after it (`server_environment`),
+  the server. The server's block ends with a marker of its own and room after it (`server_environment`),
   and each fork writes its own pod's marker there (`_mark`), as setproctitle rewrites argv: a search
   for one pod finds the fork and whatever it forks without an exec (the launcher's forkserver, the
   ranks, NVRx's monitor processes), a search for the whole run finds them all. `live_roots` lists the
@@ -46,6 +48,7 @@ Any other command (a script path, a binary, an interpreter other than this one) 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import importlib
@@ -75,8 +78,10 @@ PRELOAD = (
 )
 """What the server imports once: torch (every Python container) and the checkpointer's implementation
 (which the self-check probes). Not NVRx's modules: its launcher names its IPC socket after the
-importing process's pid and TMPDIR at import, which every fork would then share
-(tests/localrun/test_localrun_warm.py checks PRELOAD for both kinds of import-time state)."""
+importing process's pid and TMPDIR at import, which every fork would then share. Not torch._dynamo
+either, though it is most of what the launcher's forkserver still imports: it fixes its compile cache's
+folder from TMPDIR at import (torch/_dynamo/package.py). tests/localrun/test_localrun_warm.py checks
+PRELOAD for both kinds of import-time state."""
 
 MARKER_ROOM_ENV = "NVRX_EKS_LOCAL_MARKER_ROOM"
 """The last variable of the server's environment: room for a fork's longer marker (`server_environment`)."""
@@ -91,13 +96,16 @@ the server's (see the module docstring)."""
 _live_lock = threading.Lock()
 
 
+def _under(mark: str, marker: str) -> bool:
+    """Whether pod marker `mark` is `marker` or lies below it (`<run-key>` covers a whole run)."""
+    return mark == marker or mark.startswith(f"{marker}/")
+
+
 def live_roots(marker: str) -> list[psutil.Process]:
     """The live forks whose pod marker is `marker` or lies below it (`<run-key>` matches a whole run),
     as `psutil.Process`es that check their pid was not reused before a signal."""
     with _live_lock:
-        found = [
-            proc for mark, proc in _live_roots.values() if mark == marker or mark.startswith(f"{marker}/")
-        ]
+        found = [proc for mark, proc in _live_roots.values() if _under(mark, marker)]
     return [proc for proc in found if proc.is_running()]
 
 
@@ -145,8 +153,8 @@ def _mark(marker_env: str, marker: str) -> None:
 class WarmProcess:
     """A started container, with the part of `subprocess.Popen`'s interface the executor uses."""
 
-    def __init__(self, pid: int, args: list[str]) -> None:
-        self.pid, self.args = pid, args
+    def __init__(self, pid: int, args: list[str], marker: str) -> None:
+        self.pid, self.args, self.marker = pid, args, marker
         self.returncode: int | None = None
         self._ended = threading.Event()
 
@@ -236,7 +244,7 @@ class WarmStarter:
             if "started" in event:
                 with self._started_cv:
                     if "pid" in event:
-                        proc = WarmProcess(event["pid"], [event["module"]])
+                        proc = WarmProcess(event["pid"], [event["module"]], event["marker"])
                         self._running[proc.pid] = proc
                         with _live_lock, contextlib.suppress(psutil.Error):  # gone already: nothing to find
                             _live_roots[proc.pid] = (event["marker"], psutil.Process(proc.pid))
@@ -257,6 +265,24 @@ class WarmStarter:
         for proc in left:
             proc._set_exit(-signal.SIGKILL)  # noqa: SLF001
 
+    def alive(self) -> bool:
+        """Whether the server still forks (a dead one has killed what it forked)."""
+        return self._server.poll() is None and self._reader.is_alive()
+
+    def end(self, marker: str) -> None:
+        """Kill the forks whose pod marker is `marker` or lies below it, and wait until the server has
+        reported each one's exit. The server kills them: it alone knows that a pid is still its fork's,
+        not reaped and reused."""
+        with self._started_cv:
+            ending = [proc for proc in self._running.values() if _under(proc.marker, marker)]
+        if not ending:
+            return
+        with self._send_lock, contextlib.suppress(OSError):  # a dead server has killed them already
+            self._sock.send(json.dumps({"end": marker}).encode())
+        for proc in ending:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_KILL_WAIT_S)
+
     def close(self) -> None:
         """Kill what the server forked, then the server."""
         with contextlib.suppress(OSError):
@@ -271,47 +297,104 @@ class WarmStarter:
         self._sock.close()
 
 
+_process_starter: tuple[int, WarmStarter] | None = None
+"""(the pid that started it, this process's server): a forked child of this process has none."""
+_process_lock = threading.Lock()
+
+
+def process_starter(env: dict[str, str]) -> WarmStarter:
+    """This process's server: started at first use with `env` (`server_environment`'s), and again if it
+    died. Every run of the process forks from it, so a run pays no server start (its imports: seconds
+    of CPU) and `WarmStarter.end` ends each run's forks. What the preload read at import is then the
+    first run's environment: nothing a pod sets (the module docstring). The server ends with the
+    process: at exit, or when the kernel closes its end of the socket."""
+    global _process_starter  # noqa: PLW0603 - one per process, by design
+    with _process_lock:
+        ours = _process_starter[1] if _process_starter and _process_starter[0] == os.getpid() else None
+        if ours is None or not ours.alive():
+            if ours is not None:
+                ours.close()
+            else:
+                atexit.register(_close_process_starter)
+            _process_starter = (os.getpid(), WarmStarter(env=env))
+        return _process_starter[1]
+
+
+def end_process_forks(marker: str) -> None:
+    """Kill what this process's server forked for pods under `marker` (`WarmStarter.end`)."""
+    with _process_lock:
+        starter = _process_starter[1] if _process_starter and _process_starter[0] == os.getpid() else None
+    if starter is not None:
+        starter.end(marker)
+
+
+def _close_process_starter() -> None:
+    with _process_lock:
+        if _process_starter is not None and _process_starter[0] == os.getpid():
+            _process_starter[1].close()
+
+
 # ----- the server (`python -m nvrx_eks.localrun.warm FD MODULE...`) --------------------------------------
 
 
 def _serve(sock: socket.socket, preload: list[str]) -> dict[str, Any] | None:
     """Import `preload`, then fork for each request until the client's end closes. Returns the request
     in a fork (which then becomes its container), None in the server when it is done."""
-    for name in preload:
-        importlib.import_module(name)
-    threads = threading.active_count()
-    sock.send(json.dumps({"threads": threads}).encode())
-    if threads != 1:
+    if not _preloaded(sock, preload):
         return None
-    forks: dict[int, int] = {}  # pidfd -> pid
+    forks: dict[int, tuple[int, str]] = {}  # pidfd -> (pid, pod marker)
     try:
         while True:
             readable, _, _ = select.select([sock, *forks], [], [])
-            for pidfd in [fd for fd in readable if fd in forks]:
-                pid = forks.pop(pidfd)
-                os.close(pidfd)
-                _, status = os.waitpid(pid, 0)
-                sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+            _reap([fd for fd in readable if fd in forks], sock=sock, forks=forks)
             if sock not in readable:
                 continue
             message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
             if not message:
                 return None
             request: dict[str, Any] = json.loads(message)
-            if _fork(request, log_fd=fds[0], sock=sock, forks=forks):
+            if "end" in request:  # a run's end: its forks go; their exits are reported as any other
+                for pid in [pid for pid, mark in forks.values() if _under(mark, request["end"])]:
+                    _kill_fork(pid)
+            elif _fork(request, log_fd=fds[0], sock=sock, forks=forks):
                 return request
     finally:
-        for pid in forks.values():
-            # The fork, and its process group once it leads one (a fork just made may not yet).
-            os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-        for pidfd, pid in forks.items():
+        for pid, _ in forks.values():
+            _kill_fork(pid)
+        for pidfd, (pid, _) in forks.items():
             os.waitpid(pid, 0)
             os.close(pidfd)
 
 
-def _fork(request: dict[str, Any], *, log_fd: int, sock: socket.socket, forks: dict[int, int]) -> bool:
+def _preloaded(sock: socket.socket, preload: list[str]) -> bool:
+    """Import `preload` and tell the client how many threads run now: one, or the server may not fork."""
+    for name in preload:
+        importlib.import_module(name)
+    threads = threading.active_count()
+    sock.send(json.dumps({"threads": threads}).encode())
+    return threads == 1
+
+
+def _reap(ended: list[int], *, sock: socket.socket, forks: dict[int, tuple[int, str]]) -> None:
+    """Reap the forks whose pidfds in `ended` read as exited, and report each one's exit status."""
+    for pidfd in ended:
+        pid, _ = forks.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def _kill_fork(pid: int) -> None:
+    """SIGKILL a fork not yet reaped (so its pid is still its own), and its process group once it leads
+    one (a fork just made may not yet)."""
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _fork(
+    request: dict[str, Any], *, log_fd: int, sock: socket.socket, forks: dict[int, tuple[int, str]]
+) -> bool:
     """Fork for `request`: True in the fork (now its container, the server's descriptors closed),
     False in the server (which said the fork's pid, or why there is none)."""
     reply = {"started": request["id"], "module": request["module"]}
@@ -329,7 +412,7 @@ def _fork(request: dict[str, Any], *, log_fd: int, sock: socket.socket, forks: d
         _become(request, log_fd=log_fd)
         return True
     os.close(log_fd)
-    forks[os.pidfd_open(pid)] = pid
+    forks[os.pidfd_open(pid)] = (pid, request["marker"])
     sock.send(json.dumps({**reply, "pid": pid, "marker": request["marker"]}).encode())
     return False
 

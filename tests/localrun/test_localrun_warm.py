@@ -26,9 +26,11 @@ from nvrx_eks.localrun.runtimes import (
     WarmProcesses,
     runtime_named,
 )
-from nvrx_eks.localrun.warm import MARKER_ROOM_ENV, PRELOAD, WarmProcess, WarmStarter
+from nvrx_eks.localrun.warm import MARKER_ROOM_ENV, PRELOAD, WarmProcess, WarmStarter, process_starter
 
 REPO = Path(__file__).resolve().parents[2]
+RUN = f"warm-test-{os.getpid()}"
+"""This module's run key: the pytest workers' runs never match each other's searches."""
 
 _PROBE = """
 import atexit, os, sys, tempfile, threading, time
@@ -57,10 +59,10 @@ sys.exit(int(what))
 
 @pytest.fixture(scope="module")
 def warm_runtime():
-    """One server for the module's tests, as one run's pods share one."""
+    """The runtime of the module's tests, whose forks the module's end ends."""
     runtime = WarmProcesses()
     yield runtime
-    runtime.close("run-key")
+    runtime.close(RUN)
 
 
 @pytest.fixture
@@ -74,7 +76,7 @@ def container(tmp_path: Path, warm_runtime: WarmProcesses):
     def start(runtime: str, what: str, *, unbuffered: bool = False) -> tuple[int, str]:
         env = {**os.environ, "PROBE_VALUE": "from the pod", "TMPDIR": str(tmp_path / "tmp")}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # as the executor gives it
-        env[POD_ENV] = "run-key/pod-0"
+        env[POD_ENV] = f"{RUN}/pod-0"
         env.pop("PYTHONUNBUFFERED", None)
         if unbuffered:
             env["PYTHONUNBUFFERED"] = "1"
@@ -82,7 +84,7 @@ def container(tmp_path: Path, warm_runtime: WarmProcesses):
         env["PYTHONPATH"] = str(tmp_path / "project")
         log = tmp_path / f"{runtime}-{what}.log"
         with log.open("wb") as out:
-            proc = runtimes[runtime].start(argv, env, cwd=tmp_path, log=out, run_key="run-key")
+            proc = runtimes[runtime].start(argv, env, cwd=tmp_path, log=out, run_key=RUN)
             assert isinstance(proc, WarmProcess) == (runtime == "warm")
             code = proc.wait(timeout=60)
         return code, log.read_text()
@@ -133,42 +135,90 @@ time.sleep(60)
 
 def test_a_warm_container_and_what_it_forks_carry_its_pod_marker_and_die_with_its_pod(tmp_path, warm_runtime):
     (tmp_path / "daemonizer.py").write_text(textwrap.dedent(_DAEMON))
-    env = {**os.environ, POD_ENV: "run-key/pod-1", "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, POD_ENV: f"{RUN}/pod-1", "PYTHONPATH": str(tmp_path)}
     pid_file = tmp_path / "daemon.pid"
     with (tmp_path / "log").open("wb") as log:
         proc = warm_runtime.start(
-            [sys.executable, "-m", "daemonizer", str(pid_file)], env, cwd=tmp_path, log=log, run_key="run-key"
+            [sys.executable, "-m", "daemonizer", str(pid_file)], env, cwd=tmp_path, log=log, run_key=RUN
         )
-    server = warm_runtime.starters["run-key"]._server.pid
+    server = process_starter(dict(os.environ))._server.pid
     deadline = time.monotonic() + 30
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     daemon = psutil.Process(int(pid_file.read_text()))
     try:
         assert isinstance(proc, WarmProcess)
+        assert psutil.Process(proc.pid).ppid() == server
         assert daemon.ppid() != proc.pid
-        # Both show their pod's marker in /proc, the rest of the environment as it was; the server
-        # keeps the run's marker under its own name.
+        # Both show their pod's marker in /proc, the rest of the environment as it was; the server, which
+        # serves every run of this process, a marker of its own that no run's search matches.
         for pid in (proc.pid, daemon.pid):
             environ = psutil.Process(pid).environ()
-            assert environ[POD_ENV] == "run-key/pod-1"
+            assert environ[POD_ENV] == f"{RUN}/pod-1"
             assert environ["PATH"] == os.environ["PATH"]
             assert MARKER_ROOM_ENV not in environ
-        assert psutil.Process(server).environ()[POD_ENV] == f"run-key/{WARM_SERVER_POD}"
-        assert sorted(p.pid for p in marked_processes("run-key/pod-1")) == sorted([proc.pid, daemon.pid])
-        assert sorted(p.pid for p in marked_processes("run-key")) == sorted([proc.pid, daemon.pid, server])
-        assert marked_processes("run-key/pod-2") == []
+        assert psutil.Process(server).environ()[POD_ENV] == WARM_SERVER_POD
+        assert sorted(p.pid for p in marked_processes(f"{RUN}/pod-1")) == sorted([proc.pid, daemon.pid])
+        assert sorted(p.pid for p in marked_processes(RUN)) == sorted([proc.pid, daemon.pid])
+        assert marked_processes(f"{RUN}/pod-2") == []
         # Another process (a leak check, a test watching a `nvrx-eks local run`) finds them too.
-        seen = _marked_seen_from_another_process("run-key")
-        assert sorted(seen) == sorted([proc.pid, daemon.pid, server])
-        kill_pod_processes("run-key/pod-1")
+        assert sorted(_marked_seen_from_another_process(RUN)) == sorted([proc.pid, daemon.pid])
+        kill_pod_processes(f"{RUN}/pod-1")
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert not daemon.is_running() or daemon.status() == psutil.STATUS_ZOMBIE
-        assert [p.pid for p in marked_processes("run-key")] == [server]
+        assert marked_processes(RUN) == []
     finally:
         proc.send_signal(signal.SIGKILL)
         with contextlib.suppress(psutil.Error):
             daemon.kill()
+
+
+def _sleeper(runtime: WarmProcesses, tmp_path: Path, run_key: str) -> WarmProcess:
+    """A warm container of `run_key`'s pod-0 that sleeps a minute."""
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    env = {**os.environ, POD_ENV: f"{run_key}/pod-0", "PYTHONPATH": str(tmp_path)}
+    with (tmp_path / f"{run_key}.log").open("wb") as log:
+        proc = runtime.start([sys.executable, "-m", "sleeper"], env, cwd=tmp_path, log=log, run_key=run_key)
+    assert isinstance(proc, WarmProcess)
+    return proc
+
+
+def test_every_run_of_a_process_forks_from_one_server_and_a_runs_end_ends_only_its_forks(tmp_path):
+    """A run pays no server start: the runs of one process, side by side or one after another, fork from
+    one server, which outlives each of them."""
+    first, second = WarmProcesses(), WarmProcesses()  # two executors' runtimes in one process
+    one, other = _sleeper(first, tmp_path, f"{RUN}-a"), _sleeper(second, tmp_path, f"{RUN}-b")
+    try:
+        server = psutil.Process(one.pid).ppid()
+        assert psutil.Process(other.pid).ppid() == server
+        first.close(f"{RUN}-a")
+        assert one.poll() == -signal.SIGKILL  # `close` returns once the server reported it
+        assert other.poll() is None
+        assert marked_processes(f"{RUN}-a") == []
+        assert [p.pid for p in marked_processes(f"{RUN}-b")] == [other.pid]
+        later = _sleeper(first, tmp_path, f"{RUN}-c")
+        assert psutil.Process(later.pid).ppid() == server
+        first.close(f"{RUN}-c")
+        assert later.poll() == -signal.SIGKILL
+        assert psutil.pid_exists(server)
+    finally:
+        second.close(f"{RUN}-b")
+    assert other.poll() == -signal.SIGKILL
+
+
+def test_a_dead_server_is_started_again_at_the_next_start(tmp_path):
+    runtime = WarmProcesses()
+    proc = _sleeper(runtime, tmp_path, f"{RUN}-d")
+    server = psutil.Process(proc.pid).ppid()
+    os.kill(server, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL  # no server reports it: it reads as killed
+    kill_pod_processes(f"{RUN}-d")  # and is, as the executor ends every run: by the pods' marker
+    again = _sleeper(runtime, tmp_path, f"{RUN}-d")
+    try:
+        assert psutil.Process(again.pid).ppid() not in {server, os.getpid()}
+    finally:
+        runtime.close(f"{RUN}-d")
+    assert again.poll() == -signal.SIGKILL
 
 
 def _marked_seen_from_another_process(marker: str) -> list[int]:
@@ -185,7 +235,7 @@ def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     with (tmp_path / "log").open("wb") as log:
-        proc = starter.start("sleeper", [], env=env, cwd=tmp_path, log=log, marker="run-key/pod-0")
+        proc = starter.start("sleeper", [], env=env, cwd=tmp_path, log=log, marker=f"{RUN}/pod-0")
     server = starter._server.pid
     starter.close()
     assert proc.wait(timeout=10) == -signal.SIGKILL
