@@ -310,28 +310,38 @@ def process_starter(env: dict[str, str]) -> WarmStarter:
     process: at exit, or when the kernel closes its end of the socket."""
     global _process_starter  # noqa: PLW0603 - one per process, by design
     with _process_lock:
-        ours = _process_starter[1] if _process_starter and _process_starter[0] == os.getpid() else None
-        if ours is None or not ours.alive():
-            if ours is not None:
-                ours.close()
-            else:
-                atexit.register(_close_process_starter)
-            _process_starter = (os.getpid(), WarmStarter(env=env))
-        return _process_starter[1]
+        ours = _ours()
+        if ours is not None and ours.alive():
+            return ours
+        if ours is not None:
+            ours.close()
+        else:
+            atexit.register(_close_process_starter)
+        started = WarmStarter(env=env)
+        _process_starter = (os.getpid(), started)
+        return started
 
 
 def end_process_forks(marker: str) -> None:
     """Kill what this process's server forked for pods under `marker` (`WarmStarter.end`)."""
     with _process_lock:
-        starter = _process_starter[1] if _process_starter and _process_starter[0] == os.getpid() else None
-    if starter is not None:
-        starter.end(marker)
+        ours = _ours()
+    if ours is not None:
+        ours.end(marker)
+
+
+def _ours() -> WarmStarter | None:
+    """This process's server, if it started one (a forked child did not)."""
+    if _process_starter is None or _process_starter[0] != os.getpid():
+        return None
+    return _process_starter[1]
 
 
 def _close_process_starter() -> None:
     with _process_lock:
-        if _process_starter is not None and _process_starter[0] == os.getpid():
-            _process_starter[1].close()
+        ours = _ours()
+    if ours is not None:
+        ours.close()
 
 
 # ----- the server (`python -m nvrx_eks.localrun.warm FD MODULE...`) --------------------------------------

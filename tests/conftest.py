@@ -41,13 +41,29 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order counts what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Files in the order the workers take them (`--dist loadfile --no-loadscope-reorder`): those with
+    the most tests marked `long` first, then those with the most tests; a file keeps its own order.
+
+    By number of tests alone (xdist's own order), a file of one test that runs for minutes comes last
+    and ends its phase alone while the other worker idles."""
+    counts: dict[Path, tuple[int, int]] = {}
+    for item in items:
+        long_tests, tests = counts.get(item.path, (0, 0))
+        counts[item.path] = (long_tests + (item.get_closest_marker("long") is not None), tests + 1)
+    order = {path: -long_tests * len(items) - tests for path, (long_tests, tests) in counts.items()}
+    items.sort(key=lambda item: order[item.path])
 
 
 @pytest.fixture

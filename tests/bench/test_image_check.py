@@ -81,6 +81,7 @@ def _image_check(out: Path, only: str) -> dict:
 # Building the images and running one container at a time starts no job: `make test` runs this beside
 # the fast tests, and the jobs below (one at a time) then find every image built.
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.shareable
 @pytest.mark.timeout(1200)  # from a clean machine: the bases and the three images
 @pytest.mark.skipif(_podman_missing() is not None, reason=str(_podman_missing()))
@@ -97,6 +98,7 @@ def test_image_check_builds_both_images_and_each_runs_as_its_pod(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1200)  # from a clean machine: the bases, the images, the job twice
 @pytest.mark.skipif(_podman_missing() is not None, reason=str(_podman_missing()))
 def test_image_check_runs_the_demo_and_a_project_with_every_pod_a_container(tmp_path):

@@ -31,6 +31,7 @@ LOCAL_VALUES = "k8s/values/local-cpu.yaml"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_node_lost_without_capacity_shrinks_the_job_which_grows_back_and_ends_exact(tmp_path: Path) -> None:
     from pathlib import Path  # noqa: PLC0415

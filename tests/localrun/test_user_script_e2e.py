@@ -25,6 +25,7 @@ values files' 80 leave the fault-free run and the chaos run their last steps wit
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_transformers_llama_recovers_every_fault_class_bit_identically(tmp_path, nvrx_eks, references):
     # FSDP2 x tensor parallel on the attempt's mesh: the hardest layout. The same Llama on one data
@@ -218,6 +219,7 @@ def test_a_local_run_of_a_job_whose_module_is_not_there_is_one_line_and_exit_2(t
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_the_scripts_own_ddp_is_recovered_and_its_difference_measured_and_explained(
     tmp_path, nvrx_eks, references

@@ -101,6 +101,7 @@ torch.save(state["model"], sys.argv[2])
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_checkpoint_of_4_ranks_resumes_on_2_and_back_and_plain_dcp_reads_it(tmp_path):
     """FSDP2 x tensor parallelism (examples/hf_llama_tp) on 4 ranks, a (dp 2, tp 2) mesh; resumed by the
