@@ -220,21 +220,24 @@ class AttemptRun:
                 "and counts steps there; loop over it (docs/your-script.md)"
             )
         ctx = self.ctx
-        ctx.checkpointer.wait()
-        modules = list(self.tracked.modules.values()) if self.tracked is not None else []
-        small = self.tracked is not None and self.tracked.nbytes() * ctx.world.world_size <= FINAL_STATE_BYTES
-        whole: dict[str, torch.Tensor] | None = {} if small and ctx.world.rank == 0 else None
-        digest = params_sha256(modules, keep=whole)
-        ctx.events.emit("end", steps=self.last_done + 1, final_params_sha256=digest)
-        if ctx.world.rank == 0:
-            (ctx.cfg.run_dir / "final.json").write_text(
-                json.dumps({"steps": self.last_done + 1, "final_params_sha256": digest}) + "\n"
+        with ctx.resilience.kept_alive(ctx.cfg.inprocess.interval_s):
+            ctx.checkpointer.wait()
+            modules = list(self.tracked.modules.values()) if self.tracked is not None else []
+            small = (
+                self.tracked is not None and self.tracked.nbytes() * ctx.world.world_size <= FINAL_STATE_BYTES
             )
-            if whole is not None:
-                torch.save(whole, ctx.cfg.run_dir / FINAL_STATE)
-        # On the store, not a collective: ranks get here seconds apart (each waited for its own
-        # persists), far more than the collective timeout, which a barrier here would trip.
-        parallel.store_barrier(ctx.store, f"finished-{self.number}", ctx.world.world_size)
+            whole: dict[str, torch.Tensor] | None = {} if small and ctx.world.rank == 0 else None
+            digest = params_sha256(modules, keep=whole)
+            ctx.events.emit("end", steps=self.last_done + 1, final_params_sha256=digest)
+            if ctx.world.rank == 0:
+                (ctx.cfg.run_dir / "final.json").write_text(
+                    json.dumps({"steps": self.last_done + 1, "final_params_sha256": digest}) + "\n"
+                )
+                if whole is not None:
+                    torch.save(whole, ctx.cfg.run_dir / FINAL_STATE)
+            # On the store, not a collective: ranks get here seconds apart (each waited for its own
+            # persists), far more than the collective timeout, which a barrier here would trip.
+            parallel.store_barrier(ctx.store, f"finished-{self.number}", ctx.world.world_size)
         return digest
 
     # ----- parallelism -------------------------------------------------------------------------------

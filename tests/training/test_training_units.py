@@ -655,3 +655,30 @@ def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after
     with pytest.raises(RuntimeError):
         with_teardown(layer.wrap(fails))()
     assert calls == []
+
+
+def test_the_kits_waits_after_the_last_step_keep_every_layer_told_the_rank_is_alive():
+    """What a rank waits on after its last step (its last persists, the last barrier for the slowest
+    rank) sends no step's ping or heartbeat: without these beats, a wait longer than the in-process
+    soft timeout restarted ranks of a finished job whose other ranks had left (a job that then hung)."""
+    from nvrx_eks.training.resilience.layers import Layer, Resilience  # noqa: PLC0415
+
+    class Counting(Layer):
+        def __init__(self, *, fails: bool = False) -> None:
+            self.beats: list[str] = []
+            self.fails = fails
+
+        def alive(self) -> None:
+            self.beats.append(threading.current_thread().name)
+            if self.fails:
+                raise RuntimeError("the monitor's queue is closed")
+
+    failing, counting = Counting(fails=True), Counting()
+    with Resilience([failing, counting]).kept_alive(0.05):
+        time.sleep(0.6)
+    after = len(counting.beats)
+    time.sleep(0.2)
+    assert len(counting.beats) == after, "beats after the wait ended"
+    assert after >= 5, counting.beats  # one every interval, about 12 in 0.6 s; a failing layer stops none
+    assert len(failing.beats) == after
+    assert threading.main_thread().name not in counting.beats

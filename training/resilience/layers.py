@@ -69,6 +69,10 @@ class Layer:
     def step_done(self, step: int) -> None:  # noqa: ARG002
         return None
 
+    def alive(self) -> None:
+        """The rank takes no step but is alive: it waits on the kit's own work after its last step
+        (`Resilience.kept_alive`). Called from a thread of its own."""
+
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         yield
@@ -244,6 +248,12 @@ class InProcessLayer(Layer):
     def step_done(self, step: int) -> None:  # noqa: ARG002
         self.call_wrapper.ping()
 
+    def alive(self) -> None:
+        # The progress timestamp a step's ping sets: the monitor's soft timeout reads it.
+        call_wrapper = getattr(self, "call_wrapper", None)
+        if call_wrapper is not None:
+            call_wrapper.ping()
+
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         # The restart machinery must not interrupt the optimizer update half-way.
@@ -346,6 +356,9 @@ class FtLauncherLayer(Layer):
         finally:
             self._sending.release()
 
+    def alive(self) -> None:
+        self._beat_once()
+
     def step_done(self, step: int) -> None:  # noqa: ARG002
         with self._sending:
             self.client.send_heartbeat()
@@ -410,6 +423,32 @@ class Resilience(Layer):
             for layer in self.layers:
                 stack.enter_context(layer.atomic())
             yield
+
+    @contextlib.contextmanager
+    def kept_alive(self, interval_s: float) -> Iterator[None]:
+        """Every layer told that the rank is alive every `interval_s` while the block runs: the kit's
+        own waits after the last step (the last persists, the last barrier, which waits for the slowest
+        rank) send no step's ping or heartbeat, and on a loaded machine outlast the in-process soft
+        timeout and the launcher's heartbeat timeout. Either would then restart ranks of a finished
+        job, whose other ranks may have left already. From a thread, as the recovery beats are: a rank
+        stuck below Python holds the GIL, so it still falls silent."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(interval_s):
+                for layer in self.layers:
+                    try:
+                        layer.alive()
+                    except Exception:  # noqa: BLE001, S112 - a lost beat: the wait's own timeout still ends it
+                        continue
+
+        beating = threading.Thread(target=beat, name="kit-kept-alive", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beating.join()
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
