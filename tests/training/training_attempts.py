@@ -1,9 +1,8 @@
-"""Attempts of the public API run in a test's own process, with stand-ins for the layers and the
+"""Attempts of the public API run in a test's own process, with no layers and a stand-in for the
 checkpointer: what `Job.run` does around the training function, minus the launcher."""
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,7 @@ import torch.distributed as dist
 from nvrx_eks.training import api, process
 from nvrx_eks.training.attempt import Context, Record
 from nvrx_eks.training.events import EventLog
+from nvrx_eks.training.resilience.layers import Resilience
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -28,12 +28,7 @@ def stub_context(cfg: ResilienceConfig, world: World, run_dir: Path) -> Context:
         world=world,
         store=dist.FileStore(str(run_dir / "store"), world.world_size),
         events=EventLog(run_dir=run_dir, rank=world.rank),
-        resilience=SimpleNamespace(
-            atomic=contextlib.nullcontext,
-            step_done=lambda step: None,
-            state_dict=dict,
-            load_state_dict=lambda state: None,
-        ),  # type: ignore[arg-type]
+        resilience=Resilience([]),
         checkpointer=SimpleNamespace(
             fence=lambda: None,
             save=lambda step, state: None,
