@@ -62,8 +62,7 @@ def _longest_files_first(items: list[pytest.Item]) -> None:
     for item in items:
         long_tests, tests = counts.get(item.path, (0, 0))
         counts[item.path] = (long_tests + (item.get_closest_marker("long") is not None), tests + 1)
-    order = {path: -long_tests * len(items) - tests for path, (long_tests, tests) in counts.items()}
-    items.sort(key=lambda item: order[item.path])
+    items.sort(key=lambda item: (-counts[item.path][0], -counts[item.path][1]))
 
 
 @pytest.fixture
