@@ -257,8 +257,9 @@ class WarmStarter:
                     ended = self._running.pop(event["exited"], None)
                 if ended is not None:
                     ended._set_exit(event["code"])  # noqa: SLF001 - the reader owns the process objects
-        # The server is gone: what it forked is killed with it (`_serve`), so no exit status is lost
-        # unseen; one it could not report reads as killed.
+        # The server is gone. One that ended killed what it forked (`_serve`); one killed by a signal
+        # could not, and the executor's search by pod marker ends those. Either way, a fork whose exit
+        # it did not report reads as killed.
         with self._started_cv:
             left, self._running = list(self._running.values()), {}
             self._started_cv.notify_all()
@@ -266,7 +267,8 @@ class WarmStarter:
             proc._set_exit(-signal.SIGKILL)  # noqa: SLF001
 
     def alive(self) -> bool:
-        """Whether the server still forks (a dead one has killed what it forked)."""
+        """Whether the server still forks. One that died by a signal killed nothing it forked: the
+        executor's search by pod marker ends those (executor.py `kill_pod_processes`)."""
         return self._server.poll() is None and self._reader.is_alive()
 
     def end(self, marker: str) -> None:
@@ -277,7 +279,7 @@ class WarmStarter:
             ending = [proc for proc in self._running.values() if _under(proc.marker, marker)]
         if not ending:
             return
-        with self._send_lock, contextlib.suppress(OSError):  # a dead server has killed them already
+        with self._send_lock, contextlib.suppress(OSError):  # a dead server reports them as killed
             self._sock.send(json.dumps({"end": marker}).encode())
         for proc in ending:
             with contextlib.suppress(subprocess.TimeoutExpired):
