@@ -18,7 +18,8 @@ What each number becomes in the plan:
   time in checkpoint calls and their count); the median over the modes for a plan file.
 - recovery per layer: the mean recovery of the faults that layer recovered (recovery in the kit's
   events ends when every rank has finished its startup, checkpoint load included, so restore_s is 0);
-  a store loss's goes to recovery.store_loss_s, not to the Job controller's node swap.
+  a store loss's goes to recovery.store_loss_s, not to the Job controller's node swap. Over every mode
+  for a plan file; each mode's own in peer.json's scenario.
 - startup: each mode's first start (first process start -> every rank's first `startup_done`); the
   median over the modes for a plan file.
 - checkpoint stall: the loop's time in checkpoint calls per checkpoint, the kit's per RAM snapshot and
@@ -139,6 +140,20 @@ class Calibration:
         self.fitted = {dotted: fit for dotted, fit in self.scale.items() if dotted not in skip}
         for dotted, fit in self.fitted.items():
             self.set(dotted, round(fit.at(nodes), 3), fit.label(nodes))
+
+    def scenario_given(self, asked: dict[str, Any]) -> dict[str, Any]:
+        """The scenario with each mode's own step, first start or recovery left out where the plan is
+        given one for every mode: by --set (`asked`) or by a fit against fleet size (bench scale)."""
+        assert self.scenario is not None  # noqa: S101
+        workload = set(asked.get("workload", {})) & {"step_s", "startup_s"}
+        recovery = set(asked.get("recovery", {})) | {dotted.partition(".")[2] for dotted in self.fitted}
+        modes = {}
+        for name, setup in self.scenario["modes"].items():
+            own = {key: value for key, value in setup.items() if key not in workload}
+            if "recovery" in own:
+                own["recovery"] = {key: s for key, s in own["recovery"].items() if key not in recovery}
+            modes[name] = own
+        return self.scenario | {"modes": modes}
 
     def set(self, dotted: str, value: Any, label: str) -> None:  # noqa: ANN401 - any plan value
         node = self.overrides
@@ -341,6 +356,9 @@ class _PeerCosts:
     """Each mode's mean step: on two shared CPU cores the kit's background persists and RAM replica
     slow its steps a little, and the measured goodput counts those steps as they ran."""
     startup_s: dict[str, float]
+    recovery: dict[str, dict[str, float]]
+    """Each mode's mean recovery per plan field (`recovery_field`), from its own faults: on two shared
+    cores the kit's background persists slow its in-process restarts too."""
     durable_stall_s: float
     """Loop time per checkpoint of the modes that snapshot only at their durable cadence."""
     memory_stall_s: float | None
@@ -351,11 +369,18 @@ def _stall_per_checkpoint(row: dict[str, Any]) -> float:
     return float(row["checkpoint_stall_s"]) / max(1, int(row["checkpoints"]))
 
 
+def _mean_recoveries(faults: list[dict[str, Any]]) -> dict[str, float]:
+    measured: dict[str, list[float]] = {}
+    _recoveries(faults, measured)
+    return {name: round(statistics.fmean(seconds), 3) for name, seconds in measured.items()}
+
+
 def _measured_costs(rows: dict[str, dict[str, Any]]) -> _PeerCosts:
     single_tier = [_stall_per_checkpoint(r) for n, r in rows.items() if n != "both"]
     return _PeerCosts(
         step_s={n: float(r["mean_step_s"]) for n, r in rows.items()},
         startup_s={n: float(r["startup_s"]) for n, r in rows.items()},
+        recovery={n: _mean_recoveries(r.get("faults", [])) for n, r in rows.items()},
         durable_stall_s=statistics.median(single_tier) if single_tier else 0.0,
         memory_stall_s=_stall_per_checkpoint(rows["both"]) if "both" in rows else None,
     )
@@ -418,14 +443,17 @@ def _peer_scenario(
         },
     }
     if costs is not None:
-        # Each mode's own first start and step: on two shared cores the pods' starts differ by a second
-        # from run to run, which in a run this short is several points of goodput.
+        # Each mode's own first start, step and recoveries: on two shared cores the pods' starts differ
+        # by a second from run to run, and a mode's background persists slow its steps and restarts,
+        # which in a run this short is several points of goodput.
         for name, setup in cal.scenario["modes"].items():
             if name in costs.startup_s:
                 setup["startup_s"] = costs.startup_s[name]
                 setup["step_s"] = costs.step_s[name]
+                setup["recovery"] = costs.recovery[name]
         cal.scenario_labels["modes.*.startup_s"] = f"{label} (each mode's first start)"
         cal.scenario_labels["modes.*.step_s"] = f"{label} (each mode's mean step)"
+        cal.scenario_labels["modes.*.recovery"] = f"{label} (each mode's mean recovery per layer)"
     _label_peer_scenario(cal, label, costs=costs, kit_tiering=kit_memory is not None, tiers=tiers)
 
 

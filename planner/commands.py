@@ -36,7 +36,8 @@ def load_plan(
     from nvrx_eks.planner.calibrate import calibrate  # noqa: PLC0415
     from nvrx_eks.planner.config import Plan  # noqa: PLC0415
 
-    given = merge(read_yaml(path) if path is not None else {}, parse_overrides(overrides))
+    asked = parse_overrides(overrides)
+    given = merge(read_yaml(path) if path is not None else {}, asked)
     cal = calibrate(run_dir) if run_dir is not None else None
     data: dict[str, Any] = read_yaml(path) if path is not None else {}
     if path is None:
@@ -45,15 +46,18 @@ def load_plan(
                 "give a plan file (e.g. planner/examples/llama3-16k-h100.yaml), or --from a folder "
                 "holding a `nvrx-eks bench peer` peer.json"
             )
-        data = cal.scenario
         cal.labels = cal.scenario_labels | cal.labels
     source = str(path) if path is not None else f"plan from {run_dir}"
 
     def build() -> Plan:
-        merged = merge(data, cal.overrides) if cal is not None else data
+        merged = data
+        if cal is not None:
+            # peer.json's own scenario as the plan: each mode's own figures, except where --set or a
+            # fit against fleet size gives the plan one for every mode.
+            merged = merge(data if path is not None else cal.scenario_given(asked), cal.overrides)
         try:
             with stale_input_said():
-                return Plan.model_validate(merge(merged, parse_overrides(overrides)))
+                return Plan.model_validate(merge(merged, asked))
         except ValidationError as exc:
             raise UserError(describe_validation_error(exc, source=source)) from None
 
@@ -61,8 +65,7 @@ def load_plan(
     if cal is not None and cal.scale:
         # bench scale's recoveries depend on the fleet size, known only once the plan is: evaluate them
         # there and build again. A recovery given with --set stays the user's.
-        asked = parse_overrides(overrides).get("recovery", {})
-        cal.at_fleet(plan.fleet.nodes, skip={f"recovery.{key}" for key in asked})
+        cal.at_fleet(plan.fleet.nodes, skip={f"recovery.{key}" for key in asked.get("recovery", {})})
         plan = build()
     return plan, given, cal
 

@@ -219,6 +219,8 @@ class Checkpoint(_Section):
 
 
 Cadence = int | Literal["auto"]
+RecoveryField = Literal["inprocess_s", "launcher_s", "job_restart_s", "node_swap_s", "store_loss_s"]
+"""A field of the plan's `recovery` section (`Recovery`), which a mode may set for itself."""
 
 
 class ModeSetup(_Section):
@@ -229,6 +231,10 @@ class ModeSetup(_Section):
     checkpoint work shares the cores with the step), or a step the mode's replication slows."""
     startup_s: float | None = Field(None, ge=0)
     """This mode's first start when it is not workload.startup_s (a measured run's own start)."""
+    recovery: dict[RecoveryField, Annotated[float, Field(ge=0)]] = {}
+    """This mode's own recovery per layer where it is not the plan's `recovery` (a measured run's own:
+    on shared cores the kit's background persists slow its restarts, so its in-process recovery is not
+    another mode's)."""
 
     @field_validator("tiers")
     @classmethod
@@ -509,13 +515,19 @@ class Plan(_Section):
         return self.workload.total_state_bytes() / self.fleet.gpus
 
     def for_mode(self, mode: Mode) -> Plan:
-        """This plan as `mode` runs it: the mode's own step and first start where it gives them."""
+        """This plan as `mode` runs it: the mode's own step, first start and recoveries where it gives
+        them."""
         setup = self.modes.get(mode)
-        own = {} if setup is None else {"step_s": setup.step_s, "startup_s": setup.startup_s}
-        update = {k: v for k, v in own.items() if v is not None}
-        if not update:
+        if setup is None:
             return self
-        return self.model_copy(update={"workload": self.workload.model_copy(update=update)})
+        own = {"step_s": setup.step_s, "startup_s": setup.startup_s}
+        workload = {k: v for k, v in own.items() if v is not None}
+        update: dict[str, BaseModel] = {}
+        if workload:
+            update["workload"] = self.workload.model_copy(update=workload)
+        if setup.recovery:
+            update["recovery"] = self.recovery.model_copy(update=setup.recovery)
+        return self.model_copy(update=update) if update else self
 
     def stall_s(self, name: TierName) -> float:
         """Loop time per checkpoint when `name` takes its own snapshot."""

@@ -118,13 +118,34 @@ def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> 
             if derived is None:
                 continue
             value, source = derived
-        elif dotted in labels:
-            source = labels[dotted]
-        elif _get(given, dotted) is not None:
-            source = "assumed: plan file"
         else:
-            source = DEFAULT_SOURCES.get(dotted, "default")
+            source = _source(dotted, given=given, labels=labels)
         out[dotted] = {"value": value, "source": source}
+    out.update(_mode_inputs(plan, given=given, labels=labels))
+    return out
+
+
+def _source(dotted: str, *, given: dict[str, Any], labels: dict[str, str], labelled_as: str = "") -> str:
+    if (labelled_as or dotted) in labels:
+        return labels[labelled_as or dotted]
+    if _get(given, dotted) is not None:
+        return "assumed: plan file"
+    return DEFAULT_SOURCES.get(dotted, "default")
+
+
+def _mode_inputs(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """A mode's own step, first start and recoveries, which take the place of the plan's for that mode."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode, setup in plan.modes.items():
+        own: dict[str, Any] = {"step_s": setup.step_s, "startup_s": setup.startup_s}
+        own |= {f"recovery.{name}": seconds for name, seconds in setup.recovery.items()}
+        for key, value in own.items():
+            if value is not None:
+                dotted, labelled_as = f"modes.{mode}.{key}", f"modes.*.{key.partition('.')[0]}"
+                out[dotted] = {
+                    "value": value,
+                    "source": _source(dotted, given=given, labels=labels, labelled_as=labelled_as),
+                }
     return out
 
 
