@@ -526,7 +526,7 @@ class Plan(_Section):
         if workload:
             update["workload"] = self.workload.model_copy(update=workload)
         if setup.recovery:
-            update["recovery"] = self.recovery.model_copy(update=setup.recovery)
+            update["recovery"] = self.recovery.model_copy(update=dict[str, float](setup.recovery))
         return self.model_copy(update=update) if update else self
 
     def stall_s(self, name: TierName) -> float:
