@@ -526,7 +526,8 @@ class Plan(_Section):
         if workload:
             update["workload"] = self.workload.model_copy(update=workload)
         if setup.recovery:
-            update["recovery"] = self.recovery.model_copy(update=dict[str, float](setup.recovery))
+            recovery: dict[str, float] = dict(setup.recovery.items())
+            update["recovery"] = self.recovery.model_copy(update=recovery)
         return self.model_copy(update=update) if update else self
 
     def stall_s(self, name: TierName) -> float:
