@@ -237,7 +237,10 @@ class AttemptRun:
                     torch.save(whole, ctx.cfg.run_dir / FINAL_STATE)
             # On the store, not a collective: ranks get here seconds apart (each waited for its own
             # persists), far more than the collective timeout, which a barrier here would trip.
-            parallel.store_barrier(ctx.store, f"finished-{self.number}", ctx.world.world_size)
+            # Once every rank has arrived the job is done: a restart decided after that is declined.
+            key, world_size = f"finished-{self.number}", ctx.world.world_size
+            ctx.resilience.finished_when(lambda: parallel.store_barrier_reached(ctx.store, key, world_size))
+            parallel.store_barrier(ctx.store, key, world_size)
         return digest
 
     # ----- parallelism -------------------------------------------------------------------------------

@@ -213,10 +213,15 @@ def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float
     """Wait until `world_size` ranks arrived at `key`, on the store (no collective timeout applies)."""
     store.add(key, 1)
     deadline = time.monotonic() + timeout_s
-    while int(store.add(key, 0)) < world_size:
+    while not store_barrier_reached(store, key, world_size):
         if time.monotonic() > deadline:
             raise TimeoutError(f"store barrier {key!r}: not every rank arrived in {timeout_s} s")
         time.sleep(0.01)
+
+
+def store_barrier_reached(store: dist.Store, key: str, world_size: int) -> bool:
+    """Every one of `world_size` ranks has arrived at the store barrier `key` (some may still wait in it)."""
+    return int(store.add(key, 0)) >= world_size
 
 
 _GLOO_OPTIONS = "_Options"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +17,9 @@ from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import api
 from nvrx_eks.training.entry import resolve
 from nvrx_eks.training.resilience.config import CONFIG_ENV
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,3 +203,47 @@ def test_an_in_process_restart_rewinds_buffers_a_forward_moved(tmp_path):
     """BatchNorm's running statistics change in the forward, outside `update()`: the failed step's
     forward moved them, and resuming from memory must take the boundary's, or the run drifts."""
     assert _batchnorm_run(tmp_path / "faulted", fail_at=6) == _batchnorm_run(tmp_path / "clean", fail_at=None)
+
+
+def test_the_last_barrier_tells_the_layers_once_every_rank_has_finished_training(tmp_path):
+    """The in-process layer declines a restart decided once every rank has finished (its test with
+    NVRx's real Wrapper: tests/training/test_training_nvrx_compat.py); the attempt's end tells it when,
+    before it waits at the last barrier: not yet on arrival, then once every rank has arrived."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
+
+    from nvrx_eks.training import parallel  # noqa: PLC0415
+    from nvrx_eks.training.resilience.layers import Layer, Resilience  # noqa: PLC0415
+
+    class Told(Layer):
+        def __init__(self) -> None:
+            self.done: list[Callable[[], bool]] = []
+            self.on_arrival: list[bool] = []
+
+        def finished_when(self, done: Callable[[], bool]) -> None:
+            self.done.append(done)
+            self.on_arrival.append(done())
+
+    told = Told()
+    world = parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    context = stub_context(api.ResilienceConfig(run_dir=tmp_path), world, tmp_path)
+    context.resilience = Resilience([told])
+
+    def train(run: api.Attempt) -> None:
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(model=model, optimizer=optimizer)
+        for _ in run.steps(2):
+            model(torch.ones(1, 2)).sum().backward()
+            with run.update():
+                optimizer.step()
+
+    try:
+        attempt(context, Record(), train)
+    finally:
+        parallel.release_retired_groups()
+        dist.destroy_process_group()
+        context.events.close()
+    assert told.on_arrival == [False]
+    assert [done() for done in told.done] == [True]

@@ -7,9 +7,11 @@ Each test fails when an NVRx release changes what the kit relies on, before a jo
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -487,3 +489,50 @@ def test_the_rank_monitor_client_still_keeps_its_connection_where_the_kit_closes
 
     client = RankMonitorClient()  # not connected yet
     assert getattr(client, nvrx_compat.RANK_MONITOR_SOCKET, "missing") is None
+
+
+HOST = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_restart_decided_after_every_rank_finished_training_is_declined(tmp_path):
+    """Two ranks under NVRx's real Wrapper pass the kit's last barrier; then rank 1 is recorded
+    unresponsive while still in its call, as when a rank that finished first left the Wrapper and its
+    monitor fell silent. NVRx restarted both ranks there: at the end of a real job the ranks that left
+    are gone for good, and the restarted ones waited for them until the launcher's rendezvous timeout.
+    The kit declines the restart: each rank's call returns once, and the events say why."""
+    script = ROOT / "tests" / "training" / "scripts" / "silent_after_the_last_barrier.py"
+    port = _free_port()
+    env = os.environ | {"PYTHONPATH": str(ROOT), "MASTER_ADDR": HOST, "WORLD_SIZE": "2"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env | {"RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [rank.communicate(timeout=100) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (out, err) in zip(ranks, outputs, strict=True):
+        assert rank.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["iterations"] == [0], out + err[-3000:]
+    declined = [
+        event
+        for path in sorted((tmp_path / "events").glob("rank-*.jsonl"))
+        for event in map(json.loads, path.read_text().splitlines())
+        if event["kind"] == "restart_declined"
+    ]
+    assert {event["rank"] for event in declined} == {0, 1}, declined

@@ -73,6 +73,10 @@ class Layer:
         """The rank takes no step but is alive: it waits on the kit's own work after its last step
         (`Resilience.kept_alive`). Called from a thread of its own."""
 
+    def finished_when(self, done: Callable[[], bool]) -> None:
+        """From now on `done()` says whether every rank has finished training (the last persists
+        committed, the final state written): a restart decided once it holds has nothing to redo."""
+
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         yield
@@ -101,6 +105,8 @@ class InProcessLayer(Layer):
         self.events = events
         self.on_restart_decided = on_restart_decided
         self.run_returned = False
+        self._done: Callable[[], bool] | None = None
+        self._known_done = False
         self.call_wrapper: Any = None
         self.port = cfg.inprocess.store_port
         if self.port is None:
@@ -153,16 +159,23 @@ class InProcessLayer(Layer):
                 return state
 
         on_restart_decided = self.on_restart_decided
+        finished, events = self.finished, self.events
 
         class _SignalRestartThenAbort(inprocess.abort.Abort):  # type: ignore[misc]  # NVRx ships no types: its base class is Any
             # The first thing the monitor thread does once a restart is decided, on every rank whose
             # interpreter can still run a thread: tell the outer layer (ft_launcher's heartbeat) that
             # this rank is alive and recovering, then abort as `inner` does. A rank that holds the GIL
             # in a native call (a deadlock below Python) runs no thread and stays silent.
+            # Once every rank has finished training there is nothing to restart, and ranks that left
+            # would never come back to the restart: the interrupt waits until the call has ended.
             def __init__(self, inner: Any) -> None:  # noqa: ANN401
                 self.inner = inner
 
             def __call__(self, state: Any) -> Any:  # noqa: ANN401
+                if finished():
+                    events.emit("restart_declined", layer="inprocess", reason="every rank finished training")
+                    nvrx_compat.hold_restart_until_call_ends()
+                    return state
                 if on_restart_decided is not None:
                     on_restart_decided()
                 return self.inner(state)
@@ -244,6 +257,19 @@ class InProcessLayer(Layer):
         node's workers. Not once training has returned: rank 0 may leave first at the end of a run."""
         if not self.run_returned:
             leave_process(self.events, 1, layer="inprocess", cause=f"in-process store lost: {exc!r}"[:300])
+
+    def finished_when(self, done: Callable[[], bool]) -> None:
+        self._done = done
+
+    def finished(self) -> bool:
+        """Every rank has finished training: this rank's run returned (it passed the last barrier), or
+        the predicate `finished_when` gave holds. Once true, true for good."""
+        if not self._known_done:
+            try:
+                self._known_done = self.run_returned or (self._done is not None and self._done())
+            except Exception:  # noqa: BLE001 - the store unreachable: not known to be done, restart as usual
+                return False
+        return self._known_done
 
     def step_done(self, step: int) -> None:  # noqa: ARG002
         self.call_wrapper.ping()
@@ -423,6 +449,10 @@ class Resilience(Layer):
             for layer in self.layers:
                 stack.enter_context(layer.atomic())
             yield
+
+    def finished_when(self, done: Callable[[], bool]) -> None:
+        for layer in self.layers:
+            layer.finished_when(done)
 
     @contextlib.contextmanager
     def kept_alive(self, interval_s: float) -> Iterator[None]:

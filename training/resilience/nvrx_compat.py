@@ -872,18 +872,51 @@ def initial_ranks_as_ints() -> None:
 
 MONITOR_THREAD_STOPPED = "stop_loop"
 """The in-process monitor thread's event that the Wrapper sets when it stops the thread on purpose."""
+MONITOR_THREAD_JOINED = "stop_raising"
+"""Its event that the Wrapper sets when the call failed and it joins the thread (`maybe_join`)."""
+_MONITOR_THREAD_SHAPE = (
+    f"self.{MONITOR_THREAD_STOPPED} = threading.Event()",
+    f"self.{MONITOR_THREAD_JOINED} = threading.Event()",
+    # The order `hold_restart_until_call_ends` relies on: abort, then the interrupt, which `shutdown`
+    # catches.
+    "self.abort(state)",
+    "async_abort_main_thread(msg)",
+    "except RankShouldRestart:",
+)
 
 
 def _monitor_thread_type() -> Any:  # noqa: ANN401 - NVRx's class: NVRx ships no types
     from nvidia_resiliency_ext.inprocess.monitor_thread import MonitorThread  # noqa: PLC0415
 
     source = inspect.getsource(MonitorThread)
-    if f"self.{MONITOR_THREAD_STOPPED} = threading.Event()" not in source:
+    missing = [line for line in _MONITOR_THREAD_SHAPE if line not in source]
+    if missing or source.index("self.abort(state)") > source.index("async_abort_main_thread(msg)"):
         raise RuntimeError(
-            f"NVRx {NVRX_VERSION}: inprocess MonitorThread has no {MONITOR_THREAD_STOPPED} event; "
-            "check training/resilience/nvrx_compat.py against this release"
+            f"NVRx {NVRX_VERSION}: inprocess MonitorThread is not as the kit knows it (missing: "
+            f"{missing}, or the interrupt before abort); check training/resilience/nvrx_compat.py against "
+            "this release"
         )
     return MonitorThread
+
+
+def hold_restart_until_call_ends(poll_s: float = 0.05) -> None:
+    """From the Wrapper's abort hook, in the monitor thread that decided a restart: wait until the main
+    thread ends its call -- `MonitorThread.shutdown` once the completion barrier passed (`stop_loop`), or
+    `maybe_join` once the call failed (`stop_raising`).
+
+    NVRx's monitor thread interrupts the main thread right after the abort hook, wherever that thread
+    is. A restart decided after every rank finished training -- a peer that left the Wrapper first and
+    whose monitor fell silent, read as unresponsive; a rank silent past the soft timeout in the last
+    wait -- interrupts ranks in the completion barrier, and restarts them into a world whose other ranks
+    have left: they wait for it until the launcher's rendezvous timeout. Held here, the interrupt comes
+    once the main thread is in `shutdown`, whose loop catches it, or on the failure path NVRx restarts
+    from anyway."""
+    thread = threading.current_thread()
+    if not isinstance(thread, _monitor_thread_type()):
+        raise TypeError("hold_restart_until_call_ends: call it from the in-process monitor thread")
+    stopped, joined = getattr(thread, MONITOR_THREAD_STOPPED), getattr(thread, MONITOR_THREAD_JOINED)
+    while not (stopped.is_set() or joined.is_set()):
+        stopped.wait(poll_s)
 
 
 def on_monitor_thread_death(callback: Callable[[BaseException | None], None]) -> None:
