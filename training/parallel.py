@@ -197,6 +197,15 @@ def release_retired_groups() -> None:
     _retired_groups.clear()
 
 
+CONNECT_TIMEOUT_S = 60.0
+"""How long a new process group waits for its peers to connect. gloo bounds the connection of its full
+mesh by the group's timeout, and a collective timeout short enough for an in-process restart (2 s in
+the local values) is shorter than the seconds between ranks that start together on a loaded machine.
+A peer that dies before it connects is the launcher's to handle (its worker exits, the other nodes
+restart from the rendezvous), which ends the wait first. Once connected, a group takes the collective
+timeout (`_collective_timeout`)."""
+
+
 def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: float) -> None:
     if dist.is_initialized():
         retire_default_group()
@@ -205,8 +214,16 @@ def init_group(world: World, store: dist.Store, *, attempt: int, timeout_s: floa
         store=dist.PrefixStore(f"attempt-{attempt}", store),
         rank=world.rank,
         world_size=world.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=max(timeout_s, CONNECT_TIMEOUT_S)),
     )
+    _collective_timeout(timeout_s, None)
+
+
+def _collective_timeout(timeout_s: float, group: dist.ProcessGroup | None) -> None:
+    """The timeout of `group`'s collectives from now on (None: the default group), its connection made."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout  # noqa: PLC0415 - torch's own setter
+
+    _set_pg_timeout(timedelta(seconds=timeout_s), group)
 
 
 def store_barrier(store: dist.Store, key: str, world_size: int, timeout_s: float = 300.0) -> None:
@@ -232,13 +249,14 @@ def device_mesh(
 ) -> DeviceMesh:
     """A DeviceMesh of this attempt's ranks (its sub-groups are made now: every rank calls it).
 
-    Its sub-groups get the attempt's collective timeout. torch gives a group made after
-    `init_process_group` the 30-minute default, not the default group's timeout: a tensor-parallel or
-    FSDP collective blocked on a failed peer would then hold its rank far past the in-process restart
-    and the launcher's heartbeat (gloo cannot abort a collective; its timeout is what ends it)."""
+    Its sub-groups connect within `CONNECT_TIMEOUT_S`, then get the attempt's collective timeout. torch
+    gives a group made after `init_process_group` the 30-minute default, not the default group's
+    timeout: a tensor-parallel or FSDP collective blocked on a failed peer would then hold its rank far
+    past the in-process restart and the launcher's heartbeat (gloo cannot abort a collective; its
+    timeout is what ends it)."""
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    timeout = timedelta(seconds=timeout_s)
+    timeout = timedelta(seconds=max(timeout_s, CONNECT_TIMEOUT_S))
     # `_timeout` is the field torch's own mesh code reads; gloo's options class is private.
     options: Any = (
         dist.ProcessGroupNCCL.Options()
@@ -247,7 +265,10 @@ def device_mesh(
     )
     options._timeout = timeout  # noqa: SLF001
     override: dict[int | str, Any] = dict.fromkeys(names, (world.backend, options))
-    return init_device_mesh(world.device.type, sizes, mesh_dim_names=names, backend_override=override)
+    mesh = init_device_mesh(world.device.type, sizes, mesh_dim_names=names, backend_override=override)
+    for name in names:
+        _collective_timeout(timeout_s, mesh.get_group(name))
+    return mesh
 
 
 def wrap(

@@ -289,3 +289,33 @@ def test_an_in_process_restart_of_a_sharded_model_takes_its_state_from_memory_ex
         (1, "inprocess", 3),
     ]
     assert faulted == clean
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_groups_connect_ranks_that_start_seconds_apart_and_keep_the_short_collective_timeout(tmp_path):
+    """gloo bounds a group's connection by the group's timeout: with the collective timeout (2 s in the
+    local values) a rank that started 3 s after its peer on a loaded machine failed the whole attempt
+    (`connectFullMesh`). The attempt's groups connect within a minute, then a collective still fails
+    within its own timeout."""
+    script, store = SCRIPTS / "late_peer.py", tmp_path / "store"
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    late = subprocess.Popen(
+        [sys.executable, str(script), "1", str(store)], stdout=subprocess.DEVNULL, env=env
+    )
+    try:
+        first = subprocess.run(
+            [sys.executable, str(script), "0", str(store)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=100,
+        )
+        late.wait(timeout=30)
+    finally:
+        late.kill()
+    out = first.stdout
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report.get("default group") == report.get("mesh") == "connected", report
+    assert 0.5 <= report["lone collective failed after s"] < 10, report
