@@ -170,6 +170,7 @@ def _attempt(ctx: Context, record: Record, attempt: Callable[[AttemptRun], objec
         raise
     except Exception as exc:
         judge(ctx, record, run, exc)
+        ctx.resilience.attempt_failed()
         raise
     return run.finish()
 

@@ -247,3 +247,64 @@ def test_the_last_barrier_tells_the_layers_once_every_rank_has_finished_training
         context.events.close()
     assert told.on_arrival == [False]
     assert [done() for done in told.done] == [True]
+
+
+def test_a_fault_leaving_the_attempt_starts_the_recovery_beats_and_a_bug_does_not(tmp_path):
+    """NVRx decides an in-process restart only once a rank's record has gone through its monitor
+    process and the store; a rank blocked in a collective sees the fault only at the collective
+    timeout. Under load the launcher's heartbeat timeout ran out first and killed a rank the restart
+    was about to recover (the raising rank's peer). The beats now start as the fault leaves the
+    attempt; a bug seen twice ends the job, and starts none."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    from training_attempts import Record, attempt, stub_context  # noqa: PLC0415
+
+    from nvrx_eks.training import parallel  # noqa: PLC0415
+    from nvrx_eks.training.events import EventLog  # noqa: PLC0415
+    from nvrx_eks.training.resilience.layers import InProcessLayer, Layer, Resilience  # noqa: PLC0415
+
+    class Told(Layer):
+        def __init__(self) -> None:
+            self.failed = 0
+
+        def attempt_failed(self) -> None:
+            self.failed += 1
+
+    told = Told()
+    config = api.ResilienceConfig(run_dir=tmp_path, mode="both", inprocess={"store_port": 29999})
+    world = parallel.World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    context, record = stub_context(config, world, tmp_path), Record()
+    context.resilience = Resilience([told])
+
+    def train(run: api.Attempt) -> None:
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(model=model, optimizer=optimizer)
+        for step in run.steps(4):
+            if step == 2:
+                raise ValueError("a bug at step 2")
+            model(torch.ones(1, 2)).sum().backward()
+            with run.update():
+                optimizer.step()
+
+    try:
+        with pytest.raises(ValueError, match="a bug at step 2"):
+            attempt(context, record, train)
+        assert told.failed == 1  # a first failure is a fault: retried, in process
+        with pytest.raises(UserError):
+            attempt(context, record, train)
+        assert told.failed == 1  # the same failure again: the script's bug, the job ends
+    finally:
+        parallel.release_retired_groups()
+        dist.destroy_process_group()
+        context.events.close()
+
+    # The in-process layer passes it on as the recovery beats' start (ft_launcher's, in mode both).
+    beats: list[str] = []
+    events = EventLog(run_dir=tmp_path / "layer", rank=0)
+    layer = InProcessLayer(
+        config, events, store=None, world=world, on_restart_decided=lambda: beats.append("on")
+    )
+    layer.attempt_failed()
+    events.close()
+    assert beats == ["on"]

@@ -73,6 +73,10 @@ class Layer:
         """The rank takes no step but is alive: it waits on the kit's own work after its last step
         (`Resilience.kept_alive`). Called from a thread of its own."""
 
+    def attempt_failed(self) -> None:
+        """The training function raised a fault (not the script's bug): a restart follows. Called in the
+        main thread as the exception leaves the attempt."""
+
     def finished_when(self, done: Callable[[], bool]) -> None:
         """From now on `done()` says whether every rank has finished training (the last persists
         committed, the final state written): a restart decided once it holds has nothing to redo."""
@@ -257,6 +261,14 @@ class InProcessLayer(Layer):
         node's workers. Not once training has returned: rank 0 may leave first at the end of a run."""
         if not self.run_returned:
             leave_process(self.events, 1, layer="inprocess", cause=f"in-process store lost: {exc!r}"[:300])
+
+    def attempt_failed(self) -> None:
+        # NVRx's monitor decides the restart only once the rank's record has gone through its monitor
+        # process and the store, and a rank blocked in a collective gets here only at the collective
+        # timeout: on a loaded machine that has outlasted the launcher's heartbeat timeout, which then
+        # killed a rank the in-process restart was about to recover. The recovery beats start here.
+        if self.on_restart_decided is not None:
+            self.on_restart_decided()
 
     def finished_when(self, done: Callable[[], bool]) -> None:
         self._done = done
@@ -449,6 +461,10 @@ class Resilience(Layer):
             for layer in self.layers:
                 stack.enter_context(layer.atomic())
             yield
+
+    def attempt_failed(self) -> None:
+        for layer in self.layers:
+            layer.attempt_failed()
 
     def finished_when(self, done: Callable[[], bool]) -> None:
         for layer in self.layers:
