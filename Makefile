@@ -47,15 +47,15 @@ check: setup
 
 # CI: every test, the slow end-to-end ones included: the fast ones, and the slow ones that run no job
 # (`shareable`), on every core as `make check` runs them; then the other slow ones, which start jobs,
-# two files at a time. A job's ranks spend much of a test waiting (heartbeats, restart rounds, a
-# Pending replacement), so one such test keeps about one core of two busy; each file stays on one
+# three files at a time. A job's ranks spend much of a test waiting (heartbeats, restart rounds, a
+# Pending replacement): two workers kept 1.7 of 2 cores busy, three keep both. Each file stays on one
 # worker, where its fault-free reference is computed once. Their bounds hold on a loaded machine. The
 # workers take the files with tests marked `long` first (tests/conftest.py), so none ends a phase alone.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -m "not slow or shareable" -n auto --dist loadfile --no-loadscope-reorder -q
-	$(PY) -m pytest -m "slow and not shareable" -n 2 --dist loadfile --no-loadscope-reorder -q
+	$(PY) -m pytest -m "slow and not shareable" -n 3 --dist loadfile --no-loadscope-reorder -q
 
 demo: setup
 	$(VENV)/bin/nvrx-eks demo
