@@ -46,16 +46,18 @@ check: setup
 	$(PY) -m pytest -m "not slow and not gpu" -n auto --dist loadfile --no-loadscope-reorder -q
 
 # CI: every test, the slow end-to-end ones included: the fast ones, and the slow ones that run no job
-# (`shareable`), on every core as `make check` runs them; then the other slow ones, which start jobs,
-# three files at a time. A job's ranks spend much of a test waiting (heartbeats, restart rounds, a
-# Pending replacement): two workers kept 1.7 of 2 cores busy, three keep both. Each file stays on one
-# worker, where its fault-free reference is computed once. Their bounds hold on a loaded machine. The
-# workers take the files with tests marked `long` first (tests/conftest.py), so none ends a phase alone.
+# (`shareable`); then the other slow ones, which start jobs. One worker more than the cores in both
+# phases: the tests wait on processes (a job's heartbeats, restart rounds, a Pending replacement; a
+# CLI's start), and one worker per core kept 1.7 of 2 cores busy, one more keeps both. Each file stays
+# on one worker, where its fault-free reference is computed once. Their bounds hold on a loaded
+# machine. The workers take the files with tests marked `long` first (tests/conftest.py), so none ends
+# a phase alone.
+TEST_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -m "not slow or shareable" -n auto --dist loadfile --no-loadscope-reorder -q
-	$(PY) -m pytest -m "slow and not shareable" -n 3 --dist loadfile --no-loadscope-reorder -q
+	$(PY) -m pytest -m "not slow or shareable" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -q
+	$(PY) -m pytest -m "slow and not shareable" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -q
 
 demo: setup
 	$(VENV)/bin/nvrx-eks demo
