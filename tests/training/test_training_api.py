@@ -205,6 +205,21 @@ def test_an_in_process_restart_rewinds_buffers_a_forward_moved(tmp_path):
     assert _batchnorm_run(tmp_path / "faulted", fail_at=6) == _batchnorm_run(tmp_path / "clean", fail_at=None)
 
 
+def _linear_steps(run: api.Attempt, steps: int, *, bug_at: int | None = None) -> None:
+    """A one-layer model trained for `steps` through the API; `bug_at`: that step raises, every time."""
+    import torch  # noqa: PLC0415
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.resume(model=model, optimizer=optimizer)
+    for step in run.steps(steps):
+        if step == bug_at:
+            raise ValueError(f"a bug at step {bug_at}")
+        model(torch.ones(1, 2)).sum().backward()
+        with run.update():
+            optimizer.step()
+
+
 def test_the_last_barrier_tells_the_layers_once_every_rank_has_finished_training(tmp_path):
     """The in-process layer declines a restart decided once every rank has finished (its test with
     NVRx's real Wrapper: tests/training/test_training_nvrx_compat.py); the attempt's end tells it when,
@@ -230,17 +245,8 @@ def test_the_last_barrier_tells_the_layers_once_every_rank_has_finished_training
     context = stub_context(api.ResilienceConfig(run_dir=tmp_path), world, tmp_path)
     context.resilience = Resilience([told])
 
-    def train(run: api.Attempt) -> None:
-        model = torch.nn.Linear(2, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        run.resume(model=model, optimizer=optimizer)
-        for _ in run.steps(2):
-            model(torch.ones(1, 2)).sum().backward()
-            with run.update():
-                optimizer.step()
-
     try:
-        attempt(context, Record(), train)
+        attempt(context, Record(), lambda run: _linear_steps(run, 2))
     finally:
         parallel.release_retired_groups()
         dist.destroy_process_group()
@@ -277,15 +283,7 @@ def test_a_fault_leaving_the_attempt_starts_the_recovery_beats_and_a_bug_does_no
     context.resilience = Resilience([told])
 
     def train(run: api.Attempt) -> None:
-        model = torch.nn.Linear(2, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        run.resume(model=model, optimizer=optimizer)
-        for step in run.steps(4):
-            if step == 2:
-                raise ValueError("a bug at step 2")
-            model(torch.ones(1, 2)).sum().backward()
-            with run.update():
-                optimizer.step()
+        _linear_steps(run, 4, bug_at=2)
 
     try:
         with pytest.raises(ValueError, match="a bug at step 2"):
