@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvrx_eks.kitcore.configio import UserError, read_json, validate_file
-from nvrx_eks.planner.config import PLAN_NAME_MAX, TIERS
+from nvrx_eks.planner.config import OWN_WORKLOAD, PLAN_NAME_MAX, TIERS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -145,7 +145,7 @@ class Calibration:
         """The scenario with each mode's own step, first start or recovery left out where the plan is
         given one for every mode: by --set (`asked`) or by a fit against fleet size (bench scale)."""
         assert self.scenario is not None  # noqa: S101
-        workload = set(asked.get("workload", {})) & {"step_s", "startup_s"}
+        workload = set(asked.get("workload", {})) & set(OWN_WORKLOAD)
         recovery = set(asked.get("recovery", {})) | {dotted.partition(".")[2] for dotted in self.fitted}
         modes = {}
         for name, setup in self.scenario["modes"].items():

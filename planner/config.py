@@ -219,6 +219,8 @@ class Checkpoint(_Section):
 
 
 Cadence = int | Literal["auto"]
+OWN_WORKLOAD = ("step_s", "startup_s")
+"""The `workload` fields a mode may set for itself (`ModeSetup`)."""
 RecoveryField = Literal["inprocess_s", "launcher_s", "job_restart_s", "node_swap_s", "store_loss_s"]
 """A field of the plan's `recovery` section (`Recovery`), which a mode may set for itself."""
 
@@ -235,6 +237,11 @@ class ModeSetup(_Section):
     """This mode's own recovery per layer where it is not the plan's `recovery` (a measured run's own:
     on shared cores the kit's background persists slow its restarts, so its in-process recovery is not
     another mode's)."""
+
+    def own_workload(self) -> dict[str, float]:
+        """The `workload` fields (OWN_WORKLOAD) this mode gives for itself."""
+        own = {name: getattr(self, name) for name in OWN_WORKLOAD}
+        return {name: value for name, value in own.items() if value is not None}
 
     @field_validator("tiers")
     @classmethod
@@ -520,8 +527,7 @@ class Plan(_Section):
         setup = self.modes.get(mode)
         if setup is None:
             return self
-        own = {"step_s": setup.step_s, "startup_s": setup.startup_s}
-        workload = {k: v for k, v in own.items() if v is not None}
+        workload = setup.own_workload()
         update: dict[str, BaseModel] = {}
         if workload:
             update["workload"] = self.workload.model_copy(update=workload)

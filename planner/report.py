@@ -126,8 +126,11 @@ def provenance(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -> 
 
 
 def _source(dotted: str, *, given: dict[str, Any], labels: dict[str, str], labelled_as: str = "") -> str:
-    if (labelled_as or dotted) in labels:
-        return labels[labelled_as or dotted]
+    """Where `dotted`'s value came from: the label of `labelled_as` (default: `dotted` itself), the plan
+    file, or the default's source."""
+    label = labels.get(labelled_as or dotted)
+    if label is not None:
+        return label
     if _get(given, dotted) is not None:
         return "assumed: plan file"
     return DEFAULT_SOURCES.get(dotted, "default")
@@ -137,15 +140,14 @@ def _mode_inputs(plan: Plan, *, given: dict[str, Any], labels: dict[str, str]) -
     """A mode's own step, first start and recoveries, which take the place of the plan's for that mode."""
     out: dict[str, dict[str, Any]] = {}
     for mode, setup in plan.modes.items():
-        own: dict[str, Any] = {"step_s": setup.step_s, "startup_s": setup.startup_s}
+        own: dict[str, float] = setup.own_workload()
         own |= {f"recovery.{name}": seconds for name, seconds in setup.recovery.items()}
         for key, value in own.items():
-            if value is not None:
-                dotted, labelled_as = f"modes.{mode}.{key}", f"modes.*.{key.partition('.')[0]}"
-                out[dotted] = {
-                    "value": value,
-                    "source": _source(dotted, given=given, labels=labels, labelled_as=labelled_as),
-                }
+            dotted, labelled_as = f"modes.{mode}.{key}", f"modes.*.{key.partition('.')[0]}"
+            out[dotted] = {
+                "value": value,
+                "source": _source(dotted, given=given, labels=labels, labelled_as=labelled_as),
+            }
     return out
 
 
