@@ -9,9 +9,9 @@ back when the replacement is scheduled, and finishes; then the verdict.
    steps they trained (`generations`).
 4. The verdict: every step trained exactly once after each restored step (`lineage_problems`), and the
    final parameters equal those of a reference that follows the same size changes at the same steps:
-   the same script under plain torchrun, fault-free, one segment per generation at the generation's
-   ranks, each resumed from the checkpoint the segment before left at the step the chaos run
-   restored (`reference_sha256`). Bit-identical where the layout allows it, else the measured difference.
+   the same script under plain torchrun (localrun/torchrun.py), fault-free, one segment per generation
+   at the generation's ranks, each resumed from the checkpoint the segment before left at the step the
+   chaos run restored (`reference_sha256`). Bit-identical where the layout allows it, else the measured difference.
 5. The phases: node lost -> shrink decision (the control process's line) -> first step on fewer nodes;
    replacement scheduled -> grow decision -> first step at the full size.
 """
@@ -23,10 +23,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nvrx_eks.localrun.torchrun import standalone
 from nvrx_eks.training.events import read_events
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def _torchrun_segment(*, ranks: int, argv: list[str], config: dict[str, Any], ti
     env = {**os.environ, "NVRX_EKS_CONFIG": json.dumps(segment), "OMP_NUM_THREADS": "1"}
     env.pop("NVRX_EKS_RENDEZVOUS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *argv],
+        standalone(ranks=ranks, entry=argv),
         env=env,
         capture_output=True,
         text=True,

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from nvrx_eks.localrun.torchrun import standalone
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
 
 
 def _torchrun(args: list[str], *, ranks: int, config: dict | None = None, timeout: int = 300) -> str:
@@ -25,7 +27,7 @@ def _torchrun(args: list[str], *, ranks: int, config: dict | None = None, timeou
     if config is not None:
         env["NVRX_EKS_CONFIG"] = json.dumps(config)
     done = subprocess.run(
-        [*TORCHRUN, f"--nproc-per-node={ranks}", *args],
+        standalone(ranks=ranks, entry=args),
         capture_output=True,
         text=True,
         timeout=timeout,
