@@ -11,7 +11,8 @@ back when the replacement is scheduled, and finishes; then the verdict.
    final parameters equal those of a reference that follows the same size changes at the same steps:
    the same script under plain torchrun (localrun/torchrun.py), fault-free, one segment per generation
    at the generation's ranks, each resumed from the checkpoint the segment before left at the step the
-   chaos run restored (`reference_sha256`). Bit-identical where the layout allows it, else the measured difference.
+   chaos run restored (`reference_sha256`). Bit-identical where the layout allows it, else the measured
+   difference.
 5. The phases: node lost -> shrink decision (the control process's line) -> first step on fewer nodes;
    replacement scheduled -> grow decision -> first step at the full size.
 """
