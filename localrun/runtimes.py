@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.warm import end_process_forks, process_starter, server_environment, warm_module
+from nvrx_eks.localrun.warm import end_process_forks, process_starter, server_environment, warm_entry
 from nvrx_eks.training.resilience.launch import FORKSERVER_FORK_ENV
 
 RUNC = "/usr/sbin/runc"
@@ -151,7 +151,7 @@ class WarmProcesses(Processes):
     def start(
         self, argv: list[str], env: dict[str, str], *, cwd: Path, log: IO[bytes], run_key: str
     ) -> Running:
-        found = warm_module(argv, env)
+        found = warm_entry(argv, env)
         if found is None:
             return popen(argv, env, cwd=cwd, log=log)
         # One server for every run of this process; it belongs to none, so its marker names no run and
@@ -159,14 +159,14 @@ class WarmProcesses(Processes):
         starter = process_starter(
             server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD)
         )
-        module, args = found
+        entry, args = found
         # Each fork writes its pod's marker into its /proc environ, so what the launcher forks without
         # an exec is its pod's too: the launcher may fork its forkserver (training/resilience/launch.py).
         env = env | {FORKSERVER_FORK_ENV: "1"}
         marker = env.get(POD_ENV, "")
         del run_key  # the pod's marker begins with it
         return starter.start(
-            module, args, env=env, cwd=cwd, log=log, marker=marker, marker_env=POD_ENV if marker else None
+            entry, args, env=env, cwd=cwd, log=log, marker=marker, marker_env=POD_ENV if marker else None
         )
 
     def close(self, run_key: str) -> None:

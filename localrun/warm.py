@@ -9,14 +9,16 @@ it for each such container, as the launcher's forkserver does for the ranks; `pr
 for every run of the process, so a run does not pay for the server's imports either, and
 `WarmStarter.end` ends one run's forks.
 
-The fork becomes the container as `python -m` would have started it: its own session; stdin from
-/dev/null, stdout and stderr to the pod's log; the container's environment (C-level `getenv` sees it,
-so torch and NVRx read it as usual) and working folder; `sys.argv`; `sys.path` as a fresh interpreter
-builds it (the working folder for `-m`, then PYTHONPATH, then the interpreter's own); the stream
-buffering PYTHONUNBUFFERED asks for; TMPDIR read again; a fresh `__main__`; the module run by
-CPython's own `-m` function. Its exit, an uncaught exception's traceback and exit status 1, its
-atexit handlers are the interpreter's own. The server reports each fork's pid and exit status in
-`subprocess.Popen`'s convention (-N: killed by signal N).
+The fork becomes the container as `python -m` (or `python SCRIPT`) would have started it: its own
+session; stdin from /dev/null, stdout and stderr to the pod's log (or each to a file of its own); the
+container's environment (C-level `getenv` sees it, so torch and NVRx read it as usual) and working
+folder; `sys.argv`; `sys.path` as a fresh interpreter builds it (the working folder for `-m` or the
+script's own folder, then PYTHONPATH, then the interpreter's own); the stream buffering PYTHONUNBUFFERED
+asks for; TMPDIR read again; a fresh `__main__`; the module run by CPython's own `-m` function, a script
+compiled and run in `__main__` as CPython runs one. Its exit, an uncaught exception's traceback and exit
+status 1, its atexit handlers are the interpreter's own. The server reports each fork's pid and exit
+status in `subprocess.Popen`'s convention (-N: killed by signal N). The kit's containers all run `-m`;
+the test suite forks its scripts too (tests/children.py).
 
 What differs from a fresh interpreter, and why that is safe here:
 - Modules imported before the fork (`PRELOAD`): a value one computes at import from the environment
@@ -43,7 +45,7 @@ What differs from a fresh interpreter, and why that is safe here:
   cluster's slower start makes rare shows here every time (training/resilience/launch.py
   `open_rendezvous_store` is one such).
 
-Any other command (a script path, a binary, an interpreter other than this one) starts as a process.
+Any other command (a binary, an interpreter other than this one or with options) starts as a process.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import atexit
 import contextlib
 import faulthandler
 import importlib
+import importlib.machinery
 import io
 import json
 import os
@@ -109,16 +112,29 @@ def live_roots(marker: str) -> list[psutil.Process]:
     return [proc for proc in found if proc.is_running()]
 
 
-def warm_module(argv: list[str], env: dict[str, str]) -> tuple[str, list[str]] | None:
-    """(module, args) when `argv` is `python -m MODULE ARGS` with this interpreter; None otherwise."""
-    if len(argv) < 3 or argv[1] != "-m" or not Path(argv[0]).name.startswith("python"):  # noqa: PLR2004
+Entry = tuple[str, str]
+"""What a fork runs: ("module", MODULE) as `python -m MODULE`, ("script", PATH) as `python PATH`."""
+
+
+def warm_entry(argv: list[str], env: dict[str, str]) -> tuple[Entry, list[str]] | None:
+    """(entry, args) when `argv` is `python -m MODULE ARGS` or `python SCRIPT ARGS` with this
+    interpreter; None otherwise (an interpreter option, another interpreter, another program)."""
+    if len(argv) < 2 or not Path(argv[0]).name.startswith("python"):  # noqa: PLR2004
         return None
+    if argv[1] == "-m":
+        if len(argv) < 3:  # noqa: PLR2004
+            return None
+        entry, args = ("module", argv[2]), argv[3:]
+    elif argv[1].startswith("-"):
+        return None
+    else:
+        entry, args = ("script", argv[1]), argv[2:]
     found = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
     ours = Path(sys.executable)
     # The same binary in the same folder: this virtualenv's interpreter, not only the same binary.
     if found is None or Path(found).absolute().parent != ours.absolute().parent or not ours.samefile(found):
         return None
-    return argv[2], argv[3:]
+    return entry, args
 
 
 def server_environment(env: dict[str, str], *, marker_env: str, marker: str) -> dict[str, str]:
@@ -206,7 +222,7 @@ class WarmStarter:
 
     def start(
         self,
-        module: str,
+        entry: Entry,
         args: list[str],
         *,
         env: dict[str, str],
@@ -214,23 +230,25 @@ class WarmStarter:
         log: IO[bytes],
         marker: str,
         marker_env: str | None = None,
+        errors: IO[bytes] | None = None,
     ) -> WarmProcess:
-        """`python -m module *args` in `cwd` with `env`, its output to `log`; `marker`: its pod's, which
-        the fork writes into its /proc environ as `marker_env` (the server's environment from
-        `server_environment`)."""
+        """`entry` (`warm_entry`) with `args` in `cwd` with `env`, its output to `log` (its standard
+        error to `errors` if given); `marker`: its pod's, which the fork writes into its /proc environ
+        as `marker_env` (the server's environment from `server_environment`)."""
         with self._send_lock:
             self._next += 1
             key = self._next
             request = {
                 "id": key,
-                "module": module,
+                "entry": list(entry),
                 "args": args,
                 "env": env,
                 "cwd": str(cwd),
                 "marker": marker,
                 "marker_env": marker_env,
             }
-            socket.send_fds(self._sock, [json.dumps(request).encode()], [log.fileno()])
+            streams = [log.fileno()] if errors is None else [log.fileno(), errors.fileno()]
+            socket.send_fds(self._sock, [json.dumps(request).encode()], streams)
             with self._started_cv:
                 self._started_cv.wait_for(lambda: key in self._started or not self._reader.is_alive())
                 started = self._started.pop(key, "the warm server exited")
@@ -244,7 +262,7 @@ class WarmStarter:
             if "started" in event:
                 with self._started_cv:
                     if "pid" in event:
-                        proc = WarmProcess(event["pid"], [event["module"]], event["marker"])
+                        proc = WarmProcess(event["pid"], [event["entry"][1]], event["marker"])
                         self._running[proc.pid] = proc
                         with _live_lock, contextlib.suppress(psutil.Error):  # gone already: nothing to find
                             _live_roots[proc.pid] = (event["marker"], psutil.Process(proc.pid))
@@ -361,14 +379,14 @@ def _serve(sock: socket.socket, preload: list[str]) -> dict[str, Any] | None:
             _reap([fd for fd in readable if fd in forks], sock=sock, forks=forks)
             if sock not in readable:
                 continue
-            message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
+            message, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 2)
             if not message:
                 return None
             request: dict[str, Any] = json.loads(message)
             if "end" in request:  # a run's end: its forks go; their exits are reported as any other
                 for pid in [pid for pid, mark in forks.values() if _under(mark, request["end"])]:
                     _kill_fork(pid)
-            elif _fork(request, log_fd=fds[0], sock=sock, forks=forks):
+            elif _fork(request, streams=fds, sock=sock, forks=forks):
                 return request
     finally:
         for pid, _ in forks.values():
@@ -405,39 +423,44 @@ def _kill_fork(pid: int) -> None:
 
 
 def _fork(
-    request: dict[str, Any], *, log_fd: int, sock: socket.socket, forks: dict[int, tuple[int, str]]
+    request: dict[str, Any], *, streams: list[int], sock: socket.socket, forks: dict[int, tuple[int, str]]
 ) -> bool:
     """Fork for `request`: True in the fork (now its container, the server's descriptors closed),
-    False in the server (which said the fork's pid, or why there is none)."""
-    reply = {"started": request["id"], "module": request["module"]}
+    False in the server (which said the fork's pid, or why there is none). `streams`: the descriptors
+    of its output and, if apart, of its standard error."""
+    reply = {"started": request["id"], "entry": request["entry"]}
     try:
         pid = os.fork()
     except OSError as exc:
         sock.send(json.dumps({**reply, "error": f"fork: {exc}"}).encode())
-        os.close(log_fd)
+        for fd in streams:
+            os.close(fd)
         return False
     if pid == 0:
         for fd in forks:
             os.close(fd)
         forks.clear()  # the server's, not this fork's to end
         sock.close()
-        _become(request, log_fd=log_fd)
+        _become(request, streams=streams)
         return True
-    os.close(log_fd)
+    for fd in streams:
+        os.close(fd)
     forks[os.pidfd_open(pid)] = (pid, request["marker"])
     sock.send(json.dumps({**reply, "pid": pid, "marker": request["marker"]}).encode())
     return False
 
 
-def _become(request: dict[str, Any], *, log_fd: int) -> None:
-    """Turn this fork into the container `request` describes, as `python -m` would have started it."""
+def _become(request: dict[str, Any], *, streams: list[int]) -> None:
+    """Turn this fork into the container `request` describes, as `python -m` or `python SCRIPT` would
+    have started it."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
+    os.dup2(streams[0], 1)
+    os.dup2(streams[-1], 2)
+    for fd in set(streams):
+        os.close(fd)
     env: dict[str, str] = request["env"]
     if request.get("marker_env"):
         _mark(request["marker_env"], request["marker"])
@@ -452,17 +475,23 @@ def _become(request: dict[str, Any], *, log_fd: int) -> None:
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=encoding)
     sys.stdout = _stream(1, encoding=encoding, unbuffered=unbuffered, line=False)
     sys.stderr = _stream(2, encoding=encoding, unbuffered=unbuffered, line=True)
-    # As a fresh interpreter's: the working folder for `-m`, then PYTHONPATH's entries, then its own.
+    # As a fresh interpreter's: the working folder for `-m` (a script's own folder, its links resolved),
+    # then PYTHONPATH's entries, then its own.
+    kind, target = request["entry"]
+    first = str(Path.cwd()) if kind == "module" else os.path.dirname(os.path.realpath(target))  # noqa: PTH120
     given = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # noqa: PTH100
-    sys.path[:] = list(dict.fromkeys([str(Path.cwd()), *given, *own]))
+    # The first entry comes after site.py has removed repeats from the rest, so it may repeat one of them.
+    sys.path[:] = [first, *dict.fromkeys([*given, *own])]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     tempfile.tempdir = None
     if env.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
-    sys.argv = ["-m", *request["args"]]  # `-m` replaces argv[0] with the module's file
+    # `-m` replaces argv[0] with the module's file; a script's stays as given.
+    sys.argv = ["-m" if kind == "module" else target, *request["args"]]
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
-    sys.modules.pop(request["module"], None)  # run as __main__, as a fresh interpreter would
+    if kind == "module":
+        sys.modules.pop(target, None)  # run as __main__, as a fresh interpreter would
 
 
 def _stream(fd: int, *, encoding: str, unbuffered: bool, line: bool) -> io.TextIOWrapper:
@@ -478,8 +507,9 @@ def _stream(fd: int, *, encoding: str, unbuffered: bool, line: bool) -> io.TextI
     )
 
 
-def _run(module: str) -> None:
-    """Run `module` as `python -m` does, then end as the interpreter would, less its module teardown.
+def _run(entry: Entry) -> None:
+    """Run `entry` as `python -m` or `python SCRIPT` does, then end as the interpreter would, less its
+    module teardown.
 
     The exit steps are the interpreter's, in its order: the exit status (SystemExit's code, or 1 after
     the traceback), non-daemon threads joined, atexit handlers, the standard streams flushed. What is
@@ -492,9 +522,12 @@ def _run(module: str) -> None:
 
     code, interrupted = 0, False
     try:
-        # CPython's own `python -m` (Modules/main.c calls it): the module found by its spec, argv[0]
-        # set to its file, its code run in `__main__`.
-        runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]  # noqa: SLF001
+        if entry[0] == "module":
+            # CPython's own `python -m` (Modules/main.c calls it): the module found by its spec, argv[0]
+            # set to its file, its code run in `__main__`.
+            runpy._run_module_as_main(entry[1], alter_argv=True)  # type: ignore[attr-defined]  # noqa: SLF001
+        else:
+            code = _run_script(entry[1])
     except SystemExit as exc:
         code = _exit_code(exc.code)
     except KeyboardInterrupt as exc:
@@ -514,9 +547,36 @@ def _run(module: str) -> None:
     os._exit(code)
 
 
+def _run_script(target: str) -> int:
+    """Run the script at `target` in `__main__` as `python SCRIPT` does (Modules/main.c, then
+    pythonrun.c): its absolute path as `__file__` and as the code's file name, no spec, no cached file,
+    the streams flushed when it ends; exit status 2 and the interpreter's line when it cannot be opened."""
+    path = os.path.abspath(target)  # noqa: PTH100
+    try:
+        source = Path(path).read_bytes()
+    except OSError as exc:
+        print(
+            f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr
+        )
+        return 2
+    main = sys.modules["__main__"]
+    main.__file__, main.__cached__ = path, None  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    try:
+        exec(compile(source, path, "exec"), main.__dict__)  # noqa: S102 - what the interpreter itself does
+    finally:  # pythonrun.c flushes both streams after a script, before it prints an uncaught exception
+        for stream in (sys.stderr, sys.stdout):
+            with contextlib.suppress(Exception):
+                stream.flush()
+    return 0
+
+
 def _uncaught(exc: BaseException) -> None:
-    """The traceback as `python -m` prints it: from runpy's frames on, without this module's."""
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    """The traceback as the interpreter prints it: from runpy's frames (`-m`) or the script's on, without
+    this module's."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
     sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
@@ -535,7 +595,7 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     request = _serve(sock, sys.argv[2:])
     if request is not None:
-        _run(request["module"])
+        _run(tuple(request["entry"]))
 
 
 if __name__ == "__main__":

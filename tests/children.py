@@ -1,15 +1,117 @@
-"""Child processes of this interpreter, as the tests start them."""
+"""Child processes of this interpreter, as the tests start them.
+
+`python -m MODULE` and `python SCRIPT` start as forks of this process's warm interpreter (localrun/
+warm.py, the local runs' `warm` runtime), which has imported torch once: a fresh interpreter would
+import it again, seconds of CPU per child and most of what the suite's short children cost.
+tests/localrun/test_localrun_warm.py holds a fork to what a fresh interpreter runs. A child that must
+be a fresh interpreter (what an import does at start, what the interpreter does at its exit) is started
+with `fresh=True`; `python -c` always is one.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+import tempfile
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Self
+
+from nvrx_eks.localrun.runtimes import POD_ENV, WARM_SERVER_POD
+from nvrx_eks.localrun.warm import WarmProcess, process_starter, server_environment, warm_entry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from pathlib import Path
+
+
+class WarmChild:
+    """A fork of the warm interpreter with the part of `subprocess.Popen`'s interface (text mode, pipes
+    for its output and standard error, its own session) that the tests use."""
+
+    def __init__(self, proc: WarmProcess, out: IO[bytes], err: IO[bytes] | None) -> None:
+        self._proc, self._out, self._err = proc, out, err
+        self.pid, self.args = proc.pid, proc.args
+        self._read: tuple[str, str | None] | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._proc.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """(output, standard error or None when it went to the output) once the child has exited, its
+        files then closed, as Popen's pipes are; `subprocess.TimeoutExpired` while it runs past `timeout`."""
+        self.wait(timeout)
+        if self._read is None:
+            self._read = (_text(self._out), None if self._err is None else _text(self._err))
+            self._close()
+        return self._read
+
+    def _close(self) -> None:
+        for stream in (self._out, self._err):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.poll() is None:
+            self.kill()
+            self.wait()
+        self._close()
+
+
+def _text(stream: IO[bytes]) -> str:
+    stream.seek(0)
+    return stream.read().decode(errors="replace")
+
+
+def start_python(
+    *args: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    merge_stderr: bool = False,
+    fresh: bool = False,
+) -> WarmChild | subprocess.Popen[str]:
+    """`python ARGS...` with the interpreter running the tests, in a session of its own, its output (and
+    standard error with it if `merge_stderr`) captured as text: a warm fork unless `fresh` or `-c`."""
+    argv, env = [sys.executable, *args], dict(os.environ if env is None else env)
+    found = None if fresh else warm_entry(argv, env)
+    if found is None:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+    starter = process_starter(
+        server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD)
+    )
+    out = tempfile.TemporaryFile()  # noqa: SIM115 - the child's, closed with it
+    err = None if merge_stderr else tempfile.TemporaryFile()  # noqa: SIM115
+    entry, rest = found
+    proc = starter.start(entry, rest, env=env, cwd=cwd or Path.cwd(), log=out, errors=err, marker="")
+    return WarmChild(proc, out, err)
 
 
 def run_python(
@@ -18,18 +120,22 @@ def run_python(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = False,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`python ARGS...` with the interpreter running the tests, its output captured as text; the exit
-    status is the test's to assert unless `check`."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=check,
-    )
+    """`python ARGS...` to its end (`start_python`), its output captured as text; the exit status is the
+    test's to assert unless `check`. Past `timeout` it is killed and `subprocess.TimeoutExpired` raised."""
+    with start_python(*args, cwd=cwd, env=env, fresh=fresh) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            raise
+    code = child.poll()
+    assert code is not None  # communicate returned: the child has exited
+    done = subprocess.CompletedProcess([sys.executable, *args], code, out, err)
+    if check:
+        done.check_returncode()
+    return done
 
 
 # What a fresh interpreter reads from os.environ while it imports some modules.

@@ -78,8 +78,8 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
             {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONUNBUFFERED": "1"} | (env or {})
         )
         return run_python(
-            "-c",
-            "from nvrx_eks.cli import main; main()",
+            "-m",
+            "nvrx_eks",  # the console script's main (nvrx_eks/__main__.py), a warm fork (tests/children.py)
             *args,
             timeout=timeout,
             cwd=cwd,

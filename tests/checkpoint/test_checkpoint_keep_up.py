@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -555,15 +554,18 @@ MAINS = {
 
 def _run_ranks(root: Path, scenario: str, phase: str, *, world_size: int = 2) -> list[dict[str, Any]]:
     """Each rank's report once every rank has exited (a rank killed on purpose reports nothing)."""
+    from children import start_python  # noqa: PLC0415 - not on the path of the ranks, which run this file
+
     with contextlib.ExitStack() as stack:
         procs = [
             stack.enter_context(
-                subprocess.Popen(
-                    [sys.executable, __file__, scenario, phase, str(rank), str(world_size), str(root)],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
+                start_python(
+                    __file__,
+                    scenario,
+                    phase,
+                    str(rank),
+                    str(world_size),
+                    str(root),
                     env={**os.environ, "PYTHONPATH": str(REPO)},
                 )
             )

@@ -41,7 +41,7 @@ print("path", sys.path[:2])
 print("cwd", os.getcwd())
 print("env", os.environ.get("PROBE_VALUE"), os.getenv("PROBE_VALUE"))
 print("tmp", tempfile.gettempdir())
-print("main", __name__, __spec__.name, __file__)
+print("main", __name__, getattr(__spec__, "name", None), __file__)
 print("session leader", os.getsid(0) == os.getpid())
 print("unbuffered", sys.stdout.write_through)
 threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined", flush=True))).start()
@@ -73,14 +73,15 @@ def container(tmp_path: Path, warm_runtime: WarmProcesses):
     (tmp_path / "tmp").mkdir()
     runtimes = {"processes": Processes(project_dir=tmp_path / "project"), "warm": warm_runtime}
 
-    def start(runtime: str, what: str, *, unbuffered: bool = False) -> tuple[int, str]:
+    def start(runtime: str, what: str, *, unbuffered: bool = False, script: bool = False) -> tuple[int, str]:
         env = {**os.environ, "PROBE_VALUE": "from the pod", "TMPDIR": str(tmp_path / "tmp")}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # as the executor gives it
         env[POD_ENV] = f"{RUN}/pod-0"
         env.pop("PYTHONUNBUFFERED", None)
         if unbuffered:
             env["PYTHONUNBUFFERED"] = "1"
-        argv, env = runtimes[runtime].command(["python", "-m", "probe", what], env, spec=None)  # type: ignore[arg-type]
+        entry = ["project/probe.py"] if script else ["-m", "probe"]  # a script's path as given, relative
+        argv, env = runtimes[runtime].command(["python", *entry, what], env, spec=None)  # type: ignore[arg-type]
         env["PYTHONPATH"] = str(tmp_path / "project")
         log = tmp_path / f"{runtime}-{what}.log"
         with log.open("wb") as out:
@@ -92,12 +93,14 @@ def container(tmp_path: Path, warm_runtime: WarmProcesses):
     return start
 
 
+@pytest.mark.parametrize("script", [False, True], ids=["module", "script"])
 @pytest.mark.parametrize("what", ["0", "3", "raise", "kill", "message"])
-def test_a_warm_container_is_what_a_fresh_interpreter_runs(container, what):
-    """Same argv, sys.path, working folder, environment, TMPDIR, `__main__`, session, exit status
-    (a SIGKILL's -9 too), traceback, atexit handlers, non-daemon threads joined, output flushed."""
-    cold = container("processes", what)
-    warm = container("warm", what)
+def test_a_warm_container_is_what_a_fresh_interpreter_runs(container, what, script):
+    """`python -m MODULE` and `python SCRIPT`: same argv, sys.path, working folder, environment, TMPDIR,
+    `__main__` and its file, session, exit status (a SIGKILL's -9 too), traceback, atexit handlers,
+    non-daemon threads joined, output flushed."""
+    cold = container("processes", what, script=script)
+    warm = container("warm", what, script=script)
     assert warm == cold
     if what != "kill":  # a SIGKILL loses what the stream had not written yet
         assert "env from the pod from the pod\n" in warm[1]
@@ -235,7 +238,7 @@ def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     with (tmp_path / "log").open("wb") as log:
-        proc = starter.start("sleeper", [], env=env, cwd=tmp_path, log=log, marker=f"{RUN}/pod-0")
+        proc = starter.start(("module", "sleeper"), [], env=env, cwd=tmp_path, log=log, marker=f"{RUN}/pod-0")
     server = starter._server.pid
     starter.close()
     assert proc.wait(timeout=10) == -signal.SIGKILL

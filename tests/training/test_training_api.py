@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.kitcore.configio import UserError
 from nvrx_eks.training import api
@@ -144,9 +143,7 @@ def test_an_api_call_out_of_order_is_one_message_and_exit_2(case, tmp_path):
     config = {"run_dir": str(tmp_path / "run"), "faults": {"plan": ["exception@9"]}}
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT"}}
     env |= {CONFIG_ENV: json.dumps(config), "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    done = run_python(str(script), env=env, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 2, out[-3000:]
     assert message in out, out[-3000:]

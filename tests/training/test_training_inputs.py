@@ -10,11 +10,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from children import WarmChild, start_python
 
 REPO = Path(__file__).resolve().parents[2]
 # Generous for a loaded 2-core machine (torch import ~2-5 s); a hang runs into it.
@@ -36,19 +36,12 @@ def _env(kit: dict[str, object] | None = None, **extra: str) -> dict[str, str]:
     return env | {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **config, **extra}
 
 
-def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # the rank's own children (checkpoint workers) go with it on a kill
-    )
+def _start(args: list[str], env: dict[str, str]) -> WarmChild | subprocess.Popen[str]:
+    # In a session of its own: the rank's own children (checkpoint workers) go with it on a kill.
+    return start_python(*args, cwd=REPO, env=env, merge_stderr=True)
 
 
-def _finish(proc: subprocess.Popen[str]) -> tuple[int | None, str]:
+def _finish(proc: WarmChild | subprocess.Popen[str]) -> tuple[int | None, str]:
     """(exit code, output); None as the code when the process was still running at PROMPT_S."""
     try:
         out, _ = proc.communicate(timeout=PROMPT_S)

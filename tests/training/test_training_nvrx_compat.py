@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from children import run_python, start_python
 
 from nvrx_eks.kitcore.pins import NVRX_SUPPORTED_SINCE
 from nvrx_eks.training.resilience import launcher_liveness, nvrx_compat
@@ -235,17 +236,12 @@ def test_a_replacement_opens_the_next_round_when_its_predecessor_trained_in_the_
 
 
 def _run_script(tmp_path: Path, source: str, variant: str) -> subprocess.CompletedProcess[str]:
-    """Run a launcher-side script (`variant`: torch's behaviour or the kit's patch) in an interpreter of
-    its own: the patches are process-wide. Its workers' logs go under `tmp_path`."""
+    """Run a launcher-side script (`variant`: torch's behaviour or the kit's patch) in a process of its
+    own: the patches are process-wide. Its workers' logs go under `tmp_path`."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
-    return subprocess.run(
-        [sys.executable, str(script), variant, str(tmp_path / "logs")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    return run_python(
+        str(script), variant, str(tmp_path / "logs"), timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
 
 
@@ -405,14 +401,7 @@ print(state._round, slept, state._compute_step2_poll_interval(2, 5.0),
 def test_a_node_waiting_for_a_round_finds_the_opened_one_at_the_next_fast_poll(tmp_path, variant, polls):
     script = tmp_path / "round_opened.py"
     script.write_text(textwrap.dedent(_ROUND_OPENED_WHILE_WAITING))
-    done = subprocess.run(
-        [sys.executable, str(script), variant],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    done = run_python(str(script), variant, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == polls, done.stdout
 
@@ -512,14 +501,7 @@ def test_a_restart_decided_after_every_rank_finished_training_is_declined(tmp_pa
     port = _free_port()
     env = os.environ | {"PYTHONPATH": str(ROOT), "MASTER_ADDR": HOST, "WORLD_SIZE": "2"}
     ranks = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env | {"RANK": str(rank)},
-        )
-        for rank in (0, 1)
+        start_python(str(script), str(tmp_path), str(port), env=env | {"RANK": str(rank)}) for rank in (0, 1)
     ]
     try:
         outputs = [rank.communicate(timeout=100) for rank in ranks]

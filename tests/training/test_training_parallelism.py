@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-
 def _torchrun(args: list[str], *, ranks: int, config: dict | None = None, timeout: int = 300) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("NVRX_EKS_CONFIG", None)

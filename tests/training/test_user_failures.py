@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
+from children import run_python
 
 from nvrx_eks.kitcore.supervisor import ERROR_FILE_ENV, one_line
 from nvrx_eks.training import api, failures, process
 from nvrx_eks.training.attempt import Record
 from nvrx_eks.training.resilience.config import CONFIG_ENV
 from nvrx_eks.training.resilience.launch import entry_script
+
+if TYPE_CHECKING:
+    import subprocess
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,18 +37,15 @@ def test_a_multi_line_message_is_folded_into_one_readable_line():
 
 
 def _run(argv: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], str | None]:
-    """`argv` in a fresh process as a launcher's worker runs (its error file named); (the outcome, the
-    one line the launcher would read from the file, None when nothing was written)."""
+    """`python ARGV...` in a process of its own as a launcher's worker runs (its error file named); (the
+    outcome, the one line the launcher would read from the file, None when nothing was written)."""
     error_file = tmp_path / "error.json"
     base = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "MASTER_PORT", CONFIG_ENV}}
-    done = subprocess.run(
-        argv,
+    done = run_python(
+        *argv,
         env=base | {"PYTHONPATH": str(REPO), ERROR_FILE_ENV: str(error_file)} | env,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=120,
-        check=False,
     )
     said = json.loads(error_file.read_text())["message"]["message"] if error_file.exists() else None
     return done, said
@@ -69,7 +69,7 @@ def test_a_ranks_bad_input_reaches_its_launcher_in_one_line(tmp_path):
         )
     )
     config = {"run_dir": str(tmp_path / "run")}
-    done, said = _run([sys.executable, str(script)], tmp_path, **{CONFIG_ENV: json.dumps(config)})
+    done, said = _run([str(script)], tmp_path, **{CONFIG_ENV: json.dumps(config)})
     assert done.returncode == 2, done.stderr[-3000:]
     assert said is not None
     assert "\n" not in said
@@ -117,7 +117,7 @@ def test_whatever_ends_a_script_early_reaches_its_launcher_in_one_line(
     """Before the kit's fix, the launcher read nothing here and said torch's "To enable traceback"."""
     if source is not None:
         (tmp_path / "train.py").write_text(textwrap.dedent(source))
-    done, said = _run([sys.executable, entry_script(), *entry], tmp_path)
+    done, said = _run([entry_script(), *entry], tmp_path)
     assert done.returncode == code, done.stderr[-3000:]
     assert said is not None, done.stderr[-3000:]
     assert message in said, said
@@ -231,6 +231,6 @@ def test_a_fault_the_launcher_restarts_for_is_named_with_its_place(tmp_path):
         )
     )
     config = {"run_dir": str(tmp_path / "run")}
-    done, said = _run([sys.executable, str(script)], tmp_path, **{CONFIG_ENV: json.dumps(config)})
+    done, said = _run([str(script)], tmp_path, **{CONFIG_ENV: json.dumps(config)})
     assert done.returncode == 1, done.stderr[-3000:]
     assert said == "RuntimeError: CUDA error: an illegal memory access was encountered (train.py:9 in train)"
