@@ -246,6 +246,25 @@ def test_closing_the_run_ends_what_its_server_forked_and_the_server(tmp_path):
     assert not psutil.pid_exists(server)
 
 
+def test_a_fork_given_a_file_for_its_standard_error_keeps_it_apart_and_a_missing_script_is_status_2(tmp_path):
+    starter = WarmStarter(preload=())
+    script = tmp_path / "both.py"
+    script.write_text("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(4)\n")
+    try:
+        with (tmp_path / "out").open("wb") as out, (tmp_path / "err").open("wb") as err, \
+                (tmp_path / "missing").open("wb") as told:  # fmt: skip
+            proc = starter.start(("script", str(script)), [], env=dict(os.environ), cwd=tmp_path, log=out,
+                                 marker="", errors=err)  # fmt: skip
+            missing = starter.start(("script", "gone.py"), [], env=dict(os.environ), cwd=tmp_path, log=told,
+                                    marker="")  # fmt: skip
+        assert (proc.wait(timeout=30), missing.wait(timeout=30)) == (4, 2)
+    finally:
+        starter.close()
+    assert ((tmp_path / "out").read_text(), (tmp_path / "err").read_text()) == ("out\n", "err\n")
+    said = (tmp_path / "missing").read_text()
+    assert f"can't open file {str(tmp_path / 'gone.py')!r}: [Errno 2] No such file or directory" in said
+
+
 def test_a_preload_that_starts_a_thread_is_refused(tmp_path, monkeypatch):
     """A fork copies one thread: a lock another thread held stays held in the fork forever."""
     (tmp_path / "threaded.py").write_text(
