@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -548,6 +549,7 @@ def _ft_layer(client: object, *, beat_s: float = 0.5, beats_for_s: float = 30.0)
     layer._sending, layer._beating = threading.Lock(), True
     layer._recovering, layer._beats_until = threading.Event(), 0.0
     layer._beater, layer._beater_lock = None, threading.Lock()
+    layer._atomic = contextlib.nullcontext
     return layer
 
 
@@ -624,6 +626,50 @@ def test_restoring_the_launchers_timeouts_never_overlaps_a_recovery_beat():
     layer.step_done(0)
     assert client.requests + client.overlaps > 200  # restores and beats both ran, side by side
     assert client.overlaps == 0, client.overlaps
+
+
+def test_the_main_threads_requests_to_the_launcher_run_where_no_in_process_restart_interrupts_them():
+    """The in-process restart is raised into the main thread wherever it is. Landing inside a request
+    to the launcher (the restore of its timeouts, a step's heartbeat, their calculation), it left the
+    socket out of step; the launcher's side closed it ("invalid load key"), and the next attempt's
+    restore failed on a broken pipe twice: the job failed as a bug in the script."""
+    from nvrx_eks.training.resilience.layers import Layer, Resilience  # noqa: PLC0415
+
+    in_section: list[bool] = []
+    seen: list[bool] = []
+
+    class _RestartsHere(Layer):  # the in-process layer's atomic section
+        @contextlib.contextmanager
+        def atomic(self):
+            in_section.append(True)
+            try:
+                yield
+            finally:
+                in_section.pop()
+
+    class _Client(_OneRequestAtATime):
+        def _request(self) -> None:
+            seen.append(bool(in_section))
+            super()._request()
+
+        def calculate_and_set_hb_timeouts(self, *, skip_if_not_ready: bool) -> bool:
+            self._request()
+            return True
+
+    client = _Client()
+    ft = _ft_layer(client)
+    ft.restored = False
+    ft.cfg = SimpleNamespace(
+        initial_timeout_floor_s=1.0, heartbeat_timeout_floor_s=1.0, calc_timeouts_after=1
+    )
+    resilience = Resilience([_RestartsHere(), ft])
+    resilience.load_state_dict(
+        {"ft": {client.CURRENT_TIMEOUTS_STATE_KEY: {"heartbeat": {"initial": 1.0, "subsequent": 1.0}}}}
+    )
+    ft.restored = False
+    resilience.step_done(0)  # a heartbeat, then the calculation
+    assert len(seen) >= 4, seen
+    assert all(seen), seen
 
 
 def test_the_launcher_stops_expecting_heartbeats_once_training_returns_not_after_the_teardown():

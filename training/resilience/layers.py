@@ -85,6 +85,10 @@ class Layer:
     def atomic(self) -> Iterator[None]:
         yield
 
+    def within(self, atomic: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        """`atomic`: the composed layers' atomic section (`Resilience.atomic`), where no in-process
+        restart interrupts the main thread; a layer that must finish what it starts there keeps it."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -294,7 +298,11 @@ class InProcessLayer(Layer):
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        # The restart machinery must not interrupt the optimizer update half-way.
+        # The restart machinery must not interrupt the optimizer update half-way. Before the first
+        # attempt and after the last there is no call to interrupt.
+        if self.call_wrapper is None:
+            yield
+            return
         with self.call_wrapper.atomic():
             yield
 
@@ -326,6 +334,20 @@ class FtLauncherLayer(Layer):
         self._beats_until = 0.0
         self._beater: threading.Thread | None = None
         self._beater_lock = threading.Lock()
+        self._atomic: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+
+    def within(self, atomic: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        self._atomic = atomic
+
+    @contextlib.contextmanager
+    def _request(self) -> Iterator[None]:
+        """The main thread's request and reply on the launcher's socket: one at a time (`_sending`), and
+        inside the atomic section. An in-process restart is raised into the main thread wherever it is;
+        landing between a request's length and its body, or before its reply is read, it left the
+        socket out of step, and the launcher's side closed it ("invalid load key"): the next attempt's
+        restore then failed on a broken pipe, twice, and the job failed as a bug in the script."""
+        with self._atomic(), self._sending:
+            yield
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         def attempt() -> Any:  # noqa: ANN401
@@ -347,6 +369,8 @@ class FtLauncherLayer(Layer):
         sends none, and may outlast the heartbeat timeout: the launcher would then kill every rank and
         restart a finished job."""
         self._recovering.clear()
+        # Not in the atomic section: every rank has passed the last barrier, so a restart decided now
+        # is declined and held in the monitor thread, which holds the section until the call ends.
         with self._sending:
             self._beating = False
             self.client.shutdown_workload_monitoring()
@@ -398,14 +422,14 @@ class FtLauncherLayer(Layer):
         self._beat_once()
 
     def step_done(self, step: int) -> None:  # noqa: ARG002
-        with self._sending:
+        with self._request():
             self.client.send_heartbeat()
         self._recovering.clear()
         self._beating = True
         self.steps_this_attempt += 1
         # Same step count on every rank, so the collective inside the calculation lines up.
         if not self.restored and self.steps_this_attempt == self.cfg.calc_timeouts_after:
-            with self._sending:
+            with self._request():
                 if self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
                     self._apply_floors(calculated=True)
             self.restored = True
@@ -427,7 +451,7 @@ class FtLauncherLayer(Layer):
         # none, and applying the floors to the launcher's defaults would leave this attempt on them
         # (a deadlock then waited for the in-process hard timeout instead of the heartbeat timeout).
         if state.get("ft", {}).get(self.client.CURRENT_TIMEOUTS_STATE_KEY, {}).get("heartbeat"):
-            with self._sending:  # the recovery beats are still on: the restore precedes the next step
+            with self._request():  # the recovery beats are still on: the restore precedes the next step
                 self.client.load_state_dict(state["ft"])
                 self._apply_floors(calculated=False)
             self.restored = True
@@ -441,6 +465,8 @@ class Resilience(Layer):
 
     def __init__(self, layers: list[Layer]) -> None:
         self.layers = layers
+        for layer in layers:
+            layer.within(self.atomic)
 
     def wrap(self, run: Callable[[], Any]) -> Callable[[], Any]:
         for layer in reversed(self.layers):
