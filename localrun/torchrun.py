@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import sys
 import threading
 
@@ -62,7 +63,11 @@ def main(argv: list[str] | None = None) -> None:
         fork_forkserver(preload)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    torchrun.main(run_argv)
+    try:
+        torchrun.main(run_argv)
+    finally:
+        if warm is not None:  # the written module's folder (the forkserver has imported it)
+            shutil.rmtree(warm[0], ignore_errors=True)
 
 
 if __name__ == "__main__":

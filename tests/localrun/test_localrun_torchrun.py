@@ -42,7 +42,8 @@ def test_each_worker_runs_the_script_as_torchrun_would_with_torch_imported_befor
     (project / "helper.py").write_text("MARK = 'beside the script'\n")
     argv = standalone(ranks=2, entry=[str(project / "train.py"), str(tmp_path), outcome])
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
-    done = run_python(*argv[1:], timeout=120, cwd=tmp_path, env=env)
+    (tmp_path / "tmp").mkdir()
+    done = run_python(*argv[1:], timeout=120, cwd=tmp_path, env=env | {"TMPDIR": str(tmp_path / "tmp")})
     assert (done.returncode == 0) == (outcome == "ok"), done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     for rank, worker in enumerate(seen):
@@ -53,3 +54,5 @@ def test_each_worker_runs_the_script_as_torchrun_would_with_torch_imported_befor
         assert worker["env"]["RANK"] == worker["env"]["LOCAL_RANK"] == str(rank)
         assert worker["env"]["WORLD_SIZE"] == "2"
     assert seen[0]["env"]["TORCHELASTIC_RUN_ID"] == seen[1]["env"]["TORCHELASTIC_RUN_ID"]
+    # The module of the script's imports it wrote for the forkserver is gone (torchrun's own logs stay).
+    assert not list((tmp_path / "tmp").glob("nvrx-eks-warm-*"))
