@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 from children import run_python
@@ -42,8 +44,12 @@ def test_each_worker_runs_the_script_as_torchrun_would_with_torch_imported_befor
     (project / "helper.py").write_text("MARK = 'beside the script'\n")
     argv = standalone(ranks=2, entry=[str(project / "train.py"), str(tmp_path), outcome])
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
-    (tmp_path / "tmp").mkdir()
-    done = run_python(*argv[1:], timeout=120, cwd=tmp_path, env=env | {"TMPDIR": str(tmp_path / "tmp")})
+    # A temporary folder of the run's own, short: the forkserver's socket is named in it, and a Unix
+    # socket's path has room for 107 bytes (a pytest worker's tmp_path can be longer).
+    with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
+        done = run_python(*argv[1:], timeout=120, cwd=tmp_path, env=env | {"TMPDIR": tmp})
+        # The module of the script's imports written for the forkserver is gone (torchrun's logs stay).
+        left = list(Path(tmp).glob("nvrx-eks-warm-*"))
     assert (done.returncode == 0) == (outcome == "ok"), done.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     for rank, worker in enumerate(seen):
@@ -54,5 +60,4 @@ def test_each_worker_runs_the_script_as_torchrun_would_with_torch_imported_befor
         assert worker["env"]["RANK"] == worker["env"]["LOCAL_RANK"] == str(rank)
         assert worker["env"]["WORLD_SIZE"] == "2"
     assert seen[0]["env"]["TORCHELASTIC_RUN_ID"] == seen[1]["env"]["TORCHELASTIC_RUN_ID"]
-    # The module of the script's imports it wrote for the forkserver is gone (torchrun's own logs stay).
-    assert not list((tmp_path / "tmp").glob("nvrx-eks-warm-*"))
+    assert not left, left
