@@ -20,14 +20,11 @@ before the script starts.
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import shutil
 import sys
-import threading
 
-from nvrx_eks.training.resilience.launch import fork_forkserver, launcher_argv, warm_entry_imports
+from nvrx_eks.training.resilience.launch import launcher_argv, start_forkserver
 
 PRELOAD = (
     "torch",
@@ -52,22 +49,15 @@ def main(argv: list[str] | None = None) -> None:
     # torchrun's own default for more than one worker per node, set here because the forkserver, forked
     # before torchrun reads its flags, sizes torch's thread pool from it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    preload = list(PRELOAD)
-    warm = warm_entry_imports(run_argv)
-    if warm is not None:
-        folder, name = warm
-        sys.path.append(str(folder))
-        preload.append(name)
-    multiprocessing.set_forkserver_preload(preload)
-    if threading.active_count() == 1:  # this process imported torch already: fork the server from it
-        fork_forkserver(preload)
+    # Forked from this process, which has imported torch already (the launcher's own forkserver start).
+    written = start_forkserver(run_argv, list(PRELOAD), fork=True)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     try:
         torchrun.main(run_argv)
     finally:
-        if warm is not None:  # the written module's folder (the forkserver has imported it)
-            shutil.rmtree(warm[0], ignore_errors=True)
+        if written is not None:  # the entry point's imports' module: the forkserver has imported it
+            shutil.rmtree(written, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -493,7 +493,8 @@ from nvrx_eks.training.resilience import launch
 
 launch.WARM_MODULES = ()  # the kit's own warm modules are another test's: only the entry point's here
 from nvrx_eks.training.resilience.config import ResilienceConfig
-launch.start_forkserver(launch.launcher_argv(["--nnodes=1", "--", sys.argv[1]]), ResilienceConfig())
+config = ResilienceConfig()
+launch.start_forkserver(launch.launcher_argv(["--nnodes=1", "--", sys.argv[1]]), launch.warm_modules(config))
 import probe
 
 queue = multiprocessing.get_context("forkserver").SimpleQueue()

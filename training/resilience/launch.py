@@ -364,11 +364,12 @@ def _pod_in_rendezvous(ft_argv: list[str]) -> tuple[str, str, int] | None:
     return endpoint, run_id, int(infra_rank)
 
 
-def start_forkserver(ft_argv: list[str], config: ResilienceConfig, *, fork: bool = False) -> None:
+def start_forkserver(ft_argv: list[str], preload: list[str], *, fork: bool = False) -> Path | None:
     """Start the forkserver now, not at the first worker (its imports overlap this process's and the
-    rendezvous), importing `warm_modules` and the entry point's own imports (`warm_entry_imports`);
-    `fork`: as a fork of this process (`FORKSERVER_FORK_ENV`)."""
-    preload = warm_modules(config)
+    rendezvous), importing `preload` (the launcher's: `warm_modules`) and the entry point's own imports
+    (`warm_entry_imports`); `fork`: as a fork of this process (`FORKSERVER_FORK_ENV`). Returns the
+    folder of the module written for the entry point's imports, if one was."""
+    preload = list(preload)
     warm = warm_entry_imports(ft_argv)
     if warm is not None:
         # The forkserver is a fresh `python -c`: it finds modules on PYTHONPATH, not on this process's
@@ -383,6 +384,7 @@ def start_forkserver(ft_argv: list[str], config: ResilienceConfig, *, fork: bool
             sys.path.append(str(warm[0]))  # what PYTHONPATH gives a fresh interpreter
         fork_forkserver(preload)
     multiprocessing.forkserver.ensure_running()
+    return warm[0] if warm is not None else None
 
 
 def fork_forkserver(preload: list[str]) -> None:
@@ -457,7 +459,7 @@ def main() -> None:
     if pod is not None and config.shrink.enabled:  # a shrunk job's ranks report durable steps to it
         os.environ[RENDEZVOUS_ENV] = f"{pod[0]}/{pod[1]}"
     if start_method(ft_argv) == "forkserver":
-        start_forkserver(ft_argv, config, fork=fork)
+        start_forkserver(ft_argv, warm_modules(config), fork=fork)
         keep_launcher_process_group()
     hand_over(ft_argv)
     alive = beat(ft_argv)
