@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from nvrx_eks.kitcore.configio import UserError
-from nvrx_eks.localrun.warm import end_process_forks, process_starter, server_environment, warm_entry
+from nvrx_eks.localrun.warm import (
+    WarmStarter,
+    end_process_forks,
+    process_starter,
+    server_environment,
+    warm_entry,
+)
 from nvrx_eks.training.resilience.launch import FORKSERVER_FORK_ENV
 
 RUNC = "/usr/sbin/runc"
@@ -141,6 +147,14 @@ class Processes:
         del run_key
 
 
+def warm_server() -> WarmStarter:
+    """This process's warm server (localrun/warm.py `process_starter`), which the warm runtime's pods and
+    the test suite's children fork from. One server for every run of the process; it belongs to none,
+    so its marker names no run and a run's search never finds it. Its forks write their own pod's
+    marker over it (warm.py)."""
+    return process_starter(server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD))
+
+
 @dataclass(frozen=True)
 class WarmProcesses(Processes):
     """`Processes` whose `python -m` containers fork from this process's warm interpreter
@@ -154,11 +168,7 @@ class WarmProcesses(Processes):
         found = warm_entry(argv, env)
         if found is None:
             return popen(argv, env, cwd=cwd, log=log)
-        # One server for every run of this process; it belongs to none, so its marker names no run and
-        # a run's search never finds it. Its forks write their own pod's marker over it (warm.py).
-        starter = process_starter(
-            server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD)
-        )
+        starter = warm_server()
         entry, args = found
         # Each fork writes its pod's marker into its /proc environ, so what the launcher forks without
         # an exec is its pod's too: the launcher may fork its forkserver (training/resilience/launch.py).

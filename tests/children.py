@@ -3,9 +3,9 @@
 `python -m MODULE` and `python SCRIPT` start as forks of this process's warm interpreter (localrun/
 warm.py, the local runs' `warm` runtime), which has imported torch once: a fresh interpreter would
 import it again, seconds of CPU per child and most of what the suite's short children cost.
-tests/localrun/test_localrun_warm.py holds a fork to what a fresh interpreter runs. A child that must
-be a fresh interpreter (what an import does at start, what the interpreter does at its exit) is started
-with `fresh=True`; `python -c` always is one.
+tests/localrun/test_localrun_warm.py holds a fork to what a fresh interpreter runs. `python -c` (the
+import probes) starts a fresh interpreter; a test that checks what the interpreter does at its exit
+starts its children with `subprocess` itself.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
-from nvrx_eks.localrun.runtimes import POD_ENV, WARM_SERVER_POD
-from nvrx_eks.localrun.warm import WarmProcess, process_starter, server_environment, warm_entry
+from nvrx_eks.localrun.runtimes import warm_server
+from nvrx_eks.localrun.warm import WarmProcess, warm_entry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -50,9 +50,6 @@ class WarmChild:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         """(output, standard error or None when it went to the output) once the child has exited, its
@@ -88,12 +85,11 @@ def start_python(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     merge_stderr: bool = False,
-    fresh: bool = False,
 ) -> WarmChild | subprocess.Popen[str]:
     """`python ARGS...` with the interpreter running the tests, in a session of its own, its output (and
-    standard error with it if `merge_stderr`) captured as text: a warm fork unless `fresh` or `-c`."""
+    standard error with it if `merge_stderr`) captured as text: a warm fork unless it is `python -c`."""
     argv, env = [sys.executable, *args], dict(os.environ if env is None else env)
-    found = None if fresh else warm_entry(argv, env)
+    found = warm_entry(argv, env)
     if found is None:
         return subprocess.Popen(
             argv,
@@ -104,9 +100,7 @@ def start_python(
             text=True,
             start_new_session=True,
         )
-    starter = process_starter(
-        server_environment(dict(os.environ), marker_env=POD_ENV, marker=WARM_SERVER_POD)
-    )
+    starter = warm_server()
     out = tempfile.TemporaryFile()  # noqa: SIM115 - the child's, closed with it
     err = None if merge_stderr else tempfile.TemporaryFile()  # noqa: SIM115
     entry, rest = found
@@ -120,11 +114,10 @@ def run_python(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = False,
-    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`python ARGS...` to its end (`start_python`), its output captured as text; the exit status is the
     test's to assert unless `check`. Past `timeout` it is killed and `subprocess.TimeoutExpired` raised."""
-    with start_python(*args, cwd=cwd, env=env, fresh=fresh) as child:
+    with start_python(*args, cwd=cwd, env=env) as child:
         try:
             out, err = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
