@@ -298,11 +298,7 @@ class InProcessLayer(Layer):
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        # The restart machinery must not interrupt the optimizer update half-way. Before the first
-        # attempt and after the last there is no call to interrupt.
-        if self.call_wrapper is None:
-            yield
-            return
+        # The restart machinery must not interrupt the optimizer update half-way.
         with self.call_wrapper.atomic():
             yield
 
@@ -474,9 +470,8 @@ class Resilience(Layer):
         return run
 
     def step_done(self, step: int) -> None:
-        # Inside the atomic section: an in-process restart that lands half-way through a heartbeat
-        # leaves ft_launcher's request/reply socket out of step, and every later heartbeat of the
-        # process then fails ("Unexpected reply", then a broken pipe): restart after restart.
+        # One atomic section for the step's end in every layer (the launcher's requests take it again:
+        # FtLauncherLayer._request says why).
         with self.atomic():
             for layer in self.layers:
                 layer.step_done(step)
