@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import yaml
 
+from nvrx_eks.kitcore.ports import ReservedPort
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -93,12 +95,12 @@ class Prometheus:
     """A Prometheus process on loopback with its own config and store, for the life of a `with`."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], rules: dict[str, Any]) -> None:
-        from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
-
         self.workdir = workdir
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         (workdir / "alerts.rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False), encoding="utf-8")
-        self.port = free_port()
+        # Held until Prometheus has exited (its Go listener binds beside the hold: kitcore/ports.py).
+        self._port = ReservedPort()
+        self.port = self._port.port
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
@@ -140,6 +142,7 @@ class Prometheus:
                 self.proc.wait(timeout=15)
         if self._log is not None:
             self._log.close()
+        self._port.release()
 
     def log_tail(self) -> str:
         path = self.workdir / "prometheus.log"
@@ -384,18 +387,25 @@ def observe_check(*, console: Console, workdir: Path | None = None, timeout_s: f
 
 
 def _run(console: Console, work: Path, *, timeout_s: float) -> Findings:
+    from nvrx_eks.k8s.observability import MAX_LOCAL_RANKS  # noqa: PLC0415
+
+    # Held for the run: each local rank's metrics endpoint binds the base port plus its local rank.
+    with ReservedPort(count=MAX_LOCAL_RANKS) as metrics_ports:
+        return _observe(console, work, timeout_s=timeout_s, metrics_port=metrics_ports.port)
+
+
+def _observe(console: Console, work: Path, *, timeout_s: float, metrics_port: int) -> Findings:
     from nvrx_eks.k8s import DEFAULT_VALUES  # noqa: PLC0415
     from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
     from nvrx_eks.k8s.observability import monitoring_objects  # noqa: PLC0415
     from nvrx_eks.localrun.chaos import reference_trainer, run_job  # noqa: PLC0415
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
     values = load_values(
         DEFAULT_VALUES,
         (
             *reference_trainer(steps=OBSERVE_STEPS, emulated_device_step_s=EMULATED_STEP_S),
             f"trainer.faults.plan={','.join(OBSERVE_FAULTS)}",
-            f"trainer.metrics.prometheus_port={free_port()}",
+            f"trainer.metrics.prometheus_port={metrics_port}",
         ),
     )
     objects = monitoring_objects(values.namespace)

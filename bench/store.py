@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nvrx_eks.kitcore.configio import UserError
+from nvrx_eks.kitcore.ports import ReservedPort
 from nvrx_eks.kitcore.runtime import runtime_versions
 
 if TYPE_CHECKING:
@@ -86,12 +87,6 @@ class StoreRow:
     connect_s: float
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds the process has used."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -112,7 +107,8 @@ class _Store:
         from nvrx_eks.k8s.launcher import control_command  # noqa: PLC0415
         from nvrx_eks.k8s.load import load_values  # noqa: PLC0415
 
-        self.port = _free_port()
+        self._port = ReservedPort()  # held until the store has exited: kitcore/ports.py
+        self.port = self._port.port
         values = load_values(_VALUES, [f"num_nodes={nodes}"])
         command = control_command(values, port=self.port)
         # The image runs `python`; here it is this interpreter, with the repository importable.
@@ -144,6 +140,7 @@ class _Store:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        self._port.release()
 
 
 def _connect(port: int, count: int, timeout_s: float) -> tuple[list[Any], float]:

@@ -77,7 +77,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -94,6 +93,7 @@ from nvrx_eks.k8s.names import CLUSTER_CA_CONFIG_MAP, JOB_UID_LABEL
 from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
+from nvrx_eks.kitcore.ports import ReservedPort
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
 from nvrx_eks.localrun.runtimes import POD_ENV, ContainerSpec, runtime_named
 from nvrx_eks.localrun.warm import live_roots
@@ -260,13 +260,6 @@ def load_rendered(dist_dir: Path) -> _Rendered:
         store=deployments[0] if deployments else None,
         services=[d for d in docs if d.get("kind") == "Service"],
     )
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now, on any interface (bind to port 0, release it)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _container_ports(pod_spec: dict[str, Any]) -> dict[str | int, int]:
@@ -589,6 +582,8 @@ class LocalJob:
         self._fixed_ports = dict(ports or {})
         self.local_ports: dict[int, int] = {}
         """The store pod's container port -> the local port it listens on (chosen in `start`)."""
+        # The chosen local ports, held for the run: the store's restarts bind the same ports.
+        self._port_holds: list[ReservedPort] = []
         self._echo = echo or (lambda _line: None)
         self._names = _Names(self.rendered, self.local_ports)
         spec = self.rendered.job["spec"]
@@ -819,24 +814,24 @@ class LocalJob:
         declared = _container_ports(pod_spec)
         probe = (pod_spec["containers"][0].get("readinessProbe") or {}).get("tcpSocket", {}).get("port")
         probe_port = declared.get(probe, probe) if probe is not None else None
-        # A free port is free when chosen, not necessarily when the store binds it a second later: if
-        # something else took it meanwhile the store exits (EADDRINUSE), and a new pod gets a new one.
-        attempts = 1 if self._fixed_ports else 3
-        for attempt in range(attempts):
-            for port in sorted(set(declared.values())):
-                self.local_ports[port] = self._fixed_ports.get(port) or free_port()
-            name = f"{deploy['metadata']['name']}-{attempt}"
-            self._store = self._make_pod(
-                name=name, index=None, pod_spec=pod_spec, annotations={}, ports=self.local_ports
+        for port in sorted(set(declared.values())):
+            if port in self._fixed_ports:
+                self.local_ports[port] = self._fixed_ports[port]
+            else:
+                # Held, not merely found free: NVRx's store (torch's TCPStore) binds it beside the hold,
+                # and nothing else can take it before the store binds it or between its restarts.
+                self._port_holds.append(ReservedPort())
+                self.local_ports[port] = self._port_holds[-1].port
+        name = f"{deploy['metadata']['name']}-0"
+        self._store = self._make_pod(
+            name=name, index=None, pod_spec=pod_spec, annotations={}, ports=self.local_ports
+        )
+        self._store.start()
+        if probe_port is not None and not self._wait_listening(self.local_ports.get(probe_port, probe_port)):
+            raise UserError(
+                f"rendezvous store did not listen on port {self.local_ports.get(probe_port, probe_port)}; "
+                f"see {self.run_dir / 'pods'}"
             )
-            self._store.start()
-            if probe_port is None or self._wait_listening(self.local_ports.get(probe_port, probe_port)):
-                break
-            self._store.kill(deleted=False)
-            self._ended_stores.append(self._store.outcome)
-        else:
-            shown = self.local_ports.get(probe_port, probe_port) if probe_port is not None else "?"
-            raise UserError(f"rendezvous store did not listen on port {shown}; see {self.run_dir / 'pods'}")
         ports = {svc: self.local_ports.get(port, port) for svc, port in self._names.service_ports.items()}
         self._emit("store_ready", pod=name, ports=ports)
         for svc, port in ports.items():
@@ -1114,6 +1109,8 @@ class LocalJob:
         kill_pod_processes(self.run_key)  # belt and braces: nothing of this run survives it
         if self.api is not None:
             self.api.close()
+        for held in self._port_holds:
+            held.release()
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         with contextlib.suppress(OSError):  # only when no other run uses it
             LOCAL_SHM_ROOT.rmdir()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -8,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from children import run_python
 
+from nvrx_eks.kitcore.ports import ReservedPort
 from nvrx_eks.localrun.runtimes import RUNTIME_ENV
 from nvrx_eks.node import use_pinned_node
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from nvrx_eks.localrun.executor import JobResult
 
@@ -87,6 +89,16 @@ def nvrx_eks() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.fixture
+def reserve_port() -> Iterator[Callable[[], int]]:
+    """`reserve_port()`: a TCP port no other socket can take until the test ends (kitcore/ports.py), for a
+    server the test starts later (its own, or a child's) to bind with address reuse, or for a port nothing
+    may listen on. A port merely found free was taken, now and then, by another worker's socket before
+    the test's server bound it."""
+    with contextlib.ExitStack() as holds:
+        yield lambda: holds.enter_context(ReservedPort()).port
 
 
 @pytest.fixture

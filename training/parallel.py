@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from nvrx_eks.kitcore.lines import say
+from nvrx_eks.kitcore.ports import ReservedPort
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -132,20 +133,22 @@ def preload() -> None:
     import torch.utils.serialization  # noqa: F401, PLC0415
 
 
-def shared_free_port(store: dist.Store, world: World, *, key: str, timeout_s: float = 300.0) -> int:
-    """A port free on rank 0's host, chosen by rank 0 and read by every rank from the store.
+def shared_free_port(
+    store: dist.Store, world: World, *, key: str, timeout_s: float = 300.0
+) -> tuple[int, ReservedPort | None]:
+    """A port free on rank 0's host, chosen by rank 0 and read by every rank from the store; on rank 0
+    also its hold (kitcore/ports.py), which the caller keeps until no server will bind the port again.
 
     For the in-process wrapper's own TCPStore: a fixed MASTER_PORT + offset may be taken by another
-    process (NVRx's TCPStore then silently connects to it as a client). The launcher picks MASTER_PORT
-    the same way (bind to port 0, release). `store` is this launcher round's own (`base_store`).
+    process (NVRx's TCPStore then silently connects to it as a client), and a port merely found free may
+    be handed to one of the process group's own connections before the store binds it. `store` is this
+    launcher round's own (`base_store`).
     """
-    if world.rank == 0:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        store.set(key, str(port))
+    held = ReservedPort() if world.rank == 0 else None
+    if held is not None:
+        store.set(key, str(held.port))
     store.wait([key], timedelta(seconds=timeout_s))
-    return int(store.get(key))
+    return int(store.get(key)), held
 
 
 LISTEN_POLL_S = 0.01

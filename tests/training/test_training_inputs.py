@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -19,12 +18,6 @@ from children import WarmChild, start_python
 REPO = Path(__file__).resolve().parents[2]
 # Generous for a loaded 2-core machine (torch import ~2-5 s); a hang runs into it.
 PROMPT_S = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(kit: dict[str, object] | None = None, **extra: str) -> dict[str, str]:
@@ -52,8 +45,8 @@ def _finish(proc: WarmChild | subprocess.Popen[str]) -> tuple[int | None, str]:
     return proc.returncode, out
 
 
-def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path):
-    port = str(_free_port())
+def test_a_missing_token_file_ends_every_rank_with_exit_2(tmp_path, reserve_port):
+    port = str(reserve_port())
     missing = tmp_path / "tokens.bin"
     args = ["-m", "nvrx_eks.training", "--steps", "5", "--data-token-file", str(missing)]
     kit = {"mode": "both", "run_dir": str(tmp_path / "run")}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -528,12 +527,6 @@ def test_a_worker_forked_from_the_forkserver_has_the_scripts_imports_made(tmp_pa
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 _CLOSED_STORE = """
 import sys, time
 from datetime import timedelta
@@ -562,7 +555,7 @@ def closed_store(port: int, *, grace_s: float) -> Iterator[subprocess.Popen[str]
             old.kill()
 
 
-def test_a_new_launcher_waits_past_a_rendezvous_closed_for_good_for_the_restarted_store(capsys):
+def test_a_new_launcher_waits_past_a_rendezvous_closed_for_good_for_the_restarted_store(capsys, reserve_port):
     """A replacement pod that reaches the store in the seconds between NVRx's permanent close and the
     control process's exit joins the restarted store's fresh rendezvous, not the closed one."""
     from datetime import timedelta  # noqa: PLC0415
@@ -572,7 +565,7 @@ def test_a_new_launcher_waits_past_a_rendezvous_closed_for_good_for_the_restarte
     from nvrx_eks.training.resilience.launch import open_rendezvous_store  # noqa: PLC0415
     from nvrx_eks.training.resilience.nvrx_compat import barrier_state  # noqa: PLC0415
 
-    port = free_port()
+    port = reserve_port()  # held: the store's restart binds it again
     restarted: list[TCPStore] = []
     with closed_store(port, grace_s=3) as old:
 
@@ -593,11 +586,11 @@ def test_a_new_launcher_waits_past_a_rendezvous_closed_for_good_for_the_restarte
     assert "rendezvous job at 127.0.0.1:" in capsys.readouterr().out
 
 
-def test_a_new_launcher_gives_up_waiting_at_its_join_timeout_and_joins_as_before():
+def test_a_new_launcher_gives_up_waiting_at_its_join_timeout_and_joins_as_before(reserve_port):
     from nvrx_eks.training.resilience.launch import open_rendezvous_store  # noqa: PLC0415
     from nvrx_eks.training.resilience.nvrx_compat import barrier_state  # noqa: PLC0415
 
-    port = free_port()
+    port = reserve_port()
     with closed_store(port, grace_s=30):
         started = time.monotonic()
         store = open_rendezvous_store(f"127.0.0.1:{port}", run_id="job", wait_s=1.5)

@@ -181,15 +181,14 @@ def test_each_tier_publishes_its_interval_and_counts_from_zero(tmp_path):
         assert f'{name}{{rank="3",tier="local"}} 0.0' in text
 
 
-def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch):
+def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch, reserve_port):
     """Two local pods' ranks with the same local rank share a port, each on its own loopback address."""
     import socket  # noqa: PLC0415
     import urllib.request  # noqa: PLC0415
 
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
     from nvrx_eks.training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
 
-    port = free_port()
+    port = reserve_port()
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.3")
     Metrics(run_dir=tmp_path / "a", rank=0, every=1, port=port, local_rank=0)
     monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.4")
@@ -201,7 +200,9 @@ def test_a_rank_serves_metrics_on_the_pod_address_only(tmp_path, monkeypatch):
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # not on every interface
 
 
-def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked_from_it_lives(tmp_path):
+def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked_from_it_lives(
+    tmp_path, reserve_port
+):
     """NVRx's in-process monitor is forked from the rank and can outlive it. Its copy of the listening
     socket kept the port bound, so the rank's restarted successor on the same local rank could not bind
     it (EADDRINUSE) and its launcher restarted it until the job failed (`make observe-check`: 10 rank
@@ -211,10 +212,9 @@ def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked
     import socket  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
     from nvrx_eks.training.metrics import METRICS_HOST_ENV  # noqa: PLC0415
 
-    port = free_port()
+    port = reserve_port()
     rank = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
@@ -247,16 +247,15 @@ def test_a_ranks_metrics_port_is_free_once_the_rank_ends_though_a_process_forked
         os.kill(child, signal.SIGKILL)
 
 
-def test_a_taken_metrics_port_waits_for_its_holder_and_never_stops_the_rank(caplog):
+def test_a_taken_metrics_port_waits_for_its_holder_and_never_stops_the_rank(caplog, reserve_port):
     import socket  # noqa: PLC0415
     import threading  # noqa: PLC0415
 
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
     from nvrx_eks.training.metrics import serve_metrics  # noqa: PLC0415
 
-    port = free_port()
+    port = reserve_port()
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", port))

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -483,22 +482,16 @@ def test_the_rank_monitor_client_still_keeps_its_connection_where_the_kit_closes
 HOST = "127.0.0.1"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_restart_decided_after_every_rank_finished_training_is_declined(tmp_path):
+def test_a_restart_decided_after_every_rank_finished_training_is_declined(tmp_path, reserve_port):
     """Two ranks under NVRx's real Wrapper pass the kit's last barrier; then rank 1 is recorded
     unresponsive while still in its call, as when a rank that finished first left the Wrapper and its
     monitor fell silent. NVRx restarted both ranks there: at the end of a real job the ranks that left
     are gone for good, and the restarted ones waited for them until the launcher's rendezvous timeout.
     The kit declines the restart: each rank's call returns once, and the events say why."""
     script = ROOT / "tests" / "training" / "scripts" / "silent_after_the_last_barrier.py"
-    port = _free_port()
+    port = reserve_port()
     env = os.environ | {"PYTHONPATH": str(ROOT), "MASTER_ADDR": HOST, "WORLD_SIZE": "2"}
     ranks = [
         start_python(str(script), str(tmp_path), str(port), env=env | {"RANK": str(rank)}) for rank in (0, 1)

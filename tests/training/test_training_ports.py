@@ -33,12 +33,6 @@ def test_standalone_store_binds_a_free_port_when_29500_is_taken(monkeypatch, cap
     assert f"127.0.0.1:{port}" in capsys.readouterr().out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _host_after(port: int, delay_s: float, started: list[float]) -> threading.Thread:
     def host() -> None:
         time.sleep(delay_s)
@@ -56,8 +50,8 @@ def _host_after(port: int, delay_s: float, started: list[float]) -> threading.Th
     return thread
 
 
-def test_waiting_for_a_store_host_returns_once_it_listens_and_not_before():
-    port, started = _free_port(), []
+def test_waiting_for_a_store_host_returns_once_it_listens_and_not_before(reserve_port):
+    port, started = reserve_port(), []
     host = _host_after(port, 0.3, started)
     parallel.wait_until_listening("127.0.0.1", port, timeout_s=10)
     returned = time.monotonic()
@@ -69,19 +63,19 @@ def test_waiting_for_a_store_host_returns_once_it_listens_and_not_before():
     assert client.get("from-host") == b"1"
 
 
-def test_waiting_for_a_store_host_that_never_comes_ends_in_a_timeout():
+def test_waiting_for_a_store_host_that_never_comes_ends_in_a_timeout(reserve_port):
     with pytest.raises(TimeoutError, match=r"nothing listens on 127\.0\.0\.1"):
-        parallel.wait_until_listening("127.0.0.1", _free_port(), timeout_s=0.3)
+        parallel.wait_until_listening("127.0.0.1", reserve_port(), timeout_s=0.3)
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])
-def test_the_in_process_store_waits_for_its_host_only_on_client_ranks(monkeypatch, rank):
+def test_the_in_process_store_waits_for_its_host_only_on_client_ranks(monkeypatch, rank, reserve_port):
     # Every rank's in-process store is built at once after a restart; a client that tried to connect
     # before rank 0 listened waited out torch's reconnect backoff (0.3-0.8 s here), so a client first
     # waits until the host listens. The host rank binds at once, as NVRx's store does.
     from nvrx_eks.training.resilience import nvrx_compat  # noqa: PLC0415
 
-    port, started = _free_port(), []
+    port, started = reserve_port(), []
     waited: list[tuple[str, int]] = []
     real_wait = parallel.wait_until_listening
 

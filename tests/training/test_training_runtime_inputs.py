@@ -147,12 +147,13 @@ SLOW_STEPS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["baseline", "inprocess"])
-def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpoints(mode, tmp_path):
+def test_resuming_with_another_model_preset_is_one_message_and_keeps_the_checkpoints(
+    mode, tmp_path, reserve_port
+):
     """The second run's preset cannot load the first's checkpoint: exit 2 naming --model, not a
     load_state_dict traceback (or, in process, a restart per attempt until the budget is spent)."""
-    from nvrx_eks.localrun.executor import free_port  # noqa: PLC0415
 
-    env = _env(tmp_path) | (ONE_RANK | {"MASTER_PORT": str(free_port())} if mode == "inprocess" else {})
+    env = _env(tmp_path) | (ONE_RANK | {"MASTER_PORT": str(reserve_port())} if mode == "inprocess" else {})
     kit = {"mode": mode, "checkpoint": {"durable_every": 2, "local_every": 0}}
     env |= _kit(tmp_path / "run", kit, SLOW_STEPS if mode == "inprocess" else {})
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nvrx_eks.localrun.executor import free_port
 from nvrx_eks.localrun.node_api import LocalApiServer
 from nvrx_eks.training.checkpoint.domains import (
     FAILURE_DOMAIN_ENV,
@@ -180,14 +179,18 @@ def test_no_permission_says_which_grant_is_missing_and_a_busy_api_is_asked_again
     assert sleeps == [1.0, 2.0]
 
 
-def test_no_api_address_or_no_answer_falls_back_to_the_zone(tmp_path, api, caplog):
+def test_no_api_address_or_no_answer_falls_back_to_the_zone(tmp_path, api, caplog, reserve_port):
     outside = {"NODE_NAME": "node-a", FAILURE_DOMAIN_ENV: ZONE}
     assert _run(tmp_path / "outside.json", _token_dir(tmp_path, api), outside) == 0
     error, domain = _failed(tmp_path / "outside.json", caplog, outside)
     assert "KUBERNETES_SERVICE_HOST is unset" in error
     assert domain.domain == ZONE
     # Nothing listens there: refused at once, asked ATTEMPTS times.
-    closed = {**outside, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(free_port())}
+    closed = {
+        **outside,
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(reserve_port()),
+    }
     sleeps: list[float] = []
     out = tmp_path / "closed.json"
     assert _run(out, _token_dir(tmp_path, api), closed, sleep=sleeps.append) == 0

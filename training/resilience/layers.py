@@ -56,6 +56,7 @@ from nvrx_eks.training.resilience.modes import layers as mode_layers
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from nvrx_eks.kitcore.ports import ReservedPort
     from nvrx_eks.training.events import EventLog
     from nvrx_eks.training.resilience.config import ResilienceConfig
 
@@ -117,10 +118,11 @@ class InProcessLayer(Layer):
         self._known_done = False
         self.call_wrapper: Any = None
         self.port = cfg.inprocess.store_port
+        self._port_held: ReservedPort | None = None
         if self.port is None:
             # No restart count in the key: a replaced node's agent counts its restarts from 0. The
             # store is this launcher round's own (see parallel.base_store).
-            self.port = parallel.shared_free_port(store, world, key="inprocess-store-port")
+            self.port, self._port_held = parallel.shared_free_port(store, world, key="inprocess-store-port")
 
     def _wrapper(self) -> Any:  # noqa: ANN401
         import torch  # noqa: PLC0415
@@ -301,6 +303,10 @@ class InProcessLayer(Layer):
         # The restart machinery must not interrupt the optimizer update half-way.
         with self.call_wrapper.atomic():
             yield
+
+    def close(self) -> None:
+        if self._port_held is not None:
+            self._port_held.release()
 
 
 class FtLauncherLayer(Layer):
