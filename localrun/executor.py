@@ -94,6 +94,7 @@ from nvrx_eks.k8s.nvrx_versions import LOCAL_IMAGE
 from nvrx_eks.k8s.termination import failure_cause, log_tail
 from nvrx_eks.kitcore.configio import UserError, read_yaml_documents
 from nvrx_eks.kitcore.ports import ReservedPort
+from nvrx_eks.localrun.addresses import HOSTS, SYSTEM_ADDRESS, missing, node_address, run_addresses
 from nvrx_eks.localrun.node_api import LOOPBACK, LocalApiServer
 from nvrx_eks.localrun.runtimes import POD_ENV, ContainerSpec, runtime_named
 from nvrx_eks.localrun.warm import live_roots
@@ -300,7 +301,7 @@ class _Names:
         """`<service>:<port>` -> the store's container port behind it."""
         if subdomain:
             pod = re.compile(rf"\b{job}-(\d+)\.{re.escape(subdomain)}{tail}\b")
-            self._rules.append((pod, lambda m: f"127.0.0.{2 + int(m.group(1))}"))
+            self._rules.append((pod, lambda m: node_address(int(m.group(1)))))
         store_template = (rendered.store or {}).get("spec", {}).get("template", {})
         store_labels = store_template.get("metadata", {}).get("labels", {})
         store_ports = _container_ports(store_template.get("spec", {}))
@@ -644,6 +645,7 @@ class LocalJob:
     def start(self) -> None:
         for sub in ("pods", "volumes"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        self._say_unnamed_addresses()
         self.chaos_dir.mkdir(parents=True, exist_ok=True)
         if any(_token_sources(self.rendered.job["spec"]["template"]["spec"])):
             self.api = LocalApiServer(self.run_dir / "api")
@@ -654,6 +656,22 @@ class LocalJob:
         self._t0 = time.time()
         for index in range(self.completions):
             self._start_pod(index)
+
+    def _say_unnamed_addresses(self) -> None:
+        """Says, once per run, which of its loopback addresses /etc/hosts does not name: torch then asks
+        the DNS server on every store connection, and a dropped query stalls it 5 s (localrun/addresses)."""
+        try:
+            hosts = HOSTS.read_text(encoding="utf-8")
+        except OSError:
+            hosts = ""
+        lacking = missing(hosts, run_addresses(self.completions))
+        if lacking:
+            self._emit("addresses_unnamed", addresses=lacking)
+            self._echo(
+                f"{len(lacking)} local node addresses ({lacking[0]}..{lacking[-1]}) have no name in {HOSTS}: "
+                "torch looks each store connection's peer up in DNS, which can stall it 5 s; name them with "
+                "`sudo python localrun/addresses.py --add` (docs/local.md)"
+            )
 
     def _control(self, pending: list[NodeDeletion]) -> JobResult:
         deadline = self._t0 + self.timeout_s
@@ -1062,7 +1080,7 @@ class LocalJob:
     def _field_ref(path: str, annotations: dict[str, str], index: int | None, *, node: str = "") -> str:
         """`node`: the name of the local node the pod runs on (`_node_name`)."""
         if path == "status.podIP":  # the "node's" loopback address, as its headless DNS name maps
-            return "127.0.0.1" if index is None else f"127.0.0.{2 + index}"
+            return SYSTEM_ADDRESS if index is None else node_address(index)
         if path == "spec.nodeName":
             return node
         match = re.fullmatch(r"metadata\.(annotations|labels)\['([^']+)'\]", path)

@@ -18,3 +18,5 @@ def test_the_ci_script_parses_and_ends_in_make_test():
     commands = [line for line in lines if line and not line.startswith("#")]
     assert commands[:2] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."'], commands[:2]
     assert commands[-1] == "make test"
+    # The local nodes' addresses named before the suite's local runs (localrun/addresses.py).
+    assert commands.index("python3 localrun/addresses.py --add") < len(commands) - 1
