@@ -122,3 +122,19 @@ def test_a_broken_lineage_is_named(spec: tuple, problem: str) -> None:
 def test_ranks_of_one_generation_that_trained_different_steps_are_named() -> None:
     gen = Generation(world_size=2, full_world_size=4, restored=-1, steps={0: [0, 1, 2], 1: [0, 1]})
     assert lineage_problems([gen], steps=3) == ["generation 0: its 2 ranks trained different steps"]
+
+
+def _stopped_then_done(first: dict[int, list[int]]) -> list[Generation]:
+    return [
+        Generation(world_size=2, full_world_size=4, restored=-1, steps=first),
+        Generation(world_size=4, full_world_size=4, restored=2, steps={r: [3, 4, 5] for r in range(4)}),
+    ]
+
+
+def test_a_stopped_generation_whose_ranks_name_one_last_step_fewer_holds() -> None:
+    """The launchers' stop reaches each rank at its own moment: a rank stopped between a step's
+    all-reduce and its `step` event names one step fewer (seen in a shrink run's second generation)."""
+    assert lineage_problems(_stopped_then_done({0: [0, 1, 2, 3], 1: [0, 1, 2]}), steps=6) == []
+    for broken in ({0: [0, 1, 2, 3], 1: [0, 1]}, {0: [0, 1, 2], 1: [0, 2, 3]}, {0: [0, 1, 2]}):
+        problems = lineage_problems(_stopped_then_done(broken), steps=6)
+        assert problems == ["generation 0: its 2 ranks trained different steps"], broken
