@@ -223,6 +223,7 @@ class PodDiscovery:
 
     def _targets(self) -> list[dict[str, Any]]:
         from nvrx_eks.k8s.observability import meta_label  # noqa: PLC0415
+        from nvrx_eks.localrun.addresses import node_address  # noqa: PLC0415
 
         if self._template is None:
             return []
@@ -232,7 +233,7 @@ class PodDiscovery:
         }
         groups: list[dict[str, Any]] = []
         for name, pod in sorted(self.pods.items()):
-            address = f"127.0.0.{2 + pod['index']}"
+            address = node_address(pod["index"])
             meta = {
                 "__meta_kubernetes_namespace": self._namespace,
                 "__meta_kubernetes_pod_name": name,
